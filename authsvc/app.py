@@ -1,0 +1,84 @@
+"""make_app(settings) -> the WSGI callable: the route table and the one error boundary.
+
+Every answer, including 404, 405, 413, 503 and 500, is the same JSON shape.
+The 400/403 results of the spec come back with HTTP 200 unless
+``AUTHSVC_ERROR_STATUS=http`` (DESIGN §2: real clients break on 4xx).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable
+
+from authsvc.authenticate import Authenticator
+from authsvc.errors import HTTPError, MethodNotAllowed, NotFound, ServiceUnavailable, StoreUnavailable
+from authsvc.http import error_object, json_bytes, request_params, respond
+from authsvc.settings import Settings
+from authsvc.store import open_store
+from authsvc.store.base import Store
+
+log = logging.getLogger("authsvc")
+
+ALLOWED_METHODS = ("GET", "HEAD", "POST")
+AUTHENTICATE_PATH = "/api/authenticate.json"
+HEALTH_PATH = "/healthz"
+
+
+class App:
+    def __init__(self, settings: Settings, store: Store, clock: Callable[[], float] = time.time):
+        self.settings = settings
+        self.store = store
+        self.authenticator = Authenticator(store, settings.token_secrets, clock)
+        self.routes = {AUTHENTICATE_PATH: self.authenticate, HEALTH_PATH: self.health}
+
+    def __call__(self, environ: dict, start_response) -> list[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        path = environ.get("PATH_INFO", "")
+        extra_headers: tuple = ()
+        try:
+            handler = self.routes.get(path)
+            if handler is None:
+                raise NotFound()
+            if method not in ALLOWED_METHODS:
+                raise MethodNotAllowed(ALLOWED_METHODS)
+            status, body = handler(environ)
+        except HTTPError as e:
+            status, body, extra_headers = e.status, json_bytes(error_object(e.status, e.description)), e.headers
+        except StoreUnavailable:
+            log.warning("store unavailable on %s", path)
+            e = ServiceUnavailable()
+            status, body = e.status, json_bytes(error_object(e.status, e.description))
+        except Exception as e:
+            # Frames and the exception type only: no message, query string or body,
+            # so no credential can reach the log.
+            frames = "".join(traceback.format_tb(e.__traceback__))
+            log.error(
+                "unhandled %s on %s %s\n%s",
+                type(e).__name__,
+                method,
+                path if path in self.routes else "<other path>",
+                frames,
+            )
+            status, body = 500, json_bytes(error_object(500, "Internal server error"))
+        return respond(start_response, status, body, head=method == "HEAD", extra_headers=extra_headers)
+
+    def authenticate(self, environ: dict) -> tuple[int, bytes]:
+        result = self.authenticator(request_params(environ, self.settings.max_body_bytes))
+        status = 200 if result.error is None or not self.settings.errors_as_http_status else result.error
+        return status, json_bytes(result.as_json_object())
+
+    def health(self, environ: dict) -> tuple[int, bytes]:
+        """Runs the authentication query itself, so it fails exactly when authentication would."""
+        self.store.credentials("", 1)
+        return 200, b'{"success":true,"status":"ok"}'
+
+
+def make_app(settings: Settings, store: Store | None = None) -> App:
+    """Build the app; the store is checked now, so a bad store fails start-up, not a request."""
+    if store is None:
+        store = open_store(settings.store, readonly=True, settings=settings)
+        store.check()
+        store.close()  # each worker opens its own connection after fork
+    return App(settings, store)

@@ -1,0 +1,429 @@
+"""The ``authsvc`` admin command: init, games, players, tokens.
+
+Every subcommand takes ``--json`` (one JSON object on stdout). Bad input gives a
+one-line message on stderr and exit 1 (exit 2 for a malformed command line).
+The web process never writes; this command is the store's only writer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+import time
+import unicodedata
+import urllib.parse
+from collections.abc import Iterator
+
+from authsvc.authenticate import parse_user_id
+from authsvc.errors import ConfigError
+from authsvc.settings import Settings
+from authsvc.store import open_store
+from authsvc.store.base import Conflict, Game, Store
+from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
+
+MAX_USERNAME = 255
+
+
+class CommandError(Exception):
+    """Bad input or a failed precondition: one line on stderr, exit 1."""
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def redact_url(url: str) -> str:
+    """The store URL without a password, for messages."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(":" + parts.password + "@", ":***@")
+        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def user_id_arg(text: str) -> int:
+    user_id = parse_user_id(text)
+    if user_id is None:
+        raise argparse.ArgumentTypeError(f"user id must be a whole number from 1 to 2^63-1, got {text!r}")
+    return user_id
+
+
+def game_id_arg(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and text[0] != "0"):
+        raise argparse.ArgumentTypeError(f"game id must be a positive whole number, got {text!r}")
+    return int(text)
+
+
+def check_username(name: str) -> str:
+    if not name.strip() or name != name.strip():
+        raise CommandError("username must not be empty or start or end with white space")
+    if len(name) > MAX_USERNAME:
+        raise CommandError(f"username must be at most {MAX_USERNAME} characters")
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
+        raise CommandError("username must not contain control characters")
+    return name
+
+
+def game_json(game: Game) -> dict:
+    return {
+        "game_id": game.id,
+        "name": game.name,
+        "enabled": game.enabled,
+        "created_at": game.created_at,
+        "keys": [{"created_at": k.created_at, "expires_at": k.expires_at} for k in game.keys],
+    }
+
+
+# -- subcommands --------------------------------------------------------------------------
+# Each takes (args, settings) and returns (json object, human text).
+
+
+def cmd_init(args, settings: Settings):
+    created = False
+    path = settings.token_secret_file
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(new_token_secret() + "\n")
+        created = True
+    if settings.store.startswith("sqlite://"):
+        from authsvc.store.sqlite import path_from_url
+
+        directory = os.path.dirname(os.path.abspath(path_from_url(settings.store)))
+        os.makedirs(directory, exist_ok=True)
+    with _store(settings, check=False) as store:
+        before, after = store.migrate()
+    obj = {
+        "store": redact_url(settings.store),
+        "schema_version_before": before,
+        "schema_version": after,
+        "token_secret_file": path,
+        "token_secret_created": created,
+    }
+    text = (
+        f"store {redact_url(settings.store)}: schema version {after}"
+        + (" (migrated from %d)" % before if before != after else " (up to date)")
+        + f"\ntoken secret {path}: " + ("created (mode 0600)" if created else "exists, kept")
+    )
+    return obj, text
+
+
+def cmd_game_add(args, settings):
+    name = args.name.strip()
+    if not name or len(name) > 200 or any(unicodedata.category(c) == "Cc" for c in name):
+        raise CommandError("game name must be 1 to 200 printable characters")
+    api_key = new_api_key()
+    with _store(settings) as store:
+        try:
+            game = store.add_game(name, api_key_digest(api_key), int(time.time()))
+        except Conflict as e:
+            raise CommandError(str(e)) from None
+    obj = {"game_id": game.id, "name": game.name, "api_key": api_key}
+    text = (
+        f"game {game.id} ({game.name}) created\n"
+        f"api key: {api_key}\n"
+        "The key is shown only this once: give it to the game's server operator now."
+    )
+    return obj, text
+
+
+def cmd_game_list(args, settings):
+    with _store(settings) as store:
+        games = store.list_games()
+    now = int(time.time())
+    lines = [f"{'ID':>6}  {'ENABLED':7}  {'LIVE KEYS':9}  NAME"]
+    for g in games:
+        live = sum(1 for k in g.keys if k.expires_at is None or k.expires_at > now)
+        lines.append(f"{g.id:>6}  {'yes' if g.enabled else 'no':7}  {live:>9}  {g.name}")
+    return {"games": [game_json(g) for g in games]}, "\n".join(lines)
+
+
+def cmd_game_enable(args, settings):
+    enabled = args.action == "enable"
+    with _store(settings) as store:
+        if not store.set_game_enabled(args.game_id, enabled):
+            raise CommandError(f"no game {args.game_id}")
+    return {"game_id": args.game_id, "enabled": enabled}, f"game {args.game_id} {args.action}d"
+
+
+def cmd_game_rotate_key(args, settings):
+    if args.old_key_ttl < 0:
+        raise CommandError("--old-key-ttl must be zero or more seconds")
+    api_key = new_api_key()
+    now = int(time.time())
+    expires_at = now + args.old_key_ttl
+    with _store(settings) as store:
+        if not store.add_api_key(args.game_id, api_key_digest(api_key), now, expires_at):
+            raise CommandError(f"no game {args.game_id}")
+    obj = {"game_id": args.game_id, "api_key": api_key, "old_keys_expire_at": expires_at}
+    text = (
+        f"new api key for game {args.game_id}: {api_key}\n"
+        f"older keys stop working at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(expires_at))}\n"
+        "The key is shown only this once."
+    )
+    return obj, text
+
+
+def _player_json(player) -> dict:
+    return {"user_id": player.user_id, "username": player.username, "epoch": player.epoch, "enabled": player.enabled}
+
+
+def cmd_player_add(args, settings):
+    username = check_username(args.username)
+    with _store(settings) as store:
+        try:
+            player = store.add_player(args.user_id, username)
+        except Conflict as e:
+            raise CommandError(str(e)) from None
+    return _player_json(player), f"player {player.user_id} ({player.username}) added"
+
+
+def cmd_player_show(args, settings):
+    with _store(settings) as store:
+        player = store.get_player(args.user_id)
+    if player is None:
+        raise CommandError(f"no player {args.user_id}")
+    text = f"player {player.user_id}: {player.username}, epoch {player.epoch}, " + (
+        "enabled" if player.enabled else "disabled"
+    )
+    return _player_json(player), text
+
+
+def cmd_player_rename(args, settings):
+    username = check_username(args.username)
+    with _store(settings) as store:
+        if not store.rename_player(args.user_id, username):
+            raise CommandError(f"no player {args.user_id}")
+    return {"user_id": args.user_id, "username": username}, f"player {args.user_id} renamed to {username}"
+
+
+def cmd_player_enable(args, settings):
+    enabled = args.action == "enable"
+    with _store(settings) as store:
+        if not store.set_player_enabled(args.user_id, enabled):
+            raise CommandError(f"no player {args.user_id}")
+    return {"user_id": args.user_id, "enabled": enabled}, f"player {args.user_id} {args.action}d"
+
+
+def cmd_player_revoke(args, settings):
+    with _store(settings) as store:
+        epoch = store.revoke_player(args.user_id)
+    if epoch is None:
+        raise CommandError(f"no player {args.user_id}")
+    text = f"player {args.user_id}: every token revoked (credential epoch now {epoch})"
+    return {"user_id": args.user_id, "epoch": epoch}, text
+
+
+def cmd_player_import(args, settings):
+    try:
+        f = open(args.file, "rb")
+    except OSError as e:
+        raise CommandError(f"cannot read {args.file}: {e.strerror}") from None
+    with f, _store(settings) as store:
+        data = f.read()
+        total = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+        bar = ProgressBar(total) if sys.stderr.isatty() and not args.json else None
+        started = time.monotonic()
+        count = store.upsert_players(import_rows(data), progress=bar)
+        if bar:
+            bar.done()
+    seconds = time.monotonic() - started
+    return {"rows": count, "seconds": round(seconds, 3)}, f"imported {count} players in {seconds:.1f} s"
+
+
+def cmd_token_issue(args, settings):
+    if not settings.token_secrets:
+        raise CommandError(f"no token secret at {settings.token_secret_file} (run 'authsvc init')")
+    with _store(settings) as store:
+        game = store.get_game(args.game)
+        player = store.get_player(args.user)
+    if game is None:
+        raise CommandError(f"no game {args.game}")
+    if player is None:
+        raise CommandError(f"no player {args.user}")
+    token = mint_token(settings.token_secrets[0], game.id, player.user_id, player.epoch)
+    return {"game_id": game.id, "user_id": player.user_id, "game_auth_token": token}, token
+
+
+# -- player import parsing ------------------------------------------------------------------
+
+
+class RowError(CommandError):
+    pass
+
+
+def import_rows(data: bytes) -> Iterator[tuple[int, str]]:
+    """(user_id, username) rows from CSV or JSON lines; a bad row raises RowError with its line number."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise RowError(f"the file is not UTF-8 (byte {e.start})") from None
+    if text.lstrip()[:1] == "{":
+        yield from _json_rows(text)
+    else:
+        yield from _csv_rows(text)
+
+
+def _row(line_no: int, raw_user_id, username) -> tuple[int, str]:
+    user_id = parse_user_id(str(raw_user_id)) if type(raw_user_id) in (str, int) else None
+    if user_id is None:
+        raise RowError(f"line {line_no}: user_id must be a whole number from 1 to 2^63-1")
+    if type(username) is not str:
+        raise RowError(f"line {line_no}: username must be a string")
+    try:
+        return user_id, check_username(username)
+    except CommandError as e:
+        raise RowError(f"line {line_no}: {e}") from None
+
+
+def _json_rows(text: str) -> Iterator[tuple[int, str]]:
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise RowError(f"line {line_no}: not a JSON object") from None
+        if not isinstance(obj, dict) or "user_id" not in obj or "username" not in obj:
+            raise RowError(f"line {line_no}: needs the fields user_id and username")
+        yield _row(line_no, obj["user_id"], obj["username"])
+
+
+def _csv_rows(text: str) -> Iterator[tuple[int, str]]:
+    reader = csv.reader(io.StringIO(text, newline=""))
+    for fields in reader:
+        line_no = reader.line_num
+        if not fields:
+            continue
+        if line_no == 1 and [f.strip().lower() for f in fields] == ["user_id", "username"]:
+            continue  # header
+        if len(fields) != 2:
+            raise RowError(f"line {line_no}: expected 2 fields (user_id,username), got {len(fields)}")
+        yield _row(line_no, fields[0].strip(), fields[1])
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr, redrawn at most ten times a second."""
+
+    def __init__(self, total: int):
+        self.total = max(total, 1)
+        self.last = 0.0
+
+    def __call__(self, count: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= 0.1:
+            self.last = now
+            share = min(count / self.total, 1.0)
+            filled = int(share * 30)
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {share:4.0%} {count}/{self.total}")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        sys.stderr.write("\n")
+
+
+# -- plumbing ------------------------------------------------------------------------------
+
+
+class _store:
+    """``with _store(settings) as store``: an admin (read-write) store, closed afterwards."""
+
+    def __init__(self, settings: Settings, *, check: bool = True):
+        self.store: Store = open_store(settings.store, readonly=False, settings=settings)
+        self.check = check
+
+    def __enter__(self) -> Store:
+        if self.check:  # a store that is missing or not migrated: say so, in one line
+            try:
+                self.store.check()
+            except ConfigError:
+                self.store.close()
+                raise
+        return self.store
+
+    def __exit__(self, *exc) -> None:
+        self.store.close()
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    parser = _Parser(prog="authsvc", description="Admin command of the player-authentication service.")
+    top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    def leaf(parent, name, func, help_text):
+        p = parent.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    leaf(top, "init", cmd_init, "create or migrate the store and create the token secret if missing")
+
+    game = top.add_parser("game", help="games and their api keys").add_subparsers(
+        dest="action", required=True, metavar="ACTION", parser_class=_Parser
+    )
+    leaf(game, "add", cmd_game_add, "add a game; prints its id and api key (once)").add_argument("name")
+    leaf(game, "list", cmd_game_list, "list games")
+    for action in ("enable", "disable"):
+        leaf(game, action, cmd_game_enable, f"{action} a game").add_argument("game_id", type=game_id_arg)
+    p = leaf(game, "rotate-key", cmd_game_rotate_key, "give a game a new api key; older keys expire")
+    p.add_argument("game_id", type=game_id_arg)
+    p.add_argument(
+        "--old-key-ttl", type=int, default=86400, metavar="SECONDS",
+        help="seconds until the game's older keys stop working (default 86400)",
+    )
+
+    player = top.add_parser("player", help="players").add_subparsers(
+        dest="action", required=True, metavar="ACTION", parser_class=_Parser
+    )
+    p = leaf(player, "add", cmd_player_add, "add a player")
+    p.add_argument("user_id", type=user_id_arg)
+    p.add_argument("username")
+    leaf(player, "show", cmd_player_show, "show a player").add_argument("user_id", type=user_id_arg)
+    p = leaf(player, "rename", cmd_player_rename, "change a player's username")
+    p.add_argument("user_id", type=user_id_arg)
+    p.add_argument("username")
+    for action in ("enable", "disable"):
+        leaf(player, action, cmd_player_enable, f"{action} a player").add_argument("user_id", type=user_id_arg)
+    leaf(player, "revoke", cmd_player_revoke, "revoke every token of a player (password change)").add_argument(
+        "user_id", type=user_id_arg
+    )
+    leaf(player, "import", cmd_player_import, "insert or rename players from CSV or JSON lines").add_argument(
+        "file"
+    )
+
+    token = top.add_parser("token", help="game_auth_tokens").add_subparsers(
+        dest="action", required=True, metavar="ACTION", parser_class=_Parser
+    )
+    p = leaf(token, "issue", cmd_token_issue, "print a player's current token for a game")
+    p.add_argument("--game", type=game_id_arg, required=True, metavar="GAME_ID")
+    p.add_argument("--user", type=user_id_arg, required=True, metavar="USER_ID")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env(require_secret=False)
+        obj, text = args.func(args, settings)
+    except (CommandError, ConfigError) as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if args.json:
+            print(json.dumps({"error": message}))
+        print(f"authsvc: error: {message}", file=sys.stderr)
+        return 1
+    print(json.dumps(obj) if args.json else text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Typed errors, mapped to JSON answers in one place (app.py).
+
+Each HTTP error knows its status and the text a client sees; nothing here ever
+carries a request value, so no secret can leak through an error message.
+"""
+
+
+class ConfigError(Exception):
+    """Settings, secret or store unusable at start-up: the process must not serve."""
+
+
+class StoreUnavailable(Exception):
+    """The store cannot answer right now (down, locked, unreadable): HTTP 503."""
+
+
+class HTTPError(Exception):
+    status = 500
+    description = "Internal server error"
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def __init__(self, description: str | None = None):
+        super().__init__(description or self.description)
+        if description:
+            self.description = description
+
+
+class NotFound(HTTPError):
+    status = 404
+    description = "Not found"
+
+
+class MethodNotAllowed(HTTPError):
+    status = 405
+    description = "Method not allowed"
+
+    def __init__(self, allowed: tuple[str, ...]):
+        super().__init__()
+        self.headers = (("Allow", ", ".join(allowed)),)
+
+
+class BadRequest(HTTPError):
+    """A request the service cannot read at all (broken body); error 400."""
+
+    status = 400
+    description = "Bad request"
+
+
+class PayloadTooLarge(HTTPError):
+    status = 413
+    description = "Request body too large"
+
+
+class ServiceUnavailable(HTTPError):
+    status = 503
+    description = "Service temporarily unavailable, try again"

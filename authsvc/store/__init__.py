@@ -1,0 +1,22 @@
+"""Pick the store engine from the ``AUTHSVC_STORE`` URL."""
+
+from __future__ import annotations
+
+from authsvc.errors import ConfigError
+from authsvc.store.base import Store
+
+
+def open_store(url: str, *, readonly: bool, settings=None) -> Store:
+    """``sqlite://PATH`` or ``postgresql://...``; the engine module is imported only when chosen."""
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "sqlite":
+        from authsvc.store.sqlite import SQLiteStore
+
+        return SQLiteStore(url, readonly=readonly)
+    if scheme in ("postgresql", "postgres"):
+        try:
+            from authsvc.store.postgres import PostgresStore
+        except ImportError as e:
+            raise ConfigError(f"the PostgreSQL store needs the 'postgres' extra: {e}") from None
+        return PostgresStore(url, readonly=readonly, settings=settings)
+    raise ConfigError("AUTHSVC_STORE must start with sqlite:// or postgresql://")

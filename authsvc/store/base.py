@@ -1,0 +1,116 @@
+"""The Store contract: what the web process reads and what the admin command writes.
+
+Both engines (sqlite.py, postgres.py) implement it and pass the same contract
+tests (tests/test_store_contract.py). The web process only calls
+``credentials`` and ``ping``; everything else is the admin command's.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Iterable
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Credentials:
+    """Everything one authentication needs, fetched in one round trip."""
+
+    game_id: int
+    game_enabled: bool
+    key_expires_at: int | None  # unix seconds; None = no expiry
+    username: str | None  # None = no such player
+    epoch: int
+    player_enabled: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApiKey:
+    digest: str
+    created_at: int
+    expires_at: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Game:
+    id: int
+    name: str
+    enabled: bool
+    created_at: int
+    keys: tuple[ApiKey, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Player:
+    user_id: int
+    username: str
+    epoch: int
+    enabled: bool
+
+
+class Conflict(Exception):
+    """The write would break a uniqueness rule (a game name, a player id)."""
+
+
+class Store(abc.ABC):
+    """One engine's connection(s). Readers are opened read-only by the web process."""
+
+    # -- read path (web process) -------------------------------------------------
+    @abc.abstractmethod
+    def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
+        """The game of this key and the player ``user_id`` in one query; None if no such key."""
+
+    @abc.abstractmethod
+    def check(self) -> None:
+        """Raise ConfigError unless the store exists and its schema is current."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    # -- admin --------------------------------------------------------------------
+    @abc.abstractmethod
+    def migrate(self) -> tuple[int, int]:
+        """Apply pending migrations; returns (version before, version after)."""
+
+    @abc.abstractmethod
+    def add_game(self, name: str, key_digest: str, now: int) -> Game: ...
+
+    @abc.abstractmethod
+    def get_game(self, game_id: int) -> Game | None: ...
+
+    @abc.abstractmethod
+    def list_games(self) -> list[Game]: ...
+
+    @abc.abstractmethod
+    def set_game_enabled(self, game_id: int, enabled: bool) -> bool:
+        """False if there is no such game."""
+
+    @abc.abstractmethod
+    def add_api_key(self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None) -> bool:
+        """Add a key; keys of the game with no expiry, or a later one, expire at ``old_keys_expire_at``."""
+
+    @abc.abstractmethod
+    def get_player(self, user_id: int) -> Player | None: ...
+
+    @abc.abstractmethod
+    def add_player(self, user_id: int, username: str) -> Player:
+        """Raise Conflict if the player exists."""
+
+    @abc.abstractmethod
+    def rename_player(self, user_id: int, username: str) -> bool: ...
+
+    @abc.abstractmethod
+    def set_player_enabled(self, user_id: int, enabled: bool) -> bool: ...
+
+    @abc.abstractmethod
+    def revoke_player(self, user_id: int) -> int | None:
+        """Bump the credential epoch; returns the new epoch, None if no such player."""
+
+    @abc.abstractmethod
+    def upsert_players(
+        self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None
+    ) -> int:
+        """Insert or rename players in one transaction; returns the row count.
+
+        If ``rows`` raises part-way, nothing is written.
+        """

@@ -1,0 +1,250 @@
+"""The embedded store: one SQLite file in WAL mode.
+
+The web process opens it read-only (``mode=ro`` plus ``query_only``), one
+connection per thread of each worker process, opened lazily after fork. The
+admin command opens it read-write and is the only writer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sqlite3
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterable
+
+from authsvc.errors import ConfigError, StoreUnavailable
+from authsvc.store.base import ApiKey, Conflict, Credentials, Game, Player, Store
+
+BATCH = 10_000
+
+MIGRATIONS: list[str] = [
+    # 1: games, their api keys (SHA-256 digests), players.
+    """
+    CREATE TABLE games (
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        name       TEXT NOT NULL UNIQUE,
+        enabled    INTEGER NOT NULL DEFAULT 1 CHECK (enabled IN (0, 1)),
+        created_at INTEGER NOT NULL
+    );
+    CREATE TABLE api_keys (
+        digest     TEXT PRIMARY KEY,
+        game_id    INTEGER NOT NULL REFERENCES games (id),
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER
+    ) WITHOUT ROWID;
+    CREATE INDEX api_keys_game_id ON api_keys (game_id);
+    CREATE TABLE players (
+        user_id  INTEGER PRIMARY KEY CHECK (user_id > 0),
+        username TEXT NOT NULL,
+        epoch    INTEGER NOT NULL DEFAULT 0,
+        enabled  INTEGER NOT NULL DEFAULT 1 CHECK (enabled IN (0, 1))
+    );
+    """,
+]
+
+CREDENTIALS_SQL = """
+SELECT k.game_id, g.enabled, k.expires_at, p.username, p.epoch, p.enabled
+FROM api_keys AS k
+JOIN games AS g ON g.id = k.game_id
+LEFT JOIN players AS p ON p.user_id = ?
+WHERE k.digest = ?
+"""
+
+
+def path_from_url(url: str) -> str:
+    """``sqlite:///var/lib/authsvc/authsvc.db`` -> ``/var/lib/authsvc/authsvc.db``.
+
+    Everything after ``sqlite://`` is the path, so ``sqlite://var/x.db`` is relative.
+    """
+    path = url.removeprefix("sqlite://")
+    if not path:
+        raise ConfigError("AUTHSVC_STORE=sqlite://PATH needs a file path")
+    return path
+
+
+class SQLiteStore(Store):
+    def __init__(self, url: str, *, readonly: bool):
+        self.path = path_from_url(url)
+        self.readonly = readonly
+        self._local = threading.local()
+
+    # -- connections --------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self.readonly:
+            uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA query_only = ON")
+        else:
+            conn = sqlite3.connect(self.path, isolation_level=None)
+            conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA busy_timeout = 2000")
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():  # first use, or first use after fork
+            local.conn, local.pid = self._connect(), os.getpid()
+        return local.conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            conn.close()
+        self._local = threading.local()
+
+    # -- read path ------------------------------------------------------------------
+    def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
+        try:
+            row = self._conn().execute(CREDENTIALS_SQL, (user_id, key_digest)).fetchone()
+        except sqlite3.Error:
+            self.close()  # reopen on the next request: the file may come back
+            raise StoreUnavailable("sqlite store unreadable") from None
+        if row is None:
+            return None
+        game_id, game_enabled, expires_at, username, epoch, player_enabled = row
+        return Credentials(game_id, bool(game_enabled), expires_at, username, epoch or 0, bool(player_enabled))
+
+    def check(self) -> None:
+        if not os.path.exists(self.path):
+            raise ConfigError(f"sqlite store {self.path} does not exist (run 'authsvc init')")
+        try:
+            version = self._version(self._conn())
+        except sqlite3.Error as e:
+            self.close()
+            raise ConfigError(f"sqlite store {self.path} cannot be read: {e}") from None
+        if version != len(MIGRATIONS):
+            raise ConfigError(
+                f"sqlite store {self.path} is at schema version {version}, "
+                f"this release needs {len(MIGRATIONS)} (run 'authsvc init')"
+            )
+
+    @staticmethod
+    def _version(conn: sqlite3.Connection) -> int:
+        return conn.execute("PRAGMA user_version").fetchone()[0]
+
+    # -- admin ----------------------------------------------------------------------
+    def _write(self):
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        return _Transaction(conn)
+
+    def migrate(self) -> tuple[int, int]:
+        conn = self._conn()
+        conn.execute("PRAGMA journal_mode = WAL")
+        with self._write():
+            before = self._version(conn)
+            if before > len(MIGRATIONS):
+                raise ConfigError(f"store schema version {before} is newer than this release")
+            for version, script in enumerate(MIGRATIONS[before:], start=before + 1):
+                for statement in filter(str.strip, script.split(";")):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {version:d}")
+        return before, len(MIGRATIONS)
+
+    def add_game(self, name: str, key_digest: str, now: int) -> Game:
+        with self._write() as conn:
+            try:
+                cur = conn.execute("INSERT INTO games (name, created_at) VALUES (?, ?)", (name, now))
+            except sqlite3.IntegrityError:
+                raise Conflict(f"a game named {name!r} exists") from None
+            game_id = cur.lastrowid
+            conn.execute(
+                "INSERT INTO api_keys (digest, game_id, created_at) VALUES (?, ?, ?)", (key_digest, game_id, now)
+            )
+        return Game(game_id, name, True, now, (ApiKey(key_digest, now, None),))
+
+    def _games(self, where: str = "", args: tuple = ()) -> list[Game]:
+        conn = self._conn()
+        games = conn.execute(f"SELECT id, name, enabled, created_at FROM games {where} ORDER BY id", args).fetchall()
+        keys = conn.execute(
+            "SELECT game_id, digest, created_at, expires_at FROM api_keys ORDER BY game_id, created_at, digest"
+        ).fetchall()
+        by_game = {gid: tuple(ApiKey(*k[1:]) for k in grp) for gid, grp in itertools.groupby(keys, lambda k: k[0])}
+        return [Game(gid, name, bool(en), created, by_game.get(gid, ())) for gid, name, en, created in games]
+
+    def get_game(self, game_id: int) -> Game | None:
+        found = self._games("WHERE id = ?", (game_id,))
+        return found[0] if found else None
+
+    def list_games(self) -> list[Game]:
+        return self._games()
+
+    def set_game_enabled(self, game_id: int, enabled: bool) -> bool:
+        with self._write() as conn:
+            return conn.execute("UPDATE games SET enabled = ? WHERE id = ?", (int(enabled), game_id)).rowcount == 1
+
+    def add_api_key(self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None) -> bool:
+        with self._write() as conn:
+            if conn.execute("SELECT 1 FROM games WHERE id = ?", (game_id,)).fetchone() is None:
+                return False
+            if old_keys_expire_at is not None:
+                conn.execute(
+                    "UPDATE api_keys SET expires_at = ? WHERE game_id = ? AND (expires_at IS NULL OR expires_at > ?)",
+                    (old_keys_expire_at, game_id, old_keys_expire_at),
+                )
+            conn.execute(
+                "INSERT INTO api_keys (digest, game_id, created_at) VALUES (?, ?, ?)", (key_digest, game_id, now)
+            )
+        return True
+
+    def get_player(self, user_id: int) -> Player | None:
+        row = self._conn().execute(
+            "SELECT user_id, username, epoch, enabled FROM players WHERE user_id = ?", (user_id,)
+        ).fetchone()
+        return Player(row[0], row[1], row[2], bool(row[3])) if row else None
+
+    def add_player(self, user_id: int, username: str) -> Player:
+        with self._write() as conn:
+            try:
+                conn.execute("INSERT INTO players (user_id, username) VALUES (?, ?)", (user_id, username))
+            except sqlite3.IntegrityError:
+                raise Conflict(f"player {user_id} exists") from None
+        return Player(user_id, username, 0, True)
+
+    def rename_player(self, user_id: int, username: str) -> bool:
+        with self._write() as conn:
+            return conn.execute("UPDATE players SET username = ? WHERE user_id = ?", (username, user_id)).rowcount == 1
+
+    def set_player_enabled(self, user_id: int, enabled: bool) -> bool:
+        with self._write() as conn:
+            sql = "UPDATE players SET enabled = ? WHERE user_id = ?"
+            return conn.execute(sql, (int(enabled), user_id)).rowcount == 1
+
+    def revoke_player(self, user_id: int) -> int | None:
+        with self._write() as conn:
+            row = conn.execute(
+                "UPDATE players SET epoch = epoch + 1 WHERE user_id = ? RETURNING epoch", (user_id,)
+            ).fetchone()
+        return row[0] if row else None
+
+    def upsert_players(
+        self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None
+    ) -> int:
+        sql = (
+            "INSERT INTO players (user_id, username) VALUES (?, ?) "
+            "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username"
+        )
+        count = 0
+        rows = iter(rows)
+        with self._write() as conn:
+            while batch := list(itertools.islice(rows, BATCH)):
+                conn.executemany(sql, batch)
+                count += len(batch)
+                if progress:
+                    progress(count)
+        return count
+
+
+class _Transaction:
+    """``with store._write() as conn``: COMMIT on success, ROLLBACK on any exception."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        return self.conn
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
