@@ -45,7 +45,8 @@ class App:
                 raise MethodNotAllowed(ALLOWED_METHODS)
             status, body = handler(environ)
         except HTTPError as e:
-            status, body, extra_headers = e.status, json_bytes(error_object(e.status, e.description)), e.headers
+            body, extra_headers = json_bytes(error_object(e.status, e.description)), e.headers
+            status = self.http_status(e.status)
         except StoreUnavailable:
             log.warning("store unavailable on %s", path)
             e = ServiceUnavailable()
@@ -64,10 +65,15 @@ class App:
             status, body = 500, json_bytes(error_object(500, "Internal server error"))
         return respond(start_response, status, body, head=method == "HEAD", extra_headers=extra_headers)
 
+    def http_status(self, error: int) -> int:
+        """The spec's 400 and 403 results travel as HTTP 200 unless AUTHSVC_ERROR_STATUS=http."""
+        if error in (400, 403) and not self.settings.errors_as_http_status:
+            return 200
+        return error
+
     def authenticate(self, environ: dict) -> tuple[int, bytes]:
         result = self.authenticator(request_params(environ, self.settings.max_body_bytes))
-        status = 200 if result.error is None or not self.settings.errors_as_http_status else result.error
-        return status, json_bytes(result.as_json_object())
+        return self.http_status(result.error or 200), json_bytes(result.as_json_object())
 
     def health(self, environ: dict) -> tuple[int, bytes]:
         """Runs the authentication query itself, so it fails exactly when authentication would."""
