@@ -106,7 +106,7 @@ def cmd_init(args, settings: Settings):
     }
     text = (
         f"store {redact_url(settings.store)}: schema version {after}"
-        + (" (migrated from %d)" % before if before != after else " (up to date)")
+        + (f" (migrated from {before})" if before != after else " (up to date)")
         + f"\ntoken secret {path}: " + ("created (mode 0600)" if created else "exists, kept")
     )
     return obj, text

@@ -18,6 +18,7 @@ from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 
+
 @pytest.fixture
 def secret_file(tmp_path):
     """A throwaway token secret, made fresh for each test."""

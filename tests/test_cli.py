@@ -1,0 +1,249 @@
+"""The admin command, every subcommand, through main(argv) as a sysadmin runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from authsvc import cli
+from authsvc.store import open_store
+from authsvc.tokens import mint_token
+
+
+@pytest.fixture
+def run(monkeypatch, env, capsys):
+    """run(*argv) -> (exit code, stdout, stderr), with the throwaway store and secret."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AUTHSVC_CONFIG", raising=False)
+
+    def run(*argv):
+        try:
+            code = cli.main(list(argv))
+        except SystemExit as e:  # argparse
+            code = e.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@pytest.fixture
+def initialised(run):
+    assert run("init")[0] == 0
+    return run
+
+
+def run_json(run, *argv):
+    code, out, err = run(*argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_init_creates_store_and_keeps_an_existing_secret(run, env, secret_file):
+    before = secret_file.read_bytes()
+    first = run_json(run, "init")
+    assert first["schema_version_before"] == 0 and first["schema_version"] >= 1
+    assert first["token_secret_created"] is False
+    again = run_json(run, "init")
+    assert again["schema_version_before"] == again["schema_version"] == first["schema_version"]
+    assert secret_file.read_bytes() == before
+
+
+def test_init_creates_a_0600_secret_if_none_exists(run, monkeypatch, tmp_path):
+    path = tmp_path / "etc" / "token-secret"
+    monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(path))
+    result = run_json(run, "init")
+    assert result["token_secret_created"] is True
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    secret = path.read_text().strip()
+    assert len(secret) == 64
+    code, out, err = run("init")
+    assert secret not in out + err and "exists, kept" in out
+
+
+def test_game_add_shows_key_once_and_stores_only_its_digest(initialised, env):
+    result = run_json(initialised, "game", "add", "Chess")
+    assert result["game_id"] == 1 and result["name"] == "Chess"
+    with open(env["AUTHSVC_STORE"].removeprefix("sqlite://"), "rb") as f:
+        assert result["api_key"].encode() not in f.read()
+    listing = run_json(initialised, "game", "list")
+    assert result["api_key"] not in json.dumps(listing)
+    assert listing["games"][0]["name"] == "Chess" and len(listing["games"][0]["keys"]) == 1
+
+
+def test_game_add_human_output_and_duplicate_name(initialised):
+    code, out, _ = initialised("game", "add", "Chess")
+    assert code == 0 and "shown only this once" in out
+    code, out, err = initialised("game", "add", "Chess")
+    assert code == 1 and out == "" and err == "authsvc: error: a game named 'Chess' exists\n"
+
+
+def test_game_list_table(initialised):
+    initialised("game", "add", "Go")
+    initialised("game", "disable", "1")
+    code, out, _ = initialised("game", "list")
+    assert code == 0 and out.splitlines()[1].split() == ["1", "no", "1", "Go"]
+
+
+def test_game_enable_disable(initialised, settings):
+    initialised("game", "add", "Chess")
+    assert run_json(initialised, "game", "disable", "1") == {"game_id": 1, "enabled": False}
+    assert run_json(initialised, "game", "list")["games"][0]["enabled"] is False
+    assert run_json(initialised, "game", "enable", "1") == {"game_id": 1, "enabled": True}
+    code, _, err = initialised("game", "enable", "7")
+    assert code == 1 and "no game 7" in err
+
+
+def test_game_rotate_key_expires_older_keys(initialised):
+    initialised("game", "add", "Chess")
+    result = run_json(initialised, "game", "rotate-key", "1", "--old-key-ttl", "60")
+    keys = run_json(initialised, "game", "list")["games"][0]["keys"]
+    assert len(keys) == 2
+    assert sorted(k["expires_at"] is None for k in keys) == [False, True]
+    assert [k["expires_at"] for k in keys if k["expires_at"]] == [result["old_keys_expire_at"]]
+    assert initialised("game", "rotate-key", "9")[0] == 1
+
+
+def test_player_lifecycle(initialised):
+    assert run_json(initialised, "player", "add", "42", "alice") == {
+        "user_id": 42, "username": "alice", "epoch": 0, "enabled": True}
+    assert run_json(initialised, "player", "rename", "42", "alicia")["username"] == "alicia"
+    assert run_json(initialised, "player", "disable", "42")["enabled"] is False
+    assert run_json(initialised, "player", "enable", "42")["enabled"] is True
+    assert run_json(initialised, "player", "revoke", "42")["epoch"] == 1
+    assert run_json(initialised, "player", "show", "42") == {
+        "user_id": 42, "username": "alicia", "epoch": 1, "enabled": True}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("player", "add", "42", "bob"), "player 42 exists"),
+        (("player", "rename", "7", "x"), "no player 7"),
+        (("player", "revoke", "7"), "no player 7"),
+        (("player", "disable", "7"), "no player 7"),
+        (("player", "show", "7"), "no player 7"),
+        (("player", "add", "8", " padded"), "white space"),
+        (("player", "add", "8", "a\x07b"), "control characters"),
+        (("player", "add", "8", "x" * 256), "at most 255"),
+    ],
+)
+def test_player_errors_are_one_line(initialised, argv, message):
+    initialised("player", "add", "42", "alice")
+    code, out, err = initialised(*argv)
+    assert code == 1 and out == "" and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("user_id", ["0", "-1", "07", "x", "9223372036854775808"])
+def test_bad_user_id_is_a_usage_error(initialised, user_id):
+    code, _, err = initialised("player", "add", user_id, "x")
+    assert code == 2 and "user id must be a whole number" in err and err.count("\n") == 1
+
+
+def test_json_errors_are_one_object_on_stdout(initialised):
+    code, out, err = initialised("player", "show", "7", "--json")
+    assert code == 1 and json.loads(out) == {"error": "no player 7"} and "no player 7" in err
+
+
+def test_commands_before_init_say_so(run):
+    code, _, err = run("game", "list")
+    assert code == 1 and "authsvc init" in err and err.count("\n") == 1
+
+
+def test_token_issue_mints_the_current_token(initialised, settings):
+    initialised("game", "add", "Chess")
+    initialised("player", "add", "42", "alice")
+    token = run_json(initialised, "token", "issue", "--game", "1", "--user", "42")["game_auth_token"]
+    assert token == mint_token(settings.token_secrets[0], 1, 42, 0)
+    initialised("player", "revoke", "42")
+    code, out, _ = initialised("token", "issue", "--game", "1", "--user", "42")
+    assert code == 0 and out.strip() == mint_token(settings.token_secrets[0], 1, 42, 1)
+    assert initialised("token", "issue", "--game", "2", "--user", "42")[0] == 1
+    assert initialised("token", "issue", "--game", "1", "--user", "43")[0] == 1
+
+
+def test_token_issue_without_a_secret_says_so(initialised, monkeypatch, tmp_path):
+    monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(tmp_path / "absent"))
+    code, _, err = initialised("token", "issue", "--game", "1", "--user", "42")
+    assert code == 1 and "no token secret" in err
+
+
+def players(settings):
+    store = open_store(settings.store, readonly=True)
+    try:
+        return {p: store.get_player(p) for p in range(1, 30_001) if store.get_player(p)}
+    finally:
+        store.close()
+
+
+def test_player_import_csv_with_header_is_an_idempotent_upsert(initialised, tmp_path, settings):
+    initialised("player", "add", "2", "old-name")
+    initialised("player", "revoke", "2")
+    path = tmp_path / "players.csv"
+    rows = "".join(f"{i},player{i}\n" for i in range(1, 25_001))  # more than one batch
+    path.write_text("user_id,username\n" + rows + '3,"quoted, name"\n')
+    assert run_json(initialised, "player", "import", str(path))["rows"] == 25_001
+    assert run_json(initialised, "player", "import", str(path))["rows"] == 25_001
+    found = players(settings)
+    assert len(found) == 25_000
+    assert found[2].username == "player2" and found[2].epoch == 1  # renamed, epoch kept
+    assert found[3].username == "quoted, name"
+
+
+def test_player_import_json_lines(initialised, tmp_path, settings):
+    path = tmp_path / "players.jsonl"
+    path.write_text('{"user_id": 5, "username": "e"}\n\n{"user_id": "6", "username": "f"}\n')
+    assert run_json(initialised, "player", "import", str(path))["rows"] == 2
+    assert players(settings)[6].username == "f"
+
+
+@pytest.mark.parametrize(
+    "content, line, reason",
+    [
+        ("1,a\n2,b\n0,c\n", 3, "user_id"),
+        ("1,a\n2\n", 2, "expected 2 fields"),
+        ("1,a\n2,b,c\n", 2, "expected 2 fields"),
+        ("1,a\n2, b\n", 2, "white space"),
+        ('{"user_id": 1, "username": "a"}\n{"user_id": 2}\n', 2, "needs the fields"),
+        ('{"user_id": 1, "username": "a"}\n{broken\n', 2, "not a JSON object"),
+        ('{"user_id": true, "username": "a"}\n', 1, "user_id"),
+    ],
+)
+def test_player_import_bad_row_names_its_line_and_writes_nothing(
+    initialised, tmp_path, settings, content, line, reason
+):
+    path = tmp_path / "bad"
+    path.write_text(content)
+    code, out, err = initialised("player", "import", str(path))
+    assert code == 1 and f"line {line}" in err and reason in err and err.count("\n") == 1
+    assert players(settings) == {}
+
+
+def test_player_import_missing_or_non_utf8_file(initialised, tmp_path):
+    assert "cannot read" in initialised("player", "import", str(tmp_path / "absent"))[2]
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(b"1,Zo\xeb\n")
+    code, _, err = initialised("player", "import", str(path))
+    assert code == 1 and "not UTF-8" in err
+
+
+def test_progress_bar_draws_on_stderr(capsys):
+    bar = cli.ProgressBar(200)
+    bar(100)
+    bar.done()
+    err = capsys.readouterr().err
+    assert "50%" in err and "100/200" in err and err.endswith("\n")
+
+
+def test_store_url_password_is_redacted():
+    assert cli.redact_url("postgresql://owner:s3cret@db/authsvc") == "postgresql://owner:***@db/authsvc"
+    assert cli.redact_url("sqlite:///var/lib/authsvc/authsvc.db") == "sqlite:///var/lib/authsvc/authsvc.db"
+
+
+def test_help_lists_every_command(run):
+    code, out, _ = run("--help")
+    assert code == 0 and all(word in out for word in ("init", "game", "player", "token"))
