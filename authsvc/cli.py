@@ -230,7 +230,7 @@ def cmd_player_import(args, settings):
         started = time.monotonic()
         count = store.upsert_players(import_rows(data), progress=bar)
         if bar:
-            bar.done()
+            bar.done(count)
     seconds = time.monotonic() - started
     return {"rows": count, "seconds": round(seconds, 3)}, f"imported {count} players in {seconds:.1f} s"
 
@@ -317,12 +317,17 @@ class ProgressBar:
         now = time.monotonic()
         if now - self.last >= 0.1:
             self.last = now
-            share = min(count / self.total, 1.0)
-            filled = int(share * 30)
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {share:4.0%} {count}/{self.total}")
-            sys.stderr.flush()
+            self.draw(count, self.total)
 
-    def done(self) -> None:
+    def draw(self, count: int, total: int) -> None:
+        share = min(count / max(total, 1), 1.0)
+        filled = int(share * 30)
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {share:4.0%} {count}/{total}")
+        sys.stderr.flush()
+
+    def done(self, count: int) -> None:
+        """The final state: the total was a line count (header, blank lines), the rows are exact."""
+        self.draw(count, count)
         sys.stderr.write("\n")
 
 

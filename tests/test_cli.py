@@ -234,9 +234,9 @@ def test_player_import_missing_or_non_utf8_file(initialised, tmp_path):
 def test_progress_bar_draws_on_stderr(capsys):
     bar = cli.ProgressBar(200)
     bar(100)
-    bar.done()
+    bar.done(199)
     err = capsys.readouterr().err
-    assert "50%" in err and "100/200" in err and err.endswith("\n")
+    assert "50% 100/200" in err and err.endswith("100% 199/199\n")
 
 
 def test_store_url_password_is_redacted():
