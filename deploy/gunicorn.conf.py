@@ -79,7 +79,8 @@ umask = 0o077
 # Access log: method and path only (%(U)s is PATH_INFO, without the query string);
 # never %(r)s, %(q)s, %(f)s or request headers other than the request id.
 access_log_format = (
-    '%({x-forwarded-for}i)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms rid=%({x-request-id}i)s'
+    '%({x-forwarded-for}i)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms '
+    'proto=%({x-forwarded-proto}i)s rid=%({x-request-id}i)s'
 )
 accesslog = "-"
 errorlog = "-"
