@@ -19,10 +19,11 @@ import time
 
 import pytest
 
-from tests.deploy_support import API_HOST, LEGACY_HOST, start_stack, stop
+from tests.deploy_support import API_HOST, LEGACY_HOST, REPO, start_stack, stop
 
 pytestmark = pytest.mark.slow
 
+DOCS = REPO / "docs" / "operations.md"
 JSON_TYPE = "application/json; charset=utf-8"
 MISSING = "user_id, game_auth_token, and api_key are required parameters"
 
@@ -318,6 +319,20 @@ def test_socket_activation_notify_and_graceful_reload(stack):
 def test_gunicorn_writes_nothing_in_home_or_tmp(stack):
     assert list((stack.root / "home").iterdir()) == []  # no ~/.gunicorn control socket
     assert list((stack.root / "gunicorn-tmp").iterdir()) == []
+
+
+def test_backup_while_serving_as_documented(stack, tmp_path):
+    """docs/operations.md section 8: VACUUM INTO a copy while gunicorn reads the store."""
+    store = stack.env["AUTHSVC_STORE"].removeprefix("sqlite://")
+    copy = tmp_path / "backup.db"
+    snippet = re.search(r"'(import sqlite3, sys;[^']*)'", DOCS.read_text()).group(1)
+    done = subprocess.run([sys.executable, "-c", snippet, store, str(copy)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert stack.request("https", stack.api_query()).json()["success"] is True
+    env = {**stack.env, "AUTHSVC_STORE": f"sqlite://{copy}"}
+    games = subprocess.run([sys.executable, "-m", "authsvc.cli", "game", "list", "--json"],
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert [g["name"] for g in json.loads(games.stdout)["games"]] == ["Chess", "Go"]
 
 
 def test_zz_502_is_json_then_no_log_holds_a_secret(stack):
