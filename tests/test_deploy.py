@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -90,8 +91,6 @@ def test_both_hosts_give_the_same_answers(stack):
 
 
 def test_http10_client_without_host_header_reaches_the_legacy_api(stack):
-    import socket
-
     with socket.create_connection(("127.0.0.1", stack.http_port), timeout=10) as sock:
         sock.sendall(f"GET {stack.api_query()} HTTP/1.0\r\n\r\n".encode())
         data = b""
@@ -151,6 +150,11 @@ def test_unknown_host_names_are_dropped(stack):
     with pytest.raises(ssl.SSLError) as info:
         stack.request("https", stack.api_query(), sni="unknown.authsvc.test", context=_no_hostname_check(stack))
     assert "UNRECOGNIZED_NAME" in str(info.value).upper()
+    # No SNI at all: refused as well (docs/operations.md: clients must send SNI).
+    no_sni = _no_hostname_check(stack)
+    sock = socket.create_connection(("127.0.0.1", stack.https_port), timeout=10)
+    with pytest.raises(ssl.SSLError), sock:
+        no_sni.wrap_socket(sock, server_hostname=None)
     # The right SNI name but another Host header: dropped too.
     with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
         stack.request("https", stack.api_query(), host="unknown.authsvc.test", sni=API_HOST)

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import secrets
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests.support import skip_or_fail
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -124,3 +130,68 @@ def test_installed_gunicorn_loads_the_app_with_the_installed_config(staged):
         env=env, capture_output=True, text=True, timeout=60, cwd=root,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _as(user: str, cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups",
+                           "--inh-caps=-all", *cmd], capture_output=True, text=True, timeout=60, **kw)
+
+
+def test_admin_wrapper_writes_the_store_as_the_service_user():
+    """/usr/local/bin/authsvc run by root: the store's files belong to the service user, 0600.
+
+    Rendered with USER=nobody (the suite creates no system user), in a directory
+    nobody can reach.
+    """
+    if os.geteuid() != 0:
+        skip_or_fail("the admin wrapper switches to the service user: run the suite as root")
+    if shutil.which("setpriv") is None:
+        skip_or_fail("setpriv (util-linux) is not installed")
+    if _as("nobody", [sys.executable, "-c", "import authsvc"]).returncode != 0:
+        skip_or_fail("the user nobody cannot run this virtualenv's Python")
+    base = Path(tempfile.mkdtemp(prefix="authsvc-wrapper-"))
+    try:
+        base.chmod(0o755)
+        (base / "app").mkdir()
+        (base / "app/venv").symlink_to(Path(sys.prefix))
+        etc, state = base / "etc", base / "state"
+        etc.mkdir(mode=0o755)
+        state.mkdir(mode=0o750)
+        subprocess.run(
+            [sys.executable, "-m", "authsvc.deploy", str(REPO / "deploy"), str(base / "r"),
+             "--set", "API_HOST=a.example", "--set", "LEGACY_HOST=b.example", "--set", "USER=nobody",
+             "--set", f"APP_DIR={base / 'app'}", "--set", f"CONF_DIR={etc}"],
+            check=True, capture_output=True, timeout=60,
+        )
+        (etc / "authsvc.toml").write_text(f'[authsvc]\nstore = "sqlite://{state}/authsvc.db"\n')
+        secret = etc / "token-secret"
+        secret.write_text(secrets.token_hex(32) + "\n")
+        secret.chmod(0o600)
+        nobody = pwd.getpwnam("nobody")
+        for path in (secret, state):
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        wrapper = str(base / "r/bin/authsvc")
+
+        def admin(*args):
+            done = subprocess.run([wrapper, *args], capture_output=True, text=True, timeout=60, cwd=base)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        admin("init")
+        game = json.loads(admin("game", "add", "Chess", "--json"))
+        admin("player", "add", "42", "alice")
+        token = admin("token", "issue", "--game", str(game["game_id"]), "--user", "42").strip()
+        assert len(token) == 64
+        for path in state.iterdir():
+            st = path.stat()
+            assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (nobody.pw_uid, 0o600), path
+        # The service user can read what the admin wrote.
+        read = _as("nobody", [sys.executable, "-c",
+                              "import sqlite3, sys; print(sqlite3.connect(f'file:{sys.argv[1]}?mode=ro', uri=True)"
+                              ".execute('select count(*) from players').fetchone()[0])", str(state / "authsvc.db")])
+        assert read.stdout.strip() == "1", read.stderr
+        # Anyone else is turned away.
+        other = _as("daemon", [wrapper, "game", "list"], cwd="/")
+        assert other.returncode == 1 and "run this as root" in other.stderr
+    finally:
+        shutil.rmtree(base)
