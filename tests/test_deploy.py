@@ -1,8 +1,9 @@
 """The shipped nginx + gunicorn deployment, for real: TLS, both hosts, limits, logs.
 
-One stack per module (tests/deploy_support.py). The last test stops gunicorn
-(for the 502) and then reads every log, so it runs after the others: pytest
-keeps file order.
+One stack per module (tests/deploy_support.py). The last two tests break the
+stack on purpose (the store, for a 503 from the app; then gunicorn, for nginx's
+502) and the very last one reads every log of the run, so they stay at the end
+of the file: pytest keeps file order.
 """
 
 from __future__ import annotations
@@ -339,6 +340,28 @@ def test_backup_while_serving_as_documented(stack, tmp_path):
     assert [g["name"] for g in json.loads(games.stdout)["games"]] == ["Chess", "Go"]
 
 
+def test_unreadable_store_is_a_503_from_the_app_logged_without_the_query(stack):
+    """The store breaks under a running service (here: its file zeroed after a write):
+    the app answers 503 in JSON through nginx, and its "authsvc" logger reaches
+    gunicorn's error log. Runs late: the store stays broken."""
+    subprocess.run([sys.executable, "-m", "authsvc.cli", "player", "add", "9001", "bob"],
+                   env=stack.env, check=True, capture_output=True, timeout=60)  # new WAL frames: readers re-read
+    store = stack.env["AUTHSVC_STORE"].removeprefix("sqlite://")
+    fd = os.open(store, os.O_WRONLY)
+    try:
+        os.pwrite(fd, bytes(os.path.getsize(store)), 0)
+    finally:
+        os.close(fd)
+    for scheme in ("https", "http"):
+        answer = stack.request(scheme, stack.api_query())
+        assert answer.status == 503, (scheme, answer.body)
+        _error_shape(answer, 503)
+        assert answer.json()["error_description"] == "Service temporarily unavailable, try again"
+    log = _wait_for(stack, "gunicorn-error.log", ["[WARNING] authsvc: store unavailable on /api/authenticate.json"])
+    assert "upstream=503" in (stack.logs / "authsvc-access.log").read_text()  # the app's answer, passed through
+    assert stack.api_key not in log
+
+
 def test_zz_502_is_json_then_no_log_holds_a_secret(stack):
     """Last: stop gunicorn, see nginx's 502 in JSON, then read every log of the run."""
     stop(stack.gunicorn)
@@ -351,7 +374,7 @@ def test_zz_502_is_json_then_no_log_holds_a_secret(stack):
 
     logs = stack.log_texts()
     access = logs["authsvc-access.log"]
-    for status in (" 200 ", " 301 ", " 404 ", " 405 ", " 413 ", " 414 ", " 429 ", " 502 ", " 444 "):
+    for status in (" 200 ", " 301 ", " 404 ", " 405 ", " 413 ", " 414 ", " 429 ", " 444 ", " 502 ", " 503 "):
         assert status in access, f"the run should have logged a{status}answer"
     assert "GET /api/authenticate.json HTTP/1.1" in access
     assert "/api/authenticate.json" in logs["gunicorn-access.log"]
