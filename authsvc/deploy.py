@@ -31,6 +31,7 @@ DEFAULTS = {
     "ACME_ROOT": "/var/www/html",
     "RATE": "20r/s",
     "RATE_BURST": "40",
+    "UPSTREAM_TIMEOUT": "10s",
     "APP_DIR": "/opt/authsvc",
     "CONF_DIR": "/etc/authsvc",
     "USER": "authsvc",

@@ -183,6 +183,7 @@ def start_stack(root: Path) -> Stack:
         "ACME_ROOT": str(root / "acme"),
         "RATE": "20r/s",
         "RATE_BURST": "50",
+        "UPSTREAM_TIMEOUT": "2s",
     }
     sets = [arg for name, value in values.items() for arg in ("--set", f"{name}={value}")]
     _run([sys.executable, "-m", "authsvc.deploy", str(REPO / "deploy"), str(rendered), *sets], admin_env)

@@ -340,6 +340,24 @@ def test_backup_while_serving_as_documented(stack, tmp_path):
     assert [g["name"] for g in json.loads(games.stdout)["games"]] == ["Chess", "Go"]
 
 
+def test_slow_service_is_a_json_504(stack):
+    """Workers frozen (SIGSTOP) past UPSTREAM_TIMEOUT (2 s here): nginx's 504, in JSON."""
+    workers = stack.gunicorn_worker_pids()
+    assert workers
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        answer = stack.request("https", stack.api_query())
+        assert answer.status == 504, answer.body
+        _error_shape(answer, 504)
+        assert 1.5 < time.monotonic() - started < 9
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
+    assert stack.request("https", stack.api_query()).status == 200
+
+
 def test_unreadable_store_is_a_503_from_the_app_logged_without_the_query(stack):
     """The store breaks under a running service (here: its file zeroed after a write):
     the app answers 503 in JSON through nginx, and its "authsvc" logger reaches
@@ -374,7 +392,7 @@ def test_zz_502_is_json_then_no_log_holds_a_secret(stack):
 
     logs = stack.log_texts()
     access = logs["authsvc-access.log"]
-    for status in (" 200 ", " 301 ", " 404 ", " 405 ", " 413 ", " 414 ", " 429 ", " 444 ", " 502 ", " 503 "):
+    for status in (" 200 ", " 301 ", " 404 ", " 405 ", " 413 ", " 414 ", " 429 ", " 444 ", " 502 ", " 503 ", " 504 "):
         assert status in access, f"the run should have logged a{status}answer"
     assert "GET /api/authenticate.json HTTP/1.1" in access
     assert "/api/authenticate.json" in logs["gunicorn-access.log"]
