@@ -412,6 +412,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = leaf(token, "issue", cmd_token_issue, "print a player's current token for a game")
     p.add_argument("--game", type=game_id_arg, required=True, metavar="GAME_ID")
     p.add_argument("--user", type=user_id_arg, required=True, metavar="USER_ID")
+
+    from authsvc import check  # imported here: check.py uses CommandError from this module
+
+    p = leaf(top, "check", check.cmd_check, "call a running service at each URL and report each case")
+    check.add_arguments(p, user_id_arg, game_id_arg)
     return parser
 
 

@@ -1,0 +1,114 @@
+"""gunicorn settings for authsvc: ``gunicorn -c gunicorn.conf.py authsvc.wsgi:application``.
+
+Installed as /opt/authsvc/gunicorn.conf.py (code, replaced on upgrade). Tuning comes
+from the ``[gunicorn]`` table of the settings file named by ``AUTHSVC_CONFIG``
+(/etc/authsvc/authsvc.toml), and an environment variable beats the file:
+
+    workers       AUTHSVC_WORKERS        default 2 x CPUs + 1
+    worker_class  AUTHSVC_WORKER_CLASS   "sync" (default) or "gthread"
+    threads       AUTHSVC_THREADS        default 1 (gthread only)
+    timeout       AUTHSVC_TIMEOUT        seconds, default 30
+    (no table key) AUTHSVC_BIND          default unix:/run/authsvc.sock; unused
+                                         under systemd socket activation
+    log_level     AUTHSVC_LOG_LEVEL      level of the app's "authsvc" logger, default
+                                         INFO (from the [authsvc] table, like the app)
+
+Logs go to stderr (error log, including the app's "authsvc" logger) and stdout
+(access log): the journal under systemd. No file is written outside the state
+directory: no pid file, no control socket, worker heartbeat files in
+$STATE_DIRECTORY (created and unlinked at once).
+"""
+
+import multiprocessing
+import os
+import tomllib
+
+
+def _read_config() -> dict:
+    path = os.environ.get("AUTHSVC_CONFIG")
+    if not path:
+        return {}
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+_config = _read_config()
+
+
+def _setting(key: str, var: str, default, cast, table: str = "gunicorn"):
+    raw = os.environ.get(var) or _config.get(table, {}).get(key, default)
+    try:
+        return cast(raw)
+    except (TypeError, ValueError):
+        raise SystemExit(f"gunicorn.conf.py: {var} / [gunicorn] {key} must be {cast.__name__}, got {raw!r}")
+
+
+wsgi_app = "authsvc.wsgi:application"
+bind = [os.environ.get("AUTHSVC_BIND", "unix:/run/authsvc.sock")]
+workers = _setting("workers", "AUTHSVC_WORKERS", multiprocessing.cpu_count() * 2 + 1, int)
+worker_class = _setting("worker_class", "AUTHSVC_WORKER_CLASS", "sync", str)
+if worker_class not in ("sync", "gthread"):
+    raise SystemExit(f"gunicorn.conf.py: worker_class must be sync or gthread, got {worker_class!r}")
+threads = _setting("threads", "AUTHSVC_THREADS", 1, int)
+timeout = _setting("timeout", "AUTHSVC_TIMEOUT", 30, int)
+graceful_timeout = 30
+keepalive = 5
+
+# Not preloaded: on HUP gunicorn re-reads this file and starts new workers that
+# import the (possibly upgraded) code, then stops the old ones gracefully.
+preload_app = False
+
+# nginx is the only client: over the unix socket (which only nginx's group may
+# open) gunicorn trusts X-Forwarded-Proto; over TCP only from this machine.
+forwarded_allow_ips = "127.0.0.1,::1"
+secure_scheme_headers = {"X-FORWARDED-PROTO": "https"}
+# Never take SCRIPT_NAME / PATH_INFO from a request header.
+forwarder_headers = ""
+
+# Same limits as nginx (deploy/nginx/snippets/authsvc-limits.conf).
+limit_request_line = 8190
+limit_request_fields = 100
+limit_request_field_size = 8190
+
+# Nothing outside the state directory.
+pidfile = None
+control_socket_disable = True
+worker_tmp_dir = os.environ.get("STATE_DIRECTORY", "").split(":")[0] or None
+umask = 0o077
+
+# Access log: method and path only (%(U)s is PATH_INFO, without the query string);
+# never %(r)s, %(q)s, %(f)s or request headers other than the request id.
+access_log_format = (
+    '%({x-forwarded-for}i)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms '
+    'proto=%({x-forwarded-proto}i)s rid=%({x-request-id}i)s'
+)
+accesslog = "-"
+errorlog = "-"
+loglevel = "info"
+logconfig_dict = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "authsvc.logredact.RedactFilter"}},
+    "formatters": {
+        "error": {
+            "format": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s",
+            "datefmt": "%Y-%m-%d %H:%M:%S %z",
+        },
+        "access": {"format": "%(message)s"},
+    },
+    "handlers": {
+        "error": {"class": "logging.StreamHandler", "formatter": "error", "stream": "ext://sys.stderr"},
+        "access": {"class": "logging.StreamHandler", "formatter": "access", "stream": "ext://sys.stdout"},
+    },
+    "root": {"level": "WARNING", "handlers": ["error"]},
+    "loggers": {
+        "gunicorn.error": {"level": "INFO", "handlers": ["error"], "propagate": False, "filters": ["redact"]},
+        "gunicorn.access": {"level": "INFO", "handlers": ["access"], "propagate": False},
+        # The app logs the frames of unexpected errors, never the query string.
+        "authsvc": {
+            "level": _setting("log_level", "AUTHSVC_LOG_LEVEL", "INFO", str, table="authsvc").upper(),
+            "handlers": ["error"],
+            "propagate": False,
+        },
+    },
+}

@@ -1,0 +1,297 @@
+"""The shipped deployment, run for real on loopback: nginx + TLS in front of gunicorn.
+
+``start_stack`` renders deploy/ with ``python -m authsvc.deploy`` (what
+scripts/install runs), provisions a throwaway store and secret, starts gunicorn
+under ``systemd-socket-activate`` (the socket activation and sd_notify path of
+the systemd unit) and nginx with a Debian-like main config around the shipped
+site. ``request`` is a small HTTP(S) client that dials 127.0.0.1 while sending
+the real host name (SNI and Host).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trustme
+
+from tests.support import free_port, skip_or_fail, wait_for_port
+
+REPO = Path(__file__).resolve().parent.parent
+API_HOST = "api.authsvc.test"
+LEGACY_HOST = "legacy.authsvc.test"
+VENV_BIN = Path(sys.executable).parent
+
+
+def find_nginx() -> str | None:
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@dataclasses.dataclass
+class Answer:
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+    def json(self):
+        return json.loads(self.body)
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("Content-Type", "")
+
+
+@dataclasses.dataclass
+class Stack:
+    root: Path
+    https_port: int
+    http_port: int
+    ca: trustme.CA
+    ca_file: Path
+    game_id: int
+    api_key: str
+    other_api_key: str
+    user_id: int
+    username: str
+    token: str
+    token_secret: str
+    env: dict  # points the admin command at the store and secret
+    gunicorn: subprocess.Popen
+    nginx: subprocess.Popen
+    ready_message: str
+    logs: Path
+
+    def client_context(self, **versions) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        for name, value in versions.items():
+            setattr(ctx, name, value)
+        return ctx
+
+    def request(self, scheme: str, path: str, *, host: str | None = None, method: str = "GET",
+                body: bytes | None = None, headers: dict | None = None, source: str = "127.0.0.1",
+                sni: str | None = None, context: ssl.SSLContext | None = None, address: str = "127.0.0.1") -> Answer:
+        port = self.https_port if scheme == "https" else self.http_port
+        host = host or (API_HOST if scheme == "https" else LEGACY_HOST)
+        sock = socket.create_connection((address, port), timeout=10, source_address=(source, 0))
+        try:
+            if scheme == "https":
+                sock = (context or self.client_context()).wrap_socket(sock, server_hostname=sni or host)
+            conn = http.client.HTTPConnection(host, port, timeout=10)
+            conn.sock = sock
+            all_headers = {"Host": host, **(headers or {})}
+            conn.request(method, path, body=body, headers=all_headers)
+            response = conn.getresponse()
+            return Answer(response.status, response.headers, response.read())
+        finally:
+            sock.close()
+
+    def api_query(self, **overrides) -> str:
+        params = {"user_id": str(self.user_id), "game_auth_token": self.token, "api_key": self.api_key}
+        params.update(overrides)
+        return "/api/authenticate.json?" + "&".join(f"{k}={v}" for k, v in params.items() if v is not None)
+
+    def log_texts(self) -> dict[str, str]:
+        """Every log file nginx and gunicorn wrote, by name."""
+        return {p.name: p.read_text(errors="replace") for p in sorted(self.logs.iterdir()) if p.is_file()}
+
+    def gunicorn_worker_pids(self) -> set[int]:
+        children = Path(f"/proc/{self.gunicorn.pid}/task/{self.gunicorn.pid}/children")
+        try:
+            return {int(p) for p in children.read_text().split()}
+        except OSError:
+            return set()
+
+
+def _run(cmd: list[str], env: dict) -> str:
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"{cmd[:4]} failed: {done.stderr}"
+    return done.stdout
+
+
+def start_stack(root: Path) -> Stack:
+    nginx = find_nginx()
+    if nginx is None:
+        skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
+    activate = shutil.which("systemd-socket-activate")
+    if activate is None:
+        skip_or_fail("systemd-socket-activate is not installed (Debian: apt-get install systemd)")
+
+    logs, state, creds, tmp = root / "logs", root / "state", root / "credentials", root / "tmp"
+    for d in (logs, state, creds, tmp, root / "home", root / "gunicorn-tmp", root / "acme"):
+        d.mkdir(mode=0o700)
+
+    # Throwaway secret and store, provisioned with the admin command.
+    token_secret = secrets.token_hex(32)
+    (creds / "token-secret").write_text(token_secret + "\n")
+    (creds / "token-secret").chmod(0o600)
+    admin_env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "AUTHSVC_STORE": f"sqlite://{state}/authsvc.db",
+        "AUTHSVC_TOKEN_SECRET_FILE": str(creds / "token-secret"),
+    }
+    cli = [sys.executable, "-m", "authsvc.cli"]
+    _run([*cli, "init"], admin_env)
+    game = json.loads(_run([*cli, "game", "add", "Chess", "--json"], admin_env))
+    other = json.loads(_run([*cli, "game", "add", "Go", "--json"], admin_env))
+    _run([*cli, "player", "add", "4242", "alice"], admin_env)
+    token = _run([*cli, "token", "issue", "--game", str(game["game_id"]), "--user", "4242"], admin_env).strip()
+
+    # Certificates from a throwaway CA.
+    ca = trustme.CA()
+    cert = ca.issue_cert(API_HOST)
+    cert.cert_chain_pems[0].write_to_path(str(root / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(root / "key.pem"))
+    (root / "key.pem").chmod(0o600)
+    ca.cert_pem.write_to_path(str(root / "ca.pem"))
+
+    https_port, http_port = free_port(), free_port()
+    v6 = ipv6_loopback()
+    listen = lambda port: f"127.0.0.1:{port}" + (f" [::1]:{port}" if v6 else "")  # noqa: E731
+    rendered = root / "deploy"
+    sock_path = root / "authsvc.sock"
+    values = {
+        "API_HOST": API_HOST,
+        "LEGACY_HOST": LEGACY_HOST,
+        "HTTPS_LISTEN": listen(https_port),
+        "HTTP_LISTEN": listen(http_port),
+        "HTTPS_URL": f"https://{API_HOST}:{https_port}",
+        "TLS_CERT": str(root / "cert.pem"),
+        "TLS_KEY": str(root / "key.pem"),
+        "SOCKET": str(sock_path),
+        "NGINX_DIR": str(rendered / "nginx"),
+        "NGINX_LOG_DIR": str(logs),
+        "ACME_ROOT": str(root / "acme"),
+        "RATE": "20r/s",
+        "RATE_BURST": "50",
+        "UPSTREAM_TIMEOUT": "2s",
+    }
+    sets = [arg for name, value in values.items() for arg in ("--set", f"{name}={value}")]
+    _run([sys.executable, "-m", "authsvc.deploy", str(REPO / "deploy"), str(rendered), *sets], admin_env)
+
+    # gunicorn as systemd would start it: socket activation, credentials, state
+    # directory, NOTIFY_SOCKET; HOME and TMPDIR empty dirs to prove nothing lands there.
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(root / "notify.sock"))
+    notify.settimeout(1.0)
+    service_env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(root / "home"),
+        "TMPDIR": str(root / "gunicorn-tmp"),
+        "AUTHSVC_CONFIG": str(rendered / "etc" / "authsvc.toml"),
+        "AUTHSVC_STORE": f"sqlite://{state}/authsvc.db",
+        "CREDENTIALS_DIRECTORY": str(creds),
+        "STATE_DIRECTORY": str(state),
+        "NOTIFY_SOCKET": str(root / "notify.sock"),
+        "AUTHSVC_WORKERS": "2",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    setenv = [arg for name, value in service_env.items() for arg in ("-E", f"{name}={value}")]
+    gunicorn_cmd = [str(VENV_BIN / "gunicorn"), "--config", str(rendered / "gunicorn.conf.py"), "authsvc.wsgi:application"]
+    gunicorn = subprocess.Popen(
+        [activate, "-l", str(sock_path), *setenv, *gunicorn_cmd],
+        stdout=open(logs / "gunicorn-access.log", "wb"),
+        stderr=open(logs / "gunicorn-error.log", "wb"),
+        env=service_env,
+        cwd=root,
+        start_new_session=True,
+    )
+    nginx_proc = None
+    try:
+        # systemd-socket-activate starts gunicorn on the first connection, like a .socket unit.
+        deadline = time.monotonic() + 10
+        while not sock_path.exists():
+            assert gunicorn.poll() is None and time.monotonic() < deadline, "socket never appeared"
+            time.sleep(0.05)
+        socket.socket(socket.AF_UNIX).connect(str(sock_path))
+        ready = ""
+        deadline = time.monotonic() + 30
+        while "READY=1" not in ready:
+            assert gunicorn.poll() is None, "gunicorn exited: " + (logs / "gunicorn-error.log").read_text()
+            assert time.monotonic() < deadline, "gunicorn never sent READY=1"
+            try:
+                ready += notify.recv(4096).decode()
+            except TimeoutError:
+                pass
+        notify.close()
+
+        conf = root / "nginx.conf"
+        conf.write_text(_nginx_main_conf(root, logs, rendered))
+        check = subprocess.run([nginx, "-t", "-q", "-p", str(root), "-c", str(conf)], capture_output=True, text=True)
+        assert check.returncode == 0, f"nginx -t: {check.stderr}"
+        nginx_proc = subprocess.Popen(
+            [nginx, "-p", str(root), "-c", str(conf), "-g", "daemon off;"],
+            stdout=open(logs / "nginx-stdout.log", "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for_port(https_port)
+        wait_for_port(http_port)
+    except BaseException:
+        stop(nginx_proc)
+        stop(gunicorn)
+        raise
+    return Stack(
+        root=root, https_port=https_port, http_port=http_port, ca=ca, ca_file=root / "ca.pem",
+        game_id=game["game_id"], api_key=game["api_key"], other_api_key=other["api_key"],
+        user_id=4242, username="alice", token=token, token_secret=token_secret, env=admin_env,
+        gunicorn=gunicorn, nginx=nginx_proc, ready_message=ready, logs=logs,
+    )
+
+
+def _nginx_main_conf(root: Path, logs: Path, rendered: Path) -> str:
+    """Debian's main nginx.conf, shortened: the http-level settings a machine has (TLSv1 and
+    TLSv1.1 on, the combined access log) around the shipped site; temp paths in ``root``."""
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    temp = "\n".join(
+        f"    {kind}_temp_path {root}/tmp/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    return f"""{user}worker_processes 1;
+pid {root}/nginx.pid;
+error_log {logs}/nginx-main-error.log;
+events {{ worker_connections 128; }}
+http {{
+    sendfile on;
+    default_type application/octet-stream;
+    ssl_protocols TLSv1 TLSv1.1 TLSv1.2 TLSv1.3;
+    ssl_prefer_server_ciphers on;
+    access_log {logs}/nginx-default-access.log;
+    gzip on;
+{temp}
+    include {rendered}/nginx/sites/authsvc.conf;
+}}
+"""
+
+
+def stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+    """Stop a server we started (its own process group) and wait for it."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)

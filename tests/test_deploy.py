@@ -1,0 +1,410 @@
+"""The shipped nginx + gunicorn deployment, for real: TLS, both hosts, limits, logs.
+
+One stack per module (tests/deploy_support.py). The last two tests break the
+stack on purpose (the store, for a 503 from the app; then gunicorn, for nginx's
+502) and the very last one reads every log of the run, so they stay at the end
+of the file: pytest keeps file order.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.deploy_support import API_HOST, LEGACY_HOST, REPO, start_stack, stop
+
+pytestmark = pytest.mark.slow
+
+DOCS = REPO / "docs" / "operations.md"
+JSON_TYPE = "application/json; charset=utf-8"
+MISSING = "user_id, game_auth_token, and api_key are required parameters"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = start_stack(tmp_path_factory.mktemp("deploy"))
+    yield s
+    stop(s.nginx)
+    stop(s.gunicorn)
+
+
+def _error_shape(answer, code: int) -> None:
+    assert answer.content_type == JSON_TYPE, answer.headers
+    obj = answer.json()
+    assert set(obj) == {"success", "error", "error_description"}, obj
+    assert obj["success"] is False and obj["error"] == code, obj
+    assert answer.headers["Cache-Control"] == "no-store"
+
+
+def _cases(stack):
+    bad_token = stack.token[:-1] + ("0" if stack.token[-1] != "0" else "1")
+    return {
+        "success": ("GET", stack.api_query(), None, {}),
+        "bad token": ("GET", stack.api_query(game_auth_token=bad_token), None, {}),
+        "bad key": ("GET", stack.api_query(api_key=stack.other_api_key), None, {}),
+        "missing parameter": ("GET", stack.api_query(game_auth_token=None), None, {}),
+        "guest user 0": ("GET", stack.api_query(user_id="0"), None, {}),
+        "JSON body": (
+            "POST",
+            "/api/authenticate.json",
+            json.dumps({"user_id": stack.user_id, "game_auth_token": stack.token, "api_key": stack.api_key}).encode(),
+            {"Content-Type": "application/json"},
+        ),
+        "form body": (
+            "POST",
+            "/api/authenticate.json",
+            f"user_id={stack.user_id}&game_auth_token={stack.token}&api_key={stack.api_key}".encode(),
+            {"Content-Type": "application/x-www-form-urlencoded"},
+        ),
+        "wrong method": ("DELETE", stack.api_query(), None, {}),
+    }
+
+
+def test_both_hosts_give_the_same_answers(stack):
+    expected = {
+        "success": (200, {"success": True, "user_id": stack.user_id, "username": stack.username}),
+        "bad token": (200, {"success": False, "error": 403, "error_description": "Invalid credentials"}),
+        "bad key": (200, {"success": False, "error": 403, "error_description": "Invalid credentials"}),
+        "missing parameter": (200, {"success": False, "error": 400, "error_description": MISSING}),
+        "guest user 0": (200, {"success": False, "error": 403, "error_description": "Invalid credentials"}),
+        "JSON body": (200, {"success": True, "user_id": stack.user_id, "username": stack.username}),
+        "form body": (200, {"success": True, "user_id": stack.user_id, "username": stack.username}),
+        "wrong method": (405, {"success": False, "error": 405, "error_description": "Method not allowed"}),
+    }
+    for name, (method, path, body, headers) in _cases(stack).items():
+        https = stack.request("https", path, method=method, body=body, headers=headers)
+        legacy = stack.request("http", path, method=method, body=body, headers=headers)
+        for answer in (https, legacy):
+            assert (answer.status, answer.json()) == expected[name], (name, answer.status, answer.body)
+            assert answer.content_type == JSON_TYPE, name
+            assert answer.headers["Cache-Control"] == "no-store", name
+        assert legacy.body == https.body, name
+
+
+def test_http10_client_without_host_header_reaches_the_legacy_api(stack):
+    with socket.create_connection(("127.0.0.1", stack.http_port), timeout=10) as sock:
+        sock.sendall(f"GET {stack.api_query()} HTTP/1.0\r\n\r\n".encode())
+        data = b""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert b"\r\nContent-Length: " in head and b"chunked" not in head.lower()
+    assert json.loads(body) == {"success": True, "user_id": stack.user_id, "username": stack.username}
+
+
+def test_https_host_sends_hsts_and_verifies_against_the_test_ca(stack):
+    answer = stack.request("https", stack.api_query())
+    assert answer.headers["Strict-Transport-Security"] == "max-age=63072000"
+    assert answer.headers["X-Content-Type-Options"] == "nosniff"
+    assert stack.request("http", stack.api_query()).headers.get("Strict-Transport-Security") is None
+    # The certificate really is checked: without the test CA the handshake fails.
+    with pytest.raises(ssl.SSLCertVerificationError):
+        stack.request("https", stack.api_query(), context=ssl.create_default_context())
+
+
+@pytest.mark.parametrize("version", ["TLSv1_2", "TLSv1_3"])
+def test_tls_12_and_13_accepted(stack, version):
+    v = getattr(ssl.TLSVersion, version)
+    ctx = stack.client_context(minimum_version=v, maximum_version=v)
+    assert stack.request("https", stack.api_query(), context=ctx).status == 200
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1_1 is deprecated:DeprecationWarning")
+def test_tls_11_refused_even_though_debian_main_conf_enables_it(stack):
+    # The harness's main nginx.conf has Debian's "ssl_protocols TLSv1 TLSv1.1 TLSv1.2 TLSv1.3".
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(str(stack.ca_file))
+    try:
+        ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
+        ctx.minimum_version = ctx.maximum_version = ssl.TLSVersion.TLSv1_1
+    except (ValueError, ssl.SSLError) as e:
+        pytest.fail(f"this Python/OpenSSL cannot offer TLS 1.1, so the refusal cannot be shown: {e}")
+    for sni in (API_HOST, "unknown.authsvc.test"):
+        with pytest.raises(ssl.SSLError) as info:
+            stack.request("https", stack.api_query(), context=ctx, sni=sni)
+        assert "PROTOCOL_VERSION" in str(info.value).upper() or "UNSUPPORTED_PROTOCOL" in str(info.value).upper()
+    rendered = (stack.root / "deploy" / "nginx").rglob("*.conf")
+    protocols = {m for f in rendered for m in re.findall(r"^\s*ssl_protocols\s+([^;]*);", f.read_text(), re.M)}
+    assert protocols == {"TLSv1.2 TLSv1.3"}
+
+
+def test_unknown_host_names_are_dropped(stack):
+    # Plain HTTP: 444, the connection closes without an answer.
+    with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
+        stack.request("http", stack.api_query(), host="unknown.authsvc.test")
+    # TLS with an unknown SNI name: the handshake is refused.
+    with pytest.raises(ssl.SSLError) as info:
+        stack.request("https", stack.api_query(), sni="unknown.authsvc.test", context=_no_hostname_check(stack))
+    assert "UNRECOGNIZED_NAME" in str(info.value).upper()
+    # No SNI at all: refused as well (docs/operations.md: clients must send SNI).
+    no_sni = _no_hostname_check(stack)
+    sock = socket.create_connection(("127.0.0.1", stack.https_port), timeout=10)
+    with pytest.raises(ssl.SSLError), sock:
+        no_sni.wrap_socket(sock, server_hostname=None)
+    # The right SNI name but another Host header: dropped too.
+    with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
+        stack.request("https", stack.api_query(), host="unknown.authsvc.test", sni=API_HOST)
+
+
+def _no_hostname_check(stack):
+    ctx = stack.client_context()
+    ctx.check_hostname = False
+    return ctx
+
+
+def test_legacy_host_redirects_other_paths_never_the_api_path(stack):
+    api = stack.request("http", stack.api_query())
+    assert api.status == 200 and api.json()["success"] is True
+    for path in ("/", "/games/list?page=2", "/api/authenticate.jsonx"):
+        answer = stack.request("http", path)
+        assert answer.status == 301, path
+        assert answer.headers["Location"] == f"https://{API_HOST}:{stack.https_port}{path}"
+    # The API host over plain HTTP redirects (its plain-HTTP address is the legacy host).
+    answer = stack.request("http", "/api/authenticate.json", host=API_HOST)
+    assert answer.status == 301
+    # ACME challenges are served from the webroot, not redirected.
+    challenge = stack.root / "acme" / ".well-known" / "acme-challenge"
+    challenge.mkdir(parents=True, exist_ok=True)
+    (challenge / "tok3n").write_text("proof")
+    answer = stack.request("http", "/.well-known/acme-challenge/tok3n", host=API_HOST)
+    assert (answer.status, answer.body) == (200, b"proof")
+
+
+def test_other_paths_on_the_https_host_are_json_404(stack):
+    answer = stack.request("https", "/admin")
+    assert answer.status == 404
+    _error_shape(answer, 404)
+    assert answer.headers["Strict-Transport-Security"] == "max-age=63072000"
+
+
+def test_forwarded_headers_come_from_nginx_not_the_client(stack):
+    spoof = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https", "X-Request-Id": "spoofed-id"}
+    for scheme in ("http", "https"):
+        stack.request(scheme, stack.api_query(), headers={**spoof, "User-Agent": f"forwarded-{scheme}"})
+    # nginx's request id for each, found by its user agent; then gunicorn's line for that id.
+    nginx_log = _wait_for(stack, "authsvc-access.log", ['"forwarded-http"', '"forwarded-https"'])
+    rid = {
+        scheme: re.search(rf'^\S+ ([0-9a-f]{{32}}) .*"forwarded-{scheme}"$', nginx_log, re.M).group(1)
+        for scheme in ("http", "https")
+    }
+    gunicorn_log = _wait_for(stack, "gunicorn-access.log", [f"rid={r}" for r in rid.values()])
+    for scheme, request_id in rid.items():
+        line = next(line for line in gunicorn_log.splitlines() if f"rid={request_id}" in line)
+        assert line.startswith("127.0.0.1 "), line  # the connection's address, not the client's header
+        assert f"proto={scheme} " in line, line
+    assert "203.0.113.9" not in gunicorn_log and "spoofed-id" not in gunicorn_log
+
+
+def _wait_for(stack, name: str, needles: list[str]) -> str:
+    """The log's text once it holds every needle (access logs are written as requests end)."""
+    deadline = time.monotonic() + 5
+    while True:
+        text = (stack.logs / name).read_text()
+        if all(n in text for n in needles):
+            return text
+        assert time.monotonic() < deadline, f"{needles} not in {name}"
+        time.sleep(0.05)
+
+
+def test_nginx_limits_answer_in_json(stack):
+    # Body over 16 KiB: nginx's 413, in the service's shape.
+    answer = stack.request("http", stack.api_query(), method="POST", body=b"a" * 20000,
+                           headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert answer.status == 413
+    _error_shape(answer, 413)
+    # Request line over 8 KiB, the api key in it: 414 on both hosts.
+    long_path = stack.api_query() + "&pad=" + "p" * 9000
+    for scheme in ("http", "https"):
+        answer = stack.request(scheme, long_path)
+        assert answer.status == 414, scheme
+        _error_shape(answer, 414)
+    # A header over 8 KiB: 400.
+    answer = stack.request("https", stack.api_query(), headers={"X-Padding": "h" * 9000})
+    assert answer.status == 400
+    _error_shape(answer, 400)
+
+
+def test_rate_limit_per_client_address_answers_429_json(stack):
+    # From 127.0.0.2, so the other tests (127.0.0.1) keep their own bucket.
+    statuses = []
+    limited = None
+    for _ in range(300):
+        answer = stack.request("http", stack.api_query(), source="127.0.0.2")
+        statuses.append(answer.status)
+        if answer.status == 429:
+            limited = answer
+            break
+    assert limited is not None, f"no 429 in {len(statuses)} quick requests: {statuses}"
+    _error_shape(limited, 429)
+    assert limited.json()["error_description"] == "Too many requests, slow down"
+    # Another address is not limited by 127.0.0.2's bucket.
+    assert stack.request("http", stack.api_query(), source="127.0.0.1").status == 200
+
+
+def _check_cmd(stack, key_file, *extra):
+    return [
+        sys.executable, "-m", "authsvc.cli", "check",
+        "--base-url", f"https://{API_HOST}:{stack.https_port}",
+        "--base-url", f"http://{LEGACY_HOST}:{stack.http_port}",
+        "--resolve", f"{API_HOST}:{stack.https_port}:127.0.0.1",
+        "--resolve", f"{LEGACY_HOST}:{stack.http_port}:127.0.0.1",
+        "--cafile", str(stack.ca_file),
+        "--game-id", str(stack.game_id), "--user-id", str(stack.user_id),
+        "--api-key-file", str(key_file), *extra,
+    ]
+
+
+def test_authsvc_check_passes_against_both_hosts(stack, tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text(stack.api_key + "\n")
+    done = subprocess.run(_check_cmd(stack, key_file), env=stack.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("ok")]
+    assert len(lines) == 8, done.stdout
+    assert "all 8 checks passed" in done.stdout
+    for secret in (stack.api_key, stack.token, stack.token_secret):
+        assert secret not in done.stdout + done.stderr
+
+
+def test_authsvc_check_fails_on_mismatch_without_showing_secrets(stack, tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text(stack.other_api_key + "\n")  # a real key, of another game
+    done = subprocess.run(
+        _check_cmd(stack, key_file, "--json"), env=stack.env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    by_case = {(r["base_url"].split(":")[0], r["case"]): r["ok"] for r in report["results"]}
+    assert by_case[("https", "success")] is False and by_case[("http", "success")] is False
+    assert by_case[("https", "missing parameter")] is True
+    for secret in (stack.api_key, stack.other_api_key, stack.token):
+        assert secret not in done.stdout + done.stderr
+    # An unreachable URL is a failure too, not a crash.
+    closed = subprocess.run(
+        [sys.executable, "-m", "authsvc.cli", "check", "--base-url", "http://127.0.0.1:9",
+         "--game-id", str(stack.game_id), "--user-id", str(stack.user_id), "--api-key-file", str(key_file)],
+        env=stack.env, capture_output=True, text=True, timeout=60,
+    )
+    assert closed.returncode == 1 and "cannot connect" in closed.stdout
+
+
+def test_socket_activation_notify_and_graceful_reload(stack):
+    assert "READY=1" in stack.ready_message
+    log = (stack.logs / "gunicorn-error.log").read_text()
+    assert f"Listening at: unix:{stack.root / 'authsvc.sock'}" in log
+    before = stack.gunicorn_worker_pids()
+    assert len(before) == 2, before
+    os.kill(stack.gunicorn.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while True:
+        after = stack.gunicorn_worker_pids()
+        if len(after) == 2 and not (after & before):
+            break
+        assert time.monotonic() < deadline, f"workers not replaced after HUP: {before} -> {after}"
+        time.sleep(0.1)
+    assert stack.gunicorn.poll() is None
+    assert stack.request("https", stack.api_query()).json()["success"] is True
+
+
+def test_gunicorn_writes_nothing_in_home_or_tmp(stack):
+    assert list((stack.root / "home").iterdir()) == []  # no ~/.gunicorn control socket
+    assert list((stack.root / "gunicorn-tmp").iterdir()) == []
+
+
+def test_backup_while_serving_as_documented(stack, tmp_path):
+    """docs/operations.md section 8: VACUUM INTO a copy while gunicorn reads the store."""
+    store = stack.env["AUTHSVC_STORE"].removeprefix("sqlite://")
+    copy = tmp_path / "backup.db"
+    snippet = re.search(r"'(import sqlite3, sys;[^']*)'", DOCS.read_text()).group(1)
+    done = subprocess.run([sys.executable, "-c", snippet, store, str(copy)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert stack.request("https", stack.api_query()).json()["success"] is True
+    env = {**stack.env, "AUTHSVC_STORE": f"sqlite://{copy}"}
+    games = subprocess.run([sys.executable, "-m", "authsvc.cli", "game", "list", "--json"],
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert [g["name"] for g in json.loads(games.stdout)["games"]] == ["Chess", "Go"]
+
+
+def test_slow_service_is_a_json_504(stack):
+    """Workers frozen (SIGSTOP) past UPSTREAM_TIMEOUT (2 s here): nginx's 504, in JSON."""
+    workers = stack.gunicorn_worker_pids()
+    assert workers
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        answer = stack.request("https", stack.api_query())
+        assert answer.status == 504, answer.body
+        _error_shape(answer, 504)
+        assert 1.5 < time.monotonic() - started < 9
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
+    assert stack.request("https", stack.api_query()).status == 200
+
+
+def test_unreadable_store_is_a_503_from_the_app_logged_without_the_query(stack):
+    """The store breaks under a running service (here: its file zeroed after a write):
+    the app answers 503 in JSON through nginx, and its "authsvc" logger reaches
+    gunicorn's error log. Runs late: the store stays broken."""
+    subprocess.run([sys.executable, "-m", "authsvc.cli", "player", "add", "9001", "bob"],
+                   env=stack.env, check=True, capture_output=True, timeout=60)  # new WAL frames: readers re-read
+    store = stack.env["AUTHSVC_STORE"].removeprefix("sqlite://")
+    fd = os.open(store, os.O_WRONLY)
+    try:
+        os.pwrite(fd, bytes(os.path.getsize(store)), 0)
+    finally:
+        os.close(fd)
+    for scheme in ("https", "http"):
+        answer = stack.request(scheme, stack.api_query())
+        assert answer.status == 503, (scheme, answer.body)
+        _error_shape(answer, 503)
+        assert answer.json()["error_description"] == "Service temporarily unavailable, try again"
+    log = _wait_for(stack, "gunicorn-error.log", ["[WARNING] authsvc: store unavailable on /api/authenticate.json"])
+    assert "upstream=503" in (stack.logs / "authsvc-access.log").read_text()  # the app's answer, passed through
+    assert stack.api_key not in log
+
+
+def test_zz_502_is_json_then_no_log_holds_a_secret(stack):
+    """Last: stop gunicorn, see nginx's 502 in JSON, then read every log of the run."""
+    stop(stack.gunicorn)
+    for scheme in ("https", "http"):
+        answer = stack.request(scheme, stack.api_query())
+        assert answer.status == 502, scheme
+        _error_shape(answer, 502)
+    # A non-API legacy path with the key in its query string (redirected, logged).
+    assert stack.request("http", "/old/page?api_key=" + stack.api_key).status == 301
+
+    logs = stack.log_texts()
+    access = logs["authsvc-access.log"]
+    for status in (" 200 ", " 301 ", " 404 ", " 405 ", " 413 ", " 414 ", " 429 ", " 444 ", " 502 ", " 503 ", " 504 "):
+        assert status in access, f"the run should have logged a{status}answer"
+    assert "GET /api/authenticate.json HTTP/1.1" in access
+    assert "/api/authenticate.json" in logs["gunicorn-access.log"]
+    assert "Invalid credentials" not in access  # bodies are not logged either
+    assert logs.get("nginx-default-access.log", "") == ""  # every server has its own format
+    secrets = {
+        "api key": stack.api_key,
+        "other api key": stack.other_api_key,
+        "token": stack.token,
+        "token secret": stack.token_secret,
+    }
+    for name, text in logs.items():
+        for what, value in secrets.items():
+            assert value not in text, f"{what} found in {name}"
+        assert "api_key=" not in text and "game_auth_token=" not in text, name

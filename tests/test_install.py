@@ -1,0 +1,197 @@
+"""scripts/install --root: a staged install, run twice (it must be idempotent)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.support import skip_or_fail
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def _install(root: Path) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [str(REPO / "scripts/install"), "--api-host", "api.example.com", "--legacy-host", "legacy.example.com",
+         "--set", "RATE=50r/s", "--root", str(root), "--python", sys.executable],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def _admin(root: Path, *args: str) -> str:
+    """The staged admin command, pointed at the staged store and secret."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "AUTHSVC_CONFIG": str(root / "etc/authsvc/authsvc.toml"),
+        "AUTHSVC_STORE": f"sqlite://{root}/var/lib/authsvc/authsvc.db",
+        "AUTHSVC_TOKEN_SECRET_FILE": str(root / "etc/authsvc/token-secret"),
+    }
+    done = subprocess.run([str(root / "opt/authsvc/venv/bin/authsvc"), *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stage")
+    first = _install(root)
+    return root, first
+
+
+def test_staged_install_puts_everything_in_place(staged):
+    root, first = staged
+    expected = {
+        "opt/authsvc/venv/bin/gunicorn": 0o755,
+        "opt/authsvc/venv/bin/authsvc": 0o755,
+        "opt/authsvc/gunicorn.conf.py": 0o644,
+        "opt/authsvc/docs/operations.md": 0o644,
+        "usr/local/bin/authsvc": 0o755,
+        "etc/systemd/system/authsvc.socket": 0o644,
+        "etc/systemd/system/authsvc.service": 0o644,
+        "etc/nginx/sites-available/authsvc.conf": 0o644,
+        "etc/nginx/snippets/authsvc-json-errors.conf": 0o644,
+        "etc/nginx/snippets/authsvc-tls.conf": 0o644,
+        "etc/authsvc": 0o750,
+        "etc/authsvc/authsvc.toml": 0o640,
+        "etc/authsvc/token-secret": 0o600,
+        "var/lib/authsvc": 0o750,
+    }
+    for rel, mode in expected.items():
+        assert (root / rel).exists(), rel
+        assert _mode(root / rel) == mode, (rel, oct(_mode(root / rel)))
+    link = root / "etc/nginx/sites-enabled/authsvc.conf"
+    assert os.readlink(link) == "/etc/nginx/sites-available/authsvc.conf"
+    # The files name their final paths, not the staging directory.
+    site = (root / "etc/nginx/sites-available/authsvc.conf").read_text()
+    assert "server_name api.example.com;" in site and "server_name legacy.example.com \"\";" in site
+    assert str(root) not in site + (root / "etc/systemd/system/authsvc.service").read_text()
+    assert "rate=50r/s" in site
+    assert "ExecStart=/opt/authsvc/venv/bin/gunicorn --config /opt/authsvc/gunicorn.conf.py" in (
+        root / "etc/systemd/system/authsvc.service"
+    ).read_text()
+    # The steps that need root are skipped, visibly.
+    for step in ("useradd", "chown", "systemctl daemon-reload", "nginx -t"):
+        assert any(line.startswith("skip: ") and step in line for line in first.stdout.splitlines()), step
+    # `authsvc init` ran: the store answers the admin command.
+    assert json.loads(_admin(root, "game", "list", "--json")) == {"games": []}
+
+
+def test_install_again_keeps_secret_settings_and_store(staged):
+    root, _ = staged
+    secret = (root / "etc/authsvc/token-secret").read_text()
+    assert len(secret.strip()) == 64
+    settings = root / "etc/authsvc/authsvc.toml"
+    settings.write_text(settings.read_text().replace('# error_status = "200"', 'error_status = "http"'))
+    game = json.loads(_admin(root, "game", "add", "Chess", "--json"))
+    _admin(root, "player", "add", "42", "alice")
+    token = _admin(root, "token", "issue", "--game", str(game["game_id"]), "--user", "42").strip()
+
+    again = _install(root)
+
+    assert "token-secret exists, kept" in again.stdout and "authsvc.toml exists, kept" in again.stdout
+    assert (root / "etc/authsvc/token-secret").read_text() == secret
+    assert 'error_status = "http"' in settings.read_text()
+    assert _admin(root, "token", "issue", "--game", str(game["game_id"]), "--user", "42").strip() == token
+    assert [g["name"] for g in json.loads(_admin(root, "game", "list", "--json"))["games"]] == ["Chess"]
+    assert game["api_key"] not in again.stdout + again.stderr
+
+
+def test_installed_gunicorn_loads_the_app_with_the_installed_config(staged):
+    root, _ = staged
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "AUTHSVC_CONFIG": str(root / "etc/authsvc/authsvc.toml"),
+        "AUTHSVC_STORE": f"sqlite://{root}/var/lib/authsvc/authsvc.db",
+        "CREDENTIALS_DIRECTORY": str(root / "etc/authsvc"),  # holds token-secret, as systemd's would
+        "STATE_DIRECTORY": str(root / "var/lib/authsvc"),
+        "HOME": str(root),
+    }
+    done = subprocess.run(
+        [str(root / "opt/authsvc/venv/bin/gunicorn"), "--check-config",
+         "--config", str(root / "opt/authsvc/gunicorn.conf.py"), "authsvc.wsgi:application"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=root,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _as(user: str, cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups",
+                           "--inh-caps=-all", *cmd], capture_output=True, text=True, timeout=60, **kw)
+
+
+def test_admin_wrapper_writes_the_store_as_the_service_user():
+    """/usr/local/bin/authsvc run by root: the store's files belong to the service user, 0600.
+
+    Rendered with USER=nobody (the suite creates no system user), in a directory
+    nobody can reach.
+    """
+    if os.geteuid() != 0:
+        skip_or_fail("the admin wrapper switches to the service user: run the suite as root")
+    if shutil.which("setpriv") is None:
+        skip_or_fail("setpriv (util-linux) is not installed")
+    if _as("nobody", [sys.executable, "-c", "import authsvc"]).returncode != 0:
+        skip_or_fail("the user nobody cannot run this virtualenv's Python")
+    base = Path(tempfile.mkdtemp(prefix="authsvc-wrapper-"))
+    try:
+        base.chmod(0o755)
+        (base / "app").mkdir()
+        (base / "app/venv").symlink_to(Path(sys.prefix))
+        etc, state = base / "etc", base / "state"
+        etc.mkdir(mode=0o755)
+        state.mkdir(mode=0o750)
+        subprocess.run(
+            [sys.executable, "-m", "authsvc.deploy", str(REPO / "deploy"), str(base / "r"),
+             "--set", "API_HOST=a.example", "--set", "LEGACY_HOST=b.example", "--set", "USER=nobody",
+             "--set", f"APP_DIR={base / 'app'}", "--set", f"CONF_DIR={etc}"],
+            check=True, capture_output=True, timeout=60,
+        )
+        (etc / "authsvc.toml").write_text(f'[authsvc]\nstore = "sqlite://{state}/authsvc.db"\n')
+        secret = etc / "token-secret"
+        secret.write_text(secrets.token_hex(32) + "\n")
+        secret.chmod(0o600)
+        nobody = pwd.getpwnam("nobody")
+        for path in (secret, state):
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        wrapper = str(base / "r/bin/authsvc")
+
+        def admin(*args):
+            done = subprocess.run([wrapper, *args], capture_output=True, text=True, timeout=60, cwd=base)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        admin("init")
+        game = json.loads(admin("game", "add", "Chess", "--json"))
+        admin("player", "add", "42", "alice")
+        token = admin("token", "issue", "--game", str(game["game_id"]), "--user", "42").strip()
+        assert len(token) == 64
+        for path in state.iterdir():
+            st = path.stat()
+            assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (nobody.pw_uid, 0o600), path
+        # The service user can read what the admin wrote.
+        read = _as("nobody", [sys.executable, "-c",
+                              "import sqlite3, sys; print(sqlite3.connect(f'file:{sys.argv[1]}?mode=ro', uri=True)"
+                              ".execute('select count(*) from players').fetchone()[0])", str(state / "authsvc.db")])
+        assert read.stdout.strip() == "1", read.stderr
+        # Anyone else is turned away.
+        other = _as("daemon", [wrapper, "game", "list"], cwd="/")
+        assert other.returncode == 1 and "run this as root" in other.stderr
+    finally:
+        shutil.rmtree(base)

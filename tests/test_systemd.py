@@ -1,0 +1,82 @@
+"""The shipped systemd units: `systemd-analyze verify` clean, `security` rating at most 2.0.
+
+The units are rendered with APP_DIR pointing at a directory whose venv/ is this
+test's virtualenv, so the ExecStart= binary exists, as verify requires.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import skip_or_fail
+
+REPO = Path(__file__).resolve().parent.parent
+MAX_EXPOSURE = 2.0
+
+
+@pytest.fixture(scope="module")
+def units(tmp_path_factory):
+    if shutil.which("systemd-analyze") is None:
+        skip_or_fail("systemd-analyze is not installed (Debian: apt-get install systemd)")
+    root = tmp_path_factory.mktemp("systemd")
+    app = root / "app"
+    app.mkdir()
+    (app / "venv").symlink_to(Path(sys.prefix))
+    done = subprocess.run(
+        [sys.executable, "-m", "authsvc.deploy", str(REPO / "deploy"), str(root / "r"),
+         "--set", "API_HOST=api.example.com", "--set", "LEGACY_HOST=legacy.example.com", "--set", f"APP_DIR={app}"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return root / "r" / "systemd"
+
+
+def _analyze(*args, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(["systemd-analyze", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_verify_is_clean(units):
+    done = _analyze("verify", "./authsvc.socket", "./authsvc.service", cwd=units)
+    # Unknown keys and other mistakes are warnings with exit 0: any output is a failure.
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_verify_would_catch_a_missing_binary(units, tmp_path):
+    # The check above can fail: the same unit with an ExecStart that does not exist.
+    for name in ("authsvc.socket", "authsvc.service"):
+        text = (units / name).read_text()
+        (tmp_path / name).write_text(re.sub(r"ExecStart=\S+", "ExecStart=/nonexistent/gunicorn", text))
+    done = _analyze("verify", "./authsvc.socket", "./authsvc.service", cwd=tmp_path)
+    assert done.returncode != 0 and "/nonexistent/gunicorn" in done.stderr
+
+
+def test_security_exposure_at_most_2(units):
+    done = _analyze("security", "--offline=true", "--no-pager", "./authsvc.service", cwd=units)
+    if "--offline" in done.stderr and "unrecognized" in done.stderr:
+        skip_or_fail("this systemd-analyze has no --offline (systemd 250 or later needed)")
+    match = re.search(r"Overall exposure level for authsvc\.service: (\d+\.\d+)", done.stdout)
+    assert match, done.stdout + done.stderr
+    assert float(match.group(1)) <= MAX_EXPOSURE, done.stdout
+
+
+def test_units_keep_their_promises(units):
+    service = (units / "authsvc.service").read_text()
+    socket_unit = (units / "authsvc.socket").read_text()
+    for line in (
+        "Type=notify",
+        "User=authsvc",
+        "StateDirectory=authsvc",
+        "LoadCredential=token-secret:/etc/authsvc/token-secret",
+        "ExecReload=/bin/kill -s HUP $MAINPID",
+        "Requires=authsvc.socket",
+    ):
+        assert re.search(rf"^{re.escape(line)}$", service, re.M), line
+    assert "DynamicUser" not in service  # the admin command shares the store as the same user
+    for line in ("ListenStream=/run/authsvc.sock", "SocketGroup=www-data", "SocketMode=0660"):
+        assert re.search(rf"^{re.escape(line)}$", socket_unit, re.M), line
