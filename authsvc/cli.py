@@ -15,13 +15,12 @@ import os
 import sys
 import time
 import unicodedata
-import urllib.parse
 from collections.abc import Iterator
 
 from authsvc.authenticate import parse_user_id
 from authsvc.errors import ConfigError
 from authsvc.settings import Settings
-from authsvc.store import open_store
+from authsvc.store import open_store, redact_url
 from authsvc.store.base import Conflict, Game, Store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
 
@@ -33,15 +32,6 @@ class CommandError(Exception):
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def redact_url(url: str) -> str:
-    """The store URL without a password, for messages."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(":" + parts.password + "@", ":***@")
-        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-    return url
 
 
 def user_id_arg(text: str) -> int:
