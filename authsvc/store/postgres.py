@@ -151,6 +151,11 @@ class PostgresStore(Store):
                     yield conn
             else:
                 yield conn
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ReadOnlySqlTransaction):
+            raise ConfigError(
+                f"postgresql store {redact_url(self.url)}: this role may not write "
+                "(the admin command connects as the owner role, docs/stores.md)"
+            ) from None
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             self._drop()
             raise ConfigError(f"postgresql store {redact_url(self.url)}: {_reason(e, self._password)}") from None
