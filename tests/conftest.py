@@ -75,6 +75,20 @@ def pg_server_url():
         server.destroy()
 
 
+@pytest.fixture
+def own_pg(pg_server_url):
+    """A PostgreSQL server of this test's own (stopping it or adding roles disturbs nobody)."""
+    bin_dir = pgserver.find_bin_dir()
+    if bin_dir is None:
+        skip_or_fail("this test needs the PostgreSQL server binaries (initdb, pg_ctl) to run a server of its own")
+    server = pgserver.ThrowawayPostgres(bin_dir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
 class PgDatabases:
     """Creates throwaway databases on the session's server and drops them all at the end."""
 

@@ -22,26 +22,11 @@ import pytest
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from tests import pgserver
 from tests.conftest import make_testapp
-from tests.support import free_port, skip_or_fail, wait_for_port
+from tests.support import free_port, wait_for_port
 
 AUTH = "/api/authenticate.json"
 SQLITE_ONLY = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
-
-
-@pytest.fixture
-def own_pg(pg_server_url):
-    """A PostgreSQL server of this test's own, so stopping it disturbs nobody."""
-    bin_dir = pgserver.find_bin_dir()
-    if bin_dir is None:
-        skip_or_fail("the outage tests need the PostgreSQL server binaries (initdb, pg_ctl) to run a server of their own")
-    server = pgserver.ThrowawayPostgres(bin_dir)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.destroy()
 
 
 def provision(url: str, secret_file) -> tuple[Settings, dict]:
