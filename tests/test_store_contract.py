@@ -311,3 +311,17 @@ def test_load_refuses_a_store_that_holds_anything(admin_store):
     with pytest.raises(NotEmpty):
         admin_store.load([], [Player(1, "one", 0, True)], 0)
     assert admin_store.get_player(1) is None
+
+
+def test_the_sqlite_service_imports_no_psycopg(tmp_path):
+    """The core stays standard-library only: psycopg is imported by postgres.py alone, when chosen."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, authsvc.app, authsvc.cli, authsvc.transfer, authsvc.wsgi\n"
+        "from authsvc.store import open_store\n"
+        f"s = open_store('sqlite://{tmp_path}/x.db', readonly=False); s.migrate(); s.close()\n"
+        "assert not [m for m in sys.modules if m.startswith('psycopg')], 'psycopg imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
