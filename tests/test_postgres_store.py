@@ -119,7 +119,7 @@ def test_an_owner_role_without_superuser_runs_init_and_admin(
     capsys.readouterr()
     monkeypatch.setenv("AUTHSVC_STORE", with_user(url, web))
     assert main(["player", "add", "6", "eve"]) == 1  # the web role cannot write through the admin command either
-    assert "authsvc: error:" in capsys.readouterr().err
+    assert "permission denied for this role" in capsys.readouterr().err
     reader = open_store(with_user(url, web), readonly=True)
     reader.check()
     reader.close()

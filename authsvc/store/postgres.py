@@ -151,9 +151,14 @@ class PostgresStore(Store):
                     yield conn
             else:
                 yield conn
-        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ReadOnlySqlTransaction):
+        except psycopg.errors.ReadOnlySqlTransaction:
             raise ConfigError(
                 f"postgresql store {redact_url(self.url)}: this role may not write "
+                "(the admin command connects as the owner role, docs/stores.md)"
+            ) from None
+        except psycopg.errors.InsufficientPrivilege:
+            raise ConfigError(
+                f"postgresql store {redact_url(self.url)}: permission denied for this role "
                 "(the admin command connects as the owner role, docs/stores.md)"
             ) from None
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
