@@ -93,6 +93,17 @@ def test_the_web_role_can_read_but_not_write(world, store_url, login_role):
 
 
 @POSTGRES_ONLY
+def test_start_up_warns_when_the_web_role_can_write(world, store_url, login_role, caplog):
+    web = login_role("IN ROLE authsvc_reader")
+    with caplog.at_level("WARNING", logger="authsvc.store"):
+        make_app(dataclasses.replace(world.settings, store=with_user(store_url, web)))
+    assert not [r for r in caplog.records if "can write" in r.getMessage()]
+    with caplog.at_level("WARNING", logger="authsvc.store"):
+        make_app(world.settings)  # the tests' superuser URL
+    assert [r for r in caplog.records if "can write" in r.getMessage()]
+
+
+@POSTGRES_ONLY
 def test_a_role_without_the_grant_fails_start_up_clearly(world, store_url, login_role):
     stranger = login_role("")
     with pytest.raises(ConfigError, match="may not read the tables"):

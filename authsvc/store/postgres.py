@@ -195,6 +195,11 @@ class PostgresStore(Store):
             raise ConfigError(f"{where} is unreachable: {_reason(e, self._password)}") from None
         try:
             version = self._version(conn)
+            if self.readonly and version and self._can_write(conn):
+                log.warning(
+                    "%s: the web process's role can write to the store; give it a read-only role "
+                    "(%s, docs/stores.md)", where, READER_ROLE,
+                )
         except psycopg.errors.InsufficientPrivilege:
             raise ConfigError(f"{where}: this role may not read the tables (GRANT {READER_ROLE} to it)") from None
         except psycopg.Error as e:
@@ -205,6 +210,13 @@ class PostgresStore(Store):
             raise ConfigError(
                 f"{where} is at schema version {version}, this release needs {len(MIGRATIONS)} (run 'authsvc init')"
             )
+
+    @staticmethod
+    def _can_write(conn: psycopg.Connection) -> bool:
+        return conn.execute(
+            "SELECT bool_or(has_table_privilege(t, 'INSERT, UPDATE, DELETE, TRUNCATE')) "
+            "FROM unnest(ARRAY['games', 'api_keys', 'players']) AS t"
+        ).fetchone()[0]
 
     @staticmethod
     def _version(conn: psycopg.Connection) -> int:
