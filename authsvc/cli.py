@@ -15,13 +15,13 @@ import os
 import sys
 import time
 import unicodedata
-import urllib.parse
 from collections.abc import Iterator
 
+from authsvc import transfer
 from authsvc.authenticate import parse_user_id
 from authsvc.errors import ConfigError
 from authsvc.settings import Settings
-from authsvc.store import open_store
+from authsvc.store import open_store, redact_url
 from authsvc.store.base import Conflict, Game, Store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
 
@@ -33,15 +33,6 @@ class CommandError(Exception):
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def redact_url(url: str) -> str:
-    """The store URL without a password, for messages."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(":" + parts.password + "@", ":***@")
-        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-    return url
 
 
 def user_id_arg(text: str) -> int:
@@ -249,6 +240,30 @@ def cmd_token_issue(args, settings):
     return {"game_id": game.id, "user_id": player.user_id, "game_auth_token": token}, token
 
 
+def cmd_export(args, settings):
+    with _store(settings) as store:
+        try:
+            games, players = transfer.export_store(store, args.file)
+        except transfer.TransferError as e:
+            raise CommandError(str(e)) from None
+    return {"file": args.file, "games": games, "players": players}, (
+        f"exported {games} games and {players} players to {args.file}"
+    )
+
+
+def cmd_import(args, settings):
+    started = time.monotonic()
+    with _store(settings) as store:
+        try:
+            games, players = transfer.import_store(store, args.file)
+        except transfer.TransferError as e:
+            raise CommandError(str(e)) from None
+    seconds = time.monotonic() - started
+    return {"file": args.file, "games": games, "players": players, "seconds": round(seconds, 3)}, (
+        f"imported {games} games and {players} players from {args.file} in {seconds:.1f} s"
+    )
+
+
 # -- player import parsing ------------------------------------------------------------------
 
 
@@ -405,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     leaf(player, "import", cmd_player_import, "insert or rename players from CSV or JSON lines").add_argument(
         "file"
     )
+
+    leaf(top, "export", cmd_export, "write the whole store to a new file (JSON lines)").add_argument("file")
+    leaf(top, "import", cmd_import, "load an export file into an empty store, all or nothing").add_argument("file")
 
     token = top.add_parser("token", help="game_auth_tokens").add_subparsers(
         dest="action", required=True, metavar="ACTION", parser_class=_Parser

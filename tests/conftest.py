@@ -1,22 +1,39 @@
 """Shared fixtures: throwaway secrets and stores, a provisioned game and player, WebTest apps.
 
+Every test that uses ``store_url`` (and so ``env``, ``settings``, ``admin_store``,
+``world``, ``app``) runs twice: on SQLite and on PostgreSQL. A test that is about
+one engine only says so with
+``@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)``.
+
+PostgreSQL is ``AUTHSVC_TEST_POSTGRES_URL`` (a superuser URL) if set, else a
+throwaway server from the local binaries, else the PostgreSQL tests are skipped
+(failed under AUTHSVC_TEST_STRICT=1). One fresh database per test session,
+emptied before each test.
+
 Helpers that are not fixtures (skip_or_fail, free_port, wait_for_port) live in
-tests/support.py.
+tests/support.py; the throwaway server in tests/pgserver.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import time
+import urllib.parse
 
 import pytest
 import webtest
 
 from authsvc.app import make_app
 from authsvc.settings import Settings
-from authsvc.store import open_store
+from authsvc.store import open_store, redact_url
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from tests import pgserver
+from tests.support import skip_or_fail
+
+ENGINES = ("sqlite", "postgresql")
+
 
 
 @pytest.fixture
@@ -28,10 +45,121 @@ def secret_file(tmp_path):
     return path
 
 
+def _psycopg():
+    try:
+        import psycopg
+    except ImportError:
+        skip_or_fail("psycopg is not installed (pip install -e '.[postgres]')")
+    return psycopg
+
+
+@pytest.fixture(scope="session")
+def pg_server_url():
+    """A superuser URL of a running PostgreSQL server, for the whole session."""
+    psycopg = _psycopg()
+    url = os.environ.get("AUTHSVC_TEST_POSTGRES_URL")
+    if url:
+        try:
+            psycopg.connect(url, connect_timeout=5).close()
+        except psycopg.Error as e:
+            skip_or_fail(f"AUTHSVC_TEST_POSTGRES_URL={redact_url(url)} is unreachable: {type(e).__name__}")
+        yield url
+        return
+    bin_dir = pgserver.find_bin_dir()
+    if bin_dir is None:
+        skip_or_fail("no PostgreSQL: set AUTHSVC_TEST_POSTGRES_URL or install the server binaries (initdb, pg_ctl)")
+    server = pgserver.ThrowawayPostgres(bin_dir)
+    try:
+        server.start()
+        yield server.url
+    finally:
+        server.destroy()
+
+
 @pytest.fixture
-def store_url(tmp_path):
-    """The store under test (sqlite here; tests/test_postgres adds PostgreSQL via parametrization)."""
-    return "sqlite://" + str(tmp_path / "authsvc.db")
+def own_pg(pg_server_url):
+    """A PostgreSQL server of this test's own (stopping it or adding roles disturbs nobody)."""
+    bin_dir = pgserver.find_bin_dir()
+    if bin_dir is None:
+        skip_or_fail("this test needs the PostgreSQL server binaries (initdb, pg_ctl) to run a server of its own")
+    server = pgserver.ThrowawayPostgres(bin_dir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
+class PgDatabases:
+    """Creates throwaway databases on the session's server and drops them all at the end."""
+
+    def __init__(self, server_url: str):
+        import psycopg
+
+        self.server_url = server_url
+        self.conn = psycopg.connect(server_url, autocommit=True)
+        self.names: list[str] = []
+
+    def url(self, name: str) -> str:
+        """The server URL with another database name (AUTHSVC_TEST_POSTGRES_URL must be a URL)."""
+        return urllib.parse.urlunsplit(urllib.parse.urlsplit(self.server_url)._replace(path="/" + name))
+
+    def create(self, migrate: bool = True, owner: str | None = None) -> str:
+        """A new empty database (migrated unless told not to); returns its URL."""
+        from authsvc.store.postgres import PostgresStore
+
+        name = "authsvc_test_" + secrets.token_hex(6)
+        self.conn.execute(f"CREATE DATABASE {name}" + (f" OWNER {owner}" if owner else ""))
+        self.names.append(name)
+        url = self.url(name)
+        if migrate:
+            store = PostgresStore(url, readonly=False)
+            store.migrate()
+            store.close()
+        return url
+
+    def drop_all(self) -> None:
+        for name in self.names:
+            self.conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        self.conn.close()
+
+
+@pytest.fixture(scope="session")
+def pg_databases(pg_server_url):
+    databases = PgDatabases(pg_server_url)
+    yield databases
+    databases.drop_all()
+
+
+@pytest.fixture(scope="session")
+def pg_session_database(pg_databases):
+    """The session's migrated database and a connection to it, for emptying it between tests."""
+    import psycopg
+
+    url = pg_databases.create()
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute("SET lock_timeout = '10s'")
+    yield url, conn
+    conn.close()
+
+
+def _empty_pg(conn) -> None:
+    """Close every other session on the database (a leftover app's connection), then empty it."""
+    conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    conn.execute("TRUNCATE games, api_keys, players RESTART IDENTITY")
+
+
+@pytest.fixture(params=ENGINES)
+def store_url(request, tmp_path):
+    """The store under test: a fresh SQLite file, or the session's PostgreSQL database emptied."""
+    if request.param == "sqlite":
+        return "sqlite://" + str(tmp_path / "authsvc.db")
+    url, conn = request.getfixturevalue("pg_session_database")
+    _empty_pg(conn)
+    return url
 
 
 @pytest.fixture
@@ -102,4 +230,6 @@ def make_testapp(settings: Settings, **overrides) -> webtest.TestApp:
 @pytest.fixture
 def app(world) -> webtest.TestApp:
     """The WSGI app on the world's store, through WebTest with its WSGI lint on."""
-    return make_testapp(world.settings)
+    testapp = make_testapp(world.settings)
+    yield testapp
+    testapp.app.store.close()

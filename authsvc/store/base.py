@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,7 +49,11 @@ class Player:
 
 
 class Conflict(Exception):
-    """The write would break a uniqueness rule (a game name, a player id)."""
+    """The write would break a uniqueness rule (a game name, a key digest, a player id)."""
+
+
+class NotEmpty(Exception):
+    """``load`` refuses a store that already holds games or players."""
 
 
 class Store(abc.ABC):
@@ -113,4 +117,27 @@ class Store(abc.ABC):
         """Insert or rename players in one transaction; returns the row count.
 
         If ``rows`` raises part-way, nothing is written.
+        """
+
+    # -- moving between stores (authsvc export / import, authsvc/transfer.py) ---------
+    @abc.abstractmethod
+    def game_id_high_water(self) -> int:
+        """The highest game id ever handed out (0 if none), so a moved store never reuses one."""
+
+    @abc.abstractmethod
+    def dump(self) -> Iterator[Game | Player]:
+        """Every game (with its keys) by id, then every player by user_id, from one snapshot."""
+
+    @abc.abstractmethod
+    def load(
+        self,
+        games: Iterable[Game],
+        players: Iterable[Player],
+        game_id_high_water: int,
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[int, int]:
+        """Write games (ids kept) and players (epochs kept) into an empty store, in one transaction.
+
+        Returns (games, players) written. Raises NotEmpty if the store holds any
+        game or player; if an iterator raises part-way, nothing is written.
         """

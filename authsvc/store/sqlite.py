@@ -12,10 +12,10 @@ import os
 import sqlite3
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from authsvc.errors import ConfigError, StoreUnavailable
-from authsvc.store.base import ApiKey, Conflict, Credentials, Game, Player, Store
+from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player, Store
 
 BATCH = 10_000
 
@@ -150,9 +150,7 @@ class SQLiteStore(Store):
             except sqlite3.IntegrityError:
                 raise Conflict(f"a game named {name!r} exists") from None
             game_id = cur.lastrowid
-            conn.execute(
-                "INSERT INTO api_keys (digest, game_id, created_at) VALUES (?, ?, ?)", (key_digest, game_id, now)
-            )
+            self._insert_key(conn, key_digest, game_id, now)
         return Game(game_id, name, True, now, (ApiKey(key_digest, now, None),))
 
     def _games(self, where: str = "", args: tuple = ()) -> list[Game]:
@@ -184,10 +182,18 @@ class SQLiteStore(Store):
                     "UPDATE api_keys SET expires_at = ? WHERE game_id = ? AND (expires_at IS NULL OR expires_at > ?)",
                     (old_keys_expire_at, game_id, old_keys_expire_at),
                 )
-            conn.execute(
-                "INSERT INTO api_keys (digest, game_id, created_at) VALUES (?, ?, ?)", (key_digest, game_id, now)
-            )
+            self._insert_key(conn, key_digest, game_id, now)
         return True
+
+    @staticmethod
+    def _insert_key(conn: sqlite3.Connection, digest: str, game_id: int, now: int, expires_at=None) -> None:
+        try:
+            conn.execute(
+                "INSERT INTO api_keys (digest, game_id, created_at, expires_at) VALUES (?, ?, ?, ?)",
+                (digest, game_id, now, expires_at),
+            )
+        except sqlite3.IntegrityError:
+            raise Conflict("that api key digest is already in use") from None
 
     def get_player(self, user_id: int) -> Player | None:
         row = self._conn().execute(
@@ -235,6 +241,66 @@ class SQLiteStore(Store):
                 if progress:
                     progress(count)
         return count
+
+
+    # -- moving between stores --------------------------------------------------------
+    def game_id_high_water(self) -> int:
+        conn = self._conn()
+        row = conn.execute(
+            "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'games'), 0), "
+            "coalesce((SELECT max(id) FROM games), 0))"
+        ).fetchone()
+        return row[0]
+
+    def dump(self) -> Iterator[Game | Player]:
+        conn = self._conn()
+        conn.execute("BEGIN")  # one read snapshot for games and players
+        try:
+            yield from self._games()
+            cur = conn.execute("SELECT user_id, username, epoch, enabled FROM players ORDER BY user_id")
+            for user_id, username, epoch, enabled in cur:
+                yield Player(user_id, username, epoch, bool(enabled))
+        finally:
+            conn.execute("COMMIT")
+
+    def load(
+        self,
+        games: Iterable[Game],
+        players: Iterable[Player],
+        game_id_high_water: int,
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[int, int]:
+        n_games = n_players = 0
+        top = game_id_high_water
+        with self._write() as conn:
+            if conn.execute("SELECT EXISTS (SELECT 1 FROM games) OR EXISTS (SELECT 1 FROM players)").fetchone()[0]:
+                raise NotEmpty("the store already holds games or players")
+            for game in games:
+                try:
+                    conn.execute(
+                        "INSERT INTO games (id, name, enabled, created_at) VALUES (?, ?, ?, ?)",
+                        (game.id, game.name, int(game.enabled), game.created_at),
+                    )
+                except sqlite3.IntegrityError:
+                    raise Conflict("two games have the same id or name") from None
+                for key in game.keys:
+                    self._insert_key(conn, key.digest, game.id, key.created_at, key.expires_at)
+                n_games += 1
+                top = max(top, game.id)
+            # AUTOINCREMENT keeps its high-water mark here: ids are never handed out twice.
+            if conn.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'games'", (top,)).rowcount == 0:
+                conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('games', ?)", (top,))
+            sql = "INSERT INTO players (user_id, username, epoch, enabled) VALUES (?, ?, ?, ?)"
+            players = iter(players)
+            while batch := list(itertools.islice(players, BATCH)):
+                try:
+                    conn.executemany(sql, [(p.user_id, p.username, p.epoch, int(p.enabled)) for p in batch])
+                except sqlite3.IntegrityError:
+                    raise Conflict("a player appears twice") from None
+                n_players += len(batch)
+                if progress:
+                    progress(n_players)
+        return n_games, n_players
 
 
 class _Transaction:

@@ -1,0 +1,91 @@
+"""A throwaway PostgreSQL server from the local binaries (initdb, pg_ctl), for tests.
+
+It listens on a free loopback port only (no unix socket), keeps its data in a
+temporary directory and is removed by ``destroy()``. PostgreSQL refuses to run
+as root, so under root the server runs as the ``postgres`` (or ``nobody``) user.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+
+from tests.support import free_port
+
+
+def find_bin_dir() -> str | None:
+    """The directory holding initdb and pg_ctl, or None."""
+    found = shutil.which("pg_ctl")
+    if found and shutil.which("initdb"):
+        return os.path.dirname(os.path.realpath(found))
+    for directory in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
+        if os.access(os.path.join(directory, "pg_ctl"), os.X_OK):
+            return directory
+    return None
+
+
+def _run_as() -> str | None:
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        try:
+            pwd.getpwnam(name)
+            return name
+        except KeyError:
+            continue
+    raise RuntimeError("running as root and no 'postgres' or 'nobody' user to run PostgreSQL as")
+
+
+class ThrowawayPostgres:
+    """initdb + pg_ctl start/stop on 127.0.0.1:<free port>; superuser ``postgres``, trust auth."""
+
+    def __init__(self, bin_dir: str):
+        self.bin_dir = bin_dir
+        self.user = _run_as()
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="authsvc-pg-")
+        self.data = os.path.join(self.dir, "data")
+        self.logfile = os.path.join(self.dir, "server.log")
+        if self.user:
+            os.chown(self.dir, pwd.getpwnam(self.user).pw_uid, -1)
+        self._run(
+            "initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "--no-sync",
+            "-E", "UTF8", "--locale=C", "--no-instructions",
+        )
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, program: str, *args: str) -> None:
+        result = subprocess.run(
+            [os.path.join(self.bin_dir, program), *args],
+            user=self.user, capture_output=True, text=True, timeout=60, cwd=self.dir,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"{program} failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
+
+    def start(self) -> None:
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' "
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=50"
+        )
+        self._run("pg_ctl", "-D", self.data, "-l", self.logfile, "-o", options, "-w", "-t", "30", "start")
+
+    def stop(self) -> None:
+        """A fast shutdown: open connections are closed, as in a real restart."""
+        self._run("pg_ctl", "-D", self.data, "-m", "fast", "-w", "-t", "30", "stop")
+
+    def running(self) -> bool:
+        return os.path.exists(os.path.join(self.data, "postmaster.pid"))
+
+    def destroy(self) -> None:
+        try:
+            if self.running():
+                self._run("pg_ctl", "-D", self.data, "-m", "immediate", "-w", "-t", "30", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,50 @@
+"""Scale: `authsvc player import` loads 1,000,000 players into PostgreSQL in under a minute."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from authsvc.cli import main
+
+PLAYERS = 1_000_000
+
+
+@pytest.mark.slow
+def test_player_import_of_a_million_rows_into_postgres(pg_databases, tmp_path, secret_file, monkeypatch, capsys):
+    import psycopg
+
+    url = pg_databases.create()
+    path = tmp_path / "players.csv"
+    with open(path, "w") as f:
+        f.write("user_id,username\n")
+        f.writelines(f"{i},player{i}\n" for i in range(1, PLAYERS + 1))
+        f.write("17,renamed-by-the-last-row\n")  # a repeated id: the last row wins
+    monkeypatch.setenv("AUTHSVC_STORE", url)
+    monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(secret_file))
+    started = time.monotonic()
+    assert main(["player", "import", str(path)]) == 0
+    seconds = time.monotonic() - started
+    assert seconds < 60, f"1M players took {seconds:.1f} s"
+    assert capsys.readouterr().out.startswith(f"imported {PLAYERS + 1} players")
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*), min(user_id), max(user_id) FROM players").fetchone() == (
+            PLAYERS, 1, PLAYERS,
+        )
+        assert conn.execute("SELECT username FROM players WHERE user_id = 17").fetchone()[0] == "renamed-by-the-last-row"
+        assert conn.execute("SELECT username FROM players WHERE user_id = %s", (PLAYERS,)).fetchone()[0] == (
+            f"player{PLAYERS}"
+        )
+
+
+def test_player_import_with_a_bad_row_writes_nothing(admin_store, store_url, tmp_path, secret_file, monkeypatch, capsys):
+    admin_store.add_player(1, "one")
+    path = tmp_path / "players.csv"
+    path.write_text("".join(f"{i},player{i}\n" for i in range(1, 20_001)) + "0,zero\n")
+    monkeypatch.setenv("AUTHSVC_STORE", store_url)
+    monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(secret_file))
+    assert main(["player", "import", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err == "authsvc: error: line 20001: user_id must be a whole number from 1 to 2^63-1\n"
+    assert admin_store.get_player(1).username == "one" and admin_store.get_player(2) is None

@@ -1,0 +1,328 @@
+"""The Store contract (authsvc/store/base.py), run unchanged on SQLite and on PostgreSQL.
+
+``admin_store`` comes from conftest: a migrated store, parametrized over both
+engines through ``store_url``. Every method of Store is exercised here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from authsvc.errors import ConfigError
+from authsvc.store import open_store
+from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player
+from authsvc.tokens import api_key_digest
+
+NOW = 1_700_000_000
+
+
+def digest(n: int) -> str:
+    return api_key_digest(f"key-{n}")
+
+
+@pytest.fixture
+def empty_url(store_url, request, tmp_path):
+    """A store of the same engine that exists but was never migrated."""
+    if store_url.startswith("sqlite://"):
+        return "sqlite://" + str(tmp_path / "fresh.db")
+    return request.getfixturevalue("pg_databases").create(migrate=False)
+
+
+@pytest.fixture
+def reader(admin_store, settings):
+    """The same store opened read-only, as the web process opens it."""
+    store = open_store(settings.store, readonly=True, settings=settings)
+    yield store
+    store.close()
+
+
+# -- migrations and check ------------------------------------------------------------------
+
+
+def test_migrate_from_scratch_then_rerun_is_a_no_op(empty_url, settings):
+    store = open_store(empty_url, readonly=False, settings=settings)
+    try:
+        before, after = store.migrate()
+        assert before == 0 and after >= 1
+        assert store.migrate() == (after, after)
+        store.add_player(1, "a")
+        assert store.migrate() == (after, after)
+        assert store.get_player(1) == Player(1, "a", 0, True)  # rerun kept the data
+    finally:
+        store.close()
+
+
+def test_check_refuses_an_unmigrated_store_and_accepts_a_migrated_one(empty_url, settings):
+    admin = open_store(empty_url, readonly=False, settings=settings)
+    try:
+        if empty_url.startswith("sqlite://"):  # the file does not exist yet
+            with pytest.raises(ConfigError, match="does not exist"):
+                admin.check()
+            admin._conn()  # opening read-write creates an empty file
+        with pytest.raises(ConfigError, match="authsvc init"):
+            admin.check()
+        admin.migrate()
+        admin.check()
+        reader = open_store(empty_url, readonly=True, settings=settings)
+        reader.check()
+        reader.close()
+    finally:
+        admin.close()
+
+
+# -- games and keys ------------------------------------------------------------------------
+
+
+def test_add_game_gives_increasing_ids_and_one_live_key(admin_store):
+    g1 = admin_store.add_game("Chess", digest(1), NOW)
+    g2 = admin_store.add_game("Go", digest(2), NOW + 1)
+    assert g1 == Game(g1.id, "Chess", True, NOW, (ApiKey(digest(1), NOW, None),))
+    assert g2.id > g1.id
+    assert admin_store.get_game(g1.id) == g1
+    assert admin_store.get_game(g2.id) == g2
+    assert admin_store.get_game(g2.id + 100) is None
+
+
+def test_add_game_refuses_a_taken_name_or_key_and_writes_nothing(admin_store):
+    g1 = admin_store.add_game("Chess", digest(1), NOW)
+    with pytest.raises(Conflict, match="Chess"):
+        admin_store.add_game("Chess", digest(2), NOW)
+    with pytest.raises(Conflict):
+        admin_store.add_game("Go", digest(1), NOW)  # the key digest is taken
+    assert admin_store.list_games() == [g1]  # no half-made "Go"
+
+
+def test_game_ids_are_never_handed_out_twice(admin_store):
+    assert admin_store.game_id_high_water() == 0
+    g1 = admin_store.add_game("Chess", digest(1), NOW)
+    with pytest.raises(Conflict):
+        admin_store.add_game("Chess", digest(2), NOW)
+    high = admin_store.game_id_high_water()
+    assert high >= g1.id
+    g2 = admin_store.add_game("Go", digest(3), NOW)
+    assert g2.id > high
+    assert admin_store.game_id_high_water() == g2.id
+
+
+def test_list_games_in_id_order_with_their_keys(admin_store):
+    assert admin_store.list_games() == []
+    games = [admin_store.add_game(name, digest(i), NOW) for i, name in enumerate(["b", "a", "c"])]
+    admin_store.add_api_key(games[1].id, digest(9), NOW + 5, None)
+    listed = admin_store.list_games()
+    assert [g.id for g in listed] == sorted(g.id for g in games)
+    assert [g.name for g in listed] == ["b", "a", "c"]
+    assert listed[1].keys == (ApiKey(digest(1), NOW, None), ApiKey(digest(9), NOW + 5, None))
+
+
+def test_set_game_enabled(admin_store):
+    g = admin_store.add_game("Chess", digest(1), NOW)
+    assert admin_store.set_game_enabled(g.id, False) is True
+    assert admin_store.get_game(g.id).enabled is False
+    assert admin_store.set_game_enabled(g.id, True) is True
+    assert admin_store.get_game(g.id).enabled is True
+    assert admin_store.set_game_enabled(g.id + 1, False) is False
+
+
+def test_add_api_key_expires_older_keys(admin_store):
+    g = admin_store.add_game("Chess", digest(1), NOW)
+    other = admin_store.add_game("Go", digest(7), NOW)
+    assert admin_store.add_api_key(g.id, digest(2), NOW + 10, NOW + 100) is True
+    # key 1 had no expiry: now NOW+100; the new key has none
+    assert admin_store.get_game(g.id).keys == (ApiKey(digest(1), NOW, NOW + 100), ApiKey(digest(2), NOW + 10, None))
+    # a later rotation with a later expiry leaves the earlier expiry alone
+    assert admin_store.add_api_key(g.id, digest(3), NOW + 20, NOW + 500) is True
+    assert [k.expires_at for k in admin_store.get_game(g.id).keys] == [NOW + 100, NOW + 500, None]
+    # an earlier expiry pulls every later one in
+    assert admin_store.add_api_key(g.id, digest(4), NOW + 30, NOW + 50) is True
+    assert [k.expires_at for k in admin_store.get_game(g.id).keys] == [NOW + 50, NOW + 50, NOW + 50, None]
+    # None adds a key and leaves the others as they are
+    assert admin_store.add_api_key(g.id, digest(5), NOW + 40, None) is True
+    assert [k.expires_at for k in admin_store.get_game(g.id).keys] == [NOW + 50, NOW + 50, NOW + 50, None, None]
+    assert admin_store.get_game(other.id).keys == (ApiKey(digest(7), NOW, None),)  # untouched
+
+
+def test_add_api_key_to_a_missing_game_or_with_a_taken_digest(admin_store):
+    g = admin_store.add_game("Chess", digest(1), NOW)
+    assert admin_store.add_api_key(g.id + 1, digest(2), NOW, NOW) is False
+    with pytest.raises(Conflict):
+        admin_store.add_api_key(g.id, digest(1), NOW + 1, NOW + 5)
+    assert admin_store.get_game(g.id).keys == (ApiKey(digest(1), NOW, None),)  # expiry not half-applied
+
+
+# -- players -------------------------------------------------------------------------------
+
+
+def test_players_add_get_rename_enable_revoke(admin_store):
+    assert admin_store.get_player(5) is None
+    assert admin_store.add_player(5, "alice") == Player(5, "alice", 0, True)
+    with pytest.raises(Conflict):
+        admin_store.add_player(5, "mallory")
+    assert admin_store.rename_player(5, "Alice ✓") is True
+    assert admin_store.rename_player(6, "nobody") is False
+    assert admin_store.set_player_enabled(5, False) is True
+    assert admin_store.set_player_enabled(6, False) is False
+    assert admin_store.revoke_player(5) == 1
+    assert admin_store.revoke_player(5) == 2
+    assert admin_store.revoke_player(6) is None
+    assert admin_store.get_player(5) == Player(5, "Alice ✓", 2, False)
+    assert admin_store.set_player_enabled(5, True) is True
+    assert admin_store.get_player(5) == Player(5, "Alice ✓", 2, True)
+
+
+def test_player_ids_up_to_2_63_minus_1(admin_store):
+    big = 2**63 - 1
+    admin_store.add_player(big, "max")
+    assert admin_store.get_player(big) == Player(big, "max", 0, True)
+
+
+def test_upsert_players_inserts_renames_and_keeps_epochs(admin_store):
+    admin_store.add_player(1, "one")
+    admin_store.revoke_player(1)
+    admin_store.set_player_enabled(1, False)
+    seen = []
+    rows = [(i, f"user{i}") for i in range(1, 25_001)] + [(7, "seven-again")]
+    assert admin_store.upsert_players(rows, progress=seen.append) == 25_001
+    assert seen and seen[-1] == 25_001 and seen == sorted(seen)
+    assert admin_store.get_player(1) == Player(1, "user1", 1, False)  # renamed; epoch and flag kept
+    assert admin_store.get_player(7).username == "seven-again"  # the last row of an id wins
+    assert admin_store.get_player(25_000) == Player(25_000, "user25000", 0, True)
+
+
+def test_upsert_players_is_all_or_nothing(admin_store):
+    admin_store.add_player(1, "one")
+
+    def rows():
+        yield from ((i, f"user{i}") for i in range(1, 15_001))
+        raise ValueError("line 15001: broken")
+
+    with pytest.raises(ValueError, match="broken"):
+        admin_store.upsert_players(rows())
+    assert admin_store.get_player(1).username == "one"
+    assert admin_store.get_player(2) is None
+    assert admin_store.get_player(15_000) is None
+    assert admin_store.upsert_players([(2, "two")]) == 1  # the store is usable afterwards
+
+
+# -- the read path ---------------------------------------------------------------------------
+
+
+def test_credentials_in_one_call(admin_store, reader):
+    g = admin_store.add_game("Chess", digest(1), NOW)
+    admin_store.add_player(42, "alice")
+    assert reader.credentials(digest(99), 42) is None  # no such key
+    assert reader.credentials(digest(1), 42) == Credentials(g.id, True, None, "alice", 0, True)
+    nobody = reader.credentials(digest(1), 43)
+    assert nobody is not None and nobody.game_id == g.id and nobody.username is None
+    admin_store.revoke_player(42)
+    admin_store.set_player_enabled(42, False)
+    admin_store.set_game_enabled(g.id, False)
+    admin_store.add_api_key(g.id, digest(2), NOW, NOW + 60)
+    assert reader.credentials(digest(1), 42) == Credentials(g.id, False, NOW + 60, "alice", 1, False)
+    assert reader.credentials(digest(2), 42) == Credentials(g.id, False, None, "alice", 1, False)
+
+
+def test_the_reader_cannot_write(admin_store, reader):
+    admin_store.add_player(1, "one")
+    reader.credentials(digest(1), 1)  # opens its connection
+    # SQLite: "attempt to write a readonly database"; PostgreSQL: "this role may not write".
+    with pytest.raises(Exception, match="readonly|may not write"):  # noqa: B017 (engine-specific types)
+        reader.add_player(2, "two")
+    with pytest.raises(Exception, match="readonly|may not write"):  # noqa: B017
+        reader.rename_player(1, "changed")
+    reader.close()
+    assert admin_store.get_player(2) is None
+    assert admin_store.get_player(1).username == "one"
+
+
+def test_close_then_use_again(admin_store, reader):
+    admin_store.add_player(1, "one")
+    reader.close()
+    reader.close()  # twice is harmless
+    assert reader.credentials(digest(1), 1) is None
+    admin_store.close()
+    assert admin_store.get_player(1).username == "one"  # reopened on use
+
+
+# -- moving between stores ------------------------------------------------------------------
+
+
+def _fill(store) -> list:
+    g1 = store.add_game("Chess", digest(1), NOW)
+    store.add_api_key(g1.id, digest(2), NOW + 1, NOW + 3600)
+    g2 = store.add_game("Go", digest(3), NOW + 2)
+    store.set_game_enabled(g2.id, False)
+    store.upsert_players([(i, f"p{i}") for i in (30, 10, 20)])
+    store.revoke_player(20)
+    store.set_player_enabled(30, False)
+    return list(store.dump())
+
+
+def test_dump_gives_games_then_players_in_order(admin_store):
+    items = _fill(admin_store)
+    games = [x for x in items if isinstance(x, Game)]
+    assert items[: len(games)] == games == admin_store.list_games()
+    assert items[len(games) :] == [
+        Player(10, "p10", 0, True),
+        Player(20, "p20", 1, True),
+        Player(30, "p30", 0, False),
+    ]
+
+
+def test_load_into_an_empty_store_keeps_ids_keys_and_epochs(admin_store, empty_url, settings):
+    items = _fill(admin_store)
+    games = [x for x in items if isinstance(x, Game)]
+    players = [x for x in items if isinstance(x, Player)]
+    target = open_store(empty_url, readonly=False, settings=settings)
+    try:
+        target.migrate()
+        counts = []
+        assert target.load(games, iter(players), 10, progress=counts.append) == (2, 3)
+        assert counts[-1] == 3
+        assert list(target.dump()) == items
+        assert target.game_id_high_water() == 10
+        assert target.add_game("Chess 2", digest(50), NOW).id == 11  # past the high-water mark
+        with pytest.raises(NotEmpty):
+            target.load([], [Player(99, "x", 0, True)], 0)
+        assert target.get_player(99) is None
+    finally:
+        target.close()
+
+
+def test_load_is_all_or_nothing(admin_store):
+    def players():
+        yield Player(1, "one", 3, True)
+        raise ValueError("truncated file")
+
+    with pytest.raises(ValueError, match="truncated"):
+        admin_store.load([Game(4, "Chess", True, NOW, (ApiKey(digest(1), NOW, None),))], players(), 4)
+    assert admin_store.list_games() == [] and admin_store.get_player(1) is None
+
+    with pytest.raises(Conflict):
+        admin_store.load([], [Player(1, "one", 0, True), Player(1, "again", 0, True)], 0)
+    with pytest.raises(Conflict):
+        admin_store.load(
+            [Game(1, "A", True, NOW, ()), Game(2, "A", True, NOW, ())], [], 0
+        )
+    assert admin_store.list_games() == [] and admin_store.get_player(1) is None
+    assert admin_store.load([], [Player(1, "one", 0, True)], 0) == (0, 1)
+
+
+def test_load_refuses_a_store_that_holds_anything(admin_store):
+    admin_store.add_game("Chess", digest(1), NOW)
+    with pytest.raises(NotEmpty):
+        admin_store.load([], [Player(1, "one", 0, True)], 0)
+    assert admin_store.get_player(1) is None
+
+
+def test_the_sqlite_service_imports_no_psycopg(tmp_path):
+    """The core stays standard-library only: psycopg is imported by postgres.py alone, when chosen."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, authsvc.app, authsvc.cli, authsvc.transfer, authsvc.wsgi\n"
+        "from authsvc.store import open_store\n"
+        f"s = open_store('sqlite://{tmp_path}/x.db', readonly=False); s.migrate(); s.close()\n"
+        "assert not [m for m in sys.modules if m.startswith('psycopg')], 'psycopg imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,188 @@
+"""Outages: a store that is down, restarting or unreadable gives HTTP 503, then recovers by itself.
+
+PostgreSQL: a throwaway server of our own on a free loopback port is stopped
+and started while the app serves, in-process (WebTest) and under a real
+gunicorn with two workers. SQLite: the database file goes missing or is
+damaged, then comes back.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from authsvc.settings import Settings
+from authsvc.store import open_store
+from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from tests.conftest import make_testapp
+from tests.support import free_port, wait_for_port
+
+AUTH = "/api/authenticate.json"
+SQLITE_ONLY = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+
+
+def provision(url: str, secret_file) -> tuple[Settings, dict]:
+    """A migrated store with one game and one player; returns settings and valid request parameters."""
+    env = {
+        "AUTHSVC_STORE": url,
+        "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+        "AUTHSVC_PG_CONNECT_TIMEOUT": "2",
+        "AUTHSVC_PG_STATEMENT_TIMEOUT": "1",
+    }
+    settings = Settings.from_env(env)
+    api_key = new_api_key()
+    store = open_store(url, readonly=False, settings=settings)
+    try:
+        store.migrate()
+        game = store.add_game("Chess", api_key_digest(api_key), int(time.time()))
+        store.add_player(77, "carol")
+    finally:
+        store.close()
+    token = mint_token(settings.token_secrets[0], game.id, 77, 0)
+    return settings, {"user_id": "77", "game_auth_token": token, "api_key": api_key}, env
+
+
+def assert_503(res_json: dict) -> None:
+    assert res_json["success"] is False and res_json["error"] == 503
+    assert set(res_json) == {"success", "error", "error_description"} and res_json["error_description"]
+
+
+def test_postgres_outage_in_process(own_pg, secret_file):
+    settings, params, _ = provision(own_pg.url, secret_file)
+    app = make_testapp(settings)
+    assert app.get(AUTH, params=params).json["success"] is True
+
+    own_pg.stop()
+    for path in (AUTH, AUTH, "/healthz"):
+        started = time.monotonic()
+        res = app.get(path, params=params, status=503)
+        assert time.monotonic() - started < 5  # connect timeout (2 s) plus slack, never a hang
+        assert_503(res.json)
+
+    own_pg.start()
+    assert app.get(AUTH, params=params).json["success"] is True  # no restart of the app
+    assert app.get("/healthz").json["success"] is True
+
+    # A restart between two requests: the idle connection is stale, the next request still succeeds.
+    own_pg.stop()
+    own_pg.start()
+    assert app.get(AUTH, params=params).json == {"success": True, "user_id": 77, "username": "carol"}
+    app.app.store.close()
+
+
+def get(port: int, path: str, timeout: float = 10) -> tuple[int, dict, float]:
+    started = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        res = conn.getresponse()
+        return res.status, json.loads(res.read()), time.monotonic() - started
+    finally:
+        conn.close()
+
+
+def worker_pids(master: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    if f"PPid:\t{master}\n" in f.read():
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def test_postgres_outage_under_gunicorn(own_pg, secret_file, tmp_path):
+    """gunicorn with --preload (docs/stores.md): the store is checked once, in the master, at start-up;
+    a worker that is replaced during an outage boots without touching the store."""
+    import psycopg
+
+    _, params, env = provision(own_pg.url, secret_file)
+    query = AUTH + "?" + "&".join(f"{k}={v}" for k, v in params.items())
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "--preload", "--workers", "2", "--bind", f"127.0.0.1:{port}",
+         "--graceful-timeout", "2", "authsvc.wsgi:application"],
+        env={"PATH": os.environ["PATH"], **env},
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "gunicorn.log", "wb"),
+    )
+    try:
+        wait_for_port(port)
+        for _ in range(30):
+            status, body, _ = get(port, query)
+            assert (status, body["success"]) == (200, True)
+        with psycopg.connect(own_pg.url) as admin:  # persistent: one connection per worker, not per request
+            web = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'authsvc-web'"
+            ).fetchone()[0]
+        assert 1 <= web <= 2
+
+        own_pg.stop()
+        for _ in range(6):
+            status, body, seconds = get(port, query)
+            assert status == 503 and seconds < 5
+            assert_503(body)
+        workers = worker_pids(server.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)  # a worker dies mid-outage; gunicorn starts another
+        deadline = time.monotonic() + 20
+        while sorted(worker_pids(server.pid)) in ([], [workers[1]]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for _ in range(6):
+            status, body, seconds = get(port, query)
+            assert status == 503 and seconds < 5
+
+        own_pg.start()
+        for _ in range(20):  # both workers recover by themselves, on their first request
+            status, body, _ = get(port, query)
+            assert (status, body) == (200, {"success": True, "user_id": 77, "username": "carol"})
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=15)
+    log = (tmp_path / "gunicorn.log").read_text()
+    assert params["api_key"] not in log and params["game_auth_token"] not in log
+
+
+@SQLITE_ONLY
+def test_sqlite_missing_file_gives_503_then_recovers(world, settings, tmp_path):
+    path = settings.store.removeprefix("sqlite://")
+    params = world.params()
+    world.store.close()
+    app = make_testapp(settings)  # start-up checks the file, then each worker opens it on first use
+    os.rename(path, tmp_path / "moved.db")
+    for url in (AUTH, "/healthz"):
+        assert_503(app.get(url, params=params, status=503).json)
+    assert not os.path.exists(path)  # the reader never creates the file
+    os.rename(tmp_path / "moved.db", path)
+    assert app.get(AUTH, params=params).json["success"] is True
+    app.app.store.close()
+
+
+@SQLITE_ONLY
+def test_sqlite_unreadable_file_gives_503_then_recovers(world, settings, tmp_path):
+    """A file that is not a database (a bad restore, a truncated copy) when a worker opens it."""
+    path = settings.store.removeprefix("sqlite://")
+    params = world.params()
+    world.store.close()
+    app = make_testapp(settings)
+    shutil.copy(path, tmp_path / "good.db")
+    for name in (path + "-wal", path + "-shm"):
+        if os.path.exists(name):
+            os.unlink(name)
+    with open(path, "wb") as f:
+        f.write(b"this is not a database" * 200)
+    for url in (AUTH, AUTH, "/healthz"):
+        assert_503(app.get(url, params=params, status=503).json)
+    shutil.copy(tmp_path / "good.db", path)
+    assert app.get(AUTH, params=params).json["success"] is True
+    app.app.store.close()
