@@ -54,9 +54,13 @@ timeout = _setting("timeout", "AUTHSVC_TIMEOUT", 30, int)
 graceful_timeout = 30
 keepalive = 5
 
-# Not preloaded: on HUP gunicorn re-reads this file and starts new workers that
-# import the (possibly upgraded) code, then stops the old ones gracefully.
-preload_app = False
+# Preloaded: the app is built, and the store and secret checked, once in the master
+# at start-up. A worker respawned later (a crash, max_requests, HUP) forks from it
+# and never re-runs the check, so a PostgreSQL outage cannot make a new worker
+# fail to boot and take the whole server down (docs/stores.md). Each worker still
+# opens its own store connection after fork. Code and settings changes therefore
+# need `systemctl restart authsvc`; the socket unit keeps the socket open meanwhile.
+preload_app = True
 
 # nginx is the only client: over the unix socket (which only nginx's group may
 # open) gunicorn trusts X-Forwarded-Proto; over TCP only from this machine.

@@ -80,6 +80,7 @@ def test_gunicorn_config_keeps_queries_out_and_files_in(monkeypatch, tmp_path):
         assert atom not in conf["access_log_format"], atom
     assert "%(U)s" in conf["access_log_format"]
     assert conf["control_socket_disable"] is True and conf["pidfile"] is None
+    assert conf["preload_app"] is True  # a worker respawned in a store outage must not re-check it
     assert conf["forwarded_allow_ips"] == "127.0.0.1,::1"
     assert conf["secure_scheme_headers"] == {"X-FORWARDED-PROTO": "https"}
     assert conf["logconfig_dict"]["loggers"]["gunicorn.error"]["filters"] == ["redact"]
