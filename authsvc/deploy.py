@@ -71,7 +71,7 @@ def render_text(text: str, values: dict[str, str], used: set[str] | None = None)
         for variant in variants:
             out.append(
                 PLACEHOLDER.sub(
-                    lambda m: variant if m.group(1) in listen else values[m.group(1)], line
+                    lambda m, variant=variant, listen=listen: variant if m.group(1) in listen else values[m.group(1)], line
                 )
             )
     return "".join(out)

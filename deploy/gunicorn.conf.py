@@ -40,7 +40,7 @@ def _setting(key: str, var: str, default, cast, table: str = "gunicorn"):
     try:
         return cast(raw)
     except (TypeError, ValueError):
-        raise SystemExit(f"gunicorn.conf.py: {var} / [gunicorn] {key} must be {cast.__name__}, got {raw!r}")
+        raise SystemExit(f"gunicorn.conf.py: {var} / [gunicorn] {key} must be {cast.__name__}, got {raw!r}") from None
 
 
 wsgi_app = "authsvc.wsgi:application"
