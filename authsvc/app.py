@@ -72,8 +72,8 @@ class App:
         return error
 
     def authenticate(self, environ: dict) -> tuple[int, bytes]:
-        result = self.authenticator(request_params(environ, self.settings.max_body_bytes))
-        return self.http_status(result.error or 200), json_bytes(result.as_json_object())
+        error, body = self.authenticator(request_params(environ, self.settings.max_body_bytes))
+        return self.http_status(error or 200), body
 
     def health(self, environ: dict) -> tuple[int, bytes]:
         """Runs the authentication query itself, so it fails exactly when authentication would."""

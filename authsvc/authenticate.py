@@ -7,36 +7,30 @@ the token HMAC is computed whether or not the game and player exist.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
-from authsvc.http import INVALID
-from authsvc.store.base import Store
-from authsvc.tokens import api_key_digest, token_matches
+from authsvc.http import INVALID, error_object, json_bytes, success_bytes
+from authsvc.store.base import Credentials, Store
+from authsvc.tokens import TokenVerifier, api_key_digest
 
 MISSING_DESCRIPTION = "user_id, game_auth_token, and api_key are required parameters"
 INVALID_DESCRIPTION = "Invalid credentials"
 MAX_USER_ID = 2**63 - 1
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Result:
-    """Either a player (error is None) or an error code of the spec (400, 403)."""
+class Result(NamedTuple):
+    """Either a player (error is None) or an error code of the spec (400, 403), and its JSON body."""
 
-    error: int | None = None
-    user_id: int | None = None
-    username: str | None = None
-
-    def as_json_object(self) -> dict:
-        if self.error is None:
-            return {"success": True, "user_id": self.user_id, "username": self.username}
-        description = MISSING_DESCRIPTION if self.error == 400 else INVALID_DESCRIPTION
-        return {"success": False, "error": self.error, "error_description": description}
+    error: int | None
+    body: bytes
 
 
-MISSING = Result(error=400)
-FORBIDDEN = Result(error=403)
+MISSING = Result(400, json_bytes(error_object(400, MISSING_DESCRIPTION)))
+FORBIDDEN = Result(403, json_bytes(error_object(403, INVALID_DESCRIPTION)))
+NOTHING_FOUND = Credentials(game_id=0, game_enabled=False, key_expires_at=None, username=None, epoch=0,
+                            player_enabled=False)
 
 
 def parse_user_id(value: object) -> int | None:
@@ -52,7 +46,7 @@ def parse_user_id(value: object) -> int | None:
 class Authenticator:
     def __init__(self, store: Store, token_secrets: tuple[bytes, ...], clock: Callable[[], float] = time.time):
         self.store = store
-        self.token_secrets = token_secrets
+        self.tokens = TokenVerifier(token_secrets)
         self.clock = clock
 
     def __call__(self, params: Mapping[str, object]) -> Result:
@@ -65,18 +59,16 @@ class Authenticator:
         if user_id is None or token is INVALID or api_key is INVALID:
             return FORBIDDEN
 
-        found = self.store.credentials(api_key_digest(api_key), user_id)
-        # Placeholder game 0 / epoch 0 keep the HMAC work the same when nothing was found.
-        game_id = found.game_id if found else 0
-        epoch = found.epoch if found else 0
-        token_ok = token_matches(self.token_secrets, game_id, user_id, epoch, token)
+        # Placeholder game 0 / epoch 0 keep the HMAC work the same when no key was found.
+        game_id, game_enabled, expires_at, username, epoch, player_enabled = (
+            self.store.credentials(api_key_digest(api_key), user_id) or NOTHING_FOUND
+        )
         if (
-            token_ok
-            and found is not None
-            and found.game_enabled
-            and found.username is not None
-            and found.player_enabled
-            and (found.key_expires_at is None or found.key_expires_at > self.clock())
+            self.tokens.matches(game_id, user_id, epoch, token)
+            and game_enabled
+            and username is not None
+            and player_enabled
+            and (expires_at is None or expires_at > self.clock())
         ):
-            return Result(user_id=user_id, username=found.username)
+            return Result(None, success_bytes(user_id, username))
         return FORBIDDEN

@@ -12,6 +12,7 @@ import secrets
 import uuid
 
 TOKEN_LENGTH = 64
+_BLOCK = 64  # SHA-256 block size, bytes
 
 
 def mint_token(secret: bytes, game_id: int, user_id: int, epoch: int) -> str:
@@ -19,20 +20,48 @@ def mint_token(secret: bytes, game_id: int, user_id: int, epoch: int) -> str:
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
-def token_matches(token_secrets: tuple[bytes, ...], game_id: int, user_id: int, epoch: int, token: str) -> bool:
-    """True if ``token`` was minted with any of ``token_secrets``.
+class TokenVerifier:
+    """Checks a token against every token secret (current first), in constant work.
 
-    Every secret is tried, always, so the work does not depend on which one
-    matches; callers pass placeholder ids when the player or game is unknown so
-    that the work does not depend on that either.
+    HMAC-SHA256 as RFC 2104 defines it and the stdlib's pure-Python ``hmac`` path
+    computes it (copy the inner and outer hash states, feed the message), with
+    each secret's two padded key blocks hashed once, here, instead of on every
+    call as hmac.new/hmac.digest do; that was more than half of the token check
+    (BENCHMARKS.md). tests/test_tokens.py checks it against hmac.new for secrets
+    shorter than, equal to and longer than a block.
     """
-    message = f"{game_id}:{user_id}:{epoch}".encode("ascii")
-    given = token.encode("ascii", "replace")
-    ok = False
-    for secret in token_secrets:
-        expected = hmac.new(secret, message, hashlib.sha256).hexdigest().encode("ascii")
-        ok |= hmac.compare_digest(expected, given)
-    return ok
+
+    __slots__ = ("_pads",)
+
+    def __init__(self, token_secrets: tuple[bytes, ...]):
+        pads = []
+        for secret in token_secrets:
+            if len(secret) > _BLOCK:
+                secret = hashlib.sha256(secret).digest()
+            secret = secret.ljust(_BLOCK, b"\0")
+            pads.append((hashlib.sha256(secret.translate(hmac.trans_36)), hashlib.sha256(secret.translate(hmac.trans_5C))))
+        self._pads = tuple(pads)
+
+    def __repr__(self) -> str:
+        return f"<TokenVerifier: {len(self._pads)} secret(s), masked>"
+
+    def matches(self, game_id: int, user_id: int, epoch: int, token: str) -> bool:
+        """True if ``token`` was minted for (game, user, epoch) with any of the secrets.
+
+        Every secret is tried, always, so the work does not depend on which one
+        matches; callers pass placeholder ids when the player or game is unknown
+        so that the work does not depend on that either.
+        """
+        message = f"{game_id}:{user_id}:{epoch}".encode("ascii")
+        given = token if token.isascii() else "?"  # compare_digest takes ASCII str only
+        ok = False
+        for inner_pad, outer_pad in self._pads:
+            inner = inner_pad.copy()
+            inner.update(message)
+            outer = outer_pad.copy()
+            outer.update(inner.digest())
+            ok |= hmac.compare_digest(outer.hexdigest(), given)
+        return ok
 
 
 def new_api_key() -> str:

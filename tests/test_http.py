@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 
 from authsvc.errors import BadRequest, PayloadTooLarge
-from authsvc.http import INVALID, json_bytes, parse_body, parse_urlencoded, read_body
+from authsvc.http import INVALID, json_bytes, parse_body, parse_urlencoded, read_body, success_bytes
 
 
 def test_urlencoded_last_duplicate_wins_and_plus_is_space():
@@ -63,7 +63,10 @@ def test_read_body_limits():
 
     assert read_body(environ(b"abc", CONTENT_LENGTH="3"), 3) == b"abc"
     assert read_body(environ(b"abc"), 3) == b""  # no length, not chunked: no body
-    assert read_body(environ(b"abc", **{"wsgi.input_terminated": True}), 3) == b"abc"
+    chunked = {"wsgi.input_terminated": True, "HTTP_TRANSFER_ENCODING": "chunked"}
+    assert read_body(environ(b"abc", **chunked), 3) == b"abc"
+    # Neither Content-Length nor Transfer-Encoding: no body, whatever the stream holds (RFC 9112 §6.3).
+    assert read_body(environ(b"abc", **{"wsgi.input_terminated": True}), 3) == b""
     with pytest.raises(PayloadTooLarge):
         read_body(environ(b"abcd", CONTENT_LENGTH="4"), 3)
     with pytest.raises(PayloadTooLarge):
@@ -78,6 +81,20 @@ def test_json_bytes_is_compact_ascii_single_line_json(obj):
     assert data.isascii() and b"\n" not in data
     assert data == json.dumps(obj, separators=(",", ":")).encode()  # compact: no space after , or :
     assert json.loads(data) == obj
+
+
+@given(st.integers(1, 2**63 - 1), st.text())
+def test_success_bytes_is_json_bytes_of_the_success_object(user_id, username):
+    """The hand-formatted success answer equals the generic encoder's, for any username."""
+    assert success_bytes(user_id, username) == json_bytes({"success": True, "user_id": user_id, "username": username})
+
+
+@given(st.text(alphabet="ab019=&-._~*", max_size=60))
+def test_plain_query_fast_path_agrees_with_the_decoding_path(text):
+    """A query with nothing to decode takes a fast path; adding one escape forces the decoding path."""
+    slow = parse_urlencoded(text + "&%2C=x")  # "," is not in the alphabet: no clash
+    assert slow.pop(",") == "x"
+    assert parse_urlencoded(text) == slow
 
 
 # -- no input makes the app fail ----------------------------------------------------------------

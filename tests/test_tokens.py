@@ -4,7 +4,10 @@ import hashlib
 import hmac
 import re
 
-from authsvc.tokens import TOKEN_LENGTH, api_key_digest, mint_token, new_api_key, new_token_secret, token_matches
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from authsvc.tokens import TOKEN_LENGTH, TokenVerifier, api_key_digest, mint_token, new_api_key, new_token_secret
 
 # The vector in docs/tokens.md; a throwaway secret, never used by any deployment.
 VECTOR_SECRET = b"example-secret-do-not-use-0123456789"
@@ -27,21 +30,46 @@ def test_token_is_bound_to_game_user_and_epoch():
                 mint_token(VECTOR_SECRET, 1, 42, 1), mint_token(VECTOR_SECRET, 14, 2, 0)}) == 5
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    secret=st.binary(min_size=0, max_size=200),  # shorter than, equal to and longer than SHA-256's 64-byte block
+    game_id=st.integers(0, 2**63 - 1),
+    user_id=st.integers(0, 2**63 - 1),
+    epoch=st.integers(0, 2**31),
+)
+def test_verifier_accepts_exactly_the_hmac_sha256_token(secret, game_id, user_id, epoch):
+    """TokenVerifier (key pads hashed once) agrees with hmac.new, used again and again."""
+    verifier = TokenVerifier((secret,))
+    token = hmac.new(secret, f"{game_id}:{user_id}:{epoch}".encode(), hashlib.sha256).hexdigest()
+    assert verifier.matches(game_id, user_id, epoch, token)
+    assert verifier.matches(game_id, user_id, epoch, token)  # the saved hash states are copied, not used up
+    assert not verifier.matches(game_id, user_id, epoch + 1, token)
+    assert not verifier.matches(game_id, user_id, epoch, token.upper() if token != token.upper() else "0" * 64)
+
+
+def test_verifier_at_the_block_size_boundary_and_the_published_vector():
+    for size in (63, 64, 65):
+        secret = bytes(range(size))
+        assert TokenVerifier((secret,)).matches(1, 42, 0, mint_token(secret, 1, 42, 0))
+    assert TokenVerifier((VECTOR_SECRET,)).matches(1, 42, 0, VECTOR_TOKEN)
+    assert "example" not in repr(TokenVerifier((VECTOR_SECRET,)))
+
+
 def test_token_matches_any_secret_of_a_rotation():
     old, new = b"old-secret-0123456789abcdef", b"new-secret-0123456789abcdef"
     old_token = mint_token(old, 3, 9, 0)
-    assert token_matches((new, old), 3, 9, 0, old_token)
-    assert token_matches((new, old), 3, 9, 0, mint_token(new, 3, 9, 0))
-    assert not token_matches((new,), 3, 9, 0, old_token)
-    assert not token_matches((new, old), 3, 9, 1, old_token)
+    assert TokenVerifier((new, old)).matches(3, 9, 0, old_token)
+    assert TokenVerifier((new, old)).matches(3, 9, 0, mint_token(new, 3, 9, 0))
+    assert not TokenVerifier((new,)).matches(3, 9, 0, old_token)
+    assert not TokenVerifier((new, old)).matches(3, 9, 1, old_token)
 
 
 def test_token_matches_rejects_wrong_lengths_and_non_ascii():
-    secret = (VECTOR_SECRET,)
-    assert not token_matches(secret, 1, 42, 0, VECTOR_TOKEN[:-1])
-    assert not token_matches(secret, 1, 42, 0, VECTOR_TOKEN + "0")
-    assert not token_matches(secret, 1, 42, 0, VECTOR_TOKEN[:-1] + "é")
-    assert not token_matches(secret, 1, 42, 0, "")
+    verifier = TokenVerifier((VECTOR_SECRET,))
+    assert not verifier.matches(1, 42, 0, VECTOR_TOKEN[:-1])
+    assert not verifier.matches(1, 42, 0, VECTOR_TOKEN + "0")
+    assert not verifier.matches(1, 42, 0, VECTOR_TOKEN[:-1] + "é")
+    assert not verifier.matches(1, 42, 0, "")
 
 
 def test_api_keys_are_random_uuid_shaped():

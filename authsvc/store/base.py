@@ -10,18 +10,22 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Credentials:
-    """Everything one authentication needs, fetched in one round trip."""
+class Credentials(NamedTuple):
+    """Everything one authentication needs, fetched in one round trip.
+
+    A named tuple, so an engine can hand over its result row as it is
+    (``Credentials._make(row)``): SQLite's flags are 0 or 1, PostgreSQL's bools.
+    """
 
     game_id: int
     game_enabled: bool
     key_expires_at: int | None  # unix seconds; None = no expiry
     username: str | None  # None = no such player
-    epoch: int
-    player_enabled: bool
+    epoch: int  # 0 when there is no such player
+    player_enabled: bool  # false when there is no such player
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
