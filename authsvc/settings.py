@@ -27,7 +27,9 @@ _FIELDS = {
     "pg_connect_timeout": ("AUTHSVC_PG_CONNECT_TIMEOUT", float),
     "pg_statement_timeout": ("AUTHSVC_PG_STATEMENT_TIMEOUT", float),
     "log_level": ("AUTHSVC_LOG_LEVEL", str),
+    "max_staleness": ("AUTHSVC_MAX_STALENESS", float),
 }
+MAX_STALENESS_BOUND = 1.0  # seconds: a revoked player, disabled game or expired key stops within this
 
 
 class TokenSecrets(tuple):
@@ -49,6 +51,7 @@ class Settings:
     pg_connect_timeout: float = 2.0
     pg_statement_timeout: float = 2.0
     log_level: str = "INFO"
+    max_staleness: float = 1.0
 
     @property
     def errors_as_http_status(self) -> bool:
@@ -85,6 +88,8 @@ class Settings:
             raise ConfigError("AUTHSVC_ERROR_STATUS must be '200' (errors in the body, HTTP 200) or 'http'")
         if values.get("max_body_bytes", 1) <= 0:
             raise ConfigError("AUTHSVC_MAX_BODY_BYTES must be positive")
+        if not 0 <= values.get("max_staleness", 0.0) <= MAX_STALENESS_BOUND:
+            raise ConfigError(f"AUTHSVC_MAX_STALENESS must be from 0 to {MAX_STALENESS_BOUND:g} seconds")
         for name in ("pg_connect_timeout", "pg_statement_timeout"):
             if values.get(name, 1.0) <= 0:
                 raise ConfigError(f"{_FIELDS[name][0]} must be positive")

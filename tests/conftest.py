@@ -164,8 +164,13 @@ def store_url(request, tmp_path):
 
 @pytest.fixture
 def env(store_url, secret_file):
-    """Environment variables that point the service and the admin command at the throwaway store."""
-    return {"AUTHSVC_STORE": store_url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
+    """Environment variables that point the service and the admin command at the throwaway store.
+
+    AUTHSVC_MAX_STALENESS=0: these suites check that each change is seen by the
+    very next request. The default (the SQLite reader keeps a snapshot for up to
+    1 s) has tests of its own in tests/test_staleness.py.
+    """
+    return {"AUTHSVC_STORE": store_url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), "AUTHSVC_MAX_STALENESS": "0"}
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ def test_defaults_follow_systemd_directories(secret_file):
     assert s.store == "sqlite:///srv/state/authsvc.db"
     assert s.error_status == "200" and not s.errors_as_http_status
     assert s.max_body_bytes == 16384 and s.pg_connect_timeout == 2.0
+    assert s.max_staleness == 1.0  # the documented bound: a revocation is seen within a second
 
 
 def test_default_store_without_systemd(secret_file):
@@ -54,6 +55,9 @@ def test_toml_file_may_use_an_authsvc_table(tmp_path, secret_file):
         ({"AUTHSVC_MAX_BODY_BYTES": "lots"}, "AUTHSVC_MAX_BODY_BYTES"),
         ({"AUTHSVC_MAX_BODY_BYTES": "0"}, "positive"),
         ({"AUTHSVC_PG_CONNECT_TIMEOUT": "-1"}, "AUTHSVC_PG_CONNECT_TIMEOUT"),
+        ({"AUTHSVC_MAX_STALENESS": "1.5"}, "AUTHSVC_MAX_STALENESS must be from 0 to 1 seconds"),
+        ({"AUTHSVC_MAX_STALENESS": "-0.1"}, "AUTHSVC_MAX_STALENESS"),
+        ({"AUTHSVC_MAX_STALENESS": "nan"}, "AUTHSVC_MAX_STALENESS"),
         ({"AUTHSVC_CONFIG": "/nonexistent/authsvc.toml"}, "cannot read config file"),
     ],
 )

@@ -69,3 +69,52 @@ def test_one_query_per_authentication(world):
     assert app.get("/api/authenticate.json", world.params(api_key="nope")).json["error"] == 403
     assert len(statements) == 2 and all(s.lstrip().startswith("SELECT") for s in statements)
     store.close()
+
+
+def test_with_a_snapshot_one_query_per_authentication_and_one_per_snapshot(world):
+    clock = [0.0]
+    store = SQLiteStore(world.settings.store, readonly=True, max_staleness=1.0, clock=lambda: clock[0])
+    statements = []
+    store._conn().set_trace_callback(statements.append)
+    app = webtest.TestApp(make_app(world.settings, store=store))
+    for _ in range(3):
+        assert app.get("/api/authenticate.json", world.params()).json["success"] is True
+    # BEGIN, the key table, then one player lookup per authentication.
+    assert [s.split()[0] for s in statements] == ["BEGIN", "SELECT", "SELECT", "SELECT", "SELECT"]
+    assert app.get("/api/authenticate.json", world.params(api_key="nope")).json["error"] == 403
+    assert len(statements) == 5  # an unknown key needs no query at all
+    clock[0] = 1.0
+    assert app.get("/api/authenticate.json", world.params()).json["success"] is True
+    assert [s.split()[0] for s in statements[5:]] == ["COMMIT", "BEGIN", "SELECT", "SELECT"]
+    store.close()
+
+
+def test_the_snapshot_path_answers_exactly_as_the_one_query_path(admin_store, settings):
+    """Every (key, player) pair of a varied store: the snapshot reader gives the fresh reader's Credentials."""
+    keys = {}
+    for n, (enabled, expires_at) in enumerate([(True, None), (False, None), (True, 1_000), (True, 2**40)]):
+        game = admin_store.add_game(f"game{n}", f"{n:064x}", 0)
+        keys[f"{n:064x}"] = game.id
+        if expires_at is not None:
+            admin_store.add_api_key(game.id, f"{n + 100:064x}", 0, expires_at)  # the first key gets the expiry
+            keys[f"{n + 100:064x}"] = game.id
+        if not enabled:
+            admin_store.set_game_enabled(game.id, False)
+    for user_id, enabled, revokes in [(1, True, 0), (2, False, 0), (3, True, 2), (2**63 - 1, True, 1)]:
+        admin_store.add_player(user_id, f"p{user_id}")
+        admin_store.set_player_enabled(user_id, enabled)
+        for _ in range(revokes):
+            admin_store.revoke_player(user_id)
+    fresh = SQLiteStore(settings.store, readonly=True)
+    ticks = iter(range(10_000))
+    snapshot = SQLiteStore(settings.store, readonly=True, max_staleness=1.0, clock=lambda: float(next(ticks)))
+    seen = 0
+    for digest in [*keys, "f" * 64]:
+        for user_id in (1, 2, 3, 4, 2**63 - 1):
+            expected = fresh.credentials(digest, user_id)
+            assert snapshot.credentials(digest, user_id) == expected
+            assert type(snapshot.credentials(digest, user_id)) is type(expected)
+            seen += expected is not None
+    assert seen == 6 * 5  # every key was found, with and without a player
+    fresh.close()
+    snapshot.close()

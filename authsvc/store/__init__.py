@@ -14,7 +14,7 @@ def open_store(url: str, *, readonly: bool, settings=None) -> Store:
     if scheme == "sqlite":
         from authsvc.store.sqlite import SQLiteStore
 
-        return SQLiteStore(url, readonly=readonly)
+        return SQLiteStore(url, readonly=readonly, max_staleness=getattr(settings, "max_staleness", 0.0))
     if scheme in ("postgresql", "postgres"):
         try:
             from authsvc.store.postgres import PostgresStore

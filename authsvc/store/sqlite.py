@@ -3,6 +3,16 @@
 The web process opens it read-only (``mode=ro`` plus ``query_only``), one
 connection per thread of each worker process, opened lazily after fork. The
 admin command opens it read-write and is the only writer.
+
+A reader with ``max_staleness`` > 0 keeps one read transaction (a snapshot of
+the file) open and starts a new one when the current one is that many seconds
+old. A query inside an open transaction skips the lock and stat system calls
+that begin and end a transaction in WAL mode, and the small api-key table is
+read once per snapshot into a dict, so an authentication is one primary-key
+lookup of the player: together more than half of the store's cost
+(BENCHMARKS.md). An answer then reflects the store as it was at most
+``max_staleness`` seconds earlier (AUTHSVC_MAX_STALENESS, default 1 s, at most
+1 s; docs/stores.md). With 0, every authentication is one query of its own.
 """
 
 from __future__ import annotations
@@ -11,7 +21,9 @@ import itertools
 import os
 import sqlite3
 import threading
+import time
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 
 from authsvc.errors import ConfigError, StoreUnavailable
@@ -45,12 +57,16 @@ MIGRATIONS: list[str] = [
 ]
 
 CREDENTIALS_SQL = """
-SELECT k.game_id, g.enabled, k.expires_at, p.username, p.epoch, p.enabled
+SELECT k.game_id, g.enabled, k.expires_at, p.username, coalesce(p.epoch, 0), coalesce(p.enabled, 0)
 FROM api_keys AS k
 JOIN games AS g ON g.id = k.game_id
 LEFT JOIN players AS p ON p.user_id = ?
 WHERE k.digest = ?
 """
+# With a snapshot: the keys once per snapshot, then the player by primary key.
+KEYS_SQL = "SELECT k.digest, k.game_id, g.enabled, k.expires_at FROM api_keys AS k JOIN games AS g ON g.id = k.game_id"
+PLAYER_SQL = "SELECT username, epoch, enabled FROM players WHERE user_id = ?"
+NO_PLAYER = (None, 0, 0)
 
 
 def path_from_url(url: str) -> str:
@@ -65,10 +81,17 @@ def path_from_url(url: str) -> str:
 
 
 class SQLiteStore(Store):
-    def __init__(self, url: str, *, readonly: bool):
+    def __init__(self, url: str, *, readonly: bool, max_staleness: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.path = path_from_url(url)
         self.readonly = readonly
+        self.max_staleness = max_staleness if readonly else 0.0
+        self.clock = clock
         self._local = threading.local()
+        # A forked child (a gunicorn worker) starts without connections: it must
+        # neither use nor close its parent's. Cheaper than os.getpid() per query.
+        store = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (s := store()) is not None and s._forget_connections())
 
     # -- connections --------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -82,29 +105,48 @@ class SQLiteStore(Store):
         conn.execute("PRAGMA busy_timeout = 2000")
         return conn
 
+    def _forget_connections(self) -> None:
+        self._local = threading.local()
+
     def _conn(self) -> sqlite3.Connection:
         local = self._local
-        if getattr(local, "pid", None) != os.getpid():  # first use, or first use after fork
-            local.conn, local.pid = self._connect(), os.getpid()
+        if not hasattr(local, "conn"):  # first use in this thread of this process
+            local.conn = self._connect()
         return local.conn
+
+    def _new_snapshot(self) -> tuple[float, sqlite3.Connection, dict[str, tuple]]:
+        """End this thread's snapshot and start another; returns (taken at, connection, keys by digest)."""
+        conn, now = self._conn(), self.clock()
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+        conn.execute("BEGIN")  # the snapshot is taken by the next SELECT, after ``now``
+        keys = {digest: key for digest, *key in conn.execute(KEYS_SQL)}
+        self._local.snapshot = now, conn, keys
+        return self._local.snapshot
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
-        if conn is not None and self._local.pid == os.getpid():
+        if conn is not None:
             conn.close()
-        self._local = threading.local()
+        self._forget_connections()
 
     # -- read path ------------------------------------------------------------------
     def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
         try:
-            row = self._conn().execute(CREDENTIALS_SQL, (user_id, key_digest)).fetchone()
+            if not self.max_staleness:
+                row = self._conn().execute(CREDENTIALS_SQL, (user_id, key_digest)).fetchone()
+                return None if row is None else Credentials._make(row)
+            snapshot = getattr(self._local, "snapshot", None)
+            if snapshot is None or self.clock() - snapshot[0] >= self.max_staleness:
+                snapshot = self._new_snapshot()
+            _, conn, keys = snapshot
+            key = keys.get(key_digest)
+            if key is None:
+                return None
+            return Credentials._make((*key, *(conn.execute(PLAYER_SQL, (user_id,)).fetchone() or NO_PLAYER)))
         except sqlite3.Error:
             self.close()  # reopen on the next request: the file may come back
             raise StoreUnavailable("sqlite store unreadable") from None
-        if row is None:
-            return None
-        game_id, game_enabled, expires_at, username, epoch, player_enabled = row
-        return Credentials(game_id, bool(game_enabled), expires_at, username, epoch or 0, bool(player_enabled))
 
     def check(self) -> None:
         if not os.path.exists(self.path):

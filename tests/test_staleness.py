@@ -1,0 +1,139 @@
+"""The documented bound on stale answers (AUTHSVC_MAX_STALENESS, default 1 s; docs/stores.md).
+
+The SQLite reader keeps one snapshot for up to max_staleness seconds. These tests
+show both sides: the snapshot is really kept (an answer can be stale, so the
+tests below could fail), and no answer is staler than the bound, for each
+change an admin makes: revoke, disable a player, disable a game, rename, and a
+key rotation that expires the old key. PostgreSQL keeps no snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import webtest
+
+from authsvc.app import App, make_app
+from authsvc.store.sqlite import SQLiteStore
+from authsvc.tokens import api_key_digest, new_api_key
+from tests.support import free_port, wait_for_port
+from tests.test_gunicorn import get, start_gunicorn
+
+INVALID = {"success": False, "error": 403, "error_description": "Invalid credentials"}
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _rotate(world):
+    """A new key for the game; the world's key expired a second ago."""
+    now = int(time.time())
+    world.store.add_api_key(world.game_id, api_key_digest(new_api_key()), now, now - 1)
+
+
+CHANGES = {
+    "revoke": lambda world: world.store.revoke_player(world.user_id),
+    "disable player": lambda world: world.store.set_player_enabled(world.user_id, False),
+    "disable game": lambda world: world.store.set_game_enabled(world.game_id, False),
+    "old key expired by a rotation": _rotate,
+}
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def stale_app(world, clock):
+    """The app with the default bound, on a SQLite reader whose clock the test moves."""
+    settings = dataclasses.replace(world.settings, max_staleness=1.0)
+    store = SQLiteStore(settings.store, readonly=True, max_staleness=settings.max_staleness, clock=clock)
+    app = webtest.TestApp(App(settings, store), lint=True)
+    yield app
+    store.close()
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_change_is_seen_within_the_bound_and_not_before(stale_app, world, clock, change):
+    params = world.params()  # minted before the change (a revoke changes the epoch)
+    assert stale_app.get("/api/authenticate.json", params).json["success"] is True
+    CHANGES[change](world)
+    clock.now += 0.999
+    assert stale_app.get("/api/authenticate.json", params).json["success"] is True  # the snapshot is kept
+    clock.now += 0.001
+    assert stale_app.get("/api/authenticate.json", params).json == INVALID  # 1 s after the snapshot: seen
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_a_rename_is_seen_within_the_bound(stale_app, world, clock):
+    assert stale_app.get("/api/authenticate.json", world.params()).json["username"] == "alice"
+    world.store.rename_player(world.user_id, "alice2")
+    clock.now += 0.5
+    assert stale_app.get("/api/authenticate.json", world.params()).json["username"] == "alice"
+    clock.now += 0.5
+    assert stale_app.get("/api/authenticate.json", world.params()).json["username"] == "alice2"
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_a_stored_expiry_needs_no_new_snapshot(world, clock):
+    """An expiry already in the store is checked against the wall clock on every request."""
+    settings = dataclasses.replace(world.settings, max_staleness=1.0)
+    expires_at = 2_000_000_000
+    world.store.add_api_key(world.game_id, "0" * 64, 0, expires_at)  # the world's key now expires then
+    store = SQLiteStore(settings.store, readonly=True, max_staleness=1.0, clock=clock)  # a snapshot that never ages
+    wall = [expires_at - 1.0]
+    app = webtest.TestApp(App(settings, store, clock=lambda: wall[0]))
+    assert app.get("/api/authenticate.json", world.params()).json["success"] is True
+    wall[0] = expires_at
+    assert app.get("/api/authenticate.json", world.params()).json == INVALID
+    store.close()
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_postgresql_keeps_no_snapshot(world):
+    """With the default bound, PostgreSQL still sees every change at the next request."""
+    settings = dataclasses.replace(world.settings, max_staleness=1.0)
+    app = webtest.TestApp(make_app(settings))
+    params = world.params()
+    assert app.get("/api/authenticate.json", params).json["success"] is True
+    world.store.revoke_player(world.user_id)
+    assert app.get("/api/authenticate.json", params).json == INVALID
+    app.app.store.close()
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_under_gunicorn_every_request_a_second_after_a_revoke_is_refused(env, world):
+    """Real workers, the default bound, the real admin command: no worker answers from a snapshot older than 1 s."""
+    env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"}  # the default
+    port = free_port()
+    proc = start_gunicorn(env, port)
+    try:
+        wait_for_port(port)
+        params = world.params()
+        for _ in range(20):  # both workers now hold a snapshot
+            assert get(port, params).status == 200
+        done = subprocess.run([sys.executable, "-m", "authsvc.cli", "player", "revoke", str(world.user_id)],
+                              env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        revoked_at = time.monotonic()
+        time.sleep(1.0)
+        answers = []
+        while time.monotonic() < revoked_at + 2.0:  # bounded: about a second of requests
+            answers.append(json.loads(get(port, params).body))
+            time.sleep(0.02)
+        assert answers and all(a == INVALID for a in answers)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
