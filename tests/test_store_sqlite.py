@@ -42,6 +42,12 @@ def test_the_web_connection_cannot_write(world, settings):
     assert world.store.get_player(world.user_id).username == "alice"
 
 
+def test_the_web_connection_maps_the_file(world, settings):
+    reader = SQLiteStore(settings.store, readonly=True)
+    assert reader._conn().execute("PRAGMA mmap_size").fetchone()[0] == 1 << 30
+    reader.close()
+
+
 def test_each_process_opens_its_own_connection(world, settings):
     reader = SQLiteStore(settings.store, readonly=True)
     parent_conn = reader._conn()

@@ -30,6 +30,7 @@ from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player, Store
 
 BATCH = 10_000
+MMAP_BYTES = 1 << 30  # the reader maps up to the first GiB of the file
 
 MIGRATIONS: list[str] = [
     # 1: games, their api keys (SHA-256 digests), players.
@@ -99,6 +100,9 @@ class SQLiteStore(Store):
             uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA query_only = ON")
+            # Pages read straight from the OS page cache, shared by all workers, without a
+            # read() per page: a 10M-player store costs 1.07x a 100k one, not 1.2x+ (BENCHMARKS.md).
+            conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES:d}")
         else:
             conn = sqlite3.connect(self.path, isolation_level=None)
             conn.execute("PRAGMA foreign_keys = ON")
