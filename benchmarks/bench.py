@@ -14,6 +14,7 @@ noisy. Sections (``--only``, default all):
             export/import) against authsvc on SQLite, through gunicorn
   scale     in-process cost per authentication with 100,000 against 10,000,000
             players (SQLite)
+  profile   py-spy on one authsvc worker under wrk: where a request's time goes
 
 Each server is checked before it is measured (a valid request, a 403 and a 400
 must answer as documented) and after (valid requests still succeed), so a broken
@@ -186,7 +187,7 @@ class Server:
     url: str  # base URL wrk and the checks use
     host: str | None = None  # Host header to send (nginx virtual hosts)
     ca_file: str | None = None  # the CA that signed an HTTPS server's certificate
-    procs: tuple[subprocess.Popen, ...] = ()
+    master: subprocess.Popen | None = None  # gunicorn's master, to read its workers' CPU time
 
 
 @contextlib.contextmanager
@@ -274,6 +275,7 @@ class Run:
     p50_ms: float
     p99_ms: float
     errors: int
+    worker_cpu_us: float | None  # CPU time of the gunicorn workers per request (user + system)
 
 
 def write_wrk_script(world: World, path: Path) -> Path:
@@ -281,7 +283,23 @@ def write_wrk_script(world: World, path: Path) -> Path:
     return path
 
 
+def workers_cpu_seconds(master: subprocess.Popen | None) -> float | None:
+    """User + system CPU time so far of the gunicorn master's children (its workers), from /proc."""
+    if master is None:
+        return None
+    try:
+        children = Path(f"/proc/{master.pid}/task/{master.pid}/children").read_text().split()
+        ticks = 0
+        for pid in children:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    except (OSError, ValueError, IndexError):
+        return None
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def wrk(server: Server, script: Path, args: argparse.Namespace) -> Run:
+    cpu_before = workers_cpu_seconds(server.master)
     command = ["wrk", f"-t{args.threads}", f"-c{args.connections}", f"-d{args.duration}s", "--timeout", "5s",
                "-s", str(script)]
     if server.host:
@@ -291,9 +309,11 @@ def wrk(server: Server, script: Path, args: argparse.Namespace) -> Run:
     match = re.search(r"^WRK_RESULT (\{.*\})$", done.stdout, re.M)
     if done.returncode != 0 or not match:
         raise SystemExit(f"bench: wrk failed on {server.label}: {done.stderr.strip() or done.stdout[-500:]}")
+    cpu_after = workers_cpu_seconds(server.master)
     r = json.loads(match.group(1))
     errors = r["connect"] + r["read"] + r["write"] + r["status"] + r["timeout"]
-    return Run(r["requests"] / (r["duration_us"] / 1e6), r["p50_us"] / 1000, r["p99_us"] / 1000, errors)
+    cpu_us = None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) / r["requests"] * 1e6
+    return Run(r["requests"] / (r["duration_us"] / 1e6), r["p50_us"] / 1000, r["p99_us"] / 1000, errors, cpu_us)
 
 
 @dataclasses.dataclass
@@ -312,7 +332,13 @@ class Row:
             f"{statistics.median(r.p99_ms for r in self.runs):.2f}",
             str(sum(r.errors for r in self.runs)),
             " / ".join(f"{r.rps:,.0f}" for r in self.runs),
+            f"{self.worker_cpu_us:.0f}" if self.worker_cpu_us is not None else "-",
         ]
+
+    @property
+    def worker_cpu_us(self) -> float | None:
+        figures = [r.worker_cpu_us for r in self.runs if r.worker_cpu_us is not None]
+        return statistics.median(figures) if figures else None
 
 
 def measure(servers: list[Server], world: World, script: Path, args: argparse.Namespace,
@@ -332,7 +358,8 @@ def measure(servers: list[Server], world: World, script: Path, args: argparse.Na
 
 def print_table(title: str, rows: list[Row], reference: Row, extra: dict[str, Row] | None = None) -> None:
     print(f"\n{title}\n")
-    head = ["server", "req/s (median)", "p50 ms", "p99 ms", "errors", "rounds req/s", f"vs {reference.server.label}"]
+    head = ["server", "req/s (median)", "p50 ms", "p99 ms", "errors", "rounds req/s", "worker CPU µs/req",
+            f"vs {reference.server.label}"]
     extra = extra or {}
     head += [f"vs {r.server.label}" for r in extra.values()]
     print("| " + " | ".join(head) + " |")
@@ -446,7 +473,7 @@ def section_core(world: World, args: argparse.Namespace, logs: Path, script: Pat
                                                 bind=f"127.0.0.1:{port}", args=core_gunicorn_args(args.workers)))
             wait_for(lambda port=port: port_open(port), f"gunicorn ({name})", proc)
             kind = "bare" if name == "bare" else "endpoint"
-            servers.append(Server(name, kind, f"http://127.0.0.1:{port}", procs=(proc,)))
+            servers.append(Server(name, kind, f"http://127.0.0.1:{port}", master=proc))
         rows = measure(servers, world, script, args)
     bare, plain, authsvc, flask = rows
     print_table(
@@ -553,8 +580,9 @@ def section_nginx(world: World, args: argparse.Namespace, logs: Path, script: Pa
                               bind=f"unix:{sock}", args=args_, env=env) as proc:
                     wait_for(sock.exists, f"gunicorn ({label})", proc)
                     kind_ = "bare" if kind == "bare" else "endpoint"
-                    http = Server(label, kind_, f"http://127.0.0.1:{http_port}", host=LEGACY_HOST)
-                    https = Server(label, kind_, f"https://{API_HOST}:{https_port}", ca_file=str(root / "ca.pem"))
+                    http = Server(label, kind_, f"http://127.0.0.1:{http_port}", host=LEGACY_HOST, master=proc)
+                    https = Server(label, kind_, f"https://{API_HOST}:{https_port}", ca_file=str(root / "ca.pem"),
+                                   master=proc)
                     row_http, row_https = measure([http, https], world, script, args, rounds=1)
                 rows.setdefault(label, Row(http)).runs += row_http.runs
                 https_rows.setdefault(label, Row(https)).runs += row_https.runs
@@ -598,7 +626,7 @@ def section_postgres(world: World, args: argparse.Namespace, logs: Path, script:
                                                     bind=f"127.0.0.1:{port}", args=core_gunicorn_args(args.workers),
                                                     env=store_env))
                 wait_for(lambda port=port: port_open(port), f"gunicorn ({label})", proc)
-                servers.append(Server(label, "endpoint", f"http://127.0.0.1:{port}", procs=(proc,)))
+                servers.append(Server(label, "endpoint", f"http://127.0.0.1:{port}", master=proc))
             rows = measure(servers, world, script, args)
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
@@ -640,6 +668,45 @@ def section_scale(world: World, args: argparse.Namespace) -> None:
         app.store.close()
 
 
+def section_profile(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
+    """py-spy samples one authsvc worker under wrk load: where a request's time goes, in situ."""
+    py_spy = VENV_BIN / "py-spy"
+    if not py_spy.exists():
+        raise SystemExit("bench: the profile section needs py-spy (pip install -r benchmarks/requirements.txt)")
+    port = free_port()
+    raw = world.root / "profile.txt"
+    with gunicorn(world, APPS["authsvc"], logs / "profile.log", bind=f"127.0.0.1:{port}",
+                  args=core_gunicorn_args(args.workers)) as proc:
+        wait_for(lambda: port_open(port), "gunicorn (profile)", proc)
+        server = Server("authsvc", "endpoint", f"http://127.0.0.1:{port}", master=proc)
+        check_answers(server, world)
+        worker = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0]
+        load = subprocess.Popen(["wrk", f"-t{args.threads}", f"-c{args.connections}", f"-d{args.duration}s",
+                                 "-s", str(script), server.url + "/"], stdout=subprocess.DEVNULL)
+        time.sleep(1)
+        spy = subprocess.run([str(py_spy), "record", "-p", worker, "-d", str(max(args.duration - 2, 1)), "-r", "400",
+                              "-f", "raw", "-o", str(raw), "--nonblocking"], capture_output=True, text=True)
+        load.wait(args.duration + 60)
+        if spy.returncode != 0 or not raw.exists():
+            raise SystemExit(f"bench: py-spy failed: {spy.stderr.strip()[-500:]}")
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = {f.split(" (")[0] + " (" + f.split(" (")[1].split(":")[0] + ")" for f in stack.split(";") if " (" in f}
+        total += int(count)
+        for frame in frames:
+            inclusive[frame] = inclusive.get(frame, 0) + int(count)
+    print(f"\n5. Profile: py-spy, one of {args.workers} sync workers under wrk -c{args.connections}, {total} samples "
+          "(time in the worker, on or off the CPU, idle waits excluded); share of samples that include each function\n")
+    print("| function (file) | share |")
+    print("|---|---|")
+    # Leave out the frames every sample has (gunicorn's start-up and worker loop).
+    mine = [(n, f) for f, n in inclusive.items() if ("authsvc/" in f or "gunicorn/" in f) and n < 0.9 * total]
+    for n, frame in sorted(mine, reverse=True)[:args.profile_rows]:
+        print(f"| {frame} | {100 * n / total:.1f}% |")
+
+
 def versions() -> str:
     def out(cmd: list[str]) -> str:
         try:
@@ -664,8 +731,8 @@ def versions() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="core,nginx,postgres,scale",
-                        help="comma-separated sections: core, nginx, postgres, scale (default: all)")
+    parser.add_argument("--only", default="core,nginx,postgres,scale,profile",
+                        help="comma-separated sections: core, nginx, postgres, scale, profile (default: all)")
     parser.add_argument("--players", type=int, default=100_000, help="players in the store (default 100,000)")
     parser.add_argument("--scale-players", type=int, default=10_000_000, help="players of the scale section's store")
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (default 10)")
@@ -677,10 +744,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg", default=os.environ.get("AUTHSVC_BENCH_POSTGRES_URL",
                                                        "postgresql://postgres@127.0.0.1:5432/postgres"),
                         help="superuser URL of a PostgreSQL server; a temporary database is made and dropped")
+    parser.add_argument("--profile-rows", type=int, default=30, help="functions listed by the profile section")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = set(sections) - {"core", "nginx", "postgres", "scale"}
+    unknown = set(sections) - {"core", "nginx", "postgres", "scale", "profile"}
     if unknown:
         parser.error(f"unknown section(s): {', '.join(sorted(unknown))}")
     if any(s != "scale" for s in sections) and not shutil.which("wrk"):
@@ -704,6 +772,8 @@ def main(argv: list[str] | None = None) -> int:
                 section_nginx(world, args, logs, script)
             elif section == "postgres":
                 section_postgres(world, args, logs, script)
+            elif section == "profile":
+                section_profile(world, args, logs, script)
             else:
                 section_scale(world, args)
             sys.stdout.flush()

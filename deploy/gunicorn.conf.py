@@ -4,7 +4,7 @@ Installed as /opt/authsvc/gunicorn.conf.py (code, replaced on upgrade). Tuning c
 from the ``[gunicorn]`` table of the settings file named by ``AUTHSVC_CONFIG``
 (/etc/authsvc/authsvc.toml), and an environment variable beats the file:
 
-    workers       AUTHSVC_WORKERS        default 2 x CPUs + 1
+    workers       AUTHSVC_WORKERS        default: the number of CPUs (BENCHMARKS.md)
     worker_class  AUTHSVC_WORKER_CLASS   "sync" (default) or "gthread"
     threads       AUTHSVC_THREADS        default 1 (gthread only)
     timeout       AUTHSVC_TIMEOUT        seconds, default 30
@@ -45,7 +45,11 @@ def _setting(key: str, var: str, default, cast, table: str = "gunicorn"):
 
 wsgi_app = "authsvc.wsgi:application"
 bind = [os.environ.get("AUTHSVC_BIND", "unix:/run/authsvc.sock")]
-workers = _setting("workers", "AUTHSVC_WORKERS", multiprocessing.cpu_count() * 2 + 1, int)
+# The SQLite store keeps a worker on the CPU for the whole request, so one worker
+# per CPU gives the same throughput as 2 x CPUs + 1 with a lower p99 (BENCHMARKS.md,
+# section 2). With a PostgreSQL store across a network, workers wait on the round
+# trip: raise it (e.g. 2 x CPUs + 1).
+workers = _setting("workers", "AUTHSVC_WORKERS", multiprocessing.cpu_count(), int)
 worker_class = _setting("worker_class", "AUTHSVC_WORKER_CLASS", "sync", str)
 if worker_class not in ("sync", "gthread"):
     raise SystemExit(f"gunicorn.conf.py: worker_class must be sync or gthread, got {worker_class!r}")
