@@ -1,0 +1,88 @@
+"""scripts/bench's harness: it runs end to end, and it refuses to time a server that answers wrongly.
+
+Not a timed test: the figures are BENCHMARKS.md's business. This only keeps the
+harness working (a smoke run with tiny settings) and its guard honest.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import wsgiref.simple_server
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bare, bench
+from tests.support import skip_or_fail
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
+    def log_message(self, *args):  # the request line holds the query string
+        pass
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return bench.make_world(tmp_path_factory.mktemp("bench") / "world", players=50)
+
+
+def serve_in_thread(app):
+    server = wsgiref.simple_server.make_server("127.0.0.1", 0, app, handler_class=QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return server
+
+
+def test_a_server_that_answers_wrongly_is_refused_before_it_is_timed(world):
+    """The bare app answers every request with success: as an endpoint it must fail the 403/400 checks."""
+    server = serve_in_thread(bare.application)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        bench.check_answers(bench.Server("bare", "bare", url), world)  # as itself: fine
+        with pytest.raises(SystemExit, match="expected"):
+            bench.check_answers(bench.Server("impostor", "endpoint", url), world)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_real_app_passes_the_checks(world):
+    from authsvc.app import make_app
+    from authsvc.settings import Settings
+
+    server = serve_in_thread(make_app(Settings.from_env(world.env)))
+    try:
+        bench.check_answers(bench.Server("authsvc", "endpoint", f"http://127.0.0.1:{server.server_port}"), world,
+                            sample=10)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.slow
+def test_smoke_run_of_the_core_section():
+    if shutil.which("wrk") is None:
+        skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
+    try:
+        import flask  # noqa: F401
+    except ImportError:
+        skip_or_fail("Flask is not installed (benchmarks/requirements.txt; scripts/test installs it)")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench.py"), "--only", "core", "--duration", "1", "--rounds", "1",
+         "--players", "2000", "--calls", "500"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    wrk_table = done.stdout.split("In-process cost")[0]
+    rows = {line.split("|")[1].strip(): line.split("|") for line in wrk_table.splitlines() if line.startswith("| ")}
+    for name in ("bare", "plain", "authsvc", "flask"):
+        assert name in rows, done.stdout
+        assert int(float(rows[name][2].replace(",", ""))) > 0  # req/s
+        assert rows[name][5].strip() == "0"  # errors
+        assert float(rows[name][7]) > 0  # the workers' CPU time per request, from /proc
+    assert "Targets: authsvc/bare" in done.stdout
