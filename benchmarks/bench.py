@@ -15,6 +15,8 @@ noisy. Sections (``--only``, default all):
   scale     in-process cost per authentication with 100,000 against 10,000,000
             players (SQLite)
   profile   py-spy on one authsvc worker under wrk: where a request's time goes
+  cold      in-process cost with the CPU caches emptied before each call, as in a
+            worker between requests
 
 Each server is checked before it is measured (a valid request, a 403 and a 400
 must answer as documented) and after (valid requests still succeed), so a broken
@@ -668,6 +670,46 @@ def section_scale(world: World, args: argparse.Namespace) -> None:
         app.store.close()
 
 
+def section_cold(world: World, args: argparse.Namespace) -> None:
+    """In-process cost with the CPU caches emptied before each call, as gunicorn's own work empties them."""
+    from benchmarks import bare, flask_app, plain_app
+
+    envs = environs(world)
+    db_path = world.store_url.removeprefix("sqlite://")
+    authsvc = make_app(Settings.from_env(world.env))
+    apps = {"bare": bare.application, "plain": plain_app.create_app(db_path, world.secret), "authsvc": authsvc,
+            "flask": flask_app.create_app(db_path, world.secret)}
+    sizes = {"8 MB": 8 << 20, "64 MB": 64 << 20}  # past this machine's L2 (1 MB/core); past its L3 (32 MB) too
+    buffers = {label: bytearray(size) for label, size in sizes.items()}
+
+    def start_response(status, headers, exc_info=None):
+        return None
+
+    print("\n6. In-process cost per call: hot (called in a loop), and with 8 MB or 64 MB of memory touched before "
+          f"each call (as gunicorn's own work between two requests empties the caches); {args.cold_calls} calls, "
+          "best of 3 runs\n")
+    print("| app | hot µs | 8 MB touched µs | 64 MB touched µs |")
+    print("|---|---|---|---|")
+    for name, app in apps.items():
+        for environ in envs[:50]:
+            b"".join(app(dict(environ), start_response))
+        figures: dict[str, list[float]] = {"hot": [], **{label: [] for label in sizes}}
+        for _ in range(3):
+            for label, runs in figures.items():
+                junk = buffers.get(label)
+                total = 0
+                for k in range(args.cold_calls):
+                    if junk is not None:
+                        junk[::64] = bytes(len(junk) // 64)  # write every cache line
+                    environ = dict(envs[k % len(envs)])
+                    t0 = time.perf_counter_ns()
+                    b"".join(app(environ, start_response))
+                    total += time.perf_counter_ns() - t0
+                runs.append(total / args.cold_calls / 1000)
+        print("| " + " | ".join([name, *(f"{min(runs):.2f}" for runs in figures.values())]) + " |")
+    authsvc.store.close()
+
+
 def section_profile(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
     """py-spy samples one authsvc worker under wrk load: where a request's time goes, in situ."""
     py_spy = VENV_BIN / "py-spy"
@@ -731,8 +773,8 @@ def versions() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="core,nginx,postgres,scale,profile",
-                        help="comma-separated sections: core, nginx, postgres, scale, profile (default: all)")
+    parser.add_argument("--only", default="core,nginx,postgres,scale,profile,cold",
+                        help="comma-separated sections: core, nginx, postgres, scale, profile, cold (default: all)")
     parser.add_argument("--players", type=int, default=100_000, help="players in the store (default 100,000)")
     parser.add_argument("--scale-players", type=int, default=10_000_000, help="players of the scale section's store")
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (default 10)")
@@ -744,14 +786,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg", default=os.environ.get("AUTHSVC_BENCH_POSTGRES_URL",
                                                        "postgresql://postgres@127.0.0.1:5432/postgres"),
                         help="superuser URL of a PostgreSQL server; a temporary database is made and dropped")
+    parser.add_argument("--cold-calls", type=int, default=300, help="calls per run of the cold section")
     parser.add_argument("--profile-rows", type=int, default=30, help="functions listed by the profile section")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = set(sections) - {"core", "nginx", "postgres", "scale", "profile"}
+    unknown = set(sections) - {"core", "nginx", "postgres", "scale", "profile", "cold"}
     if unknown:
         parser.error(f"unknown section(s): {', '.join(sorted(unknown))}")
-    if any(s != "scale" for s in sections) and not shutil.which("wrk"):
+    if any(s not in ("scale", "cold") for s in sections) and not shutil.which("wrk"):
         raise SystemExit("bench: wrk is not installed (Debian/Ubuntu: apt-get install wrk)")
 
     root = Path(tempfile.mkdtemp(prefix="authsvc-bench-"))
@@ -774,6 +817,8 @@ def main(argv: list[str] | None = None) -> int:
                 section_postgres(world, args, logs, script)
             elif section == "profile":
                 section_profile(world, args, logs, script)
+            elif section == "cold":
+                section_cold(world, args)
             else:
                 section_scale(world, args)
             sys.stdout.flush()
