@@ -492,26 +492,6 @@ def section_core(world: World, args: argparse.Namespace, logs: Path, script: Pat
               figures["authsvc"].best / figures["plain"].best, statistics.median(r.p99_ms for r in authsvc.runs)))
 
 
-def nginx_main_conf(root: Path, site: Path) -> str:
-    """A Debian-like main nginx.conf (TLS 1.0-1.3 at the http level, as Debian ships) around the shipped site."""
-    user = "user root;\n" if os.geteuid() == 0 else ""
-    temp = "\n".join(f"    {kind}_temp_path {root}/tmp/{kind};" for kind in ("client_body", "proxy", "fastcgi",
-                                                                            "uwsgi", "scgi"))
-    return f"""{user}worker_processes auto;
-pid {root}/nginx.pid;
-error_log {root}/nginx-main-error.log;
-events {{ worker_connections 1024; }}
-http {{
-    sendfile on;
-    default_type application/octet-stream;
-    ssl_protocols TLSv1 TLSv1.1 TLSv1.2 TLSv1.3;
-    access_log off;
-{temp}
-    include {site};
-}}
-"""
-
-
 @contextlib.contextmanager
 def nginx_in_front(world: World, root: Path, sock: Path) -> Iterator[tuple[int, int, subprocess.Popen]]:
     """The shipped nginx site rendered as scripts/install renders it, the rate limit raised out of the way."""
@@ -520,6 +500,7 @@ def nginx_in_front(world: World, root: Path, sock: Path) -> Iterator[tuple[int, 
         raise SystemExit("bench: the nginx section needs nginx (Debian: apt-get install nginx)")
     import trustme
 
+    from tests.deploy_support import nginx_main_conf  # the suite's Debian-like main config, shared
     for d in ("logs", "tmp", "acme"):
         (root / d).mkdir(parents=True, exist_ok=True)
     ca = trustme.CA()
@@ -544,7 +525,8 @@ def nginx_in_front(world: World, root: Path, sock: Path) -> Iterator[tuple[int, 
     subprocess.run([sys.executable, "-m", "authsvc.deploy", str(REPO / "deploy"), str(root / "deploy"), *sets],
                    check=True, stdout=subprocess.DEVNULL, cwd=REPO)
     conf = root / "nginx.conf"
-    conf.write_text(nginx_main_conf(root, root / "deploy" / "nginx" / "sites" / "authsvc.conf"))
+    site = root / "deploy" / "nginx" / "sites" / "authsvc.conf"
+    conf.write_text(nginx_main_conf(root, root / "logs", site, worker_processes="auto", worker_connections=1024))
     proc = subprocess.Popen([nginx, "-p", str(root), "-c", str(conf), "-g", "daemon off;"],
                             stdout=(root / "logs" / "nginx.out").open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)

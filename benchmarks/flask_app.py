@@ -17,6 +17,8 @@ import time
 
 from flask import Flask, jsonify, request
 
+from benchmarks.common import app_from_env
+
 CREDENTIALS_SQL = """
 SELECT k.game_id, g.enabled, k.expires_at, p.username, p.epoch, p.enabled
 FROM api_keys AS k
@@ -69,13 +71,7 @@ def create_app(db_path: str, secret: bytes) -> Flask:
     return app
 
 
-def _from_env() -> Flask:
-    with open(os.environ["AUTHSVC_TOKEN_SECRET_FILE"], "rb") as f:
-        secret = f.read().split()[0]
-    return create_app(os.environ["AUTHSVC_STORE"].removeprefix("sqlite://"), secret)
-
-
 def __getattr__(name: str):
-    if name == "application":
-        return _from_env()
+    if name == "application":  # built when gunicorn asks for it, as authsvc.wsgi does
+        return app_from_env(create_app)
     raise AttributeError(name)

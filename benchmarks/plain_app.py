@@ -15,6 +15,8 @@ import sqlite3
 import time
 import urllib.parse
 
+from benchmarks.common import app_from_env
+
 CREDENTIALS_SQL = """
 SELECT k.game_id, g.enabled, k.expires_at, p.username, p.epoch, p.enabled
 FROM api_keys AS k
@@ -57,13 +59,7 @@ def create_app(db_path: str, secret: bytes):
     return application
 
 
-def _from_env():
-    with open(os.environ["AUTHSVC_TOKEN_SECRET_FILE"], "rb") as f:
-        secret = f.read().split()[0]
-    return create_app(os.environ["AUTHSVC_STORE"].removeprefix("sqlite://"), secret)
-
-
 def __getattr__(name: str):
-    if name == "application":
-        return _from_env()
+    if name == "application":  # built when gunicorn asks for it, as authsvc.wsgi does
+        return app_from_env(create_app)
     raise AttributeError(name)

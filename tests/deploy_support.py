@@ -235,7 +235,7 @@ def start_stack(root: Path) -> Stack:
         notify.close()
 
         conf = root / "nginx.conf"
-        conf.write_text(_nginx_main_conf(root, logs, rendered))
+        conf.write_text(nginx_main_conf(root, logs, rendered / "nginx" / "sites" / "authsvc.conf"))
         check = subprocess.run([nginx, "-t", "-q", "-p", str(root), "-c", str(conf)], capture_output=True, text=True)
         assert check.returncode == 0, f"nginx -t: {check.stderr}"
         nginx_proc = subprocess.Popen(
@@ -258,17 +258,18 @@ def start_stack(root: Path) -> Stack:
     )
 
 
-def _nginx_main_conf(root: Path, logs: Path, rendered: Path) -> str:
+def nginx_main_conf(root: Path, logs: Path, site: Path, worker_processes: str = "1", worker_connections: int = 128) -> str:
     """Debian's main nginx.conf, shortened: the http-level settings a machine has (TLSv1 and
-    TLSv1.1 on, the combined access log) around the shipped site; temp paths in ``root``."""
+    TLSv1.1 on, the combined access log) around the shipped site; temp paths in ``root``.
+    scripts/bench uses it too, with Debian's ``worker_processes auto``."""
     user = "user root;\n" if os.geteuid() == 0 else ""
     temp = "\n".join(
         f"    {kind}_temp_path {root}/tmp/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
-    return f"""{user}worker_processes 1;
+    return f"""{user}worker_processes {worker_processes};
 pid {root}/nginx.pid;
 error_log {logs}/nginx-main-error.log;
-events {{ worker_connections 128; }}
+events {{ worker_connections {worker_connections}; }}
 http {{
     sendfile on;
     default_type application/octet-stream;
@@ -277,7 +278,7 @@ http {{
     access_log {logs}/nginx-default-access.log;
     gzip on;
 {temp}
-    include {rendered}/nginx/sites/authsvc.conf;
+    include {site};
 }}
 """
 
