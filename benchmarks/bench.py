@@ -151,15 +151,6 @@ def wait_for(check: Callable[[], bool], what: str, proc: subprocess.Popen, timeo
         time.sleep(0.05)
 
 
-def ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
 def port_open(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
@@ -495,12 +486,13 @@ def section_core(world: World, args: argparse.Namespace, logs: Path, script: Pat
 @contextlib.contextmanager
 def nginx_in_front(world: World, root: Path, sock: Path) -> Iterator[tuple[int, int, subprocess.Popen]]:
     """The shipped nginx site rendered as scripts/install renders it, the rate limit raised out of the way."""
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not os.access(nginx, os.X_OK):
-        raise SystemExit("bench: the nginx section needs nginx (Debian: apt-get install nginx)")
     import trustme
 
-    from tests.deploy_support import nginx_main_conf  # the suite's Debian-like main config, shared
+    from tests.deploy_support import find_nginx, ipv6_loopback, nginx_main_conf  # shared with the suite
+
+    nginx = find_nginx()
+    if nginx is None:
+        raise SystemExit("bench: the nginx section needs nginx (Debian: apt-get install nginx)")
     for d in ("logs", "tmp", "acme"):
         (root / d).mkdir(parents=True, exist_ok=True)
     ca = trustme.CA()

@@ -15,15 +15,9 @@ import sqlite3
 import time
 import urllib.parse
 
+from authsvc.store.sqlite import CREDENTIALS_SQL  # the very query authsvc sends without a snapshot
 from benchmarks.common import app_from_env
 
-CREDENTIALS_SQL = """
-SELECT k.game_id, g.enabled, k.expires_at, p.username, p.epoch, p.enabled
-FROM api_keys AS k
-JOIN games AS g ON g.id = k.game_id
-LEFT JOIN players AS p ON p.user_id = ?
-WHERE k.digest = ?
-"""
 MISSING = "user_id, game_auth_token, and api_key are required parameters"
 HEADERS = [("Content-Type", "application/json; charset=utf-8"), ("Cache-Control", "no-store"),
            ("X-Content-Type-Options", "nosniff")]
