@@ -124,7 +124,7 @@ class SQLiteStore(Store):
         if conn.in_transaction:
             conn.execute("COMMIT")
         conn.execute("BEGIN")  # the snapshot is taken by the next SELECT, after ``now``
-        keys = {digest: key for digest, *key in conn.execute(KEYS_SQL)}
+        keys = {digest: (game_id, enabled, expires_at) for digest, game_id, enabled, expires_at in conn.execute(KEYS_SQL)}
         self._local.snapshot = now, conn, keys
         return self._local.snapshot
 
