@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import psycopg
 from psycopg import conninfo as pg_conninfo
-from psycopg.types.numeric import Int8
+from psycopg.pq import DiagnosticField, ExecStatus
 
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store import redact_url
@@ -82,11 +82,27 @@ LEFT JOIN players AS p ON p.user_id = %s
 WHERE k.digest = %s
 """
 
+# The same query for libpq's own placeholders, prepared once per web connection.
+CREDENTIALS_STATEMENT = b"authsvc_credentials"
+CREDENTIALS_SQL_PQ = CREDENTIALS_SQL.replace("%s", "$1::bigint", 1).replace("%s", "$2::text", 1).encode()
+
 UPSERT_SQL = """
 INSERT INTO players (user_id, username)
 SELECT DISTINCT ON (user_id) user_id, username FROM players_import ORDER BY user_id, n DESC
 ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username
 """
+
+
+def _raise_unless(result, status: ExecStatus) -> None:
+    """Raise the psycopg error a libpq result carries (by its SQLSTATE), unless it has ``status``."""
+    if result.status == status:
+        return
+    sqlstate = result.error_field(DiagnosticField.SQLSTATE)
+    try:
+        error_class = psycopg.errors.lookup(sqlstate.decode()) if sqlstate else psycopg.OperationalError
+    except KeyError:
+        error_class = psycopg.DatabaseError
+    raise error_class(result.error_message.decode("utf-8", "replace").strip())
 
 
 def _reason(error: BaseException, password: str | None) -> str:
@@ -109,6 +125,7 @@ class PostgresStore(Store):
         # libpq takes whole seconds (and treats 1 as 2); never wait forever.
         params["connect_timeout"] = str(max(1, math.ceil(connect_timeout)))
         params.setdefault("application_name", "authsvc-web" if readonly else "authsvc-admin")
+        params["client_encoding"] = "UTF8"  # _credentials_row decodes text results itself
         if readonly:
             # The web role may only SELECT anyway; read-only transactions are a second fence.
             # The statement timeout bounds a slow server; tcp_user_timeout a dead network.
@@ -128,7 +145,7 @@ class PostgresStore(Store):
         local = self._local
         conn = getattr(local, "conn", None)
         if conn is None or local.pid != os.getpid() or conn.closed:
-            local.conn, local.cursor, local.pid = None, None, os.getpid()  # never close a connection the parent owns
+            local.conn, local.prepared, local.pid = None, False, os.getpid()  # never close a connection the parent owns
             local.conn = self._connect()
         return local.conn
 
@@ -170,11 +187,7 @@ class PostgresStore(Store):
         for attempt in (1, 2):
             try:
                 fresh = getattr(self._local, "conn", None) is None
-                conn = self._conn()
-                if getattr(self._local, "cursor", None) is None:  # one cursor per connection: a new one per query
-                    self._local.cursor = conn.cursor()  # cost a fifth of the call (BENCHMARKS.md)
-                cursor = self._local.cursor
-                row = cursor.execute(CREDENTIALS_SQL, (Int8(user_id), key_digest), prepare=True).fetchone()
+                row = self._credentials_row(self._conn(), key_digest, user_id)
                 break
             except psycopg.Error as e:
                 conn = getattr(self._local, "conn", None)
@@ -188,7 +201,28 @@ class PostgresStore(Store):
         if row is None:
             return None
         game_id, game_enabled, expires_at, username, epoch, player_enabled = row
-        return Credentials(game_id, game_enabled, expires_at, username, epoch or 0, bool(player_enabled))
+        return Credentials(
+            int(game_id),
+            game_enabled == b"t",
+            None if expires_at is None else int(expires_at),
+            None if username is None else username.decode(),
+            0 if epoch is None else int(epoch),
+            player_enabled == b"t",
+        )
+
+    def _credentials_row(self, conn: psycopg.Connection, key_digest: str, user_id: int) -> list | None:
+        """The credentials query through libpq itself: the statement prepared once per connection,
+        then Bind/Execute/Sync with text values. psycopg's cursor machinery around the same round
+        trip cost more than the round trip's own CPU (BENCHMARKS.md). Errors are raised as psycopg's."""
+        pgconn = conn.pgconn
+        if not getattr(self._local, "prepared", False):
+            _raise_unless(pgconn.prepare(CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ), ExecStatus.COMMAND_OK)
+            self._local.prepared = True
+        result = pgconn.exec_prepared(CREDENTIALS_STATEMENT, [b"%d" % user_id, key_digest.encode("ascii")])
+        _raise_unless(result, ExecStatus.TUPLES_OK)
+        if result.ntuples == 0:
+            return None
+        return [result.get_value(0, column) for column in range(6)]
 
     def check(self) -> None:
         where = f"postgresql store {redact_url(self.url)}"
