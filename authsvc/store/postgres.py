@@ -215,10 +215,13 @@ class PostgresStore(Store):
         then Bind/Execute/Sync with text values. psycopg's cursor machinery around the same round
         trip cost more than the round trip's own CPU (BENCHMARKS.md). Errors are raised as psycopg's."""
         pgconn = conn.pgconn
-        if not getattr(self._local, "prepared", False):
-            _raise_unless(pgconn.prepare(CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ), ExecStatus.COMMAND_OK)
-            self._local.prepared = True
-        result = pgconn.exec_prepared(CREDENTIALS_STATEMENT, [b"%d" % user_id, key_digest.encode("ascii")])
+        try:
+            if not getattr(self._local, "prepared", False):
+                _raise_unless(pgconn.prepare(CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ), ExecStatus.COMMAND_OK)
+                self._local.prepared = True
+            result = pgconn.exec_prepared(CREDENTIALS_STATEMENT, [b"%d" % user_id, key_digest.encode("ascii")])
+        except MemoryError:  # psycopg's C wrapper reports libpq's NULL result (nothing could be sent) so
+            raise psycopg.OperationalError("the query could not be sent to the server") from None
         _raise_unless(result, ExecStatus.TUPLES_OK)
         if result.ntuples == 0:
             return None
