@@ -146,10 +146,9 @@ def read_body(environ: dict, limit: int) -> bytes:
 def request_params(environ: dict, limit: int) -> dict[str, str | _Invalid]:
     """Query-string parameters, overridden by body parameters."""
     params = parse_urlencoded(environ.get("QUERY_STRING", ""))
-    if "CONTENT_LENGTH" in environ or "HTTP_TRANSFER_ENCODING" in environ:  # else no body: read_body would say b""
-        body = read_body(environ, limit)
-        if body:
-            params.update(parse_body(body, environ.get("CONTENT_TYPE", "")))
+    body = read_body(environ, limit)
+    if body:
+        params.update(parse_body(body, environ.get("CONTENT_TYPE", "")))
     return params
 
 

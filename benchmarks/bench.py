@@ -37,7 +37,6 @@ import random
 import re
 import secrets
 import shutil
-import signal
 import socket
 import sqlite3
 import ssl
@@ -59,6 +58,8 @@ from authsvc.app import make_app  # noqa: E402
 from authsvc.settings import Settings  # noqa: E402
 from authsvc.store import open_store  # noqa: E402
 from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret  # noqa: E402
+from tests.deploy_support import stop  # noqa: E402  (the suite's helpers: stop a server's process group)
+from tests.support import free_port  # noqa: E402
 
 PATH = "/api/authenticate.json"
 VENV_BIN = Path(sys.executable).parent
@@ -135,12 +136,6 @@ def make_world(root: Path, players: int, seed: int = 1) -> World:
 # -- servers ------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for(check: Callable[[], bool], what: str, proc: subprocess.Popen, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -157,18 +152,6 @@ def port_open(port: int) -> bool:
         return True
     except OSError:
         return False
-
-
-def stop(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
 
 
 @dataclasses.dataclass
