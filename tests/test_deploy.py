@@ -340,6 +340,40 @@ def test_backup_while_serving_as_documented(stack, tmp_path):
     assert [g["name"] for g in json.loads(games.stdout)["games"]] == ["Chess", "Go"]
 
 
+def _unix_exchange(stack, request: bytes) -> bytes:
+    """One raw request straight to gunicorn's socket (what scripts/serve exposes on loopback)."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(str(stack.root / "authsvc.sock"))
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def _lines_with(text: str, needle: str) -> list[str]:
+    return [line for line in text.splitlines() if needle in line]
+
+
+def test_an_unparsable_request_line_is_logged_without_its_text(stack):
+    """The probe: " and ' before the secrets and a raw non-ASCII byte pass nginx; gunicorn
+    refuses the line and logs only the kind of error, never the line."""
+    line = (f"GET /api/authenticate.json?q=\"x'&user_id={stack.user_id}&api_key={stack.api_key}"
+            f"&game_auth_token={stack.token}&z=\xff HTTP/1.1").encode("latin-1")
+    with socket.create_connection(("127.0.0.1", stack.http_port), timeout=10) as sock:  # through nginx
+        sock.sendall(line + f"\r\nHost: {LEGACY_HOST}\r\nConnection: close\r\n\r\n".encode())
+        while sock.recv(65536):
+            pass
+    _unix_exchange(stack, line + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
+    log = _wait_for(stack, "gunicorn-error.log", ["invalid request line (text withheld)"])
+    assert len(_lines_with(log, "invalid request line (text withheld)")) >= 2, log[-2000:]
+    for secret in (stack.api_key, stack.token):
+        assert secret not in log
+    assert "api_key=" not in log and "game_auth_token=" not in log
+    assert 'File "<redacted>"' not in log  # traceback frames, if any, stay readable
+
+
 def test_slow_service_is_a_json_504(stack):
     """Workers frozen (SIGSTOP) past UPSTREAM_TIMEOUT (2 s here): nginx's 504, in JSON."""
     workers = stack.gunicorn_worker_pids()
@@ -408,3 +442,4 @@ def test_zz_502_is_json_then_no_log_holds_a_secret(stack):
         for what, value in secrets.items():
             assert value not in text, f"{what} found in {name}"
         assert "api_key=" not in text and "game_auth_token=" not in text, name
+        assert 'File "<redacted>"' not in text, name

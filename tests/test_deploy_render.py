@@ -92,9 +92,11 @@ def test_gunicorn_config_keeps_queries_out_and_files_in(monkeypatch, tmp_path):
 def test_redact_removes_query_strings_and_quoted_request_data():
     key = "0f8e1c55-7d1b-4f9a-9a52-3c1b8f7e2d10"
     line = f"Invalid request from ip=: Invalid HTTP request line: 'GET /api/authenticate.json?api_key={key} HTTP/1.1'"
-    assert key not in redact(line) and "Invalid HTTP request line" in redact(line)
+    assert redact(line) == "Invalid request from ip=: invalid request line (text withheld)"
     uri = f"Error handling request GET /api/authenticate.json?user_id=1&api_key={key}"
-    assert redact(uri) == "Error handling request GET /api/authenticate.json?<redacted>"
+    assert redact(uri, frozenset({"/api/authenticate.json"})) == (
+        "Error handling request GET /api/authenticate.json (text withheld)"
+    )
 
 
 def test_redact_filter_rewrites_messages_args_and_tracebacks():
