@@ -101,7 +101,7 @@ class Settings:
         if require_secret or os.path.exists(path):
             # systemd's LoadCredential= copy is 0400 plus an ACL for the service user,
             # and an ACL's mask shows as the group bits: no group warning there.
-            credential = bool(cred_dir) and os.path.dirname(os.path.abspath(path)) == os.path.abspath(cred_dir)
+            credential = bool(cred_dir) and os.path.dirname(os.path.abspath(path)) == os.path.abspath(cred_dir or "")
             values["token_secrets"] = load_token_secrets(path, systemd_credential=credential)
         return cls(**values)
 
