@@ -356,6 +356,63 @@ def _lines_with(text: str, needle: str) -> list[str]:
     return [line for line in text.splitlines() if needle in line]
 
 
+def test_access_logs_name_the_route_never_a_decoded_path(stack):
+    """A percent-encoded '?' puts the query in the path: both access logs show "<other>"."""
+    encoded = stack.api_query().replace("?", "%3F", 1)
+    https = stack.request("https", encoded, headers={"User-Agent": "encoded-https"})
+    assert https.status == 404
+    legacy = stack.request("http", encoded, headers={"User-Agent": "encoded-http"})
+    assert legacy.status == 301
+    # The redirect gives the client back its own request; only the log must not keep it.
+    assert legacy.headers["Location"] == f"https://{API_HOST}:{stack.https_port}{encoded}"
+    direct = _unix_exchange(
+        stack, f"GET {encoded} HTTP/1.1\r\nHost: x\r\nX-Request-Id: encoded-direct\r\nConnection: close\r\n\r\n".encode()
+    )
+    assert direct.startswith(b"HTTP/1.1 404 "), direct[:100]
+    nginx_log = _wait_for(stack, "authsvc-access.log", ['"encoded-https"', '"encoded-http"'])
+    for ua in ("encoded-https", "encoded-http"):
+        [line] = _lines_with(nginx_log, f'"{ua}"')
+        assert '"GET <other> HTTP/1.1"' in line, line
+    gunicorn_log = _wait_for(stack, "gunicorn-access.log", ["rid=encoded-direct"])
+    [line] = _lines_with(gunicorn_log, "rid=encoded-direct")
+    assert '"GET <other> HTTP/1.1" 404 ' in line, line
+    # The known paths keep their name.
+    stack.request("https", stack.api_query(), headers={"User-Agent": "route-known"})
+    nginx_log = _wait_for(stack, "authsvc-access.log", ['"route-known"'])
+    assert '"GET /api/authenticate.json HTTP/1.1" 200 ' in _lines_with(nginx_log, '"route-known"')[0]
+    for text in (nginx_log, gunicorn_log):
+        assert stack.api_key not in text and stack.token not in text and "api_key=" not in text
+
+
+def test_access_logs_record_the_spec_result_clients_never_see_the_header(stack):
+    """A wrong token is HTTP 200 on the wire; both access logs say result=403 (docs/logs.md)."""
+    bad_token = stack.token[:-1] + ("0" if stack.token[-1] != "0" else "1")
+    cases = {"ok": stack.api_query(), "bad": stack.api_query(game_auth_token=bad_token),
+             "missing": stack.api_query(api_key=None)}
+    expected = {"ok": "200", "bad": "403", "missing": "400"}
+    for scheme in ("https", "http"):
+        for name, path in cases.items():
+            answer = stack.request(scheme, path, headers={"User-Agent": f"result-{name}-{scheme}"})
+            assert answer.status == 200, (scheme, name)
+            assert "X-Authsvc-Result" not in answer.headers, answer.headers
+    needles = [f'"result-{n}-{s}"' for n in cases for s in ("https", "http")]
+    nginx_log = _wait_for(stack, "authsvc-access.log", needles)
+    rids = {}
+    for needle in needles:
+        [line] = _lines_with(nginx_log, needle)
+        name = needle.split("-")[1]
+        assert f" result={expected[name]} " in line, line
+        rids[re.search(r"^\S+ ([0-9a-f]{32}) ", line).group(1)] = name
+    gunicorn_log = _wait_for(stack, "gunicorn-access.log", [f"rid={r}" for r in rids])
+    for rid, name in rids.items():
+        [line] = _lines_with(gunicorn_log, f"rid={rid}")
+        assert line.endswith(f" result={expected[name]}"), line
+    # nginx's own answers have no upstream result.
+    stack.request("https", "/admin", headers={"User-Agent": "result-none"})
+    [line] = _lines_with(_wait_for(stack, "authsvc-access.log", ['"result-none"']), '"result-none"')
+    assert " 404 " in line and " result=- " in line, line
+
+
 def test_an_unparsable_request_line_is_logged_without_its_text(stack):
     """The probe: " and ' before the secrets and a raw non-ASCII byte pass nginx; gunicorn
     refuses the line and logs only the kind of error, never the line."""
@@ -423,12 +480,16 @@ def test_zz_502_is_json_then_no_log_holds_a_secret(stack):
         _error_shape(answer, 502)
     # A non-API legacy path with the key in its query string (redirected, logged).
     assert stack.request("http", "/old/page?api_key=" + stack.api_key).status == 301
+    # The query in the path (a percent-encoded '?'): 404 on the HTTPS host, 301 on the legacy one.
+    encoded = stack.api_query().replace("?", "%3F", 1)
+    assert stack.request("https", encoded).status == 404
+    assert stack.request("http", encoded).status == 301
 
     logs = stack.log_texts()
     access = logs["authsvc-access.log"]
     for status in (" 200 ", " 301 ", " 404 ", " 405 ", " 413 ", " 414 ", " 429 ", " 444 ", " 502 ", " 503 ", " 504 "):
         assert status in access, f"the run should have logged a{status}answer"
-    assert "GET /api/authenticate.json HTTP/1.1" in access
+    assert "GET /api/authenticate.json HTTP/1.1" in access and "GET <other> HTTP/1.1" in access
     assert "/api/authenticate.json" in logs["gunicorn-access.log"]
     assert "Invalid credentials" not in access  # bodies are not logged either
     assert logs.get("nginx-default-access.log", "") == ""  # every server has its own format

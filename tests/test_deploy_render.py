@@ -61,7 +61,9 @@ def test_nginx_access_log_format_never_holds_query_or_body(rendered):
         for variable in ("$request ", "$request\"", "$request_uri", "$args", "$arg_", "$query_string",
                          "$http_referer", "$request_body", "$is_args"):
             assert variable not in fmt + " ", variable
-        assert "$uri" in fmt and "$request_method" in fmt and "$request_id" in fmt
+        # A route name, never $uri: a percent-encoded "?" puts the query string in it.
+        assert "$uri" not in fmt and "$authsvc_route" in fmt
+        assert "$request_method" in fmt and "$request_id" in fmt
     # Every access_log line uses that format.
     for line in re.findall(r"^\s*access_log\s+([^;]*);", text, re.M):
         assert line.split()[-1] == "authsvc_access", line
@@ -78,7 +80,8 @@ def test_gunicorn_config_keeps_queries_out_and_files_in(monkeypatch, tmp_path):
     assert conf["logconfig_dict"]["loggers"]["authsvc"]["level"] == "WARNING"
     for atom in ("%(r)s", "%(q)s", "%(f)s", "%(a)s", "%({cookie}i)s"):
         assert atom not in conf["access_log_format"], atom
-    assert "%(U)s" in conf["access_log_format"]
+    assert "%(U)s" in conf["access_log_format"]  # a route name: authsvc/gunicorn_logging.py
+    assert conf["logger_class"] == "authsvc.gunicorn_logging.RouteLogger"
     assert conf["control_socket_disable"] is True and conf["pidfile"] is None
     assert conf["preload_app"] is True  # a worker respawned in a store outage must not re-check it
     assert conf["forwarded_allow_ips"] == "127.0.0.1,::1"
