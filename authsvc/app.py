@@ -10,6 +10,7 @@ logs (nginx hides it from clients; docs/logs.md).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -28,6 +29,7 @@ AUTHENTICATE_PATH = "/api/authenticate.json"
 HEALTH_PATH = "/healthz"
 OTHER_ROUTE = "<other>"
 RESULT_HEADER = "X-Authsvc-Result"
+STORE_WARNING_INTERVAL = 10.0  # seconds between two "store unavailable" lines of one worker
 
 
 def route_name(path: str | None) -> str:
@@ -36,17 +38,43 @@ def route_name(path: str | None) -> str:
     return path if path in (AUTHENTICATE_PATH, HEALTH_PATH) else OTHER_ROUTE
 
 
+class LogThrottle:
+    """At most one line per ``interval`` seconds; counts the lines held back meanwhile.
+
+    A store outage fails every request: one line each would flood the journal.
+    """
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic):
+        self.interval = interval
+        self.clock = clock
+        self.next_at = float("-inf")
+        self.held = 0
+        self.lock = threading.Lock()  # gthread workers serve requests from several threads
+
+    def allow(self) -> int | None:
+        """The number of lines held back since the last one if a line may be written now, else None."""
+        with self.lock:
+            now = self.clock()
+            if now < self.next_at:
+                self.held += 1
+                return None
+            held, self.held, self.next_at = self.held, 0, now + self.interval
+            return held
+
+
 class App:
     def __init__(
         self,
         settings: Settings,
         store: Store,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ):
         self.settings = settings
         self.store = store
         self.authenticator = Authenticator(store, settings.token_secrets, clock)
         self.routes = {AUTHENTICATE_PATH: self.authenticate, HEALTH_PATH: self.health}
+        self.store_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
 
     def __call__(self, environ: dict, start_response) -> list[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
@@ -63,7 +91,10 @@ class App:
             body, extra_headers = json_bytes(error_object(e.status, e.description)), e.headers
             result = e.status
         except StoreUnavailable:
-            log.warning("store unavailable on %s", path)
+            held = self.store_warnings.allow()
+            if held is not None:
+                since = f" ({held} more since the last such line)" if held else ""
+                log.warning("store unavailable on %s%s", path, since)
             unavailable = ServiceUnavailable()
             result, body = unavailable.status, json_bytes(error_object(unavailable.status, unavailable.description))
         except Exception as e:

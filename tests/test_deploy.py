@@ -413,6 +413,47 @@ def test_access_logs_record_the_spec_result_clients_never_see_the_header(stack):
     assert " 404 " in line and " result=- " in line, line
 
 
+def test_rate_limited_and_dropped_answers_are_sampled_in_the_access_log(stack):
+    """A flood of 429s (or of 444s) writes about one line in 100; every other answer is logged."""
+    source = "127.0.0.5"  # a bucket of its own
+    sent: dict[int, int] = {}
+    conn = http.client.HTTPConnection("127.0.0.1", stack.http_port, timeout=10, source_address=(source, 0))
+    try:
+        for _batch in range(20):  # at most 10,000 requests; about 5 lines expected per batch
+            for _ in range(500):
+                conn.request("GET", stack.api_query(api_key=None), headers={"Host": LEGACY_HOST, "User-Agent": "flood"})
+                response = conn.getresponse()
+                response.read()
+                sent[response.status] = sent.get(response.status, 0) + 1
+            logged = _lines_with((stack.logs / "authsvc-access.log").read_text(), '"flood"')
+            if any(" 429 " in line for line in logged):
+                break
+    finally:
+        conn.close()
+    assert set(sent) == {200, 429} and sent[200] > 0, sent
+    # nginx writes a line once the answer is sent: wait for the last ones.
+    deadline = time.monotonic() + 5
+    while True:
+        logged = _lines_with((stack.logs / "authsvc-access.log").read_text(), '"flood"')
+        logged_429 = sum(" 429 " in line for line in logged)
+        if len(logged) - logged_429 >= sent[200] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(logged) - logged_429 == sent[200], "every answer that is not a 429 is logged"
+    assert 0 < logged_429 <= sent[429] / 10, (logged_429, sent)
+
+    # Unknown host names: nginx drops the connection (444), each a new connection.
+    dropped = 0
+    for _ in range(5000):
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
+            stack.request("http", "/", host="unknown.authsvc.test", source=source, headers={"User-Agent": "drop"})
+        dropped += 1
+        if dropped % 250 == 0 and '"drop"' in (stack.logs / "authsvc-access.log").read_text():
+            break
+    logged_444 = len(_lines_with((stack.logs / "authsvc-access.log").read_text(), '"drop"'))
+    assert 0 < logged_444 <= dropped / 10, (logged_444, dropped)
+
+
 def test_an_unparsable_request_line_is_logged_without_its_text(stack):
     """The probe: " and ' before the secrets and a raw non-ASCII byte pass nginx; gunicorn
     refuses the line and logs only the kind of error, never the line."""
@@ -487,6 +528,7 @@ def test_zz_502_is_json_then_no_log_holds_a_secret(stack):
 
     logs = stack.log_texts()
     access = logs["authsvc-access.log"]
+    # 429 and 444 lines are sampled (one in 100): the sampling test logged some of each.
     for status in (" 200 ", " 301 ", " 404 ", " 405 ", " 413 ", " 414 ", " 429 ", " 444 ", " 502 ", " 503 ", " 504 "):
         assert status in access, f"the run should have logged a{status}answer"
     assert "GET /api/authenticate.json HTTP/1.1" in access and "GET <other> HTTP/1.1" in access

@@ -64,9 +64,9 @@ def test_nginx_access_log_format_never_holds_query_or_body(rendered):
         # A route name, never $uri: a percent-encoded "?" puts the query string in it.
         assert "$uri" not in fmt and "$authsvc_route" in fmt
         assert "$request_method" in fmt and "$request_id" in fmt
-    # Every access_log line uses that format.
+    # Every access_log line uses that format (429 and 444 answers sampled).
     for line in re.findall(r"^\s*access_log\s+([^;]*);", text, re.M):
-        assert line.split()[-1] == "authsvc_access", line
+        assert line.split()[1:] == ["authsvc_access", "if=$authsvc_log"], line
 
 
 def test_gunicorn_config_keeps_queries_out_and_files_in(monkeypatch, tmp_path):
