@@ -2,12 +2,15 @@
 
 Every answer, including 404, 405, 413, 503 and 500, is the same JSON shape.
 The 400/403 results of the spec come back with HTTP 200 unless
-``AUTHSVC_ERROR_STATUS=http`` (DESIGN §2: real clients break on 4xx).
+``AUTHSVC_ERROR_STATUS=http`` (docs/api.md: real clients break on 4xx). Every
+answer also carries that result code in ``X-Authsvc-Result`` for the access
+logs (nginx hides it from clients; docs/logs.md).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -24,14 +27,54 @@ log = logging.getLogger("authsvc")
 ALLOWED_METHODS = ("GET", "HEAD", "POST")
 AUTHENTICATE_PATH = "/api/authenticate.json"
 HEALTH_PATH = "/healthz"
+OTHER_ROUTE = "<other>"
+RESULT_HEADER = "X-Authsvc-Result"
+STORE_WARNING_INTERVAL = 10.0  # seconds between two "store unavailable" lines of one worker
+
+
+def route_name(path: str | None) -> str:
+    """What a log calls a request path: a route of the app, or "<other>". A client's
+    own path is never logged: with a percent-encoded "?" it holds the query string."""
+    return path if path in (AUTHENTICATE_PATH, HEALTH_PATH) else OTHER_ROUTE
+
+
+class LogThrottle:
+    """At most one line per ``interval`` seconds; counts the lines held back meanwhile.
+
+    A store outage fails every request: one line each would flood the journal.
+    """
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic):
+        self.interval = interval
+        self.clock = clock
+        self.next_at = float("-inf")
+        self.held = 0
+        self.lock = threading.Lock()  # gthread workers serve requests from several threads
+
+    def allow(self) -> int | None:
+        """The number of lines held back since the last one if a line may be written now, else None."""
+        with self.lock:
+            now = self.clock()
+            if now < self.next_at:
+                self.held += 1
+                return None
+            held, self.held, self.next_at = self.held, 0, now + self.interval
+            return held
 
 
 class App:
-    def __init__(self, settings: Settings, store: Store, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
         self.settings = settings
         self.store = store
         self.authenticator = Authenticator(store, settings.token_secrets, clock)
         self.routes = {AUTHENTICATE_PATH: self.authenticate, HEALTH_PATH: self.health}
+        self.store_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
 
     def __call__(self, environ: dict, start_response) -> list[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
@@ -43,27 +86,25 @@ class App:
                 raise NotFound()
             if method not in ALLOWED_METHODS:
                 raise MethodNotAllowed(ALLOWED_METHODS)
-            status, body = handler(environ)
+            result, body = handler(environ)
         except HTTPError as e:
             body, extra_headers = json_bytes(error_object(e.status, e.description)), e.headers
-            status = self.http_status(e.status)
+            result = e.status
         except StoreUnavailable:
-            log.warning("store unavailable on %s", path)
-            e = ServiceUnavailable()
-            status, body = e.status, json_bytes(error_object(e.status, e.description))
+            held = self.store_warnings.allow()
+            if held is not None:
+                since = f" ({held} more since the last such line)" if held else ""
+                log.warning("store unavailable on %s%s", path, since)
+            unavailable = ServiceUnavailable()
+            result, body = unavailable.status, json_bytes(error_object(unavailable.status, unavailable.description))
         except Exception as e:
             # Frames and the exception type only: no message, query string or body,
             # so no credential can reach the log.
             frames = "".join(traceback.format_tb(e.__traceback__))
-            log.error(
-                "unhandled %s on %s %s\n%s",
-                type(e).__name__,
-                method,
-                path if path in self.routes else "<other path>",
-                frames,
-            )
-            status, body = 500, json_bytes(error_object(500, "Internal server error"))
-        return respond(start_response, status, body, head=method == "HEAD", extra_headers=extra_headers)
+            log.error("unhandled %s on %s %s\n%s", type(e).__name__, method, route_name(path), frames)
+            result, body = 500, json_bytes(error_object(500, "Internal server error"))
+        extra_headers = (*extra_headers, (RESULT_HEADER, str(result)))
+        return respond(start_response, self.http_status(result), body, head=method == "HEAD", extra_headers=extra_headers)
 
     def http_status(self, error: int) -> int:
         """The spec's 400 and 403 results travel as HTTP 200 unless AUTHSVC_ERROR_STATUS=http."""
@@ -72,8 +113,9 @@ class App:
         return error
 
     def authenticate(self, environ: dict) -> tuple[int, bytes]:
+        """(the spec's result code, the body); __call__ picks the HTTP status."""
         error, body = self.authenticator(request_params(environ, self.settings.max_body_bytes))
-        return self.http_status(error or 200), body
+        return error or 200, body
 
     def health(self, environ: dict) -> tuple[int, bytes]:
         """Runs the authentication query itself, so it fails exactly when authentication would."""

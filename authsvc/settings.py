@@ -7,7 +7,9 @@ variable, then the TOML file named by ``AUTHSVC_CONFIG``, then the default.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import stat
 import tomllib
 from collections.abc import Mapping
 
@@ -17,6 +19,7 @@ DEFAULT_STATE_DIR = "/var/lib/authsvc"
 DEFAULT_SECRET_FILE = "/etc/authsvc/token-secret"
 ERROR_STATUS_MODES = ("200", "http")
 MIN_SECRET_BYTES = 16
+UTF8_BOM = b"\xef\xbb\xbf"
 
 # setting name -> (environment variable, cast)
 _FIELDS = {
@@ -79,8 +82,8 @@ class Settings:
 
         state_dir = env.get("STATE_DIRECTORY", "").split(":")[0] or DEFAULT_STATE_DIR
         values.setdefault("store", "sqlite://" + os.path.join(state_dir, "authsvc.db"))
+        cred_dir = env.get("CREDENTIALS_DIRECTORY")
         if "token_secret_file" not in values:
-            cred_dir = env.get("CREDENTIALS_DIRECTORY")
             values["token_secret_file"] = (
                 os.path.join(cred_dir, "token-secret") if cred_dir else DEFAULT_SECRET_FILE
             )
@@ -96,7 +99,10 @@ class Settings:
 
         path = values["token_secret_file"]
         if require_secret or os.path.exists(path):
-            values["token_secrets"] = load_token_secrets(path)
+            # systemd's LoadCredential= copy is 0400 plus an ACL for the service user,
+            # and an ACL's mask shows as the group bits: no group warning there.
+            credential = bool(cred_dir) and os.path.dirname(os.path.abspath(path)) == os.path.abspath(cred_dir or "")
+            values["token_secrets"] = load_token_secrets(path, systemd_credential=credential)
         return cls(**values)
 
 
@@ -113,19 +119,35 @@ def _read_toml(path: str | None) -> dict:
     return dict(data.get("authsvc", data))
 
 
-def load_token_secrets(path: str) -> TokenSecrets:
-    """Read the secret file: one secret a line, current first; '#' lines are comments."""
+def load_token_secrets(path: str, *, systemd_credential: bool = False) -> TokenSecrets:
+    """Read the secret file: one secret a line, current first; '#' lines are comments.
+
+    Like ssh with a private key, a file other users may read or write is refused:
+    whoever reads the secret can mint tokens for every player. A file its group
+    may read or write loads with a warning (docs/operations.md installs it 0600).
+    """
     try:
         with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
             raw = f.read()
     except OSError as e:
         raise ConfigError(
             f"cannot read token secret file {path}: {e.strerror} "
             "(set AUTHSVC_TOKEN_SECRET_FILE, or run 'authsvc init' to create one)"
         ) from None
-    secrets = [
-        line.strip() for line in raw.splitlines() if line.strip() and not line.startswith(b"#")
-    ]
+    if mode & (stat.S_IROTH | stat.S_IWOTH):
+        raise ConfigError(
+            f"token secret file {path} is open to other users (mode {stat.S_IMODE(mode):04o}): "
+            f"run 'chmod 600 {path}' (owner: the service user)"
+        )
+    if mode & (stat.S_IRGRP | stat.S_IWGRP) and not systemd_credential:
+        logging.getLogger("authsvc").warning(
+            "token secret file %s is open to its group (mode %04o): run 'chmod 600 %s' "
+            "unless every member of the group may mint tokens",
+            path, stat.S_IMODE(mode), path,
+        )
+    lines = (line.strip() for line in raw.removeprefix(UTF8_BOM).splitlines())
+    secrets = [line for line in lines if line and not line.startswith(b"#")]
     if not secrets:
         raise ConfigError(f"token secret file {path} holds no secret")
     if any(len(s) < MIN_SECRET_BYTES for s in secrets):

@@ -84,11 +84,16 @@ control_socket_disable = True
 worker_tmp_dir = os.environ.get("STATE_DIRECTORY", "").split(":")[0] or None
 umask = 0o077
 
-# Access log: method and path only (%(U)s is PATH_INFO, without the query string);
-# never %(r)s, %(q)s, %(f)s or request headers other than the request id.
+# Access log: method and route name only. %(U)s is the app's route name
+# (/api/authenticate.json, /healthz or <other>), never the decoded path, which
+# holds the query string when a client percent-encodes the "?"
+# (authsvc/gunicorn_logging.py); never %(r)s, %(q)s, %(f)s or request headers
+# other than the request id. result= is the app's result code (X-Authsvc-Result:
+# 403 for wrong credentials, though HTTP 200 on the wire; docs/logs.md).
+logger_class = "authsvc.gunicorn_logging.RouteLogger"
 access_log_format = (
     '%({x-forwarded-for}i)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms '
-    'proto=%({x-forwarded-proto}i)s rid=%({x-request-id}i)s'
+    'proto=%({x-forwarded-proto}i)s rid=%({x-request-id}i)s result=%({x-authsvc-result}o)s'
 )
 accesslog = "-"
 errorlog = "-"
@@ -112,7 +117,8 @@ logconfig_dict = {
     "loggers": {
         "gunicorn.error": {"level": "INFO", "handlers": ["error"], "propagate": False, "filters": ["redact"]},
         "gunicorn.access": {"level": "INFO", "handlers": ["access"], "propagate": False},
-        # The app logs the frames of unexpected errors, never the query string.
+        # The app logs the frames of unexpected errors, never the query string;
+        # gunicorn's own request errors go through authsvc/logredact.py.
         "authsvc": {
             "level": _setting("log_level", "AUTHSVC_LOG_LEVEL", "INFO", str, table="authsvc").upper(),
             "handlers": ["error"],

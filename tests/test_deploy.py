@@ -340,6 +340,138 @@ def test_backup_while_serving_as_documented(stack, tmp_path):
     assert [g["name"] for g in json.loads(games.stdout)["games"]] == ["Chess", "Go"]
 
 
+def _unix_exchange(stack, request: bytes) -> bytes:
+    """One raw request straight to gunicorn's socket (what scripts/serve exposes on loopback)."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(str(stack.root / "authsvc.sock"))
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def _lines_with(text: str, needle: str) -> list[str]:
+    return [line for line in text.splitlines() if needle in line]
+
+
+def test_access_logs_name_the_route_never_a_decoded_path(stack):
+    """A percent-encoded '?' puts the query in the path: both access logs show "<other>"."""
+    encoded = stack.api_query().replace("?", "%3F", 1)
+    https = stack.request("https", encoded, headers={"User-Agent": "encoded-https"})
+    assert https.status == 404
+    legacy = stack.request("http", encoded, headers={"User-Agent": "encoded-http"})
+    assert legacy.status == 301
+    # The redirect gives the client back its own request; only the log must not keep it.
+    assert legacy.headers["Location"] == f"https://{API_HOST}:{stack.https_port}{encoded}"
+    direct = _unix_exchange(
+        stack, f"GET {encoded} HTTP/1.1\r\nHost: x\r\nX-Request-Id: encoded-direct\r\nConnection: close\r\n\r\n".encode()
+    )
+    assert direct.startswith(b"HTTP/1.1 404 "), direct[:100]
+    nginx_log = _wait_for(stack, "authsvc-access.log", ['"encoded-https"', '"encoded-http"'])
+    for ua in ("encoded-https", "encoded-http"):
+        [line] = _lines_with(nginx_log, f'"{ua}"')
+        assert '"GET <other> HTTP/1.1"' in line, line
+    gunicorn_log = _wait_for(stack, "gunicorn-access.log", ["rid=encoded-direct"])
+    [line] = _lines_with(gunicorn_log, "rid=encoded-direct")
+    assert '"GET <other> HTTP/1.1" 404 ' in line, line
+    # The known paths keep their name.
+    stack.request("https", stack.api_query(), headers={"User-Agent": "route-known"})
+    nginx_log = _wait_for(stack, "authsvc-access.log", ['"route-known"'])
+    assert '"GET /api/authenticate.json HTTP/1.1" 200 ' in _lines_with(nginx_log, '"route-known"')[0]
+    for text in (nginx_log, gunicorn_log):
+        assert stack.api_key not in text and stack.token not in text and "api_key=" not in text
+
+
+def test_access_logs_record_the_spec_result_clients_never_see_the_header(stack):
+    """A wrong token is HTTP 200 on the wire; both access logs say result=403 (docs/logs.md)."""
+    bad_token = stack.token[:-1] + ("0" if stack.token[-1] != "0" else "1")
+    cases = {"ok": stack.api_query(), "bad": stack.api_query(game_auth_token=bad_token),
+             "missing": stack.api_query(api_key=None)}
+    expected = {"ok": "200", "bad": "403", "missing": "400"}
+    for scheme in ("https", "http"):
+        for name, path in cases.items():
+            answer = stack.request(scheme, path, headers={"User-Agent": f"result-{name}-{scheme}"})
+            assert answer.status == 200, (scheme, name)
+            assert "X-Authsvc-Result" not in answer.headers, answer.headers
+    needles = [f'"result-{n}-{s}"' for n in cases for s in ("https", "http")]
+    nginx_log = _wait_for(stack, "authsvc-access.log", needles)
+    rids = {}
+    for needle in needles:
+        [line] = _lines_with(nginx_log, needle)
+        name = needle.split("-")[1]
+        assert f" result={expected[name]} " in line, line
+        rids[re.search(r"^\S+ ([0-9a-f]{32}) ", line).group(1)] = name
+    gunicorn_log = _wait_for(stack, "gunicorn-access.log", [f"rid={r}" for r in rids])
+    for rid, name in rids.items():
+        [line] = _lines_with(gunicorn_log, f"rid={rid}")
+        assert line.endswith(f" result={expected[name]}"), line
+    # nginx's own answers have no upstream result.
+    stack.request("https", "/admin", headers={"User-Agent": "result-none"})
+    [line] = _lines_with(_wait_for(stack, "authsvc-access.log", ['"result-none"']), '"result-none"')
+    assert " 404 " in line and " result=- " in line, line
+
+
+def test_rate_limited_and_dropped_answers_are_sampled_in_the_access_log(stack):
+    """A flood of 429s (or of 444s) writes about one line in 100; every other answer is logged."""
+    source = "127.0.0.5"  # a bucket of its own
+    sent: dict[int, int] = {}
+    conn = http.client.HTTPConnection("127.0.0.1", stack.http_port, timeout=10, source_address=(source, 0))
+    try:
+        for _batch in range(20):  # at most 10,000 requests; about 5 lines expected per batch
+            for _ in range(500):
+                conn.request("GET", stack.api_query(api_key=None), headers={"Host": LEGACY_HOST, "User-Agent": "flood"})
+                response = conn.getresponse()
+                response.read()
+                sent[response.status] = sent.get(response.status, 0) + 1
+            logged = _lines_with((stack.logs / "authsvc-access.log").read_text(), '"flood"')
+            if any(" 429 " in line for line in logged):
+                break
+    finally:
+        conn.close()
+    assert set(sent) == {200, 429} and sent[200] > 0, sent
+    # nginx writes a line once the answer is sent: wait for the last ones.
+    deadline = time.monotonic() + 5
+    while True:
+        logged = _lines_with((stack.logs / "authsvc-access.log").read_text(), '"flood"')
+        logged_429 = sum(" 429 " in line for line in logged)
+        if len(logged) - logged_429 >= sent[200] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(logged) - logged_429 == sent[200], "every answer that is not a 429 is logged"
+    assert 0 < logged_429 <= sent[429] / 10, (logged_429, sent)
+
+    # Unknown host names: nginx drops the connection (444), each a new connection.
+    dropped = 0
+    for _ in range(5000):
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
+            stack.request("http", "/", host="unknown.authsvc.test", source=source, headers={"User-Agent": "drop"})
+        dropped += 1
+        if dropped % 250 == 0 and '"drop"' in (stack.logs / "authsvc-access.log").read_text():
+            break
+    logged_444 = len(_lines_with((stack.logs / "authsvc-access.log").read_text(), '"drop"'))
+    assert 0 < logged_444 <= dropped / 10, (logged_444, dropped)
+
+
+def test_an_unparsable_request_line_is_logged_without_its_text(stack):
+    """The probe: " and ' before the secrets and a raw non-ASCII byte pass nginx; gunicorn
+    refuses the line and logs only the kind of error, never the line."""
+    line = (f"GET /api/authenticate.json?q=\"x'&user_id={stack.user_id}&api_key={stack.api_key}"
+            f"&game_auth_token={stack.token}&z=\xff HTTP/1.1").encode("latin-1")
+    with socket.create_connection(("127.0.0.1", stack.http_port), timeout=10) as sock:  # through nginx
+        sock.sendall(line + f"\r\nHost: {LEGACY_HOST}\r\nConnection: close\r\n\r\n".encode())
+        while sock.recv(65536):
+            pass
+    _unix_exchange(stack, line + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
+    log = _wait_for(stack, "gunicorn-error.log", ["invalid request line (text withheld)"])
+    assert len(_lines_with(log, "invalid request line (text withheld)")) >= 2, log[-2000:]
+    for secret in (stack.api_key, stack.token):
+        assert secret not in log
+    assert "api_key=" not in log and "game_auth_token=" not in log
+    assert 'File "<redacted>"' not in log  # traceback frames, if any, stay readable
+
+
 def test_slow_service_is_a_json_504(stack):
     """Workers frozen (SIGSTOP) past UPSTREAM_TIMEOUT (2 s here): nginx's 504, in JSON."""
     workers = stack.gunicorn_worker_pids()
@@ -389,12 +521,17 @@ def test_zz_502_is_json_then_no_log_holds_a_secret(stack):
         _error_shape(answer, 502)
     # A non-API legacy path with the key in its query string (redirected, logged).
     assert stack.request("http", "/old/page?api_key=" + stack.api_key).status == 301
+    # The query in the path (a percent-encoded '?'): 404 on the HTTPS host, 301 on the legacy one.
+    encoded = stack.api_query().replace("?", "%3F", 1)
+    assert stack.request("https", encoded).status == 404
+    assert stack.request("http", encoded).status == 301
 
     logs = stack.log_texts()
     access = logs["authsvc-access.log"]
+    # 429 and 444 lines are sampled (one in 100): the sampling test logged some of each.
     for status in (" 200 ", " 301 ", " 404 ", " 405 ", " 413 ", " 414 ", " 429 ", " 444 ", " 502 ", " 503 ", " 504 "):
         assert status in access, f"the run should have logged a{status}answer"
-    assert "GET /api/authenticate.json HTTP/1.1" in access
+    assert "GET /api/authenticate.json HTTP/1.1" in access and "GET <other> HTTP/1.1" in access
     assert "/api/authenticate.json" in logs["gunicorn-access.log"]
     assert "Invalid credentials" not in access  # bodies are not logged either
     assert logs.get("nginx-default-access.log", "") == ""  # every server has its own format
@@ -408,3 +545,4 @@ def test_zz_502_is_json_then_no_log_holds_a_secret(stack):
         for what, value in secrets.items():
             assert value not in text, f"{what} found in {name}"
         assert "api_key=" not in text and "game_auth_token=" not in text, name
+        assert 'File "<redacted>"' not in text, name

@@ -25,6 +25,7 @@ def test_default_store_without_systemd(secret_file):
 
 def test_secret_from_systemd_credentials_directory(tmp_path):
     (tmp_path / "token-secret").write_text("s" * 40 + "\n")
+    (tmp_path / "token-secret").chmod(0o600)
     s = Settings.from_env({"CREDENTIALS_DIRECTORY": str(tmp_path), "AUTHSVC_STORE": "sqlite://x.db"})
     assert s.token_secret_file == str(tmp_path / "token-secret")
     assert s.token_secrets == (b"s" * 40,)
@@ -87,6 +88,7 @@ def test_secret_file_lists_secrets_current_first_and_skips_comments(tmp_path):
     a, b = secrets.token_hex(32), secrets.token_hex(32)
     path = tmp_path / "s"
     path.write_text(f"# rotated 2026-11-01\n{a}\n\n{b}\n")
+    path.chmod(0o600)
     assert load_token_secrets(str(path)) == (a.encode(), b.encode())
 
 
@@ -94,7 +96,8 @@ def test_secret_file_lists_secrets_current_first_and_skips_comments(tmp_path):
 def test_empty_or_short_secret_is_refused(tmp_path, content):
     path = tmp_path / "s"
     path.write_text(content)
-    with pytest.raises(ConfigError):
+    path.chmod(0o600)
+    with pytest.raises(ConfigError, match="holds no secret|at least 16 bytes"):
         load_token_secrets(str(path))
 
 
@@ -126,3 +129,58 @@ def test_start_up_fails_clearly_on_an_unmigrated_store(settings):
 def test_unknown_store_scheme_is_a_config_error(settings):
     with pytest.raises(ConfigError, match="sqlite:// or postgresql://"):
         make_app(dataclasses.replace(settings, store="mysql://x"))
+
+
+def _secret(tmp_path, content: bytes, mode: int = 0o600):
+    path = tmp_path / "token-secret"
+    path.write_bytes(content)
+    path.chmod(mode)
+    return str(path)
+
+
+def test_an_indented_comment_is_a_comment_not_a_secret(tmp_path):
+    a = secrets.token_hex(32)
+    path = _secret(tmp_path, f"  # old secret, rotated out 2026-11-01\n{a}\n".encode())
+    assert load_token_secrets(path) == (a.encode(),)
+
+
+def test_a_utf8_bom_is_not_part_of_the_secret(tmp_path):
+    a = secrets.token_hex(32)
+    assert load_token_secrets(_secret(tmp_path, b"\xef\xbb\xbf" + a.encode() + b"\r\n")) == (a.encode(),)
+    assert load_token_secrets(_secret(tmp_path, b"\xef\xbb\xbf# comment\n" + a.encode() + b"\n")) == (a.encode(),)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o606, 0o602])
+def test_a_secret_file_other_users_can_read_or_write_is_refused(tmp_path, mode):
+    path = _secret(tmp_path, secrets.token_hex(32).encode() + b"\n", mode)
+    with pytest.raises(ConfigError) as info:
+        load_token_secrets(path)
+    message = str(info.value)
+    assert path in message and f"chmod 600 {path}" in message and "\n" not in message
+
+
+def test_a_group_readable_secret_file_is_loaded_with_a_warning(tmp_path, caplog):
+    a = secrets.token_hex(32)
+    path = _secret(tmp_path, a.encode() + b"\n", 0o640)
+    with caplog.at_level("WARNING", logger="authsvc"):
+        assert load_token_secrets(path) == (a.encode(),)
+    [record] = caplog.records
+    assert path in record.getMessage() and "chmod 600" in record.getMessage()
+    assert a not in caplog.text
+
+
+def test_a_systemd_credential_is_read_without_a_group_warning(tmp_path, caplog):
+    """systemd's LoadCredential= copies the file 0400 and grants the service user read
+    access by an ACL, whose mask then shows as the group bits (0440)."""
+    a = secrets.token_hex(32)
+    _secret(tmp_path, a.encode() + b"\n", 0o440)
+    with caplog.at_level("WARNING", logger="authsvc"):
+        s = Settings.from_env({"CREDENTIALS_DIRECTORY": str(tmp_path), "AUTHSVC_STORE": "sqlite://x.db"})
+    assert s.token_secrets == (a.encode(),) and caplog.records == []
+
+
+def test_a_private_secret_file_loads_silently(tmp_path, caplog):
+    a = secrets.token_hex(32)
+    with caplog.at_level("WARNING", logger="authsvc"):
+        assert load_token_secrets(_secret(tmp_path, a.encode() + b"\n", 0o400)) == (a.encode(),)
+    assert caplog.records == []

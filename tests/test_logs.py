@@ -1,0 +1,93 @@
+"""What the app gives the logs (docs/logs.md): route names, never a client's path; the
+result code for the access logs (X-Authsvc-Result); one "store unavailable" line per 10 s.
+
+The same through the real nginx + gunicorn stack: tests/test_deploy.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import pytest
+import webtest
+
+from authsvc.app import App, LogThrottle, route_name
+from authsvc.store import open_store
+
+KEY = "9e258f6c-a232-442b-8d2d-f22da9c19d49"
+SQLITE_ONLY = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+
+
+def test_route_names():
+    assert route_name("/api/authenticate.json") == "/api/authenticate.json"
+    assert route_name("/healthz") == "/healthz"
+    assert route_name(f"/api/authenticate.json?api_key={KEY}") == "<other>"
+    assert route_name(None) == "<other>"
+
+
+# -- X-Authsvc-Result: the spec's result for the access logs ----------------------------
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize("error_status", ["200", "http"])
+def test_every_answer_carries_its_result_code(world, error_status):
+    settings = dataclasses.replace(world.settings, error_status=error_status)
+    app = webtest.TestApp(App(settings, open_store(settings.store, readonly=True, settings=settings)), lint=True)
+    wire = (lambda code: 200) if error_status == "200" else (lambda code: code)
+    cases = [
+        (world.params(), 200, 200),
+        (world.params(game_auth_token="0" * 64), 403, wire(403)),
+        (world.params(api_key=None), 400, wire(400)),
+    ]
+    for params, result, status in cases:
+        res = app.get("/api/authenticate.json", params=params, status=status)
+        assert res.headers["X-Authsvc-Result"] == str(result)
+        assert res.json.get("error", 200) == result
+    assert app.get("/nope", status=404).headers["X-Authsvc-Result"] == "404"
+    assert app.delete("/api/authenticate.json", status=405).headers["X-Authsvc-Result"] == "405"
+    assert app.get("/healthz").headers["X-Authsvc-Result"] == "200"
+    app.app.store.close()
+
+
+# -- "store unavailable": at most one line per 10 s per worker --------------------------
+
+
+def test_log_throttle_counts_what_it_holds_back():
+    now = [100.0]
+    throttle = LogThrottle(10.0, lambda: now[0])
+    assert throttle.allow() == 0
+    assert [throttle.allow() for _ in range(5)] == [None] * 5
+    now[0] = 109.9
+    assert throttle.allow() is None
+    now[0] = 110.0
+    assert throttle.allow() == 6
+    now[0] = 125.0
+    assert throttle.allow() == 0
+
+
+@SQLITE_ONLY
+def test_a_store_outage_logs_one_line_per_ten_seconds(world, settings, tmp_path, caplog):
+    path = settings.store.removeprefix("sqlite://")
+    params = world.params()
+    world.store.close()
+    now = [1000.0]
+    app = webtest.TestApp(
+        App(settings, open_store(settings.store, readonly=True, settings=settings), monotonic=lambda: now[0]), lint=True
+    )
+    os.rename(path, tmp_path / "moved.db")
+    with caplog.at_level(logging.WARNING, logger="authsvc"):
+        for _ in range(50):
+            app.get("/api/authenticate.json", params=params, status=503)
+            now[0] += 0.1  # 50 requests in 5 s: one line
+        assert [r.getMessage() for r in caplog.records] == ["store unavailable on /api/authenticate.json"]
+        now[0] += 5.0
+        for _ in range(3):
+            res = app.get("/healthz", status=503)
+        assert res.headers["X-Authsvc-Result"] == "503"
+        assert [r.getMessage() for r in caplog.records][1:] == [
+            "store unavailable on /healthz (49 more since the last such line)"
+        ]
+    assert KEY not in caplog.text and params["api_key"] not in caplog.text
+    app.app.store.close()
