@@ -19,7 +19,7 @@ from tests.deploy_support import API_HOST, start_stack, stop
 pytestmark = pytest.mark.slow
 
 API_PATH = "/api/authenticate.json"
-VARIANTS = ["//api/authenticate.json", "/api//authenticate.json", "/api/authenticate.json/"]
+VARIANTS = ["//api/authenticate.json", "/api//authenticate.json", "/api/authenticate.json/", "///api//authenticate.json//"]
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +64,13 @@ def test_api_path_with_extra_slashes_answers_like_the_api_path(stack, scheme, pa
     assert get.status == 200, (get.status, get.headers.get("Location"), get.body[:200])
     assert get.json() == success
     body = json.dumps({"user_id": stack.user_id, "game_auth_token": stack.token, "api_key": stack.api_key}).encode()
-    post = stack.request(scheme, path, method="POST", body=body,
-                         headers={"Content-Type": "application/json", "User-Agent": f"{tag}-post"})
+    post = stack.request(
+        scheme, path, method="POST", body=body, headers={"Content-Type": "application/json", "User-Agent": f"{tag}-post"}
+    )
     assert post.status == 200 and post.json() == success, (post.status, post.body[:200])
-    form = stack.request(scheme, path, method="POST", body=query.encode(),
-                         headers={"Content-Type": "application/x-www-form-urlencoded"})
+    form = stack.request(
+        scheme, path, method="POST", body=query.encode(), headers={"Content-Type": "application/x-www-form-urlencoded"}
+    )
     assert form.status == 200 and form.json() == success, (form.status, form.body[:200])
     nginx_log = _wait_for(stack, "authsvc-access.log", [f'"{tag}-get"', f'"{tag}-post"'])
     for method in ("get", "post"):
@@ -82,8 +84,13 @@ def test_api_path_with_extra_slashes_answers_like_the_api_path(stack, scheme, pa
 def test_nginx_limits_name_the_api_route_for_the_trailing_slash(stack, scheme):
     """nginx answers 413 before its rewrite of "/api/authenticate.json/": the log still names the API route."""
     tag = f"slashes-413-{scheme}"
-    answer = stack.request(scheme, "/api/authenticate.json/", method="POST", body=b"a" * 20000,
-                           headers={"Content-Type": "application/x-www-form-urlencoded", "User-Agent": tag})
+    answer = stack.request(
+        scheme,
+        "/api/authenticate.json/",
+        method="POST",
+        body=b"a" * 20000,
+        headers={"Content-Type": "application/x-www-form-urlencoded", "User-Agent": tag},
+    )
     assert answer.status == 413
     log = _wait_for(stack, "authsvc-access.log", [f'"{tag}"'])
     [line] = [line for line in log.splitlines() if f'"{tag}"' in line]
