@@ -10,6 +10,7 @@ logs (nginx hides it from clients; docs/logs.md).
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import traceback
@@ -29,13 +30,28 @@ AUTHENTICATE_PATH = "/api/authenticate.json"
 HEALTH_PATH = "/healthz"
 OTHER_ROUTE = "<other>"
 RESULT_HEADER = "X-Authsvc-Result"
+ROUTE_PATHS = (AUTHENTICATE_PATH, HEALTH_PATH)
 STORE_WARNING_INTERVAL = 10.0  # seconds between two "store unavailable" lines of one worker
+
+_SLASH_RUNS = re.compile("//+")
+
+
+def canonical_path(path: str) -> str:
+    """The path as the original service's router (Rails) took it: runs of "/" squeezed and
+    one trailing "/" dropped, so "//api/authenticate.json" (a base URL ending in "/") and
+    "/api/authenticate.json/" are the API path (docs/api.md). No redirect: clients do not follow them."""
+    path = _SLASH_RUNS.sub("/", path)
+    return path[:-1] if len(path) > 1 and path.endswith("/") else path
 
 
 def route_name(path: str | None) -> str:
     """What a log calls a request path: a route of the app, or "<other>". A client's
     own path is never logged: with a percent-encoded "?" it holds the query string."""
-    return path if path in (AUTHENTICATE_PATH, HEALTH_PATH) else OTHER_ROUTE
+    if path in ROUTE_PATHS:
+        return path
+    if path and canonical_path(path) in ROUTE_PATHS:
+        return canonical_path(path)
+    return OTHER_ROUTE
 
 
 class LogThrottle:
@@ -83,7 +99,10 @@ class App:
         try:
             handler = self.routes.get(path)
             if handler is None:
-                raise NotFound()
+                # Off the hot path: only a path that is not a route as sent is normalised.
+                handler = self.routes.get(canonical_path(path))
+                if handler is None:
+                    raise NotFound()
             if method not in ALLOWED_METHODS:
                 raise MethodNotAllowed(ALLOWED_METHODS)
             result, body = handler(environ)
@@ -94,7 +113,7 @@ class App:
             held = self.store_warnings.allow()
             if held is not None:
                 since = f" ({held} more since the last such line)" if held else ""
-                log.warning("store unavailable on %s%s", path, since)
+                log.warning("store unavailable on %s%s", route_name(path), since)
             unavailable = ServiceUnavailable()
             result, body = unavailable.status, json_bytes(error_object(unavailable.status, unavailable.description))
         except Exception as e:

@@ -27,6 +27,7 @@ class _Invalid:
 
 INVALID = _Invalid()
 
+_UTF8_BOM = b"\xef\xbb\xbf"
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
@@ -106,7 +107,8 @@ def parse_body(body: bytes, content_type: str) -> dict[str, str | _Invalid]:
     JSON by Content-Type; multipart by Content-Type; otherwise a body that starts
     with '{' is JSON whatever form type it claims (``curl -d '{...}'`` and PHP
     curl label JSON as a form), and a form, text/plain or untyped body is
-    urlencoded. Other types carry no parameters.
+    urlencoded. Other types carry no parameters. A UTF-8 byte-order mark before
+    the '{' (Windows tools write one) does not hide it; json.loads skips it.
     """
     media_type = content_type.partition(";")[0].strip().lower()
     if media_type == "application/json" or media_type.endswith("+json"):
@@ -114,7 +116,7 @@ def parse_body(body: bytes, content_type: str) -> dict[str, str | _Invalid]:
     if media_type == "multipart/form-data":
         return parse_multipart(body, content_type)
     if media_type in ("", "text/plain", "application/x-www-form-urlencoded"):
-        if body.lstrip()[:1] == b"{":
+        if body.removeprefix(_UTF8_BOM).lstrip()[:1] == b"{":
             return parse_json_object(body)
         return parse_urlencoded(body.decode("latin-1").strip())
     return {}

@@ -299,6 +299,24 @@ def test_body_of_an_unknown_type_carries_no_parameters(app, world):
     assert r.json == MISSING
 
 
+BOM = b"\xef\xbb\xbf"
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "text/plain", "application/x-www-form-urlencoded", None])
+def test_json_body_with_a_byte_order_mark_is_read_as_json(app, world, content_type):
+    """Windows tools (PowerShell's UTF8 encoding, Notepad) start a UTF-8 file with EF BB BF."""
+    body = BOM + json.dumps(world.params()).encode()
+    headers = {"Content-Length": str(len(body))}
+    if content_type:
+        headers["Content-Type"] = content_type
+    r = app.request(PATH, method="POST", body=body, headers=headers)
+    assert r.request.headers.get("Content-Type") == content_type
+    assert r.json == ok(world)
+    broken = BOM + b'{"user_id": '
+    r = app.request(PATH, method="POST", body=broken, headers={**headers, "Content-Length": str(len(broken))})
+    assert r.json == {"success": False, "error": 400, "error_description": "Request body is not a valid JSON object"}
+
+
 def test_head_has_the_get_headers_and_no_body(app, world):
     get = app.get(PATH, world.params())
     head = app.head(PATH, world.params())
@@ -308,11 +326,31 @@ def test_head_has_the_get_headers_and_no_body(app, world):
     assert_contract_headers(head)
 
 
+# -- paths as the original's router took them (docs/api.md) -----------------------------------
+
+# Rails squeezes runs of "/" and drops a trailing one; a base URL ending in "/" joined
+# with "/api/..." makes the first form.
+PATH_VARIANTS = ["//api/authenticate.json", "/api//authenticate.json", "/api/authenticate.json/",
+                 "/api///authenticate.json//"]
+
+
+@pytest.mark.parametrize("path", PATH_VARIANTS)
+def test_path_with_repeated_or_trailing_slashes_answers_like_the_api_path(app, world, path):
+    r = app.get(path, world.params())
+    assert r.request.path_info == path
+    assert r.status_int == 200 and r.json == ok(world)
+    assert_contract_headers(r)
+    assert app.post(path, world.params()).json == ok(world)
+    assert app.post_json(path, dict(world.params(), api_key="wrong")).json == FORBIDDEN
+    assert app.head(path, world.params()).headers["Content-Length"] == r.headers["Content-Length"]
+    assert app.request(path, method="DELETE", status=405).json["error"] == 405
+
+
 # -- other results: same JSON shape, real HTTP status -----------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/", "/api/authenticate", "/api/authenticate.json/", "/API/AUTHENTICATE.JSON",
-                                  "/api/authenticate.xml"])
+@pytest.mark.parametrize("path", ["/", "/api/authenticate", "/API/AUTHENTICATE.JSON", "/api/authenticate.xml",
+                                  "/api/authenticate.json/x", "/api/authenticate.json/./"])
 def test_unknown_path_is_404_json(app, path):
     r = app.get(path, status=404)
     assert r.json == {"success": False, "error": 404, "error_description": "Not found"}

@@ -25,6 +25,16 @@ def test_route_names():
     assert route_name("/healthz") == "/healthz"
     assert route_name(f"/api/authenticate.json?api_key={KEY}") == "<other>"
     assert route_name(None) == "<other>"
+    assert route_name("") == "<other>"
+    assert route_name("/") == "<other>"
+
+
+@pytest.mark.parametrize("path", ["//api/authenticate.json", "/api//authenticate.json", "/api/authenticate.json/"])
+def test_route_names_of_the_api_path_with_repeated_or_trailing_slashes(path):
+    """The app answers these like the API path (docs/api.md), so the logs name them so."""
+    assert route_name(path) == "/api/authenticate.json"
+    assert route_name(f"{path}?api_key={KEY}") == "<other>"
+    assert route_name(path + "x") == "<other>"
 
 
 # -- X-Authsvc-Result: the spec's result for the access logs ----------------------------
