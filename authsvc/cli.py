@@ -23,6 +23,7 @@ from authsvc.errors import ConfigError
 from authsvc.settings import Settings
 from authsvc.store import open_store, redact_url
 from authsvc.store.base import Conflict, Game, Store
+from authsvc.store.sqlite import SQLiteStore
 from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
 
 MAX_USERNAME = 255
@@ -74,6 +75,7 @@ def game_json(game: Game) -> dict:
 
 def cmd_init(args, settings: Settings):
     created = False
+    store_context = _store(settings, check=False)  # a bad AUTHSVC_STORE stops here, before any file is made
     path = settings.token_secret_file
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
@@ -81,12 +83,9 @@ def cmd_init(args, settings: Settings):
         with os.fdopen(fd, "w") as f:
             f.write(new_token_secret() + "\n")
         created = True
-    if settings.store.startswith("sqlite://"):
-        from authsvc.store.sqlite import path_from_url
-
-        directory = os.path.dirname(os.path.abspath(path_from_url(settings.store)))
-        os.makedirs(directory, exist_ok=True)
-    with _store(settings, check=False) as store:
+    with store_context as store:
+        if isinstance(store, SQLiteStore):  # the file's directory may not exist yet
+            os.makedirs(os.path.dirname(os.path.abspath(store.path)), exist_ok=True)
         before, after = store.migrate()
     obj = {
         "store": redact_url(settings.store),
