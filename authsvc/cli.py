@@ -14,15 +14,16 @@ import json
 import os
 import sys
 import time
-import unicodedata
 from collections.abc import Iterator
 
 from authsvc import transfer
 from authsvc.authenticate import parse_user_id
 from authsvc.errors import ConfigError
+from authsvc.names import hidden_character, shown
 from authsvc.settings import Settings
 from authsvc.store import open_store, redact_url
 from authsvc.store.base import Conflict, Game, Store
+from authsvc.store.sqlite import SQLiteStore
 from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
 
 MAX_USERNAME = 255
@@ -48,13 +49,19 @@ def game_id_arg(text: str) -> int:
     return int(text)
 
 
+def check_visible(what: str, name: str) -> None:
+    """Refuse a new name holding a character that is invisible or reorders text (authsvc/names.py)."""
+    found = hidden_character(name)
+    if found:
+        raise CommandError(f"{what} must not contain control, format or separator characters ({found})")
+
+
 def check_username(name: str) -> str:
+    check_visible("username", name)
     if not name.strip() or name != name.strip():
         raise CommandError("username must not be empty or start or end with white space")
     if len(name) > MAX_USERNAME:
         raise CommandError(f"username must be at most {MAX_USERNAME} characters")
-    if any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
-        raise CommandError("username must not contain control characters")
     return name
 
 
@@ -74,6 +81,7 @@ def game_json(game: Game) -> dict:
 
 def cmd_init(args, settings: Settings):
     created = False
+    store_context = _store(settings, check=False)  # a bad AUTHSVC_STORE stops here, before any file is made
     path = settings.token_secret_file
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
@@ -81,12 +89,9 @@ def cmd_init(args, settings: Settings):
         with os.fdopen(fd, "w") as f:
             f.write(new_token_secret() + "\n")
         created = True
-    if settings.store.startswith("sqlite://"):
-        from authsvc.store.sqlite import path_from_url
-
-        directory = os.path.dirname(os.path.abspath(path_from_url(settings.store)))
-        os.makedirs(directory, exist_ok=True)
-    with _store(settings, check=False) as store:
+    with store_context as store:
+        if isinstance(store, SQLiteStore):  # the file's directory may not exist yet
+            os.makedirs(os.path.dirname(os.path.abspath(store.path)), exist_ok=True)
         before, after = store.migrate()
     obj = {
         "store": redact_url(settings.store),
@@ -104,8 +109,9 @@ def cmd_init(args, settings: Settings):
 
 
 def cmd_game_add(args, settings):
+    check_visible("game name", args.name)
     name = args.name.strip()
-    if not name or len(name) > 200 or any(unicodedata.category(c) == "Cc" for c in name):
+    if not name or len(name) > 200:
         raise CommandError("game name must be 1 to 200 printable characters")
     api_key = new_api_key()
     with _store(settings) as store:
@@ -115,7 +121,7 @@ def cmd_game_add(args, settings):
             raise CommandError(str(e)) from None
     obj = {"game_id": game.id, "name": game.name, "api_key": api_key}
     text = (
-        f"game {game.id} ({game.name}) created\n"
+        f"game {game.id} ({shown(game.name)}) created\n"
         f"api key: {api_key}\n"
         "The key is shown only this once: give it to the game's server operator now."
     )
@@ -129,7 +135,7 @@ def cmd_game_list(args, settings):
     lines = [f"{'ID':>6}  {'ENABLED':7}  {'LIVE KEYS':9}  NAME"]
     for g in games:
         live = sum(1 for k in g.keys if k.expires_at is None or k.expires_at > now)
-        lines.append(f"{g.id:>6}  {'yes' if g.enabled else 'no':7}  {live:>9}  {g.name}")
+        lines.append(f"{g.id:>6}  {'yes' if g.enabled else 'no':7}  {live:>9}  {shown(g.name)}")
     return {"games": [game_json(g) for g in games]}, "\n".join(lines)
 
 
@@ -170,7 +176,7 @@ def cmd_player_add(args, settings):
             player = store.add_player(args.user_id, username)
         except Conflict as e:
             raise CommandError(str(e)) from None
-    return _player_json(player), f"player {player.user_id} ({player.username}) added"
+    return _player_json(player), f"player {player.user_id} ({shown(player.username)}) added"
 
 
 def cmd_player_show(args, settings):
@@ -178,7 +184,7 @@ def cmd_player_show(args, settings):
         player = store.get_player(args.user_id)
     if player is None:
         raise CommandError(f"no player {args.user_id}")
-    text = f"player {player.user_id}: {player.username}, epoch {player.epoch}, " + (
+    text = f"player {player.user_id}: {shown(player.username)}, epoch {player.epoch}, " + (
         "enabled" if player.enabled else "disabled"
     )
     return _player_json(player), text
@@ -189,7 +195,7 @@ def cmd_player_rename(args, settings):
     with _store(settings) as store:
         if not store.rename_player(args.user_id, username):
             raise CommandError(f"no player {args.user_id}")
-    return {"user_id": args.user_id, "username": username}, f"player {args.user_id} renamed to {username}"
+    return {"user_id": args.user_id, "username": username}, f"player {args.user_id} renamed to {shown(username)}"
 
 
 def cmd_player_enable(args, settings):
@@ -296,7 +302,8 @@ def _row(line_no: int, raw_user_id, username) -> tuple[int, str]:
 
 
 def _json_rows(text: str) -> Iterator[tuple[int, str]]:
-    for line_no, line in enumerate(text.splitlines(), start=1):
+    # Lines end at \n only: str.splitlines() would also split at U+2028 and friends inside a name.
+    for line_no, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -129,7 +129,7 @@ def test_player_lifecycle(initialised):
         (("player", "disable", "7"), "no player 7"),
         (("player", "show", "7"), "no player 7"),
         (("player", "add", "8", " padded"), "white space"),
-        (("player", "add", "8", "a\x07b"), "control characters"),
+        (("player", "add", "8", "a\x07b"), "U+0007 at position 2"),
         (("player", "add", "8", "x" * 256), "at most 255"),
     ],
 )
@@ -249,3 +249,74 @@ def test_store_url_password_is_redacted():
 def test_help_lists_every_command(run):
     code, out, _ = run("--help")
     assert code == 0 and all(word in out for word in ("init", "game", "player", "token"))
+
+
+# -- names that would lie on screen (docs/admin.md) ------------------------------------------
+
+HIDDEN = ["\u202e", "\u200b", "\u2028", "\u2029", "\ufeff", "\u2066", "\u00ad", "\x1b", "\x07"]
+
+
+def refused_in_one_line(code, out, err, char):
+    code_point = f"U+{ord(char):04X}"
+    assert code == 1 and out == "" and err.count("\n") == 1, err
+    assert code_point in err and "position" in err
+    assert char not in err  # the message never echoes the raw character
+
+
+@pytest.mark.parametrize("char", HIDDEN)
+def test_new_names_with_invisible_or_control_characters_are_refused(initialised, char):
+    initialised("player", "add", "42", "alice")
+    for argv in (
+        ("player", "add", "43", f"bob{char}by"),
+        ("player", "rename", "42", f"ali{char}ce"),
+        ("game", "add", f"Ch{char}ess"),
+        ("game", "add", char),
+        ("game", "add", f"Chess{char}"),
+    ):
+        refused_in_one_line(*initialised(*argv), char)
+    code, out, err = initialised("game", "add", char, "--json")
+    assert code == 1 and "U+" in json.loads(out)["error"]
+    assert run_json(initialised, "game", "list")["games"] == []
+    assert run_json(initialised, "player", "show", "42")["username"] == "alice"
+
+
+def test_a_name_of_only_a_zero_width_space_names_its_position(initialised):
+    code, out, err = initialised("game", "add", "\u200b")
+    assert code == 1 and "U+200B at position 1" in err
+
+
+@pytest.mark.parametrize("char", ["\u202e", "\u2028", "\ufeff"])
+@pytest.mark.parametrize(
+    "template", ["1,a\n2,b{c}c\n", '{{"user_id": 1, "username": "a"}}\n{{"user_id": 2, "username": "b{c}"}}\n']
+)
+def test_player_import_refuses_invisible_characters_with_the_line(initialised, tmp_path, settings, template, char):
+    path = tmp_path / "players"
+    path.write_text(template.format(c=char), encoding="utf-8")
+    code, out, err = initialised("player", "import", str(path))
+    assert "line 2" in err
+    refused_in_one_line(code, out, err, char)
+    assert players(settings) == {}
+
+
+def test_names_stored_before_are_escaped_in_text_output_and_exact_in_json(initialised, settings):
+    store = open_store(settings.store, readonly=False, settings=settings)
+    try:
+        store.add_game("\u200b", "0" * 64, 1)
+        store.add_game("Chess\u202eevil", "1" * 64, 1)
+        store.add_player(42, "admin\u2066\u2028\ufeff")
+    finally:
+        store.close()
+    code, out, _ = initialised("game", "list")
+    assert code == 0 and "\\u200b" in out and "Chess\\u202eevil" in out
+    code, out, _ = initialised("player", "show", "42")
+    assert code == 0 and "admin\\u2066\\u2028\\ufeff," in out
+    for char in "\u200b\u202e\u2066\u2028\ufeff":
+        assert char not in initialised("game", "list")[1] + initialised("player", "show", "42")[1]
+    assert run_json(initialised, "player", "show", "42")["username"] == "admin\u2066\u2028\ufeff"
+    assert [g["name"] for g in run_json(initialised, "game", "list")["games"]] == ["\u200b", "Chess\u202eevil"]
+
+
+def test_ordinary_names_print_as_typed(initialised):
+    for name in ("Zoë", "名前", "O'Brien & co", "😀 smile", "tab-less name"):
+        code, out, err = initialised("player", "add", str(len(name) + 100), name)
+        assert code == 0 and name in out, err

@@ -187,3 +187,26 @@ def test_export_never_overwrites_and_keeps_the_file_private(store_url, admin_sto
     assert path.stat().st_mode & 0o777 == 0o600
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines[0]["format"] == "authsvc-export" and lines[-1]["type"] == "end" and lines[-1]["players"] == 1
+
+
+def test_a_move_keeps_names_stored_before_the_visible_name_rule(
+    store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file
+):
+    """export/import moves a whole store: a name with U+202E or U+2028 stored earlier comes across exactly
+    (new names refuse them: docs/admin.md), and the admin command's text output escapes it."""
+    source = "sqlite://" + str(tmp_path / "old.db")
+    store = open_store(source, readonly=False)
+    store.migrate()
+    store.add_game("Chess\u202eevil", api_key_digest(new_api_key()), 1_700_000_000)
+    store.upsert_players([(1, "line\u2028break"), (2, "\u200b")])
+    store.close()
+    path = tmp_path / "old.jsonl"
+    assert run(monkeypatch, capsys, source, secret_file, "export", str(path))[0] == 0
+    assert run(monkeypatch, capsys, store_url, secret_file, "import", str(path))[0] == 0
+    assert [g.name for g in admin_store.list_games()] == ["Chess\u202eevil"]
+    assert admin_store.get_player(1).username == "line\u2028break"
+    assert admin_store.get_player(2).username == "\u200b"
+    monkeypatch.setenv("AUTHSVC_STORE", store_url)
+    assert main(["player", "show", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "line\\u2028break" in out and "\u2028" not in out

@@ -71,14 +71,31 @@ NO_PLAYER = (None, 0, 0)
 
 
 def path_from_url(url: str) -> str:
-    """``sqlite:///var/lib/authsvc/authsvc.db`` -> ``/var/lib/authsvc/authsvc.db``.
+    """The file named by a ``sqlite://PATH`` store URL: the one parser for the admin command and the web process.
 
-    Everything after ``sqlite://`` is the path, so ``sqlite://var/x.db`` is relative.
+    Everything after ``sqlite://`` is the path, taken literally (no %-decoding, no
+    query string or fragment), so ``sqlite:///var/x.db`` is absolute and
+    ``sqlite://var/x.db`` relative to the working directory. SQLAlchemy's
+    ``sqlite:////var/x.db`` is absolute too: two or more leading slashes are one.
+    Anything else raises ConfigError with one line (docs/configuration.md).
     """
-    path = url.removeprefix("sqlite://")
-    if not path:
-        raise ConfigError("AUTHSVC_STORE=sqlite://PATH needs a file path")
+    scheme, sep, path = url.partition("://")
+    if scheme.lower() != "sqlite" or not sep:
+        raise ConfigError(_bad_url("it does not start with sqlite://"))
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    if os.path.basename(path) in ("", ".", ".."):
+        raise ConfigError(_bad_url("it names no file after sqlite://"))
+    if "\0" in path:
+        raise ConfigError(_bad_url("the path holds a NUL character"))
     return path
+
+
+def _bad_url(reason: str) -> str:
+    return (
+        f"AUTHSVC_STORE is not a usable sqlite:// URL: {reason}; write sqlite:///absolute/path.db "
+        "or sqlite://relative/path.db (docs/configuration.md)"
+    )
 
 
 class SQLiteStore(Store):
@@ -97,7 +114,7 @@ class SQLiteStore(Store):
     # -- connections --------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
         if self.readonly:
-            uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
+            uri = "file://" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"  # empty authority
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA query_only = ON")
             # Pages read straight from the OS page cache, shared by all workers, without a
