@@ -7,15 +7,19 @@ with a small ``worker_connections``, so exhaustion is reached with few sockets.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.deploy_support import API_HOST, find_nginx, start_stack, stop
-from tests.support import skip_or_fail
+from tests.deploy_support import API_HOST, LEGACY_HOST, VENV_BIN, find_nginx, start_stack, stop
+from tests.support import free_port, skip_or_fail, wait_for_port
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +32,187 @@ def stack(tmp_path_factory):
     yield s
     stop(s.nginx)
     stop(s.gunicorn)
+
+
+# -- raw HTTP ------------------------------------------------------------------------
+
+
+def raw_exchange(sock: socket.socket, data: bytes, timeout: float = 10) -> tuple[int, dict, bytes]:
+    """Send ``data``, read one answer (head, then Content-Length bytes or until close)."""
+    sock.settimeout(timeout)
+    sock.sendall(data)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0].startswith("HTTP/1."), f"no HTTP answer: {buf[:200]!r}"
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", -1))
+    while length < 0 or len(body) < length:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not chunk:
+            break
+        body += chunk
+    return status, headers, body
+
+
+def raw_request(port: int, data: bytes, *, tls_host: str | None = None, ca_file=None,
+                source: str = "127.0.0.1") -> tuple[int, dict, bytes]:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+    try:
+        if tls_host:
+            ctx = ssl.create_default_context(cafile=str(ca_file))
+            sock = ctx.wrap_socket(sock, server_hostname=tls_host)
+        return raw_exchange(sock, data)
+    finally:
+        sock.close()
+
+
+def assert_json_answer(answer: tuple[int, dict, bytes], what: str) -> None:
+    """The service's JSON: an error in the ``{"success":false,"error":N,...}`` shape, or
+    the app's own answer to a request that was valid after all. Never HTML."""
+    status, headers, body = answer
+    if status == 301 and headers.get("location", "").startswith("https://"):
+        return  # the legacy host's redirect of a path that is not the API's
+    assert headers.get("content-type") == JSON_TYPE, (what, status, headers, body[:300])
+    assert b"<html" not in body.lower(), (what, body[:300])
+    obj = json.loads(body)
+    if status == 200 and obj.get("success") is True:
+        return
+    assert set(obj) == {"success", "error", "error_description"}, (what, obj)
+    assert obj["success"] is False, (what, obj)
+    # The wire status is the error's, or 200 for the app's own 400/403 answers.
+    assert status in (obj["error"], 200), (what, status, obj)
+    assert 400 <= obj["error"] < 600, (what, obj)
+
+
+# -- point: every answer is JSON -------------------------------------------------------
+
+
+def hostile_requests(host: str, api_query: str) -> dict[str, bytes]:
+    """The malformed requests the security probe sent, as raw bytes; none may get HTML back."""
+    h = f"Host: {host}\r\n".encode()
+    get = f"GET {api_query} HTTP/1.1\r\n".encode()
+    many = b"".join(b"X-H%d: v\r\n" % i for i in range(120))
+
+    def header_line(total: int) -> bytes:  # a header line of ``total`` bytes, CRLF excluded
+        return b"X-Pad: " + b"p" * (total - len(b"X-Pad: ")) + b"\r\n"
+
+    longest_line = 8190  # nginx: the line and its CRLF fit one 8k buffer
+    path = api_query + "&pad="
+    line_head, line_tail = b"GET ", b" HTTP/1.1"
+    pad = longest_line - len(line_head) - len(line_tail) - len(path)
+    return {
+        "raw non-ASCII byte in the query": b"GET /api/authenticate.json?user_id=\xe9 HTTP/1.1\r\n" + h + b"\r\n",
+        "raw non-ASCII byte in the path": b"GET /api/authenticate.json\xff HTTP/1.1\r\n" + h + b"\r\n",
+        "\\x01 in a header value": get + h + b"X-A: a\x01b\r\n\r\n",
+        "\\x7f in a header value": get + h + b"X-A: a\x7fb\r\n\r\n",
+        "120 headers": get + h + many + b"\r\n",
+        "header line of 8,189 bytes": get + h + header_line(8189) + b"\r\n",
+        "header line of 8,190 bytes": get + h + header_line(8190) + b"\r\n",
+        "header line of 8,190 bytes, no space after the colon": (
+            get + h + b"X-Pad:" + b"p" * (8190 - len(b"X-Pad:")) + b"\r\n\r\n"
+        ),
+        "request line of 8,190 bytes": line_head + (path + "p" * pad).encode() + line_tail + b"\r\n" + h + b"\r\n",
+        "TRACE": b"TRACE /api/authenticate.json HTTP/1.1\r\n" + h + b"\r\n",
+        "TRACE elsewhere": b"TRACE / HTTP/1.1\r\n" + h + b"\r\n",
+        "CONNECT": f"CONNECT {host}:443 HTTP/1.1\r\n".encode() + h + b"\r\n",
+        "HTTP/2.0 request line": f"GET {api_query} HTTP/2.0\r\n".encode() + h + b"\r\n",
+        "HTTP/1.1 without Host": get + b"\r\n",
+        "unknown transfer coding": (
+            f"POST {api_query} HTTP/1.1\r\n".encode() + h + b"Transfer-Encoding: gzip\r\n\r\n"
+        ),
+        "bad chunk size": (
+            b"POST /api/authenticate.json HTTP/1.1\r\n" + h
+            + b"Transfer-Encoding: chunked\r\nContent-Type: application/x-www-form-urlencoded\r\n\r\nzz\r\n"
+        ),
+        "Content-Length not a number": f"POST {api_query} HTTP/1.1\r\n".encode() + h + b"Content-Length: x\r\n\r\n",
+        "two Content-Length": (
+            f"POST {api_query} HTTP/1.1\r\n".encode() + h + b"Content-Length: 1\r\nContent-Length: 2\r\n\r\nab"
+        ),
+        "NUL in the request line": b"GET /api/authenticate.json?\x00 HTTP/1.1\r\n" + h + b"\r\n",
+        "garbage": b"\x16\x03\x01hello\r\n\r\n",
+    }
+
+
+@pytest.mark.parametrize("scheme", ["https", "http"])
+def test_hostile_requests_through_nginx_are_answered_in_json(stack, scheme):
+    host = API_HOST if scheme == "https" else LEGACY_HOST
+    port = stack.https_port if scheme == "https" else stack.http_port
+    failures = {}
+    for what, data in hostile_requests(host, stack.api_query()).items():
+        try:
+            answer = raw_request(port, data, tls_host=API_HOST if scheme == "https" else None, ca_file=stack.ca_file)
+            assert_json_answer(answer, what)
+        except (AssertionError, OSError, ValueError) as e:
+            failures[what] = str(e)[:300]
+    assert not failures, json.dumps(failures, indent=1)
+
+
+def test_plain_http_sent_to_the_https_port_is_answered_in_json(stack):
+    data = f"GET {stack.api_query()} HTTP/1.1\r\nHost: {API_HOST}\r\n\r\n".encode()
+    assert_json_answer(raw_request(stack.https_port, data), "plain HTTP on the HTTPS port")
+
+
+@pytest.fixture(scope="module", params=["sync", "gthread"])
+def direct_gunicorn(request, stack):
+    """gunicorn with the shipped (rendered) config on TCP loopback, as scripts/serve runs it."""
+    port = free_port()
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "AUTHSVC_BIND": f"127.0.0.1:{port}",
+        "AUTHSVC_WORKERS": "1",
+        "AUTHSVC_WORKER_CLASS": request.param,
+        "AUTHSVC_THREADS": "2",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **stack.env,
+    }
+    conf = stack.root / "deploy" / "gunicorn.conf.py"
+    proc = subprocess.Popen([str(VENV_BIN / "gunicorn"), "--config", str(conf)], env=env, cwd=stack.root,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_for_port(port)
+        yield port
+    finally:
+        stop(proc)
+        err = proc.stderr.read().decode(errors="replace")
+        proc.stderr.close()
+        assert stack.api_key not in err and stack.token not in err
+
+
+def test_hostile_requests_straight_to_gunicorn_are_answered_in_json(stack, direct_gunicorn):
+    failures = {}
+    for what, data in hostile_requests(API_HOST, stack.api_query()).items():
+        try:
+            answer = raw_request(direct_gunicorn, data)
+            assert_json_answer(answer, what)
+        except (AssertionError, OSError, ValueError) as e:
+            failures[what] = str(e)[:300]
+    assert not failures, json.dumps(failures, indent=1)
+
+
+def test_gunicorn_error_answers_never_echo_the_request(stack, direct_gunicorn):
+    secret = stack.api_key
+    data = f"GET /x?api_key={secret}\x7f HTTP/1.1\r\nX-A: {secret}\x01\r\n\r\n".encode()
+    status, headers, body = raw_request(direct_gunicorn, data)
+    assert status == 400 and headers.get("content-type") == JSON_TYPE
+    assert secret.encode() not in body and b"api_key" not in body
+    assert json.loads(body) == {"success": False, "error": 400, "error_description": "Bad request"}
+    # A normal request on the same server still gets the app's answer.
+    ok = f"GET {stack.api_query()} HTTP/1.1\r\nHost: {API_HOST}\r\nConnection: close\r\n\r\n".encode()
+    status, _, body = raw_request(direct_gunicorn, ok)
+    assert status == 200 and json.loads(body)["success"] is True
 
 
 # -- point: TLS as a scanner sees it ----------------------------------------------------
