@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import socket
 import ssl
 import subprocess
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -264,3 +266,143 @@ def test_sslscan_sees_mozilla_intermediate(stack):
         built = subprocess.run([find_nginx(), "-V"], capture_output=True, text=True).stderr
         versions = re.findall(r"(?:built with|running with) OpenSSL (\d+)\.(\d+)\.", built)
         assert versions and all((int(a), int(b)) >= (1, 1) for a, b in versions), built
+
+
+# -- point: one address cannot hold every connection -------------------------------------
+
+FLOOD_WORKER_CONNECTIONS = 64
+FLOOD_CONN_LIMIT = 8
+
+
+@pytest.fixture(scope="module")
+def small_stack(tmp_path_factory):
+    """nginx with 64 worker connections, so a flood fills them with a few dozen sockets."""
+    s = start_stack(tmp_path_factory.mktemp("edge-small"), values={"CONN_LIMIT": str(FLOOD_CONN_LIMIT)},
+                    worker_connections=FLOOD_WORKER_CONNECTIONS)
+    yield s
+    stop(s.nginx)
+    stop(s.gunicorn)
+
+
+def rendered_seconds(stack, directive: str) -> float:
+    text = (stack.root / "deploy" / "nginx" / "snippets" / "authsvc-limits.conf").read_text()
+    value = re.search(rf"^\s*{directive}\s+(\d+)s;", text, re.M)
+    assert value, f"{directive} not set in seconds in authsvc-limits.conf"
+    return float(value.group(1))
+
+
+def open_flood(port: int, source: str, count: int, data: bytes, pause: float = 0.0) -> list[socket.socket]:
+    """``count`` connections from ``source``, each sending ``data`` and then nothing more.
+    ``pause`` between connections lets nginx read each one before the next comes: a
+    connection nginx has not read yet is one it may close to make room."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.bind((source, 0))
+            s.settimeout(5)
+            s.connect(("127.0.0.1", port))
+            s.sendall(data)
+            socks.append(s)
+            time.sleep(pause)
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
+    return socks
+
+
+def wait_closed(socks: list[socket.socket], deadline: float) -> int:
+    """Wait until the server closed every socket (EOF or reset) or ``deadline``; returns how many it closed."""
+    open_ = {s.fileno(): s for s in socks}
+    closed = 0
+    while open_ and time.monotonic() < deadline:
+        ready, _, _ = select.select(list(open_), [], [], max(0.0, min(0.5, deadline - time.monotonic())))
+        for fd in ready:
+            try:
+                data = open_[fd].recv(4096)
+            except OSError:
+                data = b""
+            if not data:
+                del open_[fd]
+                closed += 1
+    return closed
+
+
+def authenticate_from(stack, source: str, timeout: float) -> dict | None:
+    """One authentication over the legacy host from ``source``; None when the connection
+    was refused, reset or closed without an answer, or timed out."""
+    data = f"GET {stack.api_query()} HTTP/1.1\r\nHost: {LEGACY_HOST}\r\nConnection: close\r\n\r\n".encode()
+    try:
+        with socket.create_connection(("127.0.0.1", stack.http_port), timeout=timeout, source_address=(source, 0)) as s:
+            s.settimeout(timeout)
+            s.sendall(data)
+            raw = b""
+            while chunk := s.recv(65536):
+                raw += chunk
+    except OSError:
+        return None
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200 "):
+        return None
+    return json.loads(body)
+
+
+def test_half_sent_request_lines_from_one_address_are_cut_at_the_header_timeout(small_stack):
+    """1,600 half-sent request lines filled Debian's 2 x 768 connections for the 10 s header
+    timeout, and every other client was reset meanwhile. Here nginx has 64 connections and
+    127.0.2.1 sends 80 half request lines: nobody else is served until nginx drops them at
+    client_header_timeout (5 s), then another address is, well before the old 10 s."""
+    expected = {"success": True, "user_id": small_stack.user_id, "username": small_stack.username}
+    header_timeout = rendered_seconds(small_stack, "client_header_timeout")
+    assert authenticate_from(small_stack, "127.0.3.1", 10) == expected
+    flood = open_flood(small_stack.http_port, "127.0.2.1", FLOOD_WORKER_CONNECTIONS + 16,
+                       b"GET /api/authenticate.json?user_id=1", pause=0.01)
+    started = time.monotonic()
+    try:
+        # The flood really holds every connection: another address is turned away.
+        assert authenticate_from(small_stack, "127.0.3.2", 1.0) is None
+        # Then it is served once nginx drops the flood (tries bounded in count and time).
+        answer, tries = None, 0
+        while answer is None and tries < 200 and time.monotonic() - started < 30:
+            time.sleep(0.1)
+            tries += 1
+            answer = authenticate_from(small_stack, "127.0.0.1", 2.0)
+        waited = time.monotonic() - started
+        assert answer == expected, f"not served in {waited:.1f} s ({tries} tries)"
+        # The shipped timeout, not the 10 s the probe saw (1.5 x 5 s for a slow machine).
+        assert waited < 1.5 * 5, f"served after {waited:.1f} s (client_header_timeout {header_timeout:.0f}s)"
+        # Every flood connection is closed by nginx: at the timeout, or at once when no slot was free.
+        closed = wait_closed(flood, time.monotonic() + 2 * header_timeout)
+        assert closed == len(flood), f"{closed} of {len(flood)} flood connections closed"
+    finally:
+        for s in flood:
+            s.close()
+
+
+def test_connections_past_the_per_address_limit_get_a_json_429(small_stack):
+    """Requests whose body never comes (headers read, so limit_conn counts them): past
+    CONN_LIMIT from one address the next ones are answered 429 at once, in JSON, and
+    another address is still served meanwhile."""
+    extra = 6
+    head = (f"POST /api/authenticate.json HTTP/1.1\r\nHost: {LEGACY_HOST}\r\n"
+            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nuser_id=").encode()
+    held = open_flood(small_stack.http_port, "127.0.2.2", FLOOD_CONN_LIMIT, head)
+    try:
+        time.sleep(0.5)  # nginx has read their headers
+        refused = open_flood(small_stack.http_port, "127.0.2.2", extra, head)
+        try:
+            statuses = []
+            for s in refused:
+                status, headers, body = raw_exchange(s, b"", timeout=5)
+                assert_json_answer((status, headers, body), "limit_conn")
+                statuses.append(status)
+            assert statuses == [429] * extra
+        finally:
+            for s in refused:
+                s.close()
+        assert authenticate_from(small_stack, "127.0.0.1", 10) is not None
+    finally:
+        for s in held:
+            s.close()
