@@ -143,6 +143,9 @@ def hostile_requests(host: str, api_query: str) -> dict[str, bytes]:
         "two Content-Length": (
             f"POST {api_query} HTTP/1.1\r\n".encode() + h + b"Content-Length: 1\r\nContent-Length: 2\r\n\r\nab"
         ),
+        "unknown Expect": get + h + b"Expect: 100-nope\r\n\r\n",
+        "space in a header name": get + h + b"X A: b\r\n\r\n",
+        "folded header line": get + h + b"X-A: a\r\n  folded\r\n\r\n",
         "NUL in the request line": b"GET /api/authenticate.json?\x00 HTTP/1.1\r\n" + h + b"\r\n",
         "garbage": b"\x16\x03\x01hello\r\n\r\n",
     }
