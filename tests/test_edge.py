@@ -165,6 +165,25 @@ def test_hostile_requests_through_nginx_are_answered_in_json(stack, scheme):
     assert not failures, json.dumps(failures, indent=1)
 
 
+def test_the_acme_webroot_answers_its_errors_in_json(stack):
+    """http://API_HOST serves files for certbot: nginx's static-file errors are JSON too."""
+    challenge = stack.root / "acme" / ".well-known" / "acme-challenge"
+    (challenge / "a-directory").mkdir(parents=True, exist_ok=True)
+    (challenge / "a-file").write_text("proof")
+    h = f"Host: {API_HOST}\r\n"
+    probes = {
+        "directory without index (403)": f"GET /.well-known/acme-challenge/ HTTP/1.1\r\n{h}\r\n",
+        "missing file (404)": f"GET /.well-known/acme-challenge/nope HTTP/1.1\r\n{h}\r\n",
+        "POST to a file (405)": f"POST /.well-known/acme-challenge/a-file HTTP/1.1\r\n{h}Content-Length: 0\r\n\r\n",
+        "If-Match (412)": f'GET /.well-known/acme-challenge/a-file HTTP/1.1\r\n{h}If-Match: "x"\r\n\r\n',
+        "range past the end (416)": f"GET /.well-known/acme-challenge/a-file HTTP/1.1\r\n{h}Range: bytes=100-200\r\n\r\n",
+    }
+    for what, data in probes.items():
+        answer = raw_request(stack.http_port, data.encode())
+        assert answer[0] == int(what[-4:-1]), (what, answer[0])
+        assert_json_answer(answer, what)
+
+
 def test_plain_http_sent_to_the_https_port_is_answered_in_json(stack):
     data = f"GET {stack.api_query()} HTTP/1.1\r\nHost: {API_HOST}\r\n\r\n".encode()
     assert_json_answer(raw_request(stack.https_port, data), "plain HTTP on the HTTPS port")
