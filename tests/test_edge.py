@@ -126,7 +126,9 @@ def hostile_requests(host: str, api_query: str) -> dict[str, bytes]:
         "header line of 8,190 bytes, no space after the colon": (
             get + h + b"X-Pad:" + b"p" * (8190 - len(b"X-Pad:")) + b"\r\n\r\n"
         ),
+        "header line of 8,191 bytes": get + h + header_line(8191) + b"\r\n",
         "request line of 8,190 bytes": line_head + (path + "p" * pad).encode() + line_tail + b"\r\n" + h + b"\r\n",
+        "request line of 8,191 bytes": line_head + (path + "p" * (pad + 1)).encode() + line_tail + b"\r\n" + h + b"\r\n",
         "TRACE": b"TRACE /api/authenticate.json HTTP/1.1\r\n" + h + b"\r\n",
         "TRACE elsewhere": b"TRACE / HTTP/1.1\r\n" + h + b"\r\n",
         "CONNECT": f"CONNECT {host}:443 HTTP/1.1\r\n".encode() + h + b"\r\n",
