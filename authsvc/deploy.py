@@ -31,6 +31,8 @@ DEFAULTS = {
     "ACME_ROOT": "/var/www/html",
     "RATE": "20r/s",
     "RATE_BURST": "40",
+    # Requests in progress per client address (nginx limit_conn): above RATE_BURST.
+    "CONN_LIMIT": "50",
     "UPSTREAM_TIMEOUT": "10s",
     "APP_DIR": "/opt/authsvc",
     "CONF_DIR": "/etc/authsvc",

@@ -5,7 +5,8 @@ from the ``[gunicorn]`` table of the settings file named by ``AUTHSVC_CONFIG``
 (/etc/authsvc/authsvc.toml), and an environment variable beats the file:
 
     workers       AUTHSVC_WORKERS        default: the number of CPUs (BENCHMARKS.md)
-    worker_class  AUTHSVC_WORKER_CLASS   "sync" (default) or "gthread"
+    worker_class  AUTHSVC_WORKER_CLASS   "sync" (default) or "gthread": gunicorn's, answering
+                                         in JSON (authsvc/gunicorn_workers.py)
     threads       AUTHSVC_THREADS        default 1 (gthread only)
     timeout       AUTHSVC_TIMEOUT        seconds, default 30
     (no table key) AUTHSVC_BIND          default unix:/run/authsvc.sock; unused
@@ -50,10 +51,19 @@ bind = [os.environ.get("AUTHSVC_BIND", "unix:/run/authsvc.sock")]
 # section 2). With a PostgreSQL store across a network, workers wait on the round
 # trip: raise it (e.g. 2 x CPUs + 1).
 workers = _setting("workers", "AUTHSVC_WORKERS", multiprocessing.cpu_count(), int)
-worker_class = _setting("worker_class", "AUTHSVC_WORKER_CLASS", "sync", str)
-if worker_class not in ("sync", "gthread"):
-    raise SystemExit(f"gunicorn.conf.py: worker_class must be sync or gthread, got {worker_class!r}")
+_worker_kind = _setting("worker_class", "AUTHSVC_WORKER_CLASS", "sync", str)
+if _worker_kind not in ("sync", "gthread"):
+    raise SystemExit(f"gunicorn.conf.py: worker_class must be sync or gthread, got {_worker_kind!r}")
 threads = _setting("threads", "AUTHSVC_THREADS", 1, int)
+# gunicorn's own sync and gthread workers, whose error answers (a request gunicorn
+# cannot parse) are the service's JSON instead of HTML (authsvc/gunicorn_workers.py).
+# "sync" with threads > 1 is gthread, as gunicorn itself decides.
+if _worker_kind == "sync" and threads > 1:
+    _worker_kind = "gthread"
+worker_class = {
+    "sync": "authsvc.gunicorn_workers.SyncWorker",
+    "gthread": "authsvc.gunicorn_workers.ThreadWorker",
+}[_worker_kind]
 timeout = _setting("timeout", "AUTHSVC_TIMEOUT", 30, int)
 graceful_timeout = 30
 keepalive = 5
@@ -73,10 +83,16 @@ secure_scheme_headers = {"X-FORWARDED-PROTO": "https"}
 # Never take SCRIPT_NAME / PATH_INFO from a request header.
 forwarder_headers = ""
 
-# Same limits as nginx (deploy/nginx/snippets/authsvc-limits.conf).
+# Looser than nginx (deploy/nginx/snippets/authsvc-limits.conf), so nginx refuses
+# first and in JSON whatever is too large, and gunicorn never refuses what nginx
+# passed. nginx holds a request line or a header line in one 8 KiB buffer (CRLF
+# included: at most 8,190 bytes, the most gunicorn allows for the request line; nginx
+# passes the client's URI unchanged), and all of them in 4 x 8 KiB: at most ~11,000
+# header lines of 3 bytes. nginx rewrites a header as "Name: value" (one byte more than
+# "Name:value") and adds its own few (authsvc-proxy.conf).
 limit_request_line = 8190
-limit_request_fields = 100
-limit_request_field_size = 8190
+limit_request_fields = 16384
+limit_request_field_size = 16384
 
 # Nothing outside the state directory.
 pidfile = None

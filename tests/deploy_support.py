@@ -128,7 +128,9 @@ def _run(cmd: list[str], env: dict) -> str:
     return done.stdout
 
 
-def start_stack(root: Path) -> Stack:
+def start_stack(root: Path, *, values: dict | None = None, worker_connections: int = 128) -> Stack:
+    """The stack in ``root``; ``values`` override placeholder values, ``worker_connections``
+    sizes nginx's main config (tests/test_edge.py makes it small to reach exhaustion)."""
     nginx = find_nginx()
     if nginx is None:
         skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
@@ -184,6 +186,7 @@ def start_stack(root: Path) -> Stack:
         "RATE": "20r/s",
         "RATE_BURST": "50",
         "UPSTREAM_TIMEOUT": "2s",
+        **(values or {}),
     }
     sets = [arg for name, value in values.items() for arg in ("--set", f"{name}={value}")]
     _run([sys.executable, "-m", "authsvc.deploy", str(REPO / "deploy"), str(rendered), *sets], admin_env)
@@ -235,7 +238,8 @@ def start_stack(root: Path) -> Stack:
         notify.close()
 
         conf = root / "nginx.conf"
-        conf.write_text(nginx_main_conf(root, logs, rendered / "nginx" / "sites" / "authsvc.conf"))
+        conf.write_text(nginx_main_conf(root, logs, rendered / "nginx" / "sites" / "authsvc.conf",
+                                        worker_connections=worker_connections))
         check = subprocess.run([nginx, "-t", "-q", "-p", str(root), "-c", str(conf)], capture_output=True, text=True)
         assert check.returncode == 0, f"nginx -t: {check.stderr}"
         nginx_proc = subprocess.Popen(

@@ -76,7 +76,8 @@ def test_gunicorn_config_keeps_queries_out_and_files_in(monkeypatch, tmp_path):
     config.write_text('[authsvc]\nlog_level = "warning"\n[gunicorn]\nworkers = 9\nthreads = 4\n')
     monkeypatch.setenv("AUTHSVC_CONFIG", str(config))
     conf = runpy.run_path(str(REPO / "deploy/gunicorn.conf.py"))
-    assert (conf["workers"], conf["worker_class"], conf["threads"]) == (3, "gthread", 4)  # env beats the file
+    assert (conf["workers"], conf["worker_class"], conf["threads"]) == (
+        3, "authsvc.gunicorn_workers.ThreadWorker", 4)  # env beats the file
     assert conf["logconfig_dict"]["loggers"]["authsvc"]["level"] == "WARNING"
     for atom in ("%(r)s", "%(q)s", "%(f)s", "%(a)s", "%({cookie}i)s"):
         assert atom not in conf["access_log_format"], atom

@@ -1,0 +1,73 @@
+"""gunicorn's sync and gthread workers, answering the requests gunicorn itself refuses
+(a request line or header it cannot parse, a limit passed) in the service's JSON shape
+instead of gunicorn's HTML page: every answer is ``{"success":false,"error":N,...}``
+(docs/api.md), through nginx or straight from gunicorn (scripts/serve).
+
+deploy/gunicorn.conf.py names these classes for ``worker_class`` "sync" and "gthread".
+Only the error page changes: gunicorn still decides the status and logs the error.
+The answer never holds request data (gunicorn's page quotes the bad line or header).
+"""
+
+from __future__ import annotations
+
+from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
+from gunicorn.workers.sync import SyncWorker as _SyncWorker
+
+from authsvc.http import BASE_HEADERS, error_object, json_bytes
+
+# What gunicorn's handle_error can answer, in the words nginx's JSON errors use
+# (deploy/nginx/snippets/authsvc-json-errors.conf).
+_ERRORS = {
+    400: ("Bad Request", "Bad request"),
+    403: ("Forbidden", "Forbidden"),
+    414: ("URI Too Long", "Request URI too long"),
+    417: ("Expectation Failed", "Expectation failed"),
+    431: ("Request Header Fields Too Large", "Request header too large"),
+    500: ("Internal Server Error", "Internal server error"),
+    501: ("Not Implemented", "Not implemented"),
+}
+
+
+def json_error_response(status: int) -> bytes:
+    """A complete HTTP/1.1 error answer that closes the connection, like gunicorn's own."""
+    if status not in _ERRORS:
+        status = 500 if status >= 500 else 400
+    reason, description = _ERRORS[status]
+    body = json_bytes(error_object(status, description))
+    head = [f"HTTP/1.1 {status} {reason}", "Connection: close"]
+    head += [f"{name}: {value}" for name, value in BASE_HEADERS]
+    head.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + body
+
+
+class _JsonErrorSocket:
+    """The client socket as ``Worker.handle_error`` sees it. Its one write is
+    gunicorn's HTML error page (gunicorn.util.write_error); that is sent as the JSON
+    answer of the same status instead. Everything else goes to the real socket."""
+
+    def __init__(self, sock):
+        self._sock = sock
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+    def sendall(self, data: bytes) -> None:
+        try:
+            status = int(bytes(data[:32]).split(b" ", 2)[1])
+        except (IndexError, ValueError):
+            status = 500
+        self._sock.sendall(json_error_response(status))
+
+
+class SyncWorker(_SyncWorker):
+    """gunicorn's sync worker; its error answers in JSON."""
+
+    def handle_error(self, req, client, addr, exc):
+        super().handle_error(req, _JsonErrorSocket(client), addr, exc)
+
+
+class ThreadWorker(_ThreadWorker):
+    """gunicorn's gthread worker; its error answers in JSON."""
+
+    def handle_error(self, req, client, addr, exc):
+        super().handle_error(req, _JsonErrorSocket(client), addr, exc)
