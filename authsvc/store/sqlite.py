@@ -13,6 +13,11 @@ lookup of the player: together more than half of the store's cost
 (BENCHMARKS.md). An answer then reflects the store as it was at most
 ``max_staleness`` seconds earlier (AUTHSVC_MAX_STALENESS, default 1 s, at most
 1 s; docs/stores.md). With 0, every authentication is one query of its own.
+
+A reader also notices a file replaced under it (``mv``/``rm`` and a new file at
+the path): it compares the file it opened with the one the path names at each
+snapshot, or before each query with 0, reopens a new file and answers 503 while
+the path is missing (docs/stores.md, "Outages").
 """
 
 from __future__ import annotations
@@ -70,6 +75,12 @@ PLAYER_SQL = "SELECT username, epoch, enabled FROM players WHERE user_id = ?"
 NO_PLAYER = (None, 0, 0)
 
 
+def _identity(path: str) -> tuple[int, int]:
+    """The file ``path`` names now: (device, inode)."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
 def path_from_url(url: str) -> str:
     """``sqlite:///var/lib/authsvc/authsvc.db`` -> ``/var/lib/authsvc/authsvc.db``.
 
@@ -95,7 +106,7 @@ class SQLiteStore(Store):
         os.register_at_fork(after_in_child=lambda: (s := store()) is not None and s._forget_connections())
 
     # -- connections --------------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
+    def _open(self) -> sqlite3.Connection:
         if self.readonly:
             uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
@@ -109,6 +120,44 @@ class SQLiteStore(Store):
         conn.execute("PRAGMA busy_timeout = 2000")
         return conn
 
+    def _connect(self) -> sqlite3.Connection:
+        """Open the file; a reader also records which file it opened (device, inode).
+
+        sqlite3 gives no descriptor to fstat, so the path is stat'ed before the open and
+        again after a first read (which opens the -wal and -shm files too): equal, the
+        connection and its WAL files belong to the file the path named throughout. Had
+        the path been swapped in between, the identity taken before would not match the
+        path at the next check and the connection would be reopened then; here it is
+        simply reopened at once.
+        """
+        if not self.readonly:
+            return self._open()
+        for _ in range(3):
+            before = _identity(self.path)
+            conn = self._open()
+            try:
+                self._version(conn)
+                if _identity(self.path) == before:
+                    self._local.identity = before
+                    return conn
+            except BaseException:
+                conn.close()
+                raise
+            conn.close()
+        raise sqlite3.OperationalError("the store file was replaced three times while it was being opened")
+
+    def _check_file(self) -> None:
+        """Drop this thread's connection if the path no longer names the file it has open.
+
+        A file renamed or deleted stays readable through an open descriptor for ever,
+        so without this a store replaced by a new file (``authsvc init`` after ``mv``
+        or ``rm``) would never be read: its revocations never seen. A missing path
+        raises FileNotFoundError: the store is unavailable (HTTP 503) until it is back.
+        """
+        identity = _identity(self.path)
+        if identity != getattr(self._local, "identity", identity):
+            self.close()  # the next _conn() opens the new file, with its own -wal and -shm
+
     def _forget_connections(self) -> None:
         self._local = threading.local()
 
@@ -119,8 +168,14 @@ class SQLiteStore(Store):
         return local.conn
 
     def _new_snapshot(self) -> tuple[float, sqlite3.Connection, dict[str, tuple]]:
-        """End this thread's snapshot and start another; returns (taken at, connection, keys by digest)."""
-        conn, now = self._conn(), self.clock()
+        """End this thread's snapshot and start another; returns (taken at, connection, keys by digest).
+
+        The file is checked first, so no snapshot is taken of a file the path stopped
+        naming before this one began: a replaced store is read within the same bound.
+        """
+        now = self.clock()
+        self._check_file()
+        conn = self._conn()
         if conn.in_transaction:
             conn.execute("COMMIT")
         conn.execute("BEGIN")  # the snapshot is taken by the next SELECT, after ``now``
@@ -138,6 +193,7 @@ class SQLiteStore(Store):
     def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
         try:
             if not self.max_staleness:
+                self._check_file()
                 row = self._conn().execute(CREDENTIALS_SQL, (user_id, key_digest)).fetchone()
                 return None if row is None else Credentials._make(row)
             snapshot = getattr(self._local, "snapshot", None)
@@ -148,7 +204,7 @@ class SQLiteStore(Store):
             if key is None:
                 return None
             return Credentials._make((*key, *(conn.execute(PLAYER_SQL, (user_id,)).fetchone() or NO_PLAYER)))
-        except sqlite3.Error:
+        except (sqlite3.Error, OSError):
             self.close()  # reopen on the next request: the file may come back
             raise StoreUnavailable("sqlite store unreadable") from None
 
@@ -157,7 +213,7 @@ class SQLiteStore(Store):
             raise ConfigError(f"sqlite store {self.path} does not exist (run 'authsvc init')")
         try:
             version = self._version(self._conn())
-        except sqlite3.Error as e:
+        except (sqlite3.Error, OSError) as e:
             self.close()
             raise ConfigError(f"sqlite store {self.path} cannot be read: {e}") from None
         if version != len(MIGRATIONS):
