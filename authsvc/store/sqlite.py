@@ -62,17 +62,24 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
+# One row always, the player looked up whether or not the key exists (and the game
+# whether or not it does: id 0 is never used): the same work for any key and player,
+# so the time of an answer does not tell which exist (docs/stores.md). No key: game_id NULL.
 CREDENTIALS_SQL = """
-SELECT k.game_id, g.enabled, k.expires_at, p.username, coalesce(p.epoch, 0), coalesce(p.enabled, 0)
-FROM api_keys AS k
-JOIN games AS g ON g.id = k.game_id
-LEFT JOIN players AS p ON p.user_id = ?
-WHERE k.digest = ?
+SELECT k.game_id, coalesce(g.enabled, 0), k.expires_at, p.username, coalesce(p.epoch, 0), coalesce(p.enabled, 0)
+FROM (SELECT ? AS user_id, ? AS digest) AS q
+LEFT JOIN players AS p ON p.user_id = q.user_id
+LEFT JOIN api_keys AS k ON k.digest = q.digest
+LEFT JOIN games AS g ON g.id = coalesce(k.game_id, 0)
 """
-# With a snapshot: the keys once per snapshot, then the player by primary key.
+# With a snapshot: the keys once per snapshot, then the player by primary key, one row
+# whether or not the player exists (a missing one: NULL, 0, 0).
 KEYS_SQL = "SELECT k.digest, k.game_id, g.enabled, k.expires_at FROM api_keys AS k JOIN games AS g ON g.id = k.game_id"
-PLAYER_SQL = "SELECT username, epoch, enabled FROM players WHERE user_id = ?"
-NO_PLAYER = (None, 0, 0)
+PLAYER_SQL = """
+SELECT p.username, coalesce(p.epoch, 0), coalesce(p.enabled, 0)
+FROM (SELECT ? AS user_id) AS q LEFT JOIN players AS p ON p.user_id = q.user_id
+"""
+NO_KEY = (None, 0, None)  # game_id NULL, as CREDENTIALS_SQL gives for an unknown key
 
 
 def _identity(path: str) -> tuple[int, int]:
@@ -192,18 +199,18 @@ class SQLiteStore(Store):
     # -- read path ------------------------------------------------------------------
     def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
         try:
+            # Either path does the same work for a known or unknown key, an existing or
+            # missing player: one query, one row, one Credentials built (docs/stores.md).
             if not self.max_staleness:
                 self._check_file()
-                row = self._conn().execute(CREDENTIALS_SQL, (user_id, key_digest)).fetchone()
-                return None if row is None else Credentials._make(row)
-            snapshot = getattr(self._local, "snapshot", None)
-            if snapshot is None or self.clock() - snapshot[0] >= self.max_staleness:
-                snapshot = self._new_snapshot()
-            _, conn, keys = snapshot
-            key = keys.get(key_digest)
-            if key is None:
-                return None
-            return Credentials._make((*key, *(conn.execute(PLAYER_SQL, (user_id,)).fetchone() or NO_PLAYER)))
+                found = Credentials._make(self._conn().execute(CREDENTIALS_SQL, (user_id, key_digest)).fetchone())
+            else:
+                snapshot = getattr(self._local, "snapshot", None)
+                if snapshot is None or self.clock() - snapshot[0] >= self.max_staleness:
+                    snapshot = self._new_snapshot()
+                _, conn, keys = snapshot
+                found = Credentials._make((*keys.get(key_digest, NO_KEY), *conn.execute(PLAYER_SQL, (user_id,)).fetchone()))
+            return None if found.game_id is None else found
         except (sqlite3.Error, OSError):
             self.close()  # reopen on the next request: the file may come back
             raise StoreUnavailable("sqlite store unreadable") from None
