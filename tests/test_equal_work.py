@@ -18,9 +18,7 @@ import sys
 import pytest
 
 from authsvc.authenticate import Authenticator
-from authsvc.store import open_store
-from authsvc.store.postgres import CREDENTIALS_SQL as PG_CREDENTIALS_SQL
-from authsvc.store.sqlite import CREDENTIALS_SQL, PLAYER_SQL, SQLiteStore
+from authsvc.store import open_store, sqlite
 from authsvc.tokens import api_key_digest
 from tests.test_staleness import FakeClock
 
@@ -62,7 +60,7 @@ def profile(call) -> list[str]:
 @SQLITE_ONLY
 @pytest.mark.parametrize("max_staleness", [1.0, 0.0])
 def test_sqlite_the_same_statements_and_calls_for_any_key_and_player(world, max_staleness):
-    store = SQLiteStore(world.settings.store, readonly=True, max_staleness=max_staleness, clock=FakeClock())
+    store = sqlite.SQLiteStore(world.settings.store, readonly=True, max_staleness=max_staleness, clock=FakeClock())
     authenticate = Authenticator(store, world.settings.token_secrets)
     requests = cases(world)
     for params in requests.values():  # warm up: a snapshot, prepared statements, the player's pages
@@ -91,7 +89,7 @@ def test_sqlite_the_query_steps_about_the_same_for_any_key_and_player(world, max
     steps more than one that does (SQLite 3.40, one query: 44 to 57 steps); a skipped lookup is
     the difference between 11 and 27 to 32 steps (an unknown key, before the query always looked
     the player up)."""
-    store = SQLiteStore(world.settings.store, readonly=True, max_staleness=max_staleness, clock=FakeClock())
+    store = sqlite.SQLiteStore(world.settings.store, readonly=True, max_staleness=max_staleness, clock=FakeClock())
     digests = {"known": api_key_digest(world.api_key), "unknown": api_key_digest("no such key")}
     for _ in range(2):  # warm up: schema, snapshot
         store.credentials(digests["known"], world.user_id)
@@ -118,18 +116,20 @@ def test_sqlite_the_query_steps_about_the_same_for_any_key_and_player(world, max
 def test_sqlite_each_query_returns_one_row_for_any_key_and_player(world):
     """A row, or none, is work too: sqlite3 steps once more and Python builds a tuple for a row that
     exists. Both queries return exactly one row, with NULLs for what is missing."""
-    store = SQLiteStore(world.settings.store, readonly=True)
+    store = sqlite.SQLiteStore(world.settings.store, readonly=True)
     conn = store._conn()
     for user_id in (world.user_id, MISSING_USER):
-        assert len(conn.execute(PLAYER_SQL, (user_id,)).fetchall()) == 1
+        assert len(conn.execute(sqlite.PLAYER_SQL, (user_id,)).fetchall()) == 1
         for digest in (api_key_digest(world.api_key), api_key_digest("no such key")):
-            assert len(conn.execute(CREDENTIALS_SQL, (user_id, digest)).fetchall()) == 1
+            assert len(conn.execute(sqlite.CREDENTIALS_SQL, (user_id, digest)).fetchall()) == 1
     store.close()
 
 
 def executed_plan(conn, digest: str, user_id: int) -> list[str]:
     """The plan PostgreSQL executed, without row counts: node, table, loops (or 'never executed')."""
-    sql = "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + PG_CREDENTIALS_SQL
+    from authsvc.store.postgres import CREDENTIALS_SQL  # psycopg: only where PostgreSQL is tested
+
+    sql = "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + CREDENTIALS_SQL
     lines = [row[0] for row in conn.execute(sql, (user_id, digest))]
     return [re.sub(r"rows=\d+ ", "", line) for line in lines if "->" in line or "(actual" in line]
 
