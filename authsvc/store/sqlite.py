@@ -131,11 +131,10 @@ class SQLiteStore(Store):
         """Open the file; a reader also records which file it opened (device, inode).
 
         sqlite3 gives no descriptor to fstat, so the path is stat'ed before the open and
-        again after a first read (which opens the -wal and -shm files too): equal, the
-        connection and its WAL files belong to the file the path named throughout. Had
-        the path been swapped in between, the identity taken before would not match the
-        path at the next check and the connection would be reopened then; here it is
-        simply reopened at once.
+        again after a first read, which opens the -wal and -shm files too. Equal: the
+        connection and its WAL files belong to the file the path names. Not equal (the
+        file was swapped meanwhile): open again. A stat after the open alone could record
+        the new file for a connection to the old one, and never notice.
         """
         if not self.readonly:
             return self._open()
