@@ -16,13 +16,15 @@ lookup of the player: together more than half of the store's cost
 
 A reader also notices a file replaced under it (``mv``/``rm`` and a new file at
 the path): it compares the file it opened with the one the path names at each
-snapshot, or before each query with 0, reopens a new file and answers 503 while
-the path is missing (docs/stores.md, "Outages").
+snapshot, or before each query with 0, reopens a new file, and answers 503 while
+the path is missing or the -wal/-shm beside a new file are the old one's
+(docs/stores.md, "Outages").
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sqlite3
 import threading
@@ -33,6 +35,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player, Store
+
+log = logging.getLogger("authsvc.store")
 
 BATCH = 10_000
 MMAP_BYTES = 1 << 30  # the reader maps up to the first GiB of the file
@@ -88,6 +92,17 @@ def _identity(path: str) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+def _identities(path: str) -> tuple[tuple[int, int], tuple[int, int] | None, tuple[int, int] | None]:
+    """The database file ``path`` names now, and its -wal and -shm files (None: none)."""
+    wal_shm = []
+    for suffix in ("-wal", "-shm"):
+        try:
+            wal_shm.append(_identity(path + suffix))
+        except FileNotFoundError:
+            wal_shm.append(None)
+    return _identity(path), wal_shm[0], wal_shm[1]
+
+
 def path_from_url(url: str) -> str:
     """``sqlite:///var/lib/authsvc/authsvc.db`` -> ``/var/lib/authsvc/authsvc.db``.
 
@@ -128,22 +143,22 @@ class SQLiteStore(Store):
         return conn
 
     def _connect(self) -> sqlite3.Connection:
-        """Open the file; a reader also records which file it opened (device, inode).
+        """Open the file; a reader also records which files it opened (device, inode).
 
-        sqlite3 gives no descriptor to fstat, so the path is stat'ed before the open and
+        sqlite3 gives no descriptor to fstat, so the paths are stat'ed before the open and
         again after a first read, which opens the -wal and -shm files too. Equal: the
-        connection and its WAL files belong to the file the path names. Not equal (the
-        file was swapped meanwhile): open again. A stat after the open alone could record
-        the new file for a connection to the old one, and never notice.
+        connection and its WAL files are the files the paths name. Not equal (a file was
+        swapped meanwhile): open again. A stat after the open alone could record the new
+        file for a connection to the old one, and never notice.
         """
         if not self.readonly:
             return self._open()
         for _ in range(3):
-            before = _identity(self.path)
+            before = _identities(self.path)
             conn = self._open()
             try:
                 self._version(conn)
-                if _identity(self.path) == before:
+                if _identities(self.path) == before:
                     self._local.identity = before
                     return conn
             except BaseException:
@@ -157,12 +172,44 @@ class SQLiteStore(Store):
 
         A file renamed or deleted stays readable through an open descriptor for ever,
         so without this a store replaced by a new file (``authsvc init`` after ``mv``
-        or ``rm``) would never be read: its revocations never seen. A missing path
-        raises FileNotFoundError: the store is unavailable (HTTP 503) until it is back.
+        or ``rm``) would never be read: its revocations never seen. While the path is
+        missing: HTTP 503.
+
+        SQLite pairs a database with its -wal and -shm files by name. A new file moved
+        over the old one finds the old one's -wal and -shm beside it, and reading the
+        pair would give the old file's pages from the -wal (a revoked player accepted):
+        while either is still the old file's, HTTP 503 too. In both cases the old
+        connection stays open, unused, so the old files cannot be mistaken for new ones
+        (their inodes cannot be reused) and are recognised when a file comes back.
         """
-        identity = _identity(self.path)
-        if identity != getattr(self._local, "identity", identity):
-            self.close()  # the next _conn() opens the new file, with its own -wal and -shm
+        local = self._local
+        opened = getattr(local, "identity", None)
+        if opened is None:
+            return
+        try:
+            if _identity(self.path) == opened[0]:
+                return
+            main, wal, shm = _identities(self.path)
+        except FileNotFoundError:
+            self._hold(local)
+            raise StoreUnavailable("sqlite store file missing") from None
+        if (wal is not None and wal == opened[1]) or (shm is not None and shm == opened[2]):
+            self._hold(local)
+            if not getattr(local, "warned", False):
+                local.warned = True
+                log.error(
+                    "sqlite store %s was replaced, but %s-wal or -shm beside it is the old file's: "
+                    "answering 503 until they are removed (docs/stores.md)", self.path, self.path,
+                )
+            raise StoreUnavailable("sqlite store replaced without its -wal and -shm files")
+        self.close()  # the next _conn() opens the new file, with its own -wal and -shm
+
+    @staticmethod
+    def _hold(local: threading.local) -> None:
+        """Keep the connection, but end its snapshot (the old file's WAL may be checkpointed)."""
+        if local.conn.in_transaction:
+            local.conn.execute("COMMIT")
+        local.snapshot = None
 
     def _forget_connections(self) -> None:
         self._local = threading.local()
