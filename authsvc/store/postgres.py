@@ -74,12 +74,14 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
+# SQLite's query (store/sqlite.py): one row always, every lookup made whether or not
+# the key and the player exist, so the time of an answer tells neither. No key: game_id NULL.
 CREDENTIALS_SQL = """
 SELECT k.game_id, g.enabled, k.expires_at, p.username, p.epoch, p.enabled
-FROM api_keys AS k
-JOIN games AS g ON g.id = k.game_id
-LEFT JOIN players AS p ON p.user_id = %s
-WHERE k.digest = %s
+FROM (SELECT %s AS user_id, %s AS digest) AS q
+LEFT JOIN players AS p ON p.user_id = q.user_id
+LEFT JOIN api_keys AS k ON k.digest = q.digest
+LEFT JOIN games AS g ON g.id = coalesce(k.game_id, 0)
 """
 
 # The same query for libpq's own placeholders, prepared once per web connection.
@@ -198,19 +200,18 @@ class PostgresStore(Store):
                 if attempt == 2 or fresh or not broken:
                     log.warning("postgresql store unavailable: %s (sqlstate %s)", type(e).__name__, e.sqlstate)
                     raise StoreUnavailable("postgresql store unavailable") from None
-        if row is None:
-            return None
         game_id, game_enabled, expires_at, username, epoch, player_enabled = row
-        return Credentials(
-            int(game_id),
+        found = Credentials(
+            int(game_id or b"0"),
             game_enabled == b"t",
             None if expires_at is None else int(expires_at),
             None if username is None else username.decode(),
             0 if epoch is None else int(epoch),
             player_enabled == b"t",
         )
+        return None if game_id is None else found
 
-    def _credentials_row(self, conn: psycopg.Connection, key_digest: str, user_id: int) -> list | None:
+    def _credentials_row(self, conn: psycopg.Connection, key_digest: str, user_id: int) -> list:
         """The credentials query through libpq itself: the statement prepared once per connection,
         then Bind/Execute/Sync with text values. psycopg's cursor machinery around the same round
         trip cost more than the round trip's own CPU (BENCHMARKS.md). Errors are raised as psycopg's."""
@@ -223,9 +224,7 @@ class PostgresStore(Store):
         except MemoryError:  # psycopg's C wrapper reports libpq's NULL result (nothing could be sent) so
             raise psycopg.OperationalError("the query could not be sent to the server") from None
         _raise_unless(result, ExecStatus.TUPLES_OK)
-        if result.ntuples == 0:
-            return None
-        return [result.get_value(0, column) for column in range(6)]
+        return [result.get_value(0, column) for column in range(6)]  # one row, always
 
     def check(self) -> None:
         where = f"postgresql store {redact_url(self.url)}"

@@ -13,11 +13,18 @@ lookup of the player: together more than half of the store's cost
 (BENCHMARKS.md). An answer then reflects the store as it was at most
 ``max_staleness`` seconds earlier (AUTHSVC_MAX_STALENESS, default 1 s, at most
 1 s; docs/stores.md). With 0, every authentication is one query of its own.
+
+A reader also notices a file replaced under it (``mv``/``rm`` and a new file at
+the path): it compares the file it opened with the one the path names at each
+snapshot, or before each query with 0, reopens a new file, and answers 503 while
+the path is missing or the -wal/-shm beside a new file are the old one's
+(docs/stores.md, "Outages").
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sqlite3
 import threading
@@ -28,6 +35,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player, Store
+
+log = logging.getLogger("authsvc.store")
 
 BATCH = 10_000
 MMAP_BYTES = 1 << 30  # the reader maps up to the first GiB of the file
@@ -57,17 +66,41 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
+# One row always, the player looked up whether or not the key exists (and the game
+# whether or not it does: id 0 is never used): the same work for any key and player,
+# so the time of an answer does not tell which exist (docs/stores.md). No key: game_id NULL.
 CREDENTIALS_SQL = """
-SELECT k.game_id, g.enabled, k.expires_at, p.username, coalesce(p.epoch, 0), coalesce(p.enabled, 0)
-FROM api_keys AS k
-JOIN games AS g ON g.id = k.game_id
-LEFT JOIN players AS p ON p.user_id = ?
-WHERE k.digest = ?
+SELECT k.game_id, coalesce(g.enabled, 0), k.expires_at, p.username, coalesce(p.epoch, 0), coalesce(p.enabled, 0)
+FROM (SELECT ? AS user_id, ? AS digest) AS q
+LEFT JOIN players AS p ON p.user_id = q.user_id
+LEFT JOIN api_keys AS k ON k.digest = q.digest
+LEFT JOIN games AS g ON g.id = coalesce(k.game_id, 0)
 """
-# With a snapshot: the keys once per snapshot, then the player by primary key.
+# With a snapshot: the keys once per snapshot, then the player by primary key, one row
+# whether or not the player exists (a missing one: NULL, 0, 0).
 KEYS_SQL = "SELECT k.digest, k.game_id, g.enabled, k.expires_at FROM api_keys AS k JOIN games AS g ON g.id = k.game_id"
-PLAYER_SQL = "SELECT username, epoch, enabled FROM players WHERE user_id = ?"
-NO_PLAYER = (None, 0, 0)
+PLAYER_SQL = """
+SELECT p.username, coalesce(p.epoch, 0), coalesce(p.enabled, 0)
+FROM (SELECT ? AS user_id) AS q LEFT JOIN players AS p ON p.user_id = q.user_id
+"""
+NO_KEY = (None, 0, None)  # game_id NULL, as CREDENTIALS_SQL gives for an unknown key
+
+
+def _identity(path: str) -> tuple[int, int]:
+    """The file ``path`` names now: (device, inode)."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _identities(path: str) -> tuple[tuple[int, int], tuple[int, int] | None, tuple[int, int] | None]:
+    """The database file ``path`` names now, and its -wal and -shm files (None: none)."""
+    wal_shm = []
+    for suffix in ("-wal", "-shm"):
+        try:
+            wal_shm.append(_identity(path + suffix))
+        except FileNotFoundError:
+            wal_shm.append(None)
+    return _identity(path), wal_shm[0], wal_shm[1]
 
 
 def path_from_url(url: str) -> str:
@@ -112,7 +145,7 @@ class SQLiteStore(Store):
         os.register_at_fork(after_in_child=lambda: (s := store()) is not None and s._forget_connections())
 
     # -- connections --------------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
+    def _open(self) -> sqlite3.Connection:
         if self.readonly:
             uri = "file://" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"  # empty authority
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
@@ -126,6 +159,75 @@ class SQLiteStore(Store):
         conn.execute("PRAGMA busy_timeout = 2000")
         return conn
 
+    def _connect(self) -> sqlite3.Connection:
+        """Open the file; a reader also records which files it opened (device, inode).
+
+        sqlite3 gives no descriptor to fstat, so the paths are stat'ed before the open and
+        again after a first read, which opens the -wal and -shm files too. Equal: the
+        connection and its WAL files are the files the paths name. Not equal (a file was
+        swapped meanwhile): open again. A stat after the open alone could record the new
+        file for a connection to the old one, and never notice.
+        """
+        if not self.readonly:
+            return self._open()
+        for _ in range(3):
+            before = _identities(self.path)
+            conn = self._open()
+            try:
+                self._version(conn)
+                if _identities(self.path) == before:
+                    self._local.identity = before
+                    return conn
+            except BaseException:
+                conn.close()
+                raise
+            conn.close()
+        raise sqlite3.OperationalError("the store file was replaced three times while it was being opened")
+
+    def _check_file(self) -> None:
+        """Drop this thread's connection if the path no longer names the file it has open.
+
+        A file renamed or deleted stays readable through an open descriptor for ever,
+        so without this a store replaced by a new file (``authsvc init`` after ``mv``
+        or ``rm``) would never be read: its revocations never seen. While the path is
+        missing: HTTP 503.
+
+        SQLite pairs a database with its -wal and -shm files by name. A new file moved
+        over the old one finds the old one's -wal and -shm beside it, and reading the
+        pair would give the old file's pages from the -wal (a revoked player accepted):
+        while either is still the old file's, HTTP 503 too. In both cases the old
+        connection stays open, unused, so the old files cannot be mistaken for new ones
+        (their inodes cannot be reused) and are recognised when a file comes back.
+        """
+        local = self._local
+        opened = getattr(local, "identity", None)
+        if opened is None:
+            return
+        try:
+            if _identity(self.path) == opened[0]:
+                return
+            main, wal, shm = _identities(self.path)
+        except FileNotFoundError:
+            self._hold(local)
+            raise StoreUnavailable("sqlite store file missing") from None
+        if (wal is not None and wal == opened[1]) or (shm is not None and shm == opened[2]):
+            self._hold(local)
+            if not getattr(local, "warned", False):
+                local.warned = True
+                log.error(
+                    "sqlite store %s was replaced, but %s-wal or -shm beside it is the old file's: "
+                    "answering 503 until they are removed (docs/stores.md)", self.path, self.path,
+                )
+            raise StoreUnavailable("sqlite store replaced without its -wal and -shm files")
+        self.close()  # the next _conn() opens the new file, with its own -wal and -shm
+
+    @staticmethod
+    def _hold(local: threading.local) -> None:
+        """Keep the connection, but end its snapshot (the old file's WAL may be checkpointed)."""
+        if local.conn.in_transaction:
+            local.conn.execute("COMMIT")
+        local.snapshot = None
+
     def _forget_connections(self) -> None:
         self._local = threading.local()
 
@@ -136,8 +238,14 @@ class SQLiteStore(Store):
         return local.conn
 
     def _new_snapshot(self) -> tuple[float, sqlite3.Connection, dict[str, tuple]]:
-        """End this thread's snapshot and start another; returns (taken at, connection, keys by digest)."""
-        conn, now = self._conn(), self.clock()
+        """End this thread's snapshot and start another; returns (taken at, connection, keys by digest).
+
+        The file is checked first, so no snapshot is taken of a file the path stopped
+        naming before this one began: a replaced store is read within the same bound.
+        """
+        now = self.clock()
+        self._check_file()
+        conn = self._conn()
         if conn.in_transaction:
             conn.execute("COMMIT")
         conn.execute("BEGIN")  # the snapshot is taken by the next SELECT, after ``now``
@@ -154,18 +262,19 @@ class SQLiteStore(Store):
     # -- read path ------------------------------------------------------------------
     def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
         try:
+            # Either path does the same work for a known or unknown key, an existing or
+            # missing player: one query, one row, one Credentials built (docs/stores.md).
             if not self.max_staleness:
-                row = self._conn().execute(CREDENTIALS_SQL, (user_id, key_digest)).fetchone()
-                return None if row is None else Credentials._make(row)
-            snapshot = getattr(self._local, "snapshot", None)
-            if snapshot is None or self.clock() - snapshot[0] >= self.max_staleness:
-                snapshot = self._new_snapshot()
-            _, conn, keys = snapshot
-            key = keys.get(key_digest)
-            if key is None:
-                return None
-            return Credentials._make((*key, *(conn.execute(PLAYER_SQL, (user_id,)).fetchone() or NO_PLAYER)))
-        except sqlite3.Error:
+                self._check_file()
+                found = Credentials._make(self._conn().execute(CREDENTIALS_SQL, (user_id, key_digest)).fetchone())
+            else:
+                snapshot = getattr(self._local, "snapshot", None)
+                if snapshot is None or self.clock() - snapshot[0] >= self.max_staleness:
+                    snapshot = self._new_snapshot()
+                _, conn, keys = snapshot
+                found = Credentials._make((*keys.get(key_digest, NO_KEY), *conn.execute(PLAYER_SQL, (user_id,)).fetchone()))
+            return None if found.game_id is None else found
+        except (sqlite3.Error, OSError):
             self.close()  # reopen on the next request: the file may come back
             raise StoreUnavailable("sqlite store unreadable") from None
 
@@ -174,7 +283,7 @@ class SQLiteStore(Store):
             raise ConfigError(f"sqlite store {self.path} does not exist (run 'authsvc init')")
         try:
             version = self._version(self._conn())
-        except sqlite3.Error as e:
+        except (sqlite3.Error, OSError) as e:
             self.close()
             raise ConfigError(f"sqlite store {self.path} cannot be read: {e}") from None
         if version != len(MIGRATIONS):
