@@ -22,6 +22,7 @@ from authsvc.http import error_object, json_bytes, request_params, respond
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.store.base import Store
+from authsvc.store.sqlite import SQLiteStore
 
 log = logging.getLogger("authsvc")
 
@@ -147,5 +148,7 @@ def make_app(settings: Settings, store: Store | None = None) -> App:
     if store is None:
         store = open_store(settings.store, readonly=True, settings=settings)
         store.check()
+        if isinstance(store, SQLiteStore) and (warning := store.journal_mode_warning()):
+            log.warning("%s", warning)
         store.close()  # each worker opens its own connection after fork
     return App(settings, store)

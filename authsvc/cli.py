@@ -1,4 +1,4 @@
-"""The ``authsvc`` admin command: init, games, players, tokens.
+"""The ``authsvc`` admin command: init, games, players, tokens, export, import, backup, check.
 
 Every subcommand takes ``--json`` (one JSON object on stdout). Bad input gives a
 one-line message on stderr and exit 1 (exit 2 for a malformed command line).
@@ -257,6 +257,14 @@ def cmd_export(args, settings):
     )
 
 
+def cmd_backup(args, settings):
+    with _store(settings) as store:
+        if not isinstance(store, SQLiteStore):
+            raise CommandError("backup copies a SQLite store; back up PostgreSQL with pg_dump (docs/operations.md)")
+        store.backup(args.file)
+    return {"file": args.file}, f"backed up {redact_url(settings.store)} to {args.file} (WAL mode)"
+
+
 def cmd_import(args, settings):
     started = time.monotonic()
     with _store(settings) as store:
@@ -430,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     leaf(top, "export", cmd_export, "write the whole store to a new file (JSON lines)").add_argument("file")
     leaf(top, "import", cmd_import, "load an export file into an empty store, all or nothing").add_argument("file")
+    leaf(top, "backup", cmd_backup, "copy a SQLite store to a new file, in WAL mode").add_argument("file")
 
     token = top.add_parser("token", help="game_auth_tokens").add_subparsers(
         dest="action", required=True, metavar="ACTION", parser_class=_Parser

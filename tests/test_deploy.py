@@ -327,12 +327,13 @@ def test_gunicorn_writes_nothing_in_home_or_tmp(stack):
 
 
 def test_backup_while_serving_as_documented(stack, tmp_path):
-    """docs/operations.md section 8: VACUUM INTO a copy while gunicorn reads the store."""
-    store = stack.env["AUTHSVC_STORE"].removeprefix("sqlite://")
+    """docs/operations.md section 8: `authsvc backup` while gunicorn reads the store; the copy is in WAL mode."""
     copy = tmp_path / "backup.db"
-    snippet = re.search(r"'(import sqlite3, sys;[^']*)'", DOCS.read_text()).group(1)
-    done = subprocess.run([sys.executable, "-c", snippet, store, str(copy)], capture_output=True, text=True, timeout=60)
+    assert "authsvc backup /var/lib/authsvc/backup.db" in DOCS.read_text()
+    done = subprocess.run([sys.executable, "-m", "authsvc.cli", "backup", str(copy)], env=stack.env,
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    assert copy.read_bytes()[18:20] == b"\x02\x02"  # WAL mode, read from the file header
     assert stack.request("https", stack.api_query()).json()["success"] is True
     env = {**stack.env, "AUTHSVC_STORE": f"sqlite://{copy}"}
     games = subprocess.run([sys.executable, "-m", "authsvc.cli", "game", "list", "--json"],

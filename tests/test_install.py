@@ -21,12 +21,16 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-def _install(root: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run(
+def _run_install(root: Path, *sets: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [str(REPO / "scripts/install"), "--api-host", "api.example.com", "--legacy-host", "legacy.example.com",
-         "--set", "RATE=50r/s", "--root", str(root), "--python", sys.executable],
+         "--set", "RATE=50r/s", *sets, "--root", str(root), "--python", sys.executable],
         capture_output=True, text=True, timeout=600,
     )
+
+
+def _install(root: Path, *sets: str) -> subprocess.CompletedProcess:
+    done = _run_install(root, *sets)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
@@ -130,6 +134,39 @@ def test_installed_gunicorn_loads_the_app_with_the_installed_config(staged):
         env=env, capture_output=True, text=True, timeout=60, cwd=root,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_install_honours_layout_values(tmp_path):
+    """--set APP_DIR/CONF_DIR/NGINX_DIR move the venv, config, units, wrapper and site; nothing lands in the defaults."""
+    root = tmp_path / "stage"
+    _install(root, "--set", "APP_DIR=/srv/authsvc-app", "--set", "CONF_DIR=/srv/authsvc-etc",
+             "--set", "NGINX_DIR=/srv/nginx")
+    for rel in ("srv/authsvc-app/venv/bin/gunicorn", "srv/authsvc-app/venv/bin/authsvc",
+                "srv/authsvc-app/gunicorn.conf.py", "srv/authsvc-app/docs/operations.md",
+                "srv/authsvc-etc/authsvc.toml", "srv/authsvc-etc/token-secret",
+                "srv/nginx/sites-available/authsvc.conf", "srv/nginx/snippets/authsvc-tls.conf"):
+        assert (root / rel).exists(), rel
+    assert os.readlink(root / "srv/nginx/sites-enabled/authsvc.conf") == "/srv/nginx/sites-available/authsvc.conf"
+    for rel in ("opt/authsvc", "etc/authsvc", "etc/nginx"):
+        assert not (root / rel).exists(), rel
+    service = (root / "etc/systemd/system/authsvc.service").read_text()
+    assert "ExecStart=/srv/authsvc-app/venv/bin/gunicorn --config /srv/authsvc-app/gunicorn.conf.py" in service
+    assert "LoadCredential=token-secret:/srv/authsvc-etc/token-secret" in service
+    assert "AUTHSVC_CONFIG=/srv/authsvc-etc/authsvc.toml" in service
+    wrapper = (root / "usr/local/bin/authsvc").read_text()
+    assert "cmd=/srv/authsvc-app/venv/bin/authsvc" in wrapper
+    assert "AUTHSVC_CONFIG=/srv/authsvc-etc/authsvc.toml" in wrapper
+    for text in (service, wrapper, (root / "srv/nginx/sites-available/authsvc.conf").read_text()):
+        assert "/opt/authsvc" not in text and "/etc/authsvc" not in text and str(root) not in text
+
+
+@pytest.mark.parametrize("value", ["APP_DIR=srv/app", "CONF_DIR=", "APP_DIR=/srv/a b"])
+def test_install_refuses_bad_layout_values_before_writing(tmp_path, value):
+    root = tmp_path / "stage"
+    done = _run_install(root, "--set", value)
+    assert done.returncode != 0
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not root.exists() or not any(root.iterdir())
 
 
 def _as(user: str, cmd: list[str], **kw) -> subprocess.CompletedProcess:

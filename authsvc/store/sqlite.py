@@ -23,6 +23,7 @@ the path is missing or the -wal/-shm beside a new file are the old one's
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -296,6 +297,12 @@ class SQLiteStore(Store):
     def _version(conn: sqlite3.Connection) -> int:
         return conn.execute("PRAGMA user_version").fetchone()[0]
 
+    def journal_mode_warning(self) -> str | None:
+        """Why a restored copy is slow, for the start-up log: readers wait for admin writes (docs/operations.md s. 8)."""
+        mode = self._conn().execute("PRAGMA journal_mode").fetchone()[0]
+        return None if mode == "wal" else (f"sqlite store {self.path} is in {mode} journal mode, not WAL: admin writes "
+                                           "block authentication; run 'authsvc init' (docs/operations.md section 8)")
+
     # -- admin ----------------------------------------------------------------------
     def _write(self):
         conn = self._conn()
@@ -314,6 +321,20 @@ class SQLiteStore(Store):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {version:d}")
         return before, len(MIGRATIONS)
+
+    def backup(self, target: str) -> None:
+        """A live-consistent copy by SQLite's backup API, in WAL mode: fast once restored (operations.md s. 8)."""
+        if os.path.exists(target):
+            raise ConfigError(f"backup target {target} exists; give a new file name")
+        try:
+            with contextlib.closing(sqlite3.connect(target, isolation_level=None)) as copy:
+                self._conn().backup(copy)
+                copy.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.Error as e:
+            for leftover in (target, target + "-wal", target + "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(leftover)
+            raise ConfigError(f"backup to {target} failed: {e}") from None
 
     def add_game(self, name: str, key_digest: str, now: int) -> Game:
         with self._write() as conn:
