@@ -8,8 +8,6 @@ integer) becomes ``INVALID``: present, but never equal to a real credential.
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
 import json
 import re
 import urllib.parse
@@ -81,23 +79,126 @@ def parse_json_object(body: bytes) -> dict[str, str | _Invalid]:
     return {name: _json_value(value) for name, value in data.items()}
 
 
+# -- multipart/form-data ----------------------------------------------------------------
+# Read by hand, not by email.parser: its work grows with the number of parts and
+# of nested multiparts (a 13 KB body of 1,900 nested empty parts cost ~200 ms).
+# Here every step is a bytes.find or a regex that moves forward, the parts are
+# capped, and a part is never parsed beyond its headers (docs/api.md).
+
+MAX_PARTS = 8  # the endpoint reads three fields; the cost of the worst body grows with it (BENCHMARKS.md)
+_NOT_MULTIPART = "Request body is not valid multipart/form-data"
+_TOO_MANY_PARTS = f"Request body has more than {MAX_PARTS} multipart parts"
+# RFC 2046 §5.1.1: 1 to 70 characters, not ending in a space. Any printable ASCII
+# is accepted, not only the RFC's bchars: WebTest, for one, puts "$" in its boundaries.
+_BOUNDARY_PARAM = re.compile(r';[ \t]*boundary[ \t]*=[ \t]*(?:"([^"]*)"|([^;]*))', re.I)
+_BOUNDARY = re.compile(r"[ -~]{0,69}[!-~]")
+# Searched in the lower-cased Content-Disposition, so without re.I. A quoted name
+# ends at the next '"': browsers write a '"' in a name as %22 (WHATWG's
+# multipart/form-data encoding), so there is no backslash escape to undo.
+_NAME_PARAM = re.compile(rb';[ \t]*name[ \t]*=[ \t]*(?:"([^"]*)"|([^;]*))')
+_FILENAME_PARAM = re.compile(rb";[ \t]*filename\*?[ \t]*=")
+# A field's Content-Disposition is short: 'form-data; name="..."' (a file adds
+# filename and filename*, and is skipped anyway). A longer one, or one with more
+# parameters, is skipped unread, which bounds the regex work per part.
+MAX_DISPOSITION = 256  # bytes
+MAX_DISPOSITION_PARAMS = 3
+MAX_PART_HEADERS = 512  # bytes: a field's headers are Content-Disposition and perhaps Content-Type
+_PLAIN_ENCODINGS = (b"", b"7bit", b"8bit", b"binary")
+
+
+def _multipart_boundary(content_type: str) -> bytes:
+    match = _BOUNDARY_PARAM.search(content_type)
+    if match is None:
+        raise BadRequest(_NOT_MULTIPART)
+    boundary = match.group(1) if match.group(1) is not None else match.group(2).strip()
+    if not _BOUNDARY.fullmatch(boundary):
+        raise BadRequest(_NOT_MULTIPART)
+    return boundary.encode("ascii")
+
+
+def _header(head: bytes, lowered: bytes, name: bytes) -> bytes | None:
+    """The value of the first header ``name`` (lower case, colon included) in a part's header block.
+
+    ``head`` starts with a line break, so every header line starts after one;
+    ``lowered`` is ``head.lower()``, searched because header names ignore case.
+    """
+    start = lowered.find(b"\n" + name)
+    if start < 0:
+        return None
+    start += 1 + len(name)
+    end = head.find(b"\n", start)
+    return head[start:end if end >= 0 else len(head)].strip()
+
+
+def _read_part(part: bytes, params: dict[str, str | _Invalid]) -> None:
+    """One part: a name from Content-Disposition and a UTF-8 value; files and nested multipart skipped."""
+    if part[:1] == b"\n" or part[:2] == b"\r\n":
+        return  # no headers, so no name
+    cut = part.find(b"\n\r\n", 0, MAX_PART_HEADERS)
+    bare = part.find(b"\n\n", 0, MAX_PART_HEADERS if cut < 0 else cut)  # a bare LF blank line before it
+    cut = bare if bare >= 0 else cut
+    if cut < 0:
+        return  # headers longer than a field's (or never ended): skipped unread
+    head = b"\n" + part[:cut]
+    lowered = head.lower()
+    disposition = _header(head, lowered, b"content-disposition:")
+    if (disposition is None or len(disposition) > MAX_DISPOSITION
+            or disposition.count(b";") > MAX_DISPOSITION_PARAMS):
+        return
+    folded = disposition.lower()  # the same length: offsets found in it hold in disposition
+    match = _NAME_PARAM.search(folded)
+    if match is None or _FILENAME_PARAM.search(folded):
+        return
+    group = 1 if match.start(1) >= 0 else 2
+    try:
+        name = disposition[match.start(group):match.end(group)].strip().decode("utf-8")
+    except UnicodeDecodeError:
+        return  # an undecodable name is dropped, as in a query string
+    content_type = _header(head, lowered, b"content-type:")
+    if not name or (content_type is not None and content_type.lower().startswith(b"multipart/")):
+        return  # nested multipart: never parsed
+    encoding = _header(head, lowered, b"content-transfer-encoding:")
+    if encoding is not None and encoding.lower() not in _PLAIN_ENCODINGS:
+        params[name] = INVALID  # base64, quoted-printable: no HTTP client sends them (RFC 7578 §4.7)
+        return
+    content = part[cut + (3 if part[cut + 1:cut + 2] == b"\r" else 2):]
+    try:
+        params[name] = content.decode("utf-8")
+    except UnicodeDecodeError:
+        params[name] = INVALID
+
+
 def parse_multipart(body: bytes, content_type: str) -> dict[str, str | _Invalid]:
-    """multipart/form-data (PHP curl with an array of fields sends this); plain fields only."""
-    head = b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n"
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
-    if not message.is_multipart():
-        raise BadRequest("Request body is not valid multipart/form-data")
+    """multipart/form-data (curl -F, PHP curl with an array of fields): plain fields only, at most MAX_PARTS parts.
+
+    Each delimiter line ("--" boundary, optional blanks, a line break) starts a
+    part, which runs to the line break before the next delimiter; "--" boundary
+    "--" ends the body (RFC 2046 §5.1.1). The preamble and epilogue are ignored.
+    """
+    delimiter = b"--" + _multipart_boundary(content_type)
+    separator = b"\n" + delimiter
+    if body.startswith(delimiter):
+        start = len(delimiter)
+    else:
+        start = body.find(separator)
+        if start < 0:
+            raise BadRequest(_NOT_MULTIPART)
+        start += len(separator)
     params: dict[str, str | _Invalid] = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if not name or part.get_filename():
-            continue
-        payload = part.get_payload(decode=True) or b""
-        try:
-            params[name] = payload.decode("utf-8")
-        except UnicodeDecodeError:
-            params[name] = INVALID
-    return params
+    for _ in range(MAX_PARTS):
+        if body.startswith(b"--", start):
+            return params  # the close delimiter
+        line_end = body.find(b"\n", start)
+        if line_end < 0 or body[start:line_end].strip(b" \t\r"):
+            raise BadRequest(_NOT_MULTIPART)  # truncated, or the boundary is only a prefix of the line
+        end = body.find(separator, line_end)
+        if end < 0:
+            raise BadRequest(_NOT_MULTIPART)  # no close delimiter
+        _read_part(body[line_end + 1:end - 1 if body[end - 1] == 13 else end], params)  # 13: the CR of CRLF
+        start = end + len(separator)
+    if body.startswith(b"--", start):
+        return params
+    raise BadRequest(_TOO_MANY_PARTS)
 
 
 def parse_body(body: bytes, content_type: str) -> dict[str, str | _Invalid]:
