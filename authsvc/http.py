@@ -63,6 +63,11 @@ def _json_value(value: object) -> str | _Invalid:
     if value is None:
         return ""  # null counts as missing, like an empty string
     if type(value) is str:
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate ("\ud800"): JSON allows it, UTF-8 does not
+                return INVALID
         return value
     if type(value) is int:  # bool is a subclass of int, hence the exact type test
         return str(value)
@@ -229,19 +234,35 @@ def read_body(environ: dict, limit: int) -> bytes:
     """
     length = environ.get("CONTENT_LENGTH")
     if length:
-        if not length.isdigit():
+        if not (length.isascii() and length.isdigit()):  # "²".isdigit() is True, and int() refuses it
             raise BadRequest("Invalid Content-Length")
+        if len(length) > 18:  # more than any limit; and int() refuses more than 4,300 digits
+            raise PayloadTooLarge()
         size = int(length)
         if size > limit:
             raise PayloadTooLarge()
-        return environ["wsgi.input"].read(size) if size else b""
+        return _read(environ, size) if size else b""
     encoding = environ.get("HTTP_TRANSFER_ENCODING")
     if encoding and (environ.get("wsgi.input_terminated") or encoding.lower() == "chunked"):
-        body = environ["wsgi.input"].read(limit + 1)
+        body = _read(environ, limit + 1)
         if len(body) > limit:
             raise PayloadTooLarge()
         return body
     return b""
+
+
+def _read(environ: dict, size: int) -> bytes:
+    """Read the body from the server; any failure is the client's broken body, a 400.
+
+    The broad except is deliberate and limited to this one call: each server's
+    reader raises its own types (gunicorn: InvalidChunkSize, ChunkMissingTerminator,
+    NoMoreData; others OSError or ValueError), none of them a bug of ours, and a
+    500 with a traceback per request would let any client fill the log.
+    """
+    try:
+        return environ["wsgi.input"].read(size)
+    except Exception:
+        raise BadRequest("Request body could not be read") from None
 
 
 def request_params(environ: dict, limit: int) -> dict[str, str | _Invalid]:

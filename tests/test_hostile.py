@@ -14,11 +14,15 @@ import io
 import json
 import sys
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
 
 from authsvc.app import make_app
-from authsvc.authenticate import MISSING_DESCRIPTION
-from authsvc.http import INVALID, parse_body
+from authsvc.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
+from authsvc.http import INVALID, parse_body, parse_json_object
+from authsvc.tokens import api_key_digest
 from tests.hostile_bodies import curl_form, many_parts, nested_multipart
 
 PATH = "/api/authenticate.json"
@@ -149,3 +153,117 @@ def test_parts_past_the_per_part_caps_are_skipped_unread():
             + part(b"form-data; name=c", b"X: " + b"y" * 500 + b"\r\n")
             + part(b'form-data; name="' + b"d" * 200 + b'"', b"X: " + b"y" * 200 + b"\r\n") + b"--b--\r\n")
     assert parse_body(body, "multipart/form-data; boundary=b") == {"d" * 200: "1"}
+
+
+# -- point: values that once gave a 500 ------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["api_key", "game_auth_token", "user_id"])
+def test_json_value_with_a_lone_surrogate_is_invalid_credentials(app, world, field):
+    body = json.dumps(dict(world.params(), **{field: "x\ud800"}))  # json.dumps writes it as \ud800
+    r = app.post(PATH, body, content_type="application/json")
+    assert r.json == {"success": False, "error": 403, "error_description": INVALID_DESCRIPTION}
+
+
+def test_json_lone_surrogates_parse_as_invalid_and_the_digest_is_total():
+    params = parse_json_object(b'{"a": "x\\ud800", "b": "\\udcff", "c": "\\ud83c\\udfae"}')
+    assert params == {"a": INVALID, "b": INVALID, "c": "\U0001f3ae"}
+    for key in ("x\ud800", "\udcff", "\ud83c"):
+        assert len(api_key_digest(key)) == 64
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("length", ["²", "٣", "3\u00a0", "1" * 5000, "99999999999999999999999"])
+def test_content_length_other_than_ascii_digits_is_400_or_413(wsgi_app, length):
+    status, body = call(wsgi_app, environ_for(b"abc", "", CONTENT_LENGTH=length))
+    answer = json.loads(body)
+    assert set(answer) == ERROR_KEYS
+    assert (status, answer["error"]) in (("200 OK", 400), ("413 Payload Too Large", 413))
+
+
+class FailingInput:
+    """A wsgi.input whose read fails as a server's own reader does (gunicorn: InvalidChunkSize)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def read(self, *args):
+        raise self.error
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("error", [ValueError("bad chunk"), OSError("reset"), RuntimeError("?")])
+@pytest.mark.parametrize("framing", [{"CONTENT_LENGTH": "10"}, {"CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"}])
+def test_a_body_that_cannot_be_read_is_400(wsgi_app, error, framing):
+    status, body = call(wsgi_app, environ_for(b"", "", **framing, **{"wsgi.input": FailingInput(error)}))
+    assert status == "200 OK"
+    assert json.loads(body) == {"success": False, "error": 400, "error_description": "Request body could not be read"}
+
+
+# -- property: whatever the environ, never a 500 and always the JSON shape ------------------------
+
+latin1 = st.text(st.characters(max_codepoint=255), max_size=80)
+any_text = st.one_of(latin1, st.text(max_size=40))  # a non-compliant server may pass non-latin-1 text
+boundaries = st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=75)
+
+
+@st.composite
+def multipart_bodies(draw):
+    boundary = draw(boundaries)
+    parts = draw(st.lists(st.tuples(
+        st.sampled_from(["user_id", "api_key", "game_auth_token", "x", 'q"', ""]),
+        st.sampled_from(["", "; filename=f", "\r\nContent-Type: multipart/mixed; boundary=" + boundary,
+                         "\r\nContent-Transfer-Encoding: base64"]),
+        st.binary(max_size=30)), max_size=20))
+    delimiter = b"--" + boundary.encode()
+    body = b"".join(delimiter + b'\r\nContent-Disposition: form-data; name="%s"%s\r\n\r\n%s\r\n'
+                    % (name.encode(), extra.encode(), value) for name, extra, value in parts)
+    body += delimiter + b"--\r\n"
+    cut = draw(st.one_of(st.none(), st.integers(0, len(body))))
+    quoted = draw(st.booleans())
+    content_type = f'multipart/form-data; boundary="{boundary}"' if quoted else f"multipart/form-data; boundary={boundary}"
+    return (body if cut is None else body[:cut]), content_type
+
+
+bodies = st.one_of(
+    st.tuples(st.binary(max_size=300), any_text),
+    multipart_bodies(),
+    st.tuples(st.sampled_from([b'{"api_key": "x\\ud800", "user_id": "\\udcff", "game_auth_token": "\\ud800"}',
+                               b'{"user_id": 1}', b"[" * 3000, b"user_id=%ff&api_key=\xff"]),
+              st.sampled_from(["application/json", "", "text/plain"])),
+)
+
+
+@hsettings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body_and_type=bodies,
+       content_length=st.one_of(st.none(), st.just("LEN"), any_text, st.integers(-5, 10**6).map(str)),
+       transfer_encoding=st.one_of(st.none(), st.sampled_from(["chunked", "gzip, chunked", "CHUNKED"]), any_text),
+       query=any_text,
+       path=st.one_of(st.just(PATH), st.just("/healthz"), any_text),
+       method=st.one_of(st.sampled_from(["GET", "POST", "HEAD", "PUT"]), any_text),
+       terminated=st.booleans(),
+       read_error=st.sampled_from([None, ValueError("bad chunk size"), OSError("reset")]))
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_any_environ_gets_a_json_answer_and_never_a_500(wsgi_app, body_and_type, content_length, transfer_encoding,
+                                                         query, path, method, terminated, read_error):
+    body, content_type = body_and_type
+    environ = environ_for(body, content_type, QUERY_STRING=query, PATH_INFO=path, REQUEST_METHOD=method)
+    environ["wsgi.input_terminated"] = terminated
+    if content_length is None:
+        del environ["CONTENT_LENGTH"]
+    elif content_length != "LEN":
+        environ["CONTENT_LENGTH"] = content_length
+    if transfer_encoding is not None:
+        environ["HTTP_TRANSFER_ENCODING"] = transfer_encoding
+    if read_error is not None:
+        environ["wsgi.input"] = FailingInput(read_error)
+    status, answer = call(wsgi_app, environ)
+    assert not status.startswith("500")
+    if method == "HEAD":
+        assert answer == b""
+        return
+    parsed = json.loads(answer)
+    if path == "/healthz" and parsed.get("success") is True:
+        return
+    assert set(parsed) == ERROR_KEYS and parsed["success"] is False
+    assert parsed["error"] in (400, 403, 404, 405, 413)
