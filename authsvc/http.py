@@ -26,13 +26,22 @@ class _Invalid:
 INVALID = _Invalid()
 
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+# The longest name and value that can still be a parameter of the endpoint with
+# every character percent-encoded: "game_auth_token" (15 x 3) and a token (64 x 3).
+# Longer ones are not decoded at all (docs/api.md), which bounds the decoding work.
+MAX_ENCODED_NAME = 48
+MAX_ENCODED_VALUE = 200
 
 
-def _decode(text: str) -> str | _Invalid:
-    """Percent-decode one name or value; ``text`` is latin-1 text of raw bytes, as WSGI gives it."""
+def _decode(text: str, longest: int) -> str | _Invalid:
+    """Percent-decode one name or value; ``text`` is latin-1 text of raw bytes, as WSGI gives it.
+
+    Text that needs decoding and is longer than ``longest`` is INVALID: it cannot be
+    any of the endpoint's parameters, so decoding it would be work for nothing.
+    """
     if "%" not in text and "+" not in text and text.isascii():
         return text
-    if _BAD_ESCAPE.search(text):
+    if len(text) > longest or _BAD_ESCAPE.search(text):
         return INVALID
     try:
         return unquote_to_bytes(text.replace("+", " ").encode("latin-1")).decode("utf-8")
@@ -53,7 +62,11 @@ def unquote_to_bytes(raw: bytes) -> bytes:
 
 
 def parse_urlencoded(text: str) -> dict[str, str | _Invalid]:
-    """``a=1&b=2`` -> dict; the last of duplicate names wins; undecodable names are dropped."""
+    """``a=1&b=2`` -> dict; the last of duplicate names wins; undecodable names are dropped.
+
+    Names over MAX_ENCODED_NAME and values over MAX_ENCODED_VALUE characters that
+    need decoding count as undecodable.
+    """
     params: dict[str, str | _Invalid] = {}
     if text.isascii() and "%" not in text and "+" not in text:
         # Nothing to decode (what game servers send): skip _decode for each name and value.
@@ -65,10 +78,23 @@ def parse_urlencoded(text: str) -> dict[str, str | _Invalid]:
     for pair in text.split("&"):
         if pair:
             name, _, value = pair.partition("=")
-            name = _decode(name)
+            name = _decode(name, MAX_ENCODED_NAME)
             if name is not INVALID:
-                params[name] = _decode(value)
+                params[name] = _decode(value, MAX_ENCODED_VALUE)
     return params
+
+
+# The endpoint reads three parameters. More than MAX_PARAMS in the query string or
+# in a form or JSON body is a 400 before any is decoded: a 16 KiB body of 8,000
+# parameters cost ~60 times a plain form (BENCHMARKS.md section 7; docs/api.md).
+MAX_PARAMS = 16
+_TOO_MANY_PARAMS = f"Request has more than {MAX_PARAMS} parameters"
+
+
+def check_param_count(separators: int) -> None:
+    """``separators`` '&' (or JSON commas) mean up to one parameter more: refuse more than MAX_PARAMS."""
+    if separators >= MAX_PARAMS:
+        raise BadRequest(_TOO_MANY_PARAMS)
 
 
 def _json_value(value: object) -> str | _Invalid:
@@ -87,6 +113,9 @@ def _json_value(value: object) -> str | _Invalid:
 
 
 def parse_json_object(body: bytes) -> dict[str, str | _Invalid]:
+    # Each member past the first needs a comma: counting them (in C) bounds json.loads'
+    # work before it starts. Commas inside strings count too; the three fields need two.
+    check_param_count(body.count(b","))
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -234,6 +263,7 @@ def parse_body(body: bytes, content_type: str) -> dict[str, str | _Invalid]:
     if media_type in ("", "text/plain", "application/x-www-form-urlencoded"):
         if body.lstrip()[:1] == b"{":
             return parse_json_object(body)
+        check_param_count(body.count(b"&"))
         return parse_urlencoded(body.decode("latin-1").strip())
     return {}
 
@@ -279,7 +309,9 @@ def _read(environ: dict, size: int) -> bytes:
 
 def request_params(environ: dict, limit: int) -> dict[str, str | _Invalid]:
     """Query-string parameters, overridden by body parameters."""
-    params = parse_urlencoded(environ.get("QUERY_STRING", ""))
+    query = environ.get("QUERY_STRING", "")
+    check_param_count(query.count("&"))
+    params = parse_urlencoded(query)
     body = read_body(environ, limit)
     if body:
         params.update(parse_body(body, environ.get("CONTENT_TYPE", "")))

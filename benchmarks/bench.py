@@ -725,9 +725,8 @@ def section_bodies(world: World, args: argparse.Namespace) -> None:
         f = figures[label]
         print(f"| {label} | {len(body):,} | {answers[label]} | {f.best:.1f} | {f.median:.1f} | "
               f"{f.best / reference:.1f} |")
-    worst = max((label for label, _, _ in cases if label.startswith("multipart")), key=lambda k: figures[k].best)
-    print(f"\nTarget: the costliest multipart body within 10 x a plain form: {figures[worst].best / reference:.1f} "
-          f"({worst})")
+    worst = max((label for label, _, _ in cases[1:]), key=lambda k: figures[k].best)
+    print(f"\nTarget: the costliest body within 10 x a plain form: {figures[worst].best / reference:.1f} ({worst})")
 
 
 def section_profile(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import urllib.parse
 
-from authsvc.http import MAX_PARTS
+from authsvc.http import MAX_PARAMS, MAX_PARTS
 
 LIMIT = 16384  # AUTHSVC_MAX_BODY_BYTES' default
 
@@ -75,10 +75,19 @@ def worst_bodies(params: dict[str, str]) -> list[tuple[str, bytes, str]]:
          f"{len(everything) - len(head):,} bytes of non-ASCII value", _parts([everything] * MAX_PARTS), multipart),
         ("multipart: 16 KiB preamble of near-delimiters (70-byte boundary)", near_delimiters,
          "multipart/form-data; boundary=" + boundary.decode()),
-        ("form: 16 KiB of percent-escapes", fill(b"x=", b"%41", b""), "application/x-www-form-urlencoded"),
-        ("form: 16 KiB of empty pairs", fill(b"", b"a&", b""), "application/x-www-form-urlencoded"),
-        ("JSON: 16 KiB object of 1,800 keys",
+        ("form: one value of 16 KiB of percent-escapes", fill(b"x=", b"%C3%A9", b""), "application/x-www-form-urlencoded"),
+        (f"form: {MAX_PARAMS} parameters, a 48-byte name and a 198-byte value of percent-escapes, "
+         "and one 12 KiB value of them", b"&".join([fill(b"", b"%C3%A9", b"=", 49) + fill(b"", b"%C3%A9", b"", 198)]
+                                                   * (MAX_PARAMS - 1)) + fill(b"&x=", b"%C3%A9", b"", 12288),
+         "application/x-www-form-urlencoded"),
+        (f"form: 8,192 empty parameters (refused: more than {MAX_PARAMS})", fill(b"", b"a&", b""),
+         "application/x-www-form-urlencoded"),
+        (f"JSON: 1,800 members (refused: more than {MAX_PARAMS})",
          json.dumps({f"{i:04d}": 1 for i in range(1800)}, separators=(",", ":")).encode(), "application/json"),
+        (f"JSON: {MAX_PARAMS} members, each ~1 KiB of \\u escapes",
+         b"{" + b",".join(b'"k%d":"%s"' % (i, b"\\u00e9" * 168) for i in range(MAX_PARAMS)) + b"}",
+         "application/json"),
+        ("JSON: 16 KiB of nested arrays, no comma", fill(b'{"a":', b"[", b""), "application/json"),
     ]
     for label, body, _ in bodies:
         assert len(body) <= LIMIT, (label, len(body))

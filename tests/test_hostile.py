@@ -23,7 +23,7 @@ from authsvc.app import make_app
 from authsvc.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
 from authsvc.http import INVALID, parse_body, parse_json_object
 from authsvc.tokens import api_key_digest
-from tests.hostile_bodies import curl_form, many_parts, nested_multipart
+from tests.hostile_bodies import curl_form, many_parts, nested_multipart, worst_bodies
 
 PATH = "/api/authenticate.json"
 ERROR_KEYS = {"success", "error", "error_description"}
@@ -95,6 +95,40 @@ def test_probe_multipart_bodies_get_a_400_for_bounded_work(wsgi_app, world):
     for probe in (nested, many):
         work = calls_made(lambda probe=probe: call(wsgi_app, environ_for(*probe)))
         assert work <= 5 * reference, (work, reference)
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_every_costly_body_gets_a_400_for_bounded_work(wsgi_app, world):
+    """Each body of tests/hostile_bodies.py (multipart, form, JSON): a 400, and at most 3 times
+    the function calls of a form curl -F sends (BENCHMARKS.md section 7 has their timings)."""
+    reference = calls_made(lambda: call(wsgi_app, environ_for(*curl_form(world.params()))))
+    for label, body, content_type in worst_bodies(world.params()):
+        status, answer = call(wsgi_app, environ_for(body, content_type))
+        assert status == "200 OK" and json.loads(answer)["error"] == 400, label
+        work = calls_made(lambda: call(wsgi_app, environ_for(body, content_type)))  # noqa: B023
+        assert work <= 3 * reference, (label, work, reference)
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_more_than_16_parameters_is_a_400_in_the_query_a_form_or_json(app, world):
+    too_many = {"success": False, "error": 400, "error_description": "Request has more than 16 parameters"}
+    params = world.params()
+    fields = "&".join(f"{k}={v}" for k, v in params.items())
+    extra = {f"x{i}": "1" for i in range(13)}  # 3 + 13 = 16: still read
+    assert app.get(PATH, dict(params, **extra)).json["success"] is True
+    assert app.post(PATH, dict(params, **extra)).json["success"] is True
+    assert app.post_json(PATH, dict(params, **extra)).json["success"] is True
+    assert app.get(f"{PATH}?{fields}" + "&" * 14).json == too_many
+    assert app.post(PATH, fields + "&x=1" * 14, content_type="application/x-www-form-urlencoded").json == too_many
+    assert app.post_json(PATH, dict(params, **extra, x13="1")).json == too_many
+    assert app.post(PATH, '{"a": "' + "," * 16 + '"}', content_type="application/json").json == too_many
+
+
+def test_names_and_values_too_long_to_be_a_parameter_are_not_decoded():
+    """Fully percent-encoded, a token is 192 characters and game_auth_token 45: over 200 and 48, never one of them."""
+    token = "%61" * 64
+    params = parse_body(f"t={token}&l={token}{'%61' * 3}&{'%61' * 16}=n&{'%61' * 17}=x&plain={'a' * 300}".encode(), "")
+    assert params == {"t": "a" * 64, "l": INVALID, "a" * 16: "n", "plain": "a" * 300}
 
 
 def test_nested_multipart_is_never_parsed_and_the_field_counts_as_missing():
