@@ -91,6 +91,10 @@ MAX_PARAMS = 16
 _TOO_MANY_PARAMS = f"Request has more than {MAX_PARAMS} parameters"
 
 
+MAX_JSON_CONTAINERS = 16  # arrays and objects in a JSON body, '[' and '{' counted
+_NOT_JSON_OBJECT = "Request body is not a valid JSON object"
+
+
 def check_param_count(separators: int) -> None:
     """``separators`` '&' (or JSON commas) mean up to one parameter more: refuse more than MAX_PARAMS."""
     if separators >= MAX_PARAMS:
@@ -113,15 +117,19 @@ def _json_value(value: object) -> str | _Invalid:
 
 
 def parse_json_object(body: bytes) -> dict[str, str | _Invalid]:
-    # Each member past the first needs a comma: counting them (in C) bounds json.loads'
-    # work before it starts. Commas inside strings count too; the three fields need two.
+    # Counted in C before json.loads starts, these bound its work: each member past
+    # the first needs a comma, each level of nesting a '[' or '{' (16 KiB of '['
+    # cost ~10 x a plain form in json's recursion). Those inside strings count too;
+    # the three fields need two commas and one '{'.
     check_param_count(body.count(b","))
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_CONTAINERS:
+        raise BadRequest(_NOT_JSON_OBJECT)
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        raise BadRequest("Request body is not a valid JSON object") from None
+        raise BadRequest(_NOT_JSON_OBJECT) from None
     if not isinstance(data, dict):
-        raise BadRequest("Request body is not a valid JSON object")
+        raise BadRequest(_NOT_JSON_OBJECT)
     return {name: _json_value(value) for name, value in data.items()}
 
 

@@ -87,7 +87,11 @@ def worst_bodies(params: dict[str, str]) -> list[tuple[str, bytes, str]]:
         (f"JSON: {MAX_PARAMS} members, each ~1 KiB of \\u escapes",
          b"{" + b",".join(b'"k%d":"%s"' % (i, b"\\u00e9" * 168) for i in range(MAX_PARAMS)) + b"}",
          "application/json"),
-        ("JSON: 16 KiB of nested arrays, no comma", fill(b'{"a":', b"[", b""), "application/json"),
+        ("JSON: 16 KiB of nested arrays, no comma (refused: more than 16 '[' and '{')", fill(b'{"a":', b"[", b""),
+         "application/json"),
+        ("JSON: 15 nested arrays around a 16 KiB number", fill(b'{"a":' + b"[" * 15, b"7", b"]" * 15 + b"}"),
+         "application/json"),
+        ("JSON: a 16 KiB fraction", fill(b'{"a":0.', b"7", b"}"), "application/json"),
     ]
     for label, body, _ in bodies:
         assert len(body) <= LIMIT, (label, len(body))

@@ -124,6 +124,14 @@ def test_more_than_16_parameters_is_a_400_in_the_query_a_form_or_json(app, world
     assert app.post(PATH, '{"a": "' + "," * 16 + '"}', content_type="application/json").json == too_many
 
 
+def test_json_with_more_than_16_arrays_and_objects_is_not_parsed():
+    assert parse_json_object(b'{"a": [[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]}') == {"a": INVALID}  # 16 containers
+    with pytest.raises(Exception, match="not a valid JSON object"):
+        parse_json_object(b'{"a": [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}')  # 17
+    with pytest.raises(Exception, match="not a valid JSON object"):
+        parse_json_object(b'{"a": "' + b"{" * 16 + b'"}')  # inside a string too: counted, not parsed
+
+
 def test_names_and_values_too_long_to_be_a_parameter_are_not_decoded():
     """Fully percent-encoded, a token is 192 characters and game_auth_token 45: over 200 and 48, never one of them."""
     token = "%61" * 64
