@@ -2,8 +2,13 @@
 
 Parsing works on plain strings and bytes so it can be tested without a server;
 only ``read_body`` touches WSGI's input stream. A value that cannot be decoded
-(bad percent-escape, invalid UTF-8, a JSON value that is neither string nor
-integer) becomes ``INVALID``: present, but never equal to a real credential.
+(bad percent-escape, invalid UTF-8, a lone surrogate, a JSON value that is
+neither string nor integer) becomes ``INVALID``: present, but never equal to a
+real credential.
+
+All of it runs before any credential is checked, so every parser's work is
+linear in its input and capped (parameters, parts, lengths): the costliest body
+of 16 KiB costs a few times a plain form (docs/api.md; BENCHMARKS.md section 7).
 """
 
 from __future__ import annotations
@@ -89,8 +94,6 @@ def parse_urlencoded(text: str) -> dict[str, str | _Invalid]:
 # parameters cost ~60 times a plain form (BENCHMARKS.md section 7; docs/api.md).
 MAX_PARAMS = 16
 _TOO_MANY_PARAMS = f"Request has more than {MAX_PARAMS} parameters"
-
-
 MAX_JSON_CONTAINERS = 16  # arrays and objects in a JSON body, '[' and '{' counted
 _NOT_JSON_OBJECT = "Request body is not a valid JSON object"
 
