@@ -30,8 +30,15 @@ def start_gunicorn(env: dict, port: int, *args: str) -> subprocess.Popen:
 
 @pytest.fixture
 def server(env, world):
+    """gunicorn on the world's store, given 5 s to stop (the teardown waits 20).
+
+    By gunicorn's code, a SIGTERM that reaches a worker between its fork and its
+    own signal set-up runs the master's inherited handler there and is lost; the
+    master then waits graceful_timeout (30 s by default) before SIGKILL. Short
+    tests on a loaded machine were seen to outlast the teardown that way.
+    """
     port = free_port()
-    proc = start_gunicorn(env, port)
+    proc = start_gunicorn(env, port, "--graceful-timeout", "5")
     try:
         wait_for_port(port)
         yield port
