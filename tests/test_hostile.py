@@ -97,6 +97,19 @@ def test_probe_multipart_bodies_get_a_400_for_bounded_work(wsgi_app, world):
         assert work <= 5 * reference, (work, reference)
 
 
+def test_probe_multipart_bodies_through_webtest(app, world):
+    """The same two bodies through WebTest with its WSGI lint on, on both stores."""
+    def post(body: bytes, content_type: str) -> dict:
+        response = app.request(PATH, method="POST", body=body, headers={"Content-Type": content_type})
+        assert response.request.content_type == content_type.partition(";")[0]  # sent as built
+        return response.json
+
+    assert post(*nested_multipart(world.params())) == {"success": False, "error": 400,
+                                                       "error_description": MISSING_DESCRIPTION}
+    assert post(*many_parts()) == {"success": False, "error": 400,
+                                   "error_description": f"Request body has more than {MAX_PARTS} multipart parts"}
+
+
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_every_costly_body_gets_a_400_for_bounded_work(wsgi_app, world):
     """Each body of tests/hostile_bodies.py (multipart, form, JSON): a 400, and at most 3 times
