@@ -1,8 +1,10 @@
-"""Hostile input: bodies built to cost the parser work, and values that once gave a 500.
+"""Hostile input: bodies built to cost the parsers work, and values that once gave a 500.
 
-The multipart bodies are the ones that made email.parser spend ~200 ms and ~100 ms
-per request; the parser's work is compared by counting the Python and C function
-calls a request makes (deterministic), not by timing it. The property test calls
+The bodies are tests/hostile_bodies.py's: the probe's multipart ones (email.parser
+spent ~200 ms and ~100 ms on them) and the costliest found since for multipart,
+form and JSON. Their work is compared by counting the Python and C function
+calls a request makes (deterministic), not by timing it (BENCHMARKS.md section 7
+times them). The property test calls
 the WSGI callable directly with environs no server would build, so it covers what
 any WSGI server might pass through; tests/test_gunicorn.py sends the probe's
 bodies and a bad chunk size through a real gunicorn.
@@ -75,7 +77,7 @@ def wsgi_app(world):
     app.store.close()
 
 
-# -- point: multipart parsing is linear and bounded -------------------------------------------
+# -- the parsers' work is linear and bounded -------------------------------------------
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
@@ -210,7 +212,7 @@ def test_parts_past_the_per_part_caps_are_skipped_unread():
     assert parse_body(body, "multipart/form-data; boundary=b") == {"d" * 200: "1"}
 
 
-# -- point: values that once gave a 500 ------------------------------------------------------
+# -- values that once gave a 500 ------------------------------------------------------
 
 
 @pytest.mark.parametrize("field", ["api_key", "game_auth_token", "user_id"])
