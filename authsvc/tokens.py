@@ -70,8 +70,13 @@ def new_api_key() -> str:
 
 
 def api_key_digest(api_key: str) -> str:
-    """What the store keeps of a key: hex SHA-256 of its UTF-8 bytes."""
-    return hashlib.sha256(api_key.encode("utf-8", "surrogateescape")).hexdigest()
+    """What the store keeps of a key: hex SHA-256 of its UTF-8 bytes.
+
+    Defined for every str: a lone surrogate, which UTF-8 cannot encode, is
+    encoded as its three bytes ("surrogatepass"), so no input raises here.
+    Keys the service issues are ASCII (UUIDs); their digests are unchanged.
+    """
+    return hashlib.sha256(api_key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def new_token_secret() -> str:

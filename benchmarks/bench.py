@@ -17,6 +17,10 @@ noisy. Sections (``--only``, default all):
   profile   py-spy on one authsvc worker under wrk: where a request's time goes
   cold      in-process cost with the CPU caches emptied before each call, as in a
             worker between requests
+  bodies    in-process cost of the costliest request bodies of at most 16 KiB
+            (tests/hostile_bodies.py: the multipart bodies that made email.parser
+            spend ~200 ms, and the worst found for each parser since) against a
+            plain form with the same three fields
 
 Each server is checked before it is measured (a valid request, a 403 and a 400
 must answer as documented) and after (valid requests still succeed), so a broken
@@ -674,6 +678,57 @@ def section_cold(world: World, args: argparse.Namespace) -> None:
     authsvc.store.close()
 
 
+def section_bodies(world: World, args: argparse.Namespace) -> None:
+    """Each costly body against a plain form, the WSGI callable called directly; a fresh input per call."""
+    from tests.hostile_bodies import curl_form, plain_form, worst_bodies
+
+    app = make_app(Settings.from_env(world.env))
+    uid = world.user_ids[0]
+    params = {"user_id": str(uid), "game_auth_token": mint_token(world.secret, world.game_id, uid, 0),
+              "api_key": world.api_key}
+    cases = [("form: the three fields (the reference)", *plain_form(params)),
+             ("multipart: the three fields, as curl -F sends them", *curl_form(params)), *worst_bodies(params)]
+
+    def start_response(status, headers, exc_info=None):
+        return None
+
+    def environ(body: bytes, content_type: str) -> dict:
+        env = {"REQUEST_METHOD": "POST", "PATH_INFO": PATH, "QUERY_STRING": "", "CONTENT_TYPE": content_type,
+               "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body)}
+        wsgiref.util.setup_testing_defaults(env)
+        return env
+
+    answers = {}
+    for label, body, content_type in cases:  # refuse to time a body the app does not answer as documented
+        answer = json.loads(b"".join(app(environ(body, content_type), start_response)))
+        success = label.endswith(("(the reference)", "curl -F sends them"))
+        if answer.get("success") is not success or (not success and answer.get("error") not in (400, 403)):
+            raise SystemExit(f"bench: {label!r} answered {answer}")
+        answers[label] = "success" if success else f"{answer['error']}: {answer['error_description']}"
+    calls = max(args.calls // 20, 20)
+    figures = {label: PerCall() for label, _, _ in cases}
+    for _ in range(3):  # alternate, like the other sections
+        for label, body, content_type in cases:
+            for _ in range(5):
+                envs = [environ(body, content_type) for _ in range(calls)]
+                t0 = time.perf_counter()
+                for env in envs:
+                    b"".join(app(env, start_response))
+                figures[label].figures.append((time.perf_counter() - t0) / calls * 1e6)
+    app.store.close()
+    reference = figures[cases[0][0]].best
+    print(f"\n7. Request bodies of at most 16 KiB: in-process cost per call (the WSGI callable called directly, "
+          f"a POST with a fresh input each call); 3 alternating rounds of 5 runs of {calls} calls\n")
+    print("| body | bytes | answer | µs per call, best | median | best vs plain form |")
+    print("|---|---|---|---|---|---|")
+    for label, body, _ in cases:
+        f = figures[label]
+        print(f"| {label} | {len(body):,} | {answers[label]} | {f.best:.1f} | {f.median:.1f} | "
+              f"{f.best / reference:.1f} |")
+    worst = max((label for label, _, _ in cases[1:]), key=lambda k: figures[k].best)
+    print(f"\nTarget: the costliest body within 10 x a plain form: {figures[worst].best / reference:.1f} ({worst})")
+
+
 def section_profile(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
     """py-spy samples one authsvc worker under wrk load: where a request's time goes, in situ."""
     py_spy = VENV_BIN / "py-spy"
@@ -737,8 +792,9 @@ def versions() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="core,nginx,postgres,scale,profile,cold",
-                        help="comma-separated sections: core, nginx, postgres, scale, profile, cold (default: all)")
+    parser.add_argument("--only", default="core,nginx,postgres,scale,profile,cold,bodies",
+                        help="comma-separated sections: core, nginx, postgres, scale, profile, cold, bodies "
+                             "(default: all)")
     parser.add_argument("--players", type=int, default=100_000, help="players in the store (default 100,000)")
     parser.add_argument("--scale-players", type=int, default=10_000_000, help="players of the scale section's store")
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (default 10)")
@@ -755,10 +811,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = set(sections) - {"core", "nginx", "postgres", "scale", "profile", "cold"}
+    unknown = set(sections) - {"core", "nginx", "postgres", "scale", "profile", "cold", "bodies"}
     if unknown:
         parser.error(f"unknown section(s): {', '.join(sorted(unknown))}")
-    if any(s not in ("scale", "cold") for s in sections) and not shutil.which("wrk"):
+    if any(s not in ("scale", "cold", "bodies") for s in sections) and not shutil.which("wrk"):
         raise SystemExit("bench: wrk is not installed (Debian/Ubuntu: apt-get install wrk)")
 
     root = Path(tempfile.mkdtemp(prefix="authsvc-bench-"))
@@ -783,6 +839,8 @@ def main(argv: list[str] | None = None) -> int:
                 section_profile(world, args, logs, script)
             elif section == "cold":
                 section_cold(world, args)
+            elif section == "bodies":
+                section_bodies(world, args)
             else:
                 section_scale(world, args)
             sys.stdout.flush()

@@ -2,6 +2,8 @@
 
 import io
 import json
+import re
+import urllib.parse
 
 import hypothesis.strategies as st
 import pytest
@@ -10,7 +12,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 
 from authsvc.errors import BadRequest, PayloadTooLarge
-from authsvc.http import INVALID, json_bytes, parse_body, parse_urlencoded, read_body, success_bytes
+from authsvc.http import INVALID, json_bytes, parse_body, parse_urlencoded, read_body, success_bytes, unquote_to_bytes
 
 
 def test_urlencoded_last_duplicate_wins_and_plus_is_space():
@@ -95,6 +97,17 @@ def test_plain_query_fast_path_agrees_with_the_decoding_path(text):
     slow = parse_urlencoded(text + "&%2C=x")  # "," is not in the alphabet: no clash
     assert slow.pop(",") == "x"
     assert parse_urlencoded(text) == slow
+
+
+@hsettings(max_examples=2000)
+@given(st.lists(st.one_of(st.binary(max_size=4), st.sampled_from([b"%", b"=", b"%3D", b"%c3%A9", b"=3D", b"\r\n", b" \n",
+                                                                  b"\t", b"_", b"%0a", b"%00"])), max_size=20))
+def test_unquote_to_bytes_agrees_with_urllib(pieces):
+    """The C path (binascii's quoted-printable decoder) decodes exactly as urllib does."""
+    raw = b"".join(pieces)
+    if re.search(rb"%(?![0-9A-Fa-f]{2})", raw):  # _decode never passes a broken escape
+        raw = raw.replace(b"%", b"%25")
+    assert unquote_to_bytes(raw) == urllib.parse.unquote_to_bytes(raw)
 
 
 # -- no input makes the app fail ----------------------------------------------------------------
