@@ -6,12 +6,15 @@ engines through ``store_url``. Every method of Store is exercised here.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from authsvc.errors import ConfigError
+from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
 from authsvc.store import open_store
 from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player
 from authsvc.tokens import api_key_digest
+from tests.support import free_port, hold_write_lock
 
 NOW = 1_700_000_000
 
@@ -201,6 +204,84 @@ def test_upsert_players_is_all_or_nothing(admin_store):
     assert admin_store.get_player(2) is None
     assert admin_store.get_player(15_000) is None
     assert admin_store.upsert_players([(2, "two")]) == 1  # the store is usable afterwards
+
+
+# -- failures: locked, missing, unreadable, full (the "Errors" section of store/base.py) ------
+
+
+@pytest.fixture
+def short_lock_wait(monkeypatch):
+    """Admin writes wait 0.3 s for another writer's lock instead of the default 30 s."""
+    from authsvc.store import base
+
+    monkeypatch.setattr(base, "ADMIN_LOCK_WAIT", 0.3, raising=False)
+
+
+def test_a_write_lock_held_elsewhere_raises_store_locked_and_writes_nothing(admin_store, settings, short_lock_wait):
+    admin_store.add_player(42, "alice")
+    release = hold_write_lock(settings.store, 42)
+    try:
+        with pytest.raises(StoreLocked) as caught:
+            admin_store.revoke_player(42)
+        assert "\n" not in str(caught.value) and "lock" in str(caught.value)
+    finally:
+        release()
+    assert admin_store.get_player(42).epoch == 0
+    assert admin_store.revoke_player(42) == 1  # usable once the lock is gone
+
+
+def test_a_missing_store_fails_check_with_config_error_and_other_calls_with_store_unavailable(
+    store_url, settings, tmp_path
+):
+    if store_url.startswith("sqlite://"):
+        url = "sqlite://" + str(tmp_path / "absent.db")
+    else:
+        url = f"postgresql://postgres@127.0.0.1:{free_port()}/absent"
+    for readonly in (True, False):
+        store = open_store(url, readonly=readonly, settings=settings)
+        try:
+            with pytest.raises(ConfigError):
+                store.check()
+            if readonly:  # the admin command opens SQLite read-write, which creates the file
+                with pytest.raises(StoreUnavailable):
+                    store.get_player(1)
+        finally:
+            store.close()
+
+
+def test_an_unreadable_store_raises_store_unavailable(admin_store, settings, tmp_path):
+    admin_store.add_player(1, "one")
+    admin_store.close()
+    if settings.store.startswith("sqlite://"):
+        path = settings.store.removeprefix("sqlite://")
+        for suffix in ("-wal", "-shm"):
+            tmp_path.joinpath(os.path.basename(path) + suffix).unlink(missing_ok=True)
+        with open(path, "wb") as f:
+            f.write(b"this is not a database" * 500)
+        store = admin_store
+    else:  # a server that went away
+        store = open_store(f"postgresql://postgres@127.0.0.1:{free_port()}/x", readonly=False, settings=settings)
+    for call in (lambda: store.get_player(1), lambda: store.revoke_player(1), lambda: store.list_games()):
+        with pytest.raises(StoreUnavailable) as caught:
+            call()
+        assert type(caught.value) is StoreUnavailable and "\n" not in str(caught.value)
+    store.close()
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_a_full_store_raises_store_full_and_writes_nothing(admin_store):
+    """A real SQLITE_FULL: the file may not grow past its current size (PRAGMA max_page_count).
+
+    On a full disk SQLite answers the same SQLITE_FULL; tests/test_cli.py fills a real tmpfs.
+    """
+    admin_store.add_player(1, "one")
+    conn = admin_store._conn()
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages:d}")
+    with pytest.raises(StoreFull) as caught:
+        admin_store.upsert_players((i, "x" * 200) for i in range(2, 20_002))
+    assert type(caught.value) is StoreFull and "full" in str(caught.value)
+    assert admin_store.get_player(2) is None and admin_store.get_player(1).username == "one"
 
 
 # -- the read path ---------------------------------------------------------------------------
