@@ -14,7 +14,7 @@ from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
 from authsvc.store import open_store
 from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player
 from authsvc.tokens import api_key_digest
-from tests.support import free_port, hold_write_lock
+from tests.support import free_port, hold_write_lock, skip_or_fail
 
 NOW = 1_700_000_000
 
@@ -407,3 +407,49 @@ def test_the_sqlite_service_imports_no_psycopg(tmp_path):
         "assert not [m for m in sys.modules if m.startswith('psycopg')], 'psycopg imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_a_full_postgresql_disk_raises_store_full_and_writes_nothing(store_url, pg_databases, settings):
+    """A real disk_full: the players table moved to a tablespace on a 512 KiB tmpfs (root and a local server)."""
+    import pwd
+    import subprocess
+    import tempfile
+
+    import psycopg
+
+    url = pg_databases.create()
+    disk = tempfile.mkdtemp(prefix="authsvc-tiny-", dir="/tmp")
+    os.chmod(disk, 0o755)
+    try:
+        owner = pwd.getpwnam("postgres")
+    except KeyError:
+        skip_or_fail("no local postgres user to own a tablespace")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size=512k,mode=0700,uid={owner.pw_uid},gid={owner.pw_gid}", "tmpfs", disk],
+        capture_output=True,
+    )
+    if done.returncode != 0:
+        os.rmdir(disk)
+        skip_or_fail(f"cannot mount a tmpfs (root needed): {done.stderr.decode().strip()}")
+    space = "authsvc_tiny_" + os.path.basename(disk).replace("-", "_").lower()
+    su = psycopg.connect(url, autocommit=True)
+    store = open_store(url, readonly=False, settings=settings)
+    try:
+        try:
+            su.execute(f"CREATE TABLESPACE {space} LOCATION '{disk}'")
+        except psycopg.Error as e:
+            skip_or_fail(f"the PostgreSQL server cannot use {disk} (not on this machine?): {e}")
+        su.execute(f"ALTER TABLE players SET TABLESPACE {space}")
+        store.add_player(1, "one")
+        with pytest.raises(StoreFull) as caught:
+            store.upsert_players((i, "x" * 200) for i in range(2, 20_002))
+        assert type(caught.value) is StoreFull and "full" in str(caught.value) and "\n" not in str(caught.value)
+        assert store.get_player(2) is None and store.get_player(1).username == "one"
+    finally:
+        store.close()
+        su.execute("ALTER TABLE players SET TABLESPACE pg_default")
+        su.execute(f"DROP TABLESPACE IF EXISTS {space}")
+        su.close()
+        subprocess.run(["umount", "-l", disk], check=True)
+        os.rmdir(disk)
