@@ -26,7 +26,7 @@ import ssl
 import sys
 import urllib.parse
 
-from authsvc.cli import CommandError
+from authsvc.errors import CommandError
 from authsvc.http import json_bytes
 from authsvc.settings import Settings
 from authsvc.store import open_store
@@ -209,6 +209,7 @@ def player_token(settings: Settings, game_id: int, user_id: int) -> tuple[str, s
         raise CheckError(f"no token secret at {settings.token_secret_file} (or give --token-file)")
     store = open_store(settings.store, readonly=True, settings=settings)
     try:
+        store.check()  # a missing or unmigrated store: ConfigError, one line (run 'authsvc init')
         player = store.get_player(user_id)
         game = store.get_game(game_id)
     finally:

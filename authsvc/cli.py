@@ -8,29 +8,24 @@ The web process never writes; this command is the store's only writer.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 
 from authsvc import transfer
 from authsvc.authenticate import parse_user_id
-from authsvc.errors import ConfigError
-from authsvc.names import hidden_character, shown
+from authsvc.errors import CommandError, ConfigError, StoreUnavailable
+from authsvc.names import shown
+from authsvc.players_import import ProgressBar, check_username, check_visible, import_rows
 from authsvc.settings import Settings
 from authsvc.store import open_store, redact_url
 from authsvc.store.base import Conflict, Game, Store
 from authsvc.store.sqlite import SQLiteStore
 from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
 
-MAX_USERNAME = 255
-
-
-class CommandError(Exception):
-    """Bad input or a failed precondition: one line on stderr, exit 1."""
+# Keys retired by rotate-key expire within ten years: now + TTL stays a 64-bit number on both engines.
+MAX_OLD_KEY_TTL = 10 * 365 * 86400
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -47,22 +42,6 @@ def game_id_arg(text: str) -> int:
     if not (text.isascii() and text.isdigit() and text[0] != "0"):
         raise argparse.ArgumentTypeError(f"game id must be a positive whole number, got {text!r}")
     return int(text)
-
-
-def check_visible(what: str, name: str) -> None:
-    """Refuse a new name holding a character that is invisible or reorders text (authsvc/names.py)."""
-    found = hidden_character(name)
-    if found:
-        raise CommandError(f"{what} must not contain control, format or separator characters ({found})")
-
-
-def check_username(name: str) -> str:
-    check_visible("username", name)
-    if not name.strip() or name != name.strip():
-        raise CommandError("username must not be empty or start or end with white space")
-    if len(name) > MAX_USERNAME:
-        raise CommandError(f"username must be at most {MAX_USERNAME} characters")
-    return name
 
 
 def game_json(game: Game) -> dict:
@@ -148,8 +127,8 @@ def cmd_game_enable(args, settings):
 
 
 def cmd_game_rotate_key(args, settings):
-    if args.old_key_ttl < 0:
-        raise CommandError("--old-key-ttl must be zero or more seconds")
+    if not 0 <= args.old_key_ttl <= MAX_OLD_KEY_TTL:
+        raise CommandError(f"--old-key-ttl must be from 0 to {MAX_OLD_KEY_TTL} seconds (ten years)")
     api_key = new_api_key()
     now = int(time.time())
     expires_at = now + args.old_key_ttl
@@ -278,89 +257,6 @@ def cmd_import(args, settings):
     )
 
 
-# -- player import parsing ------------------------------------------------------------------
-
-
-class RowError(CommandError):
-    pass
-
-
-def import_rows(data: bytes) -> Iterator[tuple[int, str]]:
-    """(user_id, username) rows from CSV or JSON lines; a bad row raises RowError with its line number."""
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise RowError(f"the file is not UTF-8 (byte {e.start})") from None
-    if text.lstrip()[:1] == "{":
-        yield from _json_rows(text)
-    else:
-        yield from _csv_rows(text)
-
-
-def _row(line_no: int, raw_user_id, username) -> tuple[int, str]:
-    user_id = parse_user_id(str(raw_user_id)) if type(raw_user_id) in (str, int) else None
-    if user_id is None:
-        raise RowError(f"line {line_no}: user_id must be a whole number from 1 to 2^63-1")
-    if type(username) is not str:
-        raise RowError(f"line {line_no}: username must be a string")
-    try:
-        return user_id, check_username(username)
-    except CommandError as e:
-        raise RowError(f"line {line_no}: {e}") from None
-
-
-def _json_rows(text: str) -> Iterator[tuple[int, str]]:
-    # Lines end at \n only: str.splitlines() would also split at U+2028 and friends inside a name.
-    for line_no, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            raise RowError(f"line {line_no}: not a JSON object") from None
-        if not isinstance(obj, dict) or "user_id" not in obj or "username" not in obj:
-            raise RowError(f"line {line_no}: needs the fields user_id and username")
-        yield _row(line_no, obj["user_id"], obj["username"])
-
-
-def _csv_rows(text: str) -> Iterator[tuple[int, str]]:
-    reader = csv.reader(io.StringIO(text, newline=""))
-    for fields in reader:
-        line_no = reader.line_num
-        if not fields:
-            continue
-        if line_no == 1 and [f.strip().lower() for f in fields] == ["user_id", "username"]:
-            continue  # header
-        if len(fields) != 2:
-            raise RowError(f"line {line_no}: expected 2 fields (user_id,username), got {len(fields)}")
-        yield _row(line_no, fields[0].strip(), fields[1])
-
-
-class ProgressBar:
-    """A one-line progress bar on stderr, redrawn at most ten times a second."""
-
-    def __init__(self, total: int):
-        self.total = max(total, 1)
-        self.last = 0.0
-
-    def __call__(self, count: int) -> None:
-        now = time.monotonic()
-        if now - self.last >= 0.1:
-            self.last = now
-            self.draw(count, self.total)
-
-    def draw(self, count: int, total: int) -> None:
-        share = min(count / max(total, 1), 1.0)
-        filled = int(share * 30)
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {share:4.0%} {count}/{total}")
-        sys.stderr.flush()
-
-    def done(self, count: int) -> None:
-        """The final state: the total was a line count (header, blank lines), the rows are exact."""
-        self.draw(count, count)
-        sys.stderr.write("\n")
-
-
 # -- plumbing ------------------------------------------------------------------------------
 
 
@@ -447,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--game", type=game_id_arg, required=True, metavar="GAME_ID")
     p.add_argument("--user", type=user_id_arg, required=True, metavar="USER_ID")
 
-    from authsvc import check  # imported here: check.py uses CommandError from this module
+    from authsvc import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
 
     p = leaf(top, "check", check.cmd_check, "call a running service at each URL and report each case")
     check.add_arguments(p, user_id_arg, game_id_arg)
@@ -459,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings.from_env(require_secret=False)
         obj, text = args.func(args, settings)
-    except (CommandError, ConfigError) as e:
+    except (CommandError, ConfigError, StoreUnavailable) as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         if args.json:
             print(json.dumps({"error": message}))

@@ -10,7 +10,19 @@ class ConfigError(Exception):
 
 
 class StoreUnavailable(Exception):
-    """The store cannot answer right now (down, locked, unreadable): HTTP 503."""
+    """The store cannot answer right now (down, missing, unreadable): HTTP 503, one line for the admin."""
+
+
+class StoreLocked(StoreUnavailable):
+    """Another session held the write lock longer than an admin write waits (store/base.py)."""
+
+
+class StoreFull(StoreUnavailable):
+    """The disk (or the database's quota) is full: the write was rolled back."""
+
+
+class CommandError(Exception):
+    """Bad input or a failed precondition in the admin command: one line on stderr, exit 1."""
 
 
 class HTTPError(Exception):

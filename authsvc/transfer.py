@@ -114,7 +114,7 @@ class _Reader:
         self.line_no += 1
         try:
             obj = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack allows
             raise self.error("not a JSON object") from None
         if not isinstance(obj, dict):
             raise self.error("not a JSON object")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
+import threading
 import time
 
 import pytest
@@ -38,3 +40,26 @@ def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> 
         except OSError:
             time.sleep(0.05)
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+def hold_write_lock(url: str, user_id: int):
+    """Another session that holds a write lock on the store (as a long import does); returns release()."""
+    if url.startswith("sqlite://"):
+        conn = sqlite3.connect(url.removeprefix("sqlite://"), isolation_level=None, check_same_thread=False)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("UPDATE players SET username = username WHERE user_id = ?", (user_id,))
+    else:
+        import psycopg
+
+        conn = psycopg.connect(url)
+        conn.execute("SELECT 1 FROM players WHERE user_id = %s FOR UPDATE", (user_id,))
+    # Bounded even if the waiting side never gives up (before the lock wait existed, PostgreSQL waited forever).
+    timer = threading.Timer(10, conn.rollback)
+    timer.start()
+
+    def release():
+        timer.cancel()
+        conn.rollback()
+        conn.close()
+
+    return release

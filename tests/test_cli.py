@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 
 import pytest
 
 from authsvc import cli
 from authsvc.store import open_store
 from authsvc.tokens import mint_token
+from tests.support import hold_write_lock, skip_or_fail
 
 
 @pytest.fixture
@@ -320,3 +322,88 @@ def test_ordinary_names_print_as_typed(initialised):
     for name in ("Zoë", "名前", "O'Brien & co", "😀 smile", "tab-less name"):
         code, out, err = initialised("player", "add", str(len(name) + 100), name)
         assert code == 0 and name in out, err
+
+
+# -- failures the admin meets: one line, exit 1, {"error": ...} with --json (docs/admin.md) ----
+
+
+def fails_in_one_line(run, *argv, expect: str) -> str:
+    """The command fails with one line on stderr and exit 1, with and without --json; returns the message."""
+    code, out, err = run(*argv)
+    assert code == 1 and out == "" and err.startswith("authsvc: error: ") and err.count("\n") == 1, (code, out, err)
+    assert expect in err and "Traceback" not in err
+    code, out, err = run(*argv, "--json")
+    assert code == 1 and err.count("\n") == 1, (code, out, err)
+    assert json.loads(out) == {"error": err.removeprefix("authsvc: error: ").rstrip("\n")}
+    return err
+
+
+def test_revoke_while_another_session_holds_the_write_lock(initialised, settings, monkeypatch):
+    """A revoke during a long import: it waits (30 s by default, shortened here), then says so and writes nothing."""
+    from authsvc.store import base
+
+    monkeypatch.setattr(base, "ADMIN_LOCK_WAIT", 0.3, raising=False)
+    initialised("player", "add", "42", "alice")
+    release = hold_write_lock(settings.store, 42)
+    try:
+        err = fails_in_one_line(initialised, "player", "revoke", "42", expect="lock")
+        assert "try again" in err
+    finally:
+        release()
+    assert run_json(initialised, "player", "show", "42")["epoch"] == 0
+    assert run_json(initialised, "player", "revoke", "42")["epoch"] == 1
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 256 KiB tmpfs, so SQLite meets a really full disk (needs root, as in the CI container)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        skip_or_fail(f"cannot mount a tmpfs (root needed): {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_a_full_disk_is_one_line_and_writes_nothing(run, monkeypatch, tiny_disk, tmp_path, settings):
+    monkeypatch.setenv("AUTHSVC_STORE", "sqlite://" + str(tiny_disk / "authsvc.db"))
+    assert run("init")[0] == 0
+    assert run("player", "add", "1", "one")[0] == 0
+    path = tmp_path / "players.csv"
+    path.write_text("".join(f"{i},{'x' * 200}{i}\n" for i in range(2, 5_002)))  # about 1 MB of rows
+    fails_in_one_line(run, "player", "import", str(path), expect="full")
+    assert run_json(run, "player", "show", "1")["username"] == "one"
+    fails_in_one_line(run, "player", "show", "2", expect="no player 2")
+
+
+@pytest.mark.parametrize("ttl", ["99999999999999999999", "9223372036854775807", "315360001"])
+def test_rotate_key_with_an_old_key_ttl_out_of_range(initialised, ttl):
+    initialised("game", "add", "Chess")
+    fails_in_one_line(initialised, "game", "rotate-key", "1", "--old-key-ttl", ttl, expect="--old-key-ttl")
+    assert len(run_json(initialised, "game", "list")["games"][0]["keys"]) == 1
+
+
+@pytest.mark.parametrize(
+    "content, expect",
+    [
+        ("1,a\n2," + "b" * 140_000 + "\n", "line 2: "),  # over csv.field_size_limit() (131,072)
+        ('{"user_id": 1, "username": "a"}\n' + "[" * 100_000 + "\n", "line 2: not a JSON object"),
+        ('{"user_id": 1, "username": ' + "[" * 100_000 + "]" * 100_000 + "}\n", "line 1: not a JSON object"),
+    ],
+    ids=["csv-field-over-131072", "deeply-nested-json", "deeply-nested-json-value"],
+)
+def test_player_import_of_a_huge_field_or_deep_json_is_one_line(initialised, tmp_path, settings, content, expect):
+    path = tmp_path / "players"
+    path.write_text(content)
+    fails_in_one_line(initialised, "player", "import", str(path), expect=expect)
+    assert players(settings) == {}
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_check_with_a_missing_sqlite_file_says_run_init(run, tmp_path):
+    key = tmp_path / "key"
+    key.write_text("x" * 40)
+    argv = ("check", "--base-url", "http://127.0.0.1:9", "--game-id", "1", "--user-id", "42", "--api-key-file", str(key))
+    fails_in_one_line(run, *argv, expect="authsvc init")

@@ -6,12 +6,15 @@ engines through ``store_url``. Every method of Store is exercised here.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from authsvc.errors import ConfigError
+from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
 from authsvc.store import open_store
 from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player
 from authsvc.tokens import api_key_digest
+from tests.support import free_port, hold_write_lock, skip_or_fail
 
 NOW = 1_700_000_000
 
@@ -203,6 +206,84 @@ def test_upsert_players_is_all_or_nothing(admin_store):
     assert admin_store.upsert_players([(2, "two")]) == 1  # the store is usable afterwards
 
 
+# -- failures: locked, missing, unreadable, full (the "Errors" section of store/base.py) ------
+
+
+@pytest.fixture
+def short_lock_wait(monkeypatch):
+    """Admin writes wait 0.3 s for another writer's lock instead of the default 30 s."""
+    from authsvc.store import base
+
+    monkeypatch.setattr(base, "ADMIN_LOCK_WAIT", 0.3, raising=False)
+
+
+def test_a_write_lock_held_elsewhere_raises_store_locked_and_writes_nothing(admin_store, settings, short_lock_wait):
+    admin_store.add_player(42, "alice")
+    release = hold_write_lock(settings.store, 42)
+    try:
+        with pytest.raises(StoreLocked) as caught:
+            admin_store.revoke_player(42)
+        assert "\n" not in str(caught.value) and "lock" in str(caught.value)
+    finally:
+        release()
+    assert admin_store.get_player(42).epoch == 0
+    assert admin_store.revoke_player(42) == 1  # usable once the lock is gone
+
+
+def test_a_missing_store_fails_check_with_config_error_and_other_calls_with_store_unavailable(
+    store_url, settings, tmp_path
+):
+    if store_url.startswith("sqlite://"):
+        url = "sqlite://" + str(tmp_path / "absent.db")
+    else:
+        url = f"postgresql://postgres@127.0.0.1:{free_port()}/absent"
+    for readonly in (True, False):
+        store = open_store(url, readonly=readonly, settings=settings)
+        try:
+            with pytest.raises(ConfigError):
+                store.check()
+            if readonly:  # the admin command opens SQLite read-write, which creates the file
+                with pytest.raises(StoreUnavailable):
+                    store.get_player(1)
+        finally:
+            store.close()
+
+
+def test_an_unreadable_store_raises_store_unavailable(admin_store, settings, tmp_path):
+    admin_store.add_player(1, "one")
+    admin_store.close()
+    if settings.store.startswith("sqlite://"):
+        path = settings.store.removeprefix("sqlite://")
+        for suffix in ("-wal", "-shm"):
+            tmp_path.joinpath(os.path.basename(path) + suffix).unlink(missing_ok=True)
+        with open(path, "wb") as f:
+            f.write(b"this is not a database" * 500)
+        store = admin_store
+    else:  # a server that went away
+        store = open_store(f"postgresql://postgres@127.0.0.1:{free_port()}/x", readonly=False, settings=settings)
+    for call in (lambda: store.get_player(1), lambda: store.revoke_player(1), lambda: store.list_games()):
+        with pytest.raises(StoreUnavailable) as caught:
+            call()
+        assert type(caught.value) is StoreUnavailable and "\n" not in str(caught.value)
+    store.close()
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_a_full_store_raises_store_full_and_writes_nothing(admin_store):
+    """A real SQLITE_FULL: the file may not grow past its current size (PRAGMA max_page_count).
+
+    On a full disk SQLite answers the same SQLITE_FULL; tests/test_cli.py fills a real tmpfs.
+    """
+    admin_store.add_player(1, "one")
+    conn = admin_store._conn()
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages:d}")
+    with pytest.raises(StoreFull) as caught:
+        admin_store.upsert_players((i, "x" * 200) for i in range(2, 20_002))
+    assert type(caught.value) is StoreFull and "full" in str(caught.value)
+    assert admin_store.get_player(2) is None and admin_store.get_player(1).username == "one"
+
+
 # -- the read path ---------------------------------------------------------------------------
 
 
@@ -326,3 +407,49 @@ def test_the_sqlite_service_imports_no_psycopg(tmp_path):
         "assert not [m for m in sys.modules if m.startswith('psycopg')], 'psycopg imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_a_full_postgresql_disk_raises_store_full_and_writes_nothing(store_url, pg_databases, settings):
+    """A real disk_full: the players table moved to a tablespace on a 512 KiB tmpfs (root and a local server)."""
+    import pwd
+    import subprocess
+    import tempfile
+
+    import psycopg
+
+    url = pg_databases.create()
+    disk = tempfile.mkdtemp(prefix="authsvc-tiny-", dir="/tmp")
+    os.chmod(disk, 0o755)
+    try:
+        owner = pwd.getpwnam("postgres")
+    except KeyError:
+        skip_or_fail("no local postgres user to own a tablespace")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size=512k,mode=0700,uid={owner.pw_uid},gid={owner.pw_gid}", "tmpfs", disk],
+        capture_output=True,
+    )
+    if done.returncode != 0:
+        os.rmdir(disk)
+        skip_or_fail(f"cannot mount a tmpfs (root needed): {done.stderr.decode().strip()}")
+    space = "authsvc_tiny_" + os.path.basename(disk).replace("-", "_").lower()
+    su = psycopg.connect(url, autocommit=True)
+    store = open_store(url, readonly=False, settings=settings)
+    try:
+        try:
+            su.execute(f"CREATE TABLESPACE {space} LOCATION '{disk}'")
+        except psycopg.Error as e:
+            skip_or_fail(f"the PostgreSQL server cannot use {disk} (not on this machine?): {e}")
+        su.execute(f"ALTER TABLE players SET TABLESPACE {space}")
+        store.add_player(1, "one")
+        with pytest.raises(StoreFull) as caught:
+            store.upsert_players((i, "x" * 200) for i in range(2, 20_002))
+        assert type(caught.value) is StoreFull and "full" in str(caught.value) and "\n" not in str(caught.value)
+        assert store.get_player(2) is None and store.get_player(1).username == "one"
+    finally:
+        store.close()
+        su.execute("ALTER TABLE players SET TABLESPACE pg_default")
+        su.execute(f"DROP TABLESPACE IF EXISTS {space}")
+        su.close()
+        subprocess.run(["umount", "-l", disk], check=True)
+        os.rmdir(disk)

@@ -159,11 +159,15 @@ def test_import_refuses_a_store_that_holds_anything(store_url, admin_store, tmp_
         (lambda lines: lines[:-2] + lines[-1:], "counts on the end line"),
         (lambda lines: [lines[0], lines[1], lines[2].replace(b'"one"', b'"0ne"'), *lines[3:]], "checksum"),
         (lambda lines: [lines[0], lines[1], b"{not json", *lines[2:]], "line 3: not a JSON object"),
+        (lambda lines: [lines[0], lines[1], b"[" * 100_000, *lines[2:]], "line 3: not a JSON object"),
         (lambda lines: [lines[0], lines[1], lines[3], lines[2], *lines[4:]], "increasing user_id"),
         (lambda lines: [lines[0].replace(b'"version":1', b'"version":9'), *lines[1:]], "format version 9"),
         (lambda lines: [b"user_id,username", b"1,one"], "not an authsvc export"),
     ],
-    ids=["truncated", "player-missing", "edited", "garbage-line", "out-of-order", "newer-format", "not-an-export"],
+    ids=[
+        "truncated", "player-missing", "edited", "garbage-line", "nested-too-deep", "out-of-order", "newer-format",
+        "not-an-export",
+    ],
 )
 def test_import_of_a_damaged_file_writes_nothing(
     store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file, damage, message

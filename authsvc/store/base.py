@@ -2,7 +2,20 @@
 
 Both engines (sqlite.py, postgres.py) implement it and pass the same contract
 tests (tests/test_store_contract.py). The web process only calls
-``credentials`` and ``ping``; everything else is the admin command's.
+``credentials`` and ``check``; everything else is the admin command's.
+
+Errors. Besides what a method's docstring names (Conflict, NotEmpty), every
+method raises only these, from authsvc/errors.py, each with a one-line message
+that never holds a password:
+
+- ``check``: ConfigError when the store is missing, unreachable, unreadable, or
+  not at this release's schema version (the start-up and admin-command gate).
+- every other method: StoreUnavailable when the store is missing, unreachable
+  or unreadable (SQLite "file is not a database", a PostgreSQL server that is
+  down); its subclass StoreLocked when another session held the lock a write
+  needs for longer than ADMIN_LOCK_WAIT seconds; its subclass StoreFull when
+  the disk (SQLITE_FULL, PostgreSQL disk_full) is full. A failed write has
+  written nothing. ConfigError when the role may not write (PostgreSQL).
 """
 
 from __future__ import annotations
@@ -50,6 +63,13 @@ class Player:
     username: str
     epoch: int
     enabled: bool
+
+
+# How long an admin write waits for a lock another session holds (a long `player import`,
+# another admin) before StoreLocked: SQLite's busy timeout, PostgreSQL's lock_timeout.
+# Long, because `player revoke` is the password-change path and should go through
+# (docs/admin.md); read at each write, so tests can shorten it.
+ADMIN_LOCK_WAIT = 30.0
 
 
 class Conflict(Exception):

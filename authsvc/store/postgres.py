@@ -25,8 +25,8 @@ import psycopg
 from psycopg import conninfo as pg_conninfo
 from psycopg.pq import DiagnosticField, ExecStatus
 
-from authsvc.errors import ConfigError, StoreUnavailable
-from authsvc.store import redact_url
+from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
+from authsvc.store import base, redact_url
 from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player, Store
 
 log = logging.getLogger("authsvc.store")
@@ -161,15 +161,28 @@ class PostgresStore(Store):
         self._drop()
 
     @contextlib.contextmanager
-    def _admin(self, transaction: bool = True):
-        """An admin connection, in a transaction; a lost server becomes a one-line ConfigError."""
+    def _admin(self, transaction: bool = True, mode: str | None = None):
+        """An admin connection, in a transaction (SET TRANSACTION ``mode`` first if given);
+        psycopg's errors become the store's (store/base.py, "Errors")."""
+        where = f"postgresql store {redact_url(self.url)}"
         try:
             conn = self._conn()
             if transaction:
                 with conn.transaction():
+                    if mode:
+                        conn.execute(f"SET TRANSACTION {mode}")
+                    # Wait for another session's lock (an import) at most ADMIN_LOCK_WAIT, not forever.
+                    conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{round(base.ADMIN_LOCK_WAIT * 1000)}ms",))
                     yield conn
             else:
                 yield conn
+        except psycopg.errors.LockNotAvailable:
+            raise StoreLocked(
+                f"{where} stayed locked by another session (an import?) for {base.ADMIN_LOCK_WAIT:g} s; "
+                "nothing was written, try again"
+            ) from None
+        except psycopg.errors.DiskFull:
+            raise StoreFull(f"{where}: the server's disk is full; nothing was written") from None
         except psycopg.errors.ReadOnlySqlTransaction:
             raise ConfigError(
                 f"postgresql store {redact_url(self.url)}: this role may not write "
@@ -182,7 +195,7 @@ class PostgresStore(Store):
             ) from None
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             self._drop()
-            raise ConfigError(f"postgresql store {redact_url(self.url)}: {_reason(e, self._password)}") from None
+            raise StoreUnavailable(f"{where}: {_reason(e, self._password)}") from None
 
     # -- read path ------------------------------------------------------------------
     def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
@@ -405,8 +418,7 @@ class PostgresStore(Store):
             ).fetchone()[0]
 
     def dump(self) -> Iterator[Game | Player]:
-        with self._admin() as conn:
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        with self._admin(mode="ISOLATION LEVEL REPEATABLE READ, READ ONLY") as conn:
             yield from self._games(conn)
             with conn.cursor(name="authsvc_dump") as cur:
                 cur.itersize = BATCH

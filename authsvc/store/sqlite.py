@@ -24,6 +24,7 @@ the path is missing or the -wal/-shm beside a new file are the old one's
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -34,7 +35,8 @@ import urllib.parse
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 
-from authsvc.errors import ConfigError, StoreUnavailable
+from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
+from authsvc.store import base
 from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player, Store
 
 log = logging.getLogger("authsvc.store")
@@ -130,6 +132,33 @@ def _bad_url(reason: str) -> str:
         f"AUTHSVC_STORE is not a usable sqlite:// URL: {reason}; write sqlite:///absolute/path.db "
         "or sqlite://relative/path.db (docs/configuration.md)"
     )
+
+
+def _store_error(error: sqlite3.Error, path: str) -> StoreUnavailable:
+    """sqlite3's error as the store's own (store/base.py, "Errors"), in one line."""
+    code = getattr(error, "sqlite_errorcode", 0) & 0xFF  # the primary result code
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return StoreLocked(
+            f"sqlite store {path} stayed locked by another writer (an import?) for {base.ADMIN_LOCK_WAIT:g} s; "
+            "nothing was written, try again"
+        )
+    if code == sqlite3.SQLITE_FULL:
+        return StoreFull(f"sqlite store {path}: the disk is full; nothing was written")
+    return StoreUnavailable(f"sqlite store {path} cannot be read or written: {' '.join(str(error).split())}")
+
+
+def _mapped(method):
+    """An admin method that raises the store's errors, never sqlite3's (IntegrityError is handled inside)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as e:
+            self.close()  # reopened on the next call: the file may come back
+            raise _store_error(e, self.path) from None
+
+    return wrapper
 
 
 class SQLiteStore(Store):
@@ -306,9 +335,11 @@ class SQLiteStore(Store):
     # -- admin ----------------------------------------------------------------------
     def _write(self):
         conn = self._conn()
+        conn.execute(f"PRAGMA busy_timeout = {round(base.ADMIN_LOCK_WAIT * 1000):d}")
         conn.execute("BEGIN IMMEDIATE")
         return _Transaction(conn)
 
+    @_mapped
     def migrate(self) -> tuple[int, int]:
         conn = self._conn()
         conn.execute("PRAGMA journal_mode = WAL")
@@ -336,6 +367,7 @@ class SQLiteStore(Store):
                     os.remove(leftover)
             raise ConfigError(f"backup to {target} failed: {e}") from None
 
+    @_mapped
     def add_game(self, name: str, key_digest: str, now: int) -> Game:
         with self._write() as conn:
             try:
@@ -355,17 +387,21 @@ class SQLiteStore(Store):
         by_game = {gid: tuple(ApiKey(*k[1:]) for k in grp) for gid, grp in itertools.groupby(keys, lambda k: k[0])}
         return [Game(gid, name, bool(en), created, by_game.get(gid, ())) for gid, name, en, created in games]
 
+    @_mapped
     def get_game(self, game_id: int) -> Game | None:
         found = self._games("WHERE id = ?", (game_id,))
         return found[0] if found else None
 
+    @_mapped
     def list_games(self) -> list[Game]:
         return self._games()
 
+    @_mapped
     def set_game_enabled(self, game_id: int, enabled: bool) -> bool:
         with self._write() as conn:
             return conn.execute("UPDATE games SET enabled = ? WHERE id = ?", (int(enabled), game_id)).rowcount == 1
 
+    @_mapped
     def add_api_key(self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None) -> bool:
         with self._write() as conn:
             if conn.execute("SELECT 1 FROM games WHERE id = ?", (game_id,)).fetchone() is None:
@@ -388,12 +424,14 @@ class SQLiteStore(Store):
         except sqlite3.IntegrityError:
             raise Conflict("that api key digest is already in use") from None
 
+    @_mapped
     def get_player(self, user_id: int) -> Player | None:
         row = self._conn().execute(
             "SELECT user_id, username, epoch, enabled FROM players WHERE user_id = ?", (user_id,)
         ).fetchone()
         return Player(row[0], row[1], row[2], bool(row[3])) if row else None
 
+    @_mapped
     def add_player(self, user_id: int, username: str) -> Player:
         with self._write() as conn:
             try:
@@ -402,15 +440,18 @@ class SQLiteStore(Store):
                 raise Conflict(f"player {user_id} exists") from None
         return Player(user_id, username, 0, True)
 
+    @_mapped
     def rename_player(self, user_id: int, username: str) -> bool:
         with self._write() as conn:
             return conn.execute("UPDATE players SET username = ? WHERE user_id = ?", (username, user_id)).rowcount == 1
 
+    @_mapped
     def set_player_enabled(self, user_id: int, enabled: bool) -> bool:
         with self._write() as conn:
             sql = "UPDATE players SET enabled = ? WHERE user_id = ?"
             return conn.execute(sql, (int(enabled), user_id)).rowcount == 1
 
+    @_mapped
     def revoke_player(self, user_id: int) -> int | None:
         with self._write() as conn:
             row = conn.execute(
@@ -418,6 +459,7 @@ class SQLiteStore(Store):
             ).fetchone()
         return row[0] if row else None
 
+    @_mapped
     def upsert_players(
         self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None
     ) -> int:
@@ -437,6 +479,7 @@ class SQLiteStore(Store):
 
 
     # -- moving between stores --------------------------------------------------------
+    @_mapped
     def game_id_high_water(self) -> int:
         conn = self._conn()
         row = conn.execute(
@@ -446,16 +489,21 @@ class SQLiteStore(Store):
         return row[0]
 
     def dump(self) -> Iterator[Game | Player]:
-        conn = self._conn()
-        conn.execute("BEGIN")  # one read snapshot for games and players
         try:
-            yield from self._games()
-            cur = conn.execute("SELECT user_id, username, epoch, enabled FROM players ORDER BY user_id")
-            for user_id, username, epoch, enabled in cur:
-                yield Player(user_id, username, epoch, bool(enabled))
-        finally:
-            conn.execute("COMMIT")
+            conn = self._conn()
+            conn.execute("BEGIN")  # one read snapshot for games and players
+            try:
+                yield from self._games()
+                cur = conn.execute("SELECT user_id, username, epoch, enabled FROM players ORDER BY user_id")
+                for user_id, username, epoch, enabled in cur:
+                    yield Player(user_id, username, epoch, bool(enabled))
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            self.close()
+            raise _store_error(e, self.path) from None
 
+    @_mapped
     def load(
         self,
         games: Iterable[Game],
@@ -506,4 +554,7 @@ class _Transaction:
         return self.conn
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+        if not exc_type:
+            self.conn.execute("COMMIT")
+        elif self.conn.in_transaction:  # SQLITE_FULL and friends roll back by themselves
+            self.conn.execute("ROLLBACK")
