@@ -12,6 +12,7 @@ import pytest
 
 from authsvc.deploy import PLACEHOLDER, RenderError, main, render_text, render_tree
 from authsvc.logredact import RedactFilter, redact
+from authsvc.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTS = {"API_HOST": "api.example.com", "LEGACY_HOST": "legacy.example.com"}
@@ -143,6 +144,38 @@ def test_gunicorn_config_refuses_bad_settings_in_one_line(monkeypatch, tmp_path,
         assert word in message, message
     if text is not None:
         assert str(tmp_path / "authsvc.toml") in message or "AUTHSVC_" in message, message
+
+
+def _limits(rendered: Path) -> dict[str, str]:
+    text = (rendered / "nginx/snippets/authsvc-limits.conf").read_text()
+    return dict(re.findall(r"^(client_\w+)\s+([^;]+);", text, re.M))
+
+
+def test_nginx_body_limit_is_the_service_setting(rendered, tmp_path):
+    """nginx refuses a body exactly where the service would: the same number, the same default."""
+    default = Settings(store="sqlite://x.db", token_secret_file="x").max_body_bytes
+    limits = _limits(rendered)
+    assert limits["client_max_body_size"] == limits["client_body_buffer_size"] == str(default)
+    render_tree(str(REPO / "deploy"), str(tmp_path / "set"), {**HOSTS, "MAX_BODY_BYTES": "65536"})
+    limits = _limits(tmp_path / "set")
+    assert limits["client_max_body_size"] == limits["client_body_buffer_size"] == "65536"
+
+
+def test_nginx_body_limit_from_the_settings_file(tmp_path):
+    """--settings FILE: the limit comes from max_body_bytes there, and nowhere else."""
+    config = tmp_path / "authsvc.toml"
+    config.write_text('store = "sqlite:///srv/a.db"\nmax_body_bytes = 40000\n[gunicorn]\nworkers = 2\n')
+    out = tmp_path / "out"
+    assert main([str(REPO / "deploy"), str(out), "--settings", str(config),
+                 "--set", "API_HOST=a.example", "--set", "LEGACY_HOST=b.example"]) == 0
+    assert _limits(out)["client_max_body_size"] == _limits(out)["client_body_buffer_size"] == "40000"
+    # Two sources for one number is what this removes: --set MAX_BODY_BYTES beside --settings is refused.
+    assert main([str(REPO / "deploy"), str(tmp_path / "o2"), "--settings", str(config), "--set", "MAX_BODY_BYTES=1",
+                 "--set", "API_HOST=a.example", "--set", "LEGACY_HOST=b.example"]) == 1
+    # A bad settings file stops the render.
+    config.write_text("max_body_bytes = true\n")
+    assert main([str(REPO / "deploy"), str(tmp_path / "o3"), "--settings", str(config),
+                 "--set", "API_HOST=a.example", "--set", "LEGACY_HOST=b.example"]) == 1
 
 
 def test_redact_removes_query_strings_and_quoted_request_data():
