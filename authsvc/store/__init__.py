@@ -5,6 +5,7 @@ from __future__ import annotations
 import urllib.parse
 
 from authsvc.errors import ConfigError
+from authsvc.settings import default
 from authsvc.store.base import Store
 
 
@@ -14,7 +15,9 @@ def open_store(url: str, *, readonly: bool, settings=None) -> Store:
     if scheme == "sqlite":
         from authsvc.store.sqlite import SQLiteStore
 
-        return SQLiteStore(url, readonly=readonly, max_staleness=getattr(settings, "max_staleness", 0.0))
+        # Without settings, the declared default (authsvc/settings.py): one number, not two.
+        staleness = settings.max_staleness if settings is not None else default("max_staleness")
+        return SQLiteStore(url, readonly=readonly, max_staleness=staleness)
     if scheme in ("postgresql", "postgres"):
         try:
             from authsvc.store.postgres import PostgresStore
