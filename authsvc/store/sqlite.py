@@ -13,6 +13,9 @@ lookup of the player: together more than half of the store's cost
 (BENCHMARKS.md). An answer then reflects the store as it was at most
 ``max_staleness`` seconds earlier (AUTHSVC_MAX_STALENESS, default 1 s, at most
 1 s; docs/stores.md). With 0, every authentication is one query of its own.
+An idle worker ends its snapshot too: a thread per process ends any snapshot
+older than the bound, since a checkpoint cannot pass an open read transaction
+and the -wal file would grow with every admin write ("The -wal file").
 
 A reader also notices a file replaced under it (``mv``/``rm`` and a new file at
 the path): it compares the file it opened with the one the path names at each
@@ -43,6 +46,11 @@ log = logging.getLogger("authsvc.store")
 
 BATCH = 10_000
 MMAP_BYTES = 1 << 30  # the reader maps up to the first GiB of the file
+# The -wal file an admin command leaves behind, at most (docs/stores.md, "The -wal file"):
+# about SQLite's automatic checkpoint of 1,000 pages. Readers let go of a snapshot within
+# 2 x AUTHSVC_MAX_STALENESS (at most 2 s), so an admin command waits that long at most.
+WAL_LIMIT_BYTES = 4 << 20
+WAL_TRUNCATE_WAIT = 3.0
 
 MIGRATIONS: list[str] = [
     # 1: games, their api keys (SHA-256 digests), players.
@@ -97,7 +105,7 @@ def _identity(path: str) -> tuple[int, int]:
 
 def _identities(path: str) -> tuple[tuple[int, int], tuple[int, int] | None, tuple[int, int] | None]:
     """The database file ``path`` names now, and its -wal and -shm files (None: none)."""
-    wal_shm = []
+    wal_shm: list[tuple[int, int] | None] = []
     for suffix in ("-wal", "-shm"):
         try:
             wal_shm.append(_identity(path + suffix))
@@ -155,10 +163,62 @@ def _mapped(method):
         try:
             return method(self, *args, **kwargs)
         except sqlite3.Error as e:
-            self.close()  # reopened on the next call: the file may come back
+            self._drop()  # reopened on the next call: the file may come back
             raise _store_error(e, self.path) from None
+        except OSError as e:  # a reader stats the file before it opens it (_connect)
+            self._drop()
+            raise StoreUnavailable(f"sqlite store {self.path} cannot be read: {e.strerror}") from None
 
     return wrapper
+
+
+class _Snapshot:
+    """One thread's read transaction and the api keys read in it.
+
+    ``lock`` is held by the request that uses the snapshot and by the reaper while
+    it ends one, so a connection is never used by two threads at once.
+    """
+
+    __slots__ = ("lock", "conn", "taken_at", "keys", "__weakref__")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.lock = threading.Lock()
+        self.conn = conn
+        self.taken_at = 0.0
+        self.keys: dict[str, tuple] | None = None  # None: no snapshot open
+
+    def end(self) -> None:
+        if self.keys is not None and self.conn.in_transaction:
+            self.conn.execute("COMMIT")
+        self.keys = None
+
+
+def _reap(store_ref: weakref.ref) -> None:
+    """Every max_staleness seconds, end each snapshot older than that which no request is using.
+
+    A snapshot would otherwise stay open until the worker's next request: while the
+    service is idle, no checkpoint could pass it and the -wal file would grow with
+    every admin write (docs/stores.md). Runs while the store exists.
+    """
+    while (store := store_ref()) is not None:
+        period = max(store.max_staleness, 0.05)
+        del store  # no reference while asleep: the store can be collected
+        time.sleep(period)
+        if (store := store_ref()) is None:
+            return
+        with store._snapshots_lock:
+            snapshots = list(store._snapshots)
+        for snapshot in snapshots:
+            if not snapshot.lock.acquire(blocking=False):
+                continue  # in use by a request, which renews it itself
+            try:
+                if snapshot.keys is not None and store.clock() - snapshot.taken_at >= store.max_staleness:
+                    snapshot.end()
+            except sqlite3.Error:
+                snapshot.keys = None  # the request path notices a broken file itself
+            finally:
+                snapshot.lock.release()
+        del store, snapshots
 
 
 class SQLiteStore(Store):
@@ -169,6 +229,9 @@ class SQLiteStore(Store):
         self.max_staleness = max_staleness if readonly else 0.0
         self.clock = clock
         self._local = threading.local()
+        self._snapshots: weakref.WeakSet[_Snapshot] = weakref.WeakSet()  # every thread's, for the reaper
+        self._snapshots_lock = threading.Lock()
+        self._reaper = False
         # A forked child (a gunicorn worker) starts without connections: it must
         # neither use nor close its parent's. Cheaper than os.getpid() per query.
         store = weakref.ref(self)
@@ -186,6 +249,7 @@ class SQLiteStore(Store):
         else:
             conn = sqlite3.connect(self.path, isolation_level=None)
             conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES:d}")  # cut back when the WAL restarts
         conn.execute("PRAGMA busy_timeout = 2000")
         return conn
 
@@ -249,17 +313,24 @@ class SQLiteStore(Store):
                     "answering 503 until they are removed (docs/stores.md)", self.path, self.path,
                 )
             raise StoreUnavailable("sqlite store replaced without its -wal and -shm files")
-        self.close()  # the next _conn() opens the new file, with its own -wal and -shm
+        self._close_conn()  # the next _conn() opens the new file, with its own -wal and -shm
 
     @staticmethod
     def _hold(local: threading.local) -> None:
-        """Keep the connection, but end its snapshot (the old file's WAL may be checkpointed)."""
+        """Keep the connection, but end its snapshot (the old file's WAL may be checkpointed).
+
+        Like _close_conn, called with the snapshot's lock held (or with no snapshot).
+        """
+        snapshot = getattr(local, "snapshot", None)
+        if snapshot is not None:
+            snapshot.end()
         if local.conn.in_transaction:
             local.conn.execute("COMMIT")
-        local.snapshot = None
 
     def _forget_connections(self) -> None:
         self._local = threading.local()
+        self._snapshots = weakref.WeakSet()
+        self._reaper = False  # threads do not survive a fork
 
     def _conn(self) -> sqlite3.Connection:
         local = self._local
@@ -267,27 +338,76 @@ class SQLiteStore(Store):
             local.conn = self._connect()
         return local.conn
 
-    def _new_snapshot(self) -> tuple[float, sqlite3.Connection, dict[str, tuple]]:
-        """End this thread's snapshot and start another; returns (taken at, connection, keys by digest).
+    def _snapshot(self) -> _Snapshot:
+        """This thread's snapshot holder, made on first use; the first one in a process starts the reaper."""
+        snapshot = _Snapshot(self._conn())
+        with self._snapshots_lock:
+            self._snapshots.add(snapshot)
+            if not self._reaper:
+                self._reaper = True
+                threading.Thread(target=_reap, args=(weakref.ref(self),), name="authsvc-snapshots", daemon=True).start()
+        self._local.snapshot = snapshot
+        return snapshot
+
+    def _new_snapshot(self, snapshot: _Snapshot) -> dict[str, tuple]:
+        """End this thread's snapshot and start another; returns its keys (the caller holds ``snapshot.lock``).
 
         The file is checked first, so no snapshot is taken of a file the path stopped
         naming before this one began: a replaced store is read within the same bound.
         """
         now = self.clock()
+        snapshot.end()
         self._check_file()
         conn = self._conn()
         if conn.in_transaction:
             conn.execute("COMMIT")
         conn.execute("BEGIN")  # the snapshot is taken by the next SELECT, after ``now``
         keys = {digest: (game_id, enabled, expires_at) for digest, game_id, enabled, expires_at in conn.execute(KEYS_SQL)}
-        self._local.snapshot = now, conn, keys
-        return self._local.snapshot
+        snapshot.conn, snapshot.taken_at, snapshot.keys = conn, now, keys
+        return keys
 
     def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
+        """Close this thread's connection; an admin's leaves the -wal file at most WAL_LIMIT_BYTES."""
+        if not self.readonly:
+            self._truncate_wal()
+        self._drop()
+
+    def _drop(self) -> None:
+        """Close this thread's connection (reopened on next use), never while the reaper uses it."""
+        snapshot = getattr(self._local, "snapshot", None)
+        if snapshot is None:
+            self._close_conn()
+        else:
+            with snapshot.lock:
+                self._close_conn()
+
+    def _close_conn(self) -> None:
+        local = self._local
+        snapshot = getattr(local, "snapshot", None)
+        if snapshot is not None:
+            snapshot.keys = None  # its connection is closed here: no snapshot open
+        conn = getattr(local, "conn", None)
         if conn is not None:
             conn.close()
-        self._forget_connections()
+        local.__dict__.clear()
+        if snapshot is not None:
+            local.snapshot = snapshot  # the reaper knows it: the next request fills it again
+
+    def _truncate_wal(self) -> None:
+        """Checkpoint and empty a -wal file over WAL_LIMIT_BYTES, waiting at most WAL_TRUNCATE_WAIT for readers.
+
+        SQLite's own checkpoints never make the file smaller, and the file is cut back
+        to the limit only at the next write: without this, a burst of admin writes
+        would leave a large -wal file until the next admin command (docs/stores.md).
+        """
+        conn = getattr(self._local, "conn", None)
+        try:
+            if conn is None or os.path.getsize(self.path + "-wal") <= WAL_LIMIT_BYTES:
+                return
+            conn.execute(f"PRAGMA busy_timeout = {round(WAL_TRUNCATE_WAIT * 1000):d}")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # a reader still in a snapshot: it stays as it is
+        except (OSError, sqlite3.Error):
+            pass  # no -wal file, or the store is failing: the next admin command tries again
 
     # -- read path ------------------------------------------------------------------
     def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
@@ -298,14 +418,16 @@ class SQLiteStore(Store):
                 self._check_file()
                 found = Credentials._make(self._conn().execute(CREDENTIALS_SQL, (user_id, key_digest)).fetchone())
             else:
-                snapshot = getattr(self._local, "snapshot", None)
-                if snapshot is None or self.clock() - snapshot[0] >= self.max_staleness:
-                    snapshot = self._new_snapshot()
-                _, conn, keys = snapshot
-                found = Credentials._make((*keys.get(key_digest, NO_KEY), *conn.execute(PLAYER_SQL, (user_id,)).fetchone()))
+                snapshot = getattr(self._local, "snapshot", None) or self._snapshot()
+                with snapshot.lock:  # the reaper ends a snapshot only between two requests
+                    keys = snapshot.keys
+                    if keys is None or self.clock() - snapshot.taken_at >= self.max_staleness:
+                        keys = self._new_snapshot(snapshot)
+                    row = snapshot.conn.execute(PLAYER_SQL, (user_id,)).fetchone()
+                found = Credentials._make((*keys.get(key_digest, NO_KEY), *row))
             return None if found.game_id is None else found
         except (sqlite3.Error, OSError):
-            self.close()  # reopen on the next request: the file may come back
+            self._drop()  # reopen on the next request: the file may come back
             raise StoreUnavailable("sqlite store unreadable") from None
 
     def check(self) -> None:
@@ -314,7 +436,7 @@ class SQLiteStore(Store):
         try:
             version = self._version(self._conn())
         except (sqlite3.Error, OSError) as e:
-            self.close()
+            self._drop()
             raise ConfigError(f"sqlite store {self.path} cannot be read: {e}") from None
         if version != len(MIGRATIONS):
             raise ConfigError(
@@ -500,7 +622,7 @@ class SQLiteStore(Store):
             finally:
                 conn.execute("COMMIT")
         except sqlite3.Error as e:
-            self.close()
+            self._drop()
             raise _store_error(e, self.path) from None
 
     @_mapped
