@@ -165,7 +165,7 @@ def _mapped(method):
         except sqlite3.Error as e:
             self._drop()  # reopened on the next call: the file may come back
             raise _store_error(e, self.path) from None
-        except OSError as e:  # a reader stats the file before it opens it (_connect)
+        except OSError as e:  # a reader's stat of a path that is gone (see _connect)
             self._drop()
             raise StoreUnavailable(f"sqlite store {self.path} cannot be read: {e.strerror}") from None
 
