@@ -1,4 +1,10 @@
-"""The ``authsvc`` admin command: init, games, players, tokens, export, import, backup, check.
+"""The ``authsvc`` admin command (docs/admin.md). Its subcommands:
+
+    init
+    game add | list | enable | disable | rotate-key
+    player add | show | rename | enable | disable | revoke | import
+    token issue
+    export, import, backup, check
 
 Every subcommand takes ``--json`` (one JSON object on stdout). Bad input gives a
 one-line message on stderr and exit 1 (exit 2 for a malformed command line).
