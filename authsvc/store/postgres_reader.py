@@ -29,7 +29,7 @@ log = logging.getLogger("authsvc.store")
 READER_ROLE = "authsvc_reader"
 SCHEMA_VERSION = 1  # len(postgres.MIGRATIONS): the version this release reads
 
-# SQLite's query (store/sqlite.py): one row always, every lookup made whether or not
+# SQLite's query (store/sqlite_reader.py): one row always, every lookup made whether or not
 # the key and the player exist, so the time of an answer tells neither. No key: game_id NULL.
 CREDENTIALS_SQL = """
 SELECT k.game_id, g.enabled, k.expires_at, p.username, p.epoch, p.enabled
