@@ -172,9 +172,12 @@ class SQLiteReader(ThreadConnections):
         self._reaper = False
 
     def _after_fork(self) -> None:
+        """The child's snapshots, their locks and the registry's lock are new: the parent's
+        reaper may have held one at the fork. Threads do not survive a fork: no reaper yet."""
         super()._after_fork()
         self._snapshots = weakref.WeakSet()
-        self._reaper = False  # threads do not survive a fork
+        self._snapshots_lock = threading.Lock()
+        self._reaper = False
 
     # -- connections --------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
