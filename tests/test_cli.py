@@ -407,3 +407,23 @@ def test_check_with_a_missing_sqlite_file_says_run_init(run, tmp_path):
     key.write_text("x" * 40)
     argv = ("check", "--base-url", "http://127.0.0.1:9", "--game-id", "1", "--user-id", "42", "--api-key-file", str(key))
     fails_in_one_line(run, *argv, expect="authsvc init")
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+def test_check_returns_exit_status_1_with_its_whole_report(monkeypatch, env, world, tmp_path, capsys):
+    """`authsvc check` returns its status to main() like every command (no SystemExit), report printed."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AUTHSVC_CONFIG", raising=False)
+    key = tmp_path / "key"
+    key.write_text(world.api_key + "\n")
+    argv = ["check", "--base-url", "http://127.0.0.1:9", "--game-id", str(world.game_id),
+            "--user-id", str(world.user_id), "--api-key-file", str(key), "--timeout", "5"]
+    assert cli.main([*argv, "--json"]) == 1  # nothing listens on port 9: every case fails
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and [r["ok"] for r in report["results"]] == [False] * 4
+    assert cli.main(argv) == 1
+    assert "4 of 4 checks FAILED" in capsys.readouterr().out
+    argv[argv.index("--user-id") + 1] = "99"  # the token is minted from the store: the same helper as token issue
+    assert cli.main(argv) == 1
+    assert capsys.readouterr().err == "authsvc: error: no player 99\n"
