@@ -18,7 +18,7 @@ noisy. Sections (``--only``, default all):
   cold      in-process cost with the CPU caches emptied before each call, as in a
             worker between requests
   bodies    in-process cost of the costliest request bodies of at most 16 KiB
-            (tests/hostile_bodies.py: the multipart bodies that made email.parser
+            (harness/hostile_bodies.py: the multipart bodies that made email.parser
             spend ~200 ms, and the worst found for each parser since) against a
             plain form with the same three fields
 
@@ -62,8 +62,7 @@ from authsvc.app import make_app  # noqa: E402
 from authsvc.settings import Settings  # noqa: E402
 from authsvc.store import open_store  # noqa: E402
 from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret  # noqa: E402
-from tests.deploy_support import stop  # noqa: E402  (the suite's helpers: stop a server's process group)
-from tests.support import free_port  # noqa: E402
+from harness.processes import find_nginx, free_port, ipv6_loopback, nginx_main_conf, stop  # noqa: E402
 
 PATH = "/api/authenticate.json"
 VENV_BIN = Path(sys.executable).parent
@@ -475,7 +474,6 @@ def nginx_in_front(world: World, root: Path, sock: Path) -> Iterator[tuple[int, 
     """The shipped nginx site rendered as scripts/install renders it, the rate limit raised out of the way."""
     import trustme
 
-    from tests.deploy_support import find_nginx, ipv6_loopback, nginx_main_conf  # shared with the suite
 
     nginx = find_nginx()
     if nginx is None:
@@ -680,7 +678,7 @@ def section_cold(world: World, args: argparse.Namespace) -> None:
 
 def section_bodies(world: World, args: argparse.Namespace) -> None:
     """Each costly body against a plain form, the WSGI callable called directly; a fresh input per call."""
-    from tests.hostile_bodies import curl_form, plain_form, worst_bodies
+    from harness.hostile_bodies import curl_form, plain_form, worst_bodies
 
     app = make_app(Settings.from_env(world.env))
     uid = world.user_ids[0]

@@ -67,7 +67,7 @@ def test_init_creates_a_0600_secret_if_none_exists(run, monkeypatch, tmp_path):
     assert secret not in out + err and "exists, kept" in out
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_game_add_shows_key_once_and_stores_only_its_digest(initialised, env):
     result = run_json(initialised, "game", "add", "Chess")
     assert result["game_id"] == 1 and result["name"] == "Chess"
@@ -152,7 +152,7 @@ def test_json_errors_are_one_object_on_stdout(initialised):
     assert code == 1 and json.loads(out) == {"error": "no player 7"} and "no player 7" in err
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_commands_before_init_say_so(run):
     code, _, err = run("game", "list")
     assert code == 1 and "authsvc init" in err and err.count("\n") == 1
@@ -366,7 +366,7 @@ def tiny_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_a_full_disk_is_one_line_and_writes_nothing(run, monkeypatch, tiny_disk, tmp_path, settings):
     monkeypatch.setenv("AUTHSVC_STORE", "sqlite://" + str(tiny_disk / "authsvc.db"))
     assert run("init")[0] == 0
@@ -401,7 +401,7 @@ def test_player_import_of_a_huge_field_or_deep_json_is_one_line(initialised, tmp
     assert players(settings) == {}
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_check_with_a_missing_sqlite_file_says_run_init(run, tmp_path):
     key = tmp_path / "key"
     key.write_text("x" * 40)
