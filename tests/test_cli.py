@@ -248,9 +248,42 @@ def test_store_url_password_is_redacted():
     assert cli.redact_url("sqlite:///var/lib/authsvc/authsvc.db") == "sqlite:///var/lib/authsvc/authsvc.db"
 
 
-def test_help_lists_every_command(run):
-    code, out, _ = run("--help")
-    assert code == 0 and all(word in out for word in ("init", "game", "player", "token"))
+COMMANDS = {
+    (): ["init", "game", "player", "export", "import", "backup", "token", "check"],
+    ("game",): ["add", "list", "enable", "disable", "rotate-key"],
+    ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "import"],
+    ("token",): ["issue"],
+}
+
+
+def listed_subcommands(help_text: str) -> list[str]:
+    """The names argparse lists under COMMAND or ACTION (four spaces in, then the name)."""
+    section = help_text.split("positional arguments:", 1)[1].split("options:", 1)[0]
+    return [line.split()[0] for line in section.splitlines() if line.startswith("    ") and not line.startswith("     ")]
+
+
+@pytest.mark.engine("sqlite")  # help needs no store
+@pytest.mark.parametrize("parents", list(COMMANDS), ids=lambda parents: " ".join(parents) or "authsvc")
+def test_help_lists_every_command_in_order(run, parents):
+    code, out, _ = run(*parents, "--help")
+    assert code == 0
+    assert listed_subcommands(out) == COMMANDS[parents]
+
+
+@pytest.mark.engine("sqlite")
+@pytest.mark.parametrize("argv", [(name,) for name in COMMANDS[()] if (name,) not in COMMANDS]
+                         + [(group, action) for group in ("game", "player", "token") for action in COMMANDS[(group,)]])
+def test_every_command_has_its_own_help(run, argv):
+    """`authsvc export --help`, `authsvc import --help`, `authsvc check --help`, ...: usage and the options they take."""
+    code, out, err = run(*argv, "--help")
+    assert code == 0 and err == ""
+    assert out.startswith(f"usage: authsvc {' '.join(argv)} ")
+    assert "--json" in out  # every command can answer in JSON
+    if argv in (("export",), ("import",), ("backup",)):
+        assert "positional arguments:\n  file" in out
+    if argv == ("check",):
+        for option in ("--base-url", "--game-id", "--user-id", "--api-key-file", "--token-file", "--resolve"):
+            assert option in out
 
 
 # -- names that would lie on screen (docs/admin.md) ------------------------------------------
