@@ -2,7 +2,10 @@
 
 ``start_gunicorn`` is the one way the suite and the bench start gunicorn; every
 option a caller needs (config file, workers, preload, environment, bind) is a
-parameter, so no caller builds its own command line.
+parameter, so no caller builds its own command line. The one exception is the
+deployment stack (tests/deploy_support.py), which runs gunicorn under
+systemd-socket-activate exactly as the shipped units do. ``start_nginx`` starts
+nginx for both.
 """
 
 from __future__ import annotations
@@ -61,6 +64,13 @@ def start_gunicorn(
     text = stdout == subprocess.PIPE or stderr == subprocess.PIPE  # str out of pipes, bytes into files
     return subprocess.Popen(command, env={**base, **env}, cwd=cwd, stdout=stdout, stderr=stderr, text=text,
                             start_new_session=new_session)
+
+
+def start_nginx(nginx: str, prefix: Path, conf: Path, log: Path) -> subprocess.Popen:
+    """nginx in the foreground with ``prefix`` and main config ``conf``, its own output in ``log``,
+    in its own process group (for ``stop``)."""
+    return subprocess.Popen([nginx, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 20) -> None:

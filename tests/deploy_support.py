@@ -25,7 +25,7 @@ from pathlib import Path
 
 import trustme
 
-from harness.processes import find_nginx, free_port, ipv6_loopback, nginx_main_conf, stop, wait_for_port
+from harness.processes import find_nginx, free_port, ipv6_loopback, nginx_main_conf, start_nginx, stop, wait_for_port
 from tests.support import skip_or_fail
 
 REPO = Path(__file__).resolve().parent.parent
@@ -229,12 +229,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
                                         worker_connections=worker_connections))
         check = subprocess.run([nginx, "-t", "-q", "-p", str(root), "-c", str(conf)], capture_output=True, text=True)
         assert check.returncode == 0, f"nginx -t: {check.stderr}"
-        nginx_proc = subprocess.Popen(
-            [nginx, "-p", str(root), "-c", str(conf), "-g", "daemon off;"],
-            stdout=open(logs / "nginx-stdout.log", "wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        nginx_proc = start_nginx(nginx, root, conf, logs / "nginx-stdout.log")
         wait_for_port(https_port)
         wait_for_port(http_port)
     except BaseException:

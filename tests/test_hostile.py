@@ -1,6 +1,6 @@
 """Hostile input: bodies built to cost the parsers work, and values that once gave a 500.
 
-The bodies are tests/hostile_bodies.py's: the probe's multipart ones (email.parser
+The bodies are harness/hostile_bodies.py's: the probe's multipart ones (email.parser
 spent ~200 ms and ~100 ms on them) and the costliest found since for multipart,
 form and JSON. Their work is compared by counting the Python and C function
 calls a request makes (deterministic), not by timing it (BENCHMARKS.md section 7
@@ -114,7 +114,7 @@ def test_probe_multipart_bodies_through_webtest(app, world):
 
 @pytest.mark.engine("sqlite")
 def test_every_costly_body_gets_a_400_for_bounded_work(wsgi_app, world):
-    """Each body of tests/hostile_bodies.py (multipart, form, JSON): a 400, and at most 3 times
+    """Each body of harness/hostile_bodies.py (multipart, form, JSON): a 400, and at most 3 times
     the function calls of a form curl -F sends (BENCHMARKS.md section 7 has their timings)."""
     reference = calls_made(lambda: call(wsgi_app, environ_for(*curl_form(world.params()))))
     for label, body, content_type in worst_bodies(world.params()):
