@@ -16,8 +16,14 @@ throwaway server from the local binaries, else the PostgreSQL tests are skipped
 (failed under AUTHSVC_TEST_STRICT=1). One fresh database per test session,
 emptied before each test.
 
-Helpers that are not fixtures (skip_or_fail, free_port, wait_for_port) live in
-tests/support.py; the throwaway server in tests/pgserver.py.
+Helpers that are not fixtures (skip_or_fail, make_testapp, start_gunicorn, get,
+free_port, ...) live in tests/support.py; the throwaway server in
+tests/pgserver.py. A test module never imports another test module.
+
+Every test that runs gunicorn starts it with ``start_gunicorn`` (harness/processes.py,
+shared with scripts/bench), whose parameters cover what they vary: config file,
+workers, preload, environment, bind. No test depends on the order tests run in:
+``pytest -p harness.reverse_order`` runs them backwards to show it.
 """
 
 from __future__ import annotations
