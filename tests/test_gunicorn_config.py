@@ -20,7 +20,7 @@ from tests.support import free_port, wait_for_port
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = str(REPO / "deploy" / "gunicorn.conf.py")
-pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.engine("sqlite")
 # Generous: a failing start-up measured well under 2 s here. Before the fixes,
 # the first two cases never exited at all.
 EXIT_WITHIN = 30

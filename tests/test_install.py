@@ -107,8 +107,10 @@ def test_staged_install_puts_everything_in_place(staged):
     assert json.loads(_admin(root, "game", "list", "--json")) == {"games": []}
 
 
-def test_install_again_keeps_secret_settings_and_store(staged):
-    root, _ = staged
+def test_install_again_keeps_secret_settings_and_store(tmp_path):
+    """On an install of its own: it adds a game and reinstalls, which the shared ``staged`` must not see."""
+    root = tmp_path
+    _install(root)
     secret = (root / "etc/authsvc/token-secret").read_text()
     assert len(secret.strip()) == 64
     settings = root / "etc/authsvc/authsvc.toml"

@@ -112,13 +112,13 @@ def test_settings_are_frozen(settings):
         settings.error_status = "http"
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_start_up_fails_clearly_without_a_store(settings):
     with pytest.raises(ConfigError, match="does not exist .*authsvc init"):
         make_app(settings)
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_start_up_fails_clearly_on_an_unmigrated_store(settings):
     path = settings.store.removeprefix("sqlite://")
     open(path, "wb").close()

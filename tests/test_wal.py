@@ -25,7 +25,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 WRITES = 1000
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_an_idle_reader_ends_its_snapshot_by_itself(world):
     reader = SQLiteStore(world.settings.store, readonly=True, max_staleness=0.2)
     try:
@@ -43,7 +43,7 @@ def test_an_idle_reader_ends_its_snapshot_by_itself(world):
         reader.close()
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_admin_writes_against_an_idle_service_leave_a_small_wal(env, world, tmp_path):
     """Real gunicorn with the shipped config and the default staleness: one request, then 1,000 admin writes."""
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"}  # the default, 1 s

@@ -17,7 +17,7 @@ def test_application_is_built_on_access_from_the_environment(monkeypatch, env, w
     assert isinstance(app, App) and app.settings.store == env["AUTHSVC_STORE"]
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_bad_configuration_fails_when_gunicorn_loads_the_app(monkeypatch, env, capsys):
     """One line on stderr and gunicorn's APP_LOAD_ERROR (4), which halts its master, not a traceback."""
     monkeypatch.setenv("AUTHSVC_STORE", env["AUTHSVC_STORE"])  # never initialised
