@@ -107,9 +107,9 @@ class App:
             if method not in ALLOWED_METHODS:
                 raise MethodNotAllowed(ALLOWED_METHODS)
             result, body = handler(environ)
-        except HTTPError as e:
-            body, extra_headers = json_bytes(error_object(e.status, e.description)), e.headers
-            result = e.status
+        except HTTPError as http_error:
+            body, extra_headers = json_bytes(error_object(http_error.status, http_error.description)), http_error.headers
+            result = http_error.status
         except StoreUnavailable:
             held = self.store_warnings.allow()
             if held is not None:

@@ -58,6 +58,11 @@ def values_with_defaults(given: dict[str, str]) -> dict[str, str]:
     return values
 
 
+def _fill(line: str, values: dict[str, str], listen: list[str], address: str | None) -> str:
+    """``line`` with its placeholders filled, the ``listen`` ones with ``address``."""
+    return PLACEHOLDER.sub(lambda m: address if address is not None and m.group(1) in listen else values[m.group(1)], line)
+
+
 def render_text(text: str, values: dict[str, str], used: set[str] | None = None) -> str:
     """``text`` with every placeholder filled; names filled are added to ``used``."""
     out = []
@@ -69,13 +74,10 @@ def render_text(text: str, values: dict[str, str], used: set[str] | None = None)
         if used is not None:
             used.update(names)
         listen = [n for n in names if n.endswith("_LISTEN")]
-        variants = values[listen[0]].split() if listen else [None]
-        for variant in variants:
-            out.append(
-                PLACEHOLDER.sub(
-                    lambda m, variant=variant, listen=listen: variant if m.group(1) in listen else values[m.group(1)], line
-                )
-            )
+        # A line with a *_LISTEN placeholder is repeated once per address in its value.
+        addresses: list[str | None] = list(values[listen[0]].split()) if listen else [None]
+        for address in addresses:
+            out.append(_fill(line, values, listen, address))
     return "".join(out)
 
 

@@ -20,6 +20,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import psycopg
 from psycopg import conninfo as pg_conninfo
@@ -107,6 +108,14 @@ def _raise_unless(result, status: ExecStatus) -> None:
     raise error_class(result.error_message.decode("utf-8", "replace").strip())
 
 
+def _value(cursor: psycopg.Cursor) -> Any:
+    """The first column of the one row a query always returns (an aggregate, EXISTS, RETURNING)."""
+    row = cursor.fetchone()
+    if row is None:  # not for these queries; a clear error rather than a TypeError on None[0]
+        raise StoreUnavailable("postgresql store: a query that always returns one row returned none")
+    return row[0]
+
+
 def _reason(error: BaseException, password: str | None) -> str:
     """psycopg's message on one line, with the URL's password masked should libpq ever echo it."""
     text = " ".join(str(error).split()) or type(error).__name__
@@ -118,7 +127,8 @@ class PostgresStore(Store):
         self.url = url
         self.readonly = readonly
         try:
-            params = pg_conninfo.conninfo_to_dict(url)
+            # Parsed from a URL, every value is text (None never occurs; dropped to keep the type exact).
+            params = {k: str(v) for k, v in pg_conninfo.conninfo_to_dict(url).items() if v is not None}
         except psycopg.ProgrammingError:
             raise ConfigError(f"AUTHSVC_STORE {redact_url(url)} is not a valid PostgreSQL URL") from None
         self._password = params.get("password")
@@ -135,7 +145,7 @@ class PostgresStore(Store):
             options = f"-c statement_timeout={ms} -c default_transaction_read_only=on"
             params["options"] = (params.get("options", "") + " " + options).strip()
             params.setdefault("tcp_user_timeout", str(ms + 1000))
-        self._conninfo = pg_conninfo.make_conninfo(**params)
+        self._conninfo = pg_conninfo.make_conninfo("", **params)
         self._local = threading.local()
 
     # -- connections --------------------------------------------------------------
@@ -161,7 +171,7 @@ class PostgresStore(Store):
         self._drop()
 
     @contextlib.contextmanager
-    def _admin(self, transaction: bool = True, mode: str | None = None):
+    def _admin(self, transaction: bool = True, mode: str | None = None) -> Iterator[psycopg.Connection]:
         """An admin connection, in a transaction (SET TRANSACTION ``mode`` first if given);
         psycopg's errors become the store's (store/base.py, "Errors")."""
         where = f"postgresql store {redact_url(self.url)}"
@@ -265,17 +275,16 @@ class PostgresStore(Store):
 
     @staticmethod
     def _can_write(conn: psycopg.Connection) -> bool:
-        return conn.execute(
+        return _value(conn.execute(
             "SELECT bool_or(has_table_privilege(t, 'INSERT, UPDATE, DELETE, TRUNCATE')) "
             "FROM unnest(ARRAY['games', 'api_keys', 'players']) AS t"
-        ).fetchone()[0]
+        ))
 
     @staticmethod
     def _version(conn: psycopg.Connection) -> int:
-        if conn.execute("SELECT to_regclass('authsvc_schema')").fetchone()[0] is None:
+        if _value(conn.execute("SELECT to_regclass('authsvc_schema')")) is None:
             return 0
-        row = conn.execute("SELECT max(version) FROM authsvc_schema").fetchone()
-        return row[0] or 0
+        return _value(conn.execute("SELECT max(version) FROM authsvc_schema")) or 0
 
     # -- admin ----------------------------------------------------------------------
     def migrate(self) -> tuple[int, int]:
@@ -301,9 +310,9 @@ class PostgresStore(Store):
     def add_game(self, name: str, key_digest: str, now: int) -> Game:
         try:
             with self._admin() as conn:
-                game_id = conn.execute(
+                game_id = _value(conn.execute(
                     "INSERT INTO games (name, created_at) VALUES (%s, %s) RETURNING id", (name, now)
-                ).fetchone()[0]
+                ))
                 conn.execute(
                     "INSERT INTO api_keys (digest, game_id, created_at) VALUES (%s, %s, %s)",
                     (key_digest, game_id, now),
@@ -411,11 +420,11 @@ class PostgresStore(Store):
     # -- moving between stores --------------------------------------------------------
     def game_id_high_water(self) -> int:
         with self._admin(transaction=False) as conn:
-            return conn.execute(
+            return _value(conn.execute(
                 "SELECT greatest("
                 "coalesce(pg_sequence_last_value(pg_get_serial_sequence('games', 'id')::regclass), 0), "
                 "coalesce((SELECT max(id) FROM games), 0))"
-            ).fetchone()[0]
+            ))
 
     def dump(self) -> Iterator[Game | Player]:
         with self._admin(mode="ISOLATION LEVEL REPEATABLE READ, READ ONLY") as conn:
@@ -438,9 +447,7 @@ class PostgresStore(Store):
         try:
             with self._admin() as conn:
                 conn.execute("LOCK TABLE games, api_keys, players IN EXCLUSIVE MODE")
-                if conn.execute(
-                    "SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players)"
-                ).fetchone()[0]:
+                if _value(conn.execute("SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players)")):
                     raise NotEmpty("the store already holds games or players")
                 for game in games:
                     conn.execute(

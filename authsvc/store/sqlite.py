@@ -97,7 +97,7 @@ def _identity(path: str) -> tuple[int, int]:
 
 def _identities(path: str) -> tuple[tuple[int, int], tuple[int, int] | None, tuple[int, int] | None]:
     """The database file ``path`` names now, and its -wal and -shm files (None: none)."""
-    wal_shm = []
+    wal_shm: list[tuple[int, int] | None] = []
     for suffix in ("-wal", "-shm"):
         try:
             wal_shm.append(_identity(path + suffix))
@@ -175,7 +175,13 @@ class SQLiteStore(Store):
         # A forked child (a gunicorn worker) starts without connections: it must
         # neither use nor close its parent's. Cheaper than os.getpid() per query.
         store = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: (s := store()) is not None and s._forget_connections())
+
+        def forget_in_child() -> None:
+            s = store()
+            if s is not None:
+                s._forget_connections()
+
+        os.register_at_fork(after_in_child=forget_in_child)
 
     # -- connections --------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
