@@ -23,7 +23,7 @@ MAX_USER_ID = 2**63 - 1
 
 
 class Result(NamedTuple):
-    """Either a player (error is None) or an error code of the spec (400, 403), and its JSON body."""
+    """Either a player (error is None) or an error code of docs/api.md (400, 403), and its JSON body."""
 
     error: int | None
     body: bytes
