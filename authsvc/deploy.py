@@ -8,7 +8,10 @@ so the tests run exactly what a machine gets. Rules:
 - every placeholder in a template needs a value, and every value given must be
   used by some template: a typo stops the render instead of shipping ``@API_HOTS@``;
 - a line holding a ``*_LISTEN`` placeholder is written once per space-separated
-  address in its value (``443 [::]:443`` gives two ``listen`` lines).
+  address in its value (``443 [::]:443`` gives two ``listen`` lines);
+- ``MAX_BODY_BYTES`` (nginx's body limit) is the service's ``max_body_bytes``: from
+  the settings file given with ``--settings`` (then ``--set MAX_BODY_BYTES`` is
+  refused: one number, one source), else its declared default (authsvc/settings.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import argparse
 import os
 import re
 import sys
+
+from authsvc.errors import ConfigError
+from authsvc.settings import default, read_settings
 
 PLACEHOLDER = re.compile(r"@([A-Z][A-Z0-9_]*)@")
 
@@ -38,6 +44,8 @@ DEFAULTS = {
     "CONF_DIR": "/etc/authsvc",
     "USER": "authsvc",
 }
+# Placeholders that are settings of the service, not of the deploy: name -> setting.
+FROM_SETTINGS = {"MAX_BODY_BYTES": "max_body_bytes"}
 
 
 class RenderError(Exception):
@@ -47,6 +55,7 @@ class RenderError(Exception):
 def values_with_defaults(given: dict[str, str]) -> dict[str, str]:
     """DEFAULTS, then derived values, then ``given`` (which wins)."""
     values = dict(DEFAULTS)
+    values.update({name: str(default(setting)) for name, setting in FROM_SETTINGS.items()})
     values.update(given)
     api_host = values.get("API_HOST", "")
     values.setdefault("HTTPS_URL", f"https://{api_host}")
@@ -56,11 +65,6 @@ def values_with_defaults(given: dict[str, str]) -> dict[str, str]:
         if "\n" in value or (not name.endswith("_LISTEN") and re.search(r"[\s;{}'\"]", value)):
             raise RenderError(f"value of @{name}@ must not hold white space, quotes, ';' or braces: {value!r}")
     return values
-
-
-def _fill(line: str, values: dict[str, str], listen: list[str], address: str | None) -> str:
-    """``line`` with its placeholders filled, the ``listen`` ones with ``address``."""
-    return PLACEHOLDER.sub(lambda m: address if address is not None and m.group(1) in listen else values[m.group(1)], line)
 
 
 def render_text(text: str, values: dict[str, str], used: set[str] | None = None) -> str:
@@ -74,10 +78,12 @@ def render_text(text: str, values: dict[str, str], used: set[str] | None = None)
         if used is not None:
             used.update(names)
         listen = [n for n in names if n.endswith("_LISTEN")]
-        # A line with a *_LISTEN placeholder is repeated once per address in its value.
-        addresses: list[str | None] = list(values[listen[0]].split()) if listen else [None]
-        for address in addresses:
-            out.append(_fill(line, values, listen, address))
+        for variant in values[listen[0]].split() if listen else [""]:
+            # One line per address of the *_LISTEN value; other placeholders as they are.
+            def fill(m: re.Match[str], variant: str = variant, listen: list[str] = listen) -> str:
+                return variant if m.group(1) in listen else values[m.group(1)]
+
+            out.append(PLACEHOLDER.sub(fill, line))
     return "".join(out)
 
 
@@ -119,6 +125,18 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
     return values
 
 
+def values_from_settings(path: str, given: dict[str, str]) -> dict[str, str]:
+    """``given`` plus the FROM_SETTINGS placeholders read from the settings file at ``path`` (checked whole)."""
+    twice = sorted(set(given) & set(FROM_SETTINGS))
+    if twice:
+        raise RenderError(f"@{twice[0]}@ comes from {FROM_SETTINGS[twice[0]]} in {path}: set it there, not with --set")
+    try:
+        settings = read_settings({"AUTHSVC_CONFIG": path})
+    except ConfigError as e:
+        raise RenderError(str(e)) from None
+    return {**given, **{name: str(settings[setting]) for name, setting in FROM_SETTINGS.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m authsvc.deploy",
@@ -127,9 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("src", help="template directory (e.g. deploy/nginx)")
     parser.add_argument("dest", help="output directory")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a placeholder value")
+    parser.add_argument("--settings", metavar="FILE", help="the service's settings file: fills MAX_BODY_BYTES")
     args = parser.parse_args(argv)
     try:
-        for path in render_tree(args.src, args.dest, parse_assignments(args.set)):
+        given = parse_assignments(args.set)
+        if args.settings:
+            given = values_from_settings(args.settings, given)
+        for path in render_tree(args.src, args.dest, given):
             print(path)
     except (RenderError, OSError) as e:
         print(f"authsvc.deploy: error: {e}", file=sys.stderr)

@@ -143,10 +143,8 @@ class _Reader:
         return value
 
     def _int_or_null(self, obj: dict, name: str, low: int) -> int | None:
-        """Like ``_int``, but an explicit ``null`` (present, not missing) is None."""
-        if name in obj and obj[name] is None:
-            return None
-        return self._int(obj, name, low)
+        """Like _int, but a field present as null is None (a key that never expires)."""
+        return None if name in obj and obj[name] is None else self._int(obj, name, low)
 
     def _bool(self, obj: dict, name: str) -> bool:
         if type(obj.get(name)) is not bool:

@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -26,25 +25,13 @@ from pathlib import Path
 
 import trustme
 
-from tests.support import free_port, skip_or_fail, wait_for_port
+from harness.processes import find_nginx, free_port, ipv6_loopback, nginx_main_conf, start_nginx, stop, wait_for_port
+from tests.support import skip_or_fail
 
 REPO = Path(__file__).resolve().parent.parent
 API_HOST = "api.authsvc.test"
 LEGACY_HOST = "legacy.authsvc.test"
 VENV_BIN = Path(sys.executable).parent
-
-
-def find_nginx() -> str | None:
-    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
-
-
-def ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
 
 @dataclasses.dataclass
@@ -242,12 +229,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
                                         worker_connections=worker_connections))
         check = subprocess.run([nginx, "-t", "-q", "-p", str(root), "-c", str(conf)], capture_output=True, text=True)
         assert check.returncode == 0, f"nginx -t: {check.stderr}"
-        nginx_proc = subprocess.Popen(
-            [nginx, "-p", str(root), "-c", str(conf), "-g", "daemon off;"],
-            stdout=open(logs / "nginx-stdout.log", "wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        nginx_proc = start_nginx(nginx, root, conf, logs / "nginx-stdout.log")
         wait_for_port(https_port)
         wait_for_port(http_port)
     except BaseException:
@@ -260,43 +242,3 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         user_id=4242, username="alice", token=token, token_secret=token_secret, env=admin_env,
         gunicorn=gunicorn, nginx=nginx_proc, ready_message=ready, logs=logs,
     )
-
-
-def nginx_main_conf(root: Path, logs: Path, site: Path, worker_processes: str = "1", worker_connections: int = 128) -> str:
-    """Debian's main nginx.conf, shortened: the http-level settings a machine has (TLSv1 and
-    TLSv1.1 on, the combined access log) around the shipped site; temp paths in ``root``.
-    scripts/bench uses it too, with Debian's ``worker_processes auto``."""
-    user = "user root;\n" if os.geteuid() == 0 else ""
-    temp = "\n".join(
-        f"    {kind}_temp_path {root}/tmp/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    return f"""{user}worker_processes {worker_processes};
-pid {root}/nginx.pid;
-error_log {logs}/nginx-main-error.log;
-events {{ worker_connections {worker_connections}; }}
-http {{
-    sendfile on;
-    default_type application/octet-stream;
-    ssl_protocols TLSv1 TLSv1.1 TLSv1.2 TLSv1.3;
-    ssl_prefer_server_ciphers on;
-    access_log {logs}/nginx-default-access.log;
-    gzip on;
-{temp}
-    include {site};
-}}
-"""
-
-
-def stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
-    """Stop a server we started (its own process group) and wait for it."""
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)

@@ -1,4 +1,8 @@
-"""Test helpers that are not fixtures.
+"""Test helpers that are not fixtures, shared by the test modules.
+
+A test module (test_*.py) never imports another test module (tests/test_suite_rules.py
+checks it): what two modules share lives here, in tests/deploy_support.py (the real
+nginx + gunicorn stack), tests/pgserver.py, or harness/ (shared with benchmarks/).
 
 Tests that need a server nobody started (PostgreSQL, nginx, ...) call
 ``skip_or_fail(reason)``: a skip on a laptop, a failure when
@@ -7,13 +11,24 @@ Tests that need a server nobody started (PostgreSQL, nginx, ...) call
 
 from __future__ import annotations
 
+import dataclasses
+import http.client
 import os
-import socket
 import sqlite3
 import threading
-import time
+import urllib.parse
 
 import pytest
+import webtest
+
+from authsvc.app import make_app
+from authsvc.settings import Settings
+from harness.processes import free_port, start_gunicorn, wait_for_port
+
+__all__ = [
+    "ERROR_KEYS", "INVALID", "PATH", "STRICT", "FakeClock", "assert_contract_headers", "free_port", "get",
+    "hold_write_lock", "make_testapp", "skip_or_fail", "start_gunicorn", "wait_for_port",
+]
 
 STRICT = os.environ.get("AUTHSVC_TEST_STRICT") == "1"
 
@@ -23,23 +38,6 @@ def skip_or_fail(reason: str):
     if STRICT:
         pytest.fail(f"required in CI (AUTHSVC_TEST_STRICT=1): {reason}", pytrace=False)
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((host, port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
 
 
 def hold_write_lock(url: str, user_id: int):
@@ -63,3 +61,47 @@ def hold_write_lock(url: str, user_id: int):
         conn.close()
 
     return release
+
+
+PATH = "/api/authenticate.json"
+ERROR_KEYS = {"success", "error", "error_description"}
+INVALID = {"success": False, "error": 403, "error_description": "Invalid credentials"}
+
+
+def make_testapp(settings: Settings, **overrides) -> webtest.TestApp:
+    """The WSGI app on ``settings`` (some replaced), through WebTest with its WSGI lint on."""
+    if overrides:
+        settings = dataclasses.replace(settings, **overrides)
+    return webtest.TestApp(make_app(settings), lint=True)
+
+
+def assert_contract_headers(response):
+    """Headers every answer carries (docs/api.md), and a body clients can parse line by line."""
+    assert response.headers["Content-Type"] == "application/json; charset=utf-8"
+    assert response.headers["Cache-Control"] == "no-store"
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert not [h for h in response.headers if h.lower().startswith("access-control-")]
+    assert "Transfer-Encoding" not in response.headers
+    if response.request.method != "HEAD":
+        assert int(response.headers["Content-Length"]) == len(response.body)
+        assert response.body.isascii() and b"\n" not in response.body
+
+
+def get(port: int, params: dict, method: str = "GET") -> http.client.HTTPResponse:
+    """One request to the API path on 127.0.0.1:port; the body is read into ``response.body``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request(method, PATH + "?" + urllib.parse.urlencode(params))
+    response = conn.getresponse()
+    response.body = response.read()  # type: ignore[attr-defined]
+    conn.close()
+    return response
+
+
+class FakeClock:
+    """A clock that moves only when a test sets ``now``."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now

@@ -14,29 +14,15 @@ import webtest
 
 from authsvc.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from tests.conftest import make_testapp
+from tests.support import ERROR_KEYS, PATH, assert_contract_headers, make_testapp
 
-PATH = "/api/authenticate.json"
 SUCCESS_KEYS = {"success", "user_id", "username"}
-ERROR_KEYS = {"success", "error", "error_description"}
 MISSING = {"success": False, "error": 400, "error_description": MISSING_DESCRIPTION}
 FORBIDDEN = {"success": False, "error": 403, "error_description": INVALID_DESCRIPTION}
 
 
 def ok(world, username=None):
     return {"success": True, "user_id": world.user_id, "username": username or world.username}
-
-
-def assert_contract_headers(response):
-    """Headers every answer carries (docs/api.md, "Answers"), and a body clients can parse line by line."""
-    assert response.headers["Content-Type"] == "application/json; charset=utf-8"
-    assert response.headers["Cache-Control"] == "no-store"
-    assert response.headers["X-Content-Type-Options"] == "nosniff"
-    assert not [h for h in response.headers if h.lower().startswith("access-control-")]
-    assert "Transfer-Encoding" not in response.headers
-    if response.request.method != "HEAD":
-        assert int(response.headers["Content-Length"]) == len(response.body)
-        assert response.body.isascii() and b"\n" not in response.body
 
 
 # -- docs/api.md, "Answers": the table of answers ------------------------------------------
