@@ -10,7 +10,7 @@ the environ atoms), so a format edited later cannot bring them back.
 
 from __future__ import annotations
 
-from gunicorn.glogging import Logger  # type: ignore[import-untyped]
+from gunicorn.glogging import Logger
 
 from authsvc.app import route_name
 

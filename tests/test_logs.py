@@ -36,7 +36,7 @@ def test_route_names_of_the_api_path_with_repeated_or_trailing_slashes(path):
     assert route_name(path + "x") == "<other>"
 
 
-# -- X-Authsvc-Result: the spec's result for the access logs ----------------------------
+# -- X-Authsvc-Result: the result code (docs/api.md) for the access logs ----------------
 
 
 @pytest.mark.engine("sqlite")

@@ -1,4 +1,4 @@
-"""Tokens and api keys (DESIGN §3), including the published test vector of docs/tokens.md."""
+"""Tokens and api keys (docs/tokens.md), including its published test vector."""
 
 import hashlib
 import hmac

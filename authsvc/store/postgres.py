@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import psycopg
 
@@ -25,6 +26,14 @@ from authsvc.store.postgres_reader import (
 )
 
 __all__ = ["CREDENTIALS_SQL", "MIGRATIONS", "PostgresStore"]
+
+def _value(cursor: psycopg.Cursor) -> Any:
+    """The first column of the one row a query always returns (an aggregate, EXISTS, RETURNING)."""
+    row = cursor.fetchone()
+    if row is None:  # not for these queries; a clear error rather than a TypeError on None[0]
+        raise StoreUnavailable("postgresql store: a query that always returns one row returned none")
+    return row[0]
+
 
 MIGRATION_LOCK = 0x61757468737663  # pg_advisory_xact_lock key: one `authsvc init` at a time
 
@@ -79,7 +88,7 @@ class PostgresStore(PostgresReader, Store):
     """A reader (store/postgres_reader.py) that also writes: what the admin command opens."""
 
     @contextlib.contextmanager
-    def _admin(self, transaction: bool = True, mode: str | None = None):
+    def _admin(self, transaction: bool = True, mode: str | None = None) -> Iterator[psycopg.Connection]:
         """An admin connection, in a transaction (SET TRANSACTION ``mode`` first if given);
         psycopg's errors become the store's (store/base.py, "Errors")."""
         where = f"postgresql store {redact_url(self.url)}"
@@ -139,9 +148,9 @@ class PostgresStore(PostgresReader, Store):
     def add_game(self, name: str, key_digest: str, now: int) -> Game:
         try:
             with self._admin() as conn:
-                game_id = conn.execute(
+                game_id = _value(conn.execute(
                     "INSERT INTO games (name, created_at) VALUES (%s, %s) RETURNING id", (name, now)
-                ).fetchone()[0]
+                ))
                 conn.execute(
                     "INSERT INTO api_keys (digest, game_id, created_at) VALUES (%s, %s, %s)",
                     (key_digest, game_id, now),
@@ -247,11 +256,11 @@ class PostgresStore(PostgresReader, Store):
     # -- moving between stores --------------------------------------------------------
     def game_id_high_water(self) -> int:
         with self._admin(transaction=False) as conn:
-            return conn.execute(
+            return _value(conn.execute(
                 "SELECT greatest("
                 "coalesce(pg_sequence_last_value(pg_get_serial_sequence('games', 'id')::regclass), 0), "
                 "coalesce((SELECT max(id) FROM games), 0))"
-            ).fetchone()[0]
+            ))
 
     def dump(self) -> Iterator[Game | Player]:
         with self._admin(mode="ISOLATION LEVEL REPEATABLE READ, READ ONLY") as conn:
@@ -274,9 +283,7 @@ class PostgresStore(PostgresReader, Store):
         try:
             with self._admin() as conn:
                 conn.execute("LOCK TABLE games, api_keys, players IN EXCLUSIVE MODE")
-                if conn.execute(
-                    "SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players)"
-                ).fetchone()[0]:
+                if _value(conn.execute("SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players)")):
                     raise NotEmpty("the store already holds games or players")
                 for game in games:
                     conn.execute(
