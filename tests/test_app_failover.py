@@ -19,9 +19,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +31,7 @@ from tests.deploy_support import LEGACY_HOST, start_stack, stop
 from tests.support import skip_or_fail
 
 DURATION = 15  # seconds of wrk
-KILL_AFTER = 7  # seconds into the run
+KILL_AFTER = 7  # seconds after the run's first answer
 
 WRK_SCRIPT = """-- tests/test_app_failover.py: authentications, GET and POST alternately; counts answers
 local get_path, post_path, body = %(get)s, %(post)s, %(body)s
@@ -109,6 +111,56 @@ class LogTail(threading.Thread):
                     time.sleep(0.01)
 
 
+def test_an_answer_leaves_gunicorn_in_one_write(stack, tmp_path):
+    """Head and body in one write (authsvc/gunicorn_workers.py): a host killed between
+    two writes would leave nginx a head it has passed on and can neither complete nor
+    retry. Seen on the worker's system calls (strace), on its unix socket."""
+    strace = shutil.which("strace")
+    if strace is None:
+        skip_or_fail("strace is not installed (Debian: apt-get install strace)")
+    workers = sorted(_children(stack.gunicorn.pid))
+    assert len(workers) == 2, workers  # AUTHSVC_WORKERS
+    trace = tmp_path / "trace"
+    tracer = subprocess.Popen(
+        [strace, "-qq", "-s", "4096", "-e", "trace=write,writev,sendto,sendmsg", "-o", str(trace),
+         *(arg for pid in workers for arg in ("-p", str(pid)))],
+        stderr=subprocess.PIPE, start_new_session=True,
+    )
+    try:
+        time.sleep(1.0)  # attached (strace -qq says nothing to wait for)
+        assert tracer.poll() is None, tracer.stderr.read() if tracer.stderr else ""
+        answers = []
+        for _ in range(3):  # sync workers: one connection, one answer each
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(10)
+                sock.connect(str(stack.root / "authsvc.sock"))
+                sock.sendall(f"GET {stack.api_query()} HTTP/1.1\r\nHost: {LEGACY_HOST}\r\n\r\n".encode())
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+                answers.append(answer)
+        time.sleep(0.5)
+    finally:
+        stop(tracer, signal.SIGINT)
+    assert all(a.startswith(b"HTTP/1.1 200 ") and b'"success":true' in a for a in answers), answers
+    calls = [line for line in trace.read_text().splitlines() if "HTTP/1.1 200" in line or "success" in line]
+    assert len(calls) == 3 and all("HTTP/1.1 200" in c and '\\"success\\":true' in c for c in calls), calls
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid``, from /proc."""
+    found = set()
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                fields = Path(f"/proc/{stat}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.add(int(stat))
+    return found
+
+
 def _epoch(iso: str) -> float:
     return datetime.datetime.fromisoformat(iso).timestamp()
 
@@ -130,6 +182,11 @@ def test_killing_an_app_host_fails_no_authentication(stack, tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
+        # KILL_AFTER from the run's first answer: the run ends less than fail_timeout
+        # (10 s) after the kill, so nginx never probes the dead host again in it.
+        deadline = time.monotonic() + 30
+        while not tail.lines and wrk.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(KILL_AFTER)
         kill_wall, kill_mono = time.time(), time.monotonic()
         os.killpg(dead.pid, signal.SIGKILL)  # master and workers at once: the host is gone
@@ -151,13 +208,13 @@ def test_killing_an_app_host_fails_no_authentication(stack, tmp_path):
     # nginx's view: which app host answered each authentication, and which were tried.
     api = [(seen, m) for seen, line in tail.lines if (m := LINE.match(line)) and m.group(3) == "/api/authenticate.json"]
     assert len(api) >= result["requests"] - 8, (len(api), result["requests"])  # wrk's last in-flight ones aside
-    statuses = {m.group(4) for _, m in api}
+    statuses = [m.group(4) for _, m in api]
     final = lambda m: m.group(6).split(", ")[-1]  # noqa: E731
     served_by_dead_before = sum(1 for seen, m in api if final(m) == dead_addr and seen < kill_mono)
     retried = [(seen, m) for seen, m in api if ", " in m.group(6)]
     touching_dead = [(seen, m) for seen, m in api if dead_addr in m.group(6).split(", ")]
-    after_kill = [(seen, m) for seen, m in touching_dead if seen >= kill_mono]
-    last_touch_s = max((seen - kill_mono for seen, _ in after_kill), default=0.0)
+    failed_on_dead = [(seen, m) for seen, m in touching_dead if final(m) != dead_addr]  # then retried
+    last_touch_s = max((seen - kill_mono for seen, _ in touching_dead), default=0.0)
     last_touch_log = max((_epoch(m.group(1)) for _, m in touching_dead), default=0.0)
     per_second: dict[int, list[int]] = {}  # second from the kill's: [answered by the killed host, by the other]
     for _, m in api:
@@ -166,17 +223,22 @@ def test_killing_an_app_host_fails_no_authentication(stack, tmp_path):
     print(f"\nfailover: {result['requests']} authentications in {DURATION} s (GET and POST), "
           f"{result['bad']} bad answers, socket errors {errors}, p99 {result['p99_us'] / 1000:.1f} ms; "
           f"{served_by_dead_before} served by {dead_addr} before its SIGKILL, {len(retried)} retried on the "
-          f"other host, last attempt on the dead host read {last_touch_s * 1000:.0f} ms after the kill; "
+          f"other host, the last line naming the dead host read {last_touch_s * 1000:.0f} ms after the kill; "
           f"answers per second from the kill's (nginx log) [killed host, other]: {dict(sorted(per_second.items()))}")
 
     # Zero failed authentications: every answer the JSON success, no socket error.
     assert result["bad"] == 0 and result["good"] == result["requests"] > 100, result
     assert errors == dict.fromkeys(errors, 0), errors
-    assert statuses == {"200"}, statuses
+    # 499: wrk closing its connections with a request in flight as its run ends.
+    assert set(statuses) <= {"200", "499"} and statuses.count("499") <= 8, sorted(set(statuses))
     # Both hosts served before the kill; the ones in flight were retried on the other.
     assert served_by_dead_before > 0
     assert all(m.group(5).split(", ")[-1] == "200" for _, m in retried)
-    # The dead host's traffic moved within a second (nginx's log time, whole seconds):
-    # nothing tried it after the second following the kill (fail_timeout=10s outlasts the run).
-    assert last_touch_log <= int(kill_wall) + 1, (last_touch_log, kill_wall)
+    # The dead host's traffic moved at once: only the requests in flight on it (at
+    # most one per wrk connection) and the few sent before the first failure marked
+    # it down failed on it, all of them within a second or two of the kill in
+    # nginx's log (whole seconds, at the end of each retried request; slack for a
+    # slow machine).
+    assert 0 < len(failed_on_dead) <= 2 * 8, len(failed_on_dead)
+    assert last_touch_log <= int(kill_wall) + 2, (last_touch_log, kill_wall)
     assert dead.poll() is not None and stack.gunicorn.poll() is None
