@@ -118,7 +118,9 @@ def test_an_answer_leaves_gunicorn_in_one_write(stack, tmp_path):
     strace = shutil.which("strace")
     if strace is None:
         skip_or_fail("strace is not installed (Debian: apt-get install strace)")
-    workers = sorted(_children(stack.gunicorn.pid))
+    deadline = time.monotonic() + 30
+    while len(workers := sorted(_children(stack.gunicorn.pid))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)  # READY=1 may come before the last worker has booted
     assert len(workers) == 2, workers  # AUTHSVC_WORKERS
     trace = tmp_path / "trace"
     tracer = subprocess.Popen(
