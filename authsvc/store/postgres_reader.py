@@ -20,7 +20,7 @@ import psycopg
 from psycopg import conninfo as pg_conninfo
 from psycopg.pq import DiagnosticField, ExecStatus
 
-from authsvc.errors import ConfigError, StoreUnavailable
+from authsvc.errors import ConfigError, StoreUnavailable, StoreUnreachable
 from authsvc.store.base import Credentials
 from authsvc.store.common import ThreadConnections, redact_url
 
@@ -158,7 +158,10 @@ class PostgresReader(ThreadConnections):
         try:
             conn = self._connect()
         except psycopg.Error as e:
-            raise ConfigError(f"{where} is unreachable: {_reason(e, self._password)}") from None
+            # A refused password or role (class 28) or a missing database (3D) is the settings' fault;
+            # anything else (refused, timed out, starting up, shutting down) is an outage.
+            error = ConfigError if (e.sqlstate or "")[:2] in ("28", "3D") else StoreUnreachable
+            raise error(f"{where} is unreachable: {_reason(e, self._password)}") from None
         try:
             version = self._version(conn)
             if self.readonly and version and self._can_write(conn):
@@ -168,6 +171,8 @@ class PostgresReader(ThreadConnections):
                 )
         except psycopg.errors.InsufficientPrivilege:
             raise ConfigError(f"{where}: this role may not read the tables (GRANT {READER_ROLE} to it)") from None
+        except psycopg.OperationalError as e:  # the server went away during the check
+            raise StoreUnreachable(f"{where} cannot be read: {_reason(e, self._password)}") from None
         except psycopg.Error as e:
             raise ConfigError(f"{where} cannot be read: {_reason(e, self._password)}") from None
         finally:
