@@ -2,8 +2,8 @@
 
 The web process connects as a read-only role (docs/stores.md): one persistent
 autocommit connection per thread of each worker process, opened lazily after
-fork, with connect and statement timeouts; the credentials query is a
-server-side prepared statement, one round trip. Any failure on that path raises
+fork, with connect and statement timeouts; the credentials query is one round
+trip: a server-side prepared statement, or an unnamed one behind pgbouncer. Any failure on that path raises
 StoreUnavailable (HTTP 503) and drops a broken connection, so the next request
 reconnects by itself.
 
@@ -99,8 +99,23 @@ class PostgresReader(ThreadConnections):
         conn = getattr(local, "conn", None)
         if conn is None or conn.closed:
             local.conn, local.prepared = None, False
-            local.conn = conn = self._connect()
+            conn = self._connect()
+            try:
+                local.pooled = self._behind_pooler(conn)
+            except BaseException:
+                conn.close()
+                raise
+            local.conn = conn
         return conn
+
+    @staticmethod
+    def _behind_pooler(conn: psycopg.Connection) -> bool:
+        """Whether a connection pooler (pgbouncer) stands between us and the server: the backend that
+        answers a query is not the one whose key the startup returned. Through a pooler in transaction
+        mode each transaction may run on another server connection, where a named statement prepared
+        on this one does not exist (or another client's does): the query is then sent unnamed."""
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        return row is None or row[0] != conn.info.backend_pid
 
     def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -139,15 +154,22 @@ class PostgresReader(ThreadConnections):
         return None if game_id is None else found
 
     def _credentials_row(self, conn: psycopg.Connection, key_digest: str, user_id: int) -> list:
-        """The credentials query through libpq itself: the statement prepared once per connection,
-        then Bind/Execute/Sync with text values. psycopg's cursor machinery around the same round
-        trip cost more than the round trip's own CPU (BENCHMARKS.md). Errors are raised as psycopg's."""
+        """The credentials query through libpq itself, one round trip with text values: on a direct
+        connection the statement prepared once, then Bind/Execute/Sync; behind a pooler an unnamed
+        statement, Parse/Bind/Describe/Execute/Sync in one go (docs/stores.md, "pgbouncer"). psycopg's
+        cursor machinery around the same round trip cost more than the round trip's own CPU
+        (BENCHMARKS.md). Errors are raised as psycopg's."""
         pgconn = conn.pgconn
+        local = self._local
+        params = [b"%d" % user_id, key_digest.encode("ascii")]
         try:
-            if not getattr(self._local, "prepared", False):
-                _raise_unless(pgconn.prepare(CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ), ExecStatus.COMMAND_OK)
-                self._local.prepared = True
-            result = pgconn.exec_prepared(CREDENTIALS_STATEMENT, [b"%d" % user_id, key_digest.encode("ascii")])
+            if local.pooled:
+                result = pgconn.exec_params(CREDENTIALS_SQL_PQ, params)
+            else:
+                if not local.prepared:
+                    _raise_unless(pgconn.prepare(CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ), ExecStatus.COMMAND_OK)
+                    local.prepared = True
+                result = pgconn.exec_prepared(CREDENTIALS_STATEMENT, params)
         except MemoryError:  # psycopg's C wrapper reports libpq's NULL result (nothing could be sent) so
             raise psycopg.OperationalError("the query could not be sent to the server") from None
         _raise_unless(result, ExecStatus.TUPLES_OK)
