@@ -7,8 +7,9 @@ so the tests run exactly what a machine gets. Rules:
   (nginx named locations such as ``@authsvc_502`` are lower case, so never one);
 - every placeholder in a template needs a value, and every value given must be
   used by some template: a typo stops the render instead of shipping ``@API_HOTS@``;
-- a line holding a ``*_LISTEN`` placeholder is written once per space-separated
-  address in its value (``443 [::]:443`` gives two ``listen`` lines);
+- a line holding a list placeholder (``*_LISTEN``, ``UPSTREAMS``) is written once
+  per space-separated item of its value (``443 [::]:443`` gives two ``listen``
+  lines; ``unix:/run/authsvc.sock 10.0.0.2:8000`` two upstream ``server`` lines);
 - ``MAX_BODY_BYTES`` (nginx's body limit) is the service's ``max_body_bytes``: from
   the settings file given with ``--settings`` (then ``--set MAX_BODY_BYTES`` is
   refused: one number, one source), else its declared default (authsvc/settings.py).
@@ -31,6 +32,7 @@ DEFAULTS = {
     "HTTPS_LISTEN": "443 [::]:443",
     "HTTP_LISTEN": "80 [::]:80",
     "SOCKET": "/run/authsvc.sock",
+    # UPSTREAMS (the app hosts nginx proxies to) defaults to "unix:" + SOCKET.
     "NGINX_DIR": "/etc/nginx",
     "NGINX_LOG_DIR": "/var/log/nginx",
     "NGINX_GROUP": "www-data",
@@ -52,6 +54,11 @@ class RenderError(Exception):
     """A placeholder without a value, or a value no template uses."""
 
 
+def is_list(name: str) -> bool:
+    """A placeholder whose line is repeated once per space-separated item of its value."""
+    return name.endswith("_LISTEN") or name == "UPSTREAMS"
+
+
 def values_with_defaults(given: dict[str, str]) -> dict[str, str]:
     """DEFAULTS, then derived values, then ``given`` (which wins)."""
     values = dict(DEFAULTS)
@@ -61,9 +68,14 @@ def values_with_defaults(given: dict[str, str]) -> dict[str, str]:
     values.setdefault("HTTPS_URL", f"https://{api_host}")
     values.setdefault("TLS_CERT", f"/etc/letsencrypt/live/{api_host}/fullchain.pem")
     values.setdefault("TLS_KEY", f"/etc/letsencrypt/live/{api_host}/privkey.pem")
+    values.setdefault("UPSTREAMS", f"unix:{values['SOCKET']}")
     for name, value in values.items():
-        if "\n" in value or (not name.endswith("_LISTEN") and re.search(r"[\s;{}'\"]", value)):
+        # A list's items are separated by spaces; no item may hold nginx syntax either.
+        items = value.split(" ") if is_list(name) else [value]
+        if "\n" in value or any(re.search(r"[\s;{}'\"]", item) for item in items if item):
             raise RenderError(f"value of @{name}@ must not hold white space, quotes, ';' or braces: {value!r}")
+        if is_list(name) and not value.split():
+            raise RenderError(f"@{name}@ needs at least one item")
     return values
 
 
@@ -77,11 +89,12 @@ def render_text(text: str, values: dict[str, str], used: set[str] | None = None)
             raise RenderError(f"no value for @{missing[0]}@ in: {line.strip()}")
         if used is not None:
             used.update(names)
-        listen = [n for n in names if n.endswith("_LISTEN")]
-        for variant in values[listen[0]].split() if listen else [""]:
-            # One line per address of the *_LISTEN value; other placeholders as they are.
-            def fill(m: re.Match[str], variant: str = variant, listen: list[str] = listen) -> str:
-                return variant if m.group(1) in listen else values[m.group(1)]
+        lists = [n for n in names if is_list(n)]
+        variants: list[str | None] = list(values[lists[0]].split()) if lists else [None]
+        for variant in variants:
+
+            def fill(m: re.Match[str], variant: str | None = variant, lists: list[str] = lists) -> str:
+                return variant if variant is not None and m.group(1) in lists else values[m.group(1)]
 
             out.append(PLACEHOLDER.sub(fill, line))
     return "".join(out)

@@ -67,6 +67,9 @@ class Stack:
     nginx: subprocess.Popen
     ready_message: str
     logs: Path
+    # start_stack(extra_app_hosts=N): more gunicorn instances ("app hosts") on loopback
+    # TCP, after the unix socket in UPSTREAMS; their logs are gunicorn-<port>-*.log.
+    app_hosts: list[tuple[str, subprocess.Popen]] = dataclasses.field(default_factory=list)
 
     def client_context(self, **versions) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.ca_file))
@@ -115,9 +118,12 @@ def _run(cmd: list[str], env: dict) -> str:
     return done.stdout
 
 
-def start_stack(root: Path, *, values: dict | None = None, worker_connections: int = 128) -> Stack:
+def start_stack(root: Path, *, values: dict | None = None, worker_connections: int = 128,
+                extra_app_hosts: int = 0) -> Stack:
     """The stack in ``root``; ``values`` override placeholder values, ``worker_connections``
-    sizes nginx's main config (tests/test_edge.py makes it small to reach exhaustion)."""
+    sizes nginx's main config (tests/test_edge.py makes it small to reach exhaustion).
+    ``extra_app_hosts`` more gunicorn instances serve the same store on 127.0.0.1 TCP
+    ports (``AUTHSVC_BIND``), named after the unix socket in ``UPSTREAMS``."""
     nginx = find_nginx()
     if nginx is None:
         skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
@@ -158,6 +164,8 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
     listen = lambda port: f"127.0.0.1:{port}" + (f" [::1]:{port}" if v6 else "")  # noqa: E731
     rendered = root / "deploy"
     sock_path = root / "authsvc.sock"
+    extra_ports = [free_port() for _ in range(extra_app_hosts)]
+    upstreams = " ".join([f"unix:{sock_path}", *(f"127.0.0.1:{port}" for port in extra_ports)])
     values = {
         "API_HOST": API_HOST,
         "LEGACY_HOST": LEGACY_HOST,
@@ -173,6 +181,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         "RATE": "20r/s",
         "RATE_BURST": "50",
         "UPSTREAM_TIMEOUT": "2s",
+        **({"UPSTREAMS": upstreams} if extra_app_hosts else {}),
         **(values or {}),
     }
     sets = [arg for name, value in values.items() for arg in ("--set", f"{name}={value}")]
@@ -206,7 +215,23 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         start_new_session=True,
     )
     nginx_proc = None
+    app_hosts: list[tuple[str, subprocess.Popen]] = []
     try:
+        # Another app host: gunicorn bound to TCP by AUTHSVC_BIND, as on a machine
+        # without nginx (docs/scaling.md), started directly (no socket activation).
+        for port in extra_ports:
+            host_env = {k: v for k, v in service_env.items() if k != "NOTIFY_SOCKET"}
+            host_env["AUTHSVC_BIND"] = f"127.0.0.1:{port}"
+            app_hosts.append((f"127.0.0.1:{port}", subprocess.Popen(
+                gunicorn_cmd,
+                stdout=open(logs / f"gunicorn-{port}-access.log", "wb"),
+                stderr=open(logs / f"gunicorn-{port}-error.log", "wb"),
+                env=host_env,
+                cwd=root,
+                start_new_session=True,
+            )))
+        for port in extra_ports:
+            wait_for_port(port, timeout=30)
         # systemd-socket-activate starts gunicorn on the first connection, like a .socket unit.
         deadline = time.monotonic() + 10
         while not sock_path.exists():
@@ -235,10 +260,12 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
     except BaseException:
         stop(nginx_proc)
         stop(gunicorn)
+        for _, proc in app_hosts:
+            stop(proc)
         raise
     return Stack(
         root=root, https_port=https_port, http_port=http_port, ca=ca, ca_file=root / "ca.pem",
         game_id=game["game_id"], api_key=game["api_key"], other_api_key=other["api_key"],
         user_id=4242, username="alice", token=token, token_secret=token_secret, env=admin_env,
-        gunicorn=gunicorn, nginx=nginx_proc, ready_message=ready, logs=logs,
+        gunicorn=gunicorn, nginx=nginx_proc, ready_message=ready, logs=logs, app_hosts=app_hosts,
     )

@@ -38,6 +38,37 @@ def test_listen_lines_repeat_per_address(rendered):
     assert "return 301 https://api.example.com$request_uri;" in site
 
 
+def test_upstreams_give_one_server_line_each(rendered, tmp_path):
+    """One local unix socket by default (SOCKET's); UPSTREAMS names more app hosts (docs/scaling.md)."""
+    server = r"^\s*server (\S+) max_fails=1 fail_timeout=10s;"
+    site = (rendered / "nginx/sites/authsvc.conf").read_text()
+    assert re.findall(server, site, re.M) == ["unix:/run/authsvc.sock"]
+    render_tree(str(REPO / "deploy"), str(tmp_path / "sock"), {**HOSTS, "SOCKET": "/run/x.sock"})
+    assert re.findall(server, (tmp_path / "sock/nginx/sites/authsvc.conf").read_text(), re.M) == ["unix:/run/x.sock"]
+    hosts = "unix:/run/authsvc.sock 10.0.0.2:8000 [2001:db8::3]:8000"
+    render_tree(str(REPO / "deploy"), str(tmp_path / "many"), {**HOSTS, "UPSTREAMS": hosts})
+    site = (tmp_path / "many/nginx/sites/authsvc.conf").read_text()
+    assert re.findall(server, site, re.M) == hosts.split()
+    assert "ListenStream=/run/authsvc.sock" in (tmp_path / "many/systemd/authsvc.socket").read_text()
+    # A list item cannot carry nginx syntax, and the list cannot be empty.
+    for bad in ("10.0.0.2:8000; include /x", "10.0.0.2:8000 backup;", "   "):
+        with pytest.raises(RenderError):
+            render_tree(str(REPO / "deploy"), str(tmp_path / "bad"), {**HOSTS, "UPSTREAMS": bad})
+    with pytest.raises(RenderError, match="HTTPS_LISTEN"):
+        render_tree(str(REPO / "deploy"), str(tmp_path / "bad"), {**HOSTS, "HTTPS_LISTEN": "443 {"})
+
+
+def test_proxy_retries_only_failures_before_an_answer(rendered):
+    """An authentication is retried on the next app host on a connection error or timeout, POST
+    included, never on an answer of the app (its 503 included), within the upstream timeout."""
+    proxy = (rendered / "nginx/snippets/authsvc-proxy.conf").read_text()
+    [next_upstream] = re.findall(r"^proxy_next_upstream ([^;]*);", proxy, re.M)
+    assert next_upstream.split() == ["error", "timeout", "non_idempotent"]
+    assert "proxy_next_upstream_tries 3;" in proxy
+    assert "proxy_next_upstream_timeout 10s;" in proxy  # UPSTREAM_TIMEOUT's default
+    assert "proxy_intercept_errors off;" in proxy
+
+
 def test_missing_and_unused_values_stop_the_render(tmp_path):
     with pytest.raises(RenderError, match="@NOPE@"):
         render_text("a @NOPE@ b\n", {})

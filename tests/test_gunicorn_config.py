@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port, wait_for_port
+from tests.support import free_port, start_gunicorn, wait_for_port
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = str(REPO / "deploy" / "gunicorn.conf.py")
@@ -72,8 +72,8 @@ def test_the_documented_layout_serves(tmp_path, env, admin_store):
     settings_text = 'error_status = "http"\nmax_body_bytes = 100\n[gunicorn]\nworkers = 1\ntimeout = 10\n'
     gunicorn_env = _gunicorn_env(tmp_path, {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"}, settings_text)
     port = int(gunicorn_env["AUTHSVC_BIND"].rsplit(":", 1)[1])
-    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "--config", CONF, "--graceful-timeout", "5"],
-                            env=gunicorn_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc = start_gunicorn(gunicorn_env, "--graceful-timeout", "5", app="", workers=None, config=CONF,
+                          inherit_env=False, cwd=tmp_path)
     try:
         try:
             wait_for_port(port, timeout=30)

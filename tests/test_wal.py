@@ -11,15 +11,13 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
-import sys
 import time
 
 import pytest
 
 from authsvc.store import open_store
 from authsvc.store.sqlite import WAL_LIMIT_BYTES, SQLiteStore
-from tests.support import free_port, wait_for_port
-from tests.test_gunicorn import get
+from tests.support import free_port, get, start_gunicorn, wait_for_port
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 WRITES = 1000
@@ -48,11 +46,9 @@ def test_admin_writes_against_an_idle_service_leave_a_small_wal(env, world, tmp_
     """Real gunicorn with the shipped config and the default staleness: one request, then 1,000 admin writes."""
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"}  # the default, 1 s
     port = free_port()
-    env.update(AUTHSVC_BIND=f"127.0.0.1:{port}", AUTHSVC_WORKERS="2")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "--config", str(REPO / "deploy/gunicorn.conf.py"), "authsvc.wsgi:application"],
-        env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-    )
+    env.update(AUTHSVC_WORKERS="2")
+    proc = start_gunicorn(env, port=port, workers=None, config=REPO / "deploy/gunicorn.conf.py",
+                          cwd=tmp_path, stdout=subprocess.DEVNULL)
     wal = world.store.path + "-wal"
     try:
         wait_for_port(port)
