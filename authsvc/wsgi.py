@@ -10,17 +10,22 @@ shipped deploy/gunicorn.conf.py), or in a worker, whose 4 makes the master halt.
 One exception (docs/stores.md, "Outages"): a store that is merely unreachable
 when a worker boots (gunicorn without ``--preload``, the store down while a
 worker is replaced) is a warning, and the worker answers 503 until the store is
-back; in the master, at start-up, it stays fatal.
+back; in the master, at start-up, it stays fatal, with exit status 75 (EX_TEMPFAIL)
+rather than 4, so that systemd starts the service again while a misconfiguration
+stays stopped (deploy/systemd/authsvc.service).
 """
 
 import sys
 from types import FrameType
 
 from authsvc.app import make_app
-from authsvc.errors import ConfigError
+from authsvc.errors import ConfigError, StoreUnreachable
 from authsvc.settings import Settings
 
 APP_LOAD_ERROR = 4  # gunicorn.arbiter.Arbiter.APP_LOAD_ERROR
+# The store did not answer the master's start-up check: sysexits.h's EX_TEMPFAIL, which the
+# service unit does not list in RestartPreventExitStatus, so systemd tries again.
+STORE_UNREACHABLE = 75
 
 
 def _in_gunicorn_worker() -> bool:
@@ -44,5 +49,5 @@ def __getattr__(name: str):
             return make_app(Settings.from_env(), tolerate_outage=_in_gunicorn_worker())
         except ConfigError as e:
             print(f"authsvc: error: {e}", file=sys.stderr, flush=True)
-            raise SystemExit(APP_LOAD_ERROR) from None
+            raise SystemExit(STORE_UNREACHABLE if isinstance(e, StoreUnreachable) else APP_LOAD_ERROR) from None
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
