@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import subprocess
 import time
 
@@ -97,3 +99,47 @@ def test_an_unreachable_store_stays_fatal_in_the_master(own_pg, secret_file, tmp
             server.wait(10)
     assert server.returncode == 75, err[-3000:]  # EX_TEMPFAIL: systemd tries again (a misconfiguration is 4)
     assert "authsvc: error: postgresql store" in err and "is unreachable" in err, err[-3000:]
+
+
+def worker_pids(master: int) -> set[int]:
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    if f"PPid:\t{master}\n" in f.read():
+                        pids.add(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def test_a_worker_replaced_during_an_outage_boots_and_serves(own_pg, secret_file, tmp_path):
+    """Started with the store up; during the outage a worker is killed and gunicorn boots another one."""
+    env, query = provision(own_pg.url, secret_file)
+    port = free_port()
+    log = tmp_path / "gunicorn.log"
+    server = start_gunicorn(env, "--graceful-timeout", "2", port=port, workers=2, preload=False,
+                            inherit_env=False, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    try:
+        wait_for_port(port)
+        assert get(port, query)[0] == 200
+        deadline = time.monotonic() + 30
+        while len(before := worker_pids(server.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        own_pg.stop()
+        os.kill(min(before), signal.SIGKILL)
+        # Until the new worker has built the app (or, before, failed to and halted the master).
+        while "starting anyway" not in log.read_text() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.poll() is None, log.read_text()[-3000:]
+        for _ in range(4):
+            status, body = get(port, query)
+            assert (status, body["error"]) == (503, 503), body
+        own_pg.start()
+        for _ in range(4):
+            assert get(port, query) == (200, {"success": True, "user_id": 77, "username": "carol"})
+        assert "Worker failed to boot" not in log.read_text()
+    finally:
+        server.terminate()
+        server.wait(30)
