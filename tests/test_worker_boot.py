@@ -143,3 +143,19 @@ def test_a_worker_replaced_during_an_outage_boots_and_serves(own_pg, secret_file
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_a_misconfigured_store_stays_fatal_in_a_worker(own_pg, secret_file, tmp_path):
+    """A database the server refuses (it does not exist) is the settings' fault, not an outage: the
+    worker exits and gunicorn halts, with the store up."""
+    env, _ = provision(own_pg.url, secret_file)
+    env["AUTHSVC_STORE"] = own_pg.url.rsplit("/", 1)[0] + "/no_such_database"
+    server = start_gunicorn(env, port=free_port(), workers=2, preload=False, inherit_env=False)
+    try:
+        _, err = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+    assert server.returncode != 0
+    assert 'database "no_such_database" does not exist' in err and "starting anyway" not in err, err[-3000:]

@@ -3,9 +3,9 @@
 The web process connects as a read-only role (docs/stores.md): one persistent
 autocommit connection per thread of each worker process, opened lazily after
 fork, with connect and statement timeouts; the credentials query is one round
-trip: a server-side prepared statement, or an unnamed one behind pgbouncer. Any failure on that path raises
-StoreUnavailable (HTTP 503) and drops a broken connection, so the next request
-reconnects by itself.
+trip: a server-side prepared statement, or an unnamed one behind pgbouncer. Any
+failure on that path raises StoreUnavailable (HTTP 503) and drops a broken
+connection, so the next request reconnects by itself.
 
 Only this module and store/postgres.py import psycopg (the ``authsvc[postgres]`` extra).
 """
@@ -59,6 +59,23 @@ def _reason(error: BaseException, password: str | None) -> str:
     """psycopg's message on one line, with the URL's password masked should libpq ever echo it."""
     text = " ".join(str(error).split()) or type(error).__name__
     return text.replace(password, "***") if password else text
+
+
+# A server that answers the connection with one of these FATAL errors is busy, not misconfigured.
+_TRANSIENT_REFUSALS = (
+    "the database system is starting up", "the database system is shutting down",
+    "the database system is in recovery mode", "the database system is not yet accepting connections",
+    "too many clients already", "remaining connection slots are reserved",
+)
+
+
+def _unreachable(error: psycopg.Error) -> bool:
+    """Whether a failed connection is an outage (nothing answered, or the server is starting, stopping
+    or full) rather than the settings' fault (the server refused the role, password or database).
+    libpq gives no SQLSTATE for a refused connection, only the server's message: a server that sends
+    its messages in another language than English is read as refusing for good (fatal, as before)."""
+    text = str(error)
+    return "FATAL:" not in text or any(refusal in text for refusal in _TRANSIENT_REFUSALS)
 
 
 class PostgresReader(ThreadConnections):
@@ -180,9 +197,7 @@ class PostgresReader(ThreadConnections):
         try:
             conn = self._connect()
         except psycopg.Error as e:
-            # A refused password or role (class 28) or a missing database (3D) is the settings' fault;
-            # anything else (refused, timed out, starting up, shutting down) is an outage.
-            error = ConfigError if (e.sqlstate or "")[:2] in ("28", "3D") else StoreUnreachable
+            error = StoreUnreachable if _unreachable(e) else ConfigError
             raise error(f"{where} is unreachable: {_reason(e, self._password)}") from None
         try:
             version = self._version(conn)
