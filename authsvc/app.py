@@ -4,7 +4,11 @@ Every answer, including 404, 405, 413, 503 and 500, is the same JSON shape.
 The 400/403 results of the spec come back with HTTP 200 unless
 ``AUTHSVC_ERROR_STATUS=http`` (docs/api.md: real clients break on 4xx). Every
 answer also carries that result code in ``X-Authsvc-Result`` for the access
-logs (nginx hides it from clients; docs/logs.md).
+logs (nginx hides it from clients; docs/logs.md), and every authentication
+writes one ``auth ... reason=...`` line (docs/logs.md, "Why a login failed").
+
+``/healthz`` is liveness (the process answers, no store), ``/readyz`` readiness
+(the store answers the authentication query and its schema is current; docs/api.md).
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ import time
 import traceback
 from collections.abc import Callable
 
-from authsvc.authenticate import Authenticator
-from authsvc.errors import HTTPError, MethodNotAllowed, NotFound, ServiceUnavailable, StoreUnavailable
+from authsvc.authenticate import MALFORMED, STORE_UNAVAILABLE, Authenticator
+from authsvc.errors import ConfigError, HTTPError, MethodNotAllowed, NotFound, ServiceUnavailable, StoreUnavailable
 from authsvc.http import error_object, json_bytes, request_params, respond
 from authsvc.settings import Settings
 from authsvc.store import open_store
@@ -25,14 +29,20 @@ from authsvc.store.base import Store
 from authsvc.store.sqlite import SQLiteStore
 
 log = logging.getLogger("authsvc")
+auth_log = logging.getLogger("authsvc.auth")
 
 ALLOWED_METHODS = ("GET", "HEAD", "POST")
 AUTHENTICATE_PATH = "/api/authenticate.json"
 HEALTH_PATH = "/healthz"
+READY_PATH = "/readyz"
 OTHER_ROUTE = "<other>"
 RESULT_HEADER = "X-Authsvc-Result"
-ROUTE_PATHS = (AUTHENTICATE_PATH, HEALTH_PATH)
+ROUTE_PATHS = (AUTHENTICATE_PATH, HEALTH_PATH, READY_PATH)
+PROBE_PATHS = (HEALTH_PATH, READY_PATH)
 STORE_WARNING_INTERVAL = 10.0  # seconds between two "store unavailable" lines of one worker
+# /readyz checks the schema version (Store.check: a new connection on PostgreSQL) at most
+# this often per worker; the authentication query runs on every probe.
+SCHEMA_CHECK_INTERVAL = 60.0
 
 _SLASH_RUNS = re.compile("//+")
 
@@ -90,8 +100,10 @@ class App:
         self.settings = settings
         self.store = store
         self.authenticator = Authenticator(store, settings.token_secrets, clock)
-        self.routes = {AUTHENTICATE_PATH: self.authenticate, HEALTH_PATH: self.health}
+        self.routes = {AUTHENTICATE_PATH: self.authenticate, HEALTH_PATH: self.health, READY_PATH: self.ready}
         self.store_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
+        self.monotonic = monotonic
+        self.schema_checked_at = float("-inf")
 
     def __call__(self, environ: dict, start_response) -> list[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
@@ -134,13 +146,49 @@ class App:
 
     def authenticate(self, environ: dict) -> tuple[int, bytes]:
         """(the spec's result code, the body); __call__ picks the HTTP status."""
-        error, body = self.authenticator(request_params(environ, self.settings.max_body_bytes))
-        return error or 200, body
+        start = time.perf_counter()
+        try:
+            result = self.authenticator(request_params(environ, self.settings.max_body_bytes))
+        except StoreUnavailable:
+            self.observe(environ, start, STORE_UNAVAILABLE, None, None)
+            raise
+        except HTTPError:  # a body that cannot be read, too large, or too many parameters
+            self.observe(environ, start, MALFORMED, None, None)
+            raise
+        self.observe(environ, start, result.reason, result.game_id, result.user_id)
+        return result.error or 200, result.body
+
+    def observe(self, environ: dict, start: float, reason: str, game_id: int | None, user_id: int | None) -> None:
+        """One logfmt line per authentication (docs/logs.md): never a key, a token or the query string."""
+        if auth_log.isEnabledFor(logging.INFO):
+            rid = environ.get("HTTP_X_REQUEST_ID", "-")
+            if len(rid) > 64 or not rid.isalnum():  # nginx's $request_id is 32 hex digits
+                rid = "-"
+            auth_log.info(
+                "auth rid=%s host=%s game=%s user=%s reason=%s ms=%.3f",
+                rid,
+                "https" if environ.get("wsgi.url_scheme") == "https" else "legacy",
+                "none" if game_id is None else game_id,
+                "-" if user_id is None else user_id,
+                reason,
+                (time.perf_counter() - start) * 1000,
+            )
 
     def health(self, environ: dict) -> tuple[int, bytes]:
-        """Runs the authentication query itself, so it fails exactly when authentication would."""
-        self.store.credentials("", 1)
+        """Liveness: the process serves. Never touches the store, so an outage does not get it restarted."""
         return 200, b'{"success":true,"status":"ok"}'
+
+    def ready(self, environ: dict) -> tuple[int, bytes]:
+        """Readiness: the store answers the authentication query itself and its schema is current."""
+        self.store.credentials("", 1)
+        now = self.monotonic()
+        if now - self.schema_checked_at >= SCHEMA_CHECK_INTERVAL:
+            try:
+                self.store.check()
+            except ConfigError:
+                raise ServiceUnavailable() from None
+            self.schema_checked_at = now
+        return 200, b'{"success":true,"status":"ready"}'
 
 
 def make_app(settings: Settings, store: Store | None = None) -> App:
