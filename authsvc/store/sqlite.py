@@ -157,6 +157,9 @@ def _mapped(method):
         except sqlite3.Error as e:
             self.close()  # reopened on the next call: the file may come back
             raise _store_error(e, self.path) from None
+        except OSError as e:  # a reader's stat of a path that is gone (see _connect)
+            self.close()
+            raise StoreUnavailable(f"sqlite store {self.path} cannot be read: {e.strerror}") from None
 
     return wrapper
 
