@@ -164,15 +164,14 @@ class App:
             rid = environ.get("HTTP_X_REQUEST_ID", "-")
             if len(rid) > 64 or not rid.isalnum():  # nginx's $request_id is 32 hex digits
                 rid = "-"
-            auth_log.info(
-                "auth rid=%s host=%s game=%s user=%s reason=%s ms=%.3f",
-                rid,
-                "https" if environ.get("wsgi.url_scheme") == "https" else "legacy",
-                "none" if game_id is None else game_id,
-                "-" if user_id is None else user_id,
-                reason,
-                (time.perf_counter() - start) * 1000,
-            )
+            host = "https" if environ.get("wsgi.url_scheme") == "https" else "legacy"
+            game = "none" if game_id is None else game_id
+            user = "-" if user_id is None else user_id
+            ms = (time.perf_counter() - start) * 1000
+            line = f"auth rid={rid} host={host} game={game} user={user} reason={reason} ms={ms:.3f}"
+            # One formatted string, and no caller lookup (logging's findCaller walks the stack):
+            # 5.7 instead of 7.5 µs a line to a stream (docs/logs.md).
+            auth_log.handle(auth_log.makeRecord(auth_log.name, logging.INFO, __file__, 0, line, None, None))
 
     def health(self, environ: dict) -> tuple[int, bytes]:
         """Liveness: the process serves. Never touches the store, so an outage does not get it restarted."""
