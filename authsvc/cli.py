@@ -347,6 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = leaf(top, "check", check.cmd_check, "call a running service at each URL and report each case")
     check.add_arguments(p, user_id_arg, game_id_arg)
+
+    from authsvc import explain
+
+    explain.add_arguments(leaf(top, "explain", explain.cmd_explain, "say why a request would fail, or that it succeeds"))
     return parser
 
 
