@@ -19,6 +19,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from authsvc.authenticate import MALFORMED, STORE_UNAVAILABLE, Authenticator
 from authsvc.errors import ConfigError, HTTPError, MethodNotAllowed, NotFound, ServiceUnavailable, StoreUnavailable
@@ -28,6 +29,9 @@ from authsvc.store import open_store
 from authsvc.store.base import Store
 from authsvc.store.sqlite import SQLiteStore
 
+if TYPE_CHECKING:
+    from authsvc.metrics import Metrics
+
 log = logging.getLogger("authsvc")
 auth_log = logging.getLogger("authsvc.auth")
 
@@ -35,9 +39,10 @@ ALLOWED_METHODS = ("GET", "HEAD", "POST")
 AUTHENTICATE_PATH = "/api/authenticate.json"
 HEALTH_PATH = "/healthz"
 READY_PATH = "/readyz"
+METRICS_PATH = "/metrics"
 OTHER_ROUTE = "<other>"
 RESULT_HEADER = "X-Authsvc-Result"
-ROUTE_PATHS = (AUTHENTICATE_PATH, HEALTH_PATH, READY_PATH)
+ROUTE_PATHS = (AUTHENTICATE_PATH, HEALTH_PATH, READY_PATH, METRICS_PATH)
 PROBE_PATHS = (HEALTH_PATH, READY_PATH)
 STORE_WARNING_INTERVAL = 10.0  # seconds between two "store unavailable" lines of one worker
 # /readyz checks the schema version (Store.check: a new connection on PostgreSQL) at most
@@ -96,8 +101,10 @@ class App:
         store: Store,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
     ):
         self.settings = settings
+        self.metrics = metrics
         self.store = store
         self.authenticator = Authenticator(store, settings.token_secrets, clock)
         self.routes = {AUTHENTICATE_PATH: self.authenticate, HEALTH_PATH: self.health, READY_PATH: self.ready}
@@ -109,12 +116,16 @@ class App:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "")
         extra_headers: tuple = ()
+        metrics = self.metrics
+        start = time.perf_counter() if metrics is not None else 0.0
         try:
             handler = self.routes.get(path)
             if handler is None:
                 # Off the hot path: only a path that is not a route as sent is normalised.
                 handler = self.routes.get(canonical_path(path))
                 if handler is None:
+                    if metrics is not None and canonical_path(path) == METRICS_PATH and method in ALLOWED_METHODS:
+                        return self.serve_metrics(start_response, method == "HEAD", start)
                     raise NotFound()
             if method not in ALLOWED_METHODS:
                 raise MethodNotAllowed(ALLOWED_METHODS)
@@ -123,6 +134,8 @@ class App:
             body, extra_headers = json_bytes(error_object(e.status, e.description)), e.headers
             result = e.status
         except StoreUnavailable:
+            if metrics is not None:
+                metrics.store_unavailable()
             held = self.store_warnings.allow()
             if held is not None:
                 since = f" ({held} more since the last such line)" if held else ""
@@ -136,6 +149,8 @@ class App:
             log.error("unhandled %s on %s %s\n%s", type(e).__name__, method, route_name(path), frames)
             result, body = 500, json_bytes(error_object(500, "Internal server error"))
         extra_headers = (*extra_headers, (RESULT_HEADER, str(result)))
+        if metrics is not None:
+            metrics.request(route_name(path), time.perf_counter() - start)
         return respond(start_response, self.http_status(result), body, head=method == "HEAD", extra_headers=extra_headers)
 
     def http_status(self, error: int) -> int:
@@ -159,7 +174,10 @@ class App:
         return result.error or 200, result.body
 
     def observe(self, environ: dict, start: float, reason: str, game_id: int | None, user_id: int | None) -> None:
-        """One logfmt line per authentication (docs/logs.md): never a key, a token or the query string."""
+        """Count it (authsvc_authentications_total) and write one logfmt line (docs/logs.md):
+        never a key, a token or the query string."""
+        if self.metrics is not None:
+            self.metrics.authentication(game_id, reason)
         if auth_log.isEnabledFor(logging.INFO):
             rid = environ.get("HTTP_X_REQUEST_ID", "-")
             if len(rid) > 64 or not rid.isalnum():  # nginx's $request_id is 32 hex digits
@@ -171,7 +189,16 @@ class App:
             line = f"auth rid={rid} host={host} game={game} user={user} reason={reason} ms={ms:.3f}"
             # One formatted string, and no caller lookup (logging's findCaller walks the stack):
             # 5.7 instead of 7.5 µs a line to a stream (docs/logs.md).
-            auth_log.handle(auth_log.makeRecord(auth_log.name, logging.INFO, __file__, 0, line, None, None))
+            auth_log.handle(auth_log.makeRecord(auth_log.name, logging.INFO, __file__, 0, line, (), None))
+
+    def serve_metrics(self, start_response, head: bool, start: float) -> list[bytes]:
+        """The Prometheus text format of all workers, not JSON (authsvc/metrics.py); only with the metrics extra."""
+        assert self.metrics is not None
+        body, content_type = self.metrics.exposition()
+        start_response("200 OK", [("Content-Type", content_type), ("Cache-Control", "no-store"),
+                                  ("Content-Length", str(len(body))), (RESULT_HEADER, "200")])
+        self.metrics.request(METRICS_PATH, time.perf_counter() - start)
+        return [] if head else [body]
 
     def health(self, environ: dict) -> tuple[int, bytes]:
         """Liveness: the process serves. Never touches the store, so an outage does not get it restarted."""
@@ -198,4 +225,6 @@ def make_app(settings: Settings, store: Store | None = None) -> App:
         if isinstance(store, SQLiteStore) and (warning := store.journal_mode_warning()):
             log.warning("%s", warning)
         store.close()  # each worker opens its own connection after fork
-    return App(settings, store)
+    from authsvc import metrics  # stdlib only; prometheus_client is imported only if installed
+
+    return App(settings, store, metrics=metrics.create(store))

@@ -80,6 +80,7 @@ class Stack:
     nginx: subprocess.Popen
     ready_message: str
     logs: Path
+    metrics_port: int = 0  # the monitoring server (/metrics, /healthz, /readyz), loopback
 
     def client_context(self, **versions) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.ca_file))
@@ -166,7 +167,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
     (root / "key.pem").chmod(0o600)
     ca.cert_pem.write_to_path(str(root / "ca.pem"))
 
-    https_port, http_port = free_port(), free_port()
+    https_port, http_port, metrics_port = free_port(), free_port(), free_port()
     v6 = ipv6_loopback()
     listen = lambda port: f"127.0.0.1:{port}" + (f" [::1]:{port}" if v6 else "")  # noqa: E731
     rendered = root / "deploy"
@@ -176,6 +177,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         "LEGACY_HOST": LEGACY_HOST,
         "HTTPS_LISTEN": listen(https_port),
         "HTTP_LISTEN": listen(http_port),
+        "METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
         "HTTPS_URL": f"https://{API_HOST}:{https_port}",
         "TLS_CERT": str(root / "cert.pem"),
         "TLS_KEY": str(root / "key.pem"),
@@ -258,7 +260,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         root=root, https_port=https_port, http_port=http_port, ca=ca, ca_file=root / "ca.pem",
         game_id=game["game_id"], api_key=game["api_key"], other_api_key=other["api_key"],
         user_id=4242, username="alice", token=token, token_secret=token_secret, env=admin_env,
-        gunicorn=gunicorn, nginx=nginx_proc, ready_message=ready, logs=logs,
+        gunicorn=gunicorn, nginx=nginx_proc, ready_message=ready, logs=logs, metrics_port=metrics_port,
     )
 
 
