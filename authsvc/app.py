@@ -133,9 +133,12 @@ class App:
         except HTTPError as e:
             body, extra_headers = json_bytes(error_object(e.status, e.description)), e.headers
             result = e.status
+            if metrics is not None and result >= 500:
+                metrics.server_error(route_name(path), result)
         except StoreUnavailable:
             if metrics is not None:
                 metrics.store_unavailable()
+                metrics.server_error(route_name(path), 503)
             held = self.store_warnings.allow()
             if held is not None:
                 since = f" ({held} more since the last such line)" if held else ""
@@ -148,6 +151,8 @@ class App:
             frames = "".join(traceback.format_tb(e.__traceback__))
             log.error("unhandled %s on %s %s\n%s", type(e).__name__, method, route_name(path), frames)
             result, body = 500, json_bytes(error_object(500, "Internal server error"))
+            if metrics is not None:
+                metrics.server_error(route_name(path), 500)
         extra_headers = (*extra_headers, (RESULT_HEADER, str(result)))
         if metrics is not None:
             metrics.request(route_name(path), time.perf_counter() - start)

@@ -16,6 +16,7 @@ The hot path is one dict lookup and one value increment per metric
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import platform
@@ -26,6 +27,8 @@ from authsvc.errors import StoreUnavailable
 from authsvc.store.base import Store
 
 # Seconds. An authentication takes tens of µs in-process, a few ms across a network store.
+log = logging.getLogger("authsvc")
+
 # The text format every Prometheus 2.x reads (generate_latest writes it; newer clients label it 1.0.0).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -34,8 +37,11 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 def create(store: Store, clock=time.time) -> Metrics | None:
     """The metrics, or None without prometheus_client (the ``metrics`` extra)."""
     try:
-        import prometheus_client  # noqa: F401
+        from prometheus_client import values
     except ImportError:
+        return None
+    if getattr(values.ValueClass, "_multiprocess", False) and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        log.warning("metrics off: prometheus_client is in multiprocess mode but PROMETHEUS_MULTIPROC_DIR is unset")
         return None
     return Metrics(store, clock)
 
@@ -61,6 +67,10 @@ class Metrics:
         self.store_unavailable_counter = Counter(
             "authsvc_store_unavailable", "Answers of 503 because the store did not answer.", registry=self.registry,
         )
+        self.server_errors = Counter(
+            "authsvc_server_errors", "Answers of 5xx by the app, by route and code (503: the store; 500: a bug).",
+            ["route", "code"], registry=self.registry,
+        )
         self._auth_children: dict[tuple[int | None, str], object] = {}
         self._route_children: dict[str, object] = {}
         self.extra = StoreCollector(store, clock)
@@ -82,6 +92,9 @@ class Metrics:
 
     def store_unavailable(self) -> None:
         self.store_unavailable_counter.inc()
+
+    def server_error(self, route: str, code: int) -> None:
+        self.server_errors.labels(route, str(code)).inc()
 
     def exposition(self) -> tuple[bytes, str]:
         """(the text exposition format of every worker's metrics, its content type)."""

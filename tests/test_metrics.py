@@ -124,6 +124,8 @@ def test_store_outage_is_counted(metrics_app, world, tmp_path):
     metrics_app.get("/readyz", status=503)
     got = samples(metrics_app.get("/metrics").text)
     assert got["authsvc_store_unavailable_total"] == 4
+    assert got['authsvc_server_errors_total{code="503",route="/api/authenticate.json"}'] == 3
+    assert got['authsvc_server_errors_total{code="503",route="/readyz"}'] == 1
     assert auth_counts(metrics_app.get("/metrics").text) == {("none", "store_unavailable"): 3}
 
 
