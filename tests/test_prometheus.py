@@ -26,6 +26,7 @@ import pytest
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from tests.support import free_port, skip_or_fail, wait_for_port
 from tests.test_gunicorn import start_gunicorn
+from tests.test_metrics import until_both_workers_counted
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULES = os.path.join(REPO, "deploy", "monitoring", "authsvc-rules.yml")
@@ -167,6 +168,7 @@ def test_prometheus_sees_the_exact_counts_of_both_workers(served, world, tmp_pat
     assert until(lambda: http_get(app_port, "/readyz")[0] == 200, "/readyz back to 200")
 
     assert len(expected) == 10  # every reason
+    expected[game, "success"] += until_both_workers_counted(app_port, world.params(), tmp_path / "metrics")
     until(lambda: counts(prom_port) == expected, f"Prometheus's counts {counts(prom_port)} != {expected}")
     for _ in range(3):  # and in the next scrapes too, whichever worker answers them
         time.sleep(1.1)
