@@ -1,3 +1,4 @@
-"""authsvc: the platform's player-authentication web service."""
+"""authsvc: the platform's player-authentication web service.
 
-__version__ = "0.1.0"
+Its version has one source, pyproject.toml: ``importlib.metadata.version("authsvc")``.
+"""

@@ -1,8 +1,8 @@
 """make_app(settings) -> the WSGI callable: the route table and the one error boundary.
 
 Every answer, including 404, 405, 413, 503 and 500, is the same JSON shape.
-The 400/403 results of the spec come back with HTTP 200 unless
-``AUTHSVC_ERROR_STATUS=http`` (docs/api.md: real clients break on 4xx). Every
+The 400/403 results of docs/api.md come back with HTTP 200 unless
+``AUTHSVC_ERROR_STATUS=http`` (docs/api.md, "Answers": real clients break on 4xx). Every
 answer also carries that result code in ``X-Authsvc-Result`` for the access
 logs (nginx hides it from clients; docs/logs.md), and every authentication
 writes one ``auth ... reason=...`` line (docs/logs.md, "Why a login failed").
@@ -130,9 +130,9 @@ class App:
             if method not in ALLOWED_METHODS:
                 raise MethodNotAllowed(ALLOWED_METHODS)
             result, body = handler(environ)
-        except HTTPError as e:
-            body, extra_headers = json_bytes(error_object(e.status, e.description)), e.headers
-            result = e.status
+        except HTTPError as http_error:
+            body, extra_headers = json_bytes(error_object(http_error.status, http_error.description)), http_error.headers
+            result = http_error.status
             if metrics is not None and result >= 500:
                 metrics.server_error(route_name(path), result)
         except StoreUnavailable:
@@ -159,13 +159,13 @@ class App:
         return respond(start_response, self.http_status(result), body, head=method == "HEAD", extra_headers=extra_headers)
 
     def http_status(self, error: int) -> int:
-        """The spec's 400 and 403 results travel as HTTP 200 unless AUTHSVC_ERROR_STATUS=http."""
+        """The 400 and 403 results (docs/api.md) travel as HTTP 200 unless AUTHSVC_ERROR_STATUS=http."""
         if error in (400, 403) and not self.settings.errors_as_http_status:
             return 200
         return error
 
     def authenticate(self, environ: dict) -> tuple[int, bytes]:
-        """(the spec's result code, the body); __call__ picks the HTTP status."""
+        """(the result code of docs/api.md, the body); __call__ picks the HTTP status."""
         start = time.perf_counter()
         try:
             result = self.authenticator(request_params(environ, self.settings.max_body_bytes))

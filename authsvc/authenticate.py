@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
-from authsvc.http import INVALID, error_object, json_bytes, success_bytes
+from authsvc.http import Param, error_object, json_bytes, success_bytes
 from authsvc.store.base import Credentials, Store
 from authsvc.tokens import TokenVerifier, api_key_digest
 
@@ -41,7 +41,7 @@ REASONS = (SUCCESS, MISSING_PARAMETERS, MALFORMED, UNKNOWN_KEY, EXPIRED_KEY, GAM
 
 
 class Result(NamedTuple):
-    """Either a player (error is None) or an error code of the spec (400, 403), and its JSON body.
+    """Either a player (error is None) or an error code of docs/api.md (400, 403), and its JSON body.
 
     ``reason`` says why, for logs and metrics only; ``game_id`` is the game of the api key
     (None when no game has it) and ``user_id`` the parsed user id (None unless canonical).
@@ -78,16 +78,15 @@ class Authenticator:
         self.tokens = TokenVerifier(token_secrets)
         self.clock = clock
 
-    def __call__(self, params: Mapping[str, object]) -> Result:
+    def __call__(self, params: Mapping[str, Param]) -> Result:
         raw_user_id = params.get("user_id")
         token = params.get("game_auth_token")
         api_key = params.get("api_key")
         if not raw_user_id or not token or not api_key:  # absent, "" or JSON null
             return MISSING
         user_id = parse_user_id(raw_user_id)
-        if user_id is None or token is INVALID or api_key is INVALID:
+        if user_id is None or not isinstance(token, str) or not isinstance(api_key, str):  # INVALID: undecodable
             return MALFORMED_RESULT
-        assert isinstance(token, str) and isinstance(api_key, str)  # request_params gives str or INVALID
 
         # Placeholder game 0 / epoch 0 keep the HMAC work the same when no key was found.
         game_id, game_enabled, expires_at, username, epoch, player_enabled = (

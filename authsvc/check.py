@@ -26,14 +26,14 @@ import ssl
 import sys
 import urllib.parse
 
+from authsvc.app import AUTHENTICATE_PATH as API_PATH
+from authsvc.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
 from authsvc.errors import CommandError
 from authsvc.http import json_bytes
 from authsvc.settings import Settings
 from authsvc.store import open_store
-from authsvc.tokens import mint_token
+from authsvc.tokens import current_token
 
-API_PATH = "/api/authenticate.json"
-MISSING_DESCRIPTION = "user_id, game_auth_token, and api_key are required parameters"
 MAX_ANSWER_BYTES = 64 * 1024
 
 
@@ -175,8 +175,8 @@ def run_checks(
     good = {"user_id": str(user_id), "game_auth_token": token, "api_key": api_key}
     cases = [
         ("success", good, _expect_success(user_id, username)),
-        ("bad token", {**good, "game_auth_token": _bad_token(token)}, _expect_error(403, "Invalid credentials")),
-        ("bad api key", {**good, "api_key": _bad_key(api_key)}, _expect_error(403, "Invalid credentials")),
+        ("bad token", {**good, "game_auth_token": _bad_token(token)}, _expect_error(403, INVALID_DESCRIPTION)),
+        ("bad api key", {**good, "api_key": _bad_key(api_key)}, _expect_error(403, INVALID_DESCRIPTION)),
         ("missing parameter", {"user_id": str(user_id), "api_key": api_key}, _expect_error(400, MISSING_DESCRIPTION)),
     ]
     results = []
@@ -210,19 +210,14 @@ def player_token(settings: Settings, game_id: int, user_id: int) -> tuple[str, s
     store = open_store(settings.store, readonly=True, settings=settings)
     try:
         store.check()  # a missing or unmigrated store: ConfigError, one line (run 'authsvc init')
-        player = store.get_player(user_id)
-        game = store.get_game(game_id)
+        token, player = current_token(store, settings.token_secrets[0], game_id, user_id)
     finally:
         store.close()
-    if game is None:
-        raise CheckError(f"no game {game_id} in the store")
-    if player is None:
-        raise CheckError(f"no player {user_id} in the store")
-    return mint_token(settings.token_secrets[0], game_id, user_id, player.epoch), player.username
+    return token, player.username
 
 
-def cmd_check(args: argparse.Namespace, settings: Settings):
-    """The `authsvc check` subcommand: prints the report; exit status 1 on any mismatch."""
+def cmd_check(args: argparse.Namespace, settings: Settings) -> tuple[int, dict, str]:
+    """The `authsvc check` subcommand: (exit status, report object, report text); status 1 on any mismatch."""
     try:
         resolve = _parse_resolve(args.resolve)
         targets = [Target.parse(url, resolve) for url in args.base_url]
@@ -241,10 +236,7 @@ def cmd_check(args: argparse.Namespace, settings: Settings):
     text = "\n".join(r.line() for r in results) + (
         f"\n{len(failed)} of {len(results)} checks FAILED" if failed else f"\nall {len(results)} checks passed"
     )
-    if failed:
-        print(json.dumps(obj) if args.json else text)
-        raise SystemExit(1)
-    return obj, text
+    return (1 if failed else 0), obj, text
 
 
 def add_arguments(p: argparse.ArgumentParser, user_id_type, game_id_type) -> None:

@@ -1,4 +1,10 @@
-"""The ``authsvc`` admin command: init, games, players, tokens, export, import, backup, check.
+"""The ``authsvc`` admin command (docs/admin.md). Its subcommands:
+
+    init
+    game add | list | enable | disable | rotate-key
+    player add | show | rename | enable | disable | revoke | import
+    token issue
+    export, import, backup, check, explain
 
 Every subcommand takes ``--json`` (one JSON object on stdout). Bad input gives a
 one-line message on stderr and exit 1 (exit 2 for a malformed command line).
@@ -22,7 +28,7 @@ from authsvc.settings import Settings
 from authsvc.store import open_store, redact_url
 from authsvc.store.base import Conflict, Game, Store
 from authsvc.store.sqlite import SQLiteStore
-from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
+from authsvc.tokens import api_key_digest, current_token, new_api_key, new_token_secret
 
 # Keys retired by rotate-key expire within ten years: now + TTL stays a 64-bit number on both engines.
 MAX_OLD_KEY_TTL = 10 * 365 * 86400
@@ -55,7 +61,7 @@ def game_json(game: Game) -> dict:
 
 
 # -- subcommands --------------------------------------------------------------------------
-# Each takes (args, settings) and returns (json object, human text).
+# Each takes (args, settings) and returns (exit status, json object, human text).
 
 
 def cmd_init(args, settings: Settings):
@@ -84,7 +90,7 @@ def cmd_init(args, settings: Settings):
         + (f" (migrated from {before})" if before != after else " (up to date)")
         + f"\ntoken secret {path}: " + ("created (mode 0600)" if created else "exists, kept")
     )
-    return obj, text
+    return 0, obj, text
 
 
 def cmd_game_add(args, settings):
@@ -104,7 +110,7 @@ def cmd_game_add(args, settings):
         f"api key: {api_key}\n"
         "The key is shown only this once: give it to the game's server operator now."
     )
-    return obj, text
+    return 0, obj, text
 
 
 def cmd_game_list(args, settings):
@@ -115,7 +121,7 @@ def cmd_game_list(args, settings):
     for g in games:
         live = sum(1 for k in g.keys if k.expires_at is None or k.expires_at > now)
         lines.append(f"{g.id:>6}  {'yes' if g.enabled else 'no':7}  {live:>9}  {shown(g.name)}")
-    return {"games": [game_json(g) for g in games]}, "\n".join(lines)
+    return 0, {"games": [game_json(g) for g in games]}, "\n".join(lines)
 
 
 def cmd_game_enable(args, settings):
@@ -123,7 +129,7 @@ def cmd_game_enable(args, settings):
     with _store(settings) as store:
         if not store.set_game_enabled(args.game_id, enabled):
             raise CommandError(f"no game {args.game_id}")
-    return {"game_id": args.game_id, "enabled": enabled}, f"game {args.game_id} {args.action}d"
+    return 0, {"game_id": args.game_id, "enabled": enabled}, f"game {args.game_id} {args.action}d"
 
 
 def cmd_game_rotate_key(args, settings):
@@ -141,7 +147,7 @@ def cmd_game_rotate_key(args, settings):
         f"older keys stop working at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(expires_at))}\n"
         "The key is shown only this once."
     )
-    return obj, text
+    return 0, obj, text
 
 
 def _player_json(player) -> dict:
@@ -155,7 +161,7 @@ def cmd_player_add(args, settings):
             player = store.add_player(args.user_id, username)
         except Conflict as e:
             raise CommandError(str(e)) from None
-    return _player_json(player), f"player {player.user_id} ({shown(player.username)}) added"
+    return 0, _player_json(player), f"player {player.user_id} ({shown(player.username)}) added"
 
 
 def cmd_player_show(args, settings):
@@ -166,7 +172,7 @@ def cmd_player_show(args, settings):
     text = f"player {player.user_id}: {shown(player.username)}, epoch {player.epoch}, " + (
         "enabled" if player.enabled else "disabled"
     )
-    return _player_json(player), text
+    return 0, _player_json(player), text
 
 
 def cmd_player_rename(args, settings):
@@ -174,7 +180,7 @@ def cmd_player_rename(args, settings):
     with _store(settings) as store:
         if not store.rename_player(args.user_id, username):
             raise CommandError(f"no player {args.user_id}")
-    return {"user_id": args.user_id, "username": username}, f"player {args.user_id} renamed to {shown(username)}"
+    return 0, {"user_id": args.user_id, "username": username}, f"player {args.user_id} renamed to {shown(username)}"
 
 
 def cmd_player_enable(args, settings):
@@ -182,7 +188,7 @@ def cmd_player_enable(args, settings):
     with _store(settings) as store:
         if not store.set_player_enabled(args.user_id, enabled):
             raise CommandError(f"no player {args.user_id}")
-    return {"user_id": args.user_id, "enabled": enabled}, f"player {args.user_id} {args.action}d"
+    return 0, {"user_id": args.user_id, "enabled": enabled}, f"player {args.user_id} {args.action}d"
 
 
 def cmd_player_revoke(args, settings):
@@ -191,7 +197,7 @@ def cmd_player_revoke(args, settings):
     if epoch is None:
         raise CommandError(f"no player {args.user_id}")
     text = f"player {args.user_id}: every token revoked (credential epoch now {epoch})"
-    return {"user_id": args.user_id, "epoch": epoch}, text
+    return 0, {"user_id": args.user_id, "epoch": epoch}, text
 
 
 def cmd_player_import(args, settings):
@@ -208,21 +214,15 @@ def cmd_player_import(args, settings):
         if bar:
             bar.done(count)
     seconds = time.monotonic() - started
-    return {"rows": count, "seconds": round(seconds, 3)}, f"imported {count} players in {seconds:.1f} s"
+    return 0, {"rows": count, "seconds": round(seconds, 3)}, f"imported {count} players in {seconds:.1f} s"
 
 
 def cmd_token_issue(args, settings):
     if not settings.token_secrets:
         raise CommandError(f"no token secret at {settings.token_secret_file} (run 'authsvc init')")
     with _store(settings) as store:
-        game = store.get_game(args.game)
-        player = store.get_player(args.user)
-    if game is None:
-        raise CommandError(f"no game {args.game}")
-    if player is None:
-        raise CommandError(f"no player {args.user}")
-    token = mint_token(settings.token_secrets[0], game.id, player.user_id, player.epoch)
-    return {"game_id": game.id, "user_id": player.user_id, "game_auth_token": token}, token
+        token, player = current_token(store, settings.token_secrets[0], args.game, args.user)
+    return 0, {"game_id": args.game, "user_id": player.user_id, "game_auth_token": token}, token
 
 
 def cmd_export(args, settings):
@@ -231,7 +231,7 @@ def cmd_export(args, settings):
             games, players = transfer.export_store(store, args.file)
         except transfer.TransferError as e:
             raise CommandError(str(e)) from None
-    return {"file": args.file, "games": games, "players": players}, (
+    return 0, {"file": args.file, "games": games, "players": players}, (
         f"exported {games} games and {players} players to {args.file}"
     )
 
@@ -241,7 +241,7 @@ def cmd_backup(args, settings):
         if not isinstance(store, SQLiteStore):
             raise CommandError("backup copies a SQLite store; back up PostgreSQL with pg_dump (docs/operations.md)")
         store.backup(args.file)
-    return {"file": args.file}, f"backed up {redact_url(settings.store)} to {args.file} (WAL mode)"
+    return 0, {"file": args.file}, f"backed up {redact_url(settings.store)} to {args.file} (WAL mode)"
 
 
 def cmd_import(args, settings):
@@ -252,7 +252,7 @@ def cmd_import(args, settings):
         except transfer.TransferError as e:
             raise CommandError(str(e)) from None
     seconds = time.monotonic() - started
-    return {"file": args.file, "games": games, "players": players, "seconds": round(seconds, 3)}, (
+    return 0, {"file": args.file, "games": games, "players": players, "seconds": round(seconds, 3)}, (
         f"imported {games} games and {players} players from {args.file} in {seconds:.1f} s"
     )
 
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env(require_secret=False)
-        obj, text = args.func(args, settings)
+        status, obj, text = args.func(args, settings)
     except (CommandError, ConfigError, StoreUnavailable) as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         if args.json:
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"authsvc: error: {message}", file=sys.stderr)
         return 1
     print(json.dumps(obj) if args.json else text)
-    return 0
+    return status
 
 
 if __name__ == "__main__":

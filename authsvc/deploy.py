@@ -7,8 +7,12 @@ so the tests run exactly what a machine gets. Rules:
   (nginx named locations such as ``@authsvc_502`` are lower case, so never one);
 - every placeholder in a template needs a value, and every value given must be
   used by some template: a typo stops the render instead of shipping ``@API_HOTS@``;
-- a line holding a ``*_LISTEN`` placeholder is written once per space-separated
-  address in its value (``443 [::]:443`` gives two ``listen`` lines).
+- a line holding a list placeholder (``*_LISTEN``, ``UPSTREAMS``) is written once
+  per space-separated item of its value (``443 [::]:443`` gives two ``listen``
+  lines; ``unix:/run/authsvc.sock 10.0.0.2:8000`` two upstream ``server`` lines);
+- ``MAX_BODY_BYTES`` (nginx's body limit) is the service's ``max_body_bytes``: from
+  the settings file given with ``--settings`` (then ``--set MAX_BODY_BYTES`` is
+  refused: one number, one source), else its declared default (authsvc/settings.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import argparse
 import os
 import re
 import sys
+
+from authsvc.errors import ConfigError
+from authsvc.settings import default, read_settings
 
 PLACEHOLDER = re.compile(r"@([A-Z][A-Z0-9_]*)@")
 
@@ -27,6 +34,7 @@ DEFAULTS = {
     # The monitoring server (/metrics, /healthz, /readyz): loopback unless told otherwise.
     "METRICS_LISTEN": "127.0.0.1:9180",
     "SOCKET": "/run/authsvc.sock",
+    # UPSTREAMS (the app hosts nginx proxies to) defaults to "unix:" + SOCKET.
     "NGINX_DIR": "/etc/nginx",
     "NGINX_LOG_DIR": "/var/log/nginx",
     "NGINX_GROUP": "www-data",
@@ -40,23 +48,36 @@ DEFAULTS = {
     "CONF_DIR": "/etc/authsvc",
     "USER": "authsvc",
 }
+# Placeholders that are settings of the service, not of the deploy: name -> setting.
+FROM_SETTINGS = {"MAX_BODY_BYTES": "max_body_bytes"}
 
 
 class RenderError(Exception):
     """A placeholder without a value, or a value no template uses."""
 
 
+def is_list(name: str) -> bool:
+    """A placeholder whose line is repeated once per space-separated item of its value."""
+    return name.endswith("_LISTEN") or name == "UPSTREAMS"
+
+
 def values_with_defaults(given: dict[str, str]) -> dict[str, str]:
     """DEFAULTS, then derived values, then ``given`` (which wins)."""
     values = dict(DEFAULTS)
+    values.update({name: str(default(setting)) for name, setting in FROM_SETTINGS.items()})
     values.update(given)
     api_host = values.get("API_HOST", "")
     values.setdefault("HTTPS_URL", f"https://{api_host}")
     values.setdefault("TLS_CERT", f"/etc/letsencrypt/live/{api_host}/fullchain.pem")
     values.setdefault("TLS_KEY", f"/etc/letsencrypt/live/{api_host}/privkey.pem")
+    values.setdefault("UPSTREAMS", f"unix:{values['SOCKET']}")
     for name, value in values.items():
-        if "\n" in value or (not name.endswith("_LISTEN") and re.search(r"[\s;{}'\"]", value)):
+        # A list's items are separated by spaces; no item may hold nginx syntax either.
+        items = value.split(" ") if is_list(name) else [value]
+        if "\n" in value or any(re.search(r"[\s;{}'\"]", item) for item in items if item):
             raise RenderError(f"value of @{name}@ must not hold white space, quotes, ';' or braces: {value!r}")
+        if is_list(name) and not value.split():
+            raise RenderError(f"@{name}@ needs at least one item")
     return values
 
 
@@ -70,14 +91,14 @@ def render_text(text: str, values: dict[str, str], used: set[str] | None = None)
             raise RenderError(f"no value for @{missing[0]}@ in: {line.strip()}")
         if used is not None:
             used.update(names)
-        listen = [n for n in names if n.endswith("_LISTEN")]
-        variants = values[listen[0]].split() if listen else [None]
+        lists = [n for n in names if is_list(n)]
+        variants: list[str | None] = list(values[lists[0]].split()) if lists else [None]
         for variant in variants:
-            out.append(
-                PLACEHOLDER.sub(
-                    lambda m, variant=variant, listen=listen: variant if m.group(1) in listen else values[m.group(1)], line
-                )
-            )
+
+            def fill(m: re.Match[str], variant: str | None = variant, lists: list[str] = lists) -> str:
+                return variant if variant is not None and m.group(1) in lists else values[m.group(1)]
+
+            out.append(PLACEHOLDER.sub(fill, line))
     return "".join(out)
 
 
@@ -119,6 +140,18 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
     return values
 
 
+def values_from_settings(path: str, given: dict[str, str]) -> dict[str, str]:
+    """``given`` plus the FROM_SETTINGS placeholders read from the settings file at ``path`` (checked whole)."""
+    twice = sorted(set(given) & set(FROM_SETTINGS))
+    if twice:
+        raise RenderError(f"@{twice[0]}@ comes from {FROM_SETTINGS[twice[0]]} in {path}: set it there, not with --set")
+    try:
+        settings = read_settings({"AUTHSVC_CONFIG": path})
+    except ConfigError as e:
+        raise RenderError(str(e)) from None
+    return {**given, **{name: str(settings[setting]) for name, setting in FROM_SETTINGS.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m authsvc.deploy",
@@ -127,9 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("src", help="template directory (e.g. deploy/nginx)")
     parser.add_argument("dest", help="output directory")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a placeholder value")
+    parser.add_argument("--settings", metavar="FILE", help="the service's settings file: fills MAX_BODY_BYTES")
     args = parser.parse_args(argv)
     try:
-        for path in render_tree(args.src, args.dest, parse_assignments(args.set)):
+        given = parse_assignments(args.set)
+        if args.settings:
+            given = values_from_settings(args.settings, given)
+        for path in render_tree(args.src, args.dest, given):
             print(path)
     except (RenderError, OSError) as e:
         print(f"authsvc.deploy: error: {e}", file=sys.stderr)

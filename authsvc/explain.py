@@ -170,7 +170,10 @@ def add_arguments(parser) -> None:
                         help="an old token secret file (a backup): says when a token was made with a removed secret")
 
 
-def cmd_explain(args, settings: Settings):
+def cmd_explain(args, settings: Settings) -> tuple[int, dict, str]:
+    """The `authsvc explain` subcommand: (exit status, the verdict as an object, its line).
+
+    The status is 0 whatever the verdict: a request that would fail is an answer, not an error."""
     if not settings.token_secrets:
         raise CommandError(f"no token secret at {settings.token_secret_file}")
     stdin = [sys.stdin.read()] if "-" in (args.request, args.token, args.api_key) else []
@@ -187,4 +190,4 @@ def cmd_explain(args, settings: Settings):
         verdict = explain(store, tuple(settings.token_secrets), params, game_id=args.game_id, retired=retired)
     finally:
         store.close()
-    return verdict.json(), verdict.line()
+    return 0, verdict.json(), verdict.line()

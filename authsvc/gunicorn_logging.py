@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from gunicorn.glogging import Logger  # type: ignore[import-untyped]
+from gunicorn.glogging import Logger
 
 from authsvc.app import PROBE_PATHS, route_name
 

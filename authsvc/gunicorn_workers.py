@@ -6,6 +6,12 @@ instead of gunicorn's HTML page: every answer is ``{"success":false,"error":N,..
 deploy/gunicorn.conf.py names these classes for ``worker_class`` "sync" and "gthread".
 Only the error page changes: gunicorn still decides the status and logs the error.
 The answer never holds request data (gunicorn's page quotes the bad line or header).
+
+They also send an answer's head and body in one write (gunicorn writes them
+apart): an app host that dies between the two would leave nginx with a status
+line and headers it has already passed on, an answer it can neither complete nor
+retry on another host (docs/scaling.md). With one write nginx gets the whole
+answer or nothing, and retries on nothing.
 """
 
 from __future__ import annotations
@@ -59,15 +65,61 @@ class _JsonErrorSocket:
         self._sock.sendall(json_error_response(status))
 
 
+class _OneWriteSocket:
+    """The client socket as gunicorn's Response sees it: the head of the answer
+    (gunicorn's first ``sendall``, ending in a blank line) is held and sent with the
+    first body bytes. Any other use of the socket, and the end of the request,
+    send a held head first (an answer without a body, a HEAD, an error path)."""
+
+    def __init__(self, sock):
+        self._sock = sock
+        self._head = b""
+        self._answered = False
+
+    def sendall(self, data) -> None:
+        data = bytes(data)
+        if not self._answered and data.startswith(b"HTTP/") and data.endswith(b"\r\n\r\n"):
+            self._answered, self._head = True, data
+            return
+        self._answered = True
+        head, self._head = self._head, b""
+        self._sock.sendall(head + data)
+
+    def flush(self) -> None:
+        if self._head:
+            head, self._head = self._head, b""
+            self._sock.sendall(head)
+
+    def __getattr__(self, name):
+        self.flush()
+        return getattr(self._sock, name)
+
+
 class SyncWorker(_SyncWorker):
-    """gunicorn's sync worker; its error answers in JSON."""
+    """gunicorn's sync worker; its error answers in JSON, its answers in one write."""
+
+    def handle_request(self, listener, req, client, addr):
+        sock = _OneWriteSocket(client)
+        try:
+            return super().handle_request(listener, req, sock, addr)
+        finally:
+            sock.flush()
 
     def handle_error(self, req, client, addr, exc):
         super().handle_error(req, _JsonErrorSocket(client), addr, exc)
 
 
 class ThreadWorker(_ThreadWorker):
-    """gunicorn's gthread worker; its error answers in JSON."""
+    """gunicorn's gthread worker; its error answers in JSON, its answers in one write."""
+
+    def handle_request(self, req, conn):
+        client = conn.sock
+        conn.sock = sock = _OneWriteSocket(client)
+        try:
+            return super().handle_request(req, conn)
+        finally:
+            conn.sock = client
+            sock.flush()
 
     def handle_error(self, req, client, addr, exc):
         super().handle_error(req, _JsonErrorSocket(client), addr, exc)

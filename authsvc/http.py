@@ -29,6 +29,8 @@ class _Invalid:
 
 
 INVALID = _Invalid()
+# A parameter's value as parsed: its text, or INVALID when present but undecodable.
+Param = str | _Invalid
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
@@ -84,9 +86,9 @@ def parse_urlencoded(text: str) -> dict[str, str | _Invalid]:
     for pair in text.split("&"):
         if pair:
             name, _, value = pair.partition("=")
-            name = _decode(name, MAX_ENCODED_NAME)
-            if name is not INVALID:
-                params[name] = _decode(value, MAX_ENCODED_VALUE)
+            decoded = _decode(name, MAX_ENCODED_NAME)
+            if not isinstance(decoded, _Invalid):
+                params[decoded] = _decode(value, MAX_ENCODED_VALUE)
     return params
 
 

@@ -1,38 +1,99 @@
-"""One frozen settings object, read once from the environment and an optional TOML file.
+"""Every setting declared once (``SETTINGS``), read from the environment and one TOML file.
 
-This is the only module that reads ``os.environ``. Precedence: environment
-variable, then the TOML file named by ``AUTHSVC_CONFIG``, then the default.
+This is the only module that reads ``os.environ`` or the settings file: the app,
+the admin command and deploy/gunicorn.conf.py all come here. Precedence:
+environment variable, then the file named by ``AUTHSVC_CONFIG``, then the default.
+
+The file (docs/configuration.md): the app's settings at the top level, or in an
+``[authsvc]`` table (the same thing; not both), and gunicorn's in an optional
+``[gunicorn]`` table. An unknown key or table, or a value of the wrong TOML type
+or out of range, stops start-up with one line naming the key and the file: a
+typo is never silently the default.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
+import math
 import os
 import stat
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from authsvc.errors import ConfigError
 
 DEFAULT_STATE_DIR = "/var/lib/authsvc"
 DEFAULT_SECRET_FILE = "/etc/authsvc/token-secret"
-ERROR_STATUS_MODES = ("200", "http")
 MIN_SECRET_BYTES = 16
 UTF8_BOM = b"\xef\xbb\xbf"
-
-# setting name -> (environment variable, cast)
-_FIELDS = {
-    "store": ("AUTHSVC_STORE", str),
-    "token_secret_file": ("AUTHSVC_TOKEN_SECRET_FILE", str),
-    "error_status": ("AUTHSVC_ERROR_STATUS", str),
-    "max_body_bytes": ("AUTHSVC_MAX_BODY_BYTES", int),
-    "pg_connect_timeout": ("AUTHSVC_PG_CONNECT_TIMEOUT", float),
-    "pg_statement_timeout": ("AUTHSVC_PG_STATEMENT_TIMEOUT", float),
-    "log_level": ("AUTHSVC_LOG_LEVEL", str),
-    "max_staleness": ("AUTHSVC_MAX_STALENESS", float),
-}
 MAX_STALENESS_BOUND = 1.0  # seconds: a revoked player, disabled game or expired key stops within this
+
+APP = "authsvc"  # the app's settings: the file's top level, or its [authsvc] table
+GUNICORN = "gunicorn"  # the [gunicorn] table, read by deploy/gunicorn.conf.py
+
+
+def _default_store(env: Mapping[str, str]) -> str:
+    state_dir = env.get("STATE_DIRECTORY", "").split(":")[0] or DEFAULT_STATE_DIR
+    return "sqlite://" + os.path.join(state_dir, "authsvc.db")
+
+
+def _default_secret_file(env: Mapping[str, str]) -> str:
+    cred_dir = env.get("CREDENTIALS_DIRECTORY")
+    return os.path.join(cred_dir, "token-secret") if cred_dir else DEFAULT_SECRET_FILE
+
+
+def _cpu_count(env: Mapping[str, str]) -> int:
+    # One worker per CPU: the SQLite store keeps a worker on the CPU (BENCHMARKS.md, section 2).
+    return os.cpu_count() or 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One setting: its key in the file, its environment variable, type, default and allowed values."""
+
+    name: str
+    env: str
+    type: type  # str, int or float
+    default: Any  # a value, or a function of the environment
+    table: str = APP
+    rule: str = ""  # what the value must be, for the error line: "positive", "at least 1", ...
+    check: Callable[[Any], bool] | None = None
+    choices: tuple[str, ...] = ()  # matched case-insensitively; the value becomes the choice
+
+    def default_for(self, env: Mapping[str, str]) -> Any:
+        return self.default(env) if callable(self.default) else self.default
+
+
+_TYPE_WORDS = {str: "a string", int: "an integer", float: "a number"}
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+SETTINGS = (
+    Setting("store", "AUTHSVC_STORE", str, _default_store),
+    Setting("token_secret_file", "AUTHSVC_TOKEN_SECRET_FILE", str, _default_secret_file),
+    Setting("error_status", "AUTHSVC_ERROR_STATUS", str, "200", choices=("200", "http")),
+    Setting("max_body_bytes", "AUTHSVC_MAX_BODY_BYTES", int, 16 * 1024, rule="positive", check=lambda v: v > 0),
+    Setting("pg_connect_timeout", "AUTHSVC_PG_CONNECT_TIMEOUT", float, 2.0, rule="positive", check=lambda v: v > 0),
+    Setting("pg_statement_timeout", "AUTHSVC_PG_STATEMENT_TIMEOUT", float, 2.0, rule="positive", check=lambda v: v > 0),
+    Setting("max_staleness", "AUTHSVC_MAX_STALENESS", float, 1.0,
+            rule=f"from 0 to {MAX_STALENESS_BOUND:g} seconds", check=lambda v: 0 <= v <= MAX_STALENESS_BOUND),
+    # The level of the app's "authsvc" logger, set by deploy/gunicorn.conf.py's logconfig_dict.
+    Setting("log_level", "AUTHSVC_LOG_LEVEL", str, "INFO", choices=_LOG_LEVELS),
+    Setting("workers", "AUTHSVC_WORKERS", int, _cpu_count, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
+    Setting("worker_class", "AUTHSVC_WORKER_CLASS", str, "sync", GUNICORN, choices=("sync", "gthread")),
+    Setting("threads", "AUTHSVC_THREADS", int, 1, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
+    # gunicorn's 0 (never time out) is refused: a hung worker would never be replaced.
+    Setting("timeout", "AUTHSVC_TIMEOUT", int, 30, GUNICORN, rule="at least 1 (seconds)", check=lambda v: v >= 1),
+    Setting("bind", "AUTHSVC_BIND", str, "unix:/run/authsvc.sock", GUNICORN),
+)
+
+
+def default(name: str) -> Any:
+    """The declared default of a setting that does not depend on the environment."""
+    (setting,) = (s for s in SETTINGS if s.name == name)
+    return setting.default_for({})
 
 
 class TokenSecrets(tuple):
@@ -46,15 +107,16 @@ class TokenSecrets(tuple):
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
+    """The app's settings (the ``authsvc`` part of SETTINGS, log_level aside: gunicorn sets that)."""
+
     store: str
     token_secret_file: str
     token_secrets: TokenSecrets = TokenSecrets()
-    error_status: str = "200"
-    max_body_bytes: int = 16 * 1024
-    pg_connect_timeout: float = 2.0
-    pg_statement_timeout: float = 2.0
-    log_level: str = "INFO"
-    max_staleness: float = 1.0
+    error_status: str = default("error_status")
+    max_body_bytes: int = default("max_body_bytes")
+    pg_connect_timeout: float = default("pg_connect_timeout")
+    pg_statement_timeout: float = default("pg_statement_timeout")
+    max_staleness: float = default("max_staleness")
 
     @property
     def errors_as_http_status(self) -> bool:
@@ -66,49 +128,75 @@ class Settings:
     ) -> Settings:
         """Build settings; with ``require_secret`` a missing secret is a ConfigError."""
         env = os.environ if environ is None else environ
-        values = _read_toml(env.get("AUTHSVC_CONFIG"))
-        for name, (var, _) in _FIELDS.items():
-            if env.get(var, "") != "":
-                values[name] = env[var]
-        unknown = set(values) - set(_FIELDS)
-        if unknown:
-            raise ConfigError(f"unknown setting(s) in config file: {', '.join(sorted(unknown))}")
-        for name, value in list(values.items()):
-            cast = _FIELDS[name][1]
-            try:
-                values[name] = cast(value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"setting {name} ({_FIELDS[name][0]}) must be {cast.__name__}") from None
-
-        state_dir = env.get("STATE_DIRECTORY", "").split(":")[0] or DEFAULT_STATE_DIR
-        values.setdefault("store", "sqlite://" + os.path.join(state_dir, "authsvc.db"))
-        cred_dir = env.get("CREDENTIALS_DIRECTORY")
-        if "token_secret_file" not in values:
-            values["token_secret_file"] = (
-                os.path.join(cred_dir, "token-secret") if cred_dir else DEFAULT_SECRET_FILE
-            )
-        if values.get("error_status", "200") not in ERROR_STATUS_MODES:
-            raise ConfigError("AUTHSVC_ERROR_STATUS must be '200' (errors in the body, HTTP 200) or 'http'")
-        if values.get("max_body_bytes", 1) <= 0:
-            raise ConfigError("AUTHSVC_MAX_BODY_BYTES must be positive")
-        if not 0 <= values.get("max_staleness", 0.0) <= MAX_STALENESS_BOUND:
-            raise ConfigError(f"AUTHSVC_MAX_STALENESS must be from 0 to {MAX_STALENESS_BOUND:g} seconds")
-        for name in ("pg_connect_timeout", "pg_statement_timeout"):
-            if values.get(name, 1.0) <= 0:
-                raise ConfigError(f"{_FIELDS[name][0]} must be positive")
-
-        path = values["token_secret_file"]
+        values = read_settings(env)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {name: value for name, value in values.items() if name in fields}
+        path = kwargs["token_secret_file"]
         if require_secret or os.path.exists(path):
             # systemd's LoadCredential= copy is 0400 plus an ACL for the service user,
             # and an ACL's mask shows as the group bits: no group warning there.
+            cred_dir = env.get("CREDENTIALS_DIRECTORY")
             credential = bool(cred_dir) and os.path.dirname(os.path.abspath(path)) == os.path.abspath(cred_dir or "")
-            values["token_secrets"] = load_token_secrets(path, systemd_credential=credential)
-        return cls(**values)
+            kwargs["token_secrets"] = load_token_secrets(path, systemd_credential=credential)
+        return cls(**kwargs)
 
 
-def _read_toml(path: str | None) -> dict:
-    if not path:
-        return {}
+@dataclasses.dataclass(frozen=True)
+class GunicornSettings:
+    """What deploy/gunicorn.conf.py reads: the [gunicorn] table, and the app's log level."""
+
+    workers: int
+    worker_class: str
+    threads: int
+    timeout: int
+    bind: str
+    log_level: str
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> GunicornSettings:
+        values = read_settings(os.environ if environ is None else environ)
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+
+
+def metrics_dir(environ: Mapping[str, str] | None = None) -> str:
+    """Where every gunicorn worker writes its metrics files (the metrics extra; docs/operations.md,
+    "Monitoring"), for deploy/gunicorn.conf.py. Not a setting of the file.
+
+    ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's own variable; the unit sets it
+    inside its RuntimeDirectory), else ``metrics`` in systemd's ``RUNTIME_DIRECTORY`` or
+    ``STATE_DIRECTORY``, else "": a run by hand, for which gunicorn.conf.py makes one.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("PROMETHEUS_MULTIPROC_DIR"):
+        return env["PROMETHEUS_MULTIPROC_DIR"]
+    systemd_dir = (env.get("RUNTIME_DIRECTORY") or env.get("STATE_DIRECTORY") or "").split(":")[0]
+    return os.path.join(systemd_dir, "metrics") if systemd_dir else ""
+
+
+def read_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """Every declared setting, checked: the environment's value, else the file's, else the default.
+
+    The whole file is checked even where the environment overrides it, so a typo
+    there never waits for the day its variable is unset.
+    """
+    path = env.get("AUTHSVC_CONFIG") or None
+    tables = _read_file(path) if path else {}
+    values = {}
+    for setting in SETTINGS:
+        prefix, table = tables.get(setting.table, ("", {}))
+        if setting.name in table:
+            where = f"{path}: {prefix}{setting.name}"
+            values[setting.name] = _checked(setting, _from_toml(setting, table[setting.name], where), where)
+        raw = env.get(setting.env, "")
+        if raw != "":
+            values[setting.name] = _checked(setting, _from_text(setting, raw), setting.env)
+        elif setting.name not in values:
+            values[setting.name] = setting.default_for(env)
+    return values
+
+
+def _read_file(path: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The file's two parts: APP and GUNICORN, each as (how an error line prefixes its keys, its keys)."""
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -116,7 +204,86 @@ def _read_toml(path: str | None) -> dict:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-    return dict(data.get("authsvc", data))
+    names = {part: [s.name for s in SETTINGS if s.table == part] for part in (APP, GUNICORN)}
+    top = {}
+    for key, value in data.items():
+        if key in (APP, GUNICORN):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: {key} must be a table ([{key}]), got {_describe(value)}")
+        elif isinstance(value, dict) and key not in names[APP]:
+            raise ConfigError(f"{path}: unknown table [{key}]{_did_you_mean(key, [APP, GUNICORN], '[{}]')}")
+        else:
+            top[key] = value
+    if top and APP in data:
+        raise ConfigError(
+            f"{path}: settings both at the top level ({', '.join(sorted(top))}) and in [{APP}]: keep them in one place"
+        )
+    parts = {
+        APP: (f"[{APP}] ", data[APP]) if APP in data else ("", top),
+        GUNICORN: (f"[{GUNICORN}] ", data.get(GUNICORN, {})),
+    }
+    homes = {APP: "at the top level", GUNICORN: f"in the [{GUNICORN}] table"}
+    for part, (prefix, table) in parts.items():
+        for key in table:
+            if key in names[part]:
+                continue
+            other = GUNICORN if part == APP else APP
+            if key in names[other]:
+                raise ConfigError(f"{path}: {prefix}{key} belongs {homes[other]}")
+            raise ConfigError(f"{path}: unknown setting {prefix}{key}{_did_you_mean(key, names[part], '{}')}")
+    return parts
+
+
+def _did_you_mean(key: str, known: list[str], form: str) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {form.format(close[0])}?)" if close else ""
+
+
+def _describe(value: Any) -> str:
+    """A TOML value as the error line shows it: its type and, when short, itself."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return f'the string "{value[:40]}"' + ("..." if len(value) > 40 else "")
+    return f"the {'integer' if isinstance(value, int) else type(value).__name__} {value}"
+
+
+def _from_toml(setting: Setting, value: Any, where: str) -> Any:
+    """The file's value if its TOML type is the setting's: no true for 1, no 1.9 for 1, no "8" for 8."""
+    ok = not isinstance(value, bool) and (
+        isinstance(value, setting.type) or (setting.type is float and isinstance(value, int))
+    )
+    if not ok or (setting.type is float and not math.isfinite(value)):
+        raise ConfigError(f"{where} must be {_TYPE_WORDS[setting.type]}, got {_describe(value)}")
+    return setting.type(value)
+
+
+def _from_text(setting: Setting, raw: str) -> Any:
+    """An environment variable's text as the setting's type."""
+    if setting.type is str:
+        return raw
+    try:
+        value = setting.type(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or (setting.type is float and not math.isfinite(value)):
+        raise ConfigError(f"{setting.env} must be {_TYPE_WORDS[setting.type]}, got {raw!r}")
+    return value
+
+
+def _checked(setting: Setting, value: Any, where: str) -> Any:
+    if setting.choices:
+        for choice in setting.choices:
+            if value.lower() == choice.lower():
+                return choice
+        raise ConfigError(f"{where} must be one of {', '.join(setting.choices)}, got {value!r}")
+    if setting.check is not None and not setting.check(value):
+        raise ConfigError(f"{where} must be {setting.rule}, got {value!r}")
+    return value
 
 
 def load_token_secrets(path: str, *, systemd_credential: bool = False) -> TokenSecrets:

@@ -10,14 +10,34 @@ import hashlib
 import hmac
 import secrets
 import uuid
+from typing import TYPE_CHECKING
 
-TOKEN_LENGTH = 64
+from authsvc.errors import CommandError
+
+if TYPE_CHECKING:
+    from authsvc.store.base import Player, Store
+
 _BLOCK = 64  # SHA-256 block size, bytes
 
 
 def mint_token(secret: bytes, game_id: int, user_id: int, epoch: int) -> str:
     message = f"{game_id}:{user_id}:{epoch}".encode("ascii")
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def current_token(store: Store, secret: bytes, game_id: int, user_id: int) -> tuple[str, Player]:
+    """The token the service accepts now for this game and player (their current epoch), and the player.
+
+    The one place the admin side mints from the store: ``authsvc token issue`` and
+    ``authsvc check``. CommandError names a game or player the store lacks.
+    """
+    game = store.get_game(game_id)
+    player = store.get_player(user_id)
+    if game is None:
+        raise CommandError(f"no game {game_id}")
+    if player is None:
+        raise CommandError(f"no player {user_id}")
+    return mint_token(secret, game.id, player.user_id, player.epoch), player
 
 
 class TokenVerifier:

@@ -136,13 +136,15 @@ class _Reader:
             raise self.error(f"export format version {obj.get('version')!r}, this release reads {VERSION}")
         return self._int(obj, "game_id_high_water", 0)
 
-    def _int(self, obj: dict, name: str, low: int, nullable: bool = False) -> int | None:
+    def _int(self, obj: dict, name: str, low: int) -> int:
         value = obj.get(name)
-        if value is None and nullable and name in obj:
-            return None
         if type(value) is not int or not low <= value <= MAX_ID:
             raise self.error(f"{name} must be a whole number from {low} to 2^63-1")
         return value
+
+    def _int_or_null(self, obj: dict, name: str, low: int) -> int | None:
+        """Like _int, but a field present as null is None (a key that never expires)."""
+        return None if name in obj and obj[name] is None else self._int(obj, name, low)
 
     def _bool(self, obj: dict, name: str) -> bool:
         if type(obj.get(name)) is not bool:
@@ -165,7 +167,7 @@ class _Reader:
                 if type(k.get("digest")) is not str or not _DIGEST.fullmatch(k["digest"]):
                     raise self.error("a key digest must be 64 lowercase hex characters")
             api_keys = tuple(
-                ApiKey(k["digest"], self._int(k, "created_at", 0), self._int(k, "expires_at", 0, nullable=True))
+                ApiKey(k["digest"], self._int(k, "created_at", 0), self._int_or_null(k, "expires_at", 0))
                 for k in keys
             )
             games.append(Game(self._int(obj, "id", 1), self._str(obj, "name"), self._bool(obj, "enabled"),

@@ -1,4 +1,4 @@
-"""The same endpoint in plain standard-library Python with no tuning: the issue's second reference.
+"""The same endpoint in plain standard-library Python with no tuning: the second reference (BENCHMARKS.md).
 
 parse_qs, one SQLite query per request in its own transaction, hmac.new, json.dumps:
 what a first version looks like. scripts/bench measures it beside authsvc so the

@@ -2,17 +2,22 @@
 
 Installed as /opt/authsvc/gunicorn.conf.py (code, replaced on upgrade). Tuning comes
 from the ``[gunicorn]`` table of the settings file named by ``AUTHSVC_CONFIG``
-(/etc/authsvc/authsvc.toml), and an environment variable beats the file:
+(/etc/authsvc/authsvc.toml), and an environment variable beats the file. The file
+is read, and every setting in it checked, by authsvc/settings.py, the reader the
+app uses (declarations there, docs/configuration.md):
 
-    workers       AUTHSVC_WORKERS        default: the number of CPUs (BENCHMARKS.md)
+    workers       AUTHSVC_WORKERS        at least 1, default: the number of CPUs (BENCHMARKS.md)
     worker_class  AUTHSVC_WORKER_CLASS   "sync" (default) or "gthread": gunicorn's, answering
                                          in JSON (authsvc/gunicorn_workers.py)
     threads       AUTHSVC_THREADS        default 1 (gthread only)
-    timeout       AUTHSVC_TIMEOUT        seconds, default 30
-    (no table key) AUTHSVC_BIND          default unix:/run/authsvc.sock; unused
+    timeout       AUTHSVC_TIMEOUT        seconds, at least 1, default 30
+    bind          AUTHSVC_BIND           default unix:/run/authsvc.sock; unused
                                          under systemd socket activation
-    log_level     AUTHSVC_LOG_LEVEL      level of the app's "authsvc" logger, default
-                                         INFO (from the [authsvc] table, like the app)
+    log_level     AUTHSVC_LOG_LEVEL      (an app setting: the file's top level) level of
+                                         the app's "authsvc" logger, default INFO
+
+A wrong or unknown setting stops gunicorn here with one line on stderr (the
+journal) and exit status 1, before anything listens.
 
 Logs go to stderr (error log, including the app's "authsvc" logger) and stdout
 (access log): the journal under systemd. No file is written outside the state
@@ -20,51 +25,33 @@ directory: no pid file, no control socket, worker heartbeat files in
 $STATE_DIRECTORY (created and unlinked at once).
 """
 
-import multiprocessing
 import os
-import tomllib
 
+from authsvc.errors import ConfigError
+from authsvc.settings import GunicornSettings, metrics_dir
 
-def _read_config() -> dict:
-    path = os.environ.get("AUTHSVC_CONFIG")
-    if not path:
-        return {}
-    with open(path, "rb") as f:
-        return tomllib.load(f)
-
-
-_config = _read_config()
-
-
-def _setting(key: str, var: str, default, cast, table: str = "gunicorn"):
-    raw = os.environ.get(var) or _config.get(table, {}).get(key, default)
-    try:
-        return cast(raw)
-    except (TypeError, ValueError):
-        raise SystemExit(f"gunicorn.conf.py: {var} / [gunicorn] {key} must be {cast.__name__}, got {raw!r}") from None
-
+try:
+    _settings = GunicornSettings.from_env()
+except ConfigError as e:
+    raise SystemExit(f"authsvc: error: {e}") from None
 
 wsgi_app = "authsvc.wsgi:application"
-bind = [os.environ.get("AUTHSVC_BIND", "unix:/run/authsvc.sock")]
+bind = [_settings.bind]
 # The SQLite store keeps a worker on the CPU for the whole request, so one worker
 # per CPU gives the same throughput as 2 x CPUs + 1 with a lower p99 (BENCHMARKS.md,
 # section 2). With a PostgreSQL store across a network, workers wait on the round
 # trip: raise it (e.g. 2 x CPUs + 1).
-workers = _setting("workers", "AUTHSVC_WORKERS", multiprocessing.cpu_count(), int)
-_worker_kind = _setting("worker_class", "AUTHSVC_WORKER_CLASS", "sync", str)
-if _worker_kind not in ("sync", "gthread"):
-    raise SystemExit(f"gunicorn.conf.py: worker_class must be sync or gthread, got {_worker_kind!r}")
-threads = _setting("threads", "AUTHSVC_THREADS", 1, int)
+workers = _settings.workers
+threads = _settings.threads
 # gunicorn's own sync and gthread workers, whose error answers (a request gunicorn
 # cannot parse) are the service's JSON instead of HTML (authsvc/gunicorn_workers.py).
 # "sync" with threads > 1 is gthread, as gunicorn itself decides.
-if _worker_kind == "sync" and threads > 1:
-    _worker_kind = "gthread"
+_worker_kind = "gthread" if threads > 1 else _settings.worker_class
 worker_class = {
     "sync": "authsvc.gunicorn_workers.SyncWorker",
     "gthread": "authsvc.gunicorn_workers.ThreadWorker",
 }[_worker_kind]
-timeout = _setting("timeout", "AUTHSVC_TIMEOUT", 30, int)
+timeout = _settings.timeout
 graceful_timeout = 30
 keepalive = 5
 
@@ -136,7 +123,7 @@ logconfig_dict = {
         # The app logs the frames of unexpected errors, never the query string;
         # gunicorn's own request errors go through authsvc/logredact.py.
         "authsvc": {
-            "level": _setting("log_level", "AUTHSVC_LOG_LEVEL", "INFO", str, table="authsvc").upper(),
+            "level": _settings.log_level,
             "handlers": ["error"],
             "propagate": False,
         },
@@ -146,21 +133,21 @@ logconfig_dict = {
 # Metrics (docs/operations.md, "Monitoring"; authsvc/metrics.py), with the metrics extra:
 # every worker counts into files in PROMETHEUS_MULTIPROC_DIR (prometheus_client's
 # multiprocess mode), so a scrape answered by any worker shows the sum of all.
-# The systemd unit sets it inside its RuntimeDirectory (/run/authsvc/metrics);
-# without it, "metrics" in $RUNTIME_DIRECTORY or $STATE_DIRECTORY, else a directory
-# of its own under the temporary directory, removed at exit (a run by hand).
+# authsvc/settings.py (metrics_dir) picks it: the systemd unit sets it inside its
+# RuntimeDirectory (/run/authsvc/metrics); without it, "metrics" in $RUNTIME_DIRECTORY
+# or $STATE_DIRECTORY, else a directory of its own under the temporary directory,
+# removed at exit (a run by hand).
 # It must be set before the preloaded app imports prometheus_client, so here, at
 # load (a HUP reload keeps the value already set). on_starting empties it once per
 # start: counters restart from 0 with the master, as Prometheus expects of a restart.
-if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-    _systemd_dir = (os.environ.get("RUNTIME_DIRECTORY") or os.environ.get("STATE_DIRECTORY") or "").split(":")[0]
-    if _systemd_dir:
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(_systemd_dir, "metrics")
-    else:
-        import tempfile
+_metrics_dir = metrics_dir()
+if _metrics_dir:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
+else:
+    import tempfile
 
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="authsvc-metrics-")
-        os.environ["AUTHSVC_METRICS_DIR_OWNED"] = "1"
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="authsvc-metrics-")
+    os.environ["AUTHSVC_METRICS_DIR_OWNED"] = "1"
 os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], mode=0o700, exist_ok=True)
 
 

@@ -2,16 +2,28 @@
 
 Every test that uses ``store_url`` (and so ``env``, ``settings``, ``admin_store``,
 ``world``, ``app``) runs twice: on SQLite and on PostgreSQL. A test that is about
-one engine only says so with
-``@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)``.
+one engine says so in one way only, the ``engine`` marker::
+
+    @pytest.mark.engine("sqlite")          # one test
+    pytestmark = pytest.mark.engine("postgresql")  # a whole module
+
+(no ``parametrize("store_url", ...)``, no module overriding the ``store_url``
+fixture; tests/test_suite_rules.py checks it). Tests that need a PostgreSQL
+server of their own use the ``own_pg`` fixture.
 
 PostgreSQL is ``AUTHSVC_TEST_POSTGRES_URL`` (a superuser URL) if set, else a
 throwaway server from the local binaries, else the PostgreSQL tests are skipped
 (failed under AUTHSVC_TEST_STRICT=1). One fresh database per test session,
 emptied before each test.
 
-Helpers that are not fixtures (skip_or_fail, free_port, wait_for_port) live in
-tests/support.py; the throwaway server in tests/pgserver.py.
+Helpers that are not fixtures (skip_or_fail, make_testapp, start_gunicorn, get,
+free_port, ...) live in tests/support.py; the throwaway server in
+tests/pgserver.py. A test module never imports another test module.
+
+Every test that runs gunicorn starts it with ``start_gunicorn`` (harness/processes.py,
+shared with scripts/bench), whose parameters cover what they vary: config file,
+workers, preload, environment, bind. No test depends on the order tests run in:
+``pytest -p harness.reverse_order`` runs them backwards to show it.
 """
 
 from __future__ import annotations
@@ -25,12 +37,11 @@ import urllib.parse
 import pytest
 import webtest
 
-from authsvc.app import make_app
 from authsvc.settings import Settings
 from authsvc.store import open_store, redact_url
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from tests import pgserver
-from tests.support import skip_or_fail
+from tests.support import make_testapp, skip_or_fail
 
 ENGINES = ("sqlite", "postgresql")
 
@@ -152,7 +163,23 @@ def _empty_pg(conn) -> None:
     conn.execute("TRUNCATE games, api_keys, players RESTART IDENTITY")
 
 
-@pytest.fixture(params=ENGINES)
+def pytest_configure(config):
+    config.addinivalue_line("markers", "engine(name): run this test on one store engine only ('sqlite' or 'postgresql')")
+
+
+def pytest_generate_tests(metafunc):
+    """Run each test that uses ``store_url`` on every engine, or on the one its ``engine`` marker names."""
+    if "store_url" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("engine")
+    engines = ENGINES if marker is None else marker.args
+    unknown = set(engines) - set(ENGINES)
+    if unknown:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: unknown engine {sorted(unknown)}; known: {ENGINES}")
+    metafunc.parametrize("store_url", engines, indirect=True)
+
+
+@pytest.fixture
 def store_url(request, tmp_path):
     """The store under test: a fresh SQLite file, or the session's PostgreSQL database emptied."""
     if request.param == "sqlite":
@@ -224,12 +251,6 @@ def world(settings, admin_store) -> World:
     game = admin_store.add_game("Chess", api_key_digest(api_key), int(time.time()))
     admin_store.add_player(4242, "alice")
     return World(settings, admin_store, game.id, api_key, 4242, "alice")
-
-
-def make_testapp(settings: Settings, **overrides) -> webtest.TestApp:
-    if overrides:
-        settings = dataclasses.replace(settings, **overrides)
-    return webtest.TestApp(make_app(settings), lint=True)
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -26,25 +25,13 @@ from pathlib import Path
 
 import trustme
 
-from tests.support import free_port, skip_or_fail, wait_for_port
+from harness.processes import find_nginx, free_port, ipv6_loopback, nginx_main_conf, start_nginx, stop, wait_for_port
+from tests.support import skip_or_fail
 
 REPO = Path(__file__).resolve().parent.parent
 API_HOST = "api.authsvc.test"
 LEGACY_HOST = "legacy.authsvc.test"
 VENV_BIN = Path(sys.executable).parent
-
-
-def find_nginx() -> str | None:
-    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
-
-
-def ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
 
 @dataclasses.dataclass
@@ -81,6 +68,9 @@ class Stack:
     ready_message: str
     logs: Path
     metrics_port: int = 0  # the monitoring server (/metrics, /healthz, /readyz), loopback
+    # start_stack(extra_app_hosts=N): more gunicorn instances ("app hosts") on loopback
+    # TCP, after the unix socket in UPSTREAMS; their logs are gunicorn-<port>-*.log.
+    app_hosts: list[tuple[str, subprocess.Popen]] = dataclasses.field(default_factory=list)
 
     def client_context(self, **versions) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.ca_file))
@@ -129,9 +119,12 @@ def _run(cmd: list[str], env: dict) -> str:
     return done.stdout
 
 
-def start_stack(root: Path, *, values: dict | None = None, worker_connections: int = 128) -> Stack:
+def start_stack(root: Path, *, values: dict | None = None, worker_connections: int = 128,
+                extra_app_hosts: int = 0) -> Stack:
     """The stack in ``root``; ``values`` override placeholder values, ``worker_connections``
-    sizes nginx's main config (tests/test_edge.py makes it small to reach exhaustion)."""
+    sizes nginx's main config (tests/test_edge.py makes it small to reach exhaustion).
+    ``extra_app_hosts`` more gunicorn instances serve the same store on 127.0.0.1 TCP
+    ports (``AUTHSVC_BIND``), named after the unix socket in ``UPSTREAMS``."""
     nginx = find_nginx()
     if nginx is None:
         skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
@@ -172,6 +165,8 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
     listen = lambda port: f"127.0.0.1:{port}" + (f" [::1]:{port}" if v6 else "")  # noqa: E731
     rendered = root / "deploy"
     sock_path = root / "authsvc.sock"
+    extra_ports = [free_port() for _ in range(extra_app_hosts)]
+    upstreams = " ".join([f"unix:{sock_path}", *(f"127.0.0.1:{port}" for port in extra_ports)])
     values = {
         "API_HOST": API_HOST,
         "LEGACY_HOST": LEGACY_HOST,
@@ -188,6 +183,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         "RATE": "20r/s",
         "RATE_BURST": "50",
         "UPSTREAM_TIMEOUT": "2s",
+        **({"UPSTREAMS": upstreams} if extra_app_hosts else {}),
         **(values or {}),
     }
     sets = [arg for name, value in values.items() for arg in ("--set", f"{name}={value}")]
@@ -221,7 +217,23 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         start_new_session=True,
     )
     nginx_proc = None
+    app_hosts: list[tuple[str, subprocess.Popen]] = []
     try:
+        # Another app host: gunicorn bound to TCP by AUTHSVC_BIND, as on a machine
+        # without nginx (docs/scaling.md), started directly (no socket activation).
+        for port in extra_ports:
+            host_env = {k: v for k, v in service_env.items() if k != "NOTIFY_SOCKET"}
+            host_env["AUTHSVC_BIND"] = f"127.0.0.1:{port}"
+            app_hosts.append((f"127.0.0.1:{port}", subprocess.Popen(
+                gunicorn_cmd,
+                stdout=open(logs / f"gunicorn-{port}-access.log", "wb"),
+                stderr=open(logs / f"gunicorn-{port}-error.log", "wb"),
+                env=host_env,
+                cwd=root,
+                start_new_session=True,
+            )))
+        for port in extra_ports:
+            wait_for_port(port, timeout=30)
         # systemd-socket-activate starts gunicorn on the first connection, like a .socket unit.
         deadline = time.monotonic() + 10
         while not sock_path.exists():
@@ -244,61 +256,19 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
                                         worker_connections=worker_connections))
         check = subprocess.run([nginx, "-t", "-q", "-p", str(root), "-c", str(conf)], capture_output=True, text=True)
         assert check.returncode == 0, f"nginx -t: {check.stderr}"
-        nginx_proc = subprocess.Popen(
-            [nginx, "-p", str(root), "-c", str(conf), "-g", "daemon off;"],
-            stdout=open(logs / "nginx-stdout.log", "wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        nginx_proc = start_nginx(nginx, root, conf, logs / "nginx-stdout.log")
         wait_for_port(https_port)
         wait_for_port(http_port)
     except BaseException:
         stop(nginx_proc)
         stop(gunicorn)
+        for _, proc in app_hosts:
+            stop(proc)
         raise
     return Stack(
         root=root, https_port=https_port, http_port=http_port, ca=ca, ca_file=root / "ca.pem",
         game_id=game["game_id"], api_key=game["api_key"], other_api_key=other["api_key"],
         user_id=4242, username="alice", token=token, token_secret=token_secret, env=admin_env,
         gunicorn=gunicorn, nginx=nginx_proc, ready_message=ready, logs=logs, metrics_port=metrics_port,
+        app_hosts=app_hosts,
     )
-
-
-def nginx_main_conf(root: Path, logs: Path, site: Path, worker_processes: str = "1", worker_connections: int = 128) -> str:
-    """Debian's main nginx.conf, shortened: the http-level settings a machine has (TLSv1 and
-    TLSv1.1 on, the combined access log) around the shipped site; temp paths in ``root``.
-    scripts/bench uses it too, with Debian's ``worker_processes auto``."""
-    user = "user root;\n" if os.geteuid() == 0 else ""
-    temp = "\n".join(
-        f"    {kind}_temp_path {root}/tmp/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    return f"""{user}worker_processes {worker_processes};
-pid {root}/nginx.pid;
-error_log {logs}/nginx-main-error.log;
-events {{ worker_connections {worker_connections}; }}
-http {{
-    sendfile on;
-    default_type application/octet-stream;
-    ssl_protocols TLSv1 TLSv1.1 TLSv1.2 TLSv1.3;
-    ssl_prefer_server_ciphers on;
-    access_log {logs}/nginx-default-access.log;
-    gzip on;
-{temp}
-    include {site};
-}}
-"""
-
-
-def stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
-    """Stop a server we started (its own process group) and wait for it."""
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)

@@ -1,4 +1,8 @@
-"""Test helpers that are not fixtures.
+"""Test helpers that are not fixtures, shared by the test modules.
+
+A test module (test_*.py) never imports another test module (tests/test_suite_rules.py
+checks it): what two modules share lives here, in tests/deploy_support.py (the real
+nginx + gunicorn stack), tests/pgserver.py, or harness/ (shared with benchmarks/).
 
 Tests that need a server nobody started (PostgreSQL, nginx, ...) call
 ``skip_or_fail(reason)``: a skip on a laptop, a failure when
@@ -7,13 +11,26 @@ Tests that need a server nobody started (PostgreSQL, nginx, ...) call
 
 from __future__ import annotations
 
+import dataclasses
+import http.client
 import os
-import socket
 import sqlite3
 import threading
-import time
+import urllib.parse
 
 import pytest
+import webtest
+
+from authsvc.app import make_app
+from authsvc.authenticate import MISSING_DESCRIPTION
+from authsvc.settings import Settings
+from harness.processes import free_port, start_gunicorn, wait_for_port
+
+__all__ = [
+    "ERROR_KEYS", "INVALID", "MISSING", "PATH", "STRICT", "FakeClock", "assert_contract_headers", "free_port", "get",
+    "get_text", "hold_write_lock", "make_testapp", "skip_or_fail", "start_gunicorn", "until_both_workers_counted",
+    "wait_for_port", "workers_that_authenticated",
+]
 
 STRICT = os.environ.get("AUTHSVC_TEST_STRICT") == "1"
 
@@ -23,23 +40,6 @@ def skip_or_fail(reason: str):
     if STRICT:
         pytest.fail(f"required in CI (AUTHSVC_TEST_STRICT=1): {reason}", pytrace=False)
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((host, port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
 
 
 def hold_write_lock(url: str, user_id: int):
@@ -63,3 +63,82 @@ def hold_write_lock(url: str, user_id: int):
         conn.close()
 
     return release
+
+
+PATH = "/api/authenticate.json"
+ERROR_KEYS = {"success", "error", "error_description"}
+INVALID = {"success": False, "error": 403, "error_description": "Invalid credentials"}
+MISSING = {"success": False, "error": 400, "error_description": MISSING_DESCRIPTION}
+
+
+def make_testapp(settings: Settings, **overrides) -> webtest.TestApp:
+    """The WSGI app on ``settings`` (some replaced), through WebTest with its WSGI lint on."""
+    if overrides:
+        settings = dataclasses.replace(settings, **overrides)
+    return webtest.TestApp(make_app(settings), lint=True)
+
+
+def assert_contract_headers(response):
+    """Headers every answer carries (docs/api.md), and a body clients can parse line by line."""
+    assert response.headers["Content-Type"] == "application/json; charset=utf-8"
+    assert response.headers["Cache-Control"] == "no-store"
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert not [h for h in response.headers if h.lower().startswith("access-control-")]
+    assert "Transfer-Encoding" not in response.headers
+    if response.request.method != "HEAD":
+        assert int(response.headers["Content-Length"]) == len(response.body)
+        assert response.body.isascii() and b"\n" not in response.body
+
+
+def get(port: int, params: dict, method: str = "GET") -> http.client.HTTPResponse:
+    """One request to the API path on 127.0.0.1:port; the body is read into ``response.body``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request(method, PATH + "?" + urllib.parse.urlencode(params))
+    response = conn.getresponse()
+    response.body = response.read()  # type: ignore[attr-defined]
+    conn.close()
+    return response
+
+
+class FakeClock:
+    """A clock that moves only when a test sets ``now``."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def get_text(port: int, path: str) -> tuple[int, str]:
+    """One GET of ``path`` on 127.0.0.1:port, on a new connection: (status, body as text)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        res = conn.getresponse()
+        return res.status, res.read().decode()
+    finally:
+        conn.close()
+
+
+def workers_that_authenticated(metrics_dir) -> int:
+    """Worker files (prometheus_client's, one per process) holding a non-zero authentication count."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    return sum(
+        any('"authsvc_authentications' in key and value for key, value, *_ in MmapedDict.read_all_values_from_file(str(f)))
+        for f in metrics_dir.glob("counter_*.db")
+    )
+
+
+def until_both_workers_counted(port: int, params: dict, metrics_dir, limit: int = 2000) -> int:
+    """Successful authentications, each on a new connection, until two gunicorn workers have
+    counted some (tests/test_metrics.py, tests/test_prometheus.py): the kernel may hand one
+    worker every connection for a while. Returns how many were sent; at most ``limit``."""
+    sent = 0
+    query = PATH + "?" + urllib.parse.urlencode(params)
+    while workers_that_authenticated(metrics_dir) < 2:
+        assert sent < limit, "one worker answered every request"
+        assert get_text(port, query)[0] == 200
+        sent += 1
+    return sent

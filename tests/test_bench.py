@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bare, bench
+from benchmarks.bench.sections import SECTIONS
 from tests.support import skip_or_fail
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,7 +74,7 @@ def test_smoke_run_of_the_core_section():
     except ImportError:
         skip_or_fail("Flask is not installed (benchmarks/requirements.txt; scripts/test installs it)")
     done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "bench.py"), "--only", "core", "--duration", "1", "--rounds", "1",
+        [sys.executable, "-m", "benchmarks.bench", "--only", "core", "--duration", "1", "--rounds", "1",
          "--players", "2000", "--calls", "500"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )
@@ -86,3 +87,48 @@ def test_smoke_run_of_the_core_section():
         assert rows[name][5].strip() == "0"  # errors
         assert float(rows[name][7]) > 0  # the workers' CPU time per request, from /proc
     assert "Targets: authsvc/bare" in done.stdout
+
+
+def test_the_sections_table_is_the_help_and_the_only_choices():
+    """scripts/bench --help lists every section of the table; --only refuses any other name."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--help"], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[0] for line in done.stdout.split("sections:\n", 1)[1].splitlines() if line.startswith("  ")
+              and not line.startswith("   ")]
+    assert listed == list(SECTIONS) == ["core", "nginx", "postgres", "scale", "profile", "cold", "bodies", "metrics"]
+    refused = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--only", "core,warp"], capture_output=True,
+                             text=True, timeout=60, cwd=REPO)
+    assert refused.returncode == 2 and "unknown section(s): warp" in refused.stderr
+
+
+def test_smoke_run_of_the_scale_section_on_both_engines(pg_server_url):
+    """The scale section (with store-scale's per-engine table folded in) on tiny stores."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "scale", "--players", "300", "--scale-players", "600",
+         "--calls", "50", "--scale-sizes", "200", "--auths", "100", "--pg", pg_server_url],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| sqlite")
+            or line.startswith("| postgresql")]
+    assert [row[:2] for row in rows] == [[" sqlite ", " 200 "], [" postgresql ", " 200 "]], done.stdout
+    assert all(float(cell) > 0 for row in rows for cell in row[3:]), done.stdout
+
+
+def test_smoke_run_of_the_metrics_section():
+    """Metrics on against off, in process (no wrk), after a section that already imported prometheus_client."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        skip_or_fail("prometheus_client is not installed (pip install -e '.[metrics]')")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "cold,metrics", "--players", "200", "--calls", "100",
+         "--cold-calls", "5"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line.split("|") for line in done.stdout.split("8. Metrics cost", 1)[1].splitlines()
+            if line.startswith("| ")}
+    assert float(rows["authsvc, metrics off"][2]) > 0 and float(rows["authsvc, metrics on"][2]) > 0, done.stdout
+    assert "Target: metrics on within 3 µs of metrics off" in done.stdout

@@ -67,7 +67,7 @@ def test_init_creates_a_0600_secret_if_none_exists(run, monkeypatch, tmp_path):
     assert secret not in out + err and "exists, kept" in out
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_game_add_shows_key_once_and_stores_only_its_digest(initialised, env):
     result = run_json(initialised, "game", "add", "Chess")
     assert result["game_id"] == 1 and result["name"] == "Chess"
@@ -152,7 +152,7 @@ def test_json_errors_are_one_object_on_stdout(initialised):
     assert code == 1 and json.loads(out) == {"error": "no player 7"} and "no player 7" in err
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_commands_before_init_say_so(run):
     code, _, err = run("game", "list")
     assert code == 1 and "authsvc init" in err and err.count("\n") == 1
@@ -248,9 +248,42 @@ def test_store_url_password_is_redacted():
     assert cli.redact_url("sqlite:///var/lib/authsvc/authsvc.db") == "sqlite:///var/lib/authsvc/authsvc.db"
 
 
-def test_help_lists_every_command(run):
-    code, out, _ = run("--help")
-    assert code == 0 and all(word in out for word in ("init", "game", "player", "token"))
+COMMANDS = {
+    (): ["init", "game", "player", "export", "import", "backup", "token", "check", "explain"],
+    ("game",): ["add", "list", "enable", "disable", "rotate-key"],
+    ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "import"],
+    ("token",): ["issue"],
+}
+
+
+def listed_subcommands(help_text: str) -> list[str]:
+    """The names argparse lists under COMMAND or ACTION (four spaces in, then the name)."""
+    section = help_text.split("positional arguments:", 1)[1].split("options:", 1)[0]
+    return [line.split()[0] for line in section.splitlines() if line.startswith("    ") and not line.startswith("     ")]
+
+
+@pytest.mark.engine("sqlite")  # help needs no store
+@pytest.mark.parametrize("parents", list(COMMANDS), ids=lambda parents: " ".join(parents) or "authsvc")
+def test_help_lists_every_command_in_order(run, parents):
+    code, out, _ = run(*parents, "--help")
+    assert code == 0
+    assert listed_subcommands(out) == COMMANDS[parents]
+
+
+@pytest.mark.engine("sqlite")
+@pytest.mark.parametrize("argv", [(name,) for name in COMMANDS[()] if (name,) not in COMMANDS]
+                         + [(group, action) for group in ("game", "player", "token") for action in COMMANDS[(group,)]])
+def test_every_command_has_its_own_help(run, argv):
+    """`authsvc export --help`, `authsvc import --help`, `authsvc check --help`, ...: usage and the options they take."""
+    code, out, err = run(*argv, "--help")
+    assert code == 0 and err == ""
+    assert out.startswith(f"usage: authsvc {' '.join(argv)} ")
+    assert "--json" in out  # every command can answer in JSON
+    if argv in (("export",), ("import",), ("backup",)):
+        assert "positional arguments:\n  file" in out
+    if argv == ("check",):
+        for option in ("--base-url", "--game-id", "--user-id", "--api-key-file", "--token-file", "--resolve"):
+            assert option in out
 
 
 # -- names that would lie on screen (docs/admin.md) ------------------------------------------
@@ -366,7 +399,7 @@ def tiny_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_a_full_disk_is_one_line_and_writes_nothing(run, monkeypatch, tiny_disk, tmp_path, settings):
     monkeypatch.setenv("AUTHSVC_STORE", "sqlite://" + str(tiny_disk / "authsvc.db"))
     assert run("init")[0] == 0
@@ -401,9 +434,29 @@ def test_player_import_of_a_huge_field_or_deep_json_is_one_line(initialised, tmp
     assert players(settings) == {}
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_check_with_a_missing_sqlite_file_says_run_init(run, tmp_path):
     key = tmp_path / "key"
     key.write_text("x" * 40)
     argv = ("check", "--base-url", "http://127.0.0.1:9", "--game-id", "1", "--user-id", "42", "--api-key-file", str(key))
     fails_in_one_line(run, *argv, expect="authsvc init")
+
+
+@pytest.mark.engine("sqlite")
+def test_check_returns_exit_status_1_with_its_whole_report(monkeypatch, env, world, tmp_path, capsys):
+    """`authsvc check` returns its status to main() like every command (no SystemExit), report printed."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AUTHSVC_CONFIG", raising=False)
+    key = tmp_path / "key"
+    key.write_text(world.api_key + "\n")
+    argv = ["check", "--base-url", "http://127.0.0.1:9", "--game-id", str(world.game_id),
+            "--user-id", str(world.user_id), "--api-key-file", str(key), "--timeout", "5"]
+    assert cli.main([*argv, "--json"]) == 1  # nothing listens on port 9: every case fails
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and [r["ok"] for r in report["results"]] == [False] * 4
+    assert cli.main(argv) == 1
+    assert "4 of 4 checks FAILED" in capsys.readouterr().out
+    argv[argv.index("--user-id") + 1] = "99"  # the token is minted from the store: the same helper as token issue
+    assert cli.main(argv) == 1
+    assert capsys.readouterr().err == "authsvc: error: no player 99\n"

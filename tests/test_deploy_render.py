@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import runpy
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from authsvc.deploy import PLACEHOLDER, RenderError, main, render_text, render_tree
 from authsvc.logredact import RedactFilter, redact
+from authsvc.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTS = {"API_HOST": "api.example.com", "LEGACY_HOST": "legacy.example.com"}
@@ -34,6 +36,37 @@ def test_listen_lines_repeat_per_address(rendered):
     assert "listen [::]:80 default_server;" in site
     assert "ssl_certificate     /etc/letsencrypt/live/api.example.com/fullchain.pem;" in site
     assert "return 301 https://api.example.com$request_uri;" in site
+
+
+def test_upstreams_give_one_server_line_each(rendered, tmp_path):
+    """One local unix socket by default (SOCKET's); UPSTREAMS names more app hosts (docs/scaling.md)."""
+    server = r"^\s*server (\S+) max_fails=1 fail_timeout=10s;"
+    site = (rendered / "nginx/sites/authsvc.conf").read_text()
+    assert re.findall(server, site, re.M) == ["unix:/run/authsvc.sock"]
+    render_tree(str(REPO / "deploy"), str(tmp_path / "sock"), {**HOSTS, "SOCKET": "/run/x.sock"})
+    assert re.findall(server, (tmp_path / "sock/nginx/sites/authsvc.conf").read_text(), re.M) == ["unix:/run/x.sock"]
+    hosts = "unix:/run/authsvc.sock 10.0.0.2:8000 [2001:db8::3]:8000"
+    render_tree(str(REPO / "deploy"), str(tmp_path / "many"), {**HOSTS, "UPSTREAMS": hosts})
+    site = (tmp_path / "many/nginx/sites/authsvc.conf").read_text()
+    assert re.findall(server, site, re.M) == hosts.split()
+    assert "ListenStream=/run/authsvc.sock" in (tmp_path / "many/systemd/authsvc.socket").read_text()
+    # A list item cannot carry nginx syntax, and the list cannot be empty.
+    for bad in ("10.0.0.2:8000; include /x", "10.0.0.2:8000 backup;", "   "):
+        with pytest.raises(RenderError):
+            render_tree(str(REPO / "deploy"), str(tmp_path / "bad"), {**HOSTS, "UPSTREAMS": bad})
+    with pytest.raises(RenderError, match="HTTPS_LISTEN"):
+        render_tree(str(REPO / "deploy"), str(tmp_path / "bad"), {**HOSTS, "HTTPS_LISTEN": "443 {"})
+
+
+def test_proxy_retries_only_failures_before_an_answer(rendered):
+    """An authentication is retried on the next app host on a connection error or timeout, POST
+    included, never on an answer of the app (its 503 included), within the upstream timeout."""
+    proxy = (rendered / "nginx/snippets/authsvc-proxy.conf").read_text()
+    [next_upstream] = re.findall(r"^proxy_next_upstream ([^;]*);", proxy, re.M)
+    assert next_upstream.split() == ["error", "timeout", "non_idempotent"]
+    assert "proxy_next_upstream_tries 3;" in proxy
+    assert "proxy_next_upstream_timeout 10s;" in proxy  # UPSTREAM_TIMEOUT's default
+    assert "proxy_intercept_errors off;" in proxy
 
 
 def test_missing_and_unused_values_stop_the_render(tmp_path):
@@ -91,8 +124,93 @@ def test_gunicorn_config_keeps_queries_out_and_files_in(monkeypatch, tmp_path):
     assert conf["secure_scheme_headers"] == {"X-FORWARDED-PROTO": "https"}
     assert conf["logconfig_dict"]["loggers"]["gunicorn.error"]["filters"] == ["redact"]
     monkeypatch.setenv("AUTHSVC_WORKER_CLASS", "gevent")
-    with pytest.raises(SystemExit, match="sync or gthread"):
+    with pytest.raises(SystemExit, match="AUTHSVC_WORKER_CLASS must be one of sync, gthread"):
         runpy.run_path(str(REPO / "deploy/gunicorn.conf.py"))
+
+
+def _gunicorn_conf(monkeypatch, tmp_path, text: str | None, **env) -> dict:
+    """deploy/gunicorn.conf.py as gunicorn runs it, with only the settings given here."""
+    for name in ("AUTHSVC_WORKERS", "AUTHSVC_WORKER_CLASS", "AUTHSVC_THREADS", "AUTHSVC_TIMEOUT", "AUTHSVC_BIND",
+                 "AUTHSVC_LOG_LEVEL", "AUTHSVC_CONFIG", "AUTHSVC_METRICS_DIR_OWNED"):
+        monkeypatch.delenv(name, raising=False)
+    # Else the config makes a metrics directory and sets the variable in this process for good.
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))
+    if text is not None:
+        config = tmp_path / "authsvc.toml"
+        config.write_text(text)
+        monkeypatch.setenv("AUTHSVC_CONFIG", str(config))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return runpy.run_path(str(REPO / "deploy/gunicorn.conf.py"))
+
+
+def test_gunicorn_config_reads_the_documented_layout(monkeypatch, tmp_path):
+    """Top-level settings plus a [gunicorn] table: before, the app refused it and gunicorn ignored log_level."""
+    conf = _gunicorn_conf(monkeypatch, tmp_path, 'store = "sqlite:///srv/a.db"\nlog_level = "debug"\n'
+                          '[gunicorn]\nworkers = 3\nthreads = 2\ntimeout = 7\nbind = "127.0.0.1:8123"\n')
+    assert (conf["workers"], conf["threads"], conf["timeout"], conf["bind"]) == (3, 2, 7, ["127.0.0.1:8123"])
+    assert conf["worker_class"] == "authsvc.gunicorn_workers.ThreadWorker"  # sync with threads > 1
+    assert conf["logconfig_dict"]["loggers"]["authsvc"]["level"] == "DEBUG"
+    defaults = _gunicorn_conf(monkeypatch, tmp_path, None)
+    assert defaults["workers"] == os.cpu_count() and defaults["timeout"] == 30 and defaults["threads"] == 1
+    assert defaults["worker_class"] == "authsvc.gunicorn_workers.SyncWorker"
+    assert defaults["bind"] == ["unix:/run/authsvc.sock"]
+
+
+@pytest.mark.parametrize(
+    "text, env, words",
+    [
+        ("[gunicorn]\ntimout = 5\n", {}, ["[gunicorn] timout", "did you mean timeout"]),
+        ("[gunicorn]\nworker = 8\n", {}, ["[gunicorn] worker"]),
+        ('[authsvcc]\nstore = "sqlite:///srv/a.db"\n', {}, ["[authsvcc]"]),
+        ("max_body_bytes = true\n", {}, ["max_body_bytes must be an integer"]),
+        ("[gunicorn]\nworkers = 1.9\n", {}, ["[gunicorn] workers must be an integer"]),
+        ("[gunicorn]\nworkers = 2\n", {"AUTHSVC_WORKERS": "0"}, ["AUTHSVC_WORKERS must be at least 1"]),
+        ("[gunicorn\n", {}, ["not valid TOML"]),
+        (None, {"AUTHSVC_CONFIG": "/nonexistent/authsvc.toml"}, ["cannot read", "/nonexistent/authsvc.toml"]),
+    ],
+)
+def test_gunicorn_config_refuses_bad_settings_in_one_line(monkeypatch, tmp_path, text, env, words):
+    with pytest.raises(SystemExit) as caught:
+        _gunicorn_conf(monkeypatch, tmp_path, text, **env)
+    message = str(caught.value.code)
+    assert "\n" not in message and caught.value.code != 0, message
+    for word in words:
+        assert word in message, message
+    if text is not None:
+        assert str(tmp_path / "authsvc.toml") in message or "AUTHSVC_" in message, message
+
+
+def _limits(rendered: Path) -> dict[str, str]:
+    text = (rendered / "nginx/snippets/authsvc-limits.conf").read_text()
+    return dict(re.findall(r"^(client_\w+)\s+([^;]+);", text, re.M))
+
+
+def test_nginx_body_limit_is_the_service_setting(rendered, tmp_path):
+    """nginx refuses a body exactly where the service would: the same number, the same default."""
+    default = Settings(store="sqlite://x.db", token_secret_file="x").max_body_bytes
+    limits = _limits(rendered)
+    assert limits["client_max_body_size"] == limits["client_body_buffer_size"] == str(default)
+    render_tree(str(REPO / "deploy"), str(tmp_path / "set"), {**HOSTS, "MAX_BODY_BYTES": "65536"})
+    limits = _limits(tmp_path / "set")
+    assert limits["client_max_body_size"] == limits["client_body_buffer_size"] == "65536"
+
+
+def test_nginx_body_limit_from_the_settings_file(tmp_path):
+    """--settings FILE: the limit comes from max_body_bytes there, and nowhere else."""
+    config = tmp_path / "authsvc.toml"
+    config.write_text('store = "sqlite:///srv/a.db"\nmax_body_bytes = 40000\n[gunicorn]\nworkers = 2\n')
+    out = tmp_path / "out"
+    assert main([str(REPO / "deploy"), str(out), "--settings", str(config),
+                 "--set", "API_HOST=a.example", "--set", "LEGACY_HOST=b.example"]) == 0
+    assert _limits(out)["client_max_body_size"] == _limits(out)["client_body_buffer_size"] == "40000"
+    # Two sources for one number is what this removes: --set MAX_BODY_BYTES beside --settings is refused.
+    assert main([str(REPO / "deploy"), str(tmp_path / "o2"), "--settings", str(config), "--set", "MAX_BODY_BYTES=1",
+                 "--set", "API_HOST=a.example", "--set", "LEGACY_HOST=b.example"]) == 1
+    # A bad settings file stops the render.
+    config.write_text("max_body_bytes = true\n")
+    assert main([str(REPO / "deploy"), str(tmp_path / "o3"), "--settings", str(config),
+                 "--set", "API_HOST=a.example", "--set", "LEGACY_HOST=b.example"]) == 1
 
 
 def test_redact_removes_query_strings_and_quoted_request_data():

@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tests.deploy_support import API_HOST, LEGACY_HOST, VENV_BIN, find_nginx, start_stack, stop
-from tests.support import free_port, skip_or_fail, wait_for_port
+from tests.support import free_port, skip_or_fail, start_gunicorn, wait_for_port
 
 pytestmark = pytest.mark.slow
 
@@ -205,14 +205,14 @@ def direct_gunicorn(request, stack):
         **stack.env,
     }
     conf = stack.root / "deploy" / "gunicorn.conf.py"
-    proc = subprocess.Popen([str(VENV_BIN / "gunicorn"), "--config", str(conf)], env=env, cwd=stack.root,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = start_gunicorn(env, config=conf, workers=None, app="", inherit_env=False, gunicorn=VENV_BIN / "gunicorn",
+                          cwd=stack.root, stdout=subprocess.DEVNULL, new_session=True)
     try:
         wait_for_port(port)
         yield port
     finally:
         stop(proc)
-        err = proc.stderr.read().decode(errors="replace")
+        err = proc.stderr.read()
         proc.stderr.close()
         assert stack.api_key not in err and stack.token not in err
 

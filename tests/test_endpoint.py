@@ -1,6 +1,7 @@
 """Functional tests of /api/authenticate.json through WebTest (WSGI lint on).
 
-One test per row of the spec's response-shapes table and per rule of DESIGN §2.
+One test per row of the table in docs/api.md's "Answers" and per rule of its "Parameters" and
+"The rules, in order".
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ import webtest
 
 from authsvc.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from tests.conftest import make_testapp
+from tests.support import ERROR_KEYS, PATH, assert_contract_headers, make_testapp
 
-PATH = "/api/authenticate.json"
 SUCCESS_KEYS = {"success", "user_id", "username"}
-ERROR_KEYS = {"success", "error", "error_description"}
 MISSING = {"success": False, "error": 400, "error_description": MISSING_DESCRIPTION}
 FORBIDDEN = {"success": False, "error": 403, "error_description": INVALID_DESCRIPTION}
 
@@ -26,19 +25,7 @@ def ok(world, username=None):
     return {"success": True, "user_id": world.user_id, "username": username or world.username}
 
 
-def assert_contract_headers(response):
-    """Headers every answer carries (DESIGN §2), and a body clients can parse line by line."""
-    assert response.headers["Content-Type"] == "application/json; charset=utf-8"
-    assert response.headers["Cache-Control"] == "no-store"
-    assert response.headers["X-Content-Type-Options"] == "nosniff"
-    assert not [h for h in response.headers if h.lower().startswith("access-control-")]
-    assert "Transfer-Encoding" not in response.headers
-    if response.request.method != "HEAD":
-        assert int(response.headers["Content-Length"]) == len(response.body)
-        assert response.body.isascii() and b"\n" not in response.body
-
-
-# -- the spec's response-shapes table ------------------------------------------------------
+# -- docs/api.md, "Answers": the table of answers ------------------------------------------
 
 
 def test_valid_credentials_return_the_player_and_no_error_fields(app, world):
@@ -75,11 +62,11 @@ def test_no_parameters_at_all_is_400(app):
 
 
 def test_missing_wins_over_incorrect(app, world):
-    """Rule 3 before rule 2: a missing parameter is reported even if another one is wrong."""
+    """Rule 1 before rule 2 (docs/api.md): a missing parameter is reported even if another one is wrong."""
     assert app.get(PATH, {"user_id": "07", "api_key": "nope"}).json == MISSING
 
 
-# -- DESIGN §2 input rules -------------------------------------------------------------------
+# -- docs/api.md, "Parameters" and "The rules, in order": input rules ------------------------
 
 
 @pytest.mark.parametrize("field", ["user_id", "game_auth_token", "api_key"])
@@ -254,7 +241,7 @@ def test_json_null_counts_as_missing(app, world):
 @pytest.mark.parametrize("body", [b"[1, 2]", b"{not json", b'"text"', b"{\"user_id\": \xff}", b"[" * 5000])
 def test_json_body_that_is_not_an_object_is_400(app, body):
     r = app.post(PATH, body, content_type="application/json")
-    assert r.status_int == 200  # a 400 result of the spec: HTTP 200 unless AUTHSVC_ERROR_STATUS=http
+    assert r.status_int == 200  # a 400 result (docs/api.md): HTTP 200 unless AUTHSVC_ERROR_STATUS=http
     assert r.json == {"success": False, "error": 400, "error_description": "Request body is not a valid JSON object"}
     assert_contract_headers(r)
 

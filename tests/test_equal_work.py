@@ -20,10 +20,8 @@ import pytest
 from authsvc.authenticate import Authenticator
 from authsvc.store import open_store, sqlite
 from authsvc.tokens import api_key_digest
-from tests.test_staleness import FakeClock
+from tests.support import FakeClock
 
-SQLITE_ONLY = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
-POSTGRES_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 WRONG_TOKEN = "0" * 64
 MISSING_USER = 4243
 
@@ -57,7 +55,7 @@ def profile(call) -> list[str]:
     return calls[:-1]  # the last one is sys.setprofile itself
 
 
-@SQLITE_ONLY
+@pytest.mark.engine("sqlite")
 @pytest.mark.parametrize("max_staleness", [1.0, 0.0])
 def test_sqlite_the_same_statements_and_calls_for_any_key_and_player(world, max_staleness):
     store = sqlite.SQLiteStore(world.settings.store, readonly=True, max_staleness=max_staleness, clock=FakeClock())
@@ -82,7 +80,7 @@ def test_sqlite_the_same_statements_and_calls_for_any_key_and_player(world, max_
         assert work[1] == first[1], f"calls: {name} differs from {first_name}"
 
 
-@SQLITE_ONLY
+@pytest.mark.engine("sqlite")
 @pytest.mark.parametrize("max_staleness", [1.0, 0.0])
 def test_sqlite_the_query_steps_about_the_same_for_any_key_and_player(world, max_staleness):
     """SQLite bytecode steps, counted with a progress handler. A lookup that finds no row takes a few
@@ -112,7 +110,7 @@ def test_sqlite_the_query_steps_about_the_same_for_any_key_and_player(world, max
     assert max(steps.values()) <= 1.5 * min(steps.values()), steps
 
 
-@SQLITE_ONLY
+@pytest.mark.engine("sqlite")
 def test_sqlite_each_query_returns_one_row_for_any_key_and_player(world):
     """A row, or none, is work too: sqlite3 steps once more and Python builds a tuple for a row that
     exists. Both queries return exactly one row, with NULLs for what is missing."""
@@ -134,7 +132,7 @@ def executed_plan(conn, digest: str, user_id: int) -> list[str]:
     return [re.sub(r"rows=\d+ ", "", line) for line in lines if "->" in line or "(actual" in line]
 
 
-@POSTGRES_ONLY
+@pytest.mark.engine("postgresql")
 def test_postgresql_the_same_executed_plan_for_any_key_and_player(world, settings):
     """Every node of the plan runs, as often, for a known or unknown key and an existing or missing player."""
     import psycopg
@@ -156,7 +154,6 @@ def test_postgresql_the_same_executed_plan_for_any_key_and_player(world, setting
         assert plan == first, (case, plan, first_case, first)
 
 
-@pytest.mark.parametrize("store_url", ["sqlite", "postgresql"], indirect=True)
 def test_credentials_answers_are_unchanged(world, settings):
     """The contract still holds: None for an unknown key, placeholders for a missing player."""
     reader = open_store(settings.store, readonly=True, settings=settings)

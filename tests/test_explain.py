@@ -18,7 +18,7 @@ import pytest
 
 from authsvc import cli
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from tests.conftest import make_testapp
+from tests.support import make_testapp
 
 
 @pytest.fixture

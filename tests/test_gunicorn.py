@@ -4,28 +4,17 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.parse
 
 import pytest
 
-from tests.hostile_bodies import curl_form, many_parts, nested_multipart
-from tests.support import free_port, wait_for_port
+from harness.hostile_bodies import curl_form, many_parts, nested_multipart
+from tests.support import PATH, free_port, get, start_gunicorn, wait_for_port
 
-PATH = "/api/authenticate.json"
 SUCCESS = b'{"success":true,"user_id":4242,"username":"alice"}'
-
-
-def start_gunicorn(env: dict, port: int, *args: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "2",
-               "--no-control-socket", *args, "authsvc.wsgi:application"]
-    return subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
 
 
 @pytest.fixture
@@ -38,7 +27,7 @@ def server(env, world):
     tests on a loaded machine were seen to outlast the teardown that way.
     """
     port = free_port()
-    proc = start_gunicorn(env, port, "--graceful-timeout", "5")
+    proc = start_gunicorn(env, "--graceful-timeout", "5", port=port)
     try:
         wait_for_port(port)
         yield port
@@ -47,15 +36,6 @@ def server(env, world):
         _, err = proc.communicate(timeout=20)
         params = world.params()
         assert params["api_key"] not in err and params["game_auth_token"] not in err
-
-
-def get(port: int, params: dict, method: str = "GET") -> http.client.HTTPResponse:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.request(method, PATH + "?" + urllib.parse.urlencode(params))
-    response = conn.getresponse()
-    response.body = response.read()
-    conn.close()
-    return response
 
 
 def test_success_403_and_400_over_http(server, world):
@@ -94,7 +74,7 @@ def test_post_json_over_http(server, world):
 
 def test_bad_configuration_stops_gunicorn_at_boot_with_a_clear_message(env, tmp_path):
     broken = dict(env, AUTHSVC_STORE="sqlite://" + str(tmp_path / "never-initialised.db"))
-    proc = start_gunicorn(broken, free_port())
+    proc = start_gunicorn(broken, port=free_port())
     try:
         _, err = proc.communicate(timeout=30)
     finally:

@@ -1,6 +1,6 @@
 """Hostile input: bodies built to cost the parsers work, and values that once gave a 500.
 
-The bodies are tests/hostile_bodies.py's: the probe's multipart ones (email.parser
+The bodies are harness/hostile_bodies.py's: the probe's multipart ones (email.parser
 spent ~200 ms and ~100 ms on them) and the costliest found since for multipart,
 form and JSON. Their work is compared by counting the Python and C function
 calls a request makes (deterministic), not by timing it (BENCHMARKS.md section 7
@@ -25,7 +25,7 @@ from authsvc.app import make_app
 from authsvc.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
 from authsvc.http import INVALID, parse_body, parse_json_object
 from authsvc.tokens import api_key_digest
-from tests.hostile_bodies import curl_form, many_parts, nested_multipart, worst_bodies
+from harness.hostile_bodies import curl_form, many_parts, nested_multipart, worst_bodies
 
 PATH = "/api/authenticate.json"
 ERROR_KEYS = {"success", "error", "error_description"}
@@ -80,7 +80,7 @@ def wsgi_app(world):
 # -- the parsers' work is linear and bounded -------------------------------------------
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_probe_multipart_bodies_get_a_400_for_bounded_work(wsgi_app, world):
     """The nested body and the many-parts body are refused with at most 5 times the work of a plain form (8 parts against 3)."""
     plain = curl_form(world.params())
@@ -112,9 +112,9 @@ def test_probe_multipart_bodies_through_webtest(app, world):
                                    "error_description": f"Request body has more than {MAX_PARTS} multipart parts"}
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_every_costly_body_gets_a_400_for_bounded_work(wsgi_app, world):
-    """Each body of tests/hostile_bodies.py (multipart, form, JSON): a 400, and at most 3 times
+    """Each body of harness/hostile_bodies.py (multipart, form, JSON): a 400, and at most 3 times
     the function calls of a form curl -F sends (BENCHMARKS.md section 7 has their timings)."""
     reference = calls_made(lambda: call(wsgi_app, environ_for(*curl_form(world.params()))))
     for label, body, content_type in worst_bodies(world.params()):
@@ -124,7 +124,7 @@ def test_every_costly_body_gets_a_400_for_bounded_work(wsgi_app, world):
         assert work <= 3 * reference, (label, work, reference)
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_more_than_16_parameters_is_a_400_in_the_query_a_form_or_json(app, world):
     too_many = {"success": False, "error": 400, "error_description": "Request has more than 16 parameters"}
     params = world.params()
@@ -229,7 +229,7 @@ def test_json_lone_surrogates_parse_as_invalid_and_the_digest_is_total():
         assert len(api_key_digest(key)) == 64
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 @pytest.mark.parametrize("length", ["²", "٣", "3\u00a0", "1" * 5000, "99999999999999999999999"])
 def test_content_length_other_than_ascii_digits_is_400_or_413(wsgi_app, length):
     status, body = call(wsgi_app, environ_for(b"abc", "", CONTENT_LENGTH=length))
@@ -248,7 +248,7 @@ class FailingInput:
         raise self.error
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 @pytest.mark.parametrize("error", [ValueError("bad chunk"), OSError("reset"), RuntimeError("?")])
 @pytest.mark.parametrize("framing", [{"CONTENT_LENGTH": "10"}, {"CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"}])
 def test_a_body_that_cannot_be_read_is_400(wsgi_app, error, framing):
@@ -300,7 +300,7 @@ bodies = st.one_of(
        method=st.one_of(st.sampled_from(["GET", "POST", "HEAD", "PUT"]), any_text),
        terminated=st.booleans(),
        read_error=st.sampled_from([None, ValueError("bad chunk size"), OSError("reset")]))
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_any_environ_gets_a_json_answer_and_never_a_500(wsgi_app, body_and_type, content_length, transfer_encoding,
                                                          query, path, method, terminated, read_error):
     body, content_type = body_and_type

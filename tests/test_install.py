@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import stat
@@ -49,6 +50,12 @@ def _admin(root: Path, *args: str) -> str:
     return done.stdout
 
 
+def _body_limits(root: Path) -> tuple[str, str]:
+    text = (root / "etc/nginx/snippets/authsvc-limits.conf").read_text()
+    limits = dict(re.findall(r"^(client_\w+)\s+([^;]+);", text, re.M))
+    return limits["client_max_body_size"], limits["client_body_buffer_size"]
+
+
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
@@ -90,6 +97,8 @@ def test_staged_install_puts_everything_in_place(staged):
     assert "server_name api.example.com;" in site and "server_name legacy.example.com \"\";" in site
     assert str(root) not in site + (root / "etc/systemd/system/authsvc.service").read_text()
     assert "rate=50r/s" in site
+    # nginx's body limit is the service's default max_body_bytes until the settings file says otherwise.
+    assert _body_limits(root) == ("16384", "16384")
     assert "ExecStart=/opt/authsvc/venv/bin/gunicorn --config /opt/authsvc/gunicorn.conf.py" in (
         root / "etc/systemd/system/authsvc.service"
     ).read_text()
@@ -100,12 +109,17 @@ def test_staged_install_puts_everything_in_place(staged):
     assert json.loads(_admin(root, "game", "list", "--json")) == {"games": []}
 
 
-def test_install_again_keeps_secret_settings_and_store(staged):
-    root, _ = staged
+def test_install_again_keeps_secret_settings_and_store(tmp_path):
+    """On an install of its own: it adds a game and reinstalls, which the shared ``staged`` must not see."""
+    root = tmp_path
+    _install(root)
     secret = (root / "etc/authsvc/token-secret").read_text()
     assert len(secret.strip()) == 64
     settings = root / "etc/authsvc/authsvc.toml"
-    settings.write_text(settings.read_text().replace('# error_status = "200"', 'error_status = "http"'))
+    text = settings.read_text()
+    assert '# error_status = "200"' in text and "# max_body_bytes = 16384" in text
+    settings.write_text(text.replace('# error_status = "200"', 'error_status = "http"')
+                        .replace("# max_body_bytes = 16384", "max_body_bytes = 65536"))
     game = json.loads(_admin(root, "game", "add", "Chess", "--json"))
     _admin(root, "player", "add", "42", "alice")
     token = _admin(root, "token", "issue", "--game", str(game["game_id"]), "--user", "42").strip()
@@ -115,6 +129,8 @@ def test_install_again_keeps_secret_settings_and_store(staged):
     assert "token-secret exists, kept" in again.stdout and "authsvc.toml exists, kept" in again.stdout
     assert (root / "etc/authsvc/token-secret").read_text() == secret
     assert 'error_status = "http"' in settings.read_text()
+    # The kept file's max_body_bytes is nginx's limit now (before, nginx stayed at 16k).
+    assert _body_limits(root) == ("65536", "65536")
     assert _admin(root, "token", "issue", "--game", str(game["game_id"]), "--user", "42").strip() == token
     assert [g["name"] for g in json.loads(_admin(root, "game", "list", "--json"))["games"]] == ["Chess"]
     assert game["api_key"] not in again.stdout + again.stderr
@@ -162,7 +178,8 @@ def test_install_honours_layout_values(tmp_path):
         assert "/opt/authsvc" not in text and "/etc/authsvc" not in text and str(root) not in text
 
 
-@pytest.mark.parametrize("value", ["APP_DIR=srv/app", "CONF_DIR=", "APP_DIR=/srv/a b"])
+@pytest.mark.parametrize("value", ["APP_DIR=srv/app", "CONF_DIR=", "APP_DIR=/srv/a b",
+                                   "MAX_BODY_BYTES=65536"])  # that one comes from the settings file only
 def test_install_refuses_bad_layout_values_before_writing(tmp_path, value):
     root = tmp_path / "stage"
     done = _run_install(root, "--set", value)

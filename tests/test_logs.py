@@ -17,7 +17,6 @@ from authsvc.app import App, LogThrottle, route_name
 from authsvc.store import open_store
 
 KEY = "9e258f6c-a232-442b-8d2d-f22da9c19d49"
-SQLITE_ONLY = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 
 
 def test_route_names():
@@ -38,10 +37,10 @@ def test_route_names_of_the_api_path_with_repeated_or_trailing_slashes(path):
     assert route_name(path + "x") == "<other>"
 
 
-# -- X-Authsvc-Result: the spec's result for the access logs ----------------------------
+# -- X-Authsvc-Result: the result code (docs/api.md) for the access logs ----------------
 
 
-@SQLITE_ONLY
+@pytest.mark.engine("sqlite")
 @pytest.mark.parametrize("error_status", ["200", "http"])
 def test_every_answer_carries_its_result_code(world, error_status):
     settings = dataclasses.replace(world.settings, error_status=error_status)
@@ -78,7 +77,7 @@ def test_log_throttle_counts_what_it_holds_back():
     assert throttle.allow() == 0
 
 
-@SQLITE_ONLY
+@pytest.mark.engine("sqlite")
 def test_a_store_outage_logs_one_line_per_ten_seconds(world, settings, tmp_path, caplog):
     path = settings.store.removeprefix("sqlite://")
     params = world.params()

@@ -9,7 +9,6 @@ workers, and a killed worker's counts stay. The real Prometheus server: tests/te
 
 from __future__ import annotations
 
-import http.client
 import math
 import os
 import re
@@ -24,12 +23,10 @@ import webtest
 from authsvc.app import App, make_app
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from tests.support import free_port, skip_or_fail, wait_for_port
-from tests.test_gunicorn import start_gunicorn
+from tests.support import PATH, free_port, get_text, skip_or_fail, start_gunicorn, until_both_workers_counted, wait_for_port
 
-PATH = "/api/authenticate.json"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SQLITE_ONLY = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+SQLITE_ONLY = pytest.mark.engine("sqlite")
 
 
 def samples(text: str) -> dict[str, float]:
@@ -152,39 +149,6 @@ def test_the_core_imports_no_prometheus_client_by_itself(world):
 # -- under gunicorn, two workers, the shipped config ---------------------------------------
 
 
-def _get(port: int, path: str) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", path)
-        res = conn.getresponse()
-        return res.status, res.read().decode()
-    finally:
-        conn.close()
-
-
-def workers_that_authenticated(metrics_dir) -> int:
-    """Worker files (prometheus_client's, one per process) holding a non-zero authentication count."""
-    from prometheus_client.mmap_dict import MmapedDict
-
-    return sum(
-        any('"authsvc_authentications' in key and value for key, value, *_ in MmapedDict.read_all_values_from_file(str(f)))
-        for f in metrics_dir.glob("counter_*.db")
-    )
-
-
-def until_both_workers_counted(port: int, params: dict, metrics_dir, limit: int = 2000) -> int:
-    """Successful authentications, each on a new connection, until two workers have counted
-    some: the kernel may hand one worker every connection for a while.
-    Returns how many were sent; at most ``limit``."""
-    sent = 0
-    query = PATH + "?" + urllib.parse.urlencode(params)
-    while workers_that_authenticated(metrics_dir) < 2:
-        assert sent < limit, "one worker answered every request"
-        assert _get(port, query)[0] == 200
-        sent += 1
-    return sent
-
-
 def worker_pids(master_pid: int) -> list[int]:
     with open(f"/proc/{master_pid}/task/{master_pid}/children") as f:
         return [int(p) for p in f.read().split()]
@@ -202,16 +166,16 @@ def test_under_gunicorn_every_scrape_shows_every_workers_counts(env, world, tmp_
     env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
     requests, expected = scripted_mix(world)
     port = free_port()
-    proc = start_gunicorn(env, port, "--config", os.path.join(REPO, "deploy", "gunicorn.conf.py"),
-                          "--graceful-timeout", "5", "--workers", "2")
+    proc = start_gunicorn(env, "--graceful-timeout", "5", port=port, workers=2,
+                          config=os.path.join(REPO, "deploy", "gunicorn.conf.py"))
     try:
         wait_for_port(port)
         for params in requests * 3:
-            _get(port, PATH + "?" + urllib.parse.urlencode(params))
+            get_text(port, PATH + "?" + urllib.parse.urlencode(params))
         expected = {k: v * 3 for k, v in expected.items()}
         expected[str(world.game_id), "success"] += until_both_workers_counted(port, world.params(), metrics_dir)
         for _ in range(10):
-            status, text = _get(port, "/metrics")
+            status, text = get_text(port, "/metrics")
             assert status == 200 and auth_counts(text) == expected, text
         deadline = time.monotonic() + 20
         while len(pids := worker_pids(proc.pid)) != 2:  # the second worker may still be booting
@@ -227,10 +191,10 @@ def test_under_gunicorn_every_scrape_shows_every_workers_counts(env, world, tmp_
         else:
             pytest.fail("gunicorn did not replace the killed worker")
         wait_for_port(port)
-        _get(port, PATH + "?" + urllib.parse.urlencode(world.params()))
+        get_text(port, PATH + "?" + urllib.parse.urlencode(world.params()))
         expected[str(world.game_id), "success"] += 1
         for _ in range(5):
-            status, text = _get(port, "/metrics")
+            status, text = get_text(port, "/metrics")
             assert status == 200 and auth_counts(text) == expected, text
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from tests.deploy_support import start_stack, stop
+from harness.processes import stop
+from tests.deploy_support import start_stack
 from tests.support import skip_or_fail
 
 NOT_FOUND = {"success": False, "error": 404, "error_description": "Not found"}

@@ -16,7 +16,7 @@ import pytest
 
 from authsvc.cli import main
 from authsvc.settings import Settings
-from tests.conftest import make_testapp
+from tests.support import make_testapp
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
 

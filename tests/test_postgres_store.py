@@ -16,10 +16,7 @@ from authsvc.cli import main
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest
-from tests.conftest import make_testapp
-from tests.support import free_port
-
-POSTGRES_ONLY = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+from tests.support import free_port, make_testapp
 
 
 def with_user(url: str, user: str, password: str | None = None) -> str:
@@ -65,7 +62,7 @@ def login_role(superuser):
 # -- least privilege ---------------------------------------------------------------------
 
 
-@POSTGRES_ONLY
+@pytest.mark.engine("postgresql")
 def test_the_web_role_can_read_but_not_write(world, store_url, login_role):
     import psycopg
 
@@ -92,7 +89,7 @@ def test_the_web_role_can_read_but_not_write(world, store_url, login_role):
     assert world.store.get_player(7) is None
 
 
-@POSTGRES_ONLY
+@pytest.mark.engine("postgresql")
 def test_start_up_warns_when_the_web_role_can_write(world, store_url, login_role, caplog):
     web = login_role("IN ROLE authsvc_reader")
     with caplog.at_level("WARNING", logger="authsvc.store"):
@@ -103,7 +100,7 @@ def test_start_up_warns_when_the_web_role_can_write(world, store_url, login_role
     assert [r for r in caplog.records if "can write" in r.getMessage()]
 
 
-@POSTGRES_ONLY
+@pytest.mark.engine("postgresql")
 def test_a_role_without_the_grant_fails_start_up_clearly(world, store_url, login_role):
     stranger = login_role("")
     with pytest.raises(ConfigError, match="may not read the tables"):
@@ -139,7 +136,7 @@ def test_an_owner_role_without_superuser_runs_init_and_admin(
 # -- the hot path ------------------------------------------------------------------------
 
 
-@POSTGRES_ONLY
+@pytest.mark.engine("postgresql")
 def test_credentials_is_one_round_trip_on_a_prepared_statement(world, settings):
     from psycopg.pq import Trace
 
@@ -163,7 +160,7 @@ def test_credentials_is_one_round_trip_on_a_prepared_statement(world, settings):
     store.close()
 
 
-@POSTGRES_ONLY
+@pytest.mark.engine("postgresql")
 def test_one_persistent_connection_per_process_opened_after_fork(world, settings):
     store = open_store(settings.store, readonly=True, settings=settings)
     digest = api_key_digest(world.api_key)
@@ -194,7 +191,7 @@ def test_one_persistent_connection_per_process_opened_after_fork(world, settings
 # -- slow server, unreachable server ---------------------------------------------------
 
 
-@POSTGRES_ONLY
+@pytest.mark.engine("postgresql")
 def test_a_slow_server_gives_503_within_the_statement_timeout(world, superuser, store_url):
     import psycopg
 
@@ -216,7 +213,7 @@ def test_a_slow_server_gives_503_within_the_statement_timeout(world, superuser, 
     app.app.store.close()
 
 
-@POSTGRES_ONLY
+@pytest.mark.engine("postgresql")
 def test_start_up_with_an_unreachable_server_names_it_without_the_password(settings):
     url = f"postgresql://authsvc_web:Sup3rS3cret@127.0.0.1:{free_port()}/authsvc?password=Sup3rS3cret"
     started = time.monotonic()
@@ -237,7 +234,7 @@ def test_admin_command_with_an_unreachable_server_says_so_in_one_line(secret_fil
     assert "Sup3rS3cret" not in err and "Traceback" not in err
 
 
-@POSTGRES_ONLY
+@pytest.mark.engine("postgresql")
 def test_a_reader_whose_server_vanishes_raises_store_unavailable(settings, world):
     store = open_store(settings.store, readonly=True, settings=settings)
     digest = api_key_digest(world.api_key)

@@ -18,12 +18,11 @@ import webtest
 from authsvc.app import SCHEMA_CHECK_INTERVAL, App
 from authsvc.store import open_store
 from authsvc.store.sqlite import MIGRATIONS
-from tests.support import free_port, wait_for_port
-from tests.test_gunicorn import start_gunicorn
+from tests.support import free_port, start_gunicorn, wait_for_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SQLITE_ONLY = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+SQLITE_ONLY = pytest.mark.engine("sqlite")
 OK = {"success": True, "status": "ok"}
 READY = {"success": True, "status": "ready"}
 UNAVAILABLE = {"success": False, "error": 503, "error_description": "Service temporarily unavailable, try again"}
@@ -103,7 +102,7 @@ def test_under_gunicorn_probes_stay_out_of_the_info_logs(env, world):
     writes its access line (stdout) and its ``auth ... reason=`` line (stderr), joined by the request id."""
     params = world.params(game_auth_token="0" * 64)
     port = free_port()
-    proc = start_gunicorn(env, port, "--config", os.path.join(REPO, "deploy", "gunicorn.conf.py"), "--graceful-timeout", "5")
+    proc = start_gunicorn(env, "--graceful-timeout", "5", port=port, config=os.path.join(REPO, "deploy", "gunicorn.conf.py"))
     try:
         wait_for_port(port)
         for _ in range(10):

@@ -24,14 +24,12 @@ import urllib.request
 import pytest
 
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from tests.support import free_port, skip_or_fail, wait_for_port
-from tests.test_gunicorn import start_gunicorn
-from tests.test_metrics import until_both_workers_counted
+from tests.support import free_port, skip_or_fail, start_gunicorn, until_both_workers_counted, wait_for_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULES = os.path.join(REPO, "deploy", "monitoring", "authsvc-rules.yml")
 DASHBOARD = os.path.join(REPO, "deploy", "monitoring", "grafana-dashboard.json")
-SQLITE_ONLY = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+SQLITE_ONLY = pytest.mark.engine("sqlite")
 PATH = "/api/authenticate.json"
 
 
@@ -78,9 +76,8 @@ def served(env, world, tmp_path):
         skip_or_fail("prometheus_client is not installed (pip install -e '.[metrics]')")
     prometheus = binary("prometheus")
     app_port, prom_port = free_port(), free_port()
-    gunicorn = start_gunicorn({**env, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")}, app_port,
-                              "--config", os.path.join(REPO, "deploy", "gunicorn.conf.py"),
-                              "--workers", "2", "--graceful-timeout", "5")
+    gunicorn = start_gunicorn({**env, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")}, "--graceful-timeout", "5",
+                              port=app_port, workers=2, config=os.path.join(REPO, "deploy", "gunicorn.conf.py"))
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"

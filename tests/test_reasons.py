@@ -17,10 +17,9 @@ import pytest
 
 from authsvc.authenticate import REASONS
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from tests.conftest import make_testapp
-from tests.test_endpoint import FORBIDDEN, MISSING
+from tests.support import INVALID as FORBIDDEN
+from tests.support import MISSING, PATH, make_testapp
 
-PATH = "/api/authenticate.json"
 LINE = re.compile(
     r"^auth rid=(?P<rid>\S+) host=(?P<host>https|legacy) game=(?P<game>\d+|none) user=(?P<user>\d+|-) "
     r"reason=(?P<reason>[a-z_]+) ms=\d+\.\d{3}$"
@@ -93,7 +92,7 @@ def test_every_reason_is_covered():
     assert set(CASES) | {"store_unavailable"} == set(REASONS)
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_store_unavailable_and_unreadable_bodies_are_logged(world, caplog, tmp_path):
     """A 503 is ``store_unavailable`` with no game; a body that cannot be read is ``malformed``;
     a request id that is not nginx's (letters and digits) is logged as "-"; plain HTTP is the legacy host."""

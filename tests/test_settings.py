@@ -112,13 +112,13 @@ def test_settings_are_frozen(settings):
         settings.error_status = "http"
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_start_up_fails_clearly_without_a_store(settings):
     with pytest.raises(ConfigError, match="does not exist .*authsvc init"):
         make_app(settings)
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_start_up_fails_clearly_on_an_unmigrated_store(settings):
     path = settings.store.removeprefix("sqlite://")
     open(path, "wb").close()
@@ -184,3 +184,152 @@ def test_a_private_secret_file_loads_silently(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="authsvc"):
         assert load_token_secrets(_secret(tmp_path, a.encode() + b"\n", 0o400)) == (a.encode(),)
     assert caplog.records == []
+
+
+# The settings file: top-level keys (or an [authsvc] table) and [gunicorn]; nothing else.
+
+
+def _config(tmp_path, text: str):
+    path = tmp_path / "authsvc.toml"
+    path.write_text(text)
+    return path
+
+
+def _from_file(path, secret_file, **env) -> Settings:
+    return Settings.from_env({"AUTHSVC_CONFIG": str(path), "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), **env})
+
+
+def test_documented_layout_top_level_keys_and_a_gunicorn_table(tmp_path, secret_file):
+    path = _config(tmp_path, 'store = "sqlite:///srv/a.db"\nmax_body_bytes = 8192\nlog_level = "warning"\n'
+                             '[gunicorn]\nworkers = 3\nworker_class = "gthread"\nthreads = 4\ntimeout = 10\n')
+    s = _from_file(path, secret_file)
+    assert (s.store, s.max_body_bytes) == ("sqlite:///srv/a.db", 8192)
+
+
+def test_an_authsvc_table_is_the_top_level_under_another_name(tmp_path, secret_file):
+    path = _config(tmp_path, '[authsvc]\nstore = "sqlite:///srv/a.db"\nmax_body_bytes = 8192\n[gunicorn]\nworkers = 3\n')
+    assert _from_file(path, secret_file).max_body_bytes == 8192
+
+
+def _refused(path, secret_file, *words: str, **env) -> str:
+    with pytest.raises(ConfigError) as caught:
+        _from_file(path, secret_file, **env)
+    message = str(caught.value)
+    assert "\n" not in message, message
+    for word in words:
+        assert word in message, message
+    return message
+
+
+def test_top_level_keys_beside_an_authsvc_table_are_refused(tmp_path, secret_file):
+    """Before, the top-level error_status was silently ignored."""
+    path = _config(tmp_path, 'error_status = "http"\n[authsvc]\nstore = "sqlite:///srv/a.db"\n')
+    _refused(path, secret_file, str(path), "error_status", "[authsvc]")
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("[gunicorn]\nworker = 8\n", ["[gunicorn] worker", "did you mean workers"]),
+        ("[gunicorn]\ntimout = 5\n", ["[gunicorn] timout", "did you mean timeout"]),
+        ('[authsvcc]\nstore = "sqlite:///srv/a.db"\n', ["[authsvcc]", "did you mean [authsvc]"]),
+        ('stor = "sqlite:///srv/a.db"\n', ["stor", "did you mean store"]),
+        ('[authsvc]\nmax_body_byte = 1\n', ["[authsvc] max_body_byte"]),
+        ("workers = 8\n", ["workers", "[gunicorn]"]),  # a gunicorn setting at the top level
+        ('[gunicorn]\nstore = "sqlite:///srv/a.db"\n', ["[gunicorn] store", "top level"]),
+        ("gunicorn = 8\n", ["gunicorn", "table"]),
+    ],
+)
+def test_unknown_keys_and_tables_are_refused_in_one_line(tmp_path, secret_file, text, words):
+    path = _config(tmp_path, text)
+    _refused(path, secret_file, str(path), *words)
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("max_body_bytes = true\n", ["max_body_bytes must be an integer", "true"]),
+        ("max_body_bytes = 1.9\n", ["max_body_bytes must be an integer", "1.9"]),
+        ('max_body_bytes = "16384"\n', ["max_body_bytes must be an integer", '"16384"']),
+        ("max_body_bytes = 0\n", ["max_body_bytes must be positive"]),
+        ("max_staleness = true\n", ["max_staleness must be a number"]),
+        ("max_staleness = 2\n", ["max_staleness must be from 0 to 1 seconds"]),
+        ("pg_connect_timeout = inf\n", ["pg_connect_timeout must be a number"]),
+        ("error_status = 200\n", ["error_status must be a string"]),
+        ('error_status = "404"\n', ["error_status must be"]),
+        ('log_level = "LOUD"\n', ["log_level must be one of", "INFO"]),
+        ("store = 5\n", ["store must be a string"]),
+        ("[gunicorn]\nworkers = 2.5\n", ["[gunicorn] workers must be an integer"]),
+        ("[gunicorn]\nworkers = true\n", ["[gunicorn] workers must be an integer"]),
+        ("[gunicorn]\nworkers = 0\n", ["[gunicorn] workers must be at least 1"]),
+        ("[gunicorn]\nthreads = 0\n", ["[gunicorn] threads must be at least 1"]),
+        ("[gunicorn]\ntimeout = 0\n", ["[gunicorn] timeout must be at least 1"]),
+        ('[gunicorn]\nworker_class = "gevent"\n', ["[gunicorn] worker_class must be", "sync", "gthread"]),
+    ],
+)
+def test_wrong_types_and_values_in_the_file_are_refused_in_one_line(tmp_path, secret_file, text, words):
+    """Before, true became 1, 1.9 became 1, and nothing in [gunicorn] was checked by the reader."""
+    path = _config(tmp_path, text)
+    _refused(path, secret_file, str(path), *words)
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"AUTHSVC_WORKERS": "0"}, "AUTHSVC_WORKERS must be at least 1"),
+        ({"AUTHSVC_THREADS": "many"}, "AUTHSVC_THREADS must be an integer"),
+        ({"AUTHSVC_WORKER_CLASS": "gevent"}, "AUTHSVC_WORKER_CLASS must be"),
+        ({"AUTHSVC_LOG_LEVEL": "LOUD"}, "AUTHSVC_LOG_LEVEL must be one of"),
+        ({"AUTHSVC_MAX_BODY_BYTES": "1.9"}, "AUTHSVC_MAX_BODY_BYTES must be an integer"),
+        ({"AUTHSVC_PG_STATEMENT_TIMEOUT": "inf"}, "AUTHSVC_PG_STATEMENT_TIMEOUT must be a number"),
+    ],
+)
+def test_wrong_environment_values_are_refused_in_one_line(env, message, secret_file):
+    with pytest.raises(ConfigError, match=message) as caught:
+        Settings.from_env({"AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), **env})
+    assert "\n" not in str(caught.value)
+
+
+def test_a_bad_file_value_is_refused_even_when_the_environment_overrides_it(tmp_path, secret_file):
+    """The file is checked whole: a typo does not wait for the day its variable is unset."""
+    path = _config(tmp_path, "max_body_bytes = true\n")
+    _refused(path, secret_file, "max_body_bytes", AUTHSVC_MAX_BODY_BYTES="4096")
+
+
+def test_each_default_is_declared_once(tmp_path, secret_file):
+    """Settings' own defaults, from_env's and the store's are the same numbers (max_staleness was 1.0 and 0.0)."""
+    from authsvc.store import open_store
+
+    read = Settings.from_env({"AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)})
+    built = Settings(store=read.store, token_secret_file=read.token_secret_file)
+    assert dataclasses.replace(read, token_secrets=built.token_secrets) == built
+    store = open_store(f"sqlite://{tmp_path}/x.db", readonly=True)
+    try:
+        assert store.max_staleness == read.max_staleness == 1.0
+    finally:
+        store.close()
+
+
+def test_every_declared_setting_is_read_and_documented():
+    """SETTINGS is the one list: each entry lands in Settings or GunicornSettings and has a row in the docs."""
+    from pathlib import Path
+
+    from authsvc.settings import SETTINGS, GunicornSettings
+
+    declared = {s.name for s in SETTINGS}
+    fields = {f.name for f in dataclasses.fields(Settings)} - {"token_secrets"}
+    assert fields | {f.name for f in dataclasses.fields(GunicornSettings)} == declared
+    docs = (Path(__file__).resolve().parent.parent / "docs/configuration.md").read_text()
+    for s in SETTINGS:
+        key = f"[gunicorn] {s.name}" if s.table == "gunicorn" else s.name
+        assert f"| `{s.env}` | `{key}` |" in docs, s.name
+
+
+def test_the_metrics_directory_gunicorn_conf_uses():
+    """prometheus_client's own variable first, then systemd's directories, else none (gunicorn.conf.py makes one)."""
+    from authsvc.settings import metrics_dir
+
+    assert metrics_dir({"PROMETHEUS_MULTIPROC_DIR": "/x", "RUNTIME_DIRECTORY": "/run/authsvc"}) == "/x"
+    assert metrics_dir({"RUNTIME_DIRECTORY": "/run/authsvc", "STATE_DIRECTORY": "/var/lib/authsvc"}) == "/run/authsvc/metrics"
+    assert metrics_dir({"STATE_DIRECTORY": "/var/lib/authsvc:/other"}) == "/var/lib/authsvc/metrics"
+    assert metrics_dir({}) == ""

@@ -10,13 +10,9 @@ import webtest
 
 from authsvc.app import make_app
 from authsvc.tokens import api_key_digest
-from tests.conftest import make_testapp
-from tests.test_endpoint import ERROR_KEYS, PATH, assert_contract_headers
+from tests.support import ERROR_KEYS, PATH, assert_contract_headers, make_testapp
 
-
-@pytest.fixture
-def store_url(tmp_path):
-    return "sqlite://" + str(tmp_path / "authsvc.db")
+pytestmark = pytest.mark.engine("sqlite")
 
 
 def test_store_unreadable_is_503_json(world, tmp_path):

@@ -21,18 +21,7 @@ import webtest
 from authsvc.app import App, make_app
 from authsvc.store.sqlite import SQLiteStore
 from authsvc.tokens import api_key_digest, new_api_key
-from tests.support import free_port, wait_for_port
-from tests.test_gunicorn import get, start_gunicorn
-
-INVALID = {"success": False, "error": 403, "error_description": "Invalid credentials"}
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support import INVALID, FakeClock, free_port, get, start_gunicorn, wait_for_port
 
 
 def _rotate(world):
@@ -64,7 +53,7 @@ def stale_app(world, clock):
     store.close()
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 @pytest.mark.parametrize("change", CHANGES)
 def test_a_change_is_seen_within_the_bound_and_not_before(stale_app, world, clock, change):
     params = world.params()  # minted before the change (a revoke changes the epoch)
@@ -76,7 +65,7 @@ def test_a_change_is_seen_within_the_bound_and_not_before(stale_app, world, cloc
     assert stale_app.get("/api/authenticate.json", params).json == INVALID  # 1 s after the snapshot: seen
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_a_rename_is_seen_within_the_bound(stale_app, world, clock):
     assert stale_app.get("/api/authenticate.json", world.params()).json["username"] == "alice"
     world.store.rename_player(world.user_id, "alice2")
@@ -86,7 +75,7 @@ def test_a_rename_is_seen_within_the_bound(stale_app, world, clock):
     assert stale_app.get("/api/authenticate.json", world.params()).json["username"] == "alice2"
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_a_stored_expiry_needs_no_new_snapshot(world, clock):
     """An expiry already in the store is checked against the wall clock on every request."""
     settings = dataclasses.replace(world.settings, max_staleness=1.0)
@@ -101,7 +90,7 @@ def test_a_stored_expiry_needs_no_new_snapshot(world, clock):
     store.close()
 
 
-@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+@pytest.mark.engine("postgresql")
 def test_postgresql_keeps_no_snapshot(world):
     """With the default bound, PostgreSQL still sees every change at the next request."""
     settings = dataclasses.replace(world.settings, max_staleness=1.0)
@@ -113,12 +102,12 @@ def test_postgresql_keeps_no_snapshot(world):
     app.app.store.close()
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_under_gunicorn_every_request_a_second_after_a_revoke_is_refused(env, world):
     """Real workers, the default bound, the real admin command: no worker answers from a snapshot older than 1 s."""
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"}  # the default
     port = free_port()
-    proc = start_gunicorn(env, port)
+    proc = start_gunicorn(env, port=port)
     try:
         wait_for_port(port)
         params = world.params()

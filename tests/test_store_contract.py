@@ -268,7 +268,7 @@ def test_an_unreadable_store_raises_store_unavailable(admin_store, settings, tmp
     store.close()
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+@pytest.mark.engine("sqlite")
 def test_a_full_store_raises_store_full_and_writes_nothing(admin_store):
     """A real SQLITE_FULL: the file may not grow past its current size (PRAGMA max_page_count).
 
@@ -409,7 +409,7 @@ def test_the_sqlite_service_imports_no_psycopg(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+@pytest.mark.engine("postgresql")
 def test_a_full_postgresql_disk_raises_store_full_and_writes_nothing(store_url, pg_databases, settings):
     """A real disk_full: the players table moved to a tablespace on a 512 KiB tmpfs (root and a local server)."""
     import pwd

@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -22,11 +21,9 @@ import pytest
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from tests.conftest import make_testapp
-from tests.support import free_port, wait_for_port
+from tests.support import free_port, make_testapp, start_gunicorn, wait_for_port
 
 AUTH = "/api/authenticate.json"
-SQLITE_ONLY = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 
 
 def provision(url: str, secret_file) -> tuple[Settings, dict]:
@@ -112,12 +109,8 @@ def test_postgres_outage_under_gunicorn(own_pg, secret_file, tmp_path):
     _, params, env = provision(own_pg.url, secret_file)
     query = AUTH + "?" + "&".join(f"{k}={v}" for k, v in params.items())
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "--preload", "--workers", "2", "--bind", f"127.0.0.1:{port}",
-         "--graceful-timeout", "2", "authsvc.wsgi:application"],
-        env={"PATH": os.environ["PATH"], **env},
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "gunicorn.log", "wb"),
-    )
+    server = start_gunicorn(env, "--graceful-timeout", "2", port=port, preload=True, inherit_env=False,
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "gunicorn.log", "wb"))
     try:
         wait_for_port(port)
         for _ in range(30):
@@ -155,7 +148,7 @@ def test_postgres_outage_under_gunicorn(own_pg, secret_file, tmp_path):
     assert params["api_key"] not in log and params["game_auth_token"] not in log
 
 
-@SQLITE_ONLY
+@pytest.mark.engine("sqlite")
 def test_sqlite_missing_file_gives_503_then_recovers(world, settings, tmp_path):
     path = settings.store.removeprefix("sqlite://")
     params = world.params()
@@ -171,7 +164,7 @@ def test_sqlite_missing_file_gives_503_then_recovers(world, settings, tmp_path):
     app.app.store.close()
 
 
-@SQLITE_ONLY
+@pytest.mark.engine("sqlite")
 def test_sqlite_unreadable_file_gives_503_then_recovers(world, settings, tmp_path):
     """A file that is not a database (a bad restore, a truncated copy) when a worker opens it."""
     path = settings.store.removeprefix("sqlite://")

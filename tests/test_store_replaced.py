@@ -23,16 +23,12 @@ import pytest
 from authsvc.errors import StoreUnavailable
 from authsvc.store.sqlite import SQLiteStore
 from authsvc.tokens import api_key_digest
-from tests.support import free_port, wait_for_port
-from tests.test_gunicorn import get, start_gunicorn
-from tests.test_staleness import INVALID, FakeClock
+from tests.support import INVALID, FakeClock, free_port, get, start_gunicorn, wait_for_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture
-def store_url(tmp_path):
-    return "sqlite://" + str(tmp_path / "authsvc.db")
+pytestmark = pytest.mark.engine("sqlite")
 
 
 def _path(world) -> str:
@@ -218,7 +214,7 @@ def test_under_gunicorn_a_replaced_file_is_read_within_a_second(env, world, tmp_
     _cli(env, "export", str(export))
     world.store.close()
     port = free_port()
-    proc = start_gunicorn(env, port, "--config", os.path.join(REPO, "deploy", "gunicorn.conf.py"))
+    proc = start_gunicorn(env, port=port, config=os.path.join(REPO, "deploy", "gunicorn.conf.py"))
     try:
         wait_for_port(port)
         for _ in range(20):  # a worker (likely both) holds the file open, and a snapshot
@@ -263,7 +259,7 @@ def test_under_gunicorn_a_file_renamed_over_the_store_without_its_wal_is_refused
         _cli(new_env, *args)
     path = _path(world)
     port = free_port()
-    proc = start_gunicorn(env, port, "--config", os.path.join(REPO, "deploy", "gunicorn.conf.py"), "--workers", "1")
+    proc = start_gunicorn(env, port=port, config=os.path.join(REPO, "deploy", "gunicorn.conf.py"), workers=1)
     try:
         wait_for_port(port)
         assert get(port, params).status == 200  # the worker holds the file open, and a snapshot

@@ -11,10 +11,7 @@ import webtest
 from authsvc.app import make_app
 from authsvc.store.sqlite import SQLiteStore, path_from_url
 
-
-@pytest.fixture
-def store_url(tmp_path):
-    return "sqlite://" + str(tmp_path / "authsvc.db")
+pytestmark = pytest.mark.engine("sqlite")
 
 
 def test_path_from_url():

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import urllib.parse
 import urllib.request
 
@@ -19,7 +17,7 @@ from authsvc.app import make_app
 from authsvc.errors import ConfigError
 from authsvc.settings import Settings
 from authsvc.store.sqlite import path_from_url
-from tests.support import free_port, wait_for_port
+from tests.support import free_port, start_gunicorn, wait_for_port
 
 # (URL as written, with {tmp} for the test's directory; the file it names, relative to it).
 # The working directory is {tmp}, so relative forms land there too.
@@ -126,13 +124,9 @@ def test_four_slash_url_with_odd_characters_under_real_gunicorn(run, tmp_path, s
     params = provision(run, url)
     params["api_key"] = api_key(run, url)
     port = free_port()
-    env = {**os.environ, "AUTHSVC_STORE": url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
-           "AUTHSVC_MAX_STALENESS": "0"}
-    env.pop("AUTHSVC_CONFIG", None)
-    command = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--preload",
-               "--no-control-socket", "authsvc.wsgi:application"]
-    proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    env = {k: v for k, v in os.environ.items() if k != "AUTHSVC_CONFIG"}
+    env.update(AUTHSVC_STORE=url, AUTHSVC_TOKEN_SECRET_FILE=str(secret_file), AUTHSVC_MAX_STALENESS="0")
+    proc = start_gunicorn(env, port=port, preload=True, inherit_env=False, cwd=tmp_path)
     try:
         try:
             wait_for_port(port)

@@ -1,8 +1,11 @@
 """The Store contract: what the web process reads and what the admin command writes.
 
-Both engines (sqlite.py, postgres.py) implement it and pass the same contract
+Both engines implement it (SQLiteStore in sqlite.py on sqlite_reader.py,
+PostgresStore in postgres.py on postgres_reader.py) and pass the same contract
 tests (tests/test_store_contract.py). The web process only calls
-``credentials`` and ``check``; everything else is the admin command's.
+``credentials``, ``check`` and ``close`` (and, on SQLite only,
+``SQLiteStore.journal_mode_warning``); everything else is the admin command's.
+``SQLiteStore.backup`` (``authsvc backup``) exists on SQLite only.
 
 Errors. Besides what a method's docstring names (Conflict, NotEmpty), every
 method raises only these, from authsvc/errors.py, each with a one-line message

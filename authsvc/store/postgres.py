@@ -1,38 +1,40 @@
-"""The shared store: PostgreSQL through psycopg 3 (the ``authsvc[postgres]`` extra).
+"""The shared store: PostgreSQL through psycopg 3 (the ``authsvc[postgres]`` extra); the admin command's side.
 
-The web process connects as a read-only role (docs/stores.md): one persistent
-autocommit connection per thread of each worker process, opened lazily after
-fork, with connect and statement timeouts; the credentials query is a
-server-side prepared statement, one round trip. Any failure on that path raises
-StoreUnavailable (HTTP 503) and drops a broken connection, so the next request
-reconnects by itself. The admin command connects as the owner role and writes
-in transactions.
-
-This is the only module that imports psycopg.
+The admin command connects as the owner role and writes in transactions; the
+web process's read path (a read-only role, one prepared query per request) is
+PostgresReader in store/postgres_reader.py, which PostgresStore extends.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import logging
-import math
-import os
-import threading
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import psycopg
-from psycopg import conninfo as pg_conninfo
-from psycopg.pq import DiagnosticField, ExecStatus
 
 from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
-from authsvc.store import base, redact_url
-from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player, Store
+from authsvc.store import base
+from authsvc.store.base import ApiKey, Conflict, Game, NotEmpty, Player, Store
+from authsvc.store.common import BATCH, batches, games_with_keys, redact_url
+from authsvc.store.postgres_reader import (
+    CREDENTIALS_SQL,
+    READER_ROLE,
+    SCHEMA_VERSION,
+    PostgresReader,
+    _reason,
+)
 
-log = logging.getLogger("authsvc.store")
+__all__ = ["CREDENTIALS_SQL", "MIGRATIONS", "PostgresStore"]
 
-BATCH = 10_000
-READER_ROLE = "authsvc_reader"
+def _value(cursor: psycopg.Cursor) -> Any:
+    """The first column of the one row a query always returns (an aggregate, EXISTS, RETURNING)."""
+    row = cursor.fetchone()
+    if row is None:  # not for these queries; a clear error rather than a TypeError on None[0]
+        raise StoreUnavailable("postgresql store: a query that always returns one row returned none")
+    return row[0]
+
+
 MIGRATION_LOCK = 0x61757468737663  # pg_advisory_xact_lock key: one `authsvc init` at a time
 
 # The version table is created by migrate() itself; MIGRATIONS[n - 1] takes the schema to version n.
@@ -73,20 +75,7 @@ MIGRATIONS: list[str] = [
     GRANT SELECT ON games, api_keys, players, authsvc_schema TO {READER_ROLE};
     """,
 ]
-
-# SQLite's query (store/sqlite.py): one row always, every lookup made whether or not
-# the key and the player exist, so the time of an answer tells neither. No key: game_id NULL.
-CREDENTIALS_SQL = """
-SELECT k.game_id, g.enabled, k.expires_at, p.username, p.epoch, p.enabled
-FROM (SELECT %s AS user_id, %s AS digest) AS q
-LEFT JOIN players AS p ON p.user_id = q.user_id
-LEFT JOIN api_keys AS k ON k.digest = q.digest
-LEFT JOIN games AS g ON g.id = coalesce(k.game_id, 0)
-"""
-
-# The same query for libpq's own placeholders, prepared once per web connection.
-CREDENTIALS_STATEMENT = b"authsvc_credentials"
-CREDENTIALS_SQL_PQ = CREDENTIALS_SQL.replace("%s", "$1::bigint", 1).replace("%s", "$2::text", 1).encode()
+assert len(MIGRATIONS) == SCHEMA_VERSION
 
 UPSERT_SQL = """
 INSERT INTO players (user_id, username)
@@ -95,73 +84,11 @@ ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username
 """
 
 
-def _raise_unless(result, status: ExecStatus) -> None:
-    """Raise the psycopg error a libpq result carries (by its SQLSTATE), unless it has ``status``."""
-    if result.status == status:
-        return
-    sqlstate = result.error_field(DiagnosticField.SQLSTATE)
-    try:
-        error_class = psycopg.errors.lookup(sqlstate.decode()) if sqlstate else psycopg.OperationalError
-    except KeyError:
-        error_class = psycopg.DatabaseError
-    raise error_class(result.error_message.decode("utf-8", "replace").strip())
-
-
-def _reason(error: BaseException, password: str | None) -> str:
-    """psycopg's message on one line, with the URL's password masked should libpq ever echo it."""
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text.replace(password, "***") if password else text
-
-
-class PostgresStore(Store):
-    def __init__(self, url: str, *, readonly: bool, settings=None):
-        self.url = url
-        self.readonly = readonly
-        try:
-            params = pg_conninfo.conninfo_to_dict(url)
-        except psycopg.ProgrammingError:
-            raise ConfigError(f"AUTHSVC_STORE {redact_url(url)} is not a valid PostgreSQL URL") from None
-        self._password = params.get("password")
-        connect_timeout = getattr(settings, "pg_connect_timeout", 2.0)
-        statement_timeout = getattr(settings, "pg_statement_timeout", 2.0)
-        # libpq takes whole seconds (and treats 1 as 2); never wait forever.
-        params["connect_timeout"] = str(max(1, math.ceil(connect_timeout)))
-        params.setdefault("application_name", "authsvc-web" if readonly else "authsvc-admin")
-        params["client_encoding"] = "UTF8"  # _credentials_row decodes text results itself
-        if readonly:
-            # The web role may only SELECT anyway; read-only transactions are a second fence.
-            # The statement timeout bounds a slow server; tcp_user_timeout a dead network.
-            ms = max(1, round(statement_timeout * 1000))
-            options = f"-c statement_timeout={ms} -c default_transaction_read_only=on"
-            params["options"] = (params.get("options", "") + " " + options).strip()
-            params.setdefault("tcp_user_timeout", str(ms + 1000))
-        self._conninfo = pg_conninfo.make_conninfo(**params)
-        self._local = threading.local()
-
-    # -- connections --------------------------------------------------------------
-    def _connect(self) -> psycopg.Connection:
-        return psycopg.connect(self._conninfo, autocommit=True)
-
-    def _conn(self) -> psycopg.Connection:
-        """This thread's connection, opened on first use and again after fork or a failure."""
-        local = self._local
-        conn = getattr(local, "conn", None)
-        if conn is None or local.pid != os.getpid() or conn.closed:
-            local.conn, local.prepared, local.pid = None, False, os.getpid()  # never close a connection the parent owns
-            local.conn = self._connect()
-        return local.conn
-
-    def _drop(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and self._local.pid == os.getpid():
-            conn.close()
-        self._local = threading.local()
-
-    def close(self) -> None:
-        self._drop()
+class PostgresStore(PostgresReader, Store):
+    """A reader (store/postgres_reader.py) that also writes: what the admin command opens."""
 
     @contextlib.contextmanager
-    def _admin(self, transaction: bool = True, mode: str | None = None):
+    def _admin(self, transaction: bool = True, mode: str | None = None) -> Iterator[psycopg.Connection]:
         """An admin connection, in a transaction (SET TRANSACTION ``mode`` first if given);
         psycopg's errors become the store's (store/base.py, "Errors")."""
         where = f"postgresql store {redact_url(self.url)}"
@@ -197,86 +124,6 @@ class PostgresStore(Store):
             self._drop()
             raise StoreUnavailable(f"{where}: {_reason(e, self._password)}") from None
 
-    # -- read path ------------------------------------------------------------------
-    def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
-        for attempt in (1, 2):
-            try:
-                fresh = getattr(self._local, "conn", None) is None
-                row = self._credentials_row(self._conn(), key_digest, user_id)
-                break
-            except psycopg.Error as e:
-                conn = getattr(self._local, "conn", None)
-                broken = conn is None or conn.broken or conn.closed
-                if broken:
-                    self._drop()
-                # A connection that went stale while idle (server restarted) gets one fresh retry.
-                if attempt == 2 or fresh or not broken:
-                    log.warning("postgresql store unavailable: %s (sqlstate %s)", type(e).__name__, e.sqlstate)
-                    raise StoreUnavailable("postgresql store unavailable") from None
-        game_id, game_enabled, expires_at, username, epoch, player_enabled = row
-        found = Credentials(
-            int(game_id or b"0"),
-            game_enabled == b"t",
-            None if expires_at is None else int(expires_at),
-            None if username is None else username.decode(),
-            0 if epoch is None else int(epoch),
-            player_enabled == b"t",
-        )
-        return None if game_id is None else found
-
-    def _credentials_row(self, conn: psycopg.Connection, key_digest: str, user_id: int) -> list:
-        """The credentials query through libpq itself: the statement prepared once per connection,
-        then Bind/Execute/Sync with text values. psycopg's cursor machinery around the same round
-        trip cost more than the round trip's own CPU (BENCHMARKS.md). Errors are raised as psycopg's."""
-        pgconn = conn.pgconn
-        try:
-            if not getattr(self._local, "prepared", False):
-                _raise_unless(pgconn.prepare(CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ), ExecStatus.COMMAND_OK)
-                self._local.prepared = True
-            result = pgconn.exec_prepared(CREDENTIALS_STATEMENT, [b"%d" % user_id, key_digest.encode("ascii")])
-        except MemoryError:  # psycopg's C wrapper reports libpq's NULL result (nothing could be sent) so
-            raise psycopg.OperationalError("the query could not be sent to the server") from None
-        _raise_unless(result, ExecStatus.TUPLES_OK)
-        return [result.get_value(0, column) for column in range(6)]  # one row, always
-
-    def check(self) -> None:
-        where = f"postgresql store {redact_url(self.url)}"
-        try:
-            conn = self._connect()
-        except psycopg.Error as e:
-            raise ConfigError(f"{where} is unreachable: {_reason(e, self._password)}") from None
-        try:
-            version = self._version(conn)
-            if self.readonly and version and self._can_write(conn):
-                log.warning(
-                    "%s: the web process's role can write to the store; give it a read-only role "
-                    "(%s, docs/stores.md)", where, READER_ROLE,
-                )
-        except psycopg.errors.InsufficientPrivilege:
-            raise ConfigError(f"{where}: this role may not read the tables (GRANT {READER_ROLE} to it)") from None
-        except psycopg.Error as e:
-            raise ConfigError(f"{where} cannot be read: {_reason(e, self._password)}") from None
-        finally:
-            conn.close()
-        if version != len(MIGRATIONS):
-            raise ConfigError(
-                f"{where} is at schema version {version}, this release needs {len(MIGRATIONS)} (run 'authsvc init')"
-            )
-
-    @staticmethod
-    def _can_write(conn: psycopg.Connection) -> bool:
-        return conn.execute(
-            "SELECT bool_or(has_table_privilege(t, 'INSERT, UPDATE, DELETE, TRUNCATE')) "
-            "FROM unnest(ARRAY['games', 'api_keys', 'players']) AS t"
-        ).fetchone()[0]
-
-    @staticmethod
-    def _version(conn: psycopg.Connection) -> int:
-        if conn.execute("SELECT to_regclass('authsvc_schema')").fetchone()[0] is None:
-            return 0
-        row = conn.execute("SELECT max(version) FROM authsvc_schema").fetchone()
-        return row[0] or 0
-
     # -- admin ----------------------------------------------------------------------
     def migrate(self) -> tuple[int, int]:
         with self._admin() as conn:
@@ -301,9 +148,9 @@ class PostgresStore(Store):
     def add_game(self, name: str, key_digest: str, now: int) -> Game:
         try:
             with self._admin() as conn:
-                game_id = conn.execute(
+                game_id = _value(conn.execute(
                     "INSERT INTO games (name, created_at) VALUES (%s, %s) RETURNING id", (name, now)
-                ).fetchone()[0]
+                ))
                 conn.execute(
                     "INSERT INTO api_keys (digest, game_id, created_at) VALUES (%s, %s, %s)",
                     (key_digest, game_id, now),
@@ -317,8 +164,7 @@ class PostgresStore(Store):
         keys = conn.execute(
             'SELECT game_id, digest, created_at, expires_at FROM api_keys ORDER BY game_id, created_at, digest COLLATE "C"'
         ).fetchall()
-        by_game = {gid: tuple(ApiKey(*k[1:]) for k in grp) for gid, grp in itertools.groupby(keys, lambda k: k[0])}
-        return [Game(gid, name, en, created, by_game.get(gid, ())) for gid, name, en, created in games]
+        return games_with_keys(games, keys)
 
     def get_game(self, game_id: int) -> Game | None:
         with self._admin(transaction=False) as conn:
@@ -389,13 +235,12 @@ class PostgresStore(Store):
     ) -> int:
         """COPY into a temporary table, then one INSERT ... ON CONFLICT; the last row of a user id wins."""
         count = 0
-        rows = iter(rows)
         with self._admin() as conn:
             conn.execute(
                 "CREATE TEMPORARY TABLE players_import (n bigint, user_id bigint, username text) ON COMMIT DROP"
             )
             with conn.cursor().copy("COPY players_import (n, user_id, username) FROM STDIN") as copy:
-                while batch := list(itertools.islice(rows, BATCH)):
+                for batch in batches(rows):
                     for user_id, username in batch:
                         count += 1
                         copy.write_row((count, user_id, username))
@@ -411,11 +256,11 @@ class PostgresStore(Store):
     # -- moving between stores --------------------------------------------------------
     def game_id_high_water(self) -> int:
         with self._admin(transaction=False) as conn:
-            return conn.execute(
+            return _value(conn.execute(
                 "SELECT greatest("
                 "coalesce(pg_sequence_last_value(pg_get_serial_sequence('games', 'id')::regclass), 0), "
                 "coalesce((SELECT max(id) FROM games), 0))"
-            ).fetchone()[0]
+            ))
 
     def dump(self) -> Iterator[Game | Player]:
         with self._admin(mode="ISOLATION LEVEL REPEATABLE READ, READ ONLY") as conn:
@@ -438,9 +283,7 @@ class PostgresStore(Store):
         try:
             with self._admin() as conn:
                 conn.execute("LOCK TABLE games, api_keys, players IN EXCLUSIVE MODE")
-                if conn.execute(
-                    "SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players)"
-                ).fetchone()[0]:
+                if _value(conn.execute("SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players)")):
                     raise NotEmpty("the store already holds games or players")
                 for game in games:
                     conn.execute(
@@ -456,9 +299,8 @@ class PostgresStore(Store):
                     top = max(top, game.id)
                 if top > 0:
                     conn.execute("SELECT setval(pg_get_serial_sequence('games', 'id'), %s)", (top,))
-                players = iter(players)
                 with conn.cursor().copy("COPY players (user_id, username, epoch, enabled) FROM STDIN") as copy:
-                    while batch := list(itertools.islice(players, BATCH)):
+                    for batch in batches(players):
                         for p in batch:
                             copy.write_row((p.user_id, p.username, p.epoch, p.enabled))
                         n_players += len(batch)

@@ -1,7 +1,7 @@
 """Request bodies built to make the body parsers work: the probe's, and the worst found since.
 
 Shared by tests/test_hostile.py, tests/test_gunicorn.py and the ``bodies``
-section of benchmarks/bench.py (BENCHMARKS.md). Every body fits the 16 KiB limit.
+section of the bench (benchmarks/bench/sections/bodies.py, BENCHMARKS.md). Every body fits the 16 KiB limit.
 """
 
 from __future__ import annotations

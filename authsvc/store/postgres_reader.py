@@ -1,0 +1,194 @@
+"""The PostgreSQL store's read path: what the web process runs (the admin side: store/postgres.py).
+
+The web process connects as a read-only role (docs/stores.md): one persistent
+autocommit connection per thread of each worker process, opened lazily after
+fork, with connect and statement timeouts; the credentials query is a
+server-side prepared statement, one round trip. Any failure on that path raises
+StoreUnavailable (HTTP 503) and drops a broken connection, so the next request
+reconnects by itself.
+
+Only this module and store/postgres.py import psycopg (the ``authsvc[postgres]`` extra).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+
+import psycopg
+from psycopg import conninfo as pg_conninfo
+from psycopg.pq import DiagnosticField, ExecStatus
+
+from authsvc.errors import ConfigError, StoreUnavailable
+from authsvc.store.base import Credentials
+from authsvc.store.common import ThreadConnections, redact_url
+
+log = logging.getLogger("authsvc.store")
+
+READER_ROLE = "authsvc_reader"
+SCHEMA_VERSION = 1  # len(postgres.MIGRATIONS): the version this release reads
+
+# SQLite's query (store/sqlite_reader.py): one row always, every lookup made whether or not
+# the key and the player exist, so the time of an answer tells neither. No key: game_id NULL.
+CREDENTIALS_SQL = """
+SELECT k.game_id, g.enabled, k.expires_at, p.username, p.epoch, p.enabled
+FROM (SELECT %s AS user_id, %s AS digest) AS q
+LEFT JOIN players AS p ON p.user_id = q.user_id
+LEFT JOIN api_keys AS k ON k.digest = q.digest
+LEFT JOIN games AS g ON g.id = coalesce(k.game_id, 0)
+"""
+
+# The same query for libpq's own placeholders, prepared once per web connection.
+CREDENTIALS_STATEMENT = b"authsvc_credentials"
+CREDENTIALS_SQL_PQ = CREDENTIALS_SQL.replace("%s", "$1::bigint", 1).replace("%s", "$2::text", 1).encode()
+
+def _raise_unless(result, status: ExecStatus) -> None:
+    """Raise the psycopg error a libpq result carries (by its SQLSTATE), unless it has ``status``."""
+    if result.status == status:
+        return
+    sqlstate = result.error_field(DiagnosticField.SQLSTATE)
+    try:
+        error_class = psycopg.errors.lookup(sqlstate.decode()) if sqlstate else psycopg.OperationalError
+    except KeyError:
+        error_class = psycopg.DatabaseError
+    raise error_class(result.error_message.decode("utf-8", "replace").strip())
+
+
+def _reason(error: BaseException, password: str | None) -> str:
+    """psycopg's message on one line, with the URL's password masked should libpq ever echo it."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text.replace(password, "***") if password else text
+
+
+class PostgresReader(ThreadConnections):
+    """Connections, the credentials read path and the start-up check; PostgresStore adds the admin side."""
+
+    def __init__(self, url: str, *, readonly: bool, settings=None):
+        super().__init__()
+        self.url = url
+        self.readonly = readonly
+        try:
+            parsed = pg_conninfo.conninfo_to_dict(url)
+        except psycopg.ProgrammingError:
+            raise ConfigError(f"AUTHSVC_STORE {redact_url(url)} is not a valid PostgreSQL URL") from None
+        params = {name: str(value) for name, value in parsed.items() if value is not None}
+        self._password = params.get("password")
+        connect_timeout = getattr(settings, "pg_connect_timeout", 2.0)
+        statement_timeout = getattr(settings, "pg_statement_timeout", 2.0)
+        # libpq takes whole seconds (and treats 1 as 2); never wait forever.
+        params["connect_timeout"] = str(max(1, math.ceil(connect_timeout)))
+        params.setdefault("application_name", "authsvc-web" if readonly else "authsvc-admin")
+        params["client_encoding"] = "UTF8"  # _credentials_row decodes text results itself
+        if readonly:
+            # The web role may only SELECT anyway; read-only transactions are a second fence.
+            # The statement timeout bounds a slow server; tcp_user_timeout a dead network.
+            ms = max(1, round(statement_timeout * 1000))
+            options = f"-c statement_timeout={ms} -c default_transaction_read_only=on"
+            params["options"] = (params.get("options", "") + " " + options).strip()
+            params.setdefault("tcp_user_timeout", str(ms + 1000))
+        self._conninfo = pg_conninfo.make_conninfo(**params)
+
+    # -- connections --------------------------------------------------------------
+    def _connect(self) -> psycopg.Connection:
+        return psycopg.connect(self._conninfo, autocommit=True)
+
+    def _conn(self) -> psycopg.Connection:
+        """This thread's connection, opened on first use and again after a failure (and a fork: common.py)."""
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None or conn.closed:
+            local.conn, local.prepared = None, False
+            local.conn = conn = self._connect()
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+        self._local = threading.local()
+
+    def close(self) -> None:
+        self._drop()
+
+    # -- read path ------------------------------------------------------------------
+    def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
+        for attempt in (1, 2):
+            try:
+                fresh = getattr(self._local, "conn", None) is None
+                row = self._credentials_row(self._conn(), key_digest, user_id)
+                break
+            except psycopg.Error as e:
+                conn = getattr(self._local, "conn", None)
+                broken = conn is None or conn.broken or conn.closed
+                if broken:
+                    self._drop()
+                # A connection that went stale while idle (server restarted) gets one fresh retry.
+                if attempt == 2 or fresh or not broken:
+                    log.warning("postgresql store unavailable: %s (sqlstate %s)", type(e).__name__, e.sqlstate)
+                    raise StoreUnavailable("postgresql store unavailable") from None
+        game_id, game_enabled, expires_at, username, epoch, player_enabled = row
+        found = Credentials(
+            int(game_id or b"0"),
+            game_enabled == b"t",
+            None if expires_at is None else int(expires_at),
+            None if username is None else username.decode(),
+            0 if epoch is None else int(epoch),
+            player_enabled == b"t",
+        )
+        return None if game_id is None else found
+
+    def _credentials_row(self, conn: psycopg.Connection, key_digest: str, user_id: int) -> list:
+        """The credentials query through libpq itself: the statement prepared once per connection,
+        then Bind/Execute/Sync with text values. psycopg's cursor machinery around the same round
+        trip cost more than the round trip's own CPU (BENCHMARKS.md). Errors are raised as psycopg's."""
+        pgconn = conn.pgconn
+        try:
+            if not getattr(self._local, "prepared", False):
+                _raise_unless(pgconn.prepare(CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ), ExecStatus.COMMAND_OK)
+                self._local.prepared = True
+            result = pgconn.exec_prepared(CREDENTIALS_STATEMENT, [b"%d" % user_id, key_digest.encode("ascii")])
+        except MemoryError:  # psycopg's C wrapper reports libpq's NULL result (nothing could be sent) so
+            raise psycopg.OperationalError("the query could not be sent to the server") from None
+        _raise_unless(result, ExecStatus.TUPLES_OK)
+        return [result.get_value(0, column) for column in range(6)]  # one row, always
+
+    def check(self) -> None:
+        where = f"postgresql store {redact_url(self.url)}"
+        try:
+            conn = self._connect()
+        except psycopg.Error as e:
+            raise ConfigError(f"{where} is unreachable: {_reason(e, self._password)}") from None
+        try:
+            version = self._version(conn)
+            if self.readonly and version and self._can_write(conn):
+                log.warning(
+                    "%s: the web process's role can write to the store; give it a read-only role "
+                    "(%s, docs/stores.md)", where, READER_ROLE,
+                )
+        except psycopg.errors.InsufficientPrivilege:
+            raise ConfigError(f"{where}: this role may not read the tables (GRANT {READER_ROLE} to it)") from None
+        except psycopg.Error as e:
+            raise ConfigError(f"{where} cannot be read: {_reason(e, self._password)}") from None
+        finally:
+            conn.close()
+        if version != SCHEMA_VERSION:
+            raise ConfigError(
+                f"{where} is at schema version {version}, this release needs {SCHEMA_VERSION} (run 'authsvc init')"
+            )
+
+    @staticmethod
+    def _can_write(conn: psycopg.Connection) -> bool:
+        row = conn.execute(
+            "SELECT bool_or(has_table_privilege(t, 'INSERT, UPDATE, DELETE, TRUNCATE')) "
+            "FROM unnest(ARRAY['games', 'api_keys', 'players']) AS t"
+        ).fetchone()
+        return bool(row and row[0])
+
+    @staticmethod
+    def _version(conn: psycopg.Connection) -> int:
+        row = conn.execute("SELECT to_regclass('authsvc_schema')").fetchone()
+        if row is None or row[0] is None:
+            return 0
+        row = conn.execute("SELECT max(version) FROM authsvc_schema").fetchone()
+        return (row[0] if row else None) or 0

@@ -1,0 +1,369 @@
+"""The SQLite store's read path: what the web process runs (the admin side: store/sqlite.py).
+
+The web process opens the file read-only (``mode=ro`` plus ``query_only``), one
+connection per thread of each worker process, opened lazily after fork.
+
+A reader with ``max_staleness`` > 0 keeps one read transaction (a snapshot of
+the file) open and starts a new one when the current one is that many seconds
+old. A query inside an open transaction skips the lock and stat system calls
+that begin and end a transaction in WAL mode, and the small api-key table is
+read once per snapshot into a dict, so an authentication is one primary-key
+lookup of the player: together more than half of the store's cost
+(BENCHMARKS.md). An answer then reflects the store as it was at most
+``max_staleness`` seconds earlier (AUTHSVC_MAX_STALENESS, default 1 s, at most
+1 s; docs/stores.md). With 0, every authentication is one query of its own.
+An idle worker ends its snapshot too: a thread per process ends any snapshot
+older than the bound, since a checkpoint cannot pass an open read transaction
+and the -wal file would grow with every admin write ("The -wal file").
+
+A reader also notices a file replaced under it (``mv``/``rm`` and a new file at
+the path): it compares the file it opened with the one the path names at each
+snapshot, or before each query with 0, reopens a new file, and answers 503 while
+the path is missing or the -wal/-shm beside a new file are the old one's
+(docs/stores.md, "Outages").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+import urllib.parse
+import weakref
+from collections.abc import Callable
+
+from authsvc.errors import ConfigError, StoreUnavailable
+from authsvc.store.base import Credentials
+from authsvc.store.common import ThreadConnections
+
+log = logging.getLogger("authsvc.store")
+
+MMAP_BYTES = 1 << 30  # the reader maps up to the first GiB of the file
+SCHEMA_VERSION = 1  # len(sqlite.MIGRATIONS): the version this release reads
+
+# One row always, the player looked up whether or not the key exists (and the game
+# whether or not it does: id 0 is never used): the same work for any key and player,
+# so the time of an answer does not tell which exist (docs/stores.md). No key: game_id NULL.
+CREDENTIALS_SQL = """
+SELECT k.game_id, coalesce(g.enabled, 0), k.expires_at, p.username, coalesce(p.epoch, 0), coalesce(p.enabled, 0)
+FROM (SELECT ? AS user_id, ? AS digest) AS q
+LEFT JOIN players AS p ON p.user_id = q.user_id
+LEFT JOIN api_keys AS k ON k.digest = q.digest
+LEFT JOIN games AS g ON g.id = coalesce(k.game_id, 0)
+"""
+# With a snapshot: the keys once per snapshot, then the player by primary key, one row
+# whether or not the player exists (a missing one: NULL, 0, 0).
+KEYS_SQL = "SELECT k.digest, k.game_id, g.enabled, k.expires_at FROM api_keys AS k JOIN games AS g ON g.id = k.game_id"
+PLAYER_SQL = """
+SELECT p.username, coalesce(p.epoch, 0), coalesce(p.enabled, 0)
+FROM (SELECT ? AS user_id) AS q LEFT JOIN players AS p ON p.user_id = q.user_id
+"""
+NO_KEY = (None, 0, None)  # game_id NULL, as CREDENTIALS_SQL gives for an unknown key
+
+
+def _identity(path: str) -> tuple[int, int]:
+    """The file ``path`` names now: (device, inode)."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _identities(path: str) -> tuple[tuple[int, int], tuple[int, int] | None, tuple[int, int] | None]:
+    """The database file ``path`` names now, and its -wal and -shm files (None: none)."""
+    wal_shm: list[tuple[int, int] | None] = []
+    for suffix in ("-wal", "-shm"):
+        try:
+            wal_shm.append(_identity(path + suffix))
+        except FileNotFoundError:
+            wal_shm.append(None)
+    return _identity(path), wal_shm[0], wal_shm[1]
+
+
+def path_from_url(url: str) -> str:
+    """The file named by a ``sqlite://PATH`` store URL: the one parser for the admin command and the web process.
+
+    Everything after ``sqlite://`` is the path, taken literally (no %-decoding, no
+    query string or fragment), so ``sqlite:///var/x.db`` is absolute and
+    ``sqlite://var/x.db`` relative to the working directory. SQLAlchemy's
+    ``sqlite:////var/x.db`` is absolute too: two or more leading slashes are one.
+    Anything else raises ConfigError with one line (docs/configuration.md).
+    """
+    scheme, sep, path = url.partition("://")
+    if scheme.lower() != "sqlite" or not sep:
+        raise ConfigError(_bad_url("it does not start with sqlite://"))
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    if os.path.basename(path) in ("", ".", ".."):
+        raise ConfigError(_bad_url("it names no file after sqlite://"))
+    if "\0" in path:
+        raise ConfigError(_bad_url("the path holds a NUL character"))
+    return path
+
+
+def _bad_url(reason: str) -> str:
+    return (
+        f"AUTHSVC_STORE is not a usable sqlite:// URL: {reason}; write sqlite:///absolute/path.db "
+        "or sqlite://relative/path.db (docs/configuration.md)"
+    )
+
+
+class _Snapshot:
+    """One thread's read transaction and the api keys read in it.
+
+    ``lock`` is held by the request that uses the snapshot and by the reaper while
+    it ends one, so a connection is never used by two threads at once.
+    """
+
+    __slots__ = ("lock", "conn", "taken_at", "keys", "__weakref__")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.lock = threading.Lock()
+        self.conn = conn
+        self.taken_at = 0.0
+        self.keys: dict[str, tuple] | None = None  # None: no snapshot open
+
+    def end(self) -> None:
+        if self.keys is not None and self.conn.in_transaction:
+            self.conn.execute("COMMIT")
+        self.keys = None
+
+
+def _reap(store_ref: weakref.ref) -> None:
+    """Every max_staleness seconds, end each snapshot older than that which no request is using.
+
+    A snapshot would otherwise stay open until the worker's next request: while the
+    service is idle, no checkpoint could pass it and the -wal file would grow with
+    every admin write (docs/stores.md). Runs while the store exists.
+    """
+    while (store := store_ref()) is not None:
+        period = max(store.max_staleness, 0.05)
+        del store  # no reference while asleep: the store can be collected
+        time.sleep(period)
+        if (store := store_ref()) is None:
+            return
+        with store._snapshots_lock:
+            snapshots = list(store._snapshots)
+        for snapshot in snapshots:
+            if not snapshot.lock.acquire(blocking=False):
+                continue  # in use by a request, which renews it itself
+            try:
+                if snapshot.keys is not None and store.clock() - snapshot.taken_at >= store.max_staleness:
+                    snapshot.end()
+            except sqlite3.Error:
+                snapshot.keys = None  # the request path notices a broken file itself
+            finally:
+                snapshot.lock.release()
+        del store, snapshots
+
+
+class SQLiteReader(ThreadConnections):
+    """Connections, the credentials read path and the start-up check; SQLiteStore adds the admin side."""
+
+    def __init__(self, url: str, *, readonly: bool, max_staleness: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.path = path_from_url(url)
+        self.readonly = readonly
+        self.max_staleness = max_staleness if readonly else 0.0
+        self.clock = clock
+        self._snapshots: weakref.WeakSet[_Snapshot] = weakref.WeakSet()  # every thread's, for the reaper
+        self._snapshots_lock = threading.Lock()
+        self._reaper = False
+
+    def _after_fork(self) -> None:
+        """The child's snapshots, their locks and the registry's lock are new: the parent's
+        reaper may have held one at the fork. Threads do not survive a fork: no reaper yet."""
+        super()._after_fork()
+        self._snapshots = weakref.WeakSet()
+        self._snapshots_lock = threading.Lock()
+        self._reaper = False
+
+    # -- connections --------------------------------------------------------------
+    def _open(self) -> sqlite3.Connection:
+        """A read-only connection (SQLiteStore opens the admin's)."""
+        uri = "file://" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"  # empty authority
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA query_only = ON")
+        # Pages read straight from the OS page cache, shared by all workers, without a
+        # read() per page: a 10M-player store costs 1.07x a 100k one, not 1.2x+ (BENCHMARKS.md).
+        conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES:d}")
+        conn.execute("PRAGMA busy_timeout = 2000")
+        return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        """Open the file; a reader also records which files it opened (device, inode).
+
+        sqlite3 gives no descriptor to fstat, so the paths are stat'ed before the open and
+        again after a first read, which opens the -wal and -shm files too. Equal: the
+        connection and its WAL files are the files the paths name. Not equal (a file was
+        swapped meanwhile): open again. A stat after the open alone could record the new
+        file for a connection to the old one, and never notice.
+        """
+        if not self.readonly:
+            return self._open()
+        for _ in range(3):
+            before = _identities(self.path)
+            conn = self._open()
+            try:
+                self._version(conn)
+                if _identities(self.path) == before:
+                    self._local.identity = before
+                    return conn
+            except BaseException:
+                conn.close()
+                raise
+            conn.close()
+        raise sqlite3.OperationalError("the store file was replaced three times while it was being opened")
+
+    def _check_file(self) -> None:
+        """Drop this thread's connection if the path no longer names the file it has open.
+
+        A file renamed or deleted stays readable through an open descriptor for ever,
+        so without this a store replaced by a new file (``authsvc init`` after ``mv``
+        or ``rm``) would never be read: its revocations never seen. While the path is
+        missing: HTTP 503.
+
+        SQLite pairs a database with its -wal and -shm files by name. A new file moved
+        over the old one finds the old one's -wal and -shm beside it, and reading the
+        pair would give the old file's pages from the -wal (a revoked player accepted):
+        while either is still the old file's, HTTP 503 too. In both cases the old
+        connection stays open, unused, so the old files cannot be mistaken for new ones
+        (their inodes cannot be reused) and are recognised when a file comes back.
+        """
+        local = self._local
+        opened = getattr(local, "identity", None)
+        if opened is None:
+            return
+        try:
+            if _identity(self.path) == opened[0]:
+                return
+            main, wal, shm = _identities(self.path)
+        except FileNotFoundError:
+            self._hold(local)
+            raise StoreUnavailable("sqlite store file missing") from None
+        if (wal is not None and wal == opened[1]) or (shm is not None and shm == opened[2]):
+            self._hold(local)
+            if not getattr(local, "warned", False):
+                local.warned = True
+                log.error(
+                    "sqlite store %s was replaced, but %s-wal or -shm beside it is the old file's: "
+                    "answering 503 until they are removed (docs/stores.md)", self.path, self.path,
+                )
+            raise StoreUnavailable("sqlite store replaced without its -wal and -shm files")
+        self._close_conn()  # the next _conn() opens the new file, with its own -wal and -shm
+
+    @staticmethod
+    def _hold(local: threading.local) -> None:
+        """Keep the connection, but end its snapshot (the old file's WAL may be checkpointed).
+
+        Like _close_conn, called with the snapshot's lock held (or with no snapshot).
+        """
+        snapshot = getattr(local, "snapshot", None)
+        if snapshot is not None:
+            snapshot.end()
+        if local.conn.in_transaction:
+            local.conn.execute("COMMIT")
+
+    def _conn(self) -> sqlite3.Connection:
+        local = self._local
+        if not hasattr(local, "conn"):  # first use in this thread of this process
+            local.conn = self._connect()
+        return local.conn
+
+    def _snapshot(self) -> _Snapshot:
+        """This thread's snapshot holder, made on first use; the first one in a process starts the reaper."""
+        snapshot = _Snapshot(self._conn())
+        with self._snapshots_lock:
+            self._snapshots.add(snapshot)
+            if not self._reaper:
+                self._reaper = True
+                threading.Thread(target=_reap, args=(weakref.ref(self),), name="authsvc-snapshots", daemon=True).start()
+        self._local.snapshot = snapshot
+        return snapshot
+
+    def _new_snapshot(self, snapshot: _Snapshot) -> dict[str, tuple]:
+        """End this thread's snapshot and start another; returns its keys (the caller holds ``snapshot.lock``).
+
+        The file is checked first, so no snapshot is taken of a file the path stopped
+        naming before this one began: a replaced store is read within the same bound.
+        """
+        now = self.clock()
+        snapshot.end()
+        self._check_file()
+        conn = self._conn()
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+        conn.execute("BEGIN")  # the snapshot is taken by the next SELECT, after ``now``
+        keys = {digest: (game_id, enabled, expires_at) for digest, game_id, enabled, expires_at in conn.execute(KEYS_SQL)}
+        snapshot.conn, snapshot.taken_at, snapshot.keys = conn, now, keys
+        return keys
+
+    def close(self) -> None:
+        self._drop()
+
+    def _drop(self) -> None:
+        """Close this thread's connection (reopened on next use), never while the reaper uses it."""
+        snapshot = getattr(self._local, "snapshot", None)
+        if snapshot is None:
+            self._close_conn()
+        else:
+            with snapshot.lock:
+                self._close_conn()
+
+    def _close_conn(self) -> None:
+        local = self._local
+        snapshot = getattr(local, "snapshot", None)
+        if snapshot is not None:
+            snapshot.keys = None  # its connection is closed here: no snapshot open
+        conn = getattr(local, "conn", None)
+        if conn is not None:
+            conn.close()
+        local.__dict__.clear()
+        if snapshot is not None:
+            local.snapshot = snapshot  # the reaper knows it: the next request fills it again
+
+    # -- read path ------------------------------------------------------------------
+    def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
+        try:
+            # Either path does the same work for a known or unknown key, an existing or
+            # missing player: one query, one row, one Credentials built (docs/stores.md).
+            if not self.max_staleness:
+                self._check_file()
+                found = Credentials._make(self._conn().execute(CREDENTIALS_SQL, (user_id, key_digest)).fetchone())
+            else:
+                snapshot = getattr(self._local, "snapshot", None) or self._snapshot()
+                with snapshot.lock:  # the reaper ends a snapshot only between two requests
+                    keys = snapshot.keys
+                    if keys is None or self.clock() - snapshot.taken_at >= self.max_staleness:
+                        keys = self._new_snapshot(snapshot)
+                    row = snapshot.conn.execute(PLAYER_SQL, (user_id,)).fetchone()
+                found = Credentials._make((*keys.get(key_digest, NO_KEY), *row))
+            return None if found.game_id is None else found
+        except (sqlite3.Error, OSError):
+            self._drop()  # reopen on the next request: the file may come back
+            raise StoreUnavailable("sqlite store unreadable") from None
+
+    def check(self) -> None:
+        if not os.path.exists(self.path):
+            raise ConfigError(f"sqlite store {self.path} does not exist (run 'authsvc init')")
+        try:
+            version = self._version(self._conn())
+        except (sqlite3.Error, OSError) as e:
+            self._drop()
+            raise ConfigError(f"sqlite store {self.path} cannot be read: {e}") from None
+        if version != SCHEMA_VERSION:
+            raise ConfigError(
+                f"sqlite store {self.path} is at schema version {version}, "
+                f"this release needs {SCHEMA_VERSION} (run 'authsvc init')"
+            )
+
+    @staticmethod
+    def _version(conn: sqlite3.Connection) -> int:
+        return conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def journal_mode_warning(self) -> str | None:
+        """Why a restored copy is slow, for the start-up log: readers wait for admin writes (docs/operations.md s. 8)."""
+        mode = self._conn().execute("PRAGMA journal_mode").fetchone()[0]
+        return None if mode == "wal" else (f"sqlite store {self.path} is in {mode} journal mode, not WAL: admin writes "
+                                           "block authentication; run 'authsvc init' (docs/operations.md section 8)")

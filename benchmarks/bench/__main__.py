@@ -1,0 +1,105 @@
+"""scripts/bench's entry point: ``python -m benchmarks.bench [--only SECTION,...]``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+from benchmarks.bench.sections import SECTIONS
+from benchmarks.bench.serve import write_wrk_script
+from benchmarks.bench.world import SAMPLE, make_world
+
+
+def versions() -> str:
+    def out(cmd: list[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            return "?"
+
+    import importlib.metadata
+
+    import gunicorn as gunicorn_pkg
+
+    wrk_version = out(["wrk", "-v"]).split(" [")[0]
+    nginx_version = subprocess.run([shutil.which("nginx") or "/usr/sbin/nginx", "-v"], capture_output=True,
+                                   text=True).stderr.strip() if shutil.which("nginx") or os.path.exists(
+                                       "/usr/sbin/nginx") else "nginx not installed"
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return (f"{platform.system()} {platform.release()} {platform.machine()}, {os.cpu_count()} CPUs ({cpu}); "
+            f"Python {platform.python_version()}, gunicorn {gunicorn_pkg.__version__}, SQLite {sqlite3.sqlite_version}, "
+            f"Flask {importlib.metadata.version('flask')}, {wrk_version}, {nginx_version}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="scripts/bench", description=(__package__ and sys.modules[__package__].__doc__ or "").split("\n\n")[0],
+        epilog="sections:\n" + "\n".join(
+            textwrap.fill(s.description, 100, initial_indent=f"  {name:<9} ", subsequent_indent=" " * 12)
+            for name, s in SECTIONS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--only", default=",".join(SECTIONS),
+                        help=f"comma-separated sections: {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument("--players", type=int, default=100_000, help="players in the store (default 100,000)")
+    parser.add_argument("--scale-players", type=int, default=10_000_000, help="players of the scale section's store")
+    parser.add_argument("--scale-sizes", default="100000,1000000",
+                        help="store sizes of the scale section's per-engine table (default 100000,1000000)")
+    parser.add_argument("--scale-engines", default="sqlite,postgresql",
+                        help="engines of the scale section's per-engine table ('' for none; postgresql uses --pg)")
+    parser.add_argument("--auths", type=int, default=20_000,
+                        help="authentications per store in the scale section's per-engine table (default 20,000)")
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (default 10)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
+    parser.add_argument("--connections", type=int, default=32, help="wrk connections (default 32)")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers in core and postgres (default 2)")
+    parser.add_argument("--calls", type=int, default=20_000, help="in-process calls per round (default 20,000)")
+    parser.add_argument("--pg", default=os.environ.get("AUTHSVC_BENCH_POSTGRES_URL",
+                                                       "postgresql://postgres@127.0.0.1:5432/postgres"),
+                        help="superuser URL of a PostgreSQL server; a temporary database is made and dropped")
+    parser.add_argument("--cold-calls", type=int, default=300, help="calls per run of the cold section")
+    parser.add_argument("--profile-rows", type=int, default=30, help="functions listed by the profile section")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
+    args = parser.parse_args(argv)
+    sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s): {', '.join(sorted(unknown))}")
+    if any(SECTIONS[s].needs_wrk for s in sections) and not shutil.which("wrk"):
+        raise SystemExit("bench: wrk is not installed (Debian/Ubuntu: apt-get install wrk)")
+
+    root = Path(tempfile.mkdtemp(prefix="authsvc-bench-"))
+    logs = root / "logs"
+    logs.mkdir()
+    try:
+        print(f"# authsvc benchmark, {time.strftime('%Y-%m-%d %H:%M %Z')}\n\n{versions()}\n")
+        t0 = time.monotonic()
+        world = make_world(root / "world", args.players)
+        print(f"Store: SQLite, {args.players:,} players, built in {time.monotonic() - t0:.1f} s; "
+              f"requests cycle through {SAMPLE} random players, all valid.", flush=True)
+        script = write_wrk_script(world, root / "requests.lua")
+        for section in sections:
+            print(f"bench: section {section} ...", file=sys.stderr, flush=True)
+            SECTIONS[section].run(world, args, logs, script)
+            sys.stdout.flush()
+    finally:
+        if args.keep:
+            print(f"\n(work directory kept: {root})", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

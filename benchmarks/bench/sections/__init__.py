@@ -1,0 +1,43 @@
+"""The bench's sections, in the order a full run takes them: name -> what it measures and how to run it.
+
+Each section is a module with ``run(world, args, logs, script)``: the shared store
+(``world``), the parsed options, a directory for server logs and the wrk request
+script. ``--only NAME,...`` picks sections by the names of this table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from benchmarks.bench.sections import bodies, cold, core, metrics, nginx, postgres, profile, scale
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    run: Callable[..., None]
+    description: str
+    needs_wrk: bool  # sections that load a server with wrk; the others call the app in-process
+
+
+SECTIONS: dict[str, Section] = {
+    "core": Section(core.run, "bare app, authsvc (SQLite, 100,000 players) and Flask under identical gunicorn "
+                    "settings, wrk over loopback TCP; plus each app's in-process cost per call (the WSGI callable "
+                    "called directly, no server)", True),
+    "nginx": Section(nginx.run, "the shipped nginx site (legacy plain-HTTP host, and the HTTPS host) in front of the "
+                     "shipped gunicorn.conf.py on a unix socket: sync against gthread workers, nginx keeping "
+                     "upstream connections alive", True),
+    "postgres": Section(postgres.run, "authsvc on PostgreSQL (the same players, moved with authsvc export/import) "
+                        "against authsvc on SQLite, through gunicorn", True),
+    "scale": Section(scale.run, "in-process cost per authentication with 100,000 against 10,000,000 players "
+                     "(SQLite); then, per engine and store size, the time of 'authsvc player import' and the "
+                     "per-call cost of the app and of store.credentials() alone (docs/stores.md)", False),
+    "profile": Section(profile.run, "py-spy on one authsvc worker under wrk: where a request's time goes", True),
+    "cold": Section(cold.run, "in-process cost with the CPU caches emptied before each call, as in a worker "
+                    "between requests", False),
+    "bodies": Section(bodies.run, "in-process cost of the costliest request bodies of at most 16 KiB "
+                      "(harness/hostile_bodies.py) against a plain form with the same three fields", False),
+    "metrics": Section(metrics.run, "in-process cost per authentication with metrics on (the metrics extra, "
+                       "prometheus_client's multiprocess mode as under gunicorn.conf.py) against the same app "
+                       "with metrics off", False),
+}

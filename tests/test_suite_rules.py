@@ -1,0 +1,68 @@
+"""Rules the test suite keeps about itself (tests/conftest.py, tests/support.py).
+
+A test module never imports another test module: what two share lives in a
+support module. Tests pin an engine one way only: the ``engine`` marker. The
+benchmarks never import the tests (both use harness/).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_MODULES = sorted((REPO / "tests").glob("test_*.py"))
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, as dotted names (``from tests import test_x`` gives tests.test_x)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            names.add(base)
+            names.update(f"{base}.{alias.name}".replace("..", ".") for alias in node.names)
+    return names
+
+
+def is_test_module(name: str) -> bool:
+    return name.rsplit(".", 1)[-1].startswith("test_")
+
+
+def test_no_test_module_imports_another_test_module():
+    offenders = {
+        path.name: sorted(name for name in imported_modules(path) if is_test_module(name) or name == "tests.conftest")
+        for path in TEST_MODULES
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_rule_sees_every_import_form(tmp_path):
+    module = tmp_path / "test_a.py"
+    module.write_text("import tests.test_b\nfrom tests.test_c import x\nfrom tests import test_d\nfrom .test_e import y\n")
+    found = {name for name in imported_modules(module) if is_test_module(name)}
+    assert {"tests.test_b", "tests.test_c", "tests.test_d", ".test_e"} <= found
+
+
+def test_benchmarks_never_import_the_tests():
+    offenders = {
+        str(path.relative_to(REPO)): sorted(n for n in imported_modules(path) if n == "tests" or n.startswith("tests."))
+        for path in sorted((REPO / "benchmarks").rglob("*.py")) + sorted((REPO / "harness").rglob("*.py"))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_engines_are_pinned_with_the_engine_marker_only():
+    """No ``parametrize("store_url", ...)`` and no module-level ``store_url`` fixture besides conftest's."""
+    offenders = []
+    for path in TEST_MODULES:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "store_url":
+                offenders.append(f"{path.name}: defines a store_url fixture")
+            if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "parametrize" and node.args
+                    and isinstance(node.args[0], ast.Constant) and "store_url" in str(node.args[0].value)):
+                offenders.append(f"{path.name}:{node.lineno}: parametrizes store_url")
+    assert offenders == []
