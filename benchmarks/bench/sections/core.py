@@ -23,7 +23,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
             kind = "bare" if name == "bare" else "endpoint"
             servers.append(Server(name, kind, f"http://127.0.0.1:{port}", master=proc))
         rows = measure(servers, world, script, args)
-    bare, plain, authsvc, flask = rows
+    bare, _, authsvc, flask = rows  # the plain app is compared in-process below
     print_table(
         f"1. Through gunicorn ({args.workers} sync workers, --preload, loopback TCP), "
         f"wrk -t{args.threads} -c{args.connections} -d{args.duration}s, {args.rounds} alternating rounds, "
