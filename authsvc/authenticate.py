@@ -5,6 +5,10 @@ wrong -> 403; all three right -> the player. The store is asked once, and does
 the same work whether or not the key and the player exist (docs/stores.md); the
 token HMAC is computed either way, so the time of a 403 tells neither
 (tests/test_equal_work.py).
+
+Every answer also carries an internal reason (SUCCESS, UNKNOWN_KEY, ...) for the
+logs and metrics (docs/logs.md), never for the client: it is read off the one
+row the store returned, with comparisons only, after the same work as before.
 """
 
 from __future__ import annotations
@@ -21,16 +25,39 @@ MISSING_DESCRIPTION = "user_id, game_auth_token, and api_key are required parame
 INVALID_DESCRIPTION = "Invalid credentials"
 MAX_USER_ID = 2**63 - 1
 
+# Reasons, in the order they are decided (docs/logs.md). STORE_UNAVAILABLE is the app's (a 503).
+SUCCESS = "success"
+MISSING_PARAMETERS = "missing_parameters"
+MALFORMED = "malformed"
+UNKNOWN_KEY = "unknown_key"
+EXPIRED_KEY = "expired_key"
+GAME_DISABLED = "game_disabled"
+UNKNOWN_PLAYER = "unknown_player"
+PLAYER_DISABLED = "player_disabled"
+WRONG_TOKEN = "wrong_token"
+STORE_UNAVAILABLE = "store_unavailable"
+REASONS = (SUCCESS, MISSING_PARAMETERS, MALFORMED, UNKNOWN_KEY, EXPIRED_KEY, GAME_DISABLED, UNKNOWN_PLAYER,
+           PLAYER_DISABLED, WRONG_TOKEN, STORE_UNAVAILABLE)
+
 
 class Result(NamedTuple):
-    """Either a player (error is None) or an error code of docs/api.md (400, 403), and its JSON body."""
+    """Either a player (error is None) or an error code of docs/api.md (400, 403), and its JSON body.
+
+    ``reason`` says why, for logs and metrics only; ``game_id`` is the game of the api key
+    (None when no game has it) and ``user_id`` the parsed user id (None unless canonical).
+    """
 
     error: int | None
     body: bytes
+    reason: str = SUCCESS
+    game_id: int | None = None
+    user_id: int | None = None
 
 
-MISSING = Result(400, json_bytes(error_object(400, MISSING_DESCRIPTION)))
-FORBIDDEN = Result(403, json_bytes(error_object(403, INVALID_DESCRIPTION)))
+FORBIDDEN_BODY = json_bytes(error_object(403, INVALID_DESCRIPTION))
+MISSING = Result(400, json_bytes(error_object(400, MISSING_DESCRIPTION)), MISSING_PARAMETERS)
+MALFORMED_RESULT = Result(403, FORBIDDEN_BODY, MALFORMED)
+FORBIDDEN = MALFORMED_RESULT  # the 403 answer (kept for callers that only need the code and body)
 NOTHING_FOUND = Credentials(game_id=0, game_enabled=False, key_expires_at=None, username=None, epoch=0,
                             player_enabled=False)
 
@@ -59,18 +86,27 @@ class Authenticator:
             return MISSING
         user_id = parse_user_id(raw_user_id)
         if user_id is None or not isinstance(token, str) or not isinstance(api_key, str):  # INVALID: undecodable
-            return FORBIDDEN
+            return MALFORMED_RESULT
 
         # Placeholder game 0 / epoch 0 keep the HMAC work the same when no key was found.
         game_id, game_enabled, expires_at, username, epoch, player_enabled = (
             self.store.credentials(api_key_digest(api_key), user_id) or NOTHING_FOUND
         )
-        if (
-            self.tokens.matches(game_id, user_id, epoch, token)
-            and game_enabled
-            and username is not None
-            and player_enabled
-            and (expires_at is None or expires_at > self.clock())
-        ):
-            return Result(None, success_bytes(user_id, username))
-        return FORBIDDEN
+        token_ok = self.tokens.matches(game_id, user_id, epoch, token)
+        # Comparisons only (no call but the clock, as before, for a key with an expiry),
+        # so the work stays the same for any key and player (tests/test_equal_work.py).
+        if not game_id:  # ids start at 1: 0 is the placeholder of an unknown key
+            return Result(403, FORBIDDEN_BODY, UNKNOWN_KEY, None, user_id)
+        if expires_at is not None and expires_at <= self.clock():
+            reason = EXPIRED_KEY
+        elif not game_enabled:
+            reason = GAME_DISABLED
+        elif username is None:
+            reason = UNKNOWN_PLAYER
+        elif not player_enabled:
+            reason = PLAYER_DISABLED
+        elif not token_ok:
+            reason = WRONG_TOKEN
+        else:
+            return Result(None, success_bytes(user_id, username), SUCCESS, game_id, user_id)
+        return Result(403, FORBIDDEN_BODY, reason, game_id, user_id)

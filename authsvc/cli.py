@@ -4,7 +4,7 @@
     game add | list | enable | disable | rotate-key
     player add | show | rename | enable | disable | revoke | import
     token issue
-    export, import, backup, check
+    export, import, backup, check, explain
 
 Every subcommand takes ``--json`` (one JSON object on stdout). Bad input gives a
 one-line message on stderr and exit 1 (exit 2 for a malformed command line).
@@ -347,6 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = leaf(top, "check", check.cmd_check, "call a running service at each URL and report each case")
     check.add_arguments(p, user_id_arg, game_id_arg)
+
+    from authsvc import explain
+
+    explain.add_arguments(leaf(top, "explain", explain.cmd_explain, "say why a request would fail, or that it succeeds"))
     return parser
 
 

@@ -31,6 +31,8 @@ PLACEHOLDER = re.compile(r"@([A-Z][A-Z0-9_]*)@")
 DEFAULTS = {
     "HTTPS_LISTEN": "443 [::]:443",
     "HTTP_LISTEN": "80 [::]:80",
+    # The monitoring server (/metrics, /healthz, /readyz): loopback unless told otherwise.
+    "METRICS_LISTEN": "127.0.0.1:9180",
     "SOCKET": "/run/authsvc.sock",
     # UPSTREAMS (the app hosts nginx proxies to) defaults to "unix:" + SOCKET.
     "NGINX_DIR": "/etc/nginx",

@@ -120,9 +120,9 @@ class RedactFilter(logging.Filter):
 
     def __init__(self, name: str = "") -> None:
         super().__init__(name)
-        from authsvc.app import AUTHENTICATE_PATH, HEALTH_PATH  # the app's routes, named in the log
+        from authsvc.app import ROUTE_PATHS  # the app's routes, named in the log
 
-        self.routes = frozenset((AUTHENTICATE_PATH, HEALTH_PATH))
+        self.routes = frozenset(ROUTE_PATHS)
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:

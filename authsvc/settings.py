@@ -158,6 +158,21 @@ class GunicornSettings:
         return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
 
 
+def metrics_dir(environ: Mapping[str, str] | None = None) -> str:
+    """Where every gunicorn worker writes its metrics files (the metrics extra; docs/operations.md,
+    "Monitoring"), for deploy/gunicorn.conf.py. Not a setting of the file.
+
+    ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's own variable; the unit sets it
+    inside its RuntimeDirectory), else ``metrics`` in systemd's ``RUNTIME_DIRECTORY`` or
+    ``STATE_DIRECTORY``, else "": a run by hand, for which gunicorn.conf.py makes one.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("PROMETHEUS_MULTIPROC_DIR"):
+        return env["PROMETHEUS_MULTIPROC_DIR"]
+    systemd_dir = (env.get("RUNTIME_DIRECTORY") or env.get("STATE_DIRECTORY") or "").split(":")[0]
+    return os.path.join(systemd_dir, "metrics") if systemd_dir else ""
+
+
 def read_settings(env: Mapping[str, str]) -> dict[str, Any]:
     """Every declared setting, checked: the environment's value, else the file's, else the default.
 

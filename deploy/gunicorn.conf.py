@@ -28,7 +28,7 @@ $STATE_DIRECTORY (created and unlinked at once).
 import os
 
 from authsvc.errors import ConfigError
-from authsvc.settings import GunicornSettings
+from authsvc.settings import GunicornSettings, metrics_dir
 
 try:
     _settings = GunicornSettings.from_env()
@@ -129,3 +129,50 @@ logconfig_dict = {
         },
     },
 }
+
+# Metrics (docs/operations.md, "Monitoring"; authsvc/metrics.py), with the metrics extra:
+# every worker counts into files in PROMETHEUS_MULTIPROC_DIR (prometheus_client's
+# multiprocess mode), so a scrape answered by any worker shows the sum of all.
+# authsvc/settings.py (metrics_dir) picks it: the systemd unit sets it inside its
+# RuntimeDirectory (/run/authsvc/metrics); without it, "metrics" in $RUNTIME_DIRECTORY
+# or $STATE_DIRECTORY, else a directory of its own under the temporary directory,
+# removed at exit (a run by hand).
+# It must be set before the preloaded app imports prometheus_client, so here, at
+# load (a HUP reload keeps the value already set). on_starting empties it once per
+# start: counters restart from 0 with the master, as Prometheus expects of a restart.
+_metrics_dir = metrics_dir()
+if _metrics_dir:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
+else:
+    import tempfile
+
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="authsvc-metrics-")
+    os.environ["AUTHSVC_METRICS_DIR_OWNED"] = "1"
+os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], mode=0o700, exist_ok=True)
+
+
+def _metrics_files():
+    path = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    return [os.path.join(path, name) for name in os.listdir(path) if name.endswith(".db")]
+
+
+def on_starting(server):
+    """Counts of an earlier run (a crash leaves its files) must not add to this one's."""
+    for name in _metrics_files():
+        os.unlink(name)
+
+
+def child_exit(server, worker):
+    """A dead worker's counters stay (its files are kept); its live gauges go (none today)."""
+    try:
+        from prometheus_client import multiprocess
+    except ImportError:
+        return
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    if os.environ.get("AUTHSVC_METRICS_DIR_OWNED"):
+        import shutil
+
+        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)

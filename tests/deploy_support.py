@@ -67,6 +67,7 @@ class Stack:
     nginx: subprocess.Popen
     ready_message: str
     logs: Path
+    metrics_port: int = 0  # the monitoring server (/metrics, /healthz, /readyz), loopback
     # start_stack(extra_app_hosts=N): more gunicorn instances ("app hosts") on loopback
     # TCP, after the unix socket in UPSTREAMS; their logs are gunicorn-<port>-*.log.
     app_hosts: list[tuple[str, subprocess.Popen]] = dataclasses.field(default_factory=list)
@@ -159,7 +160,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
     (root / "key.pem").chmod(0o600)
     ca.cert_pem.write_to_path(str(root / "ca.pem"))
 
-    https_port, http_port = free_port(), free_port()
+    https_port, http_port, metrics_port = free_port(), free_port(), free_port()
     v6 = ipv6_loopback()
     listen = lambda port: f"127.0.0.1:{port}" + (f" [::1]:{port}" if v6 else "")  # noqa: E731
     rendered = root / "deploy"
@@ -171,6 +172,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         "LEGACY_HOST": LEGACY_HOST,
         "HTTPS_LISTEN": listen(https_port),
         "HTTP_LISTEN": listen(http_port),
+        "METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
         "HTTPS_URL": f"https://{API_HOST}:{https_port}",
         "TLS_CERT": str(root / "cert.pem"),
         "TLS_KEY": str(root / "key.pem"),
@@ -267,5 +269,6 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         root=root, https_port=https_port, http_port=http_port, ca=ca, ca_file=root / "ca.pem",
         game_id=game["game_id"], api_key=game["api_key"], other_api_key=other["api_key"],
         user_id=4242, username="alice", token=token, token_secret=token_secret, env=admin_env,
-        gunicorn=gunicorn, nginx=nginx_proc, ready_message=ready, logs=logs, app_hosts=app_hosts,
+        gunicorn=gunicorn, nginx=nginx_proc, ready_message=ready, logs=logs, metrics_port=metrics_port,
+        app_hosts=app_hosts,
     )

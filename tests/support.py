@@ -22,12 +22,14 @@ import pytest
 import webtest
 
 from authsvc.app import make_app
+from authsvc.authenticate import MISSING_DESCRIPTION
 from authsvc.settings import Settings
 from harness.processes import free_port, start_gunicorn, wait_for_port
 
 __all__ = [
-    "ERROR_KEYS", "INVALID", "PATH", "STRICT", "FakeClock", "assert_contract_headers", "free_port", "get",
-    "hold_write_lock", "make_testapp", "skip_or_fail", "start_gunicorn", "wait_for_port",
+    "ERROR_KEYS", "INVALID", "MISSING", "PATH", "STRICT", "FakeClock", "assert_contract_headers", "free_port", "get",
+    "get_text", "hold_write_lock", "make_testapp", "skip_or_fail", "start_gunicorn", "until_both_workers_counted",
+    "wait_for_port", "workers_that_authenticated",
 ]
 
 STRICT = os.environ.get("AUTHSVC_TEST_STRICT") == "1"
@@ -66,6 +68,7 @@ def hold_write_lock(url: str, user_id: int):
 PATH = "/api/authenticate.json"
 ERROR_KEYS = {"success", "error", "error_description"}
 INVALID = {"success": False, "error": 403, "error_description": "Invalid credentials"}
+MISSING = {"success": False, "error": 400, "error_description": MISSING_DESCRIPTION}
 
 
 def make_testapp(settings: Settings, **overrides) -> webtest.TestApp:
@@ -105,3 +108,37 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def get_text(port: int, path: str) -> tuple[int, str]:
+    """One GET of ``path`` on 127.0.0.1:port, on a new connection: (status, body as text)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        res = conn.getresponse()
+        return res.status, res.read().decode()
+    finally:
+        conn.close()
+
+
+def workers_that_authenticated(metrics_dir) -> int:
+    """Worker files (prometheus_client's, one per process) holding a non-zero authentication count."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    return sum(
+        any('"authsvc_authentications' in key and value for key, value, *_ in MmapedDict.read_all_values_from_file(str(f)))
+        for f in metrics_dir.glob("counter_*.db")
+    )
+
+
+def until_both_workers_counted(port: int, params: dict, metrics_dir, limit: int = 2000) -> int:
+    """Successful authentications, each on a new connection, until two gunicorn workers have
+    counted some (tests/test_metrics.py, tests/test_prometheus.py): the kernel may hand one
+    worker every connection for a while. Returns how many were sent; at most ``limit``."""
+    sent = 0
+    query = PATH + "?" + urllib.parse.urlencode(params)
+    while workers_that_authenticated(metrics_dir) < 2:
+        assert sent < limit, "one worker answered every request"
+        assert get_text(port, query)[0] == 200
+        sent += 1
+    return sent

@@ -96,7 +96,7 @@ def test_the_sections_table_is_the_help_and_the_only_choices():
     assert done.returncode == 0, done.stderr
     listed = [line.split()[0] for line in done.stdout.split("sections:\n", 1)[1].splitlines() if line.startswith("  ")
               and not line.startswith("   ")]
-    assert listed == list(SECTIONS) == ["core", "nginx", "postgres", "scale", "profile", "cold", "bodies"]
+    assert listed == list(SECTIONS) == ["core", "nginx", "postgres", "scale", "profile", "cold", "bodies", "metrics"]
     refused = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--only", "core,warp"], capture_output=True,
                              text=True, timeout=60, cwd=REPO)
     assert refused.returncode == 2 and "unknown section(s): warp" in refused.stderr
@@ -114,3 +114,21 @@ def test_smoke_run_of_the_scale_section_on_both_engines(pg_server_url):
             or line.startswith("| postgresql")]
     assert [row[:2] for row in rows] == [[" sqlite ", " 200 "], [" postgresql ", " 200 "]], done.stdout
     assert all(float(cell) > 0 for row in rows for cell in row[3:]), done.stdout
+
+
+def test_smoke_run_of_the_metrics_section():
+    """Metrics on against off, in process (no wrk), after a section that already imported prometheus_client."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        skip_or_fail("prometheus_client is not installed (pip install -e '.[metrics]')")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "cold,metrics", "--players", "200", "--calls", "100",
+         "--cold-calls", "5"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line.split("|") for line in done.stdout.split("8. Metrics cost", 1)[1].splitlines()
+            if line.startswith("| ")}
+    assert float(rows["authsvc, metrics off"][2]) > 0 and float(rows["authsvc, metrics on"][2]) > 0, done.stdout
+    assert "Target: metrics on within 3 µs of metrics off" in done.stdout

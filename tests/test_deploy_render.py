@@ -99,10 +99,12 @@ def test_nginx_access_log_format_never_holds_query_or_body(rendered):
         assert "$request_method" in fmt and "$request_id" in fmt
     # Every access_log line uses that format (429 and 444 answers sampled).
     for line in re.findall(r"^\s*access_log\s+([^;]*);", text, re.M):
-        assert line.split()[1:] == ["authsvc_access", "if=$authsvc_log"], line
+        # The monitoring server (/metrics, probes) leaves out its successful answers instead.
+        assert line.split()[1:] in (["authsvc_access", "if=$authsvc_log"], ["authsvc_access", "if=$authsvc_monitor_log"]), line
 
 
 def test_gunicorn_config_keeps_queries_out_and_files_in(monkeypatch, tmp_path):
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))  # else the config sets one
     monkeypatch.setenv("AUTHSVC_WORKERS", "3")
     monkeypatch.setenv("AUTHSVC_WORKER_CLASS", "gthread")
     config = tmp_path / "authsvc.toml"
@@ -129,8 +131,10 @@ def test_gunicorn_config_keeps_queries_out_and_files_in(monkeypatch, tmp_path):
 def _gunicorn_conf(monkeypatch, tmp_path, text: str | None, **env) -> dict:
     """deploy/gunicorn.conf.py as gunicorn runs it, with only the settings given here."""
     for name in ("AUTHSVC_WORKERS", "AUTHSVC_WORKER_CLASS", "AUTHSVC_THREADS", "AUTHSVC_TIMEOUT", "AUTHSVC_BIND",
-                 "AUTHSVC_LOG_LEVEL", "AUTHSVC_CONFIG"):
+                 "AUTHSVC_LOG_LEVEL", "AUTHSVC_CONFIG", "AUTHSVC_METRICS_DIR_OWNED"):
         monkeypatch.delenv(name, raising=False)
+    # Else the config makes a metrics directory and sets the variable in this process for good.
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))
     if text is not None:
         config = tmp_path / "authsvc.toml"
         config.write_text(text)

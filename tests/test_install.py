@@ -74,6 +74,8 @@ def test_staged_install_puts_everything_in_place(staged):
         "opt/authsvc/venv/bin/authsvc": 0o755,
         "opt/authsvc/gunicorn.conf.py": 0o644,
         "opt/authsvc/docs/operations.md": 0o644,
+        "opt/authsvc/monitoring/authsvc-rules.yml": 0o644,
+        "opt/authsvc/monitoring/grafana-dashboard.json": 0o644,
         "usr/local/bin/authsvc": 0o755,
         "etc/systemd/system/authsvc.socket": 0o644,
         "etc/systemd/system/authsvc.service": 0o644,

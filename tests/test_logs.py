@@ -22,6 +22,7 @@ KEY = "9e258f6c-a232-442b-8d2d-f22da9c19d49"
 def test_route_names():
     assert route_name("/api/authenticate.json") == "/api/authenticate.json"
     assert route_name("/healthz") == "/healthz"
+    assert route_name("/readyz") == "/readyz"
     assert route_name(f"/api/authenticate.json?api_key={KEY}") == "<other>"
     assert route_name(None) == "<other>"
     assert route_name("") == "<other>"
@@ -93,10 +94,10 @@ def test_a_store_outage_logs_one_line_per_ten_seconds(world, settings, tmp_path,
         assert [r.getMessage() for r in caplog.records] == ["store unavailable on /api/authenticate.json"]
         now[0] += 5.0
         for _ in range(3):
-            res = app.get("/healthz", status=503)
+            res = app.get("/readyz", status=503)
         assert res.headers["X-Authsvc-Result"] == "503"
         assert [r.getMessage() for r in caplog.records][1:] == [
-            "store unavailable on /healthz (49 more since the last such line)"
+            "store unavailable on /readyz (49 more since the last such line)"
         ]
     assert KEY not in caplog.text and params["api_key"] not in caplog.text
     app.app.store.close()

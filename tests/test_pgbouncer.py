@@ -118,7 +118,7 @@ def test_core_cases_through_pgbouncer_in_transaction_mode(world, pgbouncer, pg_s
                 assert app.get(PATH, world.params(api_key="k" * 43)).json == FORBIDDEN
                 assert app.get(PATH, world.params(user_id="4243")).json == FORBIDDEN
                 assert app.get(PATH, world.params(api_key=None)).json == MISSING
-                assert app.get("/healthz").json["success"] is True
+                assert app.get("/readyz").json["success"] is True
         assert world.store.revoke_player(world.user_id) == 1  # the admin side, straight to PostgreSQL
         for app in apps:
             assert app.get(PATH, world.params(game_auth_token=old_token)).json == FORBIDDEN

@@ -323,3 +323,13 @@ def test_every_declared_setting_is_read_and_documented():
     for s in SETTINGS:
         key = f"[gunicorn] {s.name}" if s.table == "gunicorn" else s.name
         assert f"| `{s.env}` | `{key}` |" in docs, s.name
+
+
+def test_the_metrics_directory_gunicorn_conf_uses():
+    """prometheus_client's own variable first, then systemd's directories, else none (gunicorn.conf.py makes one)."""
+    from authsvc.settings import metrics_dir
+
+    assert metrics_dir({"PROMETHEUS_MULTIPROC_DIR": "/x", "RUNTIME_DIRECTORY": "/run/authsvc"}) == "/x"
+    assert metrics_dir({"RUNTIME_DIRECTORY": "/run/authsvc", "STATE_DIRECTORY": "/var/lib/authsvc"}) == "/run/authsvc/metrics"
+    assert metrics_dir({"STATE_DIRECTORY": "/var/lib/authsvc:/other"}) == "/var/lib/authsvc/metrics"
+    assert metrics_dir({}) == ""

@@ -58,15 +58,17 @@ def test_postgres_outage_in_process(own_pg, secret_file):
     assert app.get(AUTH, params=params).json["success"] is True
 
     own_pg.stop()
-    for path in (AUTH, AUTH, "/healthz"):
+    for path in (AUTH, AUTH, "/readyz"):
         started = time.monotonic()
         res = app.get(path, params=params, status=503)
         assert time.monotonic() - started < 5  # connect timeout (2 s) plus slack, never a hang
         assert_503(res.json)
 
+    assert app.get("/healthz").json == {"success": True, "status": "ok"}  # liveness: never the store
+
     own_pg.start()
     assert app.get(AUTH, params=params).json["success"] is True  # no restart of the app
-    assert app.get("/healthz").json["success"] is True
+    assert app.get("/readyz").json == {"success": True, "status": "ready"}
 
     # A restart between two requests: the idle connection is stale, the next request still succeeds.
     own_pg.stop()
@@ -153,8 +155,9 @@ def test_sqlite_missing_file_gives_503_then_recovers(world, settings, tmp_path):
     world.store.close()
     app = make_testapp(settings)  # start-up checks the file, then each worker opens it on first use
     os.rename(path, tmp_path / "moved.db")
-    for url in (AUTH, "/healthz"):
+    for url in (AUTH, "/readyz"):
         assert_503(app.get(url, params=params, status=503).json)
+    assert app.get("/healthz").json == {"success": True, "status": "ok"}
     assert not os.path.exists(path)  # the reader never creates the file
     os.rename(tmp_path / "moved.db", path)
     assert app.get(AUTH, params=params).json["success"] is True
@@ -174,8 +177,9 @@ def test_sqlite_unreadable_file_gives_503_then_recovers(world, settings, tmp_pat
             os.unlink(name)
     with open(path, "wb") as f:
         f.write(b"this is not a database" * 200)
-    for url in (AUTH, AUTH, "/healthz"):
+    for url in (AUTH, AUTH, "/readyz"):
         assert_503(app.get(url, params=params, status=503).json)
+    assert app.get("/healthz").json == {"success": True, "status": "ok"}
     shutil.copy(tmp_path / "good.db", path)
     assert app.get(AUTH, params=params).json["success"] is True
     app.app.store.close()

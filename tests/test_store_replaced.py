@@ -6,7 +6,7 @@ in a new file at the same path would never be seen. The reader compares the
 file the path names (device and inode) with the one it opened, at each
 snapshot (at most AUTHSVC_MAX_STALENESS, default 1 s) and with
 AUTHSVC_MAX_STALENESS=0 before every query: a new file is reopened, a missing
-path is HTTP 503 (and /healthz fails with it).
+path is HTTP 503 (and /readyz fails with it, while /healthz stays 200).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_a_missing_path_is_store_unavailable_then_recovers(world, tmp_path, how,
     path = _path(world)
     _move_away(path, how, tmp_path)
     clock.now += max_staleness
-    for key in (digest, ""):  # "" is what /healthz asks
+    for key in (digest, ""):  # "" is what /readyz asks
         with pytest.raises(StoreUnavailable):
             reader.credentials(key, world.user_id)
     assert not os.path.exists(path)  # the reader never creates the file
@@ -186,10 +186,16 @@ def _answers_until(port: int, params: dict, deadline: float) -> list:
     return answers
 
 
-def _health(port: int) -> int:
+def _ready(port: int) -> int:
+    """/readyz's status; /healthz (liveness, no store) must be 200 whatever it is."""
+    assert _status(port, "/healthz") == 200
+    return _status(port, "/readyz")
+
+
+def _status(port: int, path: str) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        conn.request("GET", "/healthz")
+        conn.request("GET", path)
         res = conn.getresponse()
         res.read()
         return res.status
@@ -200,7 +206,7 @@ def _health(port: int) -> int:
 @pytest.mark.parametrize("how", ["rename", "delete"])
 def test_under_gunicorn_a_replaced_file_is_read_within_a_second(env, world, tmp_path, how):
     """The shipped gunicorn settings (preloaded, two sync workers), the default bound, the real admin
-    command: the file is moved away (503 and a failing /healthz meanwhile), `authsvc init` and
+    command: the file is moved away (503 and a failing /readyz meanwhile, /healthz 200), `authsvc init` and
     `authsvc import` make a new one, `authsvc player revoke` there is seen by every worker within 1 s."""
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"}  # the default, 1 s
     params = world.params()  # minted for epoch 0
@@ -220,7 +226,7 @@ def test_under_gunicorn_a_replaced_file_is_read_within_a_second(env, world, tmp_
         time.sleep(1.0)
         answers = _answers_until(port, params, gone_at + 2.0)
         assert answers and all(status == 503 and body["error"] == 503 for status, body in answers)
-        assert _health(port) == 503
+        assert _ready(port) == 503
         _cli(env, "init")
         _cli(env, "import", str(export))
         assert get(port, params).status == 200  # the same content: the old token works again
@@ -229,7 +235,7 @@ def test_under_gunicorn_a_replaced_file_is_read_within_a_second(env, world, tmp_
         time.sleep(1.0)
         answers = _answers_until(port, params, revoked_at + 2.0)
         assert answers and all(body == INVALID for _, body in answers)
-        assert _health(port) == 200
+        assert _ready(port) == 200
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=20)
@@ -240,7 +246,7 @@ def test_under_gunicorn_a_file_renamed_over_the_store_without_its_wal_is_refused
     """A new file made elsewhere (`authsvc init`, `import`, `player revoke` there) and renamed over the
     store, while the old file's -wal holds recent writes. The -wal and -shm beside it are still the old
     file's, and SQLite would read the old pages from them (the revoked player accepted): a worker that
-    had the old file open answers 503 within 1 s instead, /healthz too, until they are removed; then
+    had the old file open answers 503 within 1 s instead, /readyz too, until they are removed; then
     the revocation holds. One worker, so that it is the one that had the file open (a worker that
     opens the store for the first time after such a move cannot tell: docs/stores.md)."""
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"}  # the default, 1 s
@@ -263,14 +269,14 @@ def test_under_gunicorn_a_file_renamed_over_the_store_without_its_wal_is_refused
         time.sleep(1.0)
         answers = _answers_until(port, params, replaced_at + 2.0)
         assert answers and all(status == 503 and body["error"] == 503 for status, body in answers), answers
-        assert _health(port) == 503
+        assert _ready(port) == 503
         os.unlink(path + "-wal")
         os.unlink(path + "-shm")
         removed_at = time.monotonic()
         time.sleep(1.0)
         answers = _answers_until(port, params, removed_at + 2.0)
         assert answers and all(body == INVALID for _, body in answers), answers
-        assert _health(port) == 200
+        assert _ready(port) == 200
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=20)

@@ -73,7 +73,7 @@ def test_workers_boot_during_an_outage_and_recover(own_pg, secret_file, tmp_path
             assert server.poll() is None, log.read_text()[-3000:]
             assert (status, body["success"], body["error"]) == (503, False, 503), body
             assert set(body) == {"success", "error", "error_description"}
-        assert get(port, "/healthz")[0] == 503
+        assert get(port, "/readyz")[0] == 503 and get(port, "/healthz")[0] == 200
         own_pg.start()
         for _ in range(4):
             assert get(port, query) == (200, {"success": True, "user_id": 77, "username": "carol"})

@@ -13,7 +13,7 @@ import wsgiref.util
 from collections.abc import Callable
 from pathlib import Path
 
-from authsvc.app import make_app
+from authsvc.app import App, make_app
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
@@ -146,7 +146,8 @@ def in_process(world: World, args: argparse.Namespace) -> dict[str, PerCall]:
     envs = environs(world)
     settings = Settings.from_env(world.env)
     db_path = world.store_url.removeprefix("sqlite://")
-    authsvc = make_app(settings)
+    # Metrics off (the metrics section times them on against off).
+    authsvc = App(settings, make_app(settings).store)
     apps = {
         "bare": (bare.application, lambda body: body == bare.BODY, args.calls),
         "plain": (plain_app.create_app(db_path, world.secret), lambda body: b'"success":true' in body, args.calls),

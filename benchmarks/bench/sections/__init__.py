@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from benchmarks.bench.sections import bodies, cold, core, nginx, postgres, profile, scale
+from benchmarks.bench.sections import bodies, cold, core, metrics, nginx, postgres, profile, scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,4 +37,7 @@ SECTIONS: dict[str, Section] = {
                     "between requests", False),
     "bodies": Section(bodies.run, "in-process cost of the costliest request bodies of at most 16 KiB "
                       "(harness/hostile_bodies.py) against a plain form with the same three fields", False),
+    "metrics": Section(metrics.run, "in-process cost per authentication with metrics on (the metrics extra, "
+                       "prometheus_client's multiprocess mode as under gunicorn.conf.py) against the same app "
+                       "with metrics off", False),
 }

@@ -37,6 +37,7 @@ def nginx_in_front(world: World, root: Path, sock: Path) -> Iterator[tuple[int, 
     values = {
         "API_HOST": API_HOST, "LEGACY_HOST": LEGACY_HOST,
         "HTTPS_LISTEN": https_listen, "HTTP_LISTEN": f"127.0.0.1:{http_port}",
+        "METRICS_LISTEN": f"127.0.0.1:{free_port()}",  # the monitoring server, unused here
         "HTTPS_URL": f"https://{API_HOST}:{https_port}",
         "TLS_CERT": str(root / "cert.pem"), "TLS_KEY": str(root / "key.pem"), "SOCKET": str(sock),
         "NGINX_DIR": str(root / "deploy" / "nginx"), "NGINX_LOG_DIR": str(root / "logs"),

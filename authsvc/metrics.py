@@ -1,0 +1,158 @@
+"""Prometheus metrics at ``GET /metrics``, with the optional extra ``authsvc[metrics]`` (prometheus_client).
+
+Without the extra nothing here is imported by the core and ``/metrics`` is the
+JSON 404 (``create`` returns None). With it, under gunicorn, every worker counts
+into its own files in ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's
+multiprocess mode, set up and cleaned by deploy/gunicorn.conf.py), and a scrape
+answered by any worker sums them all; a worker that dies leaves its files, so no
+count is lost or doubled. Without that variable (one process: tests,
+``scripts/serve`` sets one) the counts are this process's.
+
+Label cardinality is bounded by the number of games: ``game`` is a game id, or
+``none`` when no game has the api key (never a label per unknown key).
+The hot path is one dict lookup and one value increment per metric
+(BENCHMARKS.md, "Metrics cost"). docs/operations.md, "Monitoring".
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import platform
+import time
+from importlib import metadata
+
+from authsvc.errors import StoreUnavailable
+from authsvc.store.base import Store
+
+# Seconds. An authentication takes tens of µs in-process, a few ms across a network store.
+log = logging.getLogger("authsvc")
+
+# The text format every Prometheus 2.x reads (generate_latest writes it; newer clients label it 1.0.0).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def create(store: Store, clock=time.time) -> Metrics | None:
+    """The metrics, or None without prometheus_client (the ``metrics`` extra)."""
+    try:
+        from prometheus_client import values
+    except ImportError:
+        return None
+    if getattr(values.ValueClass, "_multiprocess", False) and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        log.warning("metrics off: prometheus_client is in multiprocess mode but PROMETHEUS_MULTIPROC_DIR is unset")
+        return None
+    return Metrics(store, clock)
+
+
+class Metrics:
+    def __init__(self, store: Store, clock=time.time):
+        from prometheus_client import CollectorRegistry, Counter, Histogram, values
+
+        self.store = store
+        self.clock = clock
+        # Multiprocess when prometheus_client chose it, at its import (the variable set then).
+        multiprocess = getattr(values.ValueClass, "_multiprocess", False)
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") if multiprocess else None
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.authentications = Counter(
+            "authsvc_authentications", "Authentications by game id (none: no game has the key) and reason (docs/logs.md).",
+            ["game", "result"], registry=self.registry,
+        )
+        self.durations = Histogram(
+            "authsvc_request_duration_seconds", "Time the app took to answer, by route.", ["route"],
+            buckets=BUCKETS, registry=self.registry,
+        )
+        self.store_unavailable_counter = Counter(
+            "authsvc_store_unavailable", "Answers of 503 because the store did not answer.", registry=self.registry,
+        )
+        self.server_errors = Counter(
+            "authsvc_server_errors", "Answers of 5xx by the app, by route and code (503: the store; 500: a bug).",
+            ["route", "code"], registry=self.registry,
+        )
+        self._auth_children: dict[tuple[int | None, str], object] = {}
+        self._route_children: dict[str, object] = {}
+        self.extra = StoreCollector(store, clock)
+        if self.multiprocess_dir is None:
+            self.registry.register(self.extra)
+
+    def authentication(self, game_id: int | None, reason: str) -> None:
+        child = self._auth_children.get((game_id, reason))
+        if child is None:
+            child = self.authentications.labels("none" if game_id is None else str(game_id), reason)
+            self._auth_children[game_id, reason] = child
+        child.inc()  # type: ignore[attr-defined]
+
+    def request(self, route: str, seconds: float) -> None:
+        child = self._route_children.get(route)
+        if child is None:
+            child = self._route_children[route] = self.durations.labels(route)
+        child.observe(seconds)  # type: ignore[attr-defined]
+
+    def store_unavailable(self) -> None:
+        self.store_unavailable_counter.inc()
+
+    def server_error(self, route: str, code: int) -> None:
+        self.server_errors.labels(route, str(code)).inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """(the text exposition format of every worker's metrics, its content type)."""
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        registry = self.registry
+        if self.multiprocess_dir is not None:
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, path=self.multiprocess_dir)
+            registry.register(self.extra)
+        return generate_latest(registry), CONTENT_TYPE
+
+
+class StoreCollector:
+    """Read at each scrape, by the worker that answers it: build info, and per enabled game the expiry
+    time of its newest live api key (+Inf when it has none; in the past when every key has expired)."""
+
+    def __init__(self, store: Store, clock=time.time):
+        self.store = store
+        self.clock = clock
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        info = GaugeMetricFamily("authsvc_build_info", "Version of authsvc and of Python; always 1.",
+                                 labels=["version", "python"])
+        try:
+            version = metadata.version("authsvc")
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        info.add_metric([version, platform.python_version()], 1)
+        yield info
+        expiry = GaugeMetricFamily(
+            "authsvc_api_key_expiry_timestamp_seconds",
+            "Per enabled game: unix time its newest live api key expires (+Inf: never).", labels=["game"],
+        )
+        try:
+            games = self.store.list_games()
+        except StoreUnavailable:
+            return  # the 503s of the same outage are counted; the gauge is absent meanwhile
+        retiring = GaugeMetricFamily(
+            "authsvc_api_key_next_expiry_timestamp_seconds",
+            "Per enabled game: unix time its next live api key expires, the one a rotation retires (+Inf: none).",
+            labels=["game"],
+        )
+        now = self.clock()
+        for game in games:
+            if not game.enabled or not game.keys:
+                continue
+            live = [k for k in game.keys if k.expires_at is None or k.expires_at > now]
+            newest = max(live or game.keys, key=lambda k: (k.created_at, k.expires_at or math.inf))
+            expiry.add_metric([str(game.id)], math.inf if newest.expires_at is None else float(newest.expires_at))
+            ends = [k.expires_at for k in live if k.expires_at is not None]
+            retiring.add_metric([str(game.id)], float(min(ends)) if ends else math.inf)
+        yield expiry
+        yield retiring

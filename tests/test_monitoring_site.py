@@ -1,0 +1,72 @@
+"""The shipped nginx site and gunicorn config, as systemd would run them (tests/deploy_support.py):
+/metrics, /healthz and /readyz on the monitoring server only (METRICS_LISTEN, loopback), the
+JSON 404 for them on the game-facing hosts (docs/operations.md, "Monitoring")."""
+
+from __future__ import annotations
+
+import http.client
+import re
+
+import pytest
+
+from harness.processes import stop
+from tests.deploy_support import start_stack
+from tests.support import skip_or_fail
+
+NOT_FOUND = {"success": False, "error": 404, "error_description": "Not found"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        skip_or_fail("prometheus_client is not installed (pip install -e '.[metrics]')")
+    s = start_stack(tmp_path_factory.mktemp("monitoring"))
+    yield s
+    stop(s.nginx)
+    stop(s.gunicorn)
+
+
+def monitor(stack, path: str) -> tuple[int, str, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", stack.metrics_port, timeout=10)
+    try:
+        conn.request("GET", path)
+        res = conn.getresponse()
+        return res.status, res.getheader("Content-Type", ""), res.read().decode()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz", "/metrics/"])
+def test_game_facing_hosts_answer_the_json_404(stack, path):
+    for scheme in ("https", "http"):
+        answer = stack.request(scheme, path)
+        assert answer.status == 404 and answer.json() == NOT_FOUND, (scheme, path, answer.status, answer.body)
+
+
+def test_the_monitoring_server_serves_metrics_and_probes(stack):
+    for _ in range(3):
+        assert stack.request("https", stack.api_query(game_auth_token="0" * 64)).json()["error"] == 403
+    assert stack.request("http", stack.api_query()).json()["success"] is True
+    status, content_type, text = monitor(stack, "/metrics")
+    assert status == 200 and content_type.startswith("text/plain; version=0.0.4"), (status, text)
+    counts = {(game, result): float(value) for game, result, value in
+              re.findall(r'authsvc_authentications_total\{game="(\d+|none)",result="([a-z_]+)"\} (\S+)', text)}
+    assert counts[str(stack.game_id), "wrong_token"] == 3
+    assert counts[str(stack.game_id), "success"] == 1
+    assert monitor(stack, "/healthz")[0] == 200
+    assert monitor(stack, "/readyz")[0] == 200
+    status, _, body = monitor(stack, "/api/authenticate.json")
+    assert status == 404 and '"error":404' in body  # the API is not served here
+    assert stack.api_key not in text and stack.token not in text
+
+
+def test_the_auth_line_names_the_host(stack):
+    """The app's auth lines (gunicorn's error log): https for the API host, legacy for plain HTTP, nginx's rid."""
+    answer = stack.request("https", stack.api_query(api_key="4f0c6a4e-0000-4000-8000-000000000000"))
+    assert answer.json()["error"] == 403
+    log = (stack.logs / "gunicorn-error.log").read_text()
+    assert re.search(r"auth rid=[0-9a-f]{32} host=https game=none user=4242 reason=unknown_key ms=", log), log
+    assert re.search(rf"auth rid=[0-9a-f]{{32}} host=legacy game={stack.game_id} user=4242 reason=success", log), log
+    assert stack.api_key not in log and stack.token not in log
