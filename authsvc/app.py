@@ -22,7 +22,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from authsvc.authenticate import MALFORMED, STORE_UNAVAILABLE, Authenticator
-from authsvc.errors import ConfigError, HTTPError, MethodNotAllowed, NotFound, ServiceUnavailable, StoreUnavailable
+from authsvc.errors import (
+    ConfigError,
+    HTTPError,
+    MethodNotAllowed,
+    NotFound,
+    ServiceUnavailable,
+    StoreUnavailable,
+    StoreUnreachable,
+)
 from authsvc.http import error_object, json_bytes, request_params, respond
 from authsvc.settings import Settings
 from authsvc.store import open_store
@@ -222,11 +230,18 @@ class App:
         return 200, b'{"success":true,"status":"ready"}'
 
 
-def make_app(settings: Settings, store: Store | None = None) -> App:
-    """Build the app; the store is checked now, so a bad store fails start-up, not a request."""
+def make_app(settings: Settings, store: Store | None = None, *, tolerate_outage: bool = False) -> App:
+    """Build the app; the store is checked now, so a bad store fails start-up, not a request.
+    ``tolerate_outage``: a store that is merely unreachable (StoreUnreachable) is logged and the app
+    built anyway, answering 503 until the store is back (a gunicorn worker: docs/stores.md, "Outages")."""
     if store is None:
         store = open_store(settings.store, readonly=True, settings=settings)
-        store.check()
+        try:
+            store.check()
+        except StoreUnreachable as e:
+            if not tolerate_outage:
+                raise
+            log.warning("%s; starting anyway, answering 503 until it answers", e)
         if isinstance(store, SQLiteStore) and (warning := store.journal_mode_warning()):
             log.warning("%s", warning)
         store.close()  # each worker opens its own connection after fork

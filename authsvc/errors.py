@@ -9,6 +9,11 @@ class ConfigError(Exception):
     """Settings, secret or store unusable at start-up: the process must not serve."""
 
 
+class StoreUnreachable(ConfigError):
+    """The store did not answer the start-up check (down, restarting): fatal in the master at
+    start-up, tolerated in a gunicorn worker that boots during an outage (docs/stores.md, "Outages")."""
+
+
 class StoreUnavailable(Exception):
     """The store cannot answer right now (down, missing, unreadable): HTTP 503, one line for the admin."""
 

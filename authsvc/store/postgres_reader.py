@@ -2,10 +2,10 @@
 
 The web process connects as a read-only role (docs/stores.md): one persistent
 autocommit connection per thread of each worker process, opened lazily after
-fork, with connect and statement timeouts; the credentials query is a
-server-side prepared statement, one round trip. Any failure on that path raises
-StoreUnavailable (HTTP 503) and drops a broken connection, so the next request
-reconnects by itself.
+fork, with connect and statement timeouts; the credentials query is one round
+trip: a server-side prepared statement, or an unnamed one behind pgbouncer. Any
+failure on that path raises StoreUnavailable (HTTP 503) and drops a broken
+connection, so the next request reconnects by itself.
 
 Only this module and store/postgres.py import psycopg (the ``authsvc[postgres]`` extra).
 """
@@ -20,7 +20,7 @@ import psycopg
 from psycopg import conninfo as pg_conninfo
 from psycopg.pq import DiagnosticField, ExecStatus
 
-from authsvc.errors import ConfigError, StoreUnavailable
+from authsvc.errors import ConfigError, StoreUnavailable, StoreUnreachable
 from authsvc.store.base import Credentials
 from authsvc.store.common import ThreadConnections, redact_url
 
@@ -61,6 +61,23 @@ def _reason(error: BaseException, password: str | None) -> str:
     return text.replace(password, "***") if password else text
 
 
+# A server that answers the connection with one of these FATAL errors is busy, not misconfigured.
+_TRANSIENT_REFUSALS = (
+    "the database system is starting up", "the database system is shutting down",
+    "the database system is in recovery mode", "the database system is not yet accepting connections",
+    "too many clients already", "remaining connection slots are reserved",
+)
+
+
+def _unreachable(error: psycopg.Error) -> bool:
+    """Whether a failed connection is an outage (nothing answered, or the server is starting, stopping
+    or full) rather than the settings' fault (the server refused the role, password or database).
+    libpq gives no SQLSTATE for a refused connection, only the server's message: a server that sends
+    its messages in another language than English is read as refusing for good (fatal, as before)."""
+    text = str(error)
+    return "FATAL:" not in text or any(refusal in text for refusal in _TRANSIENT_REFUSALS)
+
+
 class PostgresReader(ThreadConnections):
     """Connections, the credentials read path and the start-up check; PostgresStore adds the admin side."""
 
@@ -99,8 +116,23 @@ class PostgresReader(ThreadConnections):
         conn = getattr(local, "conn", None)
         if conn is None or conn.closed:
             local.conn, local.prepared = None, False
-            local.conn = conn = self._connect()
+            conn = self._connect()
+            try:
+                local.pooled = self._behind_pooler(conn)
+            except BaseException:
+                conn.close()
+                raise
+            local.conn = conn
         return conn
+
+    @staticmethod
+    def _behind_pooler(conn: psycopg.Connection) -> bool:
+        """Whether a connection pooler (pgbouncer) stands between us and the server: the backend that
+        answers a query is not the one whose key the startup returned. Through a pooler in transaction
+        mode each transaction may run on another server connection, where a named statement prepared
+        on this one does not exist (or another client's does): the query is then sent unnamed."""
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        return row is None or row[0] != conn.info.backend_pid
 
     def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -139,15 +171,22 @@ class PostgresReader(ThreadConnections):
         return None if game_id is None else found
 
     def _credentials_row(self, conn: psycopg.Connection, key_digest: str, user_id: int) -> list:
-        """The credentials query through libpq itself: the statement prepared once per connection,
-        then Bind/Execute/Sync with text values. psycopg's cursor machinery around the same round
-        trip cost more than the round trip's own CPU (BENCHMARKS.md). Errors are raised as psycopg's."""
+        """The credentials query through libpq itself, one round trip with text values: on a direct
+        connection the statement prepared once, then Bind/Execute/Sync; behind a pooler an unnamed
+        statement, Parse/Bind/Describe/Execute/Sync in one go (docs/stores.md, "pgbouncer"). psycopg's
+        cursor machinery around the same round trip cost more than the round trip's own CPU
+        (BENCHMARKS.md). Errors are raised as psycopg's."""
         pgconn = conn.pgconn
+        local = self._local
+        params = [b"%d" % user_id, key_digest.encode("ascii")]
         try:
-            if not getattr(self._local, "prepared", False):
-                _raise_unless(pgconn.prepare(CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ), ExecStatus.COMMAND_OK)
-                self._local.prepared = True
-            result = pgconn.exec_prepared(CREDENTIALS_STATEMENT, [b"%d" % user_id, key_digest.encode("ascii")])
+            if local.pooled:
+                result = pgconn.exec_params(CREDENTIALS_SQL_PQ, params)
+            else:
+                if not local.prepared:
+                    _raise_unless(pgconn.prepare(CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ), ExecStatus.COMMAND_OK)
+                    local.prepared = True
+                result = pgconn.exec_prepared(CREDENTIALS_STATEMENT, params)
         except MemoryError:  # psycopg's C wrapper reports libpq's NULL result (nothing could be sent) so
             raise psycopg.OperationalError("the query could not be sent to the server") from None
         _raise_unless(result, ExecStatus.TUPLES_OK)
@@ -158,7 +197,8 @@ class PostgresReader(ThreadConnections):
         try:
             conn = self._connect()
         except psycopg.Error as e:
-            raise ConfigError(f"{where} is unreachable: {_reason(e, self._password)}") from None
+            error = StoreUnreachable if _unreachable(e) else ConfigError
+            raise error(f"{where} is unreachable: {_reason(e, self._password)}") from None
         try:
             version = self._version(conn)
             if self.readonly and version and self._can_write(conn):
@@ -168,6 +208,8 @@ class PostgresReader(ThreadConnections):
                 )
         except psycopg.errors.InsufficientPrivilege:
             raise ConfigError(f"{where}: this role may not read the tables (GRANT {READER_ROLE} to it)") from None
+        except psycopg.OperationalError as e:  # the server went away during the check
+            raise StoreUnreachable(f"{where} cannot be read: {_reason(e, self._password)}") from None
         except psycopg.Error as e:
             raise ConfigError(f"{where} cannot be read: {_reason(e, self._password)}") from None
         finally:

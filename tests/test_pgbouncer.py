@@ -1,0 +1,153 @@
+"""The PostgreSQL store through a real pgbouncer in transaction pooling mode (docs/stores.md, "pgbouncer").
+
+A throwaway pgbouncer from the local binary listens on a free loopback port in
+front of the session's test database, with one server connection per pool
+(``default_pool_size = 1``): two app stores (two client connections) take turns
+on it, so each one's transactions land on the server connection the other one
+used. The web process connects as a login role of the read-only ``authsvc_reader``
+role, its statement timeout and read-only default set on the role (pgbouncer 1.18
+refuses the startup ``options`` the web process sends, so the test's pgbouncer
+ignores them, as docs/stores.md tells operators to do).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import tempfile
+import urllib.parse
+
+import pytest
+
+from authsvc.authenticate import MISSING_DESCRIPTION
+from authsvc.tokens import api_key_digest
+from tests.support import INVALID, PATH, free_port, make_testapp, skip_or_fail, wait_for_port
+
+pytestmark = pytest.mark.engine("postgresql")
+
+MISSING = {"success": False, "error": 400, "error_description": MISSING_DESCRIPTION}
+FORBIDDEN = INVALID
+
+
+def find_pgbouncer() -> str | None:
+    return shutil.which("pgbouncer") or next((p for p in ("/usr/sbin/pgbouncer",) if os.access(p, os.X_OK)), None)
+
+
+@pytest.fixture
+def web_role(pg_server_url):
+    """A login role in authsvc_reader, with the settings the web process cannot send through pgbouncer."""
+    import psycopg
+
+    name = "authsvc_t_" + secrets.token_hex(5)
+    with psycopg.connect(pg_server_url, autocommit=True) as superuser:
+        superuser.execute(f"CREATE ROLE {name} LOGIN IN ROLE authsvc_reader")
+        superuser.execute(f"ALTER ROLE {name} SET default_transaction_read_only = on")
+        superuser.execute(f"ALTER ROLE {name} SET statement_timeout = '2s'")
+    yield name
+    with psycopg.connect(pg_server_url, autocommit=True) as superuser:
+        superuser.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
+        superuser.execute(f"DROP ROLE {name}")
+
+
+@pytest.fixture
+def pgbouncer(store_url, web_role):
+    """pgbouncer 127.0.0.1:<free port>, pool_mode=transaction, one server connection, trust auth;
+    yields the web role's URL through it. Under root it runs as 'postgres' (or 'nobody'): it refuses root."""
+    binary = find_pgbouncer()
+    if binary is None:
+        skip_or_fail("pgbouncer is not installed (apt-get install pgbouncer)")
+    target = urllib.parse.urlsplit(store_url)
+    user = None
+    if os.geteuid() == 0:
+        user = next((n for n in ("postgres", "nobody") if _user_exists(n)), None)
+    directory = tempfile.mkdtemp(prefix="authsvc-pgbouncer-")
+    port = free_port()
+    config = os.path.join(directory, "pgbouncer.ini")
+    with open(os.path.join(directory, "users.txt"), "w") as f:
+        f.write(f'"{web_role}" ""\n')
+    with open(config, "w") as f:
+        f.write(
+            "[databases]\n"
+            f"authsvc = host={target.hostname} port={target.port or 5432} dbname={target.path.lstrip('/')}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {directory}/users.txt\n"
+            "pool_mode = transaction\ndefault_pool_size = 1\nmax_client_conn = 20\n"
+            "ignore_startup_parameters = options\n"
+            f"logfile = {directory}/pgbouncer.log\n"
+        )
+    if user:
+        uid = pwd.getpwnam(user).pw_uid
+        for path in (directory, config, os.path.join(directory, "users.txt")):
+            os.chown(path, uid, -1)
+    proc = subprocess.Popen([binary, config], user=user, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port)
+        yield f"postgresql://{web_role}@127.0.0.1:{port}/authsvc", os.path.join(directory, "pgbouncer.log")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def test_core_cases_through_pgbouncer_in_transaction_mode(world, pgbouncer, pg_server_url, web_role):
+    import psycopg
+    from psycopg.pq import Trace
+
+    url, log = pgbouncer
+    apps = [make_testapp(world.settings, store=url) for _ in range(2)]  # two client connections, one server one
+    ok = {"success": True, "user_id": world.user_id, "username": world.username}
+    try:
+        params = world.params()
+        old_token = params["game_auth_token"]
+        for _ in range(3):  # the two apps take turns: each one's query lands where the other's ran
+            for app in apps:
+                assert app.get(PATH, params).json == ok, open(log).read()[-2000:]
+                assert app.get(PATH, world.params(game_auth_token="0" * 64)).json == FORBIDDEN
+                assert app.get(PATH, world.params(api_key="k" * 43)).json == FORBIDDEN
+                assert app.get(PATH, world.params(user_id="4243")).json == FORBIDDEN
+                assert app.get(PATH, world.params(api_key=None)).json == MISSING
+                assert app.get("/readyz").json["success"] is True
+        assert world.store.revoke_player(world.user_id) == 1  # the admin side, straight to PostgreSQL
+        for app in apps:
+            assert app.get(PATH, world.params(game_auth_token=old_token)).json == FORBIDDEN
+            assert app.get(PATH, world.params()).json == ok
+        # Still one round trip per authentication: one Sync, one ReadyForQuery, no set-up statements.
+        store = apps[0].app.store
+        digest = api_key_digest(world.api_key)
+        conn = store._conn()
+        with tempfile.TemporaryFile() as trace:
+            conn.pgconn.trace(trace.fileno())
+            conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
+            for _ in range(3):
+                assert store.credentials(digest, world.user_id).username == world.username
+            conn.pgconn.untrace()
+            trace.seek(0)
+            lines = trace.read().decode().splitlines()  # Parse's query text spans several lines
+            messages = [line.split("\t")[:3:2] for line in lines if line[:1] in ("F", "B") and line.count("\t") >= 2]
+        sent = [m[1] for m in messages if m[0] == "F"]
+        assert sent.count("Sync") == 3 and [m[1] for m in messages].count("ReadyForQuery") == 3, messages
+        assert "Query" not in sent
+        with psycopg.connect(pg_server_url, autocommit=True) as superuser:
+            servers = superuser.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (web_role,)
+            ).fetchone()[0]
+        assert servers == 1  # both apps were served by one server connection
+        with psycopg.connect(url, autocommit=True) as web:  # the read-only fence holds through pgbouncer
+            assert web.execute("SHOW default_transaction_read_only").fetchone()[0] == "on"
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                web.execute("CREATE TEMP TABLE t (x int)")
+    finally:
+        for app in apps:
+            app.app.store.close()

@@ -1,0 +1,161 @@
+"""A gunicorn worker that boots during a store outage starts and answers 503 (docs/stores.md, "Outages").
+
+Real gunicorn as many operators run it: no ``--preload``, no shipped config, two
+workers, each building the app itself. A throwaway PostgreSQL server of the
+test's own is stopped before gunicorn starts: the server must keep running,
+answer the 503 JSON, then 200 once PostgreSQL is back, with no restart. In the
+master (``--preload``) an unreachable store at start-up stays fatal (exit 75).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from authsvc.settings import Settings
+from authsvc.store import open_store
+from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from tests.support import free_port, start_gunicorn, wait_for_port
+
+pytestmark = pytest.mark.engine("postgresql")
+
+AUTH = "/api/authenticate.json"
+
+
+def provision(url: str, secret_file) -> tuple[dict, str]:
+    """A migrated store with one game and one player; returns the app's environment and a valid query."""
+    env = {
+        "AUTHSVC_STORE": url,
+        "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+        "AUTHSVC_PG_CONNECT_TIMEOUT": "2",
+        "AUTHSVC_PG_STATEMENT_TIMEOUT": "1",
+    }
+    settings = Settings.from_env(env)
+    api_key = new_api_key()
+    store = open_store(url, readonly=False, settings=settings)
+    try:
+        store.migrate()
+        game = store.add_game("Chess", api_key_digest(api_key), int(time.time()))
+        store.add_player(77, "carol")
+    finally:
+        store.close()
+    token = mint_token(settings.token_secrets[0], game.id, 77, 0)
+    return env, f"{AUTH}?user_id=77&game_auth_token={token}&api_key={api_key}"
+
+
+def get(port: int, path: str) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        res = conn.getresponse()
+        return res.status, json.loads(res.read())
+    finally:
+        conn.close()
+
+
+def test_workers_boot_during_an_outage_and_recover(own_pg, secret_file, tmp_path):
+    env, query = provision(own_pg.url, secret_file)
+    own_pg.stop()
+    port = free_port()
+    log = tmp_path / "gunicorn.log"
+    server = start_gunicorn(env, "--graceful-timeout", "2", port=port, workers=2, preload=False,
+                            inherit_env=False, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    try:
+        wait_for_port(port)
+        for _ in range(4):  # both workers, whichever answers
+            status, body = get(port, query)
+            assert server.poll() is None, log.read_text()[-3000:]
+            assert (status, body["success"], body["error"]) == (503, False, 503), body
+            assert set(body) == {"success", "error", "error_description"}
+        assert get(port, "/readyz")[0] == 503 and get(port, "/healthz")[0] == 200
+        own_pg.start()
+        for _ in range(4):
+            assert get(port, query) == (200, {"success": True, "user_id": 77, "username": "carol"})
+        assert server.poll() is None
+        text = log.read_text()
+        assert "unreachable" in text and "starting anyway" in text, text[-3000:]
+        assert "Worker failed to boot" not in text
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def test_an_unreachable_store_stays_fatal_in_the_master(own_pg, secret_file, tmp_path):
+    """With --preload the master builds the app: the outage is found at start-up and gunicorn stops (4)."""
+    env, _ = provision(own_pg.url, secret_file)
+    own_pg.stop()
+    server = start_gunicorn(env, port=free_port(), workers=2, preload=True, inherit_env=False)
+    try:
+        _, err = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+    assert server.returncode == 75, err[-3000:]  # EX_TEMPFAIL: systemd tries again (a misconfiguration is 4)
+    assert "authsvc: error: postgresql store" in err and "is unreachable" in err, err[-3000:]
+
+
+def worker_pids(master: int) -> set[int]:
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    if f"PPid:\t{master}\n" in f.read():
+                        pids.add(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def test_a_worker_replaced_during_an_outage_boots_and_serves(own_pg, secret_file, tmp_path):
+    """Started with the store up; during the outage a worker is killed and gunicorn boots another one."""
+    env, query = provision(own_pg.url, secret_file)
+    port = free_port()
+    log = tmp_path / "gunicorn.log"
+    server = start_gunicorn(env, "--graceful-timeout", "2", port=port, workers=2, preload=False,
+                            inherit_env=False, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    try:
+        wait_for_port(port)
+        assert get(port, query)[0] == 200
+        deadline = time.monotonic() + 30
+        while len(before := worker_pids(server.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        own_pg.stop()
+        os.kill(min(before), signal.SIGKILL)
+        # Until the new worker has built the app (or, before, failed to and halted the master).
+        while "starting anyway" not in log.read_text() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.poll() is None, log.read_text()[-3000:]
+        for _ in range(4):
+            status, body = get(port, query)
+            assert (status, body["error"]) == (503, 503), body
+        own_pg.start()
+        for _ in range(4):
+            assert get(port, query) == (200, {"success": True, "user_id": 77, "username": "carol"})
+        assert "Worker failed to boot" not in log.read_text()
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def test_a_misconfigured_store_stays_fatal_in_a_worker(own_pg, secret_file, tmp_path):
+    """A database the server refuses (it does not exist) is the settings' fault, not an outage: the
+    worker exits and gunicorn halts, with the store up."""
+    env, _ = provision(own_pg.url, secret_file)
+    env["AUTHSVC_STORE"] = own_pg.url.rsplit("/", 1)[0] + "/no_such_database"
+    server = start_gunicorn(env, port=free_port(), workers=2, preload=False, inherit_env=False)
+    try:
+        _, err = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+    assert server.returncode != 0
+    assert 'database "no_such_database" does not exist' in err and "starting anyway" not in err, err[-3000:]
