@@ -16,6 +16,7 @@ import http.client
 import os
 import sqlite3
 import threading
+import time
 import urllib.parse
 
 import pytest
@@ -24,6 +25,8 @@ import webtest
 from authsvc.app import make_app
 from authsvc.authenticate import MISSING_DESCRIPTION
 from authsvc.settings import Settings
+from authsvc.store import open_store
+from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from harness.processes import free_port, start_gunicorn, wait_for_port
 
 __all__ = [
@@ -142,3 +145,25 @@ def until_both_workers_counted(port: int, params: dict, metrics_dir, limit: int 
         assert get_text(port, query)[0] == 200
         sent += 1
     return sent
+
+
+def provision_postgres(url: str, secret_file) -> tuple[Settings, dict, dict]:
+    """A migrated store at ``url`` with one game and player 77: (settings, valid request parameters,
+    the app's environment with short PostgreSQL timeouts) for the outage and worker-boot tests."""
+    env = {
+        "AUTHSVC_STORE": url,
+        "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+        "AUTHSVC_PG_CONNECT_TIMEOUT": "2",
+        "AUTHSVC_PG_STATEMENT_TIMEOUT": "1",
+    }
+    settings = Settings.from_env(env)
+    api_key = new_api_key()
+    store = open_store(url, readonly=False, settings=settings)
+    try:
+        store.migrate()
+        game = store.add_game("Chess", api_key_digest(api_key), int(time.time()))
+        store.add_player(77, "carol")
+    finally:
+        store.close()
+    token = mint_token(settings.token_secrets[0], game.id, 77, 0)
+    return settings, {"user_id": "77", "game_auth_token": token, "api_key": api_key}, env

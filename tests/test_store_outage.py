@@ -18,33 +18,9 @@ import time
 
 import pytest
 
-from authsvc.settings import Settings
-from authsvc.store import open_store
-from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from tests.support import free_port, make_testapp, start_gunicorn, wait_for_port
+from tests.support import free_port, make_testapp, provision_postgres, start_gunicorn, wait_for_port
 
 AUTH = "/api/authenticate.json"
-
-
-def provision(url: str, secret_file) -> tuple[Settings, dict]:
-    """A migrated store with one game and one player; returns settings and valid request parameters."""
-    env = {
-        "AUTHSVC_STORE": url,
-        "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
-        "AUTHSVC_PG_CONNECT_TIMEOUT": "2",
-        "AUTHSVC_PG_STATEMENT_TIMEOUT": "1",
-    }
-    settings = Settings.from_env(env)
-    api_key = new_api_key()
-    store = open_store(url, readonly=False, settings=settings)
-    try:
-        store.migrate()
-        game = store.add_game("Chess", api_key_digest(api_key), int(time.time()))
-        store.add_player(77, "carol")
-    finally:
-        store.close()
-    token = mint_token(settings.token_secrets[0], game.id, 77, 0)
-    return settings, {"user_id": "77", "game_auth_token": token, "api_key": api_key}, env
 
 
 def assert_503(res_json: dict) -> None:
@@ -53,7 +29,7 @@ def assert_503(res_json: dict) -> None:
 
 
 def test_postgres_outage_in_process(own_pg, secret_file):
-    settings, params, _ = provision(own_pg.url, secret_file)
+    settings, params, _ = provision_postgres(own_pg.url, secret_file)
     app = make_testapp(settings)
     assert app.get(AUTH, params=params).json["success"] is True
 
@@ -106,7 +82,7 @@ def test_postgres_outage_under_gunicorn(own_pg, secret_file, tmp_path):
     a worker that is replaced during an outage boots without touching the store."""
     import psycopg
 
-    _, params, env = provision(own_pg.url, secret_file)
+    _, params, env = provision_postgres(own_pg.url, secret_file)
     query = AUTH + "?" + "&".join(f"{k}={v}" for k, v in params.items())
     port = free_port()
     server = start_gunicorn(env, "--graceful-timeout", "2", port=port, preload=True, inherit_env=False,

@@ -15,38 +15,15 @@ import os
 import signal
 import subprocess
 import time
+import urllib.parse
 
 import pytest
 
-from authsvc.settings import Settings
-from authsvc.store import open_store
-from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from tests.support import free_port, start_gunicorn, wait_for_port
+from tests.support import free_port, provision_postgres, start_gunicorn, wait_for_port
 
 pytestmark = pytest.mark.engine("postgresql")
 
 AUTH = "/api/authenticate.json"
-
-
-def provision(url: str, secret_file) -> tuple[dict, str]:
-    """A migrated store with one game and one player; returns the app's environment and a valid query."""
-    env = {
-        "AUTHSVC_STORE": url,
-        "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
-        "AUTHSVC_PG_CONNECT_TIMEOUT": "2",
-        "AUTHSVC_PG_STATEMENT_TIMEOUT": "1",
-    }
-    settings = Settings.from_env(env)
-    api_key = new_api_key()
-    store = open_store(url, readonly=False, settings=settings)
-    try:
-        store.migrate()
-        game = store.add_game("Chess", api_key_digest(api_key), int(time.time()))
-        store.add_player(77, "carol")
-    finally:
-        store.close()
-    token = mint_token(settings.token_secrets[0], game.id, 77, 0)
-    return env, f"{AUTH}?user_id=77&game_auth_token={token}&api_key={api_key}"
 
 
 def get(port: int, path: str) -> tuple[int, dict]:
@@ -60,7 +37,8 @@ def get(port: int, path: str) -> tuple[int, dict]:
 
 
 def test_workers_boot_during_an_outage_and_recover(own_pg, secret_file, tmp_path):
-    env, query = provision(own_pg.url, secret_file)
+    _, params, env = provision_postgres(own_pg.url, secret_file)
+    query = f"{AUTH}?{urllib.parse.urlencode(params)}"
     own_pg.stop()
     port = free_port()
     log = tmp_path / "gunicorn.log"
@@ -88,7 +66,7 @@ def test_workers_boot_during_an_outage_and_recover(own_pg, secret_file, tmp_path
 
 def test_an_unreachable_store_stays_fatal_in_the_master(own_pg, secret_file, tmp_path):
     """With --preload the master builds the app: the outage is found at start-up and gunicorn stops (4)."""
-    env, _ = provision(own_pg.url, secret_file)
+    _, _, env = provision_postgres(own_pg.url, secret_file)
     own_pg.stop()
     server = start_gunicorn(env, port=free_port(), workers=2, preload=True, inherit_env=False)
     try:
@@ -116,7 +94,8 @@ def worker_pids(master: int) -> set[int]:
 
 def test_a_worker_replaced_during_an_outage_boots_and_serves(own_pg, secret_file, tmp_path):
     """Started with the store up; during the outage a worker is killed and gunicorn boots another one."""
-    env, query = provision(own_pg.url, secret_file)
+    _, params, env = provision_postgres(own_pg.url, secret_file)
+    query = f"{AUTH}?{urllib.parse.urlencode(params)}"
     port = free_port()
     log = tmp_path / "gunicorn.log"
     server = start_gunicorn(env, "--graceful-timeout", "2", port=port, workers=2, preload=False,
@@ -148,7 +127,7 @@ def test_a_worker_replaced_during_an_outage_boots_and_serves(own_pg, secret_file
 def test_a_misconfigured_store_stays_fatal_in_a_worker(own_pg, secret_file, tmp_path):
     """A database the server refuses (it does not exist) is the settings' fault, not an outage: the
     worker exits and gunicorn halts, with the store up."""
-    env, _ = provision(own_pg.url, secret_file)
+    _, _, env = provision_postgres(own_pg.url, secret_file)
     env["AUTHSVC_STORE"] = own_pg.url.rsplit("/", 1)[0] + "/no_such_database"
     server = start_gunicorn(env, port=free_port(), workers=2, preload=False, inherit_env=False)
     try:
