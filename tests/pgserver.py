@@ -89,3 +89,21 @@ class ThrowawayPostgres:
                 self._run("pg_ctl", "-D", self.data, "-m", "immediate", "-w", "-t", "30", "stop")
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ThrowawayStandby(ThrowawayPostgres):
+    """A hot standby of a running ThrowawayPostgres: ``pg_basebackup -R`` (streaming replication)."""
+
+    def __init__(self, primary: ThrowawayPostgres):
+        self.bin_dir = primary.bin_dir
+        self.user = primary.user
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="authsvc-pg-standby-")
+        self.data = os.path.join(self.dir, "data")
+        self.logfile = os.path.join(self.dir, "server.log")
+        if self.user:
+            os.chown(self.dir, pwd.getpwnam(self.user).pw_uid, -1)
+        self._run(
+            "pg_basebackup", "-D", self.data, "-R", "-X", "stream", "--no-sync",
+            "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+        )

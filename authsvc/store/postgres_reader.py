@@ -43,6 +43,13 @@ LEFT JOIN games AS g ON g.id = coalesce(k.game_id, 0)
 CREDENTIALS_STATEMENT = b"authsvc_credentials"
 CREDENTIALS_SQL_PQ = CREDENTIALS_SQL.replace("%s", "$1::bigint", 1).replace("%s", "$2::text", 1).encode()
 
+# On a hot standby the same row also says whether the standby is fresh enough (docs/stores.md,
+# "Hot standby"): everything received is replayed, or the last replayed commit is at most $3 ms old.
+STANDBY_STATEMENT = b"authsvc_credentials_standby"
+STANDBY_SQL_PQ = CREDENTIALS_SQL_PQ.replace(
+    b"p.enabled\n", b"p.enabled, (pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() OR clock_timestamp()"
+    b" - pg_last_xact_replay_timestamp() <= $3::bigint * interval '1 millisecond') IS TRUE\n", 1)
+
 def _raise_unless(result, status: ExecStatus) -> None:
     """Raise the psycopg error a libpq result carries (by its SQLSTATE), unless it has ``status``."""
     if result.status == status:
@@ -91,6 +98,7 @@ class PostgresReader(ThreadConnections):
             raise ConfigError(f"AUTHSVC_STORE {redact_url(url)} is not a valid PostgreSQL URL") from None
         params = {name: str(value) for name, value in parsed.items() if value is not None}
         self._password = params.get("password")
+        self._max_lag_ms = b"%d" % round(1000 * getattr(settings, "max_staleness", 1.0))
         connect_timeout = getattr(settings, "pg_connect_timeout", 2.0)
         statement_timeout = getattr(settings, "pg_statement_timeout", 2.0)
         # libpq takes whole seconds (and treats 1 as 2); never wait forever.
@@ -118,7 +126,7 @@ class PostgresReader(ThreadConnections):
             local.conn, local.prepared = None, False
             conn = self._connect()
             try:
-                local.pooled = self._behind_pooler(conn)
+                local.pooled, local.standby = self._backend(conn)
             except BaseException:
                 conn.close()
                 raise
@@ -126,13 +134,14 @@ class PostgresReader(ThreadConnections):
         return conn
 
     @staticmethod
-    def _behind_pooler(conn: psycopg.Connection) -> bool:
-        """Whether a connection pooler (pgbouncer) stands between us and the server: the backend that
+    def _backend(conn: psycopg.Connection) -> tuple[bool, bool]:
+        """Whether a pooler stands in between, and whether the server is a hot standby (in recovery).
+        Whether a connection pooler (pgbouncer) stands between us and the server: the backend that
         answers a query is not the one whose key the startup returned. Through a pooler in transaction
         mode each transaction may run on another server connection, where a named statement prepared
         on this one does not exist (or another client's does): the query is then sent unnamed."""
-        row = conn.execute("SELECT pg_backend_pid()").fetchone()
-        return row is None or row[0] != conn.info.backend_pid
+        row = conn.execute("SELECT pg_backend_pid(), pg_is_in_recovery()").fetchone()
+        return row is None or row[0] != conn.info.backend_pid, bool(row and row[1])
 
     def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -179,17 +188,23 @@ class PostgresReader(ThreadConnections):
         pgconn = conn.pgconn
         local = self._local
         params = [b"%d" % user_id, key_digest.encode("ascii")]
+        name, sql = CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ
+        if local.standby:
+            params.append(self._max_lag_ms)
+            name, sql = STANDBY_STATEMENT, STANDBY_SQL_PQ
         try:
             if local.pooled:
-                result = pgconn.exec_params(CREDENTIALS_SQL_PQ, params)
+                result = pgconn.exec_params(sql, params)
             else:
                 if not local.prepared:
-                    _raise_unless(pgconn.prepare(CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ), ExecStatus.COMMAND_OK)
+                    _raise_unless(pgconn.prepare(name, sql), ExecStatus.COMMAND_OK)
                     local.prepared = True
-                result = pgconn.exec_prepared(CREDENTIALS_STATEMENT, params)
+                result = pgconn.exec_prepared(name, params)
         except MemoryError:  # psycopg's C wrapper reports libpq's NULL result (nothing could be sent) so
             raise psycopg.OperationalError("the query could not be sent to the server") from None
         _raise_unless(result, ExecStatus.TUPLES_OK)
+        if local.standby and result.get_value(0, 6) != b"t":
+            raise psycopg.OperationalError("the standby is further behind than AUTHSVC_MAX_STALENESS")
         return [result.get_value(0, column) for column in range(6)]  # one row, always
 
     def check(self) -> None:
