@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="superuser URL of a PostgreSQL server; a temporary database is made and dropped")
     parser.add_argument("--cold-calls", type=int, default=300, help="calls per run of the cold section")
     parser.add_argument("--profile-rows", type=int, default=30, help="functions listed by the profile section")
+    parser.add_argument("--capacity-seconds", type=int, default=5,
+                        help="seconds per wrk run of the capacity section (default 5: CPU per request settles fast)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]

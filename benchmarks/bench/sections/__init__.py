@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from benchmarks.bench.sections import bodies, cold, core, metrics, nginx, postgres, profile, scale
+from benchmarks.bench.sections import bodies, capacity, cold, core, metrics, nginx, postgres, profile, scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,4 +40,8 @@ SECTIONS: dict[str, Section] = {
     "metrics": Section(metrics.run, "in-process cost per authentication with metrics on (the metrics extra, "
                        "prometheus_client's multiprocess mode as under gunicorn.conf.py) against the same app "
                        "with metrics off", False),
+    "capacity": Section(capacity.run, "CPU time per authentication of every process serving it (gunicorn workers, "
+                        "PostgreSQL, pgbouncer, nginx), from /proc: SQLite; a throwaway PostgreSQL directly, through "
+                        "pgbouncer (transaction mode) and on a hot standby; SQLite behind the shipped nginx site; "
+                        "and the authentications per second per core they imply (docs/scaling.md)", True),
 }
