@@ -6,6 +6,7 @@ harness working (a smoke run with tiny settings) and its guard honest.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -166,9 +167,12 @@ def test_smoke_run_of_the_capacity_section():
     }
     assert list(rows) == list(expected), done.stdout
     for label, (parts, connections) in expected.items():
-        auths, rps, errors, *cpu, total, per_core, pg_connections = rows[label]
+        auths, rps, errors, *cpu, total, ratio, per_core, pg_connections = rows[label]
         assert int(auths.replace(",", "")) > 0 and errors == "0", (label, rows[label])
         assert "".join("0" if c == "-" else "1" for c in cpu) == parts, (label, rows[label])
         assert all(float(c) > 0 for c in cpu if c != "-"), (label, rows[label])
         assert float(total) == pytest.approx(sum(float(c) for c in cpu if c != "-"), abs=2), (label, rows[label])
         assert float(per_core.replace(",", "")) > 0 and pg_connections == connections, (label, rows[label])
+        assert float(ratio) > 0 and (label != "SQLite" or ratio == "1.00"), (label, rows[label])
+    assert re.search(r"The staleness check alone, on the standby: .* \d+\.\d µs with the check, \d+\.\d µs without",
+                     done.stdout), done.stdout

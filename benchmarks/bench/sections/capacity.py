@@ -110,8 +110,9 @@ def web_connections(cluster: ThrowawayPostgres, role: str) -> Callable[[], str]:
     return count
 
 
-def provision(world: World, primary: ThrowawayPostgres) -> str:
-    """The world's players in database ``authsvc`` of the primary (authsvc export/init/import); the web role."""
+def provision(world: World, primary: ThrowawayPostgres) -> tuple[str, int]:
+    """The world's players in database ``authsvc`` of the primary (authsvc export/init/import), the web roles;
+    the players table's size in bytes, with its index."""
     import psycopg
 
     with psycopg.connect(primary.url, autocommit=True) as conn:
@@ -130,9 +131,37 @@ def provision(world: World, primary: ThrowawayPostgres) -> str:
             conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE authsvc_reader")
             conn.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")
             conn.execute(f"ALTER ROLE {role} SET statement_timeout = '2s'")
-        conn.execute("ANALYZE")
+        conn.execute("VACUUM ANALYZE")
         conn.execute("CHECKPOINT")  # the standby's base backup starts from here
-    return owner_url
+        size = conn.execute("SELECT pg_total_relation_size('players')").fetchone()[0]
+    return owner_url, size
+
+
+def staleness_check_cost(standby: ThrowawayStandby, world: World, calls: int, rounds: int = 5) -> tuple[float, float]:
+    """The standby's CPU per credentials query with the staleness column and without it (medians of alternating
+    rounds of ``calls`` prepared queries on one connection, as the web process sends them)."""
+    import psycopg
+
+    from authsvc.store.postgres_reader import CREDENTIALS_SQL_PQ, STANDBY_SQL_PQ
+    from authsvc.tokens import api_key_digest
+
+    digest = api_key_digest(world.api_key).encode("ascii")
+    figures: dict[bytes, list[float]] = {b"plain": [], b"checked": []}
+    with psycopg.connect(f"postgresql://{WEB_ROLE}@127.0.0.1:{standby.port}/authsvc") as conn:
+        pgconn = conn.pgconn
+        pgconn.prepare(b"plain", CREDENTIALS_SQL_PQ)
+        pgconn.prepare(b"checked", STANDBY_SQL_PQ)
+        for _ in range(rounds):
+            for name, extra in ((b"plain", []), (b"checked", [b"1000"])):
+                before = tree_cpu_seconds(standby.postmaster_pid())
+                for k in range(calls):
+                    params = [b"%d" % world.user_ids[k % len(world.user_ids)], digest, *extra]
+                    if pgconn.exec_prepared(name, params).get_value(0, 3) is None:
+                        raise SystemExit(f"bench: the standby did not find player {params[0]!r}")
+                after = tree_cpu_seconds(standby.postmaster_pid())
+                if before is not None and after is not None:
+                    figures[name].append((after - before) / calls * 1e6)
+    return statistics.median(figures[b"checked"]), statistics.median(figures[b"plain"])
 
 
 def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
@@ -147,7 +176,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         primary = ThrowawayPostgres(bin_dir)
         stack.callback(primary.destroy)
         primary.start()
-        owner_url = provision(world, primary)
+        owner_url, players_bytes = provision(world, primary)
         standby = ThrowawayStandby(primary)
         stack.callback(standby.destroy)
         standby.start()
@@ -206,7 +235,14 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
             check_answers(config.server, world, sample=20)
             config.server_connections = config.connections()
         load_after = Path("/proc/loadavg").read_text().split()[0]
+        calls = max(100, args.capacity_seconds * 1000)
+        checked, plain = staleness_check_cost(standby, world, calls)
     print_tables(configs, args, workers)
+    print(f"\nThe staleness check alone, on the standby: its CPU per credentials query {checked:.1f} µs with the "
+          f"check, {plain:.1f} µs without ({checked - plain:+.1f} µs; {calls:,} prepared queries on one connection "
+          f"in each of 5 alternating rounds, medians).")
+    print(f"The PostgreSQL players table of {world.players:,} players, with its index: {players_bytes / 2**20:.1f} MiB "
+          f"({players_bytes / world.players:.0f} bytes a player).")
     print(f"\nThe machine's load average (1 min, {os.cpu_count()} CPUs) before and after the runs: "
           f"{load_before} and {load_after}.")
 
@@ -220,16 +256,18 @@ def print_tables(configs: list[Config], args: argparse.Namespace, workers: int) 
           f"({workers} sync workers per gunicorn, wrk -t{args.threads} -c{args.connections} "
           f"-d{args.capacity_seconds}s, {args.rounds} alternating rounds; medians of the rounds)\n")
     head = ["configuration", "authentications", "req/s (noisy)", "errors", "app workers µs/auth",
-            "PostgreSQL µs/auth", "pgbouncer µs/auth", "nginx µs/auth", "total µs/auth", "auth/s per core",
-            "PostgreSQL connections"]
+            "PostgreSQL µs/auth", "pgbouncer µs/auth", "nginx µs/auth", "total µs/auth",
+            f"total vs {configs[0].server.label} workers", "auth/s per core", "PostgreSQL connections"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
+    reference = configs[0].us("app")  # the same run's SQLite workers: the ratio to it is steadier than µs
     for c in configs:
         figures = [c.us(name) for name in COMPONENTS]
         total = sum(f for f in figures if f is not None)
         print("| " + " | ".join([
             c.server.label, f"{c.auths:,}", f"{statistics.median(c.rps):,.0f}", str(c.errors),
-            *(cell(f) for f in figures), cell(total), f"{1e6 / total:,.0f}" if total else "-", c.server_connections,
+            *(cell(f) for f in figures), cell(total), f"{total / reference:.2f}" if reference else "-",
+            f"{1e6 / total:,.0f}" if total else "-", c.server_connections,
         ]) + " |")
     print("\n   Per component: authentications per second one core would serve doing nothing else "
           "(1e6 / µs per authentication; an upper bound)\n")
