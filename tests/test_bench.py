@@ -164,6 +164,7 @@ def test_smoke_run_of_the_capacity_section():
         "PostgreSQL, hot standby, direct": ("1100", "2"),
         "SQLite, nginx (plain HTTP)": ("1001", "-"),
         "SQLite, nginx (HTTPS, kept alive)": ("1001", "-"),
+        "PostgreSQL, direct, nginx (HTTPS, kept alive)": ("1101", "2"),
     }
     assert list(rows) == list(expected), done.stdout
     for label, (parts, connections) in expected.items():

@@ -40,9 +40,9 @@ from benchmarks.bench.world import APPS, REPO, World
 from harness.pgserver import ThrowawayPgbouncer, ThrowawayPostgres, ThrowawayStandby, find_bin_dir, find_pgbouncer
 from harness.processes import free_port
 
-# Login roles in authsvc_reader, set up as docs/stores.md sets up authsvc_web: one for direct connections,
-# one through pgbouncer, so pg_stat_activity tells their server connections apart.
-WEB_ROLE, POOLED_ROLE = "authsvc_bench_web", "authsvc_bench_pooled"
+# Login roles in authsvc_reader, set up as docs/stores.md sets up authsvc_web: one per gunicorn on the primary
+# (direct, through pgbouncer, behind nginx), so pg_stat_activity tells their server connections apart.
+WEB_ROLE, POOLED_ROLE, FRONTED_ROLE = "authsvc_bench_web", "authsvc_bench_pooled", "authsvc_bench_fronted"
 COMPONENTS = ("app", "postgres", "pgbouncer", "nginx")
 
 
@@ -127,7 +127,7 @@ def provision(world: World, primary: ThrowawayPostgres) -> tuple[str, int]:
     subprocess.run([*cli, "import", str(export)], env=pg_env, check=True, stdout=subprocess.DEVNULL)
     export.unlink()
     with psycopg.connect(owner_url, autocommit=True) as conn:  # docs/stores.md: set on the role for pgbouncer
-        for role in (WEB_ROLE, POOLED_ROLE):
+        for role in (WEB_ROLE, POOLED_ROLE, FRONTED_ROLE):
             conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE authsvc_reader")
             conn.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")
             conn.execute(f"ALTER ROLE {role} SET statement_timeout = '2s'")
@@ -164,6 +164,42 @@ def staleness_check_cost(standby: ThrowawayStandby, world: World, calls: int, ro
     return statistics.median(figures[b"checked"]), statistics.median(figures[b"plain"])
 
 
+@dataclasses.dataclass
+class Fronted:
+    """The shipped nginx site in front of the shipped gunicorn.conf.py on a unix socket."""
+
+    root: Path
+    https_port: int
+    http_port: int
+    nginx: subprocess.Popen
+    gunicorn: subprocess.Popen
+
+    def http(self, label: str) -> Server:
+        return Server(label, "endpoint", f"http://127.0.0.1:{self.http_port}", host=LEGACY_HOST, master=self.gunicorn)
+
+    def https(self, label: str) -> Server:
+        return Server(label, "endpoint", f"https://{API_HOST}:{self.https_port}", ca_file=str(self.root / "ca.pem"),
+                      master=self.gunicorn)
+
+    @property
+    def meters(self) -> dict[str, Callable[[], float | None]]:
+        return {"nginx": lambda: tree_cpu_seconds(self.nginx.pid)}
+
+
+def behind_nginx(stack: contextlib.ExitStack, world: World, logs: Path, name: str, store_env: dict,
+                 workers: int) -> Fronted:
+    root = world.root / f"capacity-nginx-{name}"
+    sock = root / "authsvc.sock"
+    https_port, http_port, nginx_proc = stack.enter_context(nginx_in_front(world, root, sock))
+    env = {"AUTHSVC_BIND": f"unix:{sock}", "AUTHSVC_WORKER_CLASS": "sync", "AUTHSVC_WORKERS": str(workers),
+           "AUTHSVC_THREADS": "1", "STATE_DIRECTORY": str(root), **store_env}
+    proc = stack.enter_context(gunicorn(world, APPS["authsvc"], logs / f"capacity-nginx-{name}.log",
+                                        bind=f"unix:{sock}", env=env,
+                                        args=("--config", str(REPO / "deploy" / "gunicorn.conf.py"))))
+    wait_for(sock.exists, f"gunicorn behind nginx ({name})", proc)
+    return Fronted(root, https_port, http_port, nginx_proc, proc)
+
+
 def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
     bin_dir, pgbouncer_bin = find_bin_dir(), find_pgbouncer()
     if bin_dir is None or pgbouncer_bin is None:
@@ -186,8 +222,8 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         bouncer.start()
         assert bouncer.proc is not None
 
-        def web_url(cluster: ThrowawayPostgres) -> str:
-            return f"postgresql://{WEB_ROLE}@127.0.0.1:{cluster.port}/authsvc"
+        def web_url(cluster: ThrowawayPostgres, role: str = WEB_ROLE) -> str:
+            return f"postgresql://{role}@127.0.0.1:{cluster.port}/authsvc"
 
         direct = [
             ("SQLite", {}, {}, None),
@@ -209,20 +245,15 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
             configs.append(Config(Server(label, "endpoint", f"http://127.0.0.1:{port}", master=proc), meters,
                                   web_connections(*served_by) if served_by else lambda: "-"))
 
-        root = world.root / "capacity-nginx"
-        sock = root / "authsvc.sock"
-        https_port, http_port, nginx_proc = stack.enter_context(nginx_in_front(world, root, sock))
-        env = {"AUTHSVC_BIND": f"unix:{sock}", "AUTHSVC_WORKER_CLASS": "sync", "AUTHSVC_WORKERS": str(workers),
-               "AUTHSVC_THREADS": "1", "STATE_DIRECTORY": str(world.root)}
-        proc = stack.enter_context(gunicorn(world, APPS["authsvc"], logs / "capacity-nginx.log", bind=f"unix:{sock}",
-                                            args=("--config", str(REPO / "deploy" / "gunicorn.conf.py")), env=env))
-        wait_for(sock.exists, "gunicorn (behind nginx)", proc)
-        nginx_meter = {"nginx": lambda: tree_cpu_seconds(nginx_proc.pid)}
-        configs.append(Config(Server("SQLite, nginx (plain HTTP)", "endpoint", f"http://127.0.0.1:{http_port}",
-                                     host=LEGACY_HOST, master=proc), nginx_meter))
-        configs.append(Config(Server("SQLite, nginx (HTTPS, kept alive)", "endpoint",
-                                     f"https://{API_HOST}:{https_port}", ca_file=str(root / "ca.pem"), master=proc),
-                              nginx_meter))
+        sqlite_nginx = behind_nginx(stack, world, logs, "sqlite", {}, workers)
+        pg_nginx = behind_nginx(stack, world, logs, "pg", {"AUTHSVC_STORE": web_url(primary, FRONTED_ROLE)}, workers)
+        configs += [
+            Config(sqlite_nginx.http("SQLite, nginx (plain HTTP)"), sqlite_nginx.meters),
+            Config(sqlite_nginx.https("SQLite, nginx (HTTPS, kept alive)"), sqlite_nginx.meters),
+            Config(pg_nginx.https("PostgreSQL, direct, nginx (HTTPS, kept alive)"),
+                   {**pg_nginx.meters, "postgres": lambda: tree_cpu_seconds(primary.postmaster_pid())},
+                   web_connections(primary, FRONTED_ROLE)),
+        ]
 
         for config in configs:
             check_answers(config.server, world)
