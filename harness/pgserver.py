@@ -12,11 +12,11 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
-import urllib.parse
 
-from harness.processes import free_port, wait_for_port
+from harness.processes import free_port
 
 
 def find_bin_dir() -> str | None:
@@ -124,52 +124,72 @@ def find_pgbouncer() -> str | None:
 
 
 class ThrowawayPgbouncer:
-    """pgbouncer on 127.0.0.1:<free port> in front of one database, ``pool_mode = transaction``, trust auth
-    for ``users``. It needs what docs/stores.md ("pgbouncer") tells operators: ``ignore_startup_parameters
-    = options``, the web role's statement timeout and read-only default set on the role."""
+    """pgbouncer on 127.0.0.1:<free port> in transaction mode, trust auth for ``role``, database
+    ``authsvc`` pointing at ``dbname`` on a server's port (``host``: loopback); started at once (wait for
+    ``port``).
+    It runs as docs/stores.md ("pgbouncer") tells operators to: ``ignore_startup_parameters = options``,
+    the web role's statement timeout and read-only default set on the role. ``repoint()`` edits its ini
+    and reloads it (SIGHUP), as an operator does in a failover; the failover timeouts are the ones
+    docs/operations.md recommends. Under root it runs as ``user`` (the server's): it refuses root."""
 
-    def __init__(self, binary: str, server_url: str, users: list[str], *, database: str = "authsvc",
-                 pool_size: int = 1, max_client_conn: int = 100):
-        target = urllib.parse.urlsplit(server_url)
-        self.binary = binary
-        self.user = _run_as()
+    def __init__(self, binary: str, role: str, target_port: int, user: str | None, *, dbname: str = "postgres",
+                 host: str = "127.0.0.1", pool_size: int = 2, max_client_conn: int = 20):
         self.port = free_port()
-        self.database = database
         self.dir = tempfile.mkdtemp(prefix="authsvc-pgbouncer-")
         self.config = os.path.join(self.dir, "pgbouncer.ini")
         self.logfile = os.path.join(self.dir, "pgbouncer.log")
-        self.proc: subprocess.Popen | None = None
-        users_file = os.path.join(self.dir, "users.txt")
-        with open(users_file, "w") as f:
-            f.writelines(f'"{user}" ""\n' for user in users)
-        with open(self.config, "w") as f:
+        self.role = role
+        self.dbname, self.host = dbname, host
+        self.pool_size = pool_size
+        self.max_client_conn = max_client_conn
+        users = os.path.join(self.dir, "users.txt")
+        with open(users, "w") as f:
+            f.write(f'"{role}" ""\n')
+        self._write(target_port)
+        if user:
+            uid = pwd.getpwnam(user).pw_uid
+            for path in (self.dir, self.config, users):
+                os.chown(path, uid, -1)
+        self.proc = subprocess.Popen([binary, self.config], user=user, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{self.role}@127.0.0.1:{self.port}/authsvc"
+
+    def _write(self, target_port: int) -> None:
+        with open(self.config + ".new", "w") as f:
             f.write(
                 "[databases]\n"
-                f"{database} = host={target.hostname} port={target.port or 5432} dbname={target.path.lstrip('/')}\n"
+                f"authsvc = host={self.host} port={target_port} dbname={self.dbname}\n"
                 "[pgbouncer]\n"
                 f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
-                f"auth_type = trust\nauth_file = {users_file}\n"
-                f"pool_mode = transaction\ndefault_pool_size = {pool_size}\nmax_client_conn = {max_client_conn}\n"
+                f"auth_type = trust\nauth_file = {self.dir}/users.txt\n"
+                f"pool_mode = transaction\ndefault_pool_size = {self.pool_size}\n"
+                f"max_client_conn = {self.max_client_conn}\n"
                 "ignore_startup_parameters = options\n"
+                "server_connect_timeout = 2\nserver_login_retry = 1\nquery_wait_timeout = 2\n"
                 f"logfile = {self.logfile}\n"
             )
-        if self.user:
-            uid = pwd.getpwnam(self.user).pw_uid
-            for path in (self.dir, self.config, users_file):
-                os.chown(path, uid, -1)
+        os.replace(self.config + ".new", self.config)  # keeps the owner set in __init__ (same user writes)
 
-    def url(self, user: str) -> str:
-        return f"postgresql://{user}@127.0.0.1:{self.port}/{self.database}"
+    def repoint(self, target_port: int) -> None:
+        """The [databases] entry to another server, then a reload (what `systemctl reload pgbouncer` sends)."""
+        stat = os.stat(self.config)
+        self._write(target_port)
+        os.chown(self.config, stat.st_uid, -1)
+        self.proc.send_signal(signal.SIGHUP)
 
-    def start(self) -> None:
-        self.proc = subprocess.Popen([self.binary, self.config], user=self.user, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        wait_for_port(self.port)
+    def log(self) -> str:
+        try:
+            with open(self.logfile) as f:
+                return f.read()
+        except OSError:
+            return ""
 
     def destroy(self) -> None:
         try:
-            if self.proc is not None and self.proc.poll() is None:
-                self.proc.terminate()
-                self.proc.wait(10)
+            self.proc.terminate()
+            self.proc.wait(10)
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)

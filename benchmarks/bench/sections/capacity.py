@@ -38,7 +38,7 @@ from benchmarks.bench.serve import (
 )
 from benchmarks.bench.world import APPS, REPO, World
 from harness.pgserver import ThrowawayPgbouncer, ThrowawayPostgres, ThrowawayStandby, find_bin_dir, find_pgbouncer
-from harness.processes import free_port
+from harness.processes import free_port, wait_for_port
 
 # Login roles in authsvc_reader, set up as docs/stores.md sets up authsvc_web: one per gunicorn on the primary
 # (direct, through pgbouncer, behind nginx), so pg_stat_activity tells their server connections apart.
@@ -110,7 +110,7 @@ def web_connections(cluster: ThrowawayPostgres, role: str) -> Callable[[], str]:
     return count
 
 
-def provision(world: World, primary: ThrowawayPostgres) -> tuple[str, int]:
+def provision(world: World, primary: ThrowawayPostgres) -> int:
     """The world's players in database ``authsvc`` of the primary (authsvc export/init/import), the web roles;
     the players table's size in bytes, with its index."""
     import psycopg
@@ -134,7 +134,7 @@ def provision(world: World, primary: ThrowawayPostgres) -> tuple[str, int]:
         conn.execute("VACUUM ANALYZE")
         conn.execute("CHECKPOINT")  # the standby's base backup starts from here
         size = conn.execute("SELECT pg_total_relation_size('players')").fetchone()[0]
-    return owner_url, size
+    return size
 
 
 def staleness_check_cost(standby: ThrowawayStandby, world: World, calls: int, rounds: int = 5) -> tuple[float, float]:
@@ -212,15 +212,15 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         primary = ThrowawayPostgres(bin_dir)
         stack.callback(primary.destroy)
         primary.start()
-        owner_url, players_bytes = provision(world, primary)
+        players_bytes = provision(world, primary)
         standby = ThrowawayStandby(primary)
         stack.callback(standby.destroy)
         standby.start()
         pool_size = max(1, workers // 2)
-        bouncer = ThrowawayPgbouncer(pgbouncer_bin, owner_url, [POOLED_ROLE], pool_size=pool_size)
+        bouncer = ThrowawayPgbouncer(pgbouncer_bin, POOLED_ROLE, primary.port, primary.user, dbname="authsvc",
+                                     pool_size=pool_size, max_client_conn=100)
         stack.callback(bouncer.destroy)
-        bouncer.start()
-        assert bouncer.proc is not None
+        wait_for_port(bouncer.port)
 
         def web_url(cluster: ThrowawayPostgres, role: str = WEB_ROLE) -> str:
             return f"postgresql://{role}@127.0.0.1:{cluster.port}/authsvc"
@@ -229,9 +229,9 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
             ("SQLite", {}, {}, None),
             ("PostgreSQL, direct", {"AUTHSVC_STORE": web_url(primary)},
              {"postgres": lambda: tree_cpu_seconds(primary.postmaster_pid())}, (primary, WEB_ROLE)),
-            (f"PostgreSQL, pgbouncer (transaction, pool {pool_size})", {"AUTHSVC_STORE": bouncer.url(POOLED_ROLE)},
+            (f"PostgreSQL, pgbouncer (transaction, pool {pool_size})", {"AUTHSVC_STORE": bouncer.url},
              {"postgres": lambda: tree_cpu_seconds(primary.postmaster_pid()),
-              "pgbouncer": lambda: tree_cpu_seconds(bouncer.proc.pid if bouncer.proc else None)},
+              "pgbouncer": lambda: tree_cpu_seconds(bouncer.proc.pid)},
              (primary, POOLED_ROLE)),
             ("PostgreSQL, hot standby, direct", {"AUTHSVC_STORE": web_url(standby)},
              {"postgres": lambda: tree_cpu_seconds(standby.postmaster_pid())}, (standby, WEB_ROLE)),
