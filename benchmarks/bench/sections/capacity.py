@@ -2,11 +2,13 @@
 
 On a shared machine req/s says more about the neighbours than about authsvc; the
 CPU time a process spent, read from /proc before and after each wrk run and
-divided by the authentications served, is far steadier. One throwaway PostgreSQL
-primary (the world's players imported), a ``pg_basebackup -R`` hot standby of it
-and a pgbouncer in transaction mode (harness/pgserver.py); gunicorn on SQLite, on
-the primary directly, through pgbouncer, on the standby, and the shipped nginx
-site in front of gunicorn.conf.py on SQLite. The per-core figures are upper
+divided by the authentications served, is steadier (not immune: BENCHMARKS.md
+section 9), and each row's ratio to the same run's SQLite workers steadier still.
+One throwaway PostgreSQL primary (the world's players imported), a
+``pg_basebackup -R`` hot standby of it and a pgbouncer in transaction mode
+(harness/pgserver.py); gunicorn on SQLite, on the primary directly, through
+pgbouncer, on the standby; the shipped nginx site in front of gunicorn.conf.py on
+SQLite, and on the primary (the deployed path). The per-core figures are upper
 bounds: 1e6 / (CPU µs per authentication) is what one core would serve if it did
 nothing else, with no idle time and none of the kernel's network work that
 /proc does not charge to these processes.
