@@ -132,7 +132,7 @@ class Traffic:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _one(self, query: str, expected: dict) -> str:
+    def ask(self, query: str, expected: dict) -> str:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=15)
         try:
             conn.request("GET", query)
@@ -158,7 +158,7 @@ class Traffic:
                 return
             query, expected = self.cases[n % 2]
             started = time.monotonic()
-            got = self._one(query, expected)
+            got = self.ask(query, expected)
             self.slowest = max(self.slowest, time.monotonic() - started)
             self.answers.append((time.monotonic(), got))
 
@@ -228,9 +228,9 @@ def _after_failover(cluster: Cluster, port: int, traffic: Traffic) -> None:
     assert done.returncode == 0 and "epoch now 1" in done.stdout, done
     old, new = (urllib.parse.urlencode(cluster.params(77, epoch)) for epoch in (0, 1))
     for _ in range(4):  # both workers, whichever answers
-        assert traffic._one(f"{PATH}?{old}", INVALID) == "ok"
-        assert traffic._one(f"{PATH}?{new}", OK) == "ok"
-        assert traffic._one("/readyz", {"success": True, "status": "ready"}) == "ok"
+        assert traffic.ask(f"{PATH}?{old}", INVALID) == "ok"
+        assert traffic.ask(f"{PATH}?{new}", OK) == "ok"
+        assert traffic.ask("/readyz", {"success": True, "status": "ready"}) == "ok"
 
 
 def _report(variant: str, traffic: Traffic, stopped: float, promoted: float, **extra: float) -> dict:
