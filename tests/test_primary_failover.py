@@ -341,7 +341,7 @@ def test_a_pooled_connection_checks_freshness_whatever_server_answers(cluster):
         time.sleep(1.5)  # the revoke is older than AUTHSVC_MAX_STALENESS, and not replayed on the standby
         bouncer.repoint(cluster.standby.port)
         deadline = time.monotonic() + 30
-        while "re-reading config" not in bouncer.log():
+        while "closing because: database configuration changed" not in bouncer.log():  # the old server's link
             assert time.monotonic() < deadline, bouncer.log()[-2000:]
             time.sleep(0.05)
         for _ in range(5):
