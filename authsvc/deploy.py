@@ -44,6 +44,8 @@ DEFAULTS = {
     # Requests in progress per client address (nginx limit_conn): above RATE_BURST.
     "CONN_LIMIT": "50",
     "UPSTREAM_TIMEOUT": "10s",
+    # Requests one app host holds at once (nginx max_conns); past it, a JSON 503 at once.
+    "UPSTREAM_MAX_CONNS": "32",
     "APP_DIR": "/opt/authsvc",
     "CONF_DIR": "/etc/authsvc",
     "USER": "authsvc",
