@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import http.client
 import json
+import os
 import re
 import resource
 import subprocess
@@ -24,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from authsvc.deploy import REQUESTS_PER_WORKER
 from benchmarks.bench.sections.nginx import nginx_in_front
 from benchmarks.bench.serve import (
     LEGACY_HOST,
@@ -113,6 +115,7 @@ class Storm:
     probes: list[tuple[int, float, bool]]  # (status or 0 for a failure, ms, the service's JSON 503 with Retry-After)
     cores: dict[str, tuple[float, float]]  # CPU used (cores): workers, nginx, wrk, at capacity and in the storm
     recovery_s: float | None = None
+    worker_us: tuple[float, float] = (0.0, 0.0)  # workers' CPU µs per authentication served: at capacity, in the storm
 
     @property
     def capacity(self) -> float:
@@ -256,14 +259,18 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     storm_script = world.root / "storm.lua"
     storm_script.write_text(STORM_SCRIPT % {"paths": ",\n".join(json.dumps(p) for p in world.paths()),
                                             "shed": json.dumps(SHED_BODY)})
-    storms = [one_storm(world, args, logs, script, storm_script, int(v)) for v in args.storm_max_conns.split(",")]
+    shipped = REQUESTS_PER_WORKER * (os.cpu_count() or 1)  # authsvc/deploy.py's default: the workers are the CPUs
+    values = [shipped if v.strip() == "shipped" else int(v) for v in args.storm_max_conns.split(",")]
+    storms = [one_storm(world, args, logs, script, storm_script, v, v == shipped) for v in values]
     print_storm(args, storms)
 
 
 def one_storm(world: World, args: argparse.Namespace, logs: Path, script: Path, storm_script: Path,
-              max_conns: int) -> Storm:
+              max_conns: int, shipped: bool) -> Storm:
     """On a fresh stack: the capacity, the storm (with a probe), the recovery, the capacity again."""
     with stack(world, args, logs, max_conns) as (server, access_log, nginx):
+        if shipped:
+            server.label += f" (shipped: {REQUESTS_PER_WORKER} x {os.cpu_count()} workers)"
         cap, best_c, cap_runs = capacity(server, script, args)
         start = access_log.stat().st_size
         probes: list = []
@@ -284,6 +291,9 @@ def one_storm(world: World, args: argparse.Namespace, logs: Path, script: Path, 
         at_capacity = cores(cpu0, cpu_seconds(server.master, nginx), time.monotonic() - t0)
         storm = Storm(server.label, cap_runs, cap, after.rps, figures, figures["duration_us"] / 1e6, times, shed,
                       probes, {k: (at_capacity[k], in_storm[k]) for k in in_storm}, recovered)
+        # Worker CPU per authentication served: does shedding make serving dearer?
+        storm.worker_us = (after.worker_cpu_us or 0.0,
+                           in_storm["workers"] * seconds / max(storm.count("200"), 1) * 1e6)
         print(f"  storm: {server.label}: {storm.count('200') / storm.seconds:,.0f} auth/s served, "
               f"{storm.count('503') / storm.seconds:,.0f} 503/s; capacity {cap:,.0f} before, {after.rps:,.0f} after",
               file=sys.stderr)
@@ -332,7 +342,7 @@ def print_storm(args: argparse.Namespace, storms: list[Storm]) -> None:
           "each part used (cores, of the machine's 2) at capacity (the after run) and in the storm\n")
     head = ["nginx → gunicorn", "wrk p50 / p99 / max ms", "probes", "probe 200 p99 ms", "probe 503 p99 / max ms",
             "probe 503 JSON + Retry-After", "probe failures", "HTML answers", "workers cores", "nginx cores",
-            "wrk cores"]
+            "wrk cores", "worker CPU µs per auth served"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for s in storms:
@@ -345,6 +355,7 @@ def print_storm(args: argparse.Namespace, storms: list[Storm]) -> None:
             f"{sum(good for status, _, good in s.probes if status == 503)} of {len(shed)}",
             str(sum(status == 0 for status, _, _ in s.probes)), str(w["html"]),
             *(f"{s.cores[k][0]:.2f} → {s.cores[k][1]:.2f}" for k in ("workers", "nginx", "wrk")),
+            f"{s.worker_us[0]:.0f} → {s.worker_us[1]:.0f}",
         ]
         print("| " + " | ".join(cells) + " |")
     print("\n   The capacity search of each row (closed-loop wrk)\n")
