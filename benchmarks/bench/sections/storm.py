@@ -314,7 +314,7 @@ def print_storm(args: argparse.Namespace, storms: list[Storm]) -> None:
           f"{args.storm_factor:g} x the capacity for {args.storm_seconds} s, client timeout {CLIENT_TIMEOUT_S} s; "
           f"then {NORMAL_SHARE:g} x capacity in {RECOVERY_SLICE_S} s runs until one has a p99 under "
           f"{P99_TARGET_MS:.0f} ms.\n")
-    head = ["nginx → gunicorn", "capacity req/s: before / after", "offered req/s (x capacity)", "served auth/s",
+    head = ["nginx → gunicorn", "capacity req/s: before / after", "answers/s (x capacity)", "served auth/s",
             "served / capacity", "successes p50 / p99 / max ms", "503/s", "503 of them JSON + Retry-After",
             "503 time to answer p99 / max ms", "other statuses", "socket errors", "client timeouts",
             "back under 20 ms after"]
@@ -322,14 +322,14 @@ def print_storm(args: argparse.Namespace, storms: list[Storm]) -> None:
     print("|" + "---|" * len(head))
     for s in storms:
         w = s.wrk
-        offered = (w["requests"] + w["timeout"]) / s.seconds
+        answered = w["requests"] / s.seconds
         served = s.count("200") / s.seconds
         ok, shed = s.log.get("200", []), s.log.get("503", [])
         others = {k: v for k, v in w["statuses"].items() if k not in ("200", "503")}
         recovered = f"{s.recovery_s:.1f} s" if s.recovery_s is not None else f"not within {RECOVERY_LIMIT_S} s"
         cells = [
             s.label, f"{s.capacity_before:,.0f} / {s.capacity_after:,.0f}",
-            f"{offered:,.0f} ({offered / s.capacity:.1f})", f"{served:,.0f}", f"{served / s.capacity:.3f}",
+            f"{answered:,.0f} ({answered / s.capacity:.1f})", f"{served:,.0f}", f"{served / s.capacity:.3f}",
             f"{ms(pct(ok, 50))} / {ms(pct(ok, 99))} / {ms(max(ok, default=float('nan')))}",
             f"{s.count('503') / s.seconds:,.0f}",
             f"{s.count('503') - w['bad_shed']:,} of {s.count('503'):,} ({s.shed_by_nginx:,} by nginx)",
