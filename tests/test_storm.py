@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from authsvc.deploy import REQUESTS_PER_WORKER
 from tests.deploy_support import start_stack, stop
 
 pytestmark = pytest.mark.slow
@@ -35,14 +36,15 @@ def stack(tmp_path):
     # UPSTREAM_TIMEOUT well above the time the worker is kept stopped, so the admitted
     # requests wait for it instead of getting nginx's 504; nginx's connection table
     # sized for the storm (docs/operations.md), so it is not what refuses clients.
-    s = start_stack(tmp_path, workers=1, values={"UPSTREAM_TIMEOUT": "30s"}, worker_connections=1024)
+    # UPSTREAM_MAX_CONNS as scripts/install renders it for a settings file of one worker.
+    values = {"UPSTREAM_TIMEOUT": "30s", "UPSTREAM_MAX_CONNS": str(REQUESTS_PER_WORKER * 1)}
+    s = start_stack(tmp_path, workers=1, values=values, worker_connections=1024)
     yield s
     stop(s.nginx)
     stop(s.gunicorn)
 
 
 def test_a_storm_past_the_queue_is_answered_503_at_once_and_served_after(stack):
-    # The shipped value as rendered (authsvc/deploy.py), not one made for the test.
     site = (stack.root / "deploy" / "nginx" / "sites" / "authsvc.conf").read_text()
     (max_conns,) = {int(n) for n in re.findall(r"max_conns=(\d+)", site)}
     storm = max(6 * max_conns, 60)
