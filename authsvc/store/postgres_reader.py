@@ -45,10 +45,12 @@ CREDENTIALS_SQL_PQ = CREDENTIALS_SQL.replace("%s", "$1::bigint", 1).replace("%s"
 
 # On a hot standby the same row also says whether the standby is fresh enough (docs/stores.md,
 # "Hot standby"): everything received is replayed, or the last replayed commit is at most $3 ms old.
+# A server that is not (or no longer: promoted) in recovery is fresh: the connection's cached
+# standby flag may be stale after a failover, or behind a pooler that was repointed.
 STANDBY_STATEMENT = b"authsvc_credentials_standby"
 STANDBY_SQL_PQ = CREDENTIALS_SQL_PQ.replace(
-    b"p.enabled\n", b"p.enabled, (pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() OR clock_timestamp()"
-    b" - pg_last_xact_replay_timestamp() <= $3::bigint * interval '1 millisecond') IS TRUE\n", 1)
+    b"p.enabled\n", b"p.enabled, (NOT pg_is_in_recovery() OR pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn()"
+    b" OR clock_timestamp() - pg_last_xact_replay_timestamp() <= $3::bigint * interval '1 millisecond') IS TRUE\n", 1)
 
 def _raise_unless(result, status: ExecStatus) -> None:
     """Raise the psycopg error a libpq result carries (by its SQLSTATE), unless it has ``status``."""
@@ -189,7 +191,9 @@ class PostgresReader(ThreadConnections):
         local = self._local
         params = [b"%d" % user_id, key_digest.encode("ascii")]
         name, sql = CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ
-        if local.standby:
+        # Behind a pooler the server can change under the connection (repointed at a standby): check.
+        checked = local.standby or local.pooled
+        if checked:
             params.append(self._max_lag_ms)
             name, sql = STANDBY_STATEMENT, STANDBY_SQL_PQ
         try:
@@ -203,7 +207,7 @@ class PostgresReader(ThreadConnections):
         except MemoryError:  # psycopg's C wrapper reports libpq's NULL result (nothing could be sent) so
             raise psycopg.OperationalError("the query could not be sent to the server") from None
         _raise_unless(result, ExecStatus.TUPLES_OK)
-        if local.standby and result.get_value(0, 6) != b"t":
+        if checked and result.get_value(0, 6) != b"t":
             raise psycopg.OperationalError("the standby is further behind than AUTHSVC_MAX_STALENESS")
         return [result.get_value(0, column) for column in range(6)]  # one row, always
 
