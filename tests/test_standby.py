@@ -99,7 +99,8 @@ def _sql(url: str, statement: str):
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute(statement).fetchone()
+        cursor = conn.execute(statement)
+        return cursor.fetchone() if cursor.description else None
 
 
 def _wait_replayed(primary, standby) -> None:
