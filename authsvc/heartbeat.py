@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 from authsvc.errors import CommandError, ConfigError, StoreUnavailable, StoreUnreachable
 from authsvc.store import open_store, redact_url
@@ -39,15 +40,16 @@ def cmd_heartbeat(args, settings):
         raise CommandError(f"--interval must be from {MIN_INTERVAL:g} to {MAX_INTERVAL:g} seconds")
     store = open_store(settings.store, readonly=False, settings=settings)
     try:
-        if not hasattr(store, "write_heartbeat"):
+        write, prepare = getattr(store, "write_heartbeat", None), getattr(store, "heartbeat_connections", None)
+        if write is None or prepare is None:
             raise CommandError("the heartbeat is for a PostgreSQL primary read through hot standbys (docs/stores.md)")
         try:
             store.check()  # not migrated, wrong role: stop here; a server that is down is waited for below
         except StoreUnreachable:
             pass
-        store.heartbeat_connections()
+        prepare()
         _say(f"writing the primary's time into {redact_url(settings.store)} every {args.interval:g} s")
-        run(store, args.interval)
+        run(write, args.interval)
     except KeyboardInterrupt:
         pass
     finally:
@@ -55,14 +57,14 @@ def cmd_heartbeat(args, settings):
     return 0, {"stopped": True}, "stopped"
 
 
-def run(store, interval: float) -> None:
-    """Write a heartbeat every ``interval`` seconds, for ever; say when writing fails and when it works again."""
+def run(write: Callable[[], None], interval: float) -> None:
+    """Call ``write`` every ``interval`` seconds, for ever; say when it fails and when it works again."""
     failing_since: float | None = None
     reason = ""
     due = time.monotonic()
     while True:
         try:
-            store.write_heartbeat()
+            write()
             if failing_since is not None:
                 _say(f"writing again, after {time.monotonic() - failing_since:.1f} s without a heartbeat")
                 failing_since, reason = None, ""

@@ -278,7 +278,7 @@ class PostgresStore(PostgresReader, Store):
     def heartbeat_connections(self) -> None:
         """Before the first heartbeat: a dead network noticed within seconds (the kernel's default is
         minutes of retransmissions, all that time without a heartbeat), and a name in pg_stat_activity."""
-        params = pg_conninfo.conninfo_to_dict(self._conninfo)
+        params = {name: str(value) for name, value in pg_conninfo.conninfo_to_dict(self._conninfo).items()}
         params.setdefault("tcp_user_timeout", "3000")
         if params.get("application_name") == "authsvc-admin":
             params["application_name"] = "authsvc-heartbeat"
