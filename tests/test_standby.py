@@ -9,10 +9,14 @@ make a stale answer older), never a race against the clock.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -22,7 +26,7 @@ from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest
 from tests.pgserver import ThrowawayPostgres, ThrowawayStandby, find_bin_dir
-from tests.support import skip_or_fail
+from tests.support import free_port, skip_or_fail, wait_for_port
 
 BOUND = 1.0  # AUTHSVC_MAX_STALENESS of the reader
 PAST_BOUND = 1.5  # how long after a change the standby must no longer answer from before it
@@ -227,3 +231,58 @@ def test_with_the_primary_stopped_the_standby_answers_503_until_it_is_back(serve
     # The writer said that it could not write, and that it writes again (no password in either line).
     text = heartbeat.log()
     assert "cannot write" in text and "writing again" in text, text
+
+
+@contextlib.contextmanager
+def _pgbouncer(standby):
+    """A pgbouncer (transaction mode, one server connection) in front of the standby; yields its URL."""
+    binary = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if os.access("/usr/sbin/pgbouncer", os.X_OK) else None)
+    if binary is None:
+        skip_or_fail("pgbouncer is not installed (apt-get install pgbouncer)")
+    directory, port = tempfile.mkdtemp(prefix="authsvc-pgbouncer-"), free_port()
+    config = os.path.join(directory, "pgbouncer.ini")
+    with open(os.path.join(directory, "users.txt"), "w") as f:
+        f.write('"postgres" ""\n')
+    with open(config, "w") as f:
+        f.write(
+            f"[databases]\nauthsvc = host=127.0.0.1 port={standby.port} dbname=postgres\n[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = trust\n"
+            f"auth_file = {directory}/users.txt\npool_mode = transaction\ndefault_pool_size = 1\n"
+            "ignore_startup_parameters = options\n"
+        )
+    if standby.user:  # pgbouncer refuses to run as root
+        for path in (directory, config, os.path.join(directory, "users.txt")):
+            os.chown(path, pwd.getpwnam(standby.user).pw_uid, -1)
+    proc = subprocess.Popen([binary, config], user=standby.user, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port)
+        yield f"postgresql://postgres@127.0.0.1:{port}/authsvc"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_through_pgbouncer_the_standby_keeps_the_bound(servers, world):
+    """Behind a pooler the query is sent unnamed (docs/stores.md, "pgbouncer"), with the same freshness column."""
+    primary, standby = servers
+    admin, _, heartbeat, game, alice, bob = world
+    with _pgbouncer(standby) as url:
+        settings = Settings(store=url, token_secret_file="/nonexistent", max_staleness=BOUND)
+        readers = [open_store(url, readonly=True, settings=settings) for _ in range(2)]  # taking turns on one
+        try:
+            for reader in readers * 3:
+                assert _until_answers(reader, heartbeat, bob.user_id).epoch == bob.epoch
+            assert readers[0]._local.pooled and readers[0]._local.standby
+            _sql(standby.url, "SELECT pg_wal_replay_pause()")
+            try:
+                time.sleep(PAST_BOUND)
+                for reader in readers:
+                    _unavailable_for(reader, bob.user_id)
+            finally:
+                _sql(standby.url, "SELECT pg_wal_replay_resume()")
+            for reader in readers:
+                assert _until_answers(reader, heartbeat, bob.user_id).epoch == bob.epoch
+        finally:
+            for reader in readers:
+                reader.close()
