@@ -28,7 +28,7 @@ from authsvc.errors import StoreUnavailable
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from tests.pgserver import ThrowawayPgbouncer, ThrowawayPostgres, ThrowawayStandby, find_bin_dir, find_pgbouncer
+from tests.pgserver import Heartbeat, ThrowawayPgbouncer, ThrowawayPostgres, ThrowawayStandby, find_bin_dir, find_pgbouncer
 from tests.support import INVALID, PATH, free_port, skip_or_fail, start_gunicorn, wait_for_port
 
 WEB_ROLE = "authsvc_web"
@@ -71,14 +71,14 @@ def _wait_replayed(primary, standby) -> None:
 
 
 @pytest.fixture
-def cluster(secret_file):
+def cluster(secret_file, tmp_path):
     """Primary and standby with one game, player 77 (carol, valid) and 78 (dave, revoked once), and
     the read-only web role with the settings pgbouncer cannot pass (docs/stores.md, "pgbouncer")."""
     bin_dir = find_bin_dir()
     if bin_dir is None:
         skip_or_fail("PostgreSQL binaries (initdb, pg_ctl, pg_basebackup) not found")
     primary = ThrowawayPostgres(bin_dir)
-    standby = None
+    standby = heartbeat = None
     try:
         primary.start()
         settings = Settings.from_env({
@@ -99,9 +99,15 @@ def cluster(secret_file):
         _sql(primary.url, f"ALTER ROLE {WEB_ROLE} SET statement_timeout = '1s'")
         standby = ThrowawayStandby(primary)
         standby.start()
+        # The writer the runbook keeps running: it lets the standby prove its freshness until the
+        # primary stops (docs/stores.md, "Hot standby").
+        heartbeat = Heartbeat(primary.url, tmp_path / "heartbeat.log")
+        heartbeat.start()
         _wait_replayed(primary, standby)
         yield Cluster(primary, standby, settings, game.id, api_key, str(secret_file))
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         if standby is not None:
             standby.destroy()
         primary.destroy()

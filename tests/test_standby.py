@@ -13,9 +13,7 @@ import contextlib
 import os
 import pwd
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -25,7 +23,7 @@ from authsvc.errors import StoreUnavailable
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest
-from tests.pgserver import ThrowawayPostgres, ThrowawayStandby, find_bin_dir
+from tests.pgserver import Heartbeat, ThrowawayPostgres, ThrowawayStandby, find_bin_dir
 from tests.support import free_port, skip_or_fail, wait_for_port
 
 BOUND = 1.0  # AUTHSVC_MAX_STALENESS of the reader
@@ -49,32 +47,6 @@ def servers():
         if standby is not None:
             standby.destroy()
         primary.destroy()
-
-
-class Heartbeat:
-    """``authsvc heartbeat`` against the primary, as its systemd unit runs it (its log in a file)."""
-
-    def __init__(self, primary_url: str, log_path):
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("AUTHSVC_")}
-        self.env.update(AUTHSVC_STORE=primary_url, AUTHSVC_TOKEN_SECRET_FILE="/nonexistent")
-        self.log_path = log_path
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "authsvc.cli", "heartbeat"], env=self.env, stdout=log, stderr=log
-            )
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(timeout=30)
-        self.process = None
-
-    def log(self) -> str:
-        with open(self.log_path) as f:
-            return f.read()
 
 
 @pytest.fixture(scope="module")
