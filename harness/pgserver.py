@@ -1,4 +1,4 @@
-"""Throwaway PostgreSQL servers, hot standbys and pgbouncers from the local binaries, for tests and scripts/bench.
+"""Throwaway PostgreSQL servers, hot standbys, pgbouncers and heartbeat writers, for tests and scripts/bench.
 
 A server listens on a free loopback port only (no unix socket), keeps its data in a
 temporary directory and is removed by ``destroy()``. PostgreSQL refuses to run
@@ -14,6 +14,7 @@ import pwd
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 
 from harness.processes import free_port
@@ -193,3 +194,29 @@ class ThrowawayPgbouncer:
             self.proc.wait(10)
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Heartbeat:
+    """``authsvc heartbeat`` against the primary, as its systemd unit runs it (its log in a file)."""
+
+    def __init__(self, primary_url: str, log_path):
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("AUTHSVC_")}
+        self.env.update(AUTHSVC_STORE=primary_url, AUTHSVC_TOKEN_SECRET_FILE="/nonexistent")
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "authsvc.cli", "heartbeat"], env=self.env, stdout=log, stderr=log
+            )
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=30)
+        self.process = None
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
