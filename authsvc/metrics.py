@@ -10,20 +10,24 @@ count is lost or doubled. Without that variable (one process: tests,
 
 Label cardinality is bounded by the number of games: ``game`` is a game id, or
 ``none`` when no game has the api key (never a label per unknown key).
-The hot path is one dict lookup and one value increment per metric
-(BENCHMARKS.md, "Metrics cost"). docs/operations.md, "Monitoring".
+The hot path is one dict lookup and one value write per metric; in multiprocess
+mode the writes skip prometheus_client's Python layers and its getpid per write
+(authsvc/metrics_values.py; BENCHMARKS.md, "Metrics cost"). docs/operations.md, "Monitoring".
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import platform
 import time
+from collections.abc import Callable
 from importlib import metadata
 
 from authsvc.errors import StoreUnavailable
+from authsvc.metrics_values import Writer
 from authsvc.store.base import Store
 
 # Seconds. An authentication takes tens of µs in-process, a few ms across a network store.
@@ -71,24 +75,34 @@ class Metrics:
             "authsvc_server_errors", "Answers of 5xx by the app, by route and code (503: the store; 500: a bug).",
             ["route", "code"], registry=self.registry,
         )
-        self._auth_children: dict[tuple[int | None, str], object] = {}
-        self._route_children: dict[str, object] = {}
+        # Per (game, reason) and per route, the call that records one: prometheus_client's own
+        # inc/observe, or in multiprocess mode the same writes made cheaper (authsvc/metrics_values.py).
+        self._auth_incs: dict[tuple[int | None, str], Callable[[], None]] = {}
+        self._route_observes: dict[str, Callable[[float], None]] = {}
+        self.writer = Writer.of(values.ValueClass, self.store_unavailable_counter._value) if multiprocess else None
+        if multiprocess and self.writer is None:
+            log.warning("metrics: this prometheus_client's multiprocess values are not the ones "
+                        "authsvc/metrics_values.py knows; counting through its public API (slower)")
         self.extra = StoreCollector(store, clock)
         if self.multiprocess_dir is None:
             self.registry.register(self.extra)
 
     def authentication(self, game_id: int | None, reason: str) -> None:
-        child = self._auth_children.get((game_id, reason))
-        if child is None:
+        inc = self._auth_incs.get((game_id, reason))
+        if inc is None:
             child = self.authentications.labels("none" if game_id is None else str(game_id), reason)
-            self._auth_children[game_id, reason] = child
-        child.inc()  # type: ignore[attr-defined]
+            inc = child.inc if self.writer is None else functools.partial(self.writer.inc, child._value)
+            self._auth_incs[game_id, reason] = inc
+        inc()
 
     def request(self, route: str, seconds: float) -> None:
-        child = self._route_children.get(route)
-        if child is None:
-            child = self._route_children[route] = self.durations.labels(route)
-        child.observe(seconds)  # type: ignore[attr-defined]
+        observe = self._route_observes.get(route)
+        if observe is None:
+            child = self.durations.labels(route)
+            observe = child.observe if self.writer is None else functools.partial(
+                self.writer.observe, child._sum, child._buckets, child._upper_bounds)
+            self._route_observes[route] = observe
+        observe(seconds)
 
     def store_unavailable(self) -> None:
         self.store_unavailable_counter.inc()
