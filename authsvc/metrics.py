@@ -17,7 +17,6 @@ mode the writes skip prometheus_client's Python layers and its getpid per write
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -25,6 +24,7 @@ import platform
 import time
 from collections.abc import Callable
 from importlib import metadata
+from typing import Any
 
 from authsvc.errors import StoreUnavailable
 from authsvc.metrics_values import Writer
@@ -75,34 +75,45 @@ class Metrics:
             "authsvc_server_errors", "Answers of 5xx by the app, by route and code (503: the store; 500: a bug).",
             ["route", "code"], registry=self.registry,
         )
-        # Per (game, reason) and per route, the call that records one: prometheus_client's own
-        # inc/observe, or in multiprocess mode the same writes made cheaper (authsvc/metrics_values.py).
-        self._auth_incs: dict[tuple[int | None, str], Callable[[], None]] = {}
-        self._route_observes: dict[str, Callable[[float], None]] = {}
+        # authentication(game_id, reason) and request(route, seconds): prometheus_client's own inc and
+        # observe of label children cached per (game, reason) and per route, or in multiprocess mode
+        # the same writes made cheaper (authsvc/metrics_values.py).
         self.writer = Writer.of(values.ValueClass, self.store_unavailable_counter._value) if multiprocess else None
         if multiprocess and self.writer is None:
             log.warning("metrics: this prometheus_client's multiprocess values are not the ones "
                         "authsvc/metrics_values.py knows; counting through its public API (slower)")
+        self.authentication: Callable[[int | None, str], None]
+        self.request: Callable[[str, float], None]
+        if self.writer is not None:
+            self.authentication = self.writer.counter(lambda labels: self._auth_child(*labels)._value)
+            self.request = self.writer.histogram(self.durations.labels)
+        else:
+            self.authentication, self.request = self._public_api()
         self.extra = StoreCollector(store, clock)
         if self.multiprocess_dir is None:
             self.registry.register(self.extra)
 
-    def authentication(self, game_id: int | None, reason: str) -> None:
-        inc = self._auth_incs.get((game_id, reason))
-        if inc is None:
-            child = self.authentications.labels("none" if game_id is None else str(game_id), reason)
-            inc = child.inc if self.writer is None else functools.partial(self.writer.inc, child._value)
-            self._auth_incs[game_id, reason] = inc
-        inc()
+    def _auth_child(self, game_id: int | None, reason: str):
+        return self.authentications.labels("none" if game_id is None else str(game_id), reason)
 
-    def request(self, route: str, seconds: float) -> None:
-        observe = self._route_observes.get(route)
-        if observe is None:
-            child = self.durations.labels(route)
-            observe = child.observe if self.writer is None else functools.partial(
-                self.writer.observe, child._sum, child._buckets, child._upper_bounds)
-            self._route_observes[route] = observe
-        observe(seconds)
+    def _public_api(self) -> tuple[Callable[[int | None, str], None], Callable[[str, float], None]]:
+        """authentication and request through prometheus_client's API (its in-process values)."""
+        auth_children: dict[tuple[int | None, str], Any] = {}
+        route_children: dict[str, Any] = {}
+
+        def authentication(game_id: int | None, reason: str) -> None:
+            child = auth_children.get((game_id, reason))
+            if child is None:
+                child = auth_children[game_id, reason] = self._auth_child(game_id, reason)
+            child.inc()
+
+        def request(route: str, seconds: float) -> None:
+            child = route_children.get(route)
+            if child is None:
+                child = route_children[route] = self.durations.labels(route)
+            child.observe(seconds)
+
+        return authentication, request
 
     def store_unavailable(self) -> None:
         self.store_unavailable_counter.inc()

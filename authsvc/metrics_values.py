@@ -20,6 +20,8 @@ import bisect
 import os
 import struct
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 _PACK = struct.Struct("dd").pack
 
@@ -55,39 +57,58 @@ class Writer:
         value.get()
         self.forked = False
 
-    def inc(self, value, amount: float = 1.0) -> None:
-        """``value.inc(amount)`` of prometheus_client, without its Python layers and getpid."""
-        if self.forked:
-            self.refresh(value)
+    def counter(self, value_of: Callable[[tuple], Any]) -> Callable[..., None]:
+        """``inc(*labels)``: prometheus_client's ``counter.labels(*labels).inc()``, without its
+        Python layers and getpid. ``value_of(labels)``: the child's value, for labels not seen before."""
+        values: dict[tuple, Any] = {}
         lock = self.lock
-        lock.acquire()  # not "with": its special-method lookups cost as much again as the lock
-        try:
-            value._value += amount
-            file = value._file
-            pos = file._positions[value._key]
-            file._m[pos:pos + 16] = _PACK(value._value, 0.0)
-        finally:
-            lock.release()
 
-    def observe(self, histogram_sum, buckets, bounds, amount: float) -> None:
-        """``Histogram.observe(amount)`` of prometheus_client: its sum and the one bucket
-        (cumulated at scrape) that holds ``amount``, under one lock."""
-        if self.forked:
-            self.refresh(histogram_sum)
-        bucket = buckets[bisect.bisect_left(bounds, amount)]
+        def inc(*labels) -> None:
+            value = values.get(labels)
+            if value is None:
+                value = values[labels] = value_of(labels)
+            if self.forked:
+                self.refresh(value)
+            lock.acquire()  # not "with": its special-method lookups cost as much again as the lock
+            try:
+                value._value += 1.0
+                file = value._file
+                pos = file._positions[value._key]
+                file._m[pos:pos + 16] = _PACK(value._value, 0.0)
+            finally:
+                lock.release()
+
+        return inc
+
+    def histogram(self, child_of: Callable[[str], Any]) -> Callable[[str, float], None]:
+        """``observe(label, amount)``: prometheus_client's ``histogram.labels(label).observe(amount)``:
+        its sum and the one bucket (cumulated at scrape) that holds ``amount``, under one lock."""
+        children: dict[str, tuple] = {}
         lock = self.lock
-        lock.acquire()
-        try:
-            histogram_sum._value += amount
-            file = histogram_sum._file
-            pos = file._positions[histogram_sum._key]
-            file._m[pos:pos + 16] = _PACK(histogram_sum._value, 0.0)
-            bucket._value += 1.0
-            file = bucket._file
-            pos = file._positions[bucket._key]
-            file._m[pos:pos + 16] = _PACK(bucket._value, 0.0)
-        finally:
-            lock.release()
+
+        def observe(label: str, amount: float) -> None:
+            values = children.get(label)
+            if values is None:
+                child = child_of(label)
+                values = children[label] = (child._sum, child._buckets, child._upper_bounds)
+            total, buckets, bounds = values
+            bucket = buckets[bisect.bisect_left(bounds, amount)]
+            if self.forked:
+                self.refresh(total)
+            lock.acquire()
+            try:
+                total._value += amount
+                file = total._file
+                pos = file._positions[total._key]
+                file._m[pos:pos + 16] = _PACK(total._value, 0.0)
+                bucket._value += 1.0
+                file = bucket._file
+                pos = file._positions[bucket._key]
+                file._m[pos:pos + 16] = _PACK(bucket._value, 0.0)
+            finally:
+                lock.release()
+
+        return observe
 
 
 def _mark_forked(ref: weakref.ref) -> None:
