@@ -166,3 +166,26 @@ def test_threads_lose_no_count_and_a_counter_never_goes_back(values, tmp_path, m
     assert got['authsvc_authentications_total{game="1",result="success"}'] == 1 + threads * each
     assert got[f'authsvc_request_duration_seconds_count{{route="{API}"}}'] == threads * each
     assert got[f'authsvc_request_duration_seconds_sum{{route="{API}"}}'] == threads * each * 0.25
+
+
+def test_unfamiliar_internals_fall_back_to_the_public_api(values, tmp_path, monkeypatch, caplog):
+    """A prometheus_client whose multiprocess values are not as metrics_values.py expects: a warning,
+    and the counts still right, through its public API."""
+
+    class Unfamiliar:
+        _multiprocess = True
+
+        def inc(self, amount):
+            pass
+
+    assert Writer.of(Unfamiliar, Unfamiliar()) is None
+    monkeypatch.setattr(Writer, "of", classmethod(lambda cls, value_class, sample: None))
+    metrics = Metrics(store=None)
+    assert metrics.writer is None
+    assert "counting through its public API" in caplog.text
+    for _ in range(3):
+        metrics.authentication(None, "unknown_key")
+        metrics.request(API, 0.001)
+    got = exposition(tmp_path)
+    assert got['authsvc_authentications_total{game="none",result="unknown_key"}'] == 3
+    assert got[f'authsvc_request_duration_seconds_bucket{{le="0.001",route="{API}"}}'] == 3
