@@ -208,3 +208,22 @@ def test_smoke_run_of_the_capacity_section():
                      done.stdout), done.stdout
     assert re.search(r"the primary spends \d+\.\d\d % of a core .* the heartbeat writer \d+\.\d\d %", done.stdout), \
         done.stdout
+
+
+@pytest.mark.slow
+def test_smoke_run_of_the_nginx_section_answers_every_request():
+    """Section 2 measures throughput through the shipped site: its limits must not turn the load into 503s."""
+    from harness.processes import find_nginx
+
+    if shutil.which("wrk") is None or find_nginx() is None:
+        skip_or_fail("the nginx section needs wrk and nginx")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "nginx", "--players", "300", "--rounds", "1",
+         "--duration", "1"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| ")
+            and not line.startswith("| server")]
+    assert len(rows) == 10, done.stdout  # five configurations, plain HTTP and HTTPS
+    assert [row[5].strip() for row in rows] == ["0"] * 10, done.stdout  # errors: non-2xx answers included

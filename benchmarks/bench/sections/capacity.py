@@ -220,9 +220,7 @@ def behind_nginx(stack: contextlib.ExitStack, world: World, logs: Path, name: st
                  workers: int) -> Fronted:
     root = world.root / f"capacity-nginx-{name}"
     sock = root / "authsvc.sock"
-    # CPU per authentication, not the load shedding: no per-app-host limit (the storm section measures that).
-    https_port, http_port, nginx_proc = stack.enter_context(
-        nginx_in_front(world, root, sock, overrides={"UPSTREAM_MAX_CONNS": "0"}))
+    https_port, http_port, nginx_proc = stack.enter_context(nginx_in_front(world, root, sock))
     env = {"AUTHSVC_BIND": f"unix:{sock}", "AUTHSVC_WORKER_CLASS": "sync", "AUTHSVC_WORKERS": str(workers),
            "AUTHSVC_THREADS": "1", "STATE_DIRECTORY": str(root), **store_env}
     proc = stack.enter_context(gunicorn(world, APPS["authsvc"], logs / f"capacity-nginx-{name}.log",
