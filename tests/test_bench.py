@@ -7,6 +7,7 @@ harness working (a smoke run with tiny settings) and its guard honest.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,7 +127,7 @@ def test_the_sections_table_is_the_help_and_the_only_choices():
     listed = [line.split()[0] for line in done.stdout.split("sections:\n", 1)[1].splitlines() if line.startswith("  ")
               and not line.startswith("   ")]
     assert listed == list(SECTIONS) == ["core", "nginx", "postgres", "scale", "profile", "cold", "bodies", "metrics",
-                                      "storm"]
+                                      "capacity", "storm"]
     refused = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--only", "core,warp"], capture_output=True,
                              text=True, timeout=60, cwd=REPO)
     assert refused.returncode == 2 and "unknown section(s): warp" in refused.stderr
@@ -162,3 +163,67 @@ def test_smoke_run_of_the_metrics_section():
             if line.startswith("| ")}
     assert float(rows["authsvc, metrics off"][2]) > 0 and float(rows["authsvc, metrics on"][2]) > 0, done.stdout
     assert "Target: metrics on within 3 µs of metrics off" in done.stdout
+
+
+@pytest.mark.slow
+def test_smoke_run_of_the_capacity_section():
+    """Every configuration serves, and each process kind that serves it shows CPU time per authentication."""
+    from harness.pgserver import find_bin_dir, find_pgbouncer
+    from harness.processes import find_nginx
+
+    missing = [name for name, found in (("wrk", shutil.which("wrk")), ("nginx", find_nginx()),
+                                        ("the PostgreSQL server binaries", find_bin_dir()),
+                                        ("pgbouncer", find_pgbouncer())) if found is None]
+    if missing:
+        skip_or_fail(f"the capacity section needs {', '.join(missing)}")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "capacity", "--players", "300", "--rounds", "1",
+         "--capacity-seconds", "1"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = done.stdout.split("9. Capacity per core", 1)[1].split("Per component", 1)[0]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| configuration")}
+    # label: which of app workers, PostgreSQL, pgbouncer, nginx took part, and PostgreSQL server connections
+    expected = {
+        "SQLite": ("1000", "-"),
+        "PostgreSQL, direct": ("1100", "2"),  # one per worker
+        "PostgreSQL, pgbouncer (transaction, pool 1)": ("1110", "1"),  # both workers through one
+        "PostgreSQL, hot standby, direct": ("1100", "2"),
+        "SQLite, nginx (plain HTTP)": ("1001", "-"),
+        "SQLite, nginx (HTTPS, kept alive)": ("1001", "-"),
+        "PostgreSQL, direct, nginx (HTTPS, kept alive)": ("1101", "2"),
+    }
+    assert list(rows) == list(expected), done.stdout
+    for label, (parts, connections) in expected.items():
+        auths, rps, errors, *cpu, total, ratio, per_core, pg_connections = rows[label]
+        assert int(auths.replace(",", "")) > 0 and errors == "0", (label, rows[label])
+        assert "".join("0" if c == "-" else "1" for c in cpu) == parts, (label, rows[label])
+        assert all(float(c) > 0 for c in cpu if c != "-"), (label, rows[label])
+        assert float(total) == pytest.approx(sum(float(c) for c in cpu if c != "-"), abs=2), (label, rows[label])
+        assert float(per_core.replace(",", "")) > 0 and pg_connections == connections, (label, rows[label])
+        assert float(ratio) > 0 and (label != "SQLite" or ratio == "1.00"), (label, rows[label])
+    assert re.search(r"The staleness check alone, on the standby: .* \d+\.\d µs with the check, \d+\.\d µs without",
+                     done.stdout), done.stdout
+    assert re.search(r"the primary spends \d+\.\d\d % of a core .* the heartbeat writer \d+\.\d\d %", done.stdout), \
+        done.stdout
+
+
+@pytest.mark.slow
+def test_smoke_run_of_the_nginx_section_answers_every_request():
+    """Section 2 measures throughput through the shipped site: its limits must not turn the load into 503s."""
+    from harness.processes import find_nginx
+
+    if shutil.which("wrk") is None or find_nginx() is None:
+        skip_or_fail("the nginx section needs wrk and nginx")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "nginx", "--players", "300", "--rounds", "1",
+         "--duration", "1"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| ")
+            and not line.startswith("| server")]
+    assert len(rows) == 10, done.stdout  # five configurations, plain HTTP and HTTPS
+    assert [row[5].strip() for row in rows] == ["0"] * 10, done.stdout  # errors: non-2xx answers included

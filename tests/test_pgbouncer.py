@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 import pwd
 import secrets
-import shutil
-import subprocess
 import tempfile
 import urllib.parse
 
@@ -24,16 +22,13 @@ import pytest
 
 from authsvc.authenticate import MISSING_DESCRIPTION
 from authsvc.tokens import api_key_digest
-from tests.support import INVALID, PATH, free_port, make_testapp, skip_or_fail, wait_for_port
+from tests.pgserver import ThrowawayPgbouncer, find_pgbouncer
+from tests.support import INVALID, PATH, make_testapp, skip_or_fail, wait_for_port
 
 pytestmark = pytest.mark.engine("postgresql")
 
 MISSING = {"success": False, "error": 400, "error_description": MISSING_DESCRIPTION}
 FORBIDDEN = INVALID
-
-
-def find_pgbouncer() -> str | None:
-    return shutil.which("pgbouncer") or next((p for p in ("/usr/sbin/pgbouncer",) if os.access(p, os.X_OK)), None)
 
 
 @pytest.fixture
@@ -55,42 +50,19 @@ def web_role(pg_server_url):
 @pytest.fixture
 def pgbouncer(store_url, web_role):
     """pgbouncer 127.0.0.1:<free port>, pool_mode=transaction, one server connection, trust auth;
-    yields the web role's URL through it. Under root it runs as 'postgres' (or 'nobody'): it refuses root."""
+    yields the web role's URL through it and its log. Under root it runs as 'postgres' (or 'nobody')."""
     binary = find_pgbouncer()
     if binary is None:
         skip_or_fail("pgbouncer is not installed (apt-get install pgbouncer)")
     target = urllib.parse.urlsplit(store_url)
-    user = None
-    if os.geteuid() == 0:
-        user = next((n for n in ("postgres", "nobody") if _user_exists(n)), None)
-    directory = tempfile.mkdtemp(prefix="authsvc-pgbouncer-")
-    port = free_port()
-    config = os.path.join(directory, "pgbouncer.ini")
-    with open(os.path.join(directory, "users.txt"), "w") as f:
-        f.write(f'"{web_role}" ""\n')
-    with open(config, "w") as f:
-        f.write(
-            "[databases]\n"
-            f"authsvc = host={target.hostname} port={target.port or 5432} dbname={target.path.lstrip('/')}\n"
-            "[pgbouncer]\n"
-            f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-            f"auth_type = trust\nauth_file = {directory}/users.txt\n"
-            "pool_mode = transaction\ndefault_pool_size = 1\nmax_client_conn = 20\n"
-            "ignore_startup_parameters = options\n"
-            f"logfile = {directory}/pgbouncer.log\n"
-        )
-    if user:
-        uid = pwd.getpwnam(user).pw_uid
-        for path in (directory, config, os.path.join(directory, "users.txt")):
-            os.chown(path, uid, -1)
-    proc = subprocess.Popen([binary, config], user=user, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    user = next((n for n in ("postgres", "nobody") if _user_exists(n)), None) if os.geteuid() == 0 else None
+    bouncer = ThrowawayPgbouncer(binary, web_role, target.port or 5432, user, dbname=target.path.lstrip("/"),
+                                 host=target.hostname or "127.0.0.1", pool_size=1)
     try:
-        wait_for_port(port)
-        yield f"postgresql://{web_role}@127.0.0.1:{port}/authsvc", os.path.join(directory, "pgbouncer.log")
+        wait_for_port(bouncer.port)
+        yield bouncer.url, bouncer.logfile
     finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(directory, ignore_errors=True)
+        bouncer.destroy()
 
 
 def _user_exists(name: str) -> bool:

@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                              "'shipped' for the rendered default (default shipped,0)")
     parser.add_argument("--storm-capacity-seconds", type=int, default=4,
                         help="storm section: seconds per run of the capacity search (default 4)")
+    parser.add_argument("--capacity-seconds", type=int, default=5,
+                        help="seconds per wrk run of the capacity section (default 5: CPU per request settles fast)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]

@@ -134,6 +134,7 @@ class Run:
     p99_ms: float
     errors: int
     worker_cpu_us: float | None  # CPU time of the gunicorn workers per request (user + system)
+    requests: int = 0  # answered in the run
 
 
 def write_wrk_script(world: World, path: Path) -> Path:
@@ -171,7 +172,8 @@ def wrk(server: Server, script: Path, args: argparse.Namespace) -> Run:
     r = json.loads(match.group(1))
     errors = r["connect"] + r["read"] + r["write"] + r["status"] + r["timeout"]
     cpu_us = None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) / r["requests"] * 1e6
-    return Run(r["requests"] / (r["duration_us"] / 1e6), r["p50_us"] / 1000, r["p99_us"] / 1000, errors, cpu_us)
+    return Run(r["requests"] / (r["duration_us"] / 1e6), r["p50_us"] / 1000, r["p99_us"] / 1000, errors, cpu_us,
+               r["requests"])
 
 
 @dataclasses.dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from benchmarks.bench.sections import bodies, cold, core, metrics, nginx, postgres, profile, scale, storm
+from benchmarks.bench.sections import bodies, capacity, cold, core, metrics, nginx, postgres, profile, scale, storm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +40,10 @@ SECTIONS: dict[str, Section] = {
     "metrics": Section(metrics.run, "in-process cost per authentication with metrics on (the metrics extra, "
                        "prometheus_client's multiprocess mode as under gunicorn.conf.py) against the same app "
                        "with metrics off", False),
+    "capacity": Section(capacity.run, "CPU time per authentication of every process serving it (gunicorn workers, "
+                        "PostgreSQL, pgbouncer, nginx), from /proc: SQLite; a throwaway PostgreSQL directly, through "
+                        "pgbouncer (transaction mode) and on a hot standby; SQLite behind the shipped nginx site; "
+                        "and the authentications per second per core they imply (docs/scaling.md)", True),
     "storm": Section(storm.run, "a login storm through the shipped nginx site and gunicorn.conf.py: the capacity "
                      "(most req/s with a p99 under 20 ms), then many times that from --storm-connections clients, "
                      "once per UPSTREAM_MAX_CONNS of --storm-max-conns (0: no limit), then normal load until the "

@@ -17,8 +17,9 @@ from harness.processes import find_nginx, free_port, ipv6_loopback, nginx_main_c
 @contextlib.contextmanager
 def nginx_in_front(world: World, root: Path, sock: Path, *, overrides: dict[str, str] | None = None,
                    worker_connections: int = 1024) -> Iterator[tuple[int, int, subprocess.Popen]]:
-    """The shipped nginx site rendered as scripts/install renders it, the rate limit raised out of the way;
-    ``overrides`` replace placeholder values (the storm section's UPSTREAM_MAX_CONNS)."""
+    """The shipped nginx site rendered as scripts/install renders it, its rate, per-address and per-app-host
+    limits out of the way (a throughput measurement); ``overrides`` replace placeholder values (the storm
+    section's UPSTREAM_MAX_CONNS)."""
     import trustme
 
 
@@ -45,6 +46,7 @@ def nginx_in_front(world: World, root: Path, sock: Path, *, overrides: dict[str,
         "NGINX_DIR": str(root / "deploy" / "nginx"), "NGINX_LOG_DIR": str(root / "logs"),
         "ACME_ROOT": str(root / "acme"),
         "RATE": "1000000r/s", "RATE_BURST": "100000", "CONN_LIMIT": "65535",  # throughput, not the limiters (nginx: < 65536)
+        "UPSTREAM_MAX_CONNS": "0",  # nor the per-app-host limit (0: none; the storm section sets its own)
         **(overrides or {}),
     }
     sets = [a for name, value in values.items() for a in ("--set", f"{name}={value}")]
