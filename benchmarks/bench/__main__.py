@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="superuser URL of a PostgreSQL server; a temporary database is made and dropped")
     parser.add_argument("--cold-calls", type=int, default=300, help="calls per run of the cold section")
     parser.add_argument("--profile-rows", type=int, default=30, help="functions listed by the profile section")
+    parser.add_argument("--gap-warm", type=int, default=100, help="requests before the gap section counts (default 100)")
+    parser.add_argument("--gap-requests", type=int, default=300,
+                        help="requests the gap section counts, per configuration (default 300)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
