@@ -5,6 +5,7 @@
     player add | show | rename | enable | disable | revoke | import
     token issue
     export, import, backup, check, explain
+    heartbeat (a long-running writer for hot standbys: authsvc/heartbeat.py)
 
 Every subcommand takes ``--json`` (one JSON object on stdout). Bad input gives a
 one-line message on stderr and exit 1 (exit 2 for a malformed command line).
@@ -351,6 +352,13 @@ def build_parser() -> argparse.ArgumentParser:
     from authsvc import explain
 
     explain.add_arguments(leaf(top, "explain", explain.cmd_explain, "say why a request would fail, or that it succeeds"))
+
+    from authsvc import heartbeat
+
+    heartbeat.add_arguments(leaf(
+        top, "heartbeat", heartbeat.cmd_heartbeat,
+        "write the primary's time several times a second, for hot standbys to prove their freshness (runs until stopped)",
+    ))
     return parser
 
 

@@ -13,6 +13,9 @@ so the tests run exactly what a machine gets. Rules:
 - ``MAX_BODY_BYTES`` (nginx's body limit) is the service's ``max_body_bytes``: from
   the settings file given with ``--settings`` (then ``--set MAX_BODY_BYTES`` is
   refused: one number, one source), else its declared default (authsvc/settings.py).
+- ``UPSTREAM_MAX_CONNS`` (nginx's max_conns per app host) is REQUESTS_PER_WORKER x
+  the ``[gunicorn] workers`` of that settings file, else of the declared default (this
+  machine's CPUs); ``--set`` overrides it (app hosts with other worker counts).
 """
 
 from __future__ import annotations
@@ -44,12 +47,18 @@ DEFAULTS = {
     # Requests in progress per client address (nginx limit_conn): above RATE_BURST.
     "CONN_LIMIT": "50",
     "UPSTREAM_TIMEOUT": "10s",
+    # UPSTREAM_MAX_CONNS defaults to REQUESTS_PER_WORKER x the gunicorn workers.
     "APP_DIR": "/opt/authsvc",
     "CONF_DIR": "/etc/authsvc",
     "USER": "authsvc",
 }
 # Placeholders that are settings of the service, not of the deploy: name -> setting.
 FROM_SETTINGS = {"MAX_BODY_BYTES": "max_body_bytes"}
+# Login storms (docs/operations.md, "Login storms"): nginx lets an app host hold this
+# many requests per gunicorn worker (UPSTREAM_MAX_CONNS, nginx's max_conns): one being
+# served, the others waiting their turn; past it, the JSON 503 at once. Chosen by the
+# storm figures of BENCHMARKS.md, section 10.
+REQUESTS_PER_WORKER = 4
 
 
 class RenderError(Exception):
@@ -71,6 +80,7 @@ def values_with_defaults(given: dict[str, str]) -> dict[str, str]:
     values.setdefault("TLS_CERT", f"/etc/letsencrypt/live/{api_host}/fullchain.pem")
     values.setdefault("TLS_KEY", f"/etc/letsencrypt/live/{api_host}/privkey.pem")
     values.setdefault("UPSTREAMS", f"unix:{values['SOCKET']}")
+    values.setdefault("UPSTREAM_MAX_CONNS", str(REQUESTS_PER_WORKER * default("workers")))  # this machine's CPUs
     for name, value in values.items():
         # A list's items are separated by spaces; no item may hold nginx syntax either.
         items = value.split(" ") if is_list(name) else [value]
@@ -149,7 +159,8 @@ def values_from_settings(path: str, given: dict[str, str]) -> dict[str, str]:
         settings = read_settings({"AUTHSVC_CONFIG": path})
     except ConfigError as e:
         raise RenderError(str(e)) from None
-    return {**given, **{name: str(settings[setting]) for name, setting in FROM_SETTINGS.items()}}
+    derived = {"UPSTREAM_MAX_CONNS": str(REQUESTS_PER_WORKER * settings["workers"])}  # --set still wins
+    return {**derived, **given, **{name: str(settings[setting]) for name, setting in FROM_SETTINGS.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:

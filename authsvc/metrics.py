@@ -10,8 +10,9 @@ count is lost or doubled. Without that variable (one process: tests,
 
 Label cardinality is bounded by the number of games: ``game`` is a game id, or
 ``none`` when no game has the api key (never a label per unknown key).
-The hot path is one dict lookup and one value increment per metric
-(BENCHMARKS.md, "Metrics cost"). docs/operations.md, "Monitoring".
+The hot path is one dict lookup and one value write per metric; in multiprocess
+mode the writes skip prometheus_client's Python layers and its getpid per write
+(authsvc/metrics_values.py; BENCHMARKS.md, "Metrics cost"). docs/operations.md, "Monitoring".
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import math
 import os
 import platform
 import time
+from collections.abc import Callable
 from importlib import metadata
+from typing import Any
 
 from authsvc.errors import StoreUnavailable
+from authsvc.metrics_values import Writer
 from authsvc.store.base import Store
 
 # Seconds. An authentication takes tens of µs in-process, a few ms across a network store.
@@ -71,24 +75,45 @@ class Metrics:
             "authsvc_server_errors", "Answers of 5xx by the app, by route and code (503: the store; 500: a bug).",
             ["route", "code"], registry=self.registry,
         )
-        self._auth_children: dict[tuple[int | None, str], object] = {}
-        self._route_children: dict[str, object] = {}
+        # authentication(game_id, reason) and request(route, seconds): prometheus_client's own inc and
+        # observe of label children cached per (game, reason) and per route, or in multiprocess mode
+        # the same writes made cheaper (authsvc/metrics_values.py).
+        self.writer = Writer.of(values.ValueClass, self.store_unavailable_counter._value) if multiprocess else None
+        if multiprocess and self.writer is None:
+            log.warning("metrics: this prometheus_client's multiprocess values are not the ones "
+                        "authsvc/metrics_values.py knows; counting through its public API (slower)")
+        self.authentication: Callable[[int | None, str], None]
+        self.request: Callable[[str, float], None]
+        if self.writer is not None:
+            self.authentication = self.writer.counter(lambda labels: self._auth_child(*labels)._value)
+            self.request = self.writer.histogram(self.durations.labels)
+        else:
+            self.authentication, self.request = self._public_api()
         self.extra = StoreCollector(store, clock)
         if self.multiprocess_dir is None:
             self.registry.register(self.extra)
 
-    def authentication(self, game_id: int | None, reason: str) -> None:
-        child = self._auth_children.get((game_id, reason))
-        if child is None:
-            child = self.authentications.labels("none" if game_id is None else str(game_id), reason)
-            self._auth_children[game_id, reason] = child
-        child.inc()  # type: ignore[attr-defined]
+    def _auth_child(self, game_id: int | None, reason: str):
+        return self.authentications.labels("none" if game_id is None else str(game_id), reason)
 
-    def request(self, route: str, seconds: float) -> None:
-        child = self._route_children.get(route)
-        if child is None:
-            child = self._route_children[route] = self.durations.labels(route)
-        child.observe(seconds)  # type: ignore[attr-defined]
+    def _public_api(self) -> tuple[Callable[[int | None, str], None], Callable[[str, float], None]]:
+        """authentication and request through prometheus_client's API (its in-process values)."""
+        auth_children: dict[tuple[int | None, str], Any] = {}
+        route_children: dict[str, Any] = {}
+
+        def authentication(game_id: int | None, reason: str) -> None:
+            child = auth_children.get((game_id, reason))
+            if child is None:
+                child = auth_children[game_id, reason] = self._auth_child(game_id, reason)
+            child.inc()
+
+        def request(route: str, seconds: float) -> None:
+            child = route_children.get(route)
+            if child is None:
+                child = route_children[route] = self.durations.labels(route)
+            child.observe(seconds)
+
+        return authentication, request
 
     def store_unavailable(self) -> None:
         self.store_unavailable_counter.inc()

@@ -120,11 +120,12 @@ def _run(cmd: list[str], env: dict) -> str:
 
 
 def start_stack(root: Path, *, values: dict | None = None, worker_connections: int = 128,
-                extra_app_hosts: int = 0) -> Stack:
+                extra_app_hosts: int = 0, workers: int = 2) -> Stack:
     """The stack in ``root``; ``values`` override placeholder values, ``worker_connections``
     sizes nginx's main config (tests/test_edge.py makes it small to reach exhaustion).
     ``extra_app_hosts`` more gunicorn instances serve the same store on 127.0.0.1 TCP
-    ports (``AUTHSVC_BIND``), named after the unix socket in ``UPSTREAMS``."""
+    ports (``AUTHSVC_BIND``), named after the unix socket in ``UPSTREAMS``; ``workers``
+    is each gunicorn's AUTHSVC_WORKERS."""
     nginx = find_nginx()
     if nginx is None:
         skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
@@ -203,7 +204,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         "CREDENTIALS_DIRECTORY": str(creds),
         "STATE_DIRECTORY": str(state),
         "NOTIFY_SOCKET": str(root / "notify.sock"),
-        "AUTHSVC_WORKERS": "2",
+        "AUTHSVC_WORKERS": str(workers),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
     setenv = [arg for name, value in service_env.items() for arg in ("-E", f"{name}={value}")]

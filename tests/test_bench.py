@@ -6,6 +6,7 @@ harness working (a smoke run with tiny settings) and its guard honest.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from authsvc.deploy import REQUESTS_PER_WORKER
 from benchmarks import bare, bench
 from benchmarks.bench.sections import SECTIONS
 from tests.support import skip_or_fail
@@ -89,6 +91,33 @@ def test_smoke_run_of_the_core_section():
     assert "Targets: authsvc/bare" in done.stdout
 
 
+@pytest.mark.slow
+def test_smoke_run_of_the_storm_section():
+    """A tiny storm (200 clients for 2 s) through the shipped nginx site, with and without the upstream limit."""
+    if shutil.which("wrk") is None:
+        skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
+    if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
+        skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "storm", "--players", "500", "--storm-connections", "200",
+         "--storm-seconds", "2", "--storm-capacity-seconds", "1"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = done.stdout.split("10. Login storm", 1)[1]
+    rows = {line.split("|")[1].strip().split(" (")[0]: [c.strip() for c in line.split("|")[2:-1]]
+            for line in table.split("The clients' view")[0].splitlines() if line.startswith("| UPSTREAM")}
+    shipped = REQUESTS_PER_WORKER * (os.cpu_count() or 1)
+    assert set(rows) == {f"UPSTREAM_MAX_CONNS={shipped}", "UPSTREAM_MAX_CONNS=0"}, done.stdout
+    for cells in rows.values():
+        assert int(cells[2].replace(",", "")) > 0  # authentications served
+        shed_ok, _, shed = cells[6].split(" (")[0].split(" ")[:3]
+        assert shed_ok == shed  # every 503 the service's JSON with Retry-After
+    view = table.split("The clients' view")[1].split("The capacity search")[0]
+    views = [line.split("|") for line in view.splitlines() if line.startswith("| UPSTREAM")]
+    assert [cells[8].strip() for cells in views] == ["0", "0"]  # no HTML answer
+
+
 def test_the_sections_table_is_the_help_and_the_only_choices():
     """scripts/bench --help lists every section of the table; --only refuses any other name."""
     done = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--help"], capture_output=True, text=True,
@@ -96,7 +125,8 @@ def test_the_sections_table_is_the_help_and_the_only_choices():
     assert done.returncode == 0, done.stderr
     listed = [line.split()[0] for line in done.stdout.split("sections:\n", 1)[1].splitlines() if line.startswith("  ")
               and not line.startswith("   ")]
-    assert listed == list(SECTIONS) == ["core", "nginx", "gap", "postgres", "scale", "profile", "cold", "bodies", "metrics"]
+    assert listed == list(SECTIONS) == ["core", "nginx", "gap", "postgres", "scale", "profile", "cold", "bodies",
+                                       "metrics", "storm"]
     refused = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--only", "core,warp"], capture_output=True,
                              text=True, timeout=60, cwd=REPO)
     assert refused.returncode == 2 and "unknown section(s): warp" in refused.stderr

@@ -249,7 +249,7 @@ def test_store_url_password_is_redacted():
 
 
 COMMANDS = {
-    (): ["init", "game", "player", "export", "import", "backup", "token", "check", "explain"],
+    (): ["init", "game", "player", "export", "import", "backup", "token", "check", "explain", "heartbeat"],
     ("game",): ["add", "list", "enable", "disable", "rotate-key"],
     ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "import"],
     ("token",): ["issue"],

@@ -252,3 +252,30 @@ def test_redact_filter_rewrites_messages_args_and_tracebacks():
 def test_install_script_and_wrapper_are_executable():
     for path in (REPO / "scripts/install", REPO / "deploy/bin/authsvc"):
         assert path.stat().st_mode & 0o111, path
+
+
+def _max_conns(rendered: Path) -> dict[str, list[str]]:
+    """Each upstream block's name -> the max_conns of its server lines ("" where there is none)."""
+    site = (rendered / "nginx/sites/authsvc.conf").read_text()
+    blocks = re.findall(r"^upstream (\w+) \{(.*?)^\}", site, re.M | re.S)
+    return {name: re.findall(r"^\s*server \S+ [^;]*?(?:max_conns=(\d+))?;", body, re.M) for name, body in blocks}
+
+
+def test_upstream_max_conns_is_per_worker_and_never_limits_monitoring(rendered, tmp_path):
+    """A login storm is shed past REQUESTS_PER_WORKER x the workers per app host (docs/operations.md,
+    "Login storms"); probes and scrapes go through their own upstream, never limited."""
+    from authsvc.deploy import REQUESTS_PER_WORKER
+
+    cpus = os.cpu_count() or 1
+    assert _max_conns(rendered) == {"authsvc_app": [str(REQUESTS_PER_WORKER * cpus)], "authsvc_monitor": [""]}
+    config = tmp_path / "authsvc.toml"
+    config.write_text('store = "sqlite:///srv/a.db"\n[gunicorn]\nworkers = 3\n')
+    hosts = ["--set", "API_HOST=a.example", "--set", "LEGACY_HOST=b.example"]
+    assert main([str(REPO / "deploy"), str(tmp_path / "file"), "--settings", str(config), *hosts]) == 0
+    assert _max_conns(tmp_path / "file")["authsvc_app"] == [str(REQUESTS_PER_WORKER * 3)]
+    # --set wins (app hosts with other worker counts), and holds for every host of UPSTREAMS.
+    assert main([str(REPO / "deploy"), str(tmp_path / "set"), "--settings", str(config), *hosts,
+                 "--set", "UPSTREAM_MAX_CONNS=50", "--set", "UPSTREAMS=unix:/run/a.sock 10.0.0.2:8000"]) == 0
+    assert _max_conns(tmp_path / "set") == {"authsvc_app": ["50", "50"], "authsvc_monitor": ["", ""]}
+    monitoring = (tmp_path / "set/nginx/sites/authsvc.conf").read_text().split("server_name _;")[-1]
+    assert "proxy_pass http://authsvc_monitor;" in monitoring and "authsvc_app" not in monitoring

@@ -79,6 +79,7 @@ def test_staged_install_puts_everything_in_place(staged):
         "usr/local/bin/authsvc": 0o755,
         "etc/systemd/system/authsvc.socket": 0o644,
         "etc/systemd/system/authsvc.service": 0o644,
+        "etc/systemd/system/authsvc-heartbeat.service": 0o644,
         "etc/nginx/sites-available/authsvc.conf": 0o644,
         "etc/nginx/snippets/authsvc-json-errors.conf": 0o644,
         "etc/nginx/snippets/authsvc-tls.conf": 0o644,

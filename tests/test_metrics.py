@@ -9,6 +9,7 @@ workers, and a killed worker's counts stay. The real Prometheus server: tests/te
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import os
 import re
@@ -155,23 +156,25 @@ def worker_pids(master_pid: int) -> list[int]:
 
 
 @SQLITE_ONLY
-def test_under_gunicorn_every_scrape_shows_every_workers_counts(env, world, tmp_path):
-    """Two sync workers, each request on a new connection (either worker answers), 10 scrapes that
-    must all show the same exact counts; then a worker is killed, replaced, and the counts stay."""
+@pytest.mark.parametrize("threads", [1, 4], ids=["sync", "gthread"])
+def test_under_gunicorn_every_scrape_shows_every_workers_counts(env, world, tmp_path, threads):
+    """Two workers (sync, or gthread with 4 threads and requests sent 8 at a time), each request on
+    a new connection (either worker answers), 10 scrapes that must all show the same exact counts;
+    then a worker is killed, replaced, and the counts stay."""
     try:
         import prometheus_client  # noqa: F401
     except ImportError:
         skip_or_fail("prometheus_client is not installed (pip install -e '.[metrics]')")
     metrics_dir = tmp_path / "metrics"
-    env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+    env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "AUTHSVC_THREADS": str(threads)}
     requests, expected = scripted_mix(world)
     port = free_port()
     proc = start_gunicorn(env, "--graceful-timeout", "5", port=port, workers=2,
                           config=os.path.join(REPO, "deploy", "gunicorn.conf.py"))
     try:
         wait_for_port(port)
-        for params in requests * 3:
-            get_text(port, PATH + "?" + urllib.parse.urlencode(params))
+        with concurrent.futures.ThreadPoolExecutor(1 if threads == 1 else 8) as pool:
+            list(pool.map(lambda params: get_text(port, PATH + "?" + urllib.parse.urlencode(params)), requests * 3))
         expected = {k: v * 3 for k, v in expected.items()}
         expected[str(world.game_id), "success"] += until_both_workers_counted(port, world.params(), metrics_dir)
         for _ in range(10):

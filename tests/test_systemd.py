@@ -1,4 +1,4 @@
-"""The shipped systemd units: `systemd-analyze verify` clean, `security` rating at most 2.0.
+"""The shipped systemd units: `systemd-analyze verify` clean, `security` rating at most 2.0 for each service.
 
 The units are rendered with APP_DIR pointing at a directory whose venv/ is this
 test's virtualenv, so the ExecStart= binary exists, as verify requires.
@@ -41,26 +41,31 @@ def _analyze(*args, cwd) -> subprocess.CompletedProcess:
     return subprocess.run(["systemd-analyze", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
+UNITS = ("./authsvc.socket", "./authsvc.service", "./authsvc-heartbeat.service")
+SERVICES = ("authsvc.service", "authsvc-heartbeat.service")
+
+
 def test_verify_is_clean(units):
-    done = _analyze("verify", "./authsvc.socket", "./authsvc.service", cwd=units)
+    done = _analyze("verify", *UNITS, cwd=units)
     # Unknown keys and other mistakes are warnings with exit 0: any output is a failure.
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
 
 def test_verify_would_catch_a_missing_binary(units, tmp_path):
     # The check above can fail: the same unit with an ExecStart that does not exist.
-    for name in ("authsvc.socket", "authsvc.service"):
+    for name in UNITS:
         text = (units / name).read_text()
         (tmp_path / name).write_text(re.sub(r"ExecStart=\S+", "ExecStart=/nonexistent/gunicorn", text))
-    done = _analyze("verify", "./authsvc.socket", "./authsvc.service", cwd=tmp_path)
+    done = _analyze("verify", *UNITS, cwd=tmp_path)
     assert done.returncode != 0 and "/nonexistent/gunicorn" in done.stderr
 
 
-def test_security_exposure_at_most_2(units):
-    done = _analyze("security", "--offline=true", "--no-pager", "./authsvc.service", cwd=units)
+@pytest.mark.parametrize("service", SERVICES)
+def test_security_exposure_at_most_2(units, service):
+    done = _analyze("security", "--offline=true", "--no-pager", f"./{service}", cwd=units)
     if "--offline" in done.stderr and "unrecognized" in done.stderr:
         skip_or_fail("this systemd-analyze has no --offline (systemd 250 or later needed)")
-    match = re.search(r"Overall exposure level for authsvc\.service: (\d+\.\d+)", done.stdout)
+    match = re.search(rf"Overall exposure level for {re.escape(service)}: (\d+\.\d+)", done.stdout)
     assert match, done.stdout + done.stderr
     assert float(match.group(1)) <= MAX_EXPOSURE, done.stdout
 
@@ -80,3 +85,16 @@ def test_units_keep_their_promises(units):
     assert "DynamicUser" not in service  # the admin command shares the store as the same user
     for line in ("ListenStream=/run/authsvc.sock", "SocketGroup=www-data", "SocketMode=0660"):
         assert re.search(rf"^{re.escape(line)}$", socket_unit, re.M), line
+
+
+def test_the_heartbeat_unit_runs_the_admin_command_for_ever(units):
+    heartbeat = (units / "authsvc-heartbeat.service").read_text()
+    for line in (
+        "User=authsvc",
+        "Environment=AUTHSVC_CONFIG=/etc/authsvc/admin.toml",
+        "Restart=always",
+        "StartLimitIntervalSec=0",
+        "IPAddressDeny=any",
+    ):
+        assert re.search(rf"^{re.escape(line)}$", heartbeat, re.M), line
+    assert re.search(r"^ExecStart=\S+/venv/bin/authsvc heartbeat$", heartbeat, re.M)

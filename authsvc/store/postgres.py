@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import psycopg
+from psycopg import conninfo as pg_conninfo
 
 from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
 from authsvc.store import base
@@ -74,8 +75,29 @@ MIGRATIONS: list[str] = [
     REVOKE ALL ON games, api_keys, players, authsvc_schema FROM PUBLIC;
     GRANT SELECT ON games, api_keys, players, authsvc_schema TO {READER_ROLE};
     """,
+    # 2: the heartbeat, one row: the primary's time, written by `authsvc heartbeat`; a hot standby
+    # that sees a recent one has replayed everything committed before it (docs/stores.md, "Hot standby").
+    f"""
+    CREATE TABLE authsvc_heartbeat (
+        id smallint PRIMARY KEY CHECK (id = 1),
+        at timestamptz NOT NULL
+    );
+    INSERT INTO authsvc_heartbeat (id, at) VALUES (1, now());
+    REVOKE ALL ON authsvc_heartbeat FROM PUBLIC;
+    GRANT SELECT ON authsvc_heartbeat TO {READER_ROLE};
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
+
+# One heartbeat, one round trip (a multi-statement simple query: no named statement, so pgbouncer's
+# transaction mode is fine): flushed locally at commit, so the WAL sender ships it at once (without
+# waiting for a synchronous standby: one that is down must not stop the heartbeat of the others),
+# and bounded should the server hang. The row is put back if it was deleted.
+HEARTBEAT_SQL = """
+SET LOCAL synchronous_commit = local;
+SET LOCAL statement_timeout = '2s';
+INSERT INTO authsvc_heartbeat (id, at) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = EXCLUDED.at
+"""
 
 UPSERT_SQL = """
 INSERT INTO players (user_id, username)
@@ -252,6 +274,20 @@ class PostgresStore(PostgresReader, Store):
             except psycopg.errors.CheckViolation:
                 raise Conflict("user ids must be from 1 to 2^63-1") from None
         return count
+
+    def heartbeat_connections(self) -> None:
+        """Before the first heartbeat: a dead network noticed within seconds (the kernel's default is
+        minutes of retransmissions, all that time without a heartbeat), and a name in pg_stat_activity."""
+        params = {name: str(value) for name, value in pg_conninfo.conninfo_to_dict(self._conninfo).items()}
+        params.setdefault("tcp_user_timeout", "3000")
+        if params.get("application_name") == "authsvc-admin":
+            params["application_name"] = "authsvc-heartbeat"
+        self._conninfo = pg_conninfo.make_conninfo(**params)
+
+    def write_heartbeat(self) -> None:
+        """The primary's time now into the heartbeat row (``authsvc heartbeat``, docs/stores.md)."""
+        with self._admin(transaction=False) as conn:
+            conn.execute(HEARTBEAT_SQL)
 
     # -- moving between stores --------------------------------------------------------
     def game_id_high_water(self) -> int:

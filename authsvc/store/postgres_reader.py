@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 
 import psycopg
 from psycopg import conninfo as pg_conninfo
@@ -27,7 +28,7 @@ from authsvc.store.common import ThreadConnections, redact_url
 log = logging.getLogger("authsvc.store")
 
 READER_ROLE = "authsvc_reader"
-SCHEMA_VERSION = 1  # len(postgres.MIGRATIONS): the version this release reads
+SCHEMA_VERSION = 2  # len(postgres.MIGRATIONS): the version this release reads
 
 # SQLite's query (store/sqlite_reader.py): one row always, every lookup made whether or not
 # the key and the player exist, so the time of an answer tells neither. No key: game_id NULL.
@@ -43,12 +44,17 @@ LEFT JOIN games AS g ON g.id = coalesce(k.game_id, 0)
 CREDENTIALS_STATEMENT = b"authsvc_credentials"
 CREDENTIALS_SQL_PQ = CREDENTIALS_SQL.replace("%s", "$1::bigint", 1).replace("%s", "$2::text", 1).encode()
 
-# On a hot standby the same row also says whether the standby is fresh enough (docs/stores.md,
-# "Hot standby"): everything received is replayed, or the last replayed commit is at most $3 ms old.
+# On a hot standby the same row also says how old its proof of freshness is (docs/stores.md, "Hot
+# standby"): milliseconds since the primary's time in the heartbeat row this query's snapshot sees
+# (NULL: no row), 0 once the server is no longer in recovery (promoted: it is the primary).
+# A connection's cached standby flag may be stale after a failover, or behind a pooler that was
+# repointed: there the check runs on every authentication, and a server no longer in recovery passes.
 STANDBY_STATEMENT = b"authsvc_credentials_standby"
 STANDBY_SQL_PQ = CREDENTIALS_SQL_PQ.replace(
-    b"p.enabled\n", b"p.enabled, (pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() OR clock_timestamp()"
-    b" - pg_last_xact_replay_timestamp() <= $3::bigint * interval '1 millisecond') IS TRUE\n", 1)
+    b"p.enabled\n", b"p.enabled, CASE WHEN pg_is_in_recovery() THEN (SELECT ceil(1000 * extract(epoch FROM"
+    b" clock_timestamp() - h.at))::bigint FROM authsvc_heartbeat AS h WHERE h.id = 1) ELSE 0 END\n", 1)
+STALE_WARNING_INTERVAL = 10.0  # seconds between two "standby too far behind" lines of one process
+
 
 def _raise_unless(result, status: ExecStatus) -> None:
     """Raise the psycopg error a libpq result carries (by its SQLSTATE), unless it has ``status``."""
@@ -98,7 +104,8 @@ class PostgresReader(ThreadConnections):
             raise ConfigError(f"AUTHSVC_STORE {redact_url(url)} is not a valid PostgreSQL URL") from None
         params = {name: str(value) for name, value in parsed.items() if value is not None}
         self._password = params.get("password")
-        self._max_lag_ms = b"%d" % round(1000 * getattr(settings, "max_staleness", 1.0))
+        self._max_lag_ms = round(1000 * getattr(settings, "max_staleness", 1.0))
+        self._stale_logged = (False, -math.inf)  # (heartbeat row missing, when) of the last warning
         connect_timeout = getattr(settings, "pg_connect_timeout", 2.0)
         statement_timeout = getattr(settings, "pg_statement_timeout", 2.0)
         # libpq takes whole seconds (and treats 1 as 2); never wait forever.
@@ -189,8 +196,9 @@ class PostgresReader(ThreadConnections):
         local = self._local
         params = [b"%d" % user_id, key_digest.encode("ascii")]
         name, sql = CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ
-        if local.standby:
-            params.append(self._max_lag_ms)
+        # Behind a pooler the server can change under the connection (repointed at a standby): check.
+        checked = local.standby or local.pooled
+        if checked:
             name, sql = STANDBY_STATEMENT, STANDBY_SQL_PQ
         try:
             if local.pooled:
@@ -203,9 +211,25 @@ class PostgresReader(ThreadConnections):
         except MemoryError:  # psycopg's C wrapper reports libpq's NULL result (nothing could be sent) so
             raise psycopg.OperationalError("the query could not be sent to the server") from None
         _raise_unless(result, ExecStatus.TUPLES_OK)
-        if local.standby and result.get_value(0, 6) != b"t":
-            raise psycopg.OperationalError("the standby is further behind than AUTHSVC_MAX_STALENESS")
+        if checked:
+            self._fresh_or_raise(result.get_value(0, 6))
         return [result.get_value(0, column) for column in range(6)]  # one row, always
+
+    def _fresh_or_raise(self, age_ms: bytes | None) -> None:
+        """A standby whose heartbeat is older than AUTHSVC_MAX_STALENESS, or missing, answers 503."""
+        age = None if age_ms is None else int(age_ms)
+        if age is not None and age <= self._max_lag_ms:
+            return
+        missing = age is None
+        now, (was_missing, logged_at) = time.monotonic(), self._stale_logged
+        if missing != was_missing or now - logged_at >= STALE_WARNING_INTERVAL:  # a new reason, or 10 s on
+            self._stale_logged = (missing, now)
+            log.warning(
+                "postgresql store unavailable: the standby's heartbeat %s, AUTHSVC_MAX_STALENESS is %g s: is "
+                "'authsvc heartbeat' writing on the primary, and is the standby replaying? (docs/stores.md)",
+                "row is missing" if age is None else f"is {age / 1000:.1f} s old", self._max_lag_ms / 1000,
+            )
+        raise StoreUnavailable("postgresql store unavailable: the standby cannot show it is fresh enough")
 
     def check(self) -> None:
         where = f"postgresql store {redact_url(self.url)}"

@@ -73,6 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap-warm", type=int, default=100, help="requests before the gap section counts (default 100)")
     parser.add_argument("--gap-requests", type=int, default=300,
                         help="requests the gap section counts, per configuration (default 300)")
+    parser.add_argument("--storm-connections", type=int, default=2000, help="storm section: clients (default 2,000)")
+    parser.add_argument("--storm-seconds", type=int, default=30, help="storm section: storm length (default 30)")
+    parser.add_argument("--storm-factor", type=float, default=4,
+                        help="storm section: offered load as a multiple of the capacity (default 4)")
+    parser.add_argument("--storm-max-conns", default="shipped,0",
+                        help="storm section: the UPSTREAM_MAX_CONNS values to storm: numbers, 0 for no limit, "
+                             "'shipped' for the rendered default (default shipped,0)")
+    parser.add_argument("--storm-capacity-seconds", type=int, default=4,
+                        help="storm section: seconds per run of the capacity search (default 4)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]

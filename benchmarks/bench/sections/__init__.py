@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from benchmarks.bench.sections import bodies, cold, core, gap, metrics, nginx, postgres, profile, scale
+from benchmarks.bench.sections import bodies, cold, core, gap, metrics, nginx, postgres, profile, scale, storm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,4 +43,8 @@ SECTIONS: dict[str, Section] = {
     "metrics": Section(metrics.run, "in-process cost per authentication with metrics on (the metrics extra, "
                        "prometheus_client's multiprocess mode as under gunicorn.conf.py) against the same app "
                        "with metrics off", False),
+    "storm": Section(storm.run, "a login storm through the shipped nginx site and gunicorn.conf.py: the capacity "
+                     "(most req/s with a p99 under 20 ms), then many times that from --storm-connections clients, "
+                     "once per UPSTREAM_MAX_CONNS of --storm-max-conns (0: no limit), then normal load until the "
+                     "p99 is back under 20 ms", True),
 }

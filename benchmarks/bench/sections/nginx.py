@@ -26,8 +26,10 @@ from harness.processes import find_nginx, free_port, ipv6_loopback, nginx_main_c
 
 
 @contextlib.contextmanager
-def nginx_in_front(world: World, root: Path, sock: Path) -> Iterator[tuple[int, int, subprocess.Popen]]:
-    """The shipped nginx site rendered as scripts/install renders it, the rate limit raised out of the way."""
+def nginx_in_front(world: World, root: Path, sock: Path, *, overrides: dict[str, str] | None = None,
+                   worker_connections: int = 1024) -> Iterator[tuple[int, int, subprocess.Popen]]:
+    """The shipped nginx site rendered as scripts/install renders it, the rate limit raised out of the way;
+    ``overrides`` replace placeholder values (the storm section's UPSTREAM_MAX_CONNS)."""
     import trustme
 
 
@@ -53,14 +55,16 @@ def nginx_in_front(world: World, root: Path, sock: Path) -> Iterator[tuple[int, 
         "TLS_CERT": str(root / "cert.pem"), "TLS_KEY": str(root / "key.pem"), "SOCKET": str(sock),
         "NGINX_DIR": str(root / "deploy" / "nginx"), "NGINX_LOG_DIR": str(root / "logs"),
         "ACME_ROOT": str(root / "acme"),
-        "RATE": "1000000r/s", "RATE_BURST": "100000", "CONN_LIMIT": "60000",  # throughput, not the limiters (nginx: < 65536)
+        "RATE": "1000000r/s", "RATE_BURST": "100000", "CONN_LIMIT": "65535",  # throughput, not the limiters (nginx: < 65536)
+        **(overrides or {}),
     }
     sets = [a for name, value in values.items() for a in ("--set", f"{name}={value}")]
     subprocess.run([sys.executable, "-m", "authsvc.deploy", str(REPO / "deploy"), str(root / "deploy"), *sets],
                    check=True, stdout=subprocess.DEVNULL, cwd=REPO)
     conf = root / "nginx.conf"
     site = root / "deploy" / "nginx" / "sites" / "authsvc.conf"
-    conf.write_text(nginx_main_conf(root, root / "logs", site, worker_processes="auto", worker_connections=1024))
+    conf.write_text(nginx_main_conf(root, root / "logs", site, worker_processes="auto",
+                                    worker_connections=worker_connections))
     proc = start_nginx(nginx, root, conf, root / "logs" / "nginx.out")
     try:
         wait_for(lambda: port_open(http_port) and port_open(https_port), "nginx", proc)

@@ -1,0 +1,369 @@
+"""Section storm: a login storm through the shipped nginx site and gunicorn.conf.py.
+
+First the capacity: the most req/s wrk gets with a p99 under 20 ms. Then a storm
+of ``--storm-factor`` times that from ``--storm-connections`` paced clients for
+``--storm-seconds``, once per UPSTREAM_MAX_CONNS of ``--storm-max-conns`` (0: no
+limit, every request queues as before the limit existed), then normal load again
+until the p99 is back under 20 ms. Figures per answer status come from nginx's
+access log (every request of the storm), the client's view from wrk and from a
+probe opening a new connection every 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import http.client
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from authsvc.deploy import REQUESTS_PER_WORKER
+from benchmarks.bench.sections.nginx import nginx_in_front
+from benchmarks.bench.serve import (
+    LEGACY_HOST,
+    Server,
+    check_answers,
+    gunicorn,
+    wait_for,
+    workers_cpu_seconds,
+    wrk,
+)
+from benchmarks.bench.world import APPS, REPO, World
+
+P99_TARGET_MS = 20.0  # the capacity is the most req/s with a p99 under this, and recovery is reaching it again
+CAPACITY_CONNECTIONS = (2, 4, 8, 16, 32)
+NORMAL_SHARE = 0.5  # normal load after the storm: this share of the capacity
+NORMAL_CONNECTIONS = 50
+RECOVERY_SLICE_S = 1
+RECOVERY_LIMIT_S = 30
+CLIENT_TIMEOUT_S = 2  # wrk's default: a client that waits longer gives up (a timeout)
+SHED_BODY = '{"success":false,"error":503,"error_description":"Service temporarily unavailable, try again"}'
+
+# Paced clients: after each answer a client waits a random time (mean: the first
+# script argument, in ms) before its next request, so the offered rate is
+# connections / mean wait whatever the answers; every answer is counted by status,
+# and a 503 that is not the service's JSON with Retry-After, or any HTML, is counted apart.
+STORM_SCRIPT = """-- written by benchmarks/bench (scripts/bench), storm section
+local paths = {%(paths)s}
+local shed_body = %(shed)s
+local requests, n, i, mean_ms = {}, 0, 0, 0
+local threads = {}
+counts, bad_shed, html = {}, 0, 0
+function setup(thread)
+  table.insert(threads, thread)
+  thread:set("id", #threads)
+end
+function init(args)
+  mean_ms = tonumber(args[1])
+  math.randomseed(os.time() * 1000 + id)
+  for k, p in ipairs(paths) do requests[k] = wrk.format("GET", p) end
+  n = #requests
+  i = math.random(n) - 1
+end
+function delay()
+  return math.random() * 2 * mean_ms
+end
+function request()
+  i = i %% n + 1
+  return requests[i]
+end
+function response(status, headers, body)
+  local key = tostring(status)
+  counts[key] = (counts[key] or 0) + 1
+  if status == 503 and (body ~= shed_body or (headers["Retry-After"] or headers["retry-after"]) == nil) then
+    bad_shed = bad_shed + 1
+  end
+  if string.sub(body, 1, 1) == "<" then html = html + 1 end
+end
+function done(summary, latency, _)
+  local total, bad, h, parts = {}, 0, 0, {}
+  for _, t in ipairs(threads) do
+    for k, v in pairs(t:get("counts")) do total[k] = (total[k] or 0) + v end
+    bad = bad + t:get("bad_shed")
+    h = h + t:get("html")
+  end
+  for k, v in pairs(total) do table.insert(parts, string.format('"%%s":%%d', k, v)) end
+  local e = summary.errors
+  io.write(string.format('WRK_STORM {"requests":%%d,"duration_us":%%d,"p50_us":%%d,"p99_us":%%d,"max_us":%%d,' ..
+    '"connect":%%d,"read":%%d,"write":%%d,"timeout":%%d,"bad_shed":%%d,"html":%%d,"statuses":{%%s}}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99), latency.max,
+    e.connect, e.read, e.write, e.timeout, bad, h, table.concat(parts, ",")))
+end
+"""
+
+ACCESS_LINE = re.compile(r'"\S+ \S+ \S+" (\d{3}) \d+ \d+ ([\d.]+) upstream=.*? addr="([^"]*)"')
+
+
+@dataclasses.dataclass
+class Storm:
+    label: str
+    cap_runs: list  # the capacity search before the storm: (wrk connections, Run)
+    capacity_before: float
+    capacity_after: float  # the best search load again, after the storm and the recovery
+    wrk: dict  # WRK_STORM's figures
+    seconds: float
+    log: dict[str, list[float]]  # nginx's access log: request times (ms) by status
+    shed_by_nginx: int  # 503s no app host saw (addr= the upstream's name)
+    probes: list[tuple[int, float, bool]]  # (status or 0 for a failure, ms, the service's JSON 503 with Retry-After)
+    cores: dict[str, tuple[float, float]]  # CPU used (cores): workers, nginx, wrk, at capacity and in the storm
+    recovery_s: float | None = None
+    worker_us: tuple[float, float] = (0.0, 0.0)  # workers' CPU µs per authentication served: at capacity, in the storm
+
+    @property
+    def capacity(self) -> float:
+        """Measured before and after the storm on the same stack: the machine is shared and drifts."""
+        return (self.capacity_before + self.capacity_after) / 2
+
+    def count(self, status: str) -> int:
+        return self.wrk["statuses"].get(status, 0)
+
+
+def cpu_seconds(gunicorn_proc: subprocess.Popen | None, nginx_proc: subprocess.Popen) -> dict[str, float]:
+    """CPU time so far of gunicorn's workers, nginx's workers and the children this process reaped (wrk)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"workers": workers_cpu_seconds(gunicorn_proc) or 0.0, "nginx": workers_cpu_seconds(nginx_proc) or 0.0,
+            "wrk": children.ru_utime + children.ru_stime}
+
+
+def cores(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    return {name: (after[name] - before[name]) / seconds for name in before}
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
+
+
+def storm_wrk(server: Server, script: Path, connections: int, seconds: int, rate: float) -> tuple[dict, float]:
+    """wrk with paced clients offering about ``rate`` req/s; its figures and the wall time it ran."""
+    mean_ms = connections / rate * 1000
+    command = ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--timeout", f"{CLIENT_TIMEOUT_S}s",
+               "-H", f"Host: {server.host}", "-s", str(script), server.url + "/", "--", f"{mean_ms:.3f}"]
+    t0 = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
+    elapsed = time.monotonic() - t0
+    match = re.search(r"^WRK_STORM (\{.*\})$", done.stdout, re.M)
+    if done.returncode != 0 or not match:
+        raise SystemExit(f"bench: wrk failed on {server.label}: {done.stderr.strip() or done.stdout[-500:]}")
+    return json.loads(match.group(1)), elapsed
+
+
+def probe(server: Server, paths: list[str], stop: threading.Event, out: list) -> None:
+    """A new client every 50 ms: its status, its time to the whole answer, and whether a 503 is the service's."""
+    port = int(server.url.rsplit(":", 1)[1])
+    k = 0
+    while not stop.wait(0.05):
+        k += 1
+        t0 = time.perf_counter()
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=CLIENT_TIMEOUT_S)
+            conn.request("GET", paths[k % len(paths)], headers={"Host": server.host or ""})
+            answer = conn.getresponse()
+            body = answer.read()
+            conn.close()
+        except OSError:
+            out.append((0, (time.perf_counter() - t0) * 1000, False))
+            continue
+        shed_ok = answer.status == 503 and body == SHED_BODY.encode() and answer.getheader("Retry-After") is not None
+        out.append((answer.status, (time.perf_counter() - t0) * 1000, shed_ok))
+
+
+def read_access_log(path: Path, start: int) -> tuple[dict[str, list[float]], int]:
+    """Request times (ms) by status from byte ``start`` of nginx's access log; and the 503s no app host saw."""
+    times: dict[str, list[float]] = {}
+    shed = 0
+    with path.open("rb") as f:
+        f.seek(start)
+        for line in f.read().decode("ascii", "replace").splitlines():
+            m = ACCESS_LINE.search(line)
+            if m:
+                times.setdefault(m.group(1), []).append(float(m.group(2)) * 1000)
+                shed += m.group(1) == "503" and m.group(3) == "authsvc_app"
+    return times, shed
+
+
+def capacity(server: Server, script: Path, args: argparse.Namespace) -> tuple[float, int, list]:
+    """The most req/s of closed-loop wrk runs whose p99 stays under the target, every answer a 2xx; its connections."""
+    runs = []
+    for c in CAPACITY_CONNECTIONS:
+        run = wrk(server, script, closed_loop(args, c))
+        runs.append((c, run))
+        print(f"  capacity: -c{c:<3} {run.rps:9,.0f} req/s, p99 {run.p99_ms:.1f} ms", file=sys.stderr)
+        if run.p99_ms >= P99_TARGET_MS:
+            break
+    good = [(run.rps, c) for c, run in runs if run.p99_ms < P99_TARGET_MS and run.errors == 0]
+    # None under the target (a machine busy with other work): the lightest load, shown as such in the table.
+    rps, c = max(good) if good else (runs[0][1].rps, runs[0][0])
+    return rps, c, runs
+
+
+def closed_loop(args: argparse.Namespace, connections: int) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), "connections": connections, "duration": args.storm_capacity_seconds})
+
+
+def recovery(server: Server, script: Path, cap: float, storm_end: float) -> float | None:
+    """Seconds from the storm's end to the end of the first 1 s of normal load with p99 under the target."""
+    while time.monotonic() - storm_end < RECOVERY_LIMIT_S:
+        figures, _ = storm_wrk(server, script, NORMAL_CONNECTIONS, RECOVERY_SLICE_S, cap * NORMAL_SHARE)
+        errors = figures["connect"] + figures["read"] + figures["write"] + figures["timeout"]
+        ok = figures["statuses"].get("200", 0) == figures["requests"] and errors == 0
+        if ok and figures["p99_us"] / 1000 < P99_TARGET_MS:
+            return time.monotonic() - storm_end
+    return None
+
+
+@contextlib.contextmanager
+def stack(world: World, args: argparse.Namespace, logs: Path, max_conns: int):
+    """gunicorn with the shipped config on a unix socket, the shipped site in front with this UPSTREAM_MAX_CONNS."""
+    root = world.root / f"storm-{max_conns}"
+    sock = root / "authsvc.sock"
+    root.mkdir(parents=True, exist_ok=True)
+    env = {"AUTHSVC_BIND": f"unix:{sock}", "STATE_DIRECTORY": str(world.root)}
+    args_ = ("--config", str(REPO / "deploy" / "gunicorn.conf.py"))
+    with gunicorn(world, APPS["authsvc"], logs / f"storm-{max_conns}.log", bind=f"unix:{sock}", args=args_,
+                  env=env) as proc:
+        wait_for(sock.exists, "gunicorn (storm)", proc)
+        # nginx's connection table: each storm client, and each request proxied, holds one.
+        with nginx_in_front(world, root, sock, overrides={"UPSTREAM_MAX_CONNS": str(max_conns)},
+                            worker_connections=2 * args.storm_connections + 1024) as (_, http_port, nginx):
+            label = f"UPSTREAM_MAX_CONNS={max_conns}" + (" (no limit: queueing)" if max_conns == 0 else "")
+            server = Server(label, "endpoint", f"http://127.0.0.1:{http_port}", host=LEGACY_HOST, master=proc)
+            check_answers(server, world)
+            yield server, root / "logs" / "authsvc-access.log", nginx
+            check_answers(server, world, sample=20)
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+
+
+def raise_open_files(needed: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise SystemExit(f"bench: storm: {needed} open files needed (wrk and nginx), the limit is {hard}: "
+                             f"raise it (ulimit -n) or lower --storm-connections")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))  # inherited by wrk and nginx
+
+
+def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
+    raise_open_files(4 * args.storm_connections + 1024)
+    storm_script = world.root / "storm.lua"
+    storm_script.write_text(STORM_SCRIPT % {"paths": ",\n".join(json.dumps(p) for p in world.paths()),
+                                            "shed": json.dumps(SHED_BODY)})
+    shipped = REQUESTS_PER_WORKER * (os.cpu_count() or 1)  # authsvc/deploy.py's default: the workers are the CPUs
+    values = [shipped if v.strip() == "shipped" else int(v) for v in args.storm_max_conns.split(",")]
+    storms = [one_storm(world, args, logs, script, storm_script, v, v == shipped) for v in values]
+    print_storm(args, storms)
+
+
+def one_storm(world: World, args: argparse.Namespace, logs: Path, script: Path, storm_script: Path,
+              max_conns: int, shipped: bool) -> Storm:
+    """On a fresh stack: the capacity, the storm (with a probe), the recovery, the capacity again."""
+    with stack(world, args, logs, max_conns) as (server, access_log, nginx):
+        if shipped:
+            server.label += f" (shipped: {REQUESTS_PER_WORKER} x {os.cpu_count()} workers)"
+        cap, best_c, cap_runs = capacity(server, script, args)
+        start = access_log.stat().st_size
+        probes: list = []
+        stop = threading.Event()
+        prober = threading.Thread(target=probe, args=(server, world.paths(), stop, probes), daemon=True)
+        cpu0 = cpu_seconds(server.master, nginx)
+        prober.start()
+        figures, seconds = storm_wrk(server, storm_script, args.storm_connections, args.storm_seconds,
+                                     cap * args.storm_factor)
+        storm_end = time.monotonic()
+        in_storm = cores(cpu0, cpu_seconds(server.master, nginx), seconds)
+        stop.set()
+        prober.join()
+        times, shed = read_access_log(access_log, start)
+        recovered = recovery(server, storm_script, cap, storm_end)
+        cpu0, t0 = cpu_seconds(server.master, nginx), time.monotonic()
+        after = wrk(server, script, closed_loop(args, best_c))
+        at_capacity = cores(cpu0, cpu_seconds(server.master, nginx), time.monotonic() - t0)
+        storm = Storm(server.label, cap_runs, cap, after.rps, figures, figures["duration_us"] / 1e6, times, shed,
+                      probes, {k: (at_capacity[k], in_storm[k]) for k in in_storm}, recovered)
+        # Worker CPU per authentication served: does shedding make serving dearer?
+        storm.worker_us = (after.worker_cpu_us or 0.0,
+                           in_storm["workers"] * seconds / max(storm.count("200"), 1) * 1e6)
+        print(f"  storm: {server.label}: {storm.count('200') / storm.seconds:,.0f} auth/s served, "
+              f"{storm.count('503') / storm.seconds:,.0f} 503/s; capacity {cap:,.0f} before, {after.rps:,.0f} after",
+              file=sys.stderr)
+        return storm
+
+
+def ms(value: float) -> str:
+    return "-" if value != value else f"{value:.1f}"  # NaN: nothing of that kind
+
+
+def print_storm(args: argparse.Namespace, storms: list[Storm]) -> None:
+    print("\n10. Login storm: the shipped nginx site (legacy plain-HTTP host, rate and per-address limits raised "
+          "out of the way) and gunicorn.conf.py (sync, one worker per CPU); a fresh stack per row\n")
+    print(f"Capacity: the most req/s of closed-loop wrk (-c {', '.join(map(str, CAPACITY_CONNECTIONS))}, "
+          f"{args.storm_capacity_seconds} s each, stopping at the first p99 over {P99_TARGET_MS:.0f} ms) with a p99 "
+          f"under {P99_TARGET_MS:.0f} ms, measured before the storm and again after it (the same connections); "
+          f"the row's capacity is their mean. Storm: {args.storm_connections} paced clients offering "
+          f"{args.storm_factor:g} x the capacity for {args.storm_seconds} s, client timeout {CLIENT_TIMEOUT_S} s; "
+          f"then {NORMAL_SHARE:g} x capacity in {RECOVERY_SLICE_S} s runs until one has a p99 under "
+          f"{P99_TARGET_MS:.0f} ms.\n")
+    head = ["nginx → gunicorn", "capacity req/s: before / after", "answers/s (x capacity)", "served auth/s",
+            "served / capacity", "successes p50 / p99 / max ms", "503/s", "503 of them JSON + Retry-After",
+            "503 time to answer p99 / max ms", "other statuses", "socket errors", "client timeouts",
+            "back under 20 ms after"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for s in storms:
+        w = s.wrk
+        answered = w["requests"] / s.seconds
+        served = s.count("200") / s.seconds
+        ok, shed = s.log.get("200", []), s.log.get("503", [])
+        others = {k: v for k, v in w["statuses"].items() if k not in ("200", "503")}
+        recovered = f"{s.recovery_s:.1f} s" if s.recovery_s is not None else f"not within {RECOVERY_LIMIT_S} s"
+        cells = [
+            s.label, f"{s.capacity_before:,.0f} / {s.capacity_after:,.0f}",
+            f"{answered:,.0f} ({answered / s.capacity:.1f})", f"{served:,.0f}", f"{served / s.capacity:.3f}",
+            f"{ms(pct(ok, 50))} / {ms(pct(ok, 99))} / {ms(max(ok, default=float('nan')))}",
+            f"{s.count('503') / s.seconds:,.0f}",
+            f"{s.count('503') - w['bad_shed']:,} of {s.count('503'):,} ({s.shed_by_nginx:,} by nginx)",
+            f"{ms(pct(shed, 99))} / {ms(max(shed, default=float('nan')))}",
+            ", ".join(f"{k}: {v}" for k, v in sorted(others.items())) or "none",
+            str(w["connect"] + w["read"] + w["write"]), str(w["timeout"]), recovered,
+        ]
+        print("| " + " | ".join(cells) + " |")
+    print("\n   The clients' view (wrk over all answers; a probe opening a new connection every 50 ms), and the CPU "
+          "each part used (cores, of the machine's 2) at capacity (the after run) and in the storm\n")
+    head = ["nginx → gunicorn", "wrk p50 / p99 / max ms", "probes", "probe 200 p99 ms", "probe 503 p99 / max ms",
+            "probe 503 JSON + Retry-After", "probe failures", "HTML answers", "workers cores", "nginx cores",
+            "wrk cores", "worker CPU µs per auth served"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for s in storms:
+        w = s.wrk
+        ok = [t for status, t, _ in s.probes if status == 200]
+        shed = [t for status, t, _ in s.probes if status == 503]
+        cells = [
+            s.label, f"{w['p50_us'] / 1000:.1f} / {w['p99_us'] / 1000:.1f} / {w['max_us'] / 1000:.1f}",
+            str(len(s.probes)), ms(pct(ok, 99)), f"{ms(pct(shed, 99))} / {ms(max(shed, default=float('nan')))}",
+            f"{sum(good for status, _, good in s.probes if status == 503)} of {len(shed)}",
+            str(sum(status == 0 for status, _, _ in s.probes)), str(w["html"]),
+            *(f"{s.cores[k][0]:.2f} → {s.cores[k][1]:.2f}" for k in ("workers", "nginx", "wrk")),
+            f"{s.worker_us[0]:.0f} → {s.worker_us[1]:.0f}",
+        ]
+        print("| " + " | ".join(cells) + " |")
+    print("\n   The capacity search of each row (closed-loop wrk)\n")
+    print("| nginx → gunicorn | " + " | ".join(f"-c{c} req/s, p99 ms" for c in CAPACITY_CONNECTIONS) + " |")
+    print("|" + "---|" * (len(CAPACITY_CONNECTIONS) + 1))
+    for s in storms:
+        found = {c: f"{run.rps:,.0f}, {run.p99_ms:.1f}" + (f" ({run.errors} errors)" if run.errors else "")
+                 for c, run in s.cap_runs}
+        print(f"| {s.label} | " + " | ".join(found.get(c, "-") for c in CAPACITY_CONNECTIONS) + " |")
+    print("\nTargets: served ≥ 0.9 x capacity; successes' p99 ≤ 100 ms; every other answer the JSON 503 with "
+          "Retry-After within 100 ms; no client timeout (BENCHMARKS.md, section 10).")
