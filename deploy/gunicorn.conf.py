@@ -106,7 +106,9 @@ logconfig_dict = {
     "disable_existing_loggers": False,
     "filters": {"redact": {"()": "authsvc.logredact.RedactFilter"}},
     "formatters": {
+        # The time text made once a second, not per line (authsvc/loglines.py).
         "error": {
+            "class": "authsvc.loglines.CachedTimeFormatter",
             "format": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s",
             "datefmt": "%Y-%m-%d %H:%M:%S %z",
         },

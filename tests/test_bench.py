@@ -126,8 +126,8 @@ def test_the_sections_table_is_the_help_and_the_only_choices():
     assert done.returncode == 0, done.stderr
     listed = [line.split()[0] for line in done.stdout.split("sections:\n", 1)[1].splitlines() if line.startswith("  ")
               and not line.startswith("   ")]
-    assert listed == list(SECTIONS) == ["core", "nginx", "postgres", "scale", "profile", "cold", "bodies", "metrics",
-                                      "capacity", "storm"]
+    assert listed == list(SECTIONS) == ["core", "nginx", "gap", "postgres", "scale", "profile", "cold", "bodies",
+                                       "metrics", "capacity", "storm"]
     refused = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--only", "core,warp"], capture_output=True,
                              text=True, timeout=60, cwd=REPO)
     assert refused.returncode == 2 and "unknown section(s): warp" in refused.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import signal
 import sqlite3
 import urllib.parse
@@ -118,4 +119,8 @@ def test_under_gunicorn_probes_stay_out_of_the_info_logs(env, world):
     auth = [line for line in err.splitlines() if " auth rid=" in line]
     assert len(auth) == 1 and f"auth rid=0123abcd host=legacy game={world.game_id} user={world.user_id} " \
         "reason=wrong_token ms=" in auth[0], err
+    # docs/logs.md's prefix: the time to the second and a worker's process id, not the
+    # master's (the preloaded app is built in the master; authsvc/loglines.py).
+    prefix = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4}) \[(\d+)\] \[INFO\] authsvc\.auth: auth ", auth[0])
+    assert prefix and int(prefix[2]) != proc.pid, auth[0]
     assert params["api_key"] not in out + err and params["game_auth_token"] not in out + err

@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="superuser URL of a PostgreSQL server; a temporary database is made and dropped")
     parser.add_argument("--cold-calls", type=int, default=300, help="calls per run of the cold section")
     parser.add_argument("--profile-rows", type=int, default=30, help="functions listed by the profile section")
+    parser.add_argument("--gap-warm", type=int, default=100, help="requests before the gap section counts (default 100)")
+    parser.add_argument("--gap-requests", type=int, default=300,
+                        help="requests the gap section counts, per configuration (default 300)")
     parser.add_argument("--storm-connections", type=int, default=2000, help="storm section: clients (default 2,000)")
     parser.add_argument("--storm-seconds", type=int, default=30, help="storm section: storm length (default 30)")
     parser.add_argument("--storm-factor", type=float, default=4,

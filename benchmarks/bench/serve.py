@@ -43,6 +43,17 @@ def port_open(port: int) -> bool:
         return False
 
 
+def unix_socket_open(path: Path) -> bool:
+    """Whether gunicorn accepts on ``path``: the file appears at bind(), before listen()."""
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(0.5)
+            s.connect(str(path))
+        return True
+    except OSError:
+        return False
+
+
 @dataclasses.dataclass
 class Server:
     """One running server and how to reach it; ``label`` names it in the tables."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from benchmarks.bench.sections import bodies, capacity, cold, core, metrics, nginx, postgres, profile, scale, storm
+from benchmarks.bench.sections import bodies, capacity, cold, core, gap, metrics, nginx, postgres, profile, scale, storm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +27,9 @@ SECTIONS: dict[str, Section] = {
     "nginx": Section(nginx.run, "the shipped nginx site (legacy plain-HTTP host, and the HTTPS host) in front of the "
                      "shipped gunicorn.conf.py on a unix socket: sync against gthread workers, nginx keeping "
                      "upstream connections alive", True),
+    "gap": Section(gap.run, "instructions per request of one worker under callgrind (valgrind), behind the "
+                   "shipped nginx site and with section 1's flags: the bare app, authsvc, and rows that each "
+                   "change one thing (the auth line, metrics, response headers, the access log)", False),
     "postgres": Section(postgres.run, "authsvc on PostgreSQL (the same players, moved with authsvc export/import) "
                         "against authsvc on SQLite, through gunicorn", True),
     "scale": Section(scale.run, "in-process cost per authentication with 100,000 against 10,000,000 players "

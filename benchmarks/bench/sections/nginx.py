@@ -9,7 +9,18 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.bench.serve import API_HOST, LEGACY_HOST, Row, Server, gunicorn, measure, port_open, print_table, wait_for
+from benchmarks.bench.serve import (
+    API_HOST,
+    LEGACY_HOST,
+    Row,
+    Server,
+    gunicorn,
+    measure,
+    port_open,
+    print_table,
+    unix_socket_open,
+    wait_for,
+)
 from benchmarks.bench.world import APPS, REPO, World
 from harness.processes import find_nginx, free_port, ipv6_loopback, nginx_main_conf, start_nginx, stop
 
@@ -88,7 +99,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
                 args_ = ("--config", str(REPO / "deploy" / "gunicorn.conf.py"))
                 with gunicorn(world, APPS[kind], logs / f"nginx-{kind}-{worker_class}-{workers}.log",
                               bind=f"unix:{sock}", args=args_, env=env) as proc:
-                    wait_for(sock.exists, f"gunicorn ({label})", proc)
+                    wait_for(lambda: unix_socket_open(sock), f"gunicorn ({label})", proc)
                     kind_ = "bare" if kind == "bare" else "endpoint"
                     http = Server(label, kind_, f"http://127.0.0.1:{http_port}", host=LEGACY_HOST, master=proc)
                     https = Server(label, kind_, f"https://{API_HOST}:{https_port}", ca_file=str(root / "ca.pem"),

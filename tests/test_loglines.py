@@ -1,0 +1,117 @@
+"""authsvc/loglines.py: the auth line's records and the error log's time text are cheaper,
+and exactly what logging itself would have made (docs/logs.md holds the format)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+import threading
+import time
+
+from authsvc.loglines import CachedTimeFormatter, LineRecords
+
+# The error log's format in deploy/gunicorn.conf.py.
+FORMAT = "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
+DATEFMT = "%Y-%m-%d %H:%M:%S %z"
+TIMES = ("created", "msecs", "relativeCreated")
+
+
+def _logger(name: str, formatter: logging.Formatter) -> tuple[logging.Logger, io.StringIO]:
+    logger = logging.getLogger(f"test.loglines.{name}")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.handlers.clear()
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter)
+    logger.addHandler(handler)
+    return logger, out
+
+
+def test_a_record_has_what_make_record_gives():
+    logger, _ = _logger("attributes", logging.Formatter(FORMAT, DATEFMT))
+    records = LineRecords(logger, logging.INFO, __file__)
+    records.make("first")  # the second line is a copy
+    before = time.time()
+    made = records.make("auth rid=- reason=success")
+    expected = logger.makeRecord(logger.name, logging.INFO, __file__, 0, "auth rid=- reason=success", (), None)
+    after = time.time()
+    assert type(made) is logging.LogRecord
+    mine, theirs = vars(made), vars(expected)
+    assert {k: v for k, v in mine.items() if k not in TIMES} == {k: v for k, v in theirs.items() if k not in TIMES}
+    assert before <= made.created <= after
+    assert made.msecs == int((made.created - int(made.created)) * 1000)
+    assert abs(made.relativeCreated - expected.relativeCreated) <= (after - before) * 1000 + 1
+
+
+def test_a_record_names_the_thread_that_wrote_it():
+    logger, _ = _logger("threads", logging.Formatter(FORMAT, DATEFMT))
+    records = LineRecords(logger, logging.INFO, __file__)
+    records.make("in the main thread")
+    made = []
+    thread = threading.Thread(target=lambda: made.append(records.make("in another")), name="gthread-7")
+    thread.start()
+    thread.join()
+    assert (made[0].thread, made[0].threadName) == (thread.ident, "gthread-7")
+    assert records.make("back").threadName == threading.current_thread().name
+
+
+def test_a_forked_child_names_its_own_process():
+    """A preloaded app is built in gunicorn's master: its workers must not log the master's pid."""
+    logger, _ = _logger("fork", logging.Formatter(FORMAT, DATEFMT))
+    records = LineRecords(logger, logging.INFO, __file__)
+    assert records.make("in the parent").process == os.getpid()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and leave without running pytest's exit handlers
+        try:
+            os.write(write, f"{records.make('in the child').process} {os.getpid()}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        logged, actual = f.read().split()
+    os.waitpid(pid, 0)
+    assert logged == actual != str(os.getpid())
+
+
+def test_the_cached_time_text_is_logging_s_own():
+    cached, plain = CachedTimeFormatter(FORMAT, DATEFMT), logging.Formatter(FORMAT, DATEFMT)
+    logger = logging.getLogger("test.loglines.time")
+    start = int(time.time())
+    for created in (start + 0.1, start + 0.9, start + 1.0, start + 1.5, start + 3601.2, start + 0.2):
+        record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, "line", (), None)
+        record.created = created
+        assert cached.format(record) == plain.format(record)
+    # Without a datefmt the default time text holds the milliseconds: never cached.
+    record.created, record.msecs = start + 0.25, 250.0
+    first = CachedTimeFormatter(FORMAT).format(record)
+    record.created, record.msecs = start + 0.75, 750.0
+    assert first != CachedTimeFormatter(FORMAT).format(record) == logging.Formatter(FORMAT).format(record)
+
+
+def test_an_auth_line_costs_at_most_40_function_calls():
+    """A count, not a time: logging's own path (makeRecord, a Formatter) makes 54 calls a line,
+    among them two os.path calls, getpid, localtime and strftime (BENCHMARKS.md)."""
+    logger, out = _logger("cost", CachedTimeFormatter(FORMAT, DATEFMT))
+    records = LineRecords(logger, logging.INFO, __file__)
+    logger.handle(records.make("auth warm-up"))
+    calls: list[str] = []
+
+    def record(frame, event, arg):
+        if event == "call":
+            calls.append(frame.f_code.co_qualname)
+        elif event == "c_call":
+            calls.append(getattr(arg, "__qualname__", repr(arg)))
+
+    sys.setprofile(record)
+    try:
+        logger.handle(records.make("auth rid=- reason=success"))
+    finally:
+        sys.setprofile(None)
+    calls = calls[:-1]  # sys.setprofile itself
+    assert len(calls) <= 40, calls
+    assert not {"basename", "splitext", "getpid", "localtime", "strftime"} & set(calls), calls
+    assert out.getvalue().splitlines()[-1].endswith(f"[{os.getpid()}] [INFO] {logger.name}: auth rid=- reason=success")
