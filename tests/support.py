@@ -15,6 +15,7 @@ import dataclasses
 import http.client
 import os
 import sqlite3
+import sys
 import threading
 import time
 import urllib.parse
@@ -167,3 +168,21 @@ def provision_postgres(url: str, secret_file) -> tuple[Settings, dict, dict]:
         store.close()
     token = mint_token(settings.token_secrets[0], game.id, 77, 0)
     return settings, {"user_id": "77", "game_auth_token": token, "api_key": api_key}, env
+
+
+def profile(call) -> list[str]:
+    """Every Python and C function called by ``call()``, in order."""
+    calls: list[str] = []
+
+    def record(frame, event, arg):
+        if event == "call":
+            calls.append(frame.f_code.co_qualname)
+        elif event == "c_call":
+            calls.append(getattr(arg, "__qualname__", repr(arg)))
+
+    sys.setprofile(record)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return calls[:-1]  # the last one is sys.setprofile itself

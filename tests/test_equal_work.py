@@ -13,14 +13,13 @@ same nodes as often in the four cases.
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
 
 from authsvc.authenticate import Authenticator
 from authsvc.store import open_store, sqlite
 from authsvc.tokens import api_key_digest
-from tests.support import FakeClock
+from tests.support import FakeClock, profile
 
 WRONG_TOKEN = "0" * 64
 MISSING_USER = 4243
@@ -35,24 +34,6 @@ def cases(world) -> dict[str, dict]:
         for key_name, key in (("known", world.api_key), ("unknown", unknown_key))
         for user_name, user_id in (("existing", world.user_id), ("missing", MISSING_USER))
     }
-
-
-def profile(call) -> list[str]:
-    """Every Python and C function called by ``call()``, in order."""
-    calls: list[str] = []
-
-    def record(frame, event, arg):
-        if event == "call":
-            calls.append(frame.f_code.co_qualname)
-        elif event == "c_call":
-            calls.append(getattr(arg, "__qualname__", repr(arg)))
-
-    sys.setprofile(record)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return calls[:-1]  # the last one is sys.setprofile itself
 
 
 @pytest.mark.engine("sqlite")

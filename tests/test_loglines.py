@@ -6,11 +6,11 @@ from __future__ import annotations
 import io
 import logging
 import os
-import sys
 import threading
 import time
 
 from authsvc.loglines import CachedTimeFormatter, LineRecords
+from tests.support import profile
 
 # The error log's format in deploy/gunicorn.conf.py.
 FORMAT = "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
@@ -98,20 +98,7 @@ def test_an_auth_line_costs_at_most_40_function_calls():
     logger, out = _logger("cost", CachedTimeFormatter(FORMAT, DATEFMT))
     records = LineRecords(logger, logging.INFO, __file__)
     logger.handle(records.make("auth warm-up"))
-    calls: list[str] = []
-
-    def record(frame, event, arg):
-        if event == "call":
-            calls.append(frame.f_code.co_qualname)
-        elif event == "c_call":
-            calls.append(getattr(arg, "__qualname__", repr(arg)))
-
-    sys.setprofile(record)
-    try:
-        logger.handle(records.make("auth rid=- reason=success"))
-    finally:
-        sys.setprofile(None)
-    calls = calls[:-1]  # sys.setprofile itself
+    calls = profile(lambda: logger.handle(records.make("auth rid=- reason=success")))
     assert len(calls) <= 40, calls
     assert not {"basename", "splitext", "getpid", "localtime", "strftime"} & set(calls), calls
     assert out.getvalue().splitlines()[-1].endswith(f"[{os.getpid()}] [INFO] {logger.name}: auth rid=- reason=success")
