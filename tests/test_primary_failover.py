@@ -273,16 +273,25 @@ def test_failover_with_the_web_process_on_the_standby(cluster, tmp_path):
         server.wait(30)
 
 
-def test_failover_through_pgbouncer(cluster, tmp_path):
-    """The web process goes through pgbouncer, pointing at the primary; the runbook's steps: promote the
-    standby, repoint pgbouncer at it and reload pgbouncer. gunicorn is not touched."""
+@pytest.fixture
+def bouncer(cluster):
+    """A throwaway pgbouncer in transaction mode in front of the cluster's primary, for the web role."""
     binary = find_pgbouncer()
     if binary is None:
         skip_or_fail("pgbouncer is not installed (apt-get install pgbouncer)")
-    bouncer = ThrowawayPgbouncer(binary, WEB_ROLE, cluster.primary.port, cluster.primary.user)
+    pool = ThrowawayPgbouncer(binary, WEB_ROLE, cluster.primary.port, cluster.primary.user)
+    try:
+        wait_for_port(pool.port)
+        yield pool
+    finally:
+        pool.destroy()
+
+
+def test_failover_through_pgbouncer(cluster, bouncer, tmp_path):
+    """The web process goes through pgbouncer, pointing at the primary; the runbook's steps: promote the
+    standby, repoint pgbouncer at it and reload pgbouncer. gunicorn is not touched."""
     server = None
     try:
-        wait_for_port(bouncer.port)
         server, port = _gunicorn(cluster, bouncer.url, tmp_path)
         with Traffic(port, cluster) as traffic:
             traffic.wait(lambda: traffic.answered_since(0, "ok", 40), "correct answers before the failover")
@@ -303,7 +312,6 @@ def test_failover_through_pgbouncer(cluster, tmp_path):
         if server is not None:
             server.terminate()
             server.wait(30)
-        bouncer.destroy()
 
 
 def test_a_connection_opened_on_a_standby_follows_its_promotion(cluster):
@@ -324,17 +332,12 @@ def test_a_connection_opened_on_a_standby_follows_its_promotion(cluster):
         reader.close()
 
 
-def test_a_pooled_connection_checks_freshness_whatever_server_answers(cluster):
+def test_a_pooled_connection_checks_freshness_whatever_server_answers(cluster, bouncer):
     """Through pgbouncer the server behind one web connection can change (a failover, a repointed
     pool): a connection opened while pgbouncer pointed at the primary must not read a lagging standby
     without the freshness check once pgbouncer is repointed there."""
-    binary = find_pgbouncer()
-    if binary is None:
-        skip_or_fail("pgbouncer is not installed (apt-get install pgbouncer)")
-    bouncer = ThrowawayPgbouncer(binary, WEB_ROLE, cluster.primary.port, cluster.primary.user)
     reader = None
     try:
-        wait_for_port(bouncer.port)
         reader = open_store(bouncer.url, readonly=True, settings=cluster.settings)
         digest = api_key_digest(cluster.api_key)
         assert reader.credentials(digest, 77).epoch == 0  # on the primary
@@ -357,4 +360,3 @@ def test_a_pooled_connection_checks_freshness_whatever_server_answers(cluster):
     finally:
         if reader is not None:
             reader.close()
-        bouncer.destroy()
