@@ -265,6 +265,25 @@ def test_the_shipped_heartbeat_settings_and_unit_use_its_role():
     assert "\nEnvironment=AUTHSVC_CONFIG=@CONF_DIR@/heartbeat.toml\n" in unit
 
 
+KEEPALIVES = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3",
+              "tcp_user_timeout": "10000"}
+
+
+@pytest.mark.parametrize("role, expected", [
+    # The web role's pooled connections are idle for as long as no one logs in: no idle_session_timeout.
+    ("authsvc_web", {"idle_in_transaction_session_timeout": "10s", "idle_session_timeout": "0", **KEEPALIVES}),
+    # The heartbeat writes five times a second: a session idle for 30 s has no writer any more.
+    (HEARTBEAT_ROLE, {"idle_in_transaction_session_timeout": "5s", "idle_session_timeout": "30s", **KEEPALIVES}),
+    # The admin command's sessions may wait for a person (a prompt) or a file: keepalives only.
+    ("authsvc_owner", {"idle_in_transaction_session_timeout": "0", "idle_session_timeout": "0", **KEEPALIVES}),
+])
+def test_the_roles_sessions_end_when_their_client_is_gone(deployed, role, expected):
+    import psycopg
+
+    with psycopg.connect(role_url(deployed, role), autocommit=True) as conn:
+        assert {name: conn.execute(f"SHOW {name}").fetchone()[0] for name in expected} == expected
+
+
 def test_privileges_sql_can_be_run_again(deployed):
     """An existing cluster is brought up to date by running privileges.sql again (docs/stores.md)."""
     def state():
