@@ -1,7 +1,9 @@
 """The shipped PostgreSQL set-up (deploy/postgres/) works as documented in docs/stores.md.
 
 On a server of the test's own: roles.sql as the DBA, `authsvc init` and the admin
-commands as authsvc_owner, the web process as authsvc_web, which cannot write.
+commands as authsvc_owner, the web process as authsvc_web, which cannot write, and
+`authsvc heartbeat` as authsvc_heartbeat_writer, which can write its row and nothing
+else; then what each role may do, one right per test.
 """
 
 from __future__ import annotations
