@@ -6,7 +6,8 @@ is replayed in order, so a heartbeat written on the primary at time T shows that
 change committed there before T is replayed as well. The time is the primary server's
 own ``now()``, not this host's clock, so where the writer runs does not matter; one
 writer is enough and a second is harmless. It runs as a long-lived service
-(deploy/systemd/authsvc-heartbeat.service) with the admin command's settings, and
+(deploy/systemd/authsvc-heartbeat.service) with settings of its own, as a role that
+may write the heartbeat row and nothing else (deploy/postgres/heartbeat.toml), and
 never gives up: a failed write is reported once, retried every interval, and its
 end reported too.
 """

@@ -91,7 +91,7 @@ def test_the_heartbeat_unit_runs_the_admin_command_for_ever(units):
     heartbeat = (units / "authsvc-heartbeat.service").read_text()
     for line in (
         "User=authsvc",
-        "Environment=AUTHSVC_CONFIG=/etc/authsvc/admin.toml",
+        "Environment=AUTHSVC_CONFIG=/etc/authsvc/heartbeat.toml",  # its own role, not the owner's
         "Restart=always",
         "StartLimitIntervalSec=0",
         "IPAddressDeny=any",

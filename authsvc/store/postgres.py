@@ -36,7 +36,10 @@ def _value(cursor: psycopg.Cursor) -> Any:
     return row[0]
 
 
-MIGRATION_LOCK = 0x61757468737663  # pg_advisory_xact_lock key: one `authsvc init` at a time
+# pg_advisory_xact_lock key: one `authsvc init` at a time. Any role allowed to call the advisory lock
+# functions could take this key and hold `authsvc init` off, so deploy/postgres/privileges.sql lets
+# only the owner call them, and the owner only pg_advisory_xact_lock (it says why not a table lock).
+MIGRATION_LOCK = 0x61757468737663
 
 # The version table is created by migrate() itself; MIGRATIONS[n - 1] takes the schema to version n.
 VERSION_TABLE_SQL = "CREATE TABLE IF NOT EXISTS authsvc_schema (version integer NOT NULL)"
@@ -88,6 +91,22 @@ MIGRATIONS: list[str] = [
     """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
+
+# `authsvc heartbeat`'s own role (deploy/postgres/roles.sql), if the DBA made it: the heartbeat row
+# and the schema version, nothing else. Granted on every `authsvc init`, not by a migration: a
+# store migrated before the role existed gets it from the next init, and the schema version (which
+# web processes of other releases check) stays as it is.
+HEARTBEAT_ROLE = "authsvc_heartbeat_writer"
+HEARTBEAT_GRANTS_SQL = f"""
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_roles WHERE rolname = '{HEARTBEAT_ROLE}') THEN
+        GRANT SELECT ON authsvc_schema TO {HEARTBEAT_ROLE};
+        GRANT SELECT, INSERT, UPDATE ON authsvc_heartbeat TO {HEARTBEAT_ROLE};  -- ON CONFLICT needs SELECT
+    END IF;
+END
+$$
+"""
 
 # One heartbeat, one round trip (a multi-statement simple query: no named statement, so pgbouncer's
 # transaction mode is fine): flushed locally at commit, so the WAL sender ships it at once (without
@@ -165,6 +184,7 @@ class PostgresStore(PostgresReader, Store):
                     ) from None
             conn.execute("DELETE FROM authsvc_schema")
             conn.execute("INSERT INTO authsvc_schema (version) VALUES (%s)", (len(MIGRATIONS),))
+            conn.execute(HEARTBEAT_GRANTS_SQL)
         return before, len(MIGRATIONS)
 
     def add_game(self, name: str, key_digest: str, now: int) -> Game:

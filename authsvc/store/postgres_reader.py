@@ -246,7 +246,10 @@ class PostgresReader(ThreadConnections):
                     "(%s, docs/stores.md)", where, READER_ROLE,
                 )
         except psycopg.errors.InsufficientPrivilege:
-            raise ConfigError(f"{where}: this role may not read the tables (GRANT {READER_ROLE} to it)") from None
+            # Read-write is the admin command (the owner) or the heartbeat writer, which is no reader.
+            fix = (f"GRANT {READER_ROLE} to it" if self.readonly else
+                   "the admin command connects as the owner; the heartbeat writer's rights come with 'authsvc init'")
+            raise ConfigError(f"{where}: this role may not read the tables ({fix}, docs/stores.md)") from None
         except psycopg.OperationalError as e:  # the server went away during the check
             raise StoreUnreachable(f"{where} cannot be read: {_reason(e, self._password)}") from None
         except psycopg.Error as e:

@@ -1,7 +1,8 @@
--- PostgreSQL roles and database for authsvc (docs/stores.md). Run once, as a superuser:
+-- PostgreSQL roles and database for authsvc (docs/stores.md, "PostgreSQL roles"). Run once, as a superuser:
 --     psql -v ON_ERROR_STOP=1 -f deploy/postgres/roles.sql
--- then give the two login roles passwords (\password authsvc_owner, \password authsvc_web)
--- and put them in each side's passfile, never in a URL.
+-- then give the three login roles passwords (\password authsvc_owner, \password authsvc_web,
+-- \password authsvc_heartbeat_writer) and put them in each side's passfile, never in a URL.
+-- What each role may do is in privileges.sql, which this script runs at its end.
 
 -- SELECT on the tables only; `authsvc init` grants it. The web role is a member.
 CREATE ROLE authsvc_reader NOLOGIN;
@@ -9,11 +10,11 @@ CREATE ROLE authsvc_reader NOLOGIN;
 CREATE ROLE authsvc_owner LOGIN;
 -- The web process (gunicorn) connects as it: it can read, never write.
 CREATE ROLE authsvc_web LOGIN IN ROLE authsvc_reader;
-ALTER ROLE authsvc_web SET default_transaction_read_only = on;
+-- `authsvc heartbeat` connects as it: it writes the heartbeat row and reads the schema
+-- version, nothing else (`authsvc init` grants both); it is not a reader.
+CREATE ROLE authsvc_heartbeat_writer LOGIN;
 
 CREATE DATABASE authsvc OWNER authsvc_owner;
-REVOKE ALL ON DATABASE authsvc FROM PUBLIC;
-GRANT CONNECT ON DATABASE authsvc TO authsvc_web;
 
 \connect authsvc
-REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+\ir privileges.sql
