@@ -118,6 +118,16 @@ class Settings:
     pg_statement_timeout: float = default("pg_statement_timeout")
     max_staleness: float = default("max_staleness")
 
+    def __repr__(self) -> str:
+        """The fields, with the store URL's password masked: a repr can reach a log or a traceback."""
+        from authsvc.store.common import redact_url  # here: authsvc.store imports this module
+
+        fields = (
+            f"{f.name}={redact_url(self.store) if f.name == 'store' else getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+        )
+        return f"Settings({', '.join(fields)})"
+
     @property
     def errors_as_http_status(self) -> bool:
         return self.error_status == "http"
@@ -199,6 +209,7 @@ def _read_file(path: str) -> dict[str, tuple[str, dict[str, Any]]]:
     """The file's two parts: APP and GUNICORN, each as (how an error line prefixes its keys, its keys)."""
     try:
         with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
             data = tomllib.load(f)
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
@@ -222,6 +233,7 @@ def _read_file(path: str) -> dict[str, tuple[str, dict[str, Any]]]:
         APP: (f"[{APP}] ", data[APP]) if APP in data else ("", top),
         GUNICORN: (f"[{GUNICORN}] ", data.get(GUNICORN, {})),
     }
+    _refuse_open_password(path, mode, parts[APP][1].get("store"))
     homes = {APP: "at the top level", GUNICORN: f"in the [{GUNICORN}] table"}
     for part, (prefix, table) in parts.items():
         for key in table:
@@ -232,6 +244,21 @@ def _read_file(path: str) -> dict[str, tuple[str, dict[str, Any]]]:
                 raise ConfigError(f"{path}: {prefix}{key} belongs {homes[other]}")
             raise ConfigError(f"{path}: unknown setting {prefix}{key}{_did_you_mean(key, names[part], '{}')}")
     return parts
+
+
+def _refuse_open_password(path: str, mode: int, store: Any) -> None:
+    """Like ssh with a private key (and load_token_secrets): a settings file whose store URL
+    holds a password (in the URL or a libpq parameter) is refused when other users may read
+    or write it. Its group may: the documented install is root:authsvc 0640."""
+    if not isinstance(store, str) or not mode & (stat.S_IROTH | stat.S_IWOTH):
+        return
+    from authsvc.store.common import redact_url  # here: authsvc.store imports this module
+
+    if redact_url(store) != store:
+        raise ConfigError(
+            f"settings file {path} holds the store's password and is open to other users "
+            f"(mode {stat.S_IMODE(mode):04o}): run 'chmod 640 {path}' (group: the service user's)"
+        )
 
 
 def _did_you_mean(key: str, known: list[str], form: str) -> str:
