@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import logging
 import math
 import os
@@ -43,6 +44,15 @@ def _default_store(env: Mapping[str, str]) -> str:
 def _default_secret_file(env: Mapping[str, str]) -> str:
     cred_dir = env.get("CREDENTIALS_DIRECTORY")
     return os.path.join(cred_dir, "token-secret") if cred_dir else DEFAULT_SECRET_FILE
+
+
+def _address_list(value: str) -> bool:
+    """gunicorn's forwarded_allow_ips as authsvc takes it: IP addresses or networks, never "*"."""
+    items = [item.strip() for item in value.split(",")]
+    try:
+        return all(item and item != "*" and ipaddress.ip_network(item) for item in items)
+    except ValueError:
+        return False
 
 
 def _cpu_count(env: Mapping[str, str]) -> int:
@@ -87,6 +97,11 @@ SETTINGS = (
     # gunicorn's 0 (never time out) is refused: a hung worker would never be replaced.
     Setting("timeout", "AUTHSVC_TIMEOUT", int, 30, GUNICORN, rule="at least 1 (seconds)", check=lambda v: v >= 1),
     Setting("bind", "AUTHSVC_BIND", str, "unix:/run/authsvc.sock", GUNICORN),
+    # The peers whose X-Forwarded-For and X-Forwarded-Proto gunicorn believes (an nginx on
+    # another host: docs/scaling.md); any other peer is logged by its own address.
+    Setting("forwarded_allow_ips", "AUTHSVC_FORWARDED_ALLOW_IPS", str, "127.0.0.1,::1", GUNICORN,
+            rule="IP addresses or networks, comma-separated ('*' would let any client write the log's address)",
+            check=_address_list),
 )
 
 
@@ -160,6 +175,7 @@ class GunicornSettings:
     threads: int
     timeout: int
     bind: str
+    forwarded_allow_ips: str
     log_level: str
 
     @classmethod

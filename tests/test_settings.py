@@ -282,6 +282,10 @@ def test_wrong_types_and_values_in_the_file_are_refused_in_one_line(tmp_path, se
         ({"AUTHSVC_LOG_LEVEL": "LOUD"}, "AUTHSVC_LOG_LEVEL must be one of"),
         ({"AUTHSVC_MAX_BODY_BYTES": "1.9"}, "AUTHSVC_MAX_BODY_BYTES must be an integer"),
         ({"AUTHSVC_PG_STATEMENT_TIMEOUT": "inf"}, "AUTHSVC_PG_STATEMENT_TIMEOUT must be a number"),
+        ({"AUTHSVC_FORWARDED_ALLOW_IPS": "*"}, "AUTHSVC_FORWARDED_ALLOW_IPS must be IP addresses or networks"),
+        ({"AUTHSVC_FORWARDED_ALLOW_IPS": "10.0.0.1,nginx.example"}, "AUTHSVC_FORWARDED_ALLOW_IPS must be"),
+        ({"AUTHSVC_FORWARDED_ALLOW_IPS": "10.0.0.1,"}, "AUTHSVC_FORWARDED_ALLOW_IPS must be"),
+        ({"AUTHSVC_FORWARDED_ALLOW_IPS": "10.0.0.1/8"}, "AUTHSVC_FORWARDED_ALLOW_IPS must be"),  # host bits: gunicorn refuses it
     ],
 )
 def test_wrong_environment_values_are_refused_in_one_line(env, message, secret_file):
@@ -379,3 +383,11 @@ def test_a_settings_file_without_a_password_may_be_world_readable(tmp_path, secr
     path = _config(tmp_path, 'store = "postgresql://authsvc_web@db/authsvc?passfile=/etc/authsvc/pgpass-web"\n')
     path.chmod(0o644)
     assert _from_file(path, secret_file).store.endswith("pgpass-web")
+
+
+def test_forwarded_allow_ips_takes_addresses_and_networks(tmp_path):
+    from authsvc.settings import GunicornSettings
+
+    assert GunicornSettings.from_env({}).forwarded_allow_ips == "127.0.0.1,::1"
+    value = "10.0.0.1, 10.0.0.0/24,2001:db8::/64"
+    assert GunicornSettings.from_env({"AUTHSVC_FORWARDED_ALLOW_IPS": value}).forwarded_allow_ips == value
