@@ -269,3 +269,15 @@ def test_the_heartbeats_banner_holds_no_password(pg_databases, tmp_path):
     log = heartbeat.log()
     assert "postgresql://postgres:***@" in log and "sslpassword=***" in log and "pass%77ord=***" in log, log
     assert password not in log
+
+
+def test_libpq_error_texts_are_masked_of_every_secret():
+    """Should libpq ever quote a secret in an error, the store's message masks it as the URL's."""
+    try:
+        from authsvc.store.postgres_reader import PostgresReader, _reason
+    except ImportError:
+        skip_or_fail("psycopg is not installed (pip install -e '.[postgres]')")
+    password, key_password = secrets.token_hex(8), secrets.token_hex(8)
+    reader = PostgresReader(f"postgresql://u:{password}@db/a?ssl%70assword={key_password}", readonly=True)
+    text = _reason(RuntimeError(f"FATAL: no {password}\n and no {key_password}"), reader._secrets)
+    assert text == "FATAL: no *** and no ***"
