@@ -32,7 +32,7 @@ from authsvc.errors import (
     StoreUnreachable,
 )
 from authsvc.http import error_object, json_bytes, request_params, respond
-from authsvc.loglines import LineRecords
+from authsvc.loglines import LineRecords, request_id
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.store.base import Store
@@ -194,9 +194,7 @@ class App:
         if self.metrics is not None:
             self.metrics.authentication(game_id, reason)
         if auth_log.isEnabledFor(logging.INFO):
-            rid = environ.get("HTTP_X_REQUEST_ID", "-")
-            if len(rid) > 64 or not rid.isalnum():  # nginx's $request_id is 32 hex digits
-                rid = "-"
+            rid = request_id(environ.get("HTTP_X_REQUEST_ID"))
             host = "https" if environ.get("wsgi.url_scheme") == "https" else "legacy"
             game = "none" if game_id is None else game_id
             user = "-" if user_id is None else user_id

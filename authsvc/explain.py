@@ -3,7 +3,13 @@
 What support staff run with what a game's developer sent them (docs/admin.md)::
 
     authsvc explain -                      # paste the request URL (or its query string) on stdin
-    authsvc explain --game-id 7 --user-id 1001 --token -   # the token on stdin
+    authsvc explain request.txt            # or give a file holding it
+    authsvc explain --game-id 7 --user-id 1001 --token-file -   # the token on stdin
+
+Like ``authsvc check``, it takes the request, the token and the api key from stdin
+or a file only, never from the command line, where every local user can read them
+(``ps``): a request, ``--token`` or ``--api-key`` there is refused (exit 2) in a line
+that does not repeat it.
 
 The reason is the service's own (the authenticator's, on the same store:
 docs/logs.md, "Why a login failed"); for ``wrong_token`` it goes on to say which
@@ -15,6 +21,7 @@ or a secret. Standard library only.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import hmac
@@ -68,6 +75,8 @@ def _game_name(game: Game) -> str:
 
 def _matches(secrets, game_id: int, user_id: int, epoch: int, token: str) -> int | None:
     """The index of the secret that made ``token`` for (game, user, epoch), or None."""
+    if not token.isascii():  # compare_digest takes ASCII str only; no token is other text
+        return None
     for index, secret in enumerate(secrets):
         if hmac.compare_digest(mint_token(secret, game_id, user_id, epoch), token):
             return index
@@ -160,14 +169,49 @@ def parse_request(text: str) -> dict:
     return parse_urlencoded(text.split("#", 1)[0])
 
 
+STDIN = "-"
+_LOOKS_LIKE_A_REQUEST = ("?", "=", "&")
+
+
+def _request_source(value: str) -> str:
+    """The REQUEST argument: '-' or a file name, never the request itself."""
+    if value != STDIN and (any(c in value for c in _LOOKS_LIKE_A_REQUEST) or "://" in value):
+        raise argparse.ArgumentTypeError(
+            "a request on the command line is seen by every local user (ps): paste it on stdin "
+            "with 'authsvc explain -', or give a file holding it"
+        )
+    return value
+
+
+class _Refused(argparse.Action):
+    """--token and --api-key: refused whatever their value, which the message never repeats."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} on the command line is seen by every local user (ps): "
+                     f"use {option_string}-file FILE, or {option_string}-file - to read it from stdin")
+
+
 def add_arguments(parser) -> None:
-    parser.add_argument("request", nargs="?", help="the request URL or query string as sent; '-' reads it from stdin")
+    parser.add_argument("request", nargs="?", type=_request_source, metavar="REQUEST_FILE",
+                        help="a file holding the request URL or query string as sent; '-' reads it from stdin")
     parser.add_argument("--game-id", type=int, metavar="GAME_ID", help="the game, when the api key is not at hand")
     parser.add_argument("--user-id", metavar="USER_ID", help="the user id (overrides the request's)")
-    parser.add_argument("--token", metavar="TOKEN", help="the game_auth_token, '-' reads it from stdin")
-    parser.add_argument("--api-key", metavar="KEY", help="the api key, '-' reads it from stdin")
+    parser.add_argument("--token-file", metavar="FILE", help="a file holding the game_auth_token; '-' reads stdin")
+    parser.add_argument("--api-key-file", metavar="FILE", help="a file holding the api key; '-' reads stdin")
+    parser.add_argument("--token", "--api-key", action=_Refused, help=argparse.SUPPRESS)
     parser.add_argument("--retired-secret-file", action="append", default=[], metavar="FILE",
                         help="an old token secret file (a backup): says when a token was made with a removed secret")
+
+
+def _read(path: str, what: str, *, first_line: bool) -> str:
+    """The text of ``path`` ('-': stdin), or its first line (a token or a key, as `authsvc check` reads them)."""
+    try:
+        if path == STDIN:
+            return sys.stdin.readline() if first_line else sys.stdin.read()
+        with open(path, encoding="utf-8") as f:
+            return f.readline() if first_line else f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CommandError(f"cannot read the {what} file {path}: {getattr(e, 'strerror', None) or 'not UTF-8'}") from None
 
 
 def cmd_explain(args, settings: Settings) -> tuple[int, dict, str]:
@@ -176,11 +220,15 @@ def cmd_explain(args, settings: Settings) -> tuple[int, dict, str]:
     The status is 0 whatever the verdict: a request that would fail is an answer, not an error."""
     if not settings.token_secrets:
         raise CommandError(f"no token secret at {settings.token_secret_file}")
-    stdin = [sys.stdin.read()] if "-" in (args.request, args.token, args.api_key) else []
-    params: dict = parse_request(stdin[0] if args.request == "-" else args.request) if args.request else {}
-    for name, value in (("user_id", args.user_id), ("game_auth_token", args.token), ("api_key", args.api_key)):
-        if value is not None:
-            params[name] = stdin[0].strip() if value == "-" else value
+    sources = [s for s in (args.request, args.token_file, args.api_key_file) if s is not None]
+    if sources.count(STDIN) > 1:
+        raise CommandError("only one of REQUEST_FILE, --token-file and --api-key-file can be '-' (stdin)")
+    params: dict = parse_request(_read(args.request, "request", first_line=False)) if args.request else {}
+    if args.user_id is not None:
+        params["user_id"] = args.user_id
+    for name, path, what in (("game_auth_token", args.token_file, "token"), ("api_key", args.api_key_file, "api key")):
+        if path is not None:
+            params[name] = _read(path, what, first_line=True).strip()
     retired: list[bytes] = []
     for path in args.retired_secret_file:
         retired.extend(load_token_secrets(path))

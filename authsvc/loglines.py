@@ -1,4 +1,5 @@
-"""Cheaper log lines, the same text: the auth line's records, and the time of day once a second.
+"""Cheaper log lines, the same text: the auth line's records, and the time of day once a second;
+the one shape of a logged request id.
 
 An auth line (docs/logs.md) cost about as much as the rest of an authentication
 (BENCHMARKS.md, "The shipped topology"), in two places that repeat the same work
@@ -19,9 +20,20 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import weakref
+
+# A request id as both log lines hold it (docs/logs.md): 1 to 64 ASCII letters, digits, '.', '_'
+# or '-' (nginx's $request_id is 32 hex digits). Anything else, from a client that reaches
+# gunicorn directly, is "-": no space, quote or other text can end up in a line.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def request_id(value: str | None) -> str:
+    """``X-Request-Id`` as logged: itself in the documented shape, else "-"."""
+    return value if value is not None and _REQUEST_ID.fullmatch(value) else "-"
 
 
 class LineRecords:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import logging
 import math
 import os
@@ -43,6 +44,15 @@ def _default_store(env: Mapping[str, str]) -> str:
 def _default_secret_file(env: Mapping[str, str]) -> str:
     cred_dir = env.get("CREDENTIALS_DIRECTORY")
     return os.path.join(cred_dir, "token-secret") if cred_dir else DEFAULT_SECRET_FILE
+
+
+def _address_list(value: str) -> bool:
+    """gunicorn's forwarded_allow_ips as authsvc takes it: IP addresses or networks, never "*"."""
+    items = [item.strip() for item in value.split(",")]
+    try:
+        return all(item and item != "*" and ipaddress.ip_network(item) for item in items)
+    except ValueError:
+        return False
 
 
 def _cpu_count(env: Mapping[str, str]) -> int:
@@ -87,6 +97,11 @@ SETTINGS = (
     # gunicorn's 0 (never time out) is refused: a hung worker would never be replaced.
     Setting("timeout", "AUTHSVC_TIMEOUT", int, 30, GUNICORN, rule="at least 1 (seconds)", check=lambda v: v >= 1),
     Setting("bind", "AUTHSVC_BIND", str, "unix:/run/authsvc.sock", GUNICORN),
+    # The peers whose X-Forwarded-For and X-Forwarded-Proto gunicorn believes (an nginx on
+    # another host: docs/scaling.md); any other peer is logged by its own address.
+    Setting("forwarded_allow_ips", "AUTHSVC_FORWARDED_ALLOW_IPS", str, "127.0.0.1,::1", GUNICORN,
+            rule="IP addresses or networks, comma-separated ('*' would let any client write the log's address)",
+            check=_address_list),
 )
 
 
@@ -117,6 +132,16 @@ class Settings:
     pg_connect_timeout: float = default("pg_connect_timeout")
     pg_statement_timeout: float = default("pg_statement_timeout")
     max_staleness: float = default("max_staleness")
+
+    def __repr__(self) -> str:
+        """The fields, with the store URL's password masked: a repr can reach a log or a traceback."""
+        from authsvc.store.common import redact_url  # here: authsvc.store imports this module
+
+        fields = (
+            f"{f.name}={redact_url(self.store) if f.name == 'store' else getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+        )
+        return f"Settings({', '.join(fields)})"
 
     @property
     def errors_as_http_status(self) -> bool:
@@ -150,6 +175,7 @@ class GunicornSettings:
     threads: int
     timeout: int
     bind: str
+    forwarded_allow_ips: str
     log_level: str
 
     @classmethod
@@ -199,6 +225,7 @@ def _read_file(path: str) -> dict[str, tuple[str, dict[str, Any]]]:
     """The file's two parts: APP and GUNICORN, each as (how an error line prefixes its keys, its keys)."""
     try:
         with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
             data = tomllib.load(f)
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
@@ -222,6 +249,7 @@ def _read_file(path: str) -> dict[str, tuple[str, dict[str, Any]]]:
         APP: (f"[{APP}] ", data[APP]) if APP in data else ("", top),
         GUNICORN: (f"[{GUNICORN}] ", data.get(GUNICORN, {})),
     }
+    _refuse_open_password(path, mode, parts[APP][1].get("store"))
     homes = {APP: "at the top level", GUNICORN: f"in the [{GUNICORN}] table"}
     for part, (prefix, table) in parts.items():
         for key in table:
@@ -232,6 +260,21 @@ def _read_file(path: str) -> dict[str, tuple[str, dict[str, Any]]]:
                 raise ConfigError(f"{path}: {prefix}{key} belongs {homes[other]}")
             raise ConfigError(f"{path}: unknown setting {prefix}{key}{_did_you_mean(key, names[part], '{}')}")
     return parts
+
+
+def _refuse_open_password(path: str, mode: int, store: Any) -> None:
+    """Like ssh with a private key (and load_token_secrets): a settings file whose store URL
+    holds a password (in the URL or a libpq parameter) is refused when other users may read
+    or write it. Its group may: the documented install is root:authsvc 0640."""
+    if not isinstance(store, str) or not mode & (stat.S_IROTH | stat.S_IWOTH):
+        return
+    from authsvc.store.common import redact_url  # here: authsvc.store imports this module
+
+    if redact_url(store) != store:
+        raise ConfigError(
+            f"settings file {path} holds the store's password and is open to other users "
+            f"(mode {stat.S_IMODE(mode):04o}): run 'chmod 640 {path}' (group: the service user's)"
+        )
 
 
 def _did_you_mean(key: str, known: list[str], form: str) -> str:

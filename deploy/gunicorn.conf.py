@@ -13,6 +13,8 @@ app uses (declarations there, docs/configuration.md):
     timeout       AUTHSVC_TIMEOUT        seconds, at least 1, default 30
     bind          AUTHSVC_BIND           default unix:/run/authsvc.sock; unused
                                          under systemd socket activation
+    forwarded_allow_ips AUTHSVC_FORWARDED_ALLOW_IPS  default 127.0.0.1,::1: the proxies
+                                         whose X-Forwarded-* headers are believed
     log_level     AUTHSVC_LOG_LEVEL      (an app setting: the file's top level) level of
                                          the app's "authsvc" logger, default INFO
 
@@ -64,8 +66,11 @@ keepalive = 5
 preload_app = True
 
 # nginx is the only client: over the unix socket (which only nginx's group may
-# open) gunicorn trusts X-Forwarded-Proto; over TCP only from this machine.
-forwarded_allow_ips = "127.0.0.1,::1"
+# open) gunicorn trusts X-Forwarded-Proto; over TCP only from this machine, or the
+# addresses of forwarded_allow_ips ([gunicorn] table: an nginx on another host,
+# docs/scaling.md). The access log's address is X-Forwarded-For only from those
+# peers, the connection's own otherwise (authsvc/gunicorn_logging.py).
+forwarded_allow_ips = _settings.forwarded_allow_ips
 secure_scheme_headers = {"X-FORWARDED-PROTO": "https"}
 # Never take SCRIPT_NAME / PATH_INFO from a request header.
 forwarder_headers = ""
@@ -89,13 +94,15 @@ umask = 0o077
 
 # Access log: method and route name only. %(U)s is the app's route name
 # (/api/authenticate.json, /healthz or <other>), never the decoded path, which
-# holds the query string when a client percent-encodes the "?"
-# (authsvc/gunicorn_logging.py); never %(r)s, %(q)s, %(f)s or request headers
-# other than the request id. result= is the app's result code (X-Authsvc-Result:
+# holds the query string when a client percent-encodes the "?"; never %(r)s,
+# %(q)s, %(f)s. No header is logged as a client sent it (authsvc/gunicorn_logging.py):
+# %(h)s is the client's address from a trusted proxy's X-Forwarded-For, else the
+# connection's own; proto= the scheme gunicorn took; rid= the request id in its
+# documented shape, else "-". result= is the app's result code (X-Authsvc-Result:
 # 403 for wrong credentials, though HTTP 200 on the wire; docs/logs.md).
 logger_class = "authsvc.gunicorn_logging.RouteLogger"
 access_log_format = (
-    '%({x-forwarded-for}i)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms '
+    '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms '
     'proto=%({x-forwarded-proto}i)s rid=%({x-request-id}i)s result=%({x-authsvc-result}o)s'
 )
 accesslog = "-"

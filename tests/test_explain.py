@@ -154,20 +154,63 @@ def test_simply_wrong_and_not_a_token(world, explain):
           in_detail=("not a token at all", "11 characters"))
 
 
-def test_by_game_id_and_arguments_instead_of_a_url(world, explain):
-    """Support staff with no api key: the game id, the user id and the token (on stdin)."""
-    verdict = explain("--game-id", str(world.game_id), "--user-id", str(world.user_id), "--token", "-",
+def test_by_game_id_and_arguments_instead_of_a_url(world, explain, tmp_path):
+    """Support staff with no api key: the game id, the user id and the token (on stdin, or in a file)."""
+    verdict = explain("--game-id", str(world.game_id), "--user-id", str(world.user_id), "--token-file", "-",
                       stdin=world.token())
     assert verdict["reason"] == "success"
     old = world.token()
     world.store.revoke_player(world.user_id)
-    verdict = explain("--game-id", str(world.game_id), "--user-id", str(world.user_id), "--token", "-", stdin=old)
+    token_file = tmp_path / "token.txt"
+    token_file.write_text(old + "\n")
+    verdict = explain("--game-id", str(world.game_id), "--user-id", str(world.user_id), "--token-file", str(token_file))
     assert verdict["reason"] == "wrong_token" and "revoked" in verdict["detail"]
-    verdict = explain("--game-id", "999", "--user-id", str(world.user_id), "--token", "-", stdin=old)
+    verdict = explain("--game-id", "999", "--user-id", str(world.user_id), "--token-file", "-", stdin=old)
     assert verdict == {"reason": "unknown_key", "detail": "no game 999 (error 403)", "game_id": None,
                        "user_id": world.user_id}
 
 
-def test_a_pasted_query_string_as_an_argument(world, explain):
-    query = urllib.parse.urlencode(world.params(game_auth_token="f" * 64))
-    assert explain(query)["reason"] == "wrong_token"
+def test_the_request_and_the_api_key_from_files(world, explain, tmp_path):
+    request = tmp_path / "request.txt"
+    request.write_text(url(world, api_key=None) + "\n")
+    key = tmp_path / "key.txt"
+    key.write_text(world.api_key + "\n")
+    assert explain(str(request), "--api-key-file", str(key))["reason"] == "success"
+    assert explain(str(request), "--api-key-file", "-", stdin=world.api_key)["reason"] == "success"
+
+
+def _refused(capsys, monkeypatch, argv, *, hidden):
+    """The command line is refused (exit 2) in one line that does not repeat the secret."""
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["explain", *argv])
+    out, err = capsys.readouterr()
+    assert info.value.code == 2, err
+    assert hidden not in out + err and "ps" in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.engine("sqlite")
+def test_secrets_on_the_command_line_are_refused(world, explain, capsys, monkeypatch):
+    """Any local user sees a process's arguments (ps, /proc/PID/cmdline): no secret may come that way."""
+    token, query = world.token(), urllib.parse.urlencode(world.params())
+    err = _refused(capsys, monkeypatch, ["--game-id", str(world.game_id), "--user-id", "1", "--token", token],
+                   hidden=token)
+    assert "--token-file" in err
+    err = _refused(capsys, monkeypatch, ["-", "--api-key", world.api_key], hidden=world.api_key)
+    assert "--api-key-file" in err
+    for request in (query, url(world), "?" + query):
+        err = _refused(capsys, monkeypatch, [request], hidden=world.token())
+        assert "authsvc explain -" in err
+    monkeypatch.setattr("sys.stdin", io.StringIO(url(world)))
+    assert cli.main(["explain", "-", "--token-file", "-"]) == 1  # one stdin, not two
+    assert "only one of REQUEST_FILE, --token-file and --api-key-file can be '-'" in capsys.readouterr().err
+
+
+def test_a_non_ascii_token_is_not_a_token(world, explain):
+    """As the service answers it (tokens.py): never a traceback."""
+    check(world, explain, "wrong_token", {"game_auth_token": "\u00e9" * 20},
+          in_detail=("not a token at all", "20 characters"))
+    verdict = explain("--game-id", str(world.game_id), "--user-id", str(world.user_id), "--token-file", "-",
+                      stdin="t\u00f6ken")
+    assert verdict["reason"] == "wrong_token" and "not a token at all" in verdict["detail"]

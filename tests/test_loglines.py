@@ -102,3 +102,13 @@ def test_an_auth_line_costs_at_most_40_function_calls():
     assert len(calls) <= 40, calls
     assert not {"basename", "splitext", "getpid", "localtime", "strftime"} & set(calls), calls
     assert out.getvalue().splitlines()[-1].endswith(f"[{os.getpid()}] [INFO] {logger.name}: auth rid=- reason=success")
+
+
+def test_a_request_id_is_logged_only_in_its_documented_shape():
+    """docs/logs.md: 1 to 64 ASCII letters, digits, '.', '_', '-'; anything else is "-"."""
+    from authsvc.loglines import request_id
+
+    for good in ("e403c0fcef6463d39fc7a9b815431506", "a", "client-7.retry_2", "x" * 64):
+        assert request_id(good) == good
+    for bad in (None, "", "x" * 65, "abc result=200", "\u00e9t\u00e9", "\u0661\u0662", "a\n", "a\"b", "a,b"):
+        assert request_id(bad) == "-"

@@ -282,6 +282,10 @@ def test_wrong_types_and_values_in_the_file_are_refused_in_one_line(tmp_path, se
         ({"AUTHSVC_LOG_LEVEL": "LOUD"}, "AUTHSVC_LOG_LEVEL must be one of"),
         ({"AUTHSVC_MAX_BODY_BYTES": "1.9"}, "AUTHSVC_MAX_BODY_BYTES must be an integer"),
         ({"AUTHSVC_PG_STATEMENT_TIMEOUT": "inf"}, "AUTHSVC_PG_STATEMENT_TIMEOUT must be a number"),
+        ({"AUTHSVC_FORWARDED_ALLOW_IPS": "*"}, "AUTHSVC_FORWARDED_ALLOW_IPS must be IP addresses or networks"),
+        ({"AUTHSVC_FORWARDED_ALLOW_IPS": "10.0.0.1,nginx.example"}, "AUTHSVC_FORWARDED_ALLOW_IPS must be"),
+        ({"AUTHSVC_FORWARDED_ALLOW_IPS": "10.0.0.1,"}, "AUTHSVC_FORWARDED_ALLOW_IPS must be"),
+        ({"AUTHSVC_FORWARDED_ALLOW_IPS": "10.0.0.1/8"}, "AUTHSVC_FORWARDED_ALLOW_IPS must be"),  # host bits: gunicorn refuses it
     ],
 )
 def test_wrong_environment_values_are_refused_in_one_line(env, message, secret_file):
@@ -333,3 +337,57 @@ def test_the_metrics_directory_gunicorn_conf_uses():
     assert metrics_dir({"RUNTIME_DIRECTORY": "/run/authsvc", "STATE_DIRECTORY": "/var/lib/authsvc"}) == "/run/authsvc/metrics"
     assert metrics_dir({"STATE_DIRECTORY": "/var/lib/authsvc:/other"}) == "/var/lib/authsvc/metrics"
     assert metrics_dir({}) == ""
+
+
+def test_the_store_password_never_shows_in_repr_or_str(secret_file):
+    password = secrets.token_hex(12)
+    s = Settings.from_env({"AUTHSVC_STORE": f"postgresql://owner:{password}@db/a?sslpassword={password}x",
+                           "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)})
+    assert password in s.store  # the object keeps it: the store connects with it
+    for text in (repr(s), str(s), f"{s}", f"{s!r}"):
+        assert password not in text and "postgresql://owner:***@db/a?sslpassword=***" in text
+
+
+# A settings file whose store URL holds a password is refused when other users may read or
+# write it, as the token secret file is; the documented install (root:authsvc 0640) loads.
+
+
+@pytest.mark.parametrize("store", [
+    "postgresql://authsvc_owner:{p}@db/authsvc",
+    "postgresql://authsvc_owner@db/authsvc?sslpassword={p}",
+    "postgresql://authsvc_owner@db/authsvc?pass%77ord={p}",
+])
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o602])
+def test_a_settings_file_with_a_password_other_users_can_read_is_refused(tmp_path, secret_file, store, mode):
+    password = secrets.token_hex(12)
+    path = _config(tmp_path, f'[authsvc]\nstore = "{store.format(p=password)}"\n')
+    path.chmod(mode)
+    for env in ({}, {"AUTHSVC_STORE": "sqlite://x.db"}):  # the file holds it even when the environment wins
+        with pytest.raises(ConfigError) as info:
+            _from_file(path, secret_file, **env)
+        message = str(info.value)
+        assert str(path) in message and f"chmod 640 {path}" in message and "\n" not in message
+        assert password not in message
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o440])
+def test_a_settings_file_with_a_password_only_its_owner_and_group_read_loads(tmp_path, secret_file, mode, caplog):
+    path = _config(tmp_path, f'store = "postgresql://owner:{secrets.token_hex(12)}@db/authsvc"\n')
+    path.chmod(mode)
+    with caplog.at_level("WARNING", logger="authsvc"):
+        assert _from_file(path, secret_file).store.startswith("postgresql://owner:")
+    assert caplog.records == []
+
+
+def test_a_settings_file_without_a_password_may_be_world_readable(tmp_path, secret_file):
+    path = _config(tmp_path, 'store = "postgresql://authsvc_web@db/authsvc?passfile=/etc/authsvc/pgpass-web"\n')
+    path.chmod(0o644)
+    assert _from_file(path, secret_file).store.endswith("pgpass-web")
+
+
+def test_forwarded_allow_ips_takes_addresses_and_networks(tmp_path):
+    from authsvc.settings import GunicornSettings
+
+    assert GunicornSettings.from_env({}).forwarded_allow_ips == "127.0.0.1,::1"
+    value = "10.0.0.1, 10.0.0.0/24,2001:db8::/64"
+    assert GunicornSettings.from_env({"AUTHSVC_FORWARDED_ALLOW_IPS": value}).forwarded_allow_ips == value

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
+import time
 import urllib.parse
 import urllib.request
 
@@ -16,8 +18,9 @@ from authsvc import cli
 from authsvc.app import make_app
 from authsvc.errors import ConfigError
 from authsvc.settings import Settings
+from authsvc.store import redact_url
 from authsvc.store.sqlite import path_from_url
-from tests.support import free_port, start_gunicorn, wait_for_port
+from tests.support import free_port, skip_or_fail, start_gunicorn, wait_for_port
 
 # (URL as written, with {tmp} for the test's directory; the file it names, relative to it).
 # The working directory is {tmp}, so relative forms land there too.
@@ -146,3 +149,135 @@ def test_a_nul_character_is_refused_by_the_one_parser():
     """An environment variable cannot hold NUL, a TOML file can."""
     with pytest.raises(ConfigError, match="NUL"):
         path_from_url("sqlite:///tmp/a\x00.db")
+
+
+# redact_url: every message that names the store URL (errors, gunicorn's start-up failure line,
+# the heartbeat's banner) shows it through redact_url, read as libpq reads it.
+
+SECRET_URLS = [
+    "postgresql://owner:{s}@db/authsvc",
+    "postgresql://owner@db/authsvc?sslpassword={s}",
+    "postgresql://owner@db/authsvc?pass%77ord={s}",             # libpq decodes the name: the password
+    "postgresql://owner@db/authsvc?%70%61%73%73%77%6F%72%64={s}",
+    "postgresql://owner@db/authsvc?sslmode=require&ssl%70assword={s}&application_name=x",
+    "postgresql://owner@db/authsvc?oauth_client_secret={s}",
+    "postgresql://owner:{s}?x@db/authsvc",                      # libpq takes an unescaped "?" into the password
+    "postgresql://owner:{s}#x@db/authsvc",
+    "postgresql://db/authsvc?password={s}#x",                   # no fragment in libpq: part of the value
+    "postgresql://db/authsvc?password=a&password={s}",          # the last one wins
+    "postgresql://owner:{s}@db1:5432,db2:5433/authsvc?sslpassword={s}",
+    "postgres://owner:{s}@[::1]:5432/authsvc",
+]
+
+
+def _libpq_secrets(url: str) -> list[str]:
+    """What libpq itself reads from ``url`` as a secret (its own parser, through psycopg)."""
+    try:
+        from psycopg import conninfo, pq
+    except ImportError:
+        skip_or_fail("psycopg is not installed (pip install -e '.[postgres]')")
+    hidden = {o.keyword.decode() for o in pq.Conninfo.get_defaults() if o.dispchar in (b"*", b"D")} - {
+        "replication", "sslkeylogfile"}  # "D": debug options; these two are a mode and a file name
+    return [str(v) for k, v in conninfo.conninfo_to_dict(url).items() if k in hidden and v]
+
+
+@pytest.mark.parametrize("template", SECRET_URLS)
+def test_redact_url_masks_every_secret_libpq_reads(template):
+    url = template.format(s="Sekr3t-" + secrets.token_hex(8))
+    found = _libpq_secrets(url)
+    assert found, "libpq reads no secret from this URL: the case tests nothing"
+    shown = redact_url(url)
+    for secret in found:
+        assert secret not in shown, shown
+    assert "***" in shown
+
+
+def test_every_parameter_libpq_masks_is_masked():
+    """PQconndefaults marks the parameters it never shows with "*": each is masked here too."""
+    try:
+        from psycopg import pq
+    except ImportError:
+        skip_or_fail("psycopg is not installed (pip install -e '.[postgres]')")
+    masked = [o.keyword.decode() for o in pq.Conninfo.get_defaults() if o.dispchar == b"*"]
+    assert {"password", "sslpassword"} <= set(masked)
+    for keyword in (*masked, "scram_client_key", "scram_server_key"):
+        assert redact_url(f"postgresql://db/a?{keyword}=hidden") == f"postgresql://db/a?{keyword}=***"
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://owner:pw@[::1/authsvc",          # an IPv6 host never closed: urllib raises ValueError
+    "postgresql://owner:pw@[zz]:5432/authsvc",
+    "postgresql://owner:pw@db:99999999/authsvc",
+    "postgresql://\udcff:pw@db/authsvc",
+    "host=db password=pw",                         # not a URL at all
+    "",
+])
+def test_redact_url_never_raises_and_never_shows_the_password(url):
+    shown = redact_url(url)
+    assert isinstance(shown, str) and "pw" not in shown
+
+
+def test_redact_url_keeps_what_is_not_secret():
+    plain = "postgresql://authsvc_web@db.example.internal:5432/authsvc?sslmode=verify-full&passfile=/etc/authsvc/pgpass-web"
+    assert redact_url(plain) == plain
+    assert redact_url("sqlite:///var/lib/a:b@c/what?password=x.db") == "sqlite:///var/lib/a:b@c/what?password=x.db"
+    assert redact_url("postgresql://u:pw@db/a?sslmode=require&sslpassword=x") == (
+        "postgresql://u:***@db/a?sslmode=require&sslpassword=***")
+
+
+
+def _secret_url(host: str, password: str) -> str:
+    return (f"postgresql://postgres:{password}a@{host}/authsvc?sslmode=disable&sslpassword={password}b"
+            f"&pass%77ord={password}c&connect_timeout=2")
+
+
+@pytest.mark.parametrize("host, status", [
+    ("127.0.0.1:{port}", 75),      # nobody listens there: the store is unreachable
+    ("[::1:{port}", 4),            # an IPv6 host never closed: not a valid URL (libpq quotes it whole)
+])
+def test_gunicorns_start_up_failure_line_holds_no_password(tmp_path, secret_file, host, status):
+    password = secrets.token_hex(12)
+    env = {"AUTHSVC_STORE": _secret_url(host.format(port=free_port()), password),
+           "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
+    proc = start_gunicorn(env, port=free_port(), preload=True, inherit_env=False, cwd=tmp_path)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == status, err
+    [line] = [line for line in err.splitlines() if line.startswith("authsvc: error: ")]
+    assert "postgresql://postgres:***@" in line and "sslpassword=***" in line and "pass%77ord=***" in line, line
+    assert password not in out + err and "Traceback" not in err
+
+
+def test_the_heartbeats_banner_holds_no_password(pg_databases, tmp_path):
+    """The real command on a real primary: trust authentication ignores the password, sslmode=disable
+    the key's; the banner names the store without either."""
+    from harness.pgserver import Heartbeat
+
+    password = secrets.token_hex(12)
+    database = urllib.parse.urlsplit(pg_databases.create()).path.lstrip("/")
+    server = urllib.parse.urlsplit(pg_databases.server_url)
+    url = _secret_url(server.hostname + (f":{server.port}" if server.port else ""), password)
+    url = url.replace("/authsvc?", f"/{database}?")
+    heartbeat = Heartbeat(url, tmp_path / "heartbeat.log")
+    heartbeat.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "writing the primary's time into" not in heartbeat.log():
+            assert heartbeat.process.poll() is None and time.monotonic() < deadline, heartbeat.log()
+            time.sleep(0.1)
+    finally:
+        heartbeat.stop()
+    log = heartbeat.log()
+    assert "postgresql://postgres:***@" in log and "sslpassword=***" in log and "pass%77ord=***" in log, log
+    assert password not in log
+
+
+def test_libpq_error_texts_are_masked_of_every_secret():
+    """Should libpq ever quote a secret in an error, the store's message masks it as the URL's."""
+    try:
+        from authsvc.store.postgres_reader import PostgresReader, _reason
+    except ImportError:
+        skip_or_fail("psycopg is not installed (pip install -e '.[postgres]')")
+    password, key_password = secrets.token_hex(8), secrets.token_hex(8)
+    reader = PostgresReader(f"postgresql://u:{password}@db/a?ssl%70assword={key_password}", readonly=True)
+    text = _reason(RuntimeError(f"FATAL: no {password}\n and no {key_password}"), reader._secrets)
+    assert text == "FATAL: no *** and no ***"

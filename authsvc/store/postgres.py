@@ -163,7 +163,7 @@ class PostgresStore(PostgresReader, Store):
             ) from None
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             self._drop()
-            raise StoreUnavailable(f"{where}: {_reason(e, self._password)}") from None
+            raise StoreUnavailable(f"{where}: {_reason(e, self._secrets)}") from None
 
     # -- admin ----------------------------------------------------------------------
     def migrate(self) -> tuple[int, int]:
@@ -179,7 +179,7 @@ class PostgresStore(PostgresReader, Store):
                         conn.execute(script)
                 except psycopg.DatabaseError as e:
                     raise ConfigError(
-                        f"migration {version} failed: {_reason(e, self._password)} "
+                        f"migration {version} failed: {_reason(e, self._secrets)} "
                         f"(docs/stores.md lists what the owner role needs)"
                     ) from None
             conn.execute("DELETE FROM authsvc_schema")

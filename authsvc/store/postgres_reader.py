@@ -23,7 +23,7 @@ from psycopg.pq import DiagnosticField, ExecStatus
 
 from authsvc.errors import ConfigError, StoreUnavailable, StoreUnreachable
 from authsvc.store.base import Credentials
-from authsvc.store.common import ThreadConnections, redact_url
+from authsvc.store.common import MASK, SECRET_PARAMS, ThreadConnections, redact_url
 
 log = logging.getLogger("authsvc.store")
 
@@ -68,10 +68,13 @@ def _raise_unless(result, status: ExecStatus) -> None:
     raise error_class(result.error_message.decode("utf-8", "replace").strip())
 
 
-def _reason(error: BaseException, password: str | None) -> str:
-    """psycopg's message on one line, with the URL's password masked should libpq ever echo it."""
+def _reason(error: BaseException, secrets: tuple[str, ...]) -> str:
+    """psycopg's message on one line, with the URL's secrets (password, sslpassword, ...)
+    masked should libpq ever echo them."""
     text = " ".join(str(error).split()) or type(error).__name__
-    return text.replace(password, "***") if password else text
+    for secret in secrets:
+        text = text.replace(secret, MASK)
+    return text
 
 
 # A server that answers the connection with one of these FATAL errors is busy, not misconfigured.
@@ -103,7 +106,7 @@ class PostgresReader(ThreadConnections):
         except psycopg.ProgrammingError:
             raise ConfigError(f"AUTHSVC_STORE {redact_url(url)} is not a valid PostgreSQL URL") from None
         params = {name: str(value) for name, value in parsed.items() if value is not None}
-        self._password = params.get("password")
+        self._secrets = tuple(value for name, value in params.items() if name in SECRET_PARAMS and value)
         self._max_lag_ms = round(1000 * getattr(settings, "max_staleness", 1.0))
         self._stale_logged = (False, -math.inf)  # (heartbeat row missing, when) of the last warning
         connect_timeout = getattr(settings, "pg_connect_timeout", 2.0)
@@ -237,7 +240,7 @@ class PostgresReader(ThreadConnections):
             conn = self._connect()
         except psycopg.Error as e:
             error = StoreUnreachable if _unreachable(e) else ConfigError
-            raise error(f"{where} is unreachable: {_reason(e, self._password)}") from None
+            raise error(f"{where} is unreachable: {_reason(e, self._secrets)}") from None
         try:
             version = self._version(conn)
             if self.readonly and version and self._can_write(conn):
@@ -251,9 +254,9 @@ class PostgresReader(ThreadConnections):
                    "the admin command connects as the owner; the heartbeat writer's rights come with 'authsvc init'")
             raise ConfigError(f"{where}: this role may not read the tables ({fix}, docs/stores.md)") from None
         except psycopg.OperationalError as e:  # the server went away during the check
-            raise StoreUnreachable(f"{where} cannot be read: {_reason(e, self._password)}") from None
+            raise StoreUnreachable(f"{where} cannot be read: {_reason(e, self._secrets)}") from None
         except psycopg.Error as e:
-            raise ConfigError(f"{where} cannot be read: {_reason(e, self._password)}") from None
+            raise ConfigError(f"{where} cannot be read: {_reason(e, self._secrets)}") from None
         finally:
             conn.close()
         if version != SCHEMA_VERSION:
