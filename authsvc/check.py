@@ -29,6 +29,7 @@ import urllib.parse
 from authsvc.app import AUTHENTICATE_PATH as API_PATH
 from authsvc.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
 from authsvc.errors import CommandError
+from authsvc.explain import RefusedSecret
 from authsvc.http import json_bytes
 from authsvc.settings import Settings
 from authsvc.store import open_store
@@ -251,6 +252,8 @@ def add_arguments(p: argparse.ArgumentParser, user_id_type, game_id_type) -> Non
         "--token-file", metavar="FILE",
         help="file holding the player's game_auth_token; default: mint it from the token secret and the store",
     )
+    # Not abbreviations of the -file options: a secret given here would be quoted as a file name.
+    p.add_argument("--token", "--api-key", action=RefusedSecret, help=argparse.SUPPRESS)
     p.add_argument("--username", help="expected username (default: the store's)")
     p.add_argument("--cafile", metavar="PEM", help="CA certificates to verify HTTPS with (default: the system's)")
     p.add_argument(

@@ -282,7 +282,15 @@ class _store:
 
 
 class _Parser(argparse.ArgumentParser):
+    """No abbreviated options: `--api-key SECRET` must never be taken for `--api-key-file SECRET`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):
+        if message.startswith("unrecognized arguments:"):  # a stray argument may be a secret: never repeated
+            message = "unrecognized arguments (not repeated here)"
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 

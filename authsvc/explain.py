@@ -183,8 +183,9 @@ def _request_source(value: str) -> str:
     return value
 
 
-class _Refused(argparse.Action):
-    """--token and --api-key: refused whatever their value, which the message never repeats."""
+class RefusedSecret(argparse.Action):
+    """--token and --api-key (here and in `authsvc check`): refused whatever their value, which the
+    message never repeats."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         parser.error(f"{option_string} on the command line is seen by every local user (ps): "
@@ -198,7 +199,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--user-id", metavar="USER_ID", help="the user id (overrides the request's)")
     parser.add_argument("--token-file", metavar="FILE", help="a file holding the game_auth_token; '-' reads stdin")
     parser.add_argument("--api-key-file", metavar="FILE", help="a file holding the api key; '-' reads stdin")
-    parser.add_argument("--token", "--api-key", action=_Refused, help=argparse.SUPPRESS)
+    parser.add_argument("--token", "--api-key", action=RefusedSecret, help=argparse.SUPPRESS)
     parser.add_argument("--retired-secret-file", action="append", default=[], metavar="FILE",
                         help="an old token secret file (a backup): says when a token was made with a removed secret")
 

@@ -204,3 +204,21 @@ def test_player_token_for_an_unknown_game_or_player(world):
 def test_a_changed_token_and_key_keep_their_shape():
     assert check._bad_token("abc0") == "abc1" and check._bad_token("abc9") == "abc0"
     assert len(check._bad_key("k" * 40)) == 40 and check._bad_key("k" * 40) != "k" * 40
+
+
+@pytest.mark.parametrize("option", ["--api-key", "--token", "--api-k", "--stray"])
+def test_a_secret_on_the_command_line_is_refused_and_never_repeated(capsys, tmp_path, option):
+    """`--api-key SECRET` would otherwise be read as `--api-key-file SECRET` (an abbreviation),
+    and the "cannot read file" error would print the secret."""
+    from authsvc.cli import build_parser
+
+    secret = "0f6c2b9e-5d4a-4e7f-9c3b-1a2d3e4f5a6b"
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(
+            ["check", "--base-url", "http://127.0.0.1:9", "--game-id", "1", "--user-id", "1",
+             "--api-key-file", str(tmp_path / "key"), option, secret]
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert secret not in err
+    assert "command line" in err or "unrecognized arguments" in err
