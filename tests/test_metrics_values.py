@@ -19,6 +19,7 @@ import pytest
 from authsvc import metrics_values
 from authsvc.metrics import BUCKETS, Metrics
 from authsvc.metrics_values import Writer
+from tests.support import skip_or_fail
 
 API = "/api/authenticate.json"
 
@@ -29,7 +30,7 @@ def values(tmp_path, monkeypatch):
     try:
         from prometheus_client import values
     except ImportError:
-        pytest.skip("prometheus_client is not installed (pip install -e '.[metrics]')")
+        skip_or_fail("prometheus_client is not installed (pip install -e '.[metrics]')")
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     monkeypatch.setattr(values, "ValueClass", values.get_value_class())
     yield values
@@ -82,8 +83,10 @@ def test_the_writes_are_prometheus_clients_own(values, tmp_path):
 
 def test_the_public_api_without_multiprocess_mode():
     """prometheus_client's in-process values (no PROMETHEUS_MULTIPROC_DIR) are not its mmap ones: no Writer."""
-    pytest.importorskip("prometheus_client")
-    from prometheus_client.values import MutexValue
+    try:
+        from prometheus_client.values import MutexValue
+    except ImportError:
+        skip_or_fail("prometheus_client is not installed (pip install -e '.[metrics]')")
 
     assert Writer.of(MutexValue, MutexValue("counter", "x", "x_total", (), (), "")) is None
 
