@@ -39,3 +39,45 @@ def test_each_runtime_dependency_has_an_upper_bound(requirement):
 def test_the_installed_version_is_within_the_bounds(requirement):
     installed = importlib.metadata.version(requirement.name)
     assert requirement.specifier.contains(installed, prereleases=True), (str(requirement), installed)
+
+
+# -- the fallbacks: each internal used, and what happens when it is not as expected -----------------
+# hmac's pads: tests/test_tokens.py; prometheus_client's files: tests/test_metrics_values.py
+# ("unfamiliar internals fall back to the public API"); gunicorn's workers: here.
+
+
+def _worker(worker_class):
+    """A gunicorn worker object as the arbiter makes one (not started)."""
+    import logging
+    import os
+
+    from gunicorn.config import Config
+
+    return worker_class(1, os.getpid(), [], None, 30, Config(), logging.getLogger("test.gunicorn_workers"))
+
+
+@pytest.mark.parametrize("name", ["SyncWorker", "ThreadWorker"])
+def test_the_installed_gunicorn_s_workers_are_the_familiar_ones(name):
+    from authsvc import gunicorn_workers
+
+    worker = _worker(getattr(gunicorn_workers, name))
+    assert gunicorn_workers.familiar(getattr(gunicorn_workers, name).__bases__[0])
+    assert "handle_request" not in vars(worker) and "handle_error" not in vars(worker)  # the JSON ones
+
+
+@pytest.mark.parametrize("name", ["SyncWorker", "ThreadWorker"])
+def test_a_gunicorn_with_other_worker_methods_gets_its_own_workers_and_a_warning(name, monkeypatch, caplog):
+    from authsvc import gunicorn_workers
+
+    cls = getattr(gunicorn_workers, name)
+    base = cls.__bases__[0]
+
+    def handle_request(self, req, conn, extra):  # as a future gunicorn might have it
+        return "gunicorn's own"
+
+    monkeypatch.setattr(base, "handle_request", handle_request)
+    assert not gunicorn_workers.familiar(base)
+    worker = _worker(cls)
+    assert worker.handle_request(1, 2, 3) == "gunicorn's own"
+    assert worker.handle_error.__func__ is base.handle_error
+    assert "are not the ones authsvc/gunicorn_workers.py knows" in caplog.text
