@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import sqlite3
+import struct
 import sys
 import threading
 import time
@@ -137,10 +138,13 @@ def authentications_by_worker(metrics_dir, result: str | None = None) -> dict[st
         metric, _, labels, *_ = json.loads(key)
         return metric == "authsvc_authentications" and result in (None, labels.get("result"))
 
-    return {
-        f.name: sum(value for key, value, *_ in MmapedDict.read_all_values_from_file(str(f)) if counted(key))
-        for f in metrics_dir.glob("counter_*.db")
-    }
+    def count(path) -> float:
+        try:
+            return sum(value for key, value, *_ in MmapedDict.read_all_values_from_file(str(path)) if counted(key))
+        except struct.error:  # a worker that is booting has made its file but not yet sized it
+            return 0
+
+    return {f.name: count(f) for f in metrics_dir.glob("counter_*.db")}
 
 
 def workers_that_authenticated(metrics_dir) -> int:
