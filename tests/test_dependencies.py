@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 # The extras a deployment installs; the test extra's tools are not the service's.
-RUNTIME = [Requirement(spec) for spec in
+RUNTIME = [Requirement(text) for text in
            PROJECT["dependencies"] + PROJECT["optional-dependencies"]["postgres"]
            + PROJECT["optional-dependencies"]["metrics"]]
 
@@ -32,7 +32,7 @@ def test_the_runtime_dependencies_are_the_ones_named_here():
 
 @pytest.mark.parametrize("requirement", RUNTIME, ids=lambda r: r.name)
 def test_each_runtime_dependency_has_an_upper_bound(requirement):
-    assert any(spec.operator in ("<", "<=", "~=", "==") for spec in requirement.specifier), str(requirement)
+    assert any(bound.operator in ("<", "<=", "~=", "==") for bound in requirement.specifier), str(requirement)
 
 
 @pytest.mark.parametrize("requirement", RUNTIME, ids=lambda r: r.name)
