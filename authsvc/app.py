@@ -206,7 +206,8 @@ class App:
 
     def serve_metrics(self, start_response, head: bool, start: float) -> list[bytes]:
         """The Prometheus text format of all workers, not JSON (authsvc/metrics.py); only with the metrics extra."""
-        assert self.metrics is not None
+        if self.metrics is None:  # without the metrics extra there is no /metrics
+            raise NotFound()
         body, content_type = self.metrics.exposition()
         start_response("200 OK", [("Content-Type", content_type), ("Cache-Control", "no-store"),
                                   ("Content-Length", str(len(body))), (RESULT_HEADER, "200")])

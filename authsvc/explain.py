@@ -100,11 +100,13 @@ def explain(store: Store, secrets, params: dict, *, game_id: int | None = None, 
     if token is INVALID or (api_key is INVALID and game_id is None):
         what = "game_auth_token" if token is INVALID else "api_key"
         return Verdict(auth.MALFORMED, f"{what} is not valid percent-encoding or UTF-8 (error 403)", None, user_id)
-    assert isinstance(token, str)
+    if not isinstance(token, str):  # INVALID was answered above; this tells the type checker, and stays under -O
+        raise TypeError("game_auth_token is not text")
 
     games = {g.id: g for g in store.list_games()}
     if game_id is None:
-        assert isinstance(api_key, str)
+        if not isinstance(api_key, str):  # likewise
+            raise TypeError("api_key is not text")
         digest = api_key_digest(api_key)
         owner = next(((g, k) for g in games.values() for k in g.keys if k.digest == digest), None)
         if owner is None:

@@ -16,6 +16,9 @@ answer or nothing, and retries on nothing.
 
 from __future__ import annotations
 
+import inspect
+import types
+
 from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 from gunicorn.workers.sync import SyncWorker as _SyncWorker
 
@@ -95,8 +98,48 @@ class _OneWriteSocket:
         return getattr(self._sock, name)
 
 
+# The gunicorn methods the workers below override, with the arguments they pass on: gunicorn's
+# internals, not its API (pyproject.toml bounds the version; tests/test_dependencies.py).
+_ERROR_ARGS = ("self", "req", "client", "addr", "exc")
+_OVERRIDDEN: dict[str, dict[type, tuple[str, ...]]] = {
+    "handle_request": {_SyncWorker: ("self", "listener", "req", "client", "addr"), _ThreadWorker: ("self", "req", "conn")},
+    "handle_error": {_SyncWorker: _ERROR_ARGS, _ThreadWorker: _ERROR_ARGS},
+}
+
+
+def familiar(base: type) -> bool:
+    """Whether gunicorn's worker class ``base`` still has the methods overridden here, with their arguments."""
+    try:
+        return all(tuple(inspect.signature(getattr(base, name)).parameters) == kinds[base]
+                   for name, kinds in _OVERRIDDEN.items())
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+def _fall_back_if_unfamiliar(worker, base: type) -> None:
+    """A gunicorn whose workers changed: the worker is gunicorn's own (HTML error pages, head and
+    body in two writes), with a warning, rather than one that breaks on every request."""
+    if familiar(base):
+        return
+    worker.log.warning("gunicorn %s's workers are not the ones authsvc/gunicorn_workers.py knows: "
+                       "serving with gunicorn's own (its error pages are HTML)", _gunicorn_version())
+    for name in _OVERRIDDEN:
+        if (original := getattr(base, name, None)) is not None:
+            setattr(worker, name, types.MethodType(original, worker))
+
+
+def _gunicorn_version() -> str:
+    import gunicorn
+
+    return getattr(gunicorn, "__version__", "?")
+
+
 class SyncWorker(_SyncWorker):
     """gunicorn's sync worker; its error answers in JSON, its answers in one write."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _fall_back_if_unfamiliar(self, _SyncWorker)
 
     def handle_request(self, listener, req, client, addr):
         sock = _OneWriteSocket(client)
@@ -111,6 +154,10 @@ class SyncWorker(_SyncWorker):
 
 class ThreadWorker(_ThreadWorker):
     """gunicorn's gthread worker; its error answers in JSON, its answers in one write."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _fall_back_if_unfamiliar(self, _ThreadWorker)
 
     def handle_request(self, req, conn):
         client = conn.sock

@@ -95,20 +95,22 @@ def redact(text: str, routes: frozenset[str] = frozenset()) -> str:
 def frames_only(exc: BaseException) -> str:
     """A traceback (chained exceptions too) with its frames and the exception types,
     never the exception messages."""
+    # The exceptions themselves, not traceback.TracebackException's view of them: its exc_type is
+    # deprecated since Python 3.13, and the type is all this needs.
     parts: list[str] = []
-    chain: list[traceback.TracebackException] = []
-    current: traceback.TracebackException | None = traceback.TracebackException.from_exception(exc)
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
     while current is not None and len(chain) < 20:
         chain.append(current)
         current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
-    for i, te in enumerate(reversed(chain)):
+    for i, error in enumerate(reversed(chain)):
         if i:
             parts.append("\nDuring handling of, or caused by, the above exception, another occurred:\n\n")
         parts.append("Traceback (most recent call last):\n")
-        parts.extend(te.stack.format())
-        exc_type = te.exc_type
-        name = exc_type.__qualname__ if exc_type is not None else "Exception"
-        if exc_type is not None and exc_type.__module__ not in ("builtins", "__main__"):
+        parts.extend(traceback.extract_tb(error.__traceback__).format())
+        exc_type = type(error)
+        name = exc_type.__qualname__
+        if exc_type.__module__ not in ("builtins", "__main__"):
             name = f"{exc_type.__module__}.{name}"
         parts.append(f"{name}: {WITHHELD}\n")
     return "".join(parts).rstrip("\n")

@@ -78,7 +78,8 @@ class Metrics:
         # authentication(game_id, reason) and request(route, seconds): prometheus_client's own inc and
         # observe of label children cached per (game, reason) and per route, or in multiprocess mode
         # the same writes made cheaper (authsvc/metrics_values.py).
-        self.writer = Writer.of(values.ValueClass, self.store_unavailable_counter._value) if multiprocess else None
+        sample = getattr(self.store_unavailable_counter, "_value", None)  # a value of prometheus_client's class
+        self.writer = Writer.of(values.ValueClass, sample) if multiprocess else None
         if multiprocess and self.writer is None:
             log.warning("metrics: this prometheus_client's multiprocess values are not the ones "
                         "authsvc/metrics_values.py knows; counting through its public API (slower)")

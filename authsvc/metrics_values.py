@@ -89,9 +89,11 @@ class Writer:
         def observe(label: str, amount: float) -> None:
             values = children.get(label)
             if values is None:
-                child = child_of(label)
-                values = children[label] = (child._sum, child._buckets, child._upper_bounds)
+                values = children[label] = _histogram_values(child_of(label))
             total, buckets, bounds = values
+            if total is None:  # a histogram child not as this module knows it: prometheus_client's observe
+                buckets.observe(amount)
+                return
             bucket = buckets[bisect.bisect_left(bounds, amount)]
             if self.forked:
                 self.refresh(total)
@@ -115,3 +117,17 @@ def _mark_forked(ref: weakref.ref) -> None:
     writer = ref()
     if writer is not None:
         writer.forked = True
+
+
+def _histogram_values(child) -> tuple:
+    """A histogram child's (sum, buckets, upper bounds) as ``observe`` writes them, or (None, the
+    child, None) when a prometheus_client release has made them something else (Writer.of checks
+    the counters' values only)."""
+    try:
+        total, buckets, bounds = child._sum, child._buckets, child._upper_bounds
+        if (len(buckets) == len(bounds) and bounds[-1] == float("inf")
+                and all(isinstance(v._value, float) and v._key in v._file._positions for v in (total, *buckets))):
+            return total, buckets, bounds
+    except (AttributeError, KeyError, TypeError):
+        pass
+    return None, child, None

@@ -59,7 +59,8 @@ class TokenVerifier:
             if len(secret) > _BLOCK:
                 secret = hashlib.sha256(secret).digest()
             secret = secret.ljust(_BLOCK, b"\0")
-            pads.append((hashlib.sha256(secret.translate(hmac.trans_36)), hashlib.sha256(secret.translate(hmac.trans_5C))))
+            # RFC 2104's ipad and opad, computed here: hmac's own tables (trans_36) are not its public API.
+            pads.append((hashlib.sha256(bytes(b ^ 0x36 for b in secret)), hashlib.sha256(bytes(b ^ 0x5C for b in secret))))
         self._pads = tuple(pads)
 
     def __repr__(self) -> str:

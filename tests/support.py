@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
+import json
 import os
 import sqlite3
+import struct
 import sys
 import threading
 import time
@@ -125,25 +127,47 @@ def get_text(port: int, path: str) -> tuple[int, str]:
         conn.close()
 
 
+def authentications_by_worker(metrics_dir, result: str | None = None) -> dict[str, float]:
+    """Each worker file's (prometheus_client's counter_<pid>.db, one per process) authentication count,
+    of one ``result`` (the reason label: "success", "store_unavailable", ...) or of all."""
+    try:
+        from prometheus_client.mmap_dict import MmapedDict
+    except ImportError:
+        skip_or_fail("prometheus_client is not installed (pip install -e '.[metrics]'): it tells the workers apart")
+    def counted(key: str) -> bool:  # key: prometheus_client's JSON [metric, sample, labels, help]
+        metric, _, labels, *_ = json.loads(key)
+        return metric == "authsvc_authentications" and result in (None, labels.get("result"))
+
+    def count(path) -> float:
+        try:
+            return sum(value for key, value, *_ in MmapedDict.read_all_values_from_file(str(path)) if counted(key))
+        except struct.error:  # a worker that is booting has made its file but not yet sized it
+            return 0
+
+    return {f.name: count(f) for f in metrics_dir.glob("counter_*.db")}
+
+
 def workers_that_authenticated(metrics_dir) -> int:
     """Worker files (prometheus_client's, one per process) holding a non-zero authentication count."""
-    from prometheus_client.mmap_dict import MmapedDict
-
-    return sum(
-        any('"authsvc_authentications' in key and value for key, value, *_ in MmapedDict.read_all_values_from_file(str(f)))
-        for f in metrics_dir.glob("counter_*.db")
-    )
+    return sum(bool(count) for count in authentications_by_worker(metrics_dir).values())
 
 
-def until_both_workers_counted(port: int, params: dict, metrics_dir, limit: int = 2000) -> int:
-    """Successful authentications, each on a new connection, until two gunicorn workers have
-    counted some (tests/test_metrics.py, tests/test_prometheus.py): the kernel may hand one
-    worker every connection for a while. Returns how many were sent; at most ``limit``."""
+def until_both_workers_counted(port: int, params: dict, metrics_dir, limit: int = 2000, status: int = 200,
+                               result: str | None = None, answer: dict | None = None) -> int:
+    """Authentications, each on a new connection, until two gunicorn workers have each counted more
+    of them (of ``result``, if given) than when called: the kernel may hand one worker every
+    connection for a while. Each must be answered ``status`` (and ``answer``, if given). The
+    workers count in PROMETHEUS_MULTIPROC_DIR=``metrics_dir`` (tests/test_metrics.py,
+    tests/test_prometheus.py, the "both workers" tests). Returns how many were sent; at most ``limit``."""
+    before = authentications_by_worker(metrics_dir, result)
     sent = 0
     query = PATH + "?" + urllib.parse.urlencode(params)
-    while workers_that_authenticated(metrics_dir) < 2:
-        assert sent < limit, "one worker answered every request"
-        assert get_text(port, query)[0] == 200
+    while sum(n > before.get(f, 0) for f, n in authentications_by_worker(metrics_dir, result).items()) < 2:
+        assert sent < limit, f"one worker answered every request: {authentications_by_worker(metrics_dir, result)}"
+        got_status, body = get_text(port, query)
+        assert got_status == status, (got_status, body)
+        if answer is not None:
+            assert json.loads(body) == answer, body
         sent += 1
     return sent
 

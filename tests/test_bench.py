@@ -203,7 +203,10 @@ def test_smoke_run_of_the_capacity_section():
         assert all(float(c) > 0 for c in cpu if c != "-"), (label, rows[label])
         assert float(total) == pytest.approx(sum(float(c) for c in cpu if c != "-"), abs=2), (label, rows[label])
         assert float(per_core.replace(",", "")) > 0 and pg_connections == connections, (label, rows[label])
-        assert float(ratio) > 0 and (label != "SQLite" or ratio == "1.00"), (label, rows[label])
+        # The ratio column is this row's total over the SQLite row's (both printed rounded to 1 µs).
+        reference = float(rows["SQLite"][-4])
+        rounding = (0.5 / float(total) + 0.5 / reference) * float(total) / reference + 0.01
+        assert float(ratio) == pytest.approx(float(total) / reference, abs=rounding), (label, rows[label])
     assert re.search(r"The staleness check alone, on the standby: .* \d+\.\d µs with the check, \d+\.\d µs without",
                      done.stdout), done.stdout
     assert re.search(r"the primary spends \d+\.\d\d % of a core .* the heartbeat writer \d+\.\d\d %", done.stdout), \

@@ -116,7 +116,9 @@ def test_player_lifecycle(initialised):
         "user_id": 42, "username": "alice", "epoch": 0, "enabled": True}
     assert run_json(initialised, "player", "rename", "42", "alicia")["username"] == "alicia"
     assert run_json(initialised, "player", "disable", "42")["enabled"] is False
+    assert run_json(initialised, "player", "show", "42")["enabled"] is False  # stored, not only echoed
     assert run_json(initialised, "player", "enable", "42")["enabled"] is True
+    assert run_json(initialised, "player", "show", "42")["enabled"] is True
     assert run_json(initialised, "player", "revoke", "42")["epoch"] == 1
     assert run_json(initialised, "player", "show", "42") == {
         "user_id": 42, "username": "alicia", "epoch": 1, "enabled": True}

@@ -187,8 +187,11 @@ def test_the_acme_webroot_answers_its_errors_in_json(stack):
 
 
 def test_plain_http_sent_to_the_https_port_is_answered_in_json(stack):
+    """nginx's 497 ("plain HTTP to an HTTPS port") as a JSON 400, not its HTML page nor a redirect."""
     data = f"GET {stack.api_query()} HTTP/1.1\r\nHost: {API_HOST}\r\n\r\n".encode()
-    assert_json_answer(raw_request(stack.https_port, data), "plain HTTP on the HTTPS port")
+    answer = raw_request(stack.https_port, data)
+    assert answer[0] == 400, answer  # assert_json_answer lets the legacy host's 301 pass
+    assert_json_answer(answer, "plain HTTP on the HTTPS port")
 
 
 @pytest.fixture(scope="module", params=["sync", "gthread"])
@@ -381,6 +384,7 @@ def test_half_sent_request_lines_from_one_address_are_cut_at_the_header_timeout(
     client_header_timeout (5 s), then another address is, well before the old 10 s."""
     expected = {"success": True, "user_id": small_stack.user_id, "username": small_stack.username}
     header_timeout = rendered_seconds(small_stack, "client_header_timeout")
+    assert header_timeout < 10, header_timeout  # the probe's 10 s held every connection too long
     assert authenticate_from(small_stack, "127.0.3.1", 10) == expected
     flood = open_flood(small_stack.http_port, "127.0.2.1", FLOOD_WORKER_CONNECTIONS + 32,
                        b"GET /api/authenticate.json?user_id=1", pause=0.01)
@@ -397,8 +401,9 @@ def test_half_sent_request_lines_from_one_address_are_cut_at_the_header_timeout(
             answer = authenticate_from(small_stack, "127.0.0.1", 2.0)
         waited = time.monotonic() - started
         assert answer == expected, f"not served in {waited:.1f} s ({tries} tries)"
-        # The shipped timeout, not the 10 s the probe saw (1.5 x 5 s for a slow machine).
-        assert waited < 1.5 * 5, f"served after {waited:.1f} s (client_header_timeout {header_timeout:.0f}s)"
+        # At the header timeout, not at some longer one: bounded by twice the rendered value, generous
+        # on a loaded machine; that the shipped value is shorter than the probe's 10 s is checked above.
+        assert waited < 2 * header_timeout, f"served after {waited:.1f} s (client_header_timeout {header_timeout:.0f}s)"
         # Every flood connection is closed by nginx: at the timeout, or at once when no slot was free.
         closed = wait_closed(flood, time.monotonic() + 2 * header_timeout)
         assert closed == len(flood), f"{closed} of {len(flood)} flood connections closed"

@@ -7,6 +7,7 @@ the documented layout (top-level settings and a [gunicorn] table) serves.
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import subprocess
@@ -83,12 +84,16 @@ def test_the_documented_layout_serves(tmp_path, env, admin_store):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         conn.request("GET", "/healthz")
         assert conn.getresponse().read() == b'{"success":true,"status":"ok"}'
-        # The file's max_body_bytes (100) and error_status ("http") reached the app: a real 413.
+        # The file's max_body_bytes (100) reached the app: 101 bytes are a 413 (the default allows 16 KiB).
         conn.request("POST", "/api/authenticate.json", body=b"x" * 101,
                      headers={"Content-Type": "application/x-www-form-urlencoded"})
         response = conn.getresponse()
         response.read()
         assert response.status == 413
+        # Its error_status ("http") too: a missing parameter is a real 400 (the default "200" sends it as HTTP 200).
+        conn.request("GET", "/api/authenticate.json")
+        response = conn.getresponse()
+        assert (response.status, json.loads(response.read())["error"]) == (400, 400)
         conn.close()
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 
 from authsvc.loglines import CachedTimeFormatter, LineRecords
 from tests.support import profile
@@ -92,15 +93,24 @@ def test_the_cached_time_text_is_logging_s_own():
     assert first != CachedTimeFormatter(FORMAT).format(record) == logging.Formatter(FORMAT).format(record)
 
 
-def test_an_auth_line_costs_at_most_40_function_calls():
-    """A count, not a time: logging's own path (makeRecord, a Formatter) makes 54 calls a line,
-    among them two os.path calls, getpid, localtime and strftime (BENCHMARKS.md)."""
+def test_an_auth_line_makes_fewer_calls_than_logging_s_own_path():
+    """A count, not a time, against logging's own path (makeRecord, a Formatter: 54 calls a line on
+    3.11, BENCHMARKS.md) measured here, in this interpreter: what both share (Logger.handle, the
+    handler, the stream) is CPython's and may grow in any release. Ours adds its few calls and drops
+    the record's and the time's: two os.path calls, getpid, localtime and strftime."""
     logger, out = _logger("cost", CachedTimeFormatter(FORMAT, DATEFMT))
     records = LineRecords(logger, logging.INFO, __file__)
     logger.handle(records.make("auth warm-up"))
-    calls = profile(lambda: logger.handle(records.make("auth rid=- reason=success")))
-    assert len(calls) <= 40, calls
-    assert not {"basename", "splitext", "getpid", "localtime", "strftime"} & set(calls), calls
+    ours = profile(lambda: logger.handle(records.make("auth rid=- reason=success")))
+    plain, _ = _logger("cost-plain", logging.Formatter(FORMAT, DATEFMT))
+    plain.handle(plain.makeRecord(plain.name, logging.INFO, __file__, 0, "warm-up", (), None))
+    theirs = profile(lambda: plain.handle(plain.makeRecord(plain.name, logging.INFO, __file__, 0, "auth", (), None)))
+    added, dropped = Counter(ours) - Counter(theirs), Counter(theirs) - Counter(ours)
+    # LineRecords.make, its dict copy, LogRecord.__new__, the clock, CachedTimeFormatter.formatTime.
+    assert sum(added.values()) <= 5, added
+    removed = {"Logger.makeRecord", "basename", "splitext", "getpid", "localtime", "strftime"}
+    assert removed <= set(dropped) and not removed & set(ours), (ours, theirs)
+    assert len(ours) < len(theirs), (ours, theirs)
     assert out.getvalue().splitlines()[-1].endswith(f"[{os.getpid()}] [INFO] {logger.name}: auth rid=- reason=success")
 
 

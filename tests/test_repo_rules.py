@@ -15,6 +15,8 @@ import subprocess
 
 import pytest
 
+from tests.support import skip_or_fail
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THIS_FILE = os.path.relpath(os.path.abspath(__file__), ROOT)
 
@@ -32,7 +34,7 @@ CITATIONS = [
 def tracked_files() -> list[str]:
     """The files git tracks (the repository as a clone has it, nothing under .git or .venv)."""
     if shutil.which("git") is None or not os.path.exists(os.path.join(ROOT, ".git")):
-        pytest.skip("not a git checkout: the tracked files are unknown")
+        skip_or_fail("not a git checkout: the tracked files are unknown")
     out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     return [name for name in out.decode("utf-8").split("\0") if name]
 

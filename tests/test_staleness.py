@@ -21,7 +21,7 @@ import webtest
 from authsvc.app import App, make_app
 from authsvc.store.sqlite import SQLiteStore
 from authsvc.tokens import api_key_digest, new_api_key
-from tests.support import INVALID, FakeClock, free_port, get, start_gunicorn, wait_for_port
+from tests.support import INVALID, FakeClock, free_port, get, start_gunicorn, until_both_workers_counted, wait_for_port
 
 
 def _rotate(world):
@@ -103,16 +103,18 @@ def test_postgresql_keeps_no_snapshot(world):
 
 
 @pytest.mark.engine("sqlite")
-def test_under_gunicorn_every_request_a_second_after_a_revoke_is_refused(env, world):
+def test_under_gunicorn_every_request_a_second_after_a_revoke_is_refused(env, world, tmp_path):
     """Real workers, the default bound, the real admin command: no worker answers from a snapshot older than 1 s."""
+    metrics_dir = tmp_path / "metrics"  # where each worker counts its answers: tells them apart
+    metrics_dir.mkdir()
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"}  # the default
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     port = free_port()
     proc = start_gunicorn(env, port=port)
     try:
         wait_for_port(port)
         params = world.params()
-        for _ in range(20):  # both workers now hold a snapshot
-            assert get(port, params).status == 200
+        until_both_workers_counted(port, params, metrics_dir, result="success")  # both hold a snapshot
         done = subprocess.run([sys.executable, "-m", "authsvc.cli", "player", "revoke", str(world.user_id)],
                               env=env, capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
@@ -123,6 +125,7 @@ def test_under_gunicorn_every_request_a_second_after_a_revoke_is_refused(env, wo
             answers.append(json.loads(get(port, params).body))
             time.sleep(0.02)
         assert answers and all(a == INVALID for a in answers)
+        until_both_workers_counted(port, params, metrics_dir, result="wrong_token", answer=INVALID)  # each refuses
     finally:
         proc.terminate()
         proc.communicate(timeout=20)

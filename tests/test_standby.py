@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import tempfile
@@ -177,7 +178,10 @@ def test_without_the_heartbeat_the_standby_answers_503_until_it_resumes(servers,
     try:
         time.sleep(PAST_BOUND)
         _unavailable_for(reader, bob.user_id)
-        assert "heartbeat is 1." in caplog.text or "heartbeat is 2." in caplog.text, caplog.text
+        # The warning gives the heartbeat's age, past the bound; how far past depends on the machine's load.
+        ages = [float(age) for age in re.findall(rf"heartbeat is (\d+\.\d) s old, AUTHSVC_MAX_STALENESS is {BOUND:g} s",
+                                                  caplog.text)]
+        assert ages and all(age > BOUND for age in ages), caplog.text
         # The heartbeat row gone (deleted by hand): 503 too, and the log says so.
         _sql(primary.url, "DELETE FROM authsvc_heartbeat")
         _wait_replayed(primary, standby)

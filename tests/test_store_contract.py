@@ -67,7 +67,7 @@ def test_check_refuses_an_unmigrated_store_and_accepts_a_migrated_one(empty_url,
         admin.migrate()
         admin.check()
         reader = open_store(empty_url, readonly=True, settings=settings)
-        reader.check()
+        reader.check()  # the last migration is the version this release reads (SCHEMA_VERSION)
         reader.close()
     finally:
         admin.close()

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tests.support import free_port, make_testapp, provision_postgres, start_gunicorn, wait_for_port
+from tests.support import free_port, make_testapp, provision_postgres, start_gunicorn, until_both_workers_counted, wait_for_port
 
 AUTH = "/api/authenticate.json"
 
@@ -84,6 +84,9 @@ def test_postgres_outage_under_gunicorn(own_pg, secret_file, tmp_path):
 
     _, params, env = provision_postgres(own_pg.url, secret_file)
     query = AUTH + "?" + "&".join(f"{k}={v}" for k, v in params.items())
+    metrics_dir = tmp_path / "metrics"  # where each worker counts its answers: tells them apart
+    metrics_dir.mkdir()
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     port = free_port()
     server = start_gunicorn(env, "--graceful-timeout", "2", port=port, preload=True, inherit_env=False,
                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "gunicorn.log", "wb"))
@@ -112,11 +115,13 @@ def test_postgres_outage_under_gunicorn(own_pg, secret_file, tmp_path):
         for _ in range(6):
             status, body, seconds = get(port, query)
             assert status == 503 and seconds < 5
+        # Both live workers, the new one and the other, answer 503.
+        until_both_workers_counted(port, params, metrics_dir, status=503, result="store_unavailable")
 
         own_pg.start()
-        for _ in range(20):  # both workers recover by themselves, on their first request
-            status, body, _ = get(port, query)
-            assert (status, body) == (200, {"success": True, "user_id": 77, "username": "carol"})
+        # Both workers recover by themselves, on their first request.
+        until_both_workers_counted(port, params, metrics_dir, result="success",
+                                   answer={"success": True, "user_id": 77, "username": "carol"})
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=15)

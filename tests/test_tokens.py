@@ -47,6 +47,15 @@ def test_verifier_accepts_exactly_the_hmac_sha256_token(secret, game_id, user_id
     assert not verifier.matches(game_id, user_id, epoch, token.upper() if token != token.upper() else "0" * 64)
 
 
+def test_verifier_needs_none_of_hmac_s_undocumented_names(monkeypatch):
+    """hmac.trans_36 and trans_5C are module internals a Python release may drop (3.14 reworked hmac)."""
+    for name in ("trans_36", "trans_5C"):
+        monkeypatch.delattr(hmac, name, raising=False)
+    secret = bytes(range(70))
+    token = hmac.new(secret, b"1:42:0", hashlib.sha256).hexdigest()
+    assert TokenVerifier((secret, b"other")).matches(1, 42, 0, token)
+
+
 def test_verifier_at_the_block_size_boundary_and_the_published_vector():
     for size in (63, 64, 65):
         secret = bytes(range(size))

@@ -19,11 +19,20 @@ import urllib.parse
 
 import pytest
 
-from tests.support import free_port, provision_postgres, start_gunicorn, wait_for_port
+from tests.support import free_port, provision_postgres, start_gunicorn, until_both_workers_counted, wait_for_port
 
 pytestmark = pytest.mark.engine("postgresql")
 
 AUTH = "/api/authenticate.json"
+CAROL = {"success": True, "user_id": 77, "username": "carol"}
+
+
+def with_metrics_dir(env: dict, tmp_path):
+    """Where each worker counts its answers (PROMETHEUS_MULTIPROC_DIR, set in ``env``): tells them apart."""
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    return metrics_dir
 
 
 def get(port: int, path: str) -> tuple[int, dict]:
@@ -39,6 +48,7 @@ def get(port: int, path: str) -> tuple[int, dict]:
 def test_workers_boot_during_an_outage_and_recover(own_pg, secret_file, tmp_path):
     _, params, env = provision_postgres(own_pg.url, secret_file)
     query = f"{AUTH}?{urllib.parse.urlencode(params)}"
+    metrics_dir = with_metrics_dir(env, tmp_path)
     own_pg.stop()
     port = free_port()
     log = tmp_path / "gunicorn.log"
@@ -46,15 +56,15 @@ def test_workers_boot_during_an_outage_and_recover(own_pg, secret_file, tmp_path
                             inherit_env=False, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
     try:
         wait_for_port(port)
-        for _ in range(4):  # both workers, whichever answers
+        for _ in range(4):
             status, body = get(port, query)
             assert server.poll() is None, log.read_text()[-3000:]
             assert (status, body["success"], body["error"]) == (503, False, 503), body
             assert set(body) == {"success", "error", "error_description"}
+        until_both_workers_counted(port, params, metrics_dir, status=503, result="store_unavailable")  # both booted
         assert get(port, "/readyz")[0] == 503 and get(port, "/healthz")[0] == 200
         own_pg.start()
-        for _ in range(4):
-            assert get(port, query) == (200, {"success": True, "user_id": 77, "username": "carol"})
+        until_both_workers_counted(port, params, metrics_dir, result="success", answer=CAROL)  # both recovered
         assert server.poll() is None
         text = log.read_text()
         assert "unreachable" in text and "starting anyway" in text, text[-3000:]
@@ -96,6 +106,7 @@ def test_a_worker_replaced_during_an_outage_boots_and_serves(own_pg, secret_file
     """Started with the store up; during the outage a worker is killed and gunicorn boots another one."""
     _, params, env = provision_postgres(own_pg.url, secret_file)
     query = f"{AUTH}?{urllib.parse.urlencode(params)}"
+    metrics_dir = with_metrics_dir(env, tmp_path)
     port = free_port()
     log = tmp_path / "gunicorn.log"
     server = start_gunicorn(env, "--graceful-timeout", "2", port=port, workers=2, preload=False,
@@ -115,9 +126,10 @@ def test_a_worker_replaced_during_an_outage_boots_and_serves(own_pg, secret_file
         for _ in range(4):
             status, body = get(port, query)
             assert (status, body["error"]) == (503, 503), body
+        # The new worker and the other both answer 503, then both recover.
+        until_both_workers_counted(port, params, metrics_dir, status=503, result="store_unavailable")
         own_pg.start()
-        for _ in range(4):
-            assert get(port, query) == (200, {"success": True, "user_id": 77, "username": "carol"})
+        until_both_workers_counted(port, params, metrics_dir, result="success", answer=CAROL)
         assert "Worker failed to boot" not in log.read_text()
     finally:
         server.terminate()

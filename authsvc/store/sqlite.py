@@ -17,7 +17,7 @@ from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
 from authsvc.store import base
 from authsvc.store.base import ApiKey, Conflict, Game, NotEmpty, Player, Store
 from authsvc.store.common import batches, games_with_keys
-from authsvc.store.sqlite_reader import CREDENTIALS_SQL, PLAYER_SQL, SCHEMA_VERSION, SQLiteReader, path_from_url
+from authsvc.store.sqlite_reader import CREDENTIALS_SQL, PLAYER_SQL, SQLiteReader, path_from_url
 
 __all__ = ["CREDENTIALS_SQL", "PLAYER_SQL", "MIGRATIONS", "WAL_LIMIT_BYTES", "SQLiteStore", "path_from_url"]
 
@@ -51,7 +51,6 @@ MIGRATIONS: list[str] = [
     );
     """,
 ]
-assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
 def _store_error(error: sqlite3.Error, path: str) -> StoreUnavailable:
