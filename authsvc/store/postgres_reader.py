@@ -240,8 +240,9 @@ class PostgresReader(ThreadConnections):
         try:
             conn = self._connect()
         except psycopg.Error as e:
-            error = StoreUnreachable if _unreachable(e) else ConfigError
-            raise error(f"{where} is unreachable: {_reason(e, self._password)}") from None
+            if _unreachable(e):
+                raise StoreUnreachable(f"{where} is unreachable: {_reason(e, self._password)}") from None
+            raise ConfigError(f"{where} refuses the connection: {_reason(e, self._password)}") from None
         try:
             version = self._version(conn)
             if self.readonly and version and self._can_write(conn):
