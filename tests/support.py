@@ -34,7 +34,7 @@ from harness.processes import free_port, start_gunicorn, wait_for_port
 
 __all__ = [
     "ERROR_KEYS", "INVALID", "MISSING", "PATH", "STRICT", "FakeClock", "assert_contract_headers", "free_port", "get",
-    "get_text", "hold_write_lock", "make_testapp", "skip_or_fail", "start_gunicorn", "until_both_workers_counted",
+    "get_text", "hold_write_lock", "kept_stopped", "make_testapp", "skip_or_fail", "start_gunicorn", "until_both_workers_counted",
     "wait_for_port", "workers_that_authenticated",
 ]
 
@@ -210,3 +210,12 @@ def profile(call) -> list[str]:
     finally:
         sys.setprofile(None)
     return calls[:-1]  # the last one is sys.setprofile itself
+
+
+def kept_stopped() -> set[int]:
+    """The exit statuses after which systemd does not start the service again: the RestartPreventExitStatus
+    of deploy/systemd/authsvc.service (docs/operations.md, "Exit statuses")."""
+    unit = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deploy", "systemd", "authsvc.service")
+    with open(unit) as f:
+        (line,) = [line for line in f.read().splitlines() if line.startswith("RestartPreventExitStatus=")]
+    return {int(word) for word in line.partition("=")[2].split()}

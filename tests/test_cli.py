@@ -12,7 +12,7 @@ import pytest
 from authsvc import cli
 from authsvc.store import open_store
 from authsvc.tokens import mint_token
-from tests.support import hold_write_lock, skip_or_fail
+from tests.support import free_port, hold_write_lock, skip_or_fail
 
 
 @pytest.fixture
@@ -462,3 +462,57 @@ def test_check_returns_exit_status_1_with_its_whole_report(monkeypatch, env, wor
     argv[argv.index("--user-id") + 1] = "99"  # the token is minted from the store: the same helper as token issue
     assert cli.main(argv) == 1
     assert capsys.readouterr().err == "authsvc: error: no player 99\n"
+
+
+# -- the store down, or refusing: exit 1 either way, and the line says which (docs/admin.md) --------
+
+
+@pytest.fixture
+def run_on(monkeypatch, capsys, secret_file):
+    """run_on(store_url) -> run(*argv) as the ``run`` fixture, on that store."""
+
+    def run_on(store_url: str):
+        monkeypatch.setenv("AUTHSVC_STORE", store_url)
+        monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(secret_file))
+        monkeypatch.setenv("AUTHSVC_PG_CONNECT_TIMEOUT", "2")
+        monkeypatch.delenv("AUTHSVC_CONFIG", raising=False)
+
+        def run(*argv):
+            code = cli.main(list(argv))
+            out, err = capsys.readouterr()
+            return code, out, err
+
+        return run
+
+    return run_on
+
+
+STORE_COMMANDS = [
+    ("init",), ("game", "list"), ("game", "add", "Chess"), ("player", "show", "42"), ("player", "add", "42", "alice"),
+    ("player", "revoke", "42"), ("token", "issue", "--game", "1", "--user", "42"),
+]
+
+
+@pytest.mark.parametrize("argv", STORE_COMMANDS, ids=" ".join)
+def test_a_store_that_is_down_is_one_line_and_exit_1(run_on, argv, tmp_path):
+    """Nothing listens on the port: an outage, said as one (never "run 'authsvc init'"), exit 1."""
+    run = run_on(f"postgresql://owner:Sup3rS3cret@127.0.0.1:{free_port()}/authsvc")
+    err = fails_in_one_line(run, *argv, expect="Connection refused")
+    assert err.startswith("authsvc: error: postgresql store postgresql://owner:***@127.0.0.1:"), err
+    assert "Sup3rS3cret" not in err and "authsvc init" not in err and "refuses" not in err
+    if argv != ("init",):  # init migrates without the start-up check first
+        assert "is unreachable" in err, err
+
+
+@pytest.mark.parametrize("argv", STORE_COMMANDS, ids=" ".join)
+def test_a_store_that_refuses_the_connection_is_not_called_unreachable(run_on, argv, pg_server_url):
+    """The server answers and refuses the database: the settings' fault, exit 1, and the line says so."""
+    run = run_on(pg_server_url.rsplit("/", 1)[0] + "/authsvc_no_such_database")
+    err = fails_in_one_line(run, *argv, expect='database "authsvc_no_such_database" does not exist')
+    assert "unreachable" not in err, err
+
+
+def test_export_with_the_store_down_writes_no_file(run_on, tmp_path):
+    run = run_on(f"postgresql://owner@127.0.0.1:{free_port()}/authsvc")
+    fails_in_one_line(run, "export", str(tmp_path / "export.jsonl"), expect="is unreachable")
+    assert not (tmp_path / "export.jsonl").exists()

@@ -73,14 +73,17 @@ def test_post_json_over_http(server, world):
 
 
 def test_bad_configuration_stops_gunicorn_at_boot_with_a_clear_message(env, tmp_path):
+    """Preloaded, as the service unit runs it: gunicorn's "app failed to load", 4, which the unit keeps
+    stopped (docs/operations.md, "Exit statuses"; a worker's own boot: tests/test_worker_boot.py)."""
     broken = dict(env, AUTHSVC_STORE="sqlite://" + str(tmp_path / "never-initialised.db"))
-    proc = start_gunicorn(broken, port=free_port())
+    proc = start_gunicorn(broken, port=free_port(), preload=True)
     try:
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode != 0
+    assert proc.returncode == 4, err[-3000:]
     assert "does not exist (run 'authsvc init')" in err
+    assert "Traceback" not in err
 
 
 def post(port: int, body: bytes, content_type: str) -> tuple[int, dict]:

@@ -54,6 +54,10 @@ STANDBY_SQL_PQ = CREDENTIALS_SQL_PQ.replace(
     b"p.enabled\n", b"p.enabled, CASE WHEN pg_is_in_recovery() THEN (SELECT ceil(1000 * extract(epoch FROM"
     b" clock_timestamp() - h.at))::bigint FROM authsvc_heartbeat AS h WHERE h.id = 1) ELSE 0 END\n", 1)
 STALE_WARNING_INTERVAL = 10.0  # seconds between two "standby too far behind" lines of one process
+# The smallest AUTHSVC_MAX_STALENESS a web process on a hot standby starts with: a healthy standby's
+# heartbeat is up to 0.2 s old (authsvc heartbeat's interval) plus the replication delay, so a
+# smaller bound would answer 503 to every authentication, or to most (docs/stores.md, "Hot standby").
+STANDBY_MIN_STALENESS = 0.5
 
 
 def _raise_unless(result, status: ExecStatus) -> None:
@@ -239,8 +243,9 @@ class PostgresReader(ThreadConnections):
         try:
             conn = self._connect()
         except psycopg.Error as e:
-            error = StoreUnreachable if _unreachable(e) else ConfigError
-            raise error(f"{where} is unreachable: {_reason(e, self._secrets)}") from None
+            if _unreachable(e):
+                raise StoreUnreachable(f"{where} is unreachable: {_reason(e, self._secrets)}") from None
+            raise ConfigError(f"{where} refuses the connection: {_reason(e, self._secrets)}") from None
         try:
             version = self._version(conn)
             if self.readonly and version and self._can_write(conn):
@@ -248,6 +253,7 @@ class PostgresReader(ThreadConnections):
                     "%s: the web process's role can write to the store; give it a read-only role "
                     "(%s, docs/stores.md)", where, READER_ROLE,
                 )
+            standby = self.readonly and self._max_lag_ms < round(1000 * STANDBY_MIN_STALENESS) and self._in_recovery(conn)
         except psycopg.errors.InsufficientPrivilege:
             # Read-write is the admin command (the owner) or the heartbeat writer, which is no reader.
             fix = (f"GRANT {READER_ROLE} to it" if self.readonly else
@@ -263,6 +269,12 @@ class PostgresReader(ThreadConnections):
             raise ConfigError(
                 f"{where} is at schema version {version}, this release needs {SCHEMA_VERSION} (run 'authsvc init')"
             )
+        if standby:
+            raise ConfigError(
+                f"{where} is a hot standby and AUTHSVC_MAX_STALENESS is {self._max_lag_ms / 1000:g} s: it can show "
+                "its freshness only to within the heartbeat's 0.2 s plus the replication delay, so it would answer "
+                f"503; set it to at least {STANDBY_MIN_STALENESS:g} s (docs/stores.md, \"Hot standby\")"
+            )
 
     @staticmethod
     def _can_write(conn: psycopg.Connection) -> bool:
@@ -270,6 +282,11 @@ class PostgresReader(ThreadConnections):
             "SELECT bool_or(has_table_privilege(t, 'INSERT, UPDATE, DELETE, TRUNCATE')) "
             "FROM unnest(ARRAY['games', 'api_keys', 'players']) AS t"
         ).fetchone()
+        return bool(row and row[0])
+
+    @staticmethod
+    def _in_recovery(conn: psycopg.Connection) -> bool:
+        row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
         return bool(row and row[0])
 
     @staticmethod
