@@ -118,55 +118,94 @@ class App:
         self.authenticator = Authenticator(store, settings.token_secrets, clock)
         self.routes = {AUTHENTICATE_PATH: self.authenticate, HEALTH_PATH: self.health, READY_PATH: self.ready}
         self.store_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
+        self.observation_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
         self.auth_records = LineRecords(auth_log, logging.INFO, __file__)
         self.monotonic = monotonic
         self.schema_checked_at = float("-inf")
 
     def __call__(self, environ: dict, start_response) -> list[bytes]:
+        """The one error boundary: whatever fails inside (the store, the metrics, the logger), the answer
+        is one start_response call with the JSON shape of docs/api.md, under any WSGI server. Metrics
+        and log lines only observe an answer: when they fail it goes out unchanged (observation_failed)."""
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "")
         extra_headers: tuple = ()
         metrics = self.metrics
         start = time.perf_counter() if metrics is not None else 0.0
+        content_type = None  # JSON; /metrics answers in Prometheus's text format
         try:
             handler = self.routes.get(path)
             if handler is None:
                 # Off the hot path: only a path that is not a route as sent is normalised.
                 handler = self.routes.get(canonical_path(path))
-                if handler is None:
-                    if metrics is not None and canonical_path(path) == METRICS_PATH and method in ALLOWED_METHODS:
-                        return self.serve_metrics(start_response, method == "HEAD", start)
-                    raise NotFound()
-            if method not in ALLOWED_METHODS:
-                raise MethodNotAllowed(ALLOWED_METHODS)
-            result, body = handler(environ)
+            if handler is not None:
+                if method not in ALLOWED_METHODS:
+                    raise MethodNotAllowed(ALLOWED_METHODS)
+                result, body = handler(environ)
+            elif metrics is not None and canonical_path(path) == METRICS_PATH and method in ALLOWED_METHODS:
+                body, content_type = metrics.exposition()
+                result = 200
+            else:
+                raise NotFound()
         except HTTPError as http_error:
             body, extra_headers = json_bytes(error_object(http_error.status, http_error.description)), http_error.headers
             result = http_error.status
-            if metrics is not None and result >= 500:
-                metrics.server_error(route_name(path), result)
         except StoreUnavailable:
-            if metrics is not None:
-                metrics.store_unavailable()
-                metrics.server_error(route_name(path), 503)
+            self.store_unavailable(path)
+            unavailable = ServiceUnavailable()
+            result, body = unavailable.status, json_bytes(error_object(unavailable.status, unavailable.description))
+        except Exception as e:
+            self.unhandled(e, method, path)
+            result, body = 500, json_bytes(error_object(500, "Internal server error"))
+        if metrics is not None:
+            try:
+                if result >= 500:
+                    metrics.server_error(route_name(path), result)
+                metrics.request(route_name(path), time.perf_counter() - start)
+            except Exception as e:
+                self.observation_failed(e)
+        if content_type is not None:
+            return self.serve_metrics(start_response, method == "HEAD", body, content_type)
+        extra_headers = (*extra_headers, (RESULT_HEADER, str(result)))
+        return respond(start_response, self.http_status(result), body, head=method == "HEAD", extra_headers=extra_headers)
+
+    def store_unavailable(self, path: str) -> None:
+        """Count a 503 for lack of the store, and say so in the log at most once per STORE_WARNING_INTERVAL."""
+        if self.metrics is not None:
+            try:
+                self.metrics.store_unavailable()
+            except Exception as e:
+                self.observation_failed(e)
+        try:
             held = self.store_warnings.allow()
             if held is not None:
                 since = f" ({held} more since the last such line)" if held else ""
                 log.warning("store unavailable on %s%s", route_name(path), since)
-            unavailable = ServiceUnavailable()
-            result, body = unavailable.status, json_bytes(error_object(unavailable.status, unavailable.description))
-        except Exception as e:
-            # Frames and the exception type only: no message, query string or body,
-            # so no credential can reach the log.
-            frames = "".join(traceback.format_tb(e.__traceback__))
-            log.error("unhandled %s on %s %s\n%s", type(e).__name__, method, route_name(path), frames)
-            result, body = 500, json_bytes(error_object(500, "Internal server error"))
-            if metrics is not None:
-                metrics.server_error(route_name(path), 500)
-        extra_headers = (*extra_headers, (RESULT_HEADER, str(result)))
-        if metrics is not None:
-            metrics.request(route_name(path), time.perf_counter() - start)
-        return respond(start_response, self.http_status(result), body, head=method == "HEAD", extra_headers=extra_headers)
+        except Exception:
+            pass  # the logger itself fails: nothing is left to tell it with
+
+    @staticmethod
+    def unhandled(error: Exception, method: str, path: str) -> None:
+        """A bug: its frames and exception type in the log; no message, query string or body,
+        so no credential can reach the log."""
+        try:
+            frames = "".join(traceback.format_tb(error.__traceback__))
+            log.error("unhandled %s on %s %s\n%s", type(error).__name__, method, route_name(path), frames)
+        except Exception:
+            pass  # the logger itself fails: the answer is the 500 all the same
+
+    def observation_failed(self, error: Exception) -> None:
+        """Metrics or a log line failed (a bug, a full disk under the metrics files): the answer goes
+        out unchanged, and the log says so at most once per STORE_WARNING_INTERVAL, with the
+        exception type and frames only (docs/operations.md, "Monitoring")."""
+        try:
+            held = self.observation_warnings.allow()
+            if held is not None:
+                since = f" ({held} more since the last such line)" if held else ""
+                frames = "".join(traceback.format_tb(error.__traceback__))
+                log.error("metrics or logging failed: %s%s\n%s", type(error).__name__, since, frames)
+        except Exception:
+            pass  # the logger is what fails
 
     def http_status(self, error: int) -> int:
         """The 400 and 403 results (docs/api.md) travel as HTTP 200 unless AUTHSVC_ERROR_STATUS=http."""
@@ -190,9 +229,12 @@ class App:
 
     def observe(self, environ: dict, start: float, reason: str, game_id: int | None, user_id: int | None) -> None:
         """Count it (authsvc_authentications_total) and write one logfmt line (docs/logs.md):
-        never a key, a token or the query string."""
+        never a key, a token or the query string. Neither failing changes the answer."""
         if self.metrics is not None:
-            self.metrics.authentication(game_id, reason)
+            try:
+                self.metrics.authentication(game_id, reason)
+            except Exception as e:
+                self.observation_failed(e)
         if auth_log.isEnabledFor(logging.INFO):
             rid = request_id(environ.get("HTTP_X_REQUEST_ID"))
             host = "https" if environ.get("wsgi.url_scheme") == "https" else "legacy"
@@ -202,16 +244,17 @@ class App:
             line = f"auth rid={rid} host={host} game={game} user={user} reason={reason} ms={ms:.3f}"
             # One formatted string, no caller lookup (logging's findCaller walks the stack),
             # and a record copied rather than built (authsvc/loglines.py).
-            auth_log.handle(self.auth_records.make(line))
+            try:
+                auth_log.handle(self.auth_records.make(line))
+            except Exception as e:
+                self.observation_failed(e)
 
-    def serve_metrics(self, start_response, head: bool, start: float) -> list[bytes]:
-        """The Prometheus text format of all workers, not JSON (authsvc/metrics.py); only with the metrics extra."""
-        if self.metrics is None:  # without the metrics extra there is no /metrics
-            raise NotFound()
-        body, content_type = self.metrics.exposition()
+    @staticmethod
+    def serve_metrics(start_response, head: bool, body: bytes, content_type: str) -> list[bytes]:
+        """The Prometheus text format of all workers, not JSON (authsvc/metrics.py); only with the metrics extra.
+        Called by __call__ once everything that can fail is done: start_response is the last step."""
         start_response("200 OK", [("Content-Type", content_type), ("Cache-Control", "no-store"),
                                   ("Content-Length", str(len(body))), (RESULT_HEADER, "200")])
-        self.metrics.request(METRICS_PATH, time.perf_counter() - start)
         return [] if head else [body]
 
     def health(self, environ: dict) -> tuple[int, bytes]:

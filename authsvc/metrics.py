@@ -17,6 +17,7 @@ mode the writes skip prometheus_client's Python layers and its getpid per write
 
 from __future__ import annotations
 
+import glob
 import logging
 import math
 import os
@@ -128,12 +129,41 @@ class Metrics:
 
         registry = self.registry
         if self.multiprocess_dir is not None:
-            from prometheus_client import multiprocess
-
             registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry, path=self.multiprocess_dir)
+            registry.register(WorkerFiles(self.multiprocess_dir))
             registry.register(self.extra)
         return generate_latest(registry), CONTENT_TYPE
+
+
+class WorkerFiles:
+    """prometheus_client's MultiProcessCollector without the files that hold nothing yet.
+
+    prometheus_client creates a worker's file and only then sizes it, and fails reading a
+    file in between (empty: no header), failing the whole scrape: a scrape at the moment a
+    worker writes its first value would be a 500, and one killed at that moment would leave
+    an empty file that fails every scrape until the service restarts. A file shorter than
+    its 8-byte header has no value in it; files only grow, so skipping it loses nothing.
+    """
+
+    HEADER_BYTES = 8
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        files = []
+        for path in glob.glob(os.path.join(self.path, "*.db")):  # as MultiProcessCollector.collect
+            try:
+                if os.path.getsize(path) >= self.HEADER_BYTES:
+                    files.append(path)
+            except FileNotFoundError:
+                continue  # removed since the listing (prometheus_client's mark_process_dead)
+        return MultiProcessCollector.merge(files, accumulate=True)
 
 
 class StoreCollector:

@@ -164,11 +164,11 @@ class SQLiteStore(SQLiteReader, Store):
         return Game(game_id, name, True, now, (ApiKey(key_digest, now, None),))
 
     def _games(self, where: str = "", args: tuple = ()) -> list[Game]:
-        conn = self._conn()
-        games = conn.execute(f"SELECT id, name, enabled, created_at FROM games {where} ORDER BY id", args).fetchall()
-        keys = conn.execute(
-            "SELECT game_id, digest, created_at, expires_at FROM api_keys ORDER BY game_id, created_at, digest"
-        ).fetchall()
+        with self._held() as conn:  # /metrics reads them on a request thread's connection (sqlite_reader.py)
+            games = conn.execute(f"SELECT id, name, enabled, created_at FROM games {where} ORDER BY id", args).fetchall()
+            keys = conn.execute(
+                "SELECT game_id, digest, created_at, expires_at FROM api_keys ORDER BY game_id, created_at, digest"
+            ).fetchall()
         return games_with_keys(games, keys)
 
     @_mapped

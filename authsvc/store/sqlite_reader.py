@@ -25,6 +25,7 @@ the path is missing or the -wal/-shm beside a new file are the old one's
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -32,7 +33,7 @@ import threading
 import time
 import urllib.parse
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store.base import Credentials
@@ -111,8 +112,9 @@ def _bad_url(reason: str) -> str:
 class _Snapshot:
     """One thread's read transaction and the api keys read in it.
 
-    ``lock`` is held by the request that uses the snapshot and by the reaper while
-    it ends one, so a connection is never used by two threads at once.
+    ``lock`` is held by the request that uses the snapshot (an authentication, and the
+    schema check and game listing of the probes and scrapes: ``_held``) and by the reaper
+    while it ends one, so a connection is never used by two threads at once.
     """
 
     __slots__ = ("lock", "conn", "taken_at", "keys", "__weakref__")
@@ -344,11 +346,24 @@ class SQLiteReader(ThreadConnections):
             self._drop()  # reopen on the next request: the file may come back
             raise StoreUnavailable("sqlite store unreadable") from None
 
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection, for a read other than an authentication (the schema check of
+        /readyz, the games of /metrics): with this thread's snapshot lock held, as an authentication
+        holds it, so the reaper never ends the snapshot (a COMMIT) on it meanwhile."""
+        snapshot = getattr(self._local, "snapshot", None)
+        if snapshot is None:  # no snapshot: the reaper does not know this connection
+            yield self._conn()
+            return
+        with snapshot.lock:
+            yield self._conn()
+
     def check(self) -> None:
         if not os.path.exists(self.path):
             raise ConfigError(f"sqlite store {self.path} does not exist (run 'authsvc init')")
         try:
-            version = self._version(self._conn())
+            with self._held() as conn:
+                version = self._version(conn)
         except (sqlite3.Error, OSError) as e:
             self._drop()
             raise ConfigError(f"sqlite store {self.path} cannot be read: {e}") from None
