@@ -235,7 +235,11 @@ def cmd_explain(args, settings: Settings) -> tuple[int, dict, str]:
     retired: list[bytes] = []
     for path in args.retired_secret_file:
         retired.extend(load_token_secrets(path))
-    store = open_store(settings.store, readonly=True, settings=dataclasses.replace(settings, max_staleness=0.0))
+    # SQLite without a snapshot: the file as it is now. PostgreSQL reads the server's latest anyway, and a
+    # standby keeps the settings' bound, which its start-up check holds to what the heartbeat can meet.
+    if settings.store.lower().startswith("sqlite:"):
+        settings = dataclasses.replace(settings, max_staleness=0.0)
+    store = open_store(settings.store, readonly=True, settings=settings)
     try:
         store.check()
         verdict = explain(store, tuple(settings.token_secrets), params, game_id=args.game_id, retired=retired)

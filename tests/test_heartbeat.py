@@ -134,6 +134,33 @@ def test_a_bound_the_heartbeat_can_meet_starts_on_a_standby(primary_and_standby,
     make_app(_web_settings(standby.url, secret_file, max_staleness)).store.close()
 
 
+def test_explain_on_a_standby_keeps_the_settings_bound(primary_and_standby, secret_file, tmp_path, monkeypatch, capsys):
+    """`authsvc explain` reads SQLite without a snapshot (bound 0); on PostgreSQL the server's latest is
+    already that, so the settings' own bound stays: on a standby a 0 would be refused at start-up and blame
+    a setting the operator never set."""
+    primary, standby = primary_and_standby
+    heartbeat = Heartbeat(primary.url, tmp_path / "heartbeat.log")
+    heartbeat.start()
+    try:
+        for name, value in {"AUTHSVC_STORE": standby.url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+                            "AUTHSVC_MAX_STALENESS": "1"}.items():
+            monkeypatch.setenv(name, value)
+        request = tmp_path / "request"
+        request.write_text("user_id=1001&game_auth_token=" + "0" * 64 + "&api_key=not-a-key-of-this-store\n")
+        deadline = time.monotonic() + 30
+        while True:  # until the standby has replayed a recent heartbeat
+            code = main(["explain", str(request), "--json"])
+            out, err = capsys.readouterr()
+            if code == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert "AUTHSVC_MAX_STALENESS" not in err, err
+        assert code == 0, err
+        assert "unknown_key" in out or "key" in out, out
+    finally:
+        heartbeat.stop()
+
+
 def test_gunicorn_on_a_standby_with_max_staleness_0_stops_with_one_line_and_status_4(
         primary_and_standby, secret_file, tmp_path):
     """The shipped config (deploy/gunicorn.conf.py, preloaded): the misconfiguration's exit status, which
