@@ -5,7 +5,11 @@ autocommit connection per thread of each worker process, opened lazily after
 fork, with connect and statement timeouts; the credentials query is one round
 trip: a server-side prepared statement, or an unnamed one behind pgbouncer. Any
 failure on that path raises StoreUnavailable (HTTP 503) and drops a broken
-connection, so the next request reconnects by itself.
+connection, so the next request reconnects by itself. Every wait for the server
+has a deadline of the app's own (a silent network is noticed by no timeout of
+the server's or the kernel's), and after a connect or a reply that timed out the
+process answers 503 at once for a while instead of queueing requests behind the
+next wait (docs/stores.md, "Outages").
 
 Only this module and store/postgres.py import psycopg (the ``authsvc[postgres]`` extra).
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import select
 import threading
 import time
 
@@ -22,6 +27,7 @@ from psycopg import conninfo as pg_conninfo
 from psycopg.pq import DiagnosticField, ExecStatus
 
 from authsvc.errors import ConfigError, StoreUnavailable, StoreUnreachable
+from authsvc.loglines import LogThrottle
 from authsvc.store.base import Credentials
 from authsvc.store.common import ThreadConnections, redact_url
 
@@ -54,6 +60,16 @@ STANDBY_SQL_PQ = CREDENTIALS_SQL_PQ.replace(
     b"p.enabled\n", b"p.enabled, CASE WHEN pg_is_in_recovery() THEN (SELECT ceil(1000 * extract(epoch FROM"
     b" clock_timestamp() - h.at))::bigint FROM authsvc_heartbeat AS h WHERE h.id = 1) ELSE 0 END\n", 1)
 STALE_WARNING_INTERVAL = 10.0  # seconds between two "standby too far behind" lines of one process
+FAILURE_WARNING_INTERVAL = 10.0  # seconds between two "postgresql store unavailable" lines of one process
+
+
+class ReplyTimeout(psycopg.OperationalError):
+    """No reply within AUTHSVC_PG_REPLY_TIMEOUT: the connection is closed, never reused."""
+
+
+def _timed_out(error: psycopg.Error) -> bool:
+    """Whether the store failed by not answering in time (a connect or a reply), not by refusing."""
+    return isinstance(error, (ReplyTimeout, psycopg.errors.ConnectionTimeout))
 
 
 def _raise_unless(result, status: ExecStatus) -> None:
@@ -108,6 +124,11 @@ class PostgresReader(ThreadConnections):
         self._stale_logged = (False, -math.inf)  # (heartbeat row missing, when) of the last warning
         connect_timeout = getattr(settings, "pg_connect_timeout", 2.0)
         statement_timeout = getattr(settings, "pg_statement_timeout", 2.0)
+        self._connect_timeout = connect_timeout
+        self._reply_timeout = getattr(settings, "pg_reply_timeout", 3.0)
+        self._retry_after = getattr(settings, "pg_retry_after", 2.0)
+        self._retry_at = -math.inf  # time.monotonic() before which the store is not tried (a process's own)
+        self._failures = LogThrottle(FAILURE_WARNING_INTERVAL)
         # libpq takes whole seconds (and treats 1 as 2); never wait forever.
         params["connect_timeout"] = str(max(1, math.ceil(connect_timeout)))
         params.setdefault("application_name", "authsvc-web" if readonly else "authsvc-admin")
@@ -123,7 +144,18 @@ class PostgresReader(ThreadConnections):
 
     # -- connections --------------------------------------------------------------
     def _connect(self) -> psycopg.Connection:
-        return psycopg.connect(self._conninfo, autocommit=True)
+        """A new connection. A host name with several addresses is tried address by address (libpq's
+        connect_timeout applies to each), but a new address only while AUTHSVC_PG_CONNECT_TIMEOUT has not
+        passed: one unanswered address ends the attempt, so N addresses never wait N x the timeout."""
+        attempts = pg_conninfo.conninfo_attempts(pg_conninfo.conninfo_to_dict(self._conninfo))
+        deadline = time.monotonic() + self._connect_timeout
+        for attempt in attempts[:-1]:
+            try:
+                return psycopg.connect(pg_conninfo.make_conninfo("", **attempt), autocommit=True)
+            except psycopg.Error:
+                if time.monotonic() >= deadline:
+                    raise
+        return psycopg.connect(pg_conninfo.make_conninfo("", **attempts[-1]), autocommit=True)
 
     def _conn(self) -> psycopg.Connection:
         """This thread's connection, opened on first use and again after a failure (and a fork: common.py)."""
@@ -140,15 +172,46 @@ class PostgresReader(ThreadConnections):
             local.conn = conn
         return conn
 
-    @staticmethod
-    def _backend(conn: psycopg.Connection) -> tuple[bool, bool]:
+    def _backend(self, conn: psycopg.Connection) -> tuple[bool, bool]:
         """Whether a pooler stands in between, and whether the server is a hot standby (in recovery).
         Whether a connection pooler (pgbouncer) stands between us and the server: the backend that
         answers a query is not the one whose key the startup returned. Through a pooler in transaction
         mode each transaction may run on another server connection, where a named statement prepared
         on this one does not exist (or another client's does): the query is then sent unnamed."""
-        row = conn.execute("SELECT pg_backend_pid(), pg_is_in_recovery()").fetchone()
-        return row is None or row[0] != conn.info.backend_pid, bool(row and row[1])
+        pgconn = conn.pgconn
+        pgconn.send_query(b"SELECT pg_backend_pid(), pg_is_in_recovery()")
+        result = self._reply(pgconn)
+        _raise_unless(result, ExecStatus.TUPLES_OK)
+        pid, standby = result.get_value(0, 0), result.get_value(0, 1)
+        return pid is None or int(pid) != pgconn.backend_pid, standby == b"t"
+
+    def _reply(self, pgconn):
+        """The result of the query just sent (libpq's non-blocking send), waiting for the socket at most
+        AUTHSVC_PG_REPLY_TIMEOUT in all: a network that went silent under an open connection (a blackhole
+        behind pgbouncer, heavy loss) acknowledges nothing the kernel could time out, and the server's
+        statement timeout never starts on a query that did not arrive. ReplyTimeout otherwise."""
+        deadline = time.monotonic() + self._reply_timeout
+        socket = pgconn.socket
+        while pgconn.flush():  # 1 while some of the query is still to be sent
+            self._wait(socket, select.POLLOUT, deadline)
+        result = None
+        while True:
+            while not pgconn.is_busy():
+                following = pgconn.get_result()
+                if following is None:
+                    if result is None:
+                        raise psycopg.OperationalError("the server sent no result")
+                    return result
+                result = result or following  # one statement: one result
+            self._wait(socket, select.POLLIN, deadline)
+            pgconn.consume_input()
+
+    def _wait(self, socket: int, events: int, deadline: float) -> None:
+        remaining = deadline - time.monotonic()
+        poll = select.poll()
+        poll.register(socket, events)
+        if remaining <= 0 or not poll.poll(remaining * 1000):
+            raise ReplyTimeout(f"no reply from the server within {self._reply_timeout:g} s")
 
     def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -161,6 +224,8 @@ class PostgresReader(ThreadConnections):
 
     # -- read path ------------------------------------------------------------------
     def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
+        if time.monotonic() < self._retry_at:  # the store just timed out: 503 at once (docs/stores.md)
+            raise StoreUnavailable("postgresql store unavailable: retrying after AUTHSVC_PG_RETRY_AFTER")
         for attempt in (1, 2):
             try:
                 fresh = getattr(self._local, "conn", None) is None
@@ -168,12 +233,15 @@ class PostgresReader(ThreadConnections):
                 break
             except psycopg.Error as e:
                 conn = getattr(self._local, "conn", None)
-                broken = conn is None or conn.broken or conn.closed
+                timed_out = _timed_out(e)
+                broken = conn is None or conn.broken or conn.closed or timed_out
                 if broken:
-                    self._drop()
+                    self._drop()  # a connection that timed out may still get its late reply: never reused
+                if timed_out:
+                    self._retry_at = time.monotonic() + self._retry_after
                 # A connection that went stale while idle (server restarted) gets one fresh retry.
-                if attempt == 2 or fresh or not broken:
-                    log.warning("postgresql store unavailable: %s (sqlstate %s)", type(e).__name__, e.sqlstate)
+                if attempt == 2 or fresh or not broken or timed_out:
+                    self._log_failure(e)
                     raise StoreUnavailable("postgresql store unavailable") from None
         game_id, game_enabled, expires_at, username, epoch, player_enabled = row
         found = Credentials(
@@ -185,6 +253,16 @@ class PostgresReader(ThreadConnections):
             player_enabled == b"t",
         )
         return None if game_id is None else found
+
+    def _log_failure(self, error: psycopg.Error) -> None:
+        """One line per FAILURE_WARNING_INTERVAL per process (docs/logs.md, "Floods"): an outage fails
+        every request, each of which is in the access log anyway."""
+        held = self._failures.allow()
+        if held is not None:
+            since = f" ({held} more since the last such line)" if held else ""
+            retry = f"; answering 503 for {self._retry_after:g} s before trying again" if _timed_out(error) else ""
+            log.warning("postgresql store unavailable: %s (sqlstate %s)%s%s",
+                        type(error).__name__, error.sqlstate, retry, since)
 
     def _credentials_row(self, conn: psycopg.Connection, key_digest: str, user_id: int) -> list:
         """The credentials query through libpq itself, one round trip with text values: on a direct
@@ -200,16 +278,15 @@ class PostgresReader(ThreadConnections):
         checked = local.standby or local.pooled
         if checked:
             name, sql = STANDBY_STATEMENT, STANDBY_SQL_PQ
-        try:
-            if local.pooled:
-                result = pgconn.exec_params(sql, params)
-            else:
-                if not local.prepared:
-                    _raise_unless(pgconn.prepare(name, sql), ExecStatus.COMMAND_OK)
-                    local.prepared = True
-                result = pgconn.exec_prepared(name, params)
-        except MemoryError:  # psycopg's C wrapper reports libpq's NULL result (nothing could be sent) so
-            raise psycopg.OperationalError("the query could not be sent to the server") from None
+        if local.pooled:
+            pgconn.send_query_params(sql, params)
+        else:
+            if not local.prepared:
+                pgconn.send_prepare(name, sql)
+                _raise_unless(self._reply(pgconn), ExecStatus.COMMAND_OK)
+                local.prepared = True
+            pgconn.send_query_prepared(name, params)
+        result = self._reply(pgconn)
         _raise_unless(result, ExecStatus.TUPLES_OK)
         if checked:
             self._fresh_or_raise(result.get_value(0, 6))
