@@ -202,7 +202,8 @@ class PostgresReader(ThreadConnections):
                     if result is None:
                         raise psycopg.OperationalError("the server sent no result")
                     return result
-                result = result or following  # one statement: one result
+                if result is None:  # one statement: one result (then None)
+                    result = following
             self._wait(socket, select.POLLIN, deadline)
             pgconn.consume_input()
 
