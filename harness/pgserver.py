@@ -109,10 +109,11 @@ class ThrowawayPostgres:
 
 
 # What docs/scaling.md ("Reading from hot standbys") tells operators to give a standby: a WAL receiver
-# that gives up on a silent primary after 10 s (default 60 s) and a connect that gives up after 5 s
-# (default: the kernel's, ~2 min), so it reconnects within seconds of its link coming back.
-STANDBY_CONNINFO = "connect_timeout=5"
-STANDBY_SETTINGS = "wal_receiver_timeout = '10s'\n"
+# that gives up on a silent primary after 10 s (default 60 s), a connect that gives up after 2 s
+# (default: the kernel's, ~2 min) and a new one each second (default 5 s), so it reconnects within
+# seconds of its link coming back.
+STANDBY_CONNINFO = "connect_timeout=2 tcp_user_timeout=2000"
+STANDBY_SETTINGS = "wal_receiver_timeout = '10s'\nwal_retrieve_retry_interval = '1s'\n"
 
 
 class ThrowawayStandby(ThrowawayPostgres):

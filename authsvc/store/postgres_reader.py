@@ -124,7 +124,6 @@ class PostgresReader(ThreadConnections):
         self._stale_logged = (False, -math.inf)  # (heartbeat row missing, when) of the last warning
         connect_timeout = getattr(settings, "pg_connect_timeout", 2.0)
         statement_timeout = getattr(settings, "pg_statement_timeout", 2.0)
-        self._connect_timeout = connect_timeout
         self._reply_timeout = getattr(settings, "pg_reply_timeout", 3.0)
         self._retry_after = getattr(settings, "pg_retry_after", 2.0)
         self._retry_at = -math.inf  # time.monotonic() before which the store is not tried (a process's own)
@@ -144,18 +143,9 @@ class PostgresReader(ThreadConnections):
 
     # -- connections --------------------------------------------------------------
     def _connect(self) -> psycopg.Connection:
-        """A new connection. A host name with several addresses is tried address by address (libpq's
-        connect_timeout applies to each), but a new address only while AUTHSVC_PG_CONNECT_TIMEOUT has not
-        passed: one unanswered address ends the attempt, so N addresses never wait N x the timeout."""
-        attempts = pg_conninfo.conninfo_attempts(pg_conninfo.conninfo_to_dict(self._conninfo))
-        deadline = time.monotonic() + self._connect_timeout
-        for attempt in attempts[:-1]:
-            try:
-                return psycopg.connect(pg_conninfo.make_conninfo("", **attempt), autocommit=True)
-            except psycopg.Error:
-                if time.monotonic() >= deadline:
-                    raise
-        return psycopg.connect(pg_conninfo.make_conninfo("", **attempts[-1]), autocommit=True)
+        """A new connection. libpq's connect timeout applies to each address of the host name (and each
+        host of a list) in turn: N addresses that do not answer wait N x the timeout (docs/stores.md)."""
+        return psycopg.connect(self._conninfo, autocommit=True)
 
     def _conn(self) -> psycopg.Connection:
         """This thread's connection, opened on first use and again after a failure (and a fork: common.py)."""
@@ -336,18 +326,19 @@ class PostgresReader(ThreadConnections):
                 f"{where} is at schema version {version}, this release needs {SCHEMA_VERSION} (run 'authsvc init')"
             )
 
-    @staticmethod
-    def _can_write(conn: psycopg.Connection) -> bool:
-        row = conn.execute(
-            "SELECT bool_or(has_table_privilege(t, 'INSERT, UPDATE, DELETE, TRUNCATE')) "
-            "FROM unnest(ARRAY['games', 'api_keys', 'players']) AS t"
-        ).fetchone()
-        return bool(row and row[0])
+    def _value(self, conn: psycopg.Connection, sql: bytes) -> bytes | None:
+        """The first value of a one-row query, as text, its reply awaited at most AUTHSVC_PG_REPLY_TIMEOUT:
+        the start-up check also runs behind /readyz, on the web path."""
+        conn.pgconn.send_query(sql)
+        result = self._reply(conn.pgconn)
+        _raise_unless(result, ExecStatus.TUPLES_OK)
+        return result.get_value(0, 0) if result.ntuples else None
 
-    @staticmethod
-    def _version(conn: psycopg.Connection) -> int:
-        row = conn.execute("SELECT to_regclass('authsvc_schema')").fetchone()
-        if row is None or row[0] is None:
+    def _can_write(self, conn: psycopg.Connection) -> bool:
+        return self._value(conn, b"SELECT bool_or(has_table_privilege(t, 'INSERT, UPDATE, DELETE, TRUNCATE')) "
+                                 b"FROM unnest(ARRAY['games', 'api_keys', 'players']) AS t") == b"t"
+
+    def _version(self, conn: psycopg.Connection) -> int:
+        if self._value(conn, b"SELECT to_regclass('authsvc_schema')") is None:
             return 0
-        row = conn.execute("SELECT max(version) FROM authsvc_schema").fetchone()
-        return (row[0] if row else None) or 0
+        return int(self._value(conn, b"SELECT max(version) FROM authsvc_schema") or 0)
