@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from authsvc.errors import (
     StoreUnreachable,
 )
 from authsvc.http import error_object, json_bytes, request_params, respond
-from authsvc.loglines import LineRecords, request_id
+from authsvc.loglines import LineRecords, LogThrottle, request_id
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.store.base import Store
@@ -77,30 +76,6 @@ def route_name(path: str | None) -> str:
     if path and canonical_path(path) in ROUTE_PATHS:
         return canonical_path(path)
     return OTHER_ROUTE
-
-
-class LogThrottle:
-    """At most one line per ``interval`` seconds; counts the lines held back meanwhile.
-
-    A store outage fails every request: one line each would flood the journal.
-    """
-
-    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic):
-        self.interval = interval
-        self.clock = clock
-        self.next_at = float("-inf")
-        self.held = 0
-        self.lock = threading.Lock()  # gthread workers serve requests from several threads
-
-    def allow(self) -> int | None:
-        """The number of lines held back since the last one if a line may be written now, else None."""
-        with self.lock:
-            now = self.clock()
-            if now < self.next_at:
-                self.held += 1
-                return None
-            held, self.held, self.next_at = self.held, 0, now + self.interval
-            return held
 
 
 class App:

@@ -1,5 +1,6 @@
 """Cheaper log lines, the same text: the auth line's records, and the time of day once a second;
-the one shape of a logged request id.
+the one shape of a logged request id; and a throttle for the lines an outage would write on every
+request (LogThrottle).
 
 An auth line (docs/logs.md) cost about as much as the rest of an authentication
 (BENCHMARKS.md, "The shipped topology"), in two places that repeat the same work
@@ -24,6 +25,7 @@ import re
 import threading
 import time
 import weakref
+from collections.abc import Callable
 
 # A request id as both log lines hold it (docs/logs.md): 1 to 64 ASCII letters, digits, '.', '_'
 # or '-' (nginx's $request_id is 32 hex digits). Anything else, from a client that reaches
@@ -88,3 +90,27 @@ class CachedTimeFormatter(logging.Formatter):
         if stamp is None or stamp[0] != second or stamp[1] != datefmt:
             stamp = self._stamp = (second, datefmt, super().formatTime(record, datefmt))
         return stamp[2]
+
+
+class LogThrottle:
+    """At most one line per ``interval`` seconds; counts the lines held back meanwhile.
+
+    A store outage fails every request: one line each would flood the journal.
+    """
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic):
+        self.interval = interval
+        self.clock = clock
+        self.next_at = float("-inf")
+        self.held = 0
+        self.lock = threading.Lock()  # gthread workers serve requests from several threads
+
+    def allow(self) -> int | None:
+        """The number of lines held back since the last one if a line may be written now, else None."""
+        with self.lock:
+            now = self.clock()
+            if now < self.next_at:
+                self.held += 1
+                return None
+            held, self.held, self.next_at = self.held, 0, now + self.interval
+            return held

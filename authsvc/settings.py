@@ -87,6 +87,12 @@ SETTINGS = (
     Setting("max_body_bytes", "AUTHSVC_MAX_BODY_BYTES", int, 16 * 1024, rule="positive", check=lambda v: v > 0),
     Setting("pg_connect_timeout", "AUTHSVC_PG_CONNECT_TIMEOUT", float, 2.0, rule="positive", check=lambda v: v > 0),
     Setting("pg_statement_timeout", "AUTHSVC_PG_STATEMENT_TIMEOUT", float, 2.0, rule="positive", check=lambda v: v > 0),
+    # The app's own bound on the wait for PostgreSQL's reply (docs/stores.md, "Outages"): below gunicorn's
+    # timeout, so a worker is never killed for waiting on the store; above the statement timeout, so a
+    # slow query is cancelled by the server first and keeps its connection.
+    Setting("pg_reply_timeout", "AUTHSVC_PG_REPLY_TIMEOUT", float, 3.0, rule="positive", check=lambda v: v > 0),
+    # After a connect or a reply that timed out, a worker answers 503 without trying the store this long.
+    Setting("pg_retry_after", "AUTHSVC_PG_RETRY_AFTER", float, 2.0, rule="positive", check=lambda v: v > 0),
     Setting("max_staleness", "AUTHSVC_MAX_STALENESS", float, 1.0,
             rule=f"from 0 to {MAX_STALENESS_BOUND:g} seconds", check=lambda v: 0 <= v <= MAX_STALENESS_BOUND),
     # The level of the app's "authsvc" logger, set by deploy/gunicorn.conf.py's logconfig_dict.
@@ -131,6 +137,8 @@ class Settings:
     max_body_bytes: int = default("max_body_bytes")
     pg_connect_timeout: float = default("pg_connect_timeout")
     pg_statement_timeout: float = default("pg_statement_timeout")
+    pg_reply_timeout: float = default("pg_reply_timeout")
+    pg_retry_after: float = default("pg_retry_after")
     max_staleness: float = default("max_staleness")
 
     def __repr__(self) -> str:

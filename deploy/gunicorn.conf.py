@@ -53,6 +53,8 @@ worker_class = {
     "sync": "authsvc.gunicorn_workers.SyncWorker",
     "gthread": "authsvc.gunicorn_workers.ThreadWorker",
 }[_worker_kind]
+# Above every wait of a request on the store (AUTHSVC_PG_REPLY_TIMEOUT, 3 s; a connect, 2 s per
+# address): a worker waiting on PostgreSQL answers 503 itself and is never killed (docs/stores.md, "Outages").
 timeout = _settings.timeout
 graceful_timeout = 30
 keepalive = 5

@@ -44,10 +44,13 @@ def _run_as() -> str | None:
 
 
 class ThrowawayPostgres:
-    """initdb + pg_ctl start/stop on 127.0.0.1:<free port>; superuser ``postgres``, trust auth."""
+    """initdb + pg_ctl start/stop on 127.0.0.1:<free port>; superuser ``postgres``, trust auth.
+    With ``netns`` (root only) every command runs in that network namespace and the server listens
+    on ``address`` there, trusting its subnet (tests/test_store_network.py cuts the link to it)."""
 
-    def __init__(self, bin_dir: str):
+    def __init__(self, bin_dir: str, *, netns: str | None = None, address: str = "127.0.0.1"):
         self.bin_dir = bin_dir
+        self.netns, self.address = netns, address
         self.user = _run_as()
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="authsvc-pg-")
@@ -59,22 +62,25 @@ class ThrowawayPostgres:
             "initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "--no-sync",
             "-E", "UTF8", "--locale=C", "--no-instructions",
         )
+        if netns:
+            with open(os.path.join(self.data, "pg_hba.conf"), "a") as f:
+                f.write("host all all samenet trust\nhost replication all samenet trust\n")
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return f"postgresql://postgres@{self.address}:{self.port}/postgres"
 
     def _run(self, program: str, *args: str) -> None:
-        result = subprocess.run(
-            [os.path.join(self.bin_dir, program), *args],
-            user=self.user, capture_output=True, text=True, timeout=60, cwd=self.dir,
-        )
+        command, user = [os.path.join(self.bin_dir, program), *args], self.user
+        if self.netns:
+            command, user = ["ip", "netns", "exec", self.netns, "runuser", "-u", user or "root", "--", *command], None
+        result = subprocess.run(command, user=user, capture_output=True, text=True, timeout=60, cwd=self.dir)
         if result.returncode != 0:
             raise RuntimeError(f"{program} failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
 
     def start(self) -> None:
         options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' "
+            f"-p {self.port} -c listen_addresses={self.address} -c unix_socket_directories='' "
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=50"
         )
         self._run("pg_ctl", "-D", self.data, "-l", self.logfile, "-o", options, "-w", "-t", "30", "start")
@@ -102,11 +108,21 @@ class ThrowawayPostgres:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+# What docs/scaling.md ("Reading from hot standbys") tells operators to give a standby: a WAL receiver
+# that gives up on a silent primary after 10 s (default 60 s), a connect that gives up after 2 s
+# (default: the kernel's, ~2 min) and a new one each second (default 5 s), so it reconnects within
+# seconds of its link coming back.
+STANDBY_CONNINFO = "connect_timeout=2 tcp_user_timeout=2000"
+STANDBY_SETTINGS = "wal_receiver_timeout = '10s'\nwal_retrieve_retry_interval = '1s'\n"
+
+
 class ThrowawayStandby(ThrowawayPostgres):
-    """A hot standby of a running ThrowawayPostgres: ``pg_basebackup -R`` (streaming replication)."""
+    """A hot standby of a running ThrowawayPostgres: ``pg_basebackup -R`` (streaming replication),
+    with the replication timeouts docs/scaling.md recommends (STANDBY_CONNINFO, STANDBY_SETTINGS)."""
 
     def __init__(self, primary: ThrowawayPostgres):
         self.bin_dir = primary.bin_dir
+        self.netns, self.address = None, "127.0.0.1"
         self.user = primary.user
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="authsvc-pg-standby-")
@@ -116,8 +132,10 @@ class ThrowawayStandby(ThrowawayPostgres):
             os.chown(self.dir, pwd.getpwnam(self.user).pw_uid, -1)
         self._run(
             "pg_basebackup", "-D", self.data, "-R", "-X", "stream", "--no-sync",
-            "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+            "-d", f"host={primary.address} port={primary.port} user=postgres {STANDBY_CONNINFO}",
         )
+        with open(os.path.join(self.data, "postgresql.auto.conf"), "a") as f:
+            f.write(STANDBY_SETTINGS)
 
 
 def find_pgbouncer() -> str | None:
@@ -170,6 +188,7 @@ class ThrowawayPgbouncer:
                 f"max_client_conn = {self.max_client_conn}\n"
                 "ignore_startup_parameters = options\n"
                 "server_connect_timeout = 2\nserver_login_retry = 1\nquery_wait_timeout = 2\n"
+                "tcp_user_timeout = 3000\nquery_timeout = 3\n"
                 f"logfile = {self.logfile}\n"
             )
         os.replace(self.config + ".new", self.config)  # keeps the owner set in __init__ (same user writes)

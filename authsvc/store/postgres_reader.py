@@ -5,7 +5,11 @@ autocommit connection per thread of each worker process, opened lazily after
 fork, with connect and statement timeouts; the credentials query is one round
 trip: a server-side prepared statement, or an unnamed one behind pgbouncer. Any
 failure on that path raises StoreUnavailable (HTTP 503) and drops a broken
-connection, so the next request reconnects by itself.
+connection, so the next request reconnects by itself. Every wait for the server
+has a deadline of the app's own (a silent network is noticed by no timeout of
+the server's or the kernel's), and after a connect or a reply that timed out the
+process answers 503 at once for a while instead of queueing requests behind the
+next wait (docs/stores.md, "Outages").
 
 Only this module and store/postgres.py import psycopg (the ``authsvc[postgres]`` extra).
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import select
 import threading
 import time
 
@@ -22,6 +27,7 @@ from psycopg import conninfo as pg_conninfo
 from psycopg.pq import DiagnosticField, ExecStatus
 
 from authsvc.errors import ConfigError, StoreUnavailable, StoreUnreachable
+from authsvc.loglines import LogThrottle
 from authsvc.store.base import Credentials
 from authsvc.store.common import MASK, SECRET_PARAMS, ThreadConnections, redact_url
 
@@ -58,6 +64,16 @@ STALE_WARNING_INTERVAL = 10.0  # seconds between two "standby too far behind" li
 # heartbeat is up to 0.2 s old (authsvc heartbeat's interval) plus the replication delay, so a
 # smaller bound would answer 503 to every authentication, or to most (docs/stores.md, "Hot standby").
 STANDBY_MIN_STALENESS = 0.5
+FAILURE_WARNING_INTERVAL = 10.0  # seconds between two "postgresql store unavailable" lines of one process
+
+
+class ReplyTimeout(psycopg.OperationalError):
+    """No reply within AUTHSVC_PG_REPLY_TIMEOUT: the connection is closed, never reused."""
+
+
+def _timed_out(error: psycopg.Error) -> bool:
+    """Whether the store failed by not answering in time (a connect or a reply), not by refusing."""
+    return isinstance(error, (ReplyTimeout, psycopg.errors.ConnectionTimeout))
 
 
 def _raise_unless(result, status: ExecStatus) -> None:
@@ -115,6 +131,10 @@ class PostgresReader(ThreadConnections):
         self._stale_logged = (False, -math.inf)  # (heartbeat row missing, when) of the last warning
         connect_timeout = getattr(settings, "pg_connect_timeout", 2.0)
         statement_timeout = getattr(settings, "pg_statement_timeout", 2.0)
+        self._reply_timeout = getattr(settings, "pg_reply_timeout", 3.0)
+        self._retry_after = getattr(settings, "pg_retry_after", 2.0)
+        self._retry_at = -math.inf  # time.monotonic() before which the store is not tried (a process's own)
+        self._failures = LogThrottle(FAILURE_WARNING_INTERVAL)
         # libpq takes whole seconds (and treats 1 as 2); never wait forever.
         params["connect_timeout"] = str(max(1, math.ceil(connect_timeout)))
         params.setdefault("application_name", "authsvc-web" if readonly else "authsvc-admin")
@@ -130,6 +150,8 @@ class PostgresReader(ThreadConnections):
 
     # -- connections --------------------------------------------------------------
     def _connect(self) -> psycopg.Connection:
+        """A new connection. libpq's connect timeout applies to each address of the host name (and each
+        host of a list) in turn: N addresses that do not answer wait N x the timeout (docs/stores.md)."""
         return psycopg.connect(self._conninfo, autocommit=True)
 
     def _conn(self) -> psycopg.Connection:
@@ -147,15 +169,47 @@ class PostgresReader(ThreadConnections):
             local.conn = conn
         return conn
 
-    @staticmethod
-    def _backend(conn: psycopg.Connection) -> tuple[bool, bool]:
+    def _backend(self, conn: psycopg.Connection) -> tuple[bool, bool]:
         """Whether a pooler stands in between, and whether the server is a hot standby (in recovery).
         Whether a connection pooler (pgbouncer) stands between us and the server: the backend that
         answers a query is not the one whose key the startup returned. Through a pooler in transaction
         mode each transaction may run on another server connection, where a named statement prepared
         on this one does not exist (or another client's does): the query is then sent unnamed."""
-        row = conn.execute("SELECT pg_backend_pid(), pg_is_in_recovery()").fetchone()
-        return row is None or row[0] != conn.info.backend_pid, bool(row and row[1])
+        pgconn = conn.pgconn
+        pgconn.send_query(b"SELECT pg_backend_pid(), pg_is_in_recovery()")
+        result = self._reply(pgconn)
+        _raise_unless(result, ExecStatus.TUPLES_OK)
+        pid, standby = result.get_value(0, 0), result.get_value(0, 1)
+        return pid is None or int(pid) != pgconn.backend_pid, standby == b"t"
+
+    def _reply(self, pgconn):
+        """The result of the query just sent (libpq's non-blocking send), waiting for the socket at most
+        AUTHSVC_PG_REPLY_TIMEOUT in all: a network that went silent under an open connection (a blackhole
+        behind pgbouncer, heavy loss) acknowledges nothing the kernel could time out, and the server's
+        statement timeout never starts on a query that did not arrive. ReplyTimeout otherwise."""
+        deadline = time.monotonic() + self._reply_timeout
+        socket = pgconn.socket
+        while pgconn.flush():  # 1 while some of the query is still to be sent
+            self._wait(socket, select.POLLOUT, deadline)
+        result = None
+        while True:
+            while not pgconn.is_busy():
+                following = pgconn.get_result()
+                if following is None:
+                    if result is None:
+                        raise psycopg.OperationalError("the server sent no result")
+                    return result
+                if result is None:  # one statement: one result (then None)
+                    result = following
+            self._wait(socket, select.POLLIN, deadline)
+            pgconn.consume_input()
+
+    def _wait(self, socket: int, events: int, deadline: float) -> None:
+        remaining = deadline - time.monotonic()
+        poll = select.poll()
+        poll.register(socket, events)
+        if remaining <= 0 or not poll.poll(remaining * 1000):
+            raise ReplyTimeout(f"no reply from the server within {self._reply_timeout:g} s")
 
     def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -168,6 +222,8 @@ class PostgresReader(ThreadConnections):
 
     # -- read path ------------------------------------------------------------------
     def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
+        if time.monotonic() < self._retry_at:  # the store just timed out: 503 at once (docs/stores.md)
+            raise StoreUnavailable("postgresql store unavailable: retrying after AUTHSVC_PG_RETRY_AFTER")
         for attempt in (1, 2):
             try:
                 fresh = getattr(self._local, "conn", None) is None
@@ -175,12 +231,15 @@ class PostgresReader(ThreadConnections):
                 break
             except psycopg.Error as e:
                 conn = getattr(self._local, "conn", None)
-                broken = conn is None or conn.broken or conn.closed
+                timed_out = _timed_out(e)
+                broken = conn is None or conn.broken or conn.closed or timed_out
                 if broken:
-                    self._drop()
+                    self._drop()  # a connection that timed out may still get its late reply: never reused
+                if timed_out:
+                    self._retry_at = time.monotonic() + self._retry_after
                 # A connection that went stale while idle (server restarted) gets one fresh retry.
-                if attempt == 2 or fresh or not broken:
-                    log.warning("postgresql store unavailable: %s (sqlstate %s)", type(e).__name__, e.sqlstate)
+                if attempt == 2 or fresh or not broken or timed_out:
+                    self._log_failure(e)
                     raise StoreUnavailable("postgresql store unavailable") from None
         game_id, game_enabled, expires_at, username, epoch, player_enabled = row
         found = Credentials(
@@ -192,6 +251,16 @@ class PostgresReader(ThreadConnections):
             player_enabled == b"t",
         )
         return None if game_id is None else found
+
+    def _log_failure(self, error: psycopg.Error) -> None:
+        """One line per FAILURE_WARNING_INTERVAL per process (docs/logs.md, "Floods"): an outage fails
+        every request, each of which is in the access log anyway."""
+        held = self._failures.allow()
+        if held is not None:
+            since = f" ({held} more since the last such line)" if held else ""
+            retry = f"; answering 503 for {self._retry_after:g} s before trying again" if _timed_out(error) else ""
+            log.warning("postgresql store unavailable: %s (sqlstate %s)%s%s",
+                        type(error).__name__, error.sqlstate, retry, since)
 
     def _credentials_row(self, conn: psycopg.Connection, key_digest: str, user_id: int) -> list:
         """The credentials query through libpq itself, one round trip with text values: on a direct
@@ -207,16 +276,15 @@ class PostgresReader(ThreadConnections):
         checked = local.standby or local.pooled
         if checked:
             name, sql = STANDBY_STATEMENT, STANDBY_SQL_PQ
-        try:
-            if local.pooled:
-                result = pgconn.exec_params(sql, params)
-            else:
-                if not local.prepared:
-                    _raise_unless(pgconn.prepare(name, sql), ExecStatus.COMMAND_OK)
-                    local.prepared = True
-                result = pgconn.exec_prepared(name, params)
-        except MemoryError:  # psycopg's C wrapper reports libpq's NULL result (nothing could be sent) so
-            raise psycopg.OperationalError("the query could not be sent to the server") from None
+        if local.pooled:
+            pgconn.send_query_params(sql, params)
+        else:
+            if not local.prepared:
+                pgconn.send_prepare(name, sql)
+                _raise_unless(self._reply(pgconn), ExecStatus.COMMAND_OK)
+                local.prepared = True
+            pgconn.send_query_prepared(name, params)
+        result = self._reply(pgconn)
         _raise_unless(result, ExecStatus.TUPLES_OK)
         if checked:
             self._fresh_or_raise(result.get_value(0, 6))
@@ -276,23 +344,22 @@ class PostgresReader(ThreadConnections):
                 f"503; set it to at least {STANDBY_MIN_STALENESS:g} s (docs/stores.md, \"Hot standby\")"
             )
 
-    @staticmethod
-    def _can_write(conn: psycopg.Connection) -> bool:
-        row = conn.execute(
-            "SELECT bool_or(has_table_privilege(t, 'INSERT, UPDATE, DELETE, TRUNCATE')) "
-            "FROM unnest(ARRAY['games', 'api_keys', 'players']) AS t"
-        ).fetchone()
-        return bool(row and row[0])
+    def _value(self, conn: psycopg.Connection, sql: bytes) -> bytes | None:
+        """The first value of a one-row query, as text, its reply awaited at most AUTHSVC_PG_REPLY_TIMEOUT:
+        the start-up check also runs behind /readyz, on the web path."""
+        conn.pgconn.send_query(sql)
+        result = self._reply(conn.pgconn)
+        _raise_unless(result, ExecStatus.TUPLES_OK)
+        return result.get_value(0, 0) if result.ntuples else None
 
-    @staticmethod
-    def _in_recovery(conn: psycopg.Connection) -> bool:
-        row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-        return bool(row and row[0])
+    def _in_recovery(self, conn: psycopg.Connection) -> bool:
+        return self._value(conn, b"SELECT pg_is_in_recovery()") == b"t"
 
-    @staticmethod
-    def _version(conn: psycopg.Connection) -> int:
-        row = conn.execute("SELECT to_regclass('authsvc_schema')").fetchone()
-        if row is None or row[0] is None:
+    def _can_write(self, conn: psycopg.Connection) -> bool:
+        return self._value(conn, b"SELECT bool_or(has_table_privilege(t, 'INSERT, UPDATE, DELETE, TRUNCATE')) "
+                                 b"FROM unnest(ARRAY['games', 'api_keys', 'players']) AS t") == b"t"
+
+    def _version(self, conn: psycopg.Connection) -> int:
+        if self._value(conn, b"SELECT to_regclass('authsvc_schema')") is None:
             return 0
-        row = conn.execute("SELECT max(version) FROM authsvc_schema").fetchone()
-        return (row[0] if row else None) or 0
+        return int(self._value(conn, b"SELECT max(version) FROM authsvc_schema") or 0)
