@@ -434,3 +434,51 @@ def test_connections_past_the_per_address_limit_get_a_json_429(small_stack):
     finally:
         for sock in flood:
             sock.close()
+
+
+# -- log volume: one address cannot fill the disk with answers outside the API ---------
+
+
+def flood_count(stack, source: str, path: str, agent: str, count: int) -> tuple[dict[int, int], float]:
+    """``count`` requests for ``path`` on the legacy host from ``source`` over keep-alive;
+    returns the statuses answered and the seconds it took."""
+    import http.client
+
+    statuses: dict[int, int] = {}
+    conn = None
+    started = time.monotonic()
+    for _ in range(count):
+        if conn is None:
+            conn = http.client.HTTPConnection("127.0.0.1", stack.http_port, timeout=10, source_address=(source, 0))
+        conn.request("GET", path, headers={"Host": LEGACY_HOST, "User-Agent": agent})
+        response = conn.getresponse()
+        response.read()
+        statuses[response.status] = statuses.get(response.status, 0) + 1
+        if response.will_close:
+            conn.close()
+            conn = None
+    if conn is not None:
+        conn.close()
+    return statuses, time.monotonic() - started
+
+
+@pytest.mark.parametrize(("path", "status"), [("/old/page", 301), ("/healthz", 404)])
+def test_a_flood_of_redirects_or_404s_from_one_address_is_bounded_in_the_log(stack, path, status):
+    """A probe wrote 661,132 lines of 301s in 5 s from one address. Every path is rate limited
+    per address: past RATE (and its burst) the answers are 429s, logged one in 100. The bound
+    grows with the time the flood took, so a slow machine only loosens it."""
+    site = (stack.root / "deploy" / "nginx" / "sites" / "authsvc.conf").read_text()
+    rate = int(re.search(r"zone=authsvc_api:\S+ rate=(\d+)r/s;", site).group(1))
+    burst = 50  # tests/deploy_support.py renders RATE_BURST=50
+    agent = f"log-flood-{status}"
+    sent = 3000
+    statuses, seconds = flood_count(stack, f"127.0.4.{status % 250}", path, agent, sent)
+    assert statuses.get(status, 0) > 0 and set(statuses) <= {status, 429}, statuses
+    assert sum(statuses.values()) == sent
+    log = stack.logs / "authsvc-access.log"
+    time.sleep(0.5)  # nginx writes a line as each answer ends
+    lines = [line for line in log.read_text().splitlines() if f'"{agent}"' in line]
+    allowed = burst + rate * (seconds + 1) + sent / 20
+    assert len(lines) <= allowed, f"{len(lines)} lines for {sent} requests in {seconds:.1f} s ({statuses})"
+    # What was answered in full is logged in full: the first answers are there.
+    assert sum(f'" {status} ' in line for line in lines) >= min(burst, statuses[status]), lines[:5]
