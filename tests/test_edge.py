@@ -7,20 +7,24 @@ with a small ``worker_connections``, so exhaustion is reached with few sockets.
 
 from __future__ import annotations
 
+import http.client
+import ipaddress
 import json
 import os
+import random
 import re
 import selectors
 import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.deploy_support import API_HOST, LEGACY_HOST, VENV_BIN, find_nginx, start_stack, stop
+from tests.deploy_support import API_HOST, LEGACY_HOST, REPO, VENV_BIN, find_nginx, start_stack, stop
 from tests.support import free_port, skip_or_fail, start_gunicorn, wait_for_port
 
 pytestmark = pytest.mark.slow
@@ -442,8 +446,6 @@ def test_connections_past_the_per_address_limit_get_a_json_429(small_stack):
 def flood_count(stack, source: str, path: str, agent: str, count: int) -> tuple[dict[int, int], float]:
     """``count`` requests for ``path`` on the legacy host from ``source`` over keep-alive;
     returns the statuses answered and the seconds it took."""
-    import http.client
-
     statuses: dict[int, int] = {}
     conn = None
     started = time.monotonic()
@@ -482,3 +484,63 @@ def test_a_flood_of_redirects_or_404s_from_one_address_is_bounded_in_the_log(sta
     assert len(lines) <= allowed, f"{len(lines)} lines for {sent} requests in {seconds:.1f} s ({statuses})"
     # What was answered in full is logged in full: the first answers are there.
     assert sum(f'" {status} ' in line for line in lines) >= min(burst, statuses[status]), lines[:5]
+
+
+# -- IPv6 clients are limited per /64 ----------------------------------------------------
+
+
+def ipv6_samples() -> list[ipaddress.IPv6Address]:
+    """Addresses whose zero runs put nginx's "::" everywhere, plus random ones."""
+    rng = random.Random(64)
+    out = []
+    for mask in range(256):  # each of the 8 groups zero or not
+        groups = [0 if mask >> i & 1 else rng.choice([1, 0xdb8, 0xffff, rng.randrange(1, 0x10000)]) for i in range(8)]
+        out.append(ipaddress.IPv6Address(b"".join(g.to_bytes(2, "big") for g in groups)))
+    out += [ipaddress.IPv6Address(rng.getrandbits(128)) for _ in range(50)]
+    out += [ipaddress.IPv6Address("::ffff:192.0.2.7"), ipaddress.IPv6Address("::1")]
+    return out
+
+
+def test_the_per_address_limits_key_ipv6_clients_by_their_64(tmp_path):
+    """The map behind every per-address limit (authsvc-client-key.conf), run in nginx with
+    the client address taken from a header (realip): every IPv6 address gives the text of
+    its /64, the same for every address of that /64."""
+    nginx = find_nginx()
+    if nginx is None:
+        skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
+    from harness.processes import nginx_main_conf, start_nginx
+
+    rendered = tmp_path / "deploy"
+    subprocess.run([sys.executable, "-m", "authsvc.deploy", str(REPO / "deploy" / "nginx"), str(rendered),
+                    "--set", "API_HOST=a.test", "--set", "LEGACY_HOST=b.test"], check=True, capture_output=True)
+    port = free_port()
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "tmp").mkdir()
+    site = tmp_path / "site.conf"
+    site.write_text(f"""include {rendered}/snippets/authsvc-client-key.conf;
+server {{
+    listen 127.0.0.1:{port};
+    set_real_ip_from 127.0.0.1;
+    real_ip_header X-Real-IP;
+    location / {{ return 200 "$authsvc_client"; }}
+}}
+""")
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(nginx_main_conf(tmp_path, tmp_path / "logs", site))
+    proc = start_nginx(nginx, tmp_path, conf, tmp_path / "logs" / "stdout.log")
+    try:
+        wait_for_port(port)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        for address in ipv6_samples():
+            conn.request("GET", "/", headers={"X-Real-IP": str(address)})
+            response = conn.getresponse()
+            key = response.read()
+            if address.ipv4_mapped:
+                assert key == address.ipv4_mapped.packed or key == address.packed, (address, key)
+                continue
+            network = ipaddress.IPv6Network((address, 64), strict=False).network_address.exploded
+            expected = ":".join(f"{int(group, 16):x}" for group in network.split(":")[:4])
+            assert key.decode() == expected, (str(address), key)
+        conn.close()
+    finally:
+        stop(proc)
