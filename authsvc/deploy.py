@@ -16,6 +16,9 @@ so the tests run exactly what a machine gets. Rules:
 - ``UPSTREAM_MAX_CONNS`` (nginx's max_conns per app host) is REQUESTS_PER_WORKER x
   the ``[gunicorn] workers`` of that settings file, else of the declared default (this
   machine's CPUs); ``--set`` overrides it (app hosts with other worker counts).
+- ``RATE_DELAY`` (how many requests of one address's burst nginx passes at once, the
+  rest spaced at RATE: limit_req's ``delay=``) is half of UPSTREAM_MAX_CONNS, so one
+  address's burst never fills an app host; RATE_BURST when there is no max_conns (0).
 """
 
 from __future__ import annotations
@@ -56,9 +59,10 @@ DEFAULTS = {
 FROM_SETTINGS = {"MAX_BODY_BYTES": "max_body_bytes"}
 # Login storms (docs/operations.md, "Login storms"): nginx lets an app host hold this
 # many requests per gunicorn worker (UPSTREAM_MAX_CONNS, nginx's max_conns): one being
-# served, the others waiting their turn; past it, the JSON 503 at once. Chosen by the
-# storm figures of BENCHMARKS.md, section 10.
-REQUESTS_PER_WORKER = 4
+# served, the others waiting their turn; past it, the JSON 503 at once. 8: clients in
+# closed loop up to 8 per worker are never shed (tests/test_storm.py), and the storm's
+# successes stay under 100 ms (BENCHMARKS.md, section 10).
+REQUESTS_PER_WORKER = 8
 
 
 class RenderError(Exception):
@@ -81,6 +85,9 @@ def values_with_defaults(given: dict[str, str]) -> dict[str, str]:
     values.setdefault("TLS_KEY", f"/etc/letsencrypt/live/{api_host}/privkey.pem")
     values.setdefault("UPSTREAMS", f"unix:{values['SOCKET']}")
     values.setdefault("UPSTREAM_MAX_CONNS", str(REQUESTS_PER_WORKER * default("workers")))  # this machine's CPUs
+    if "RATE_DELAY" not in values:
+        max_conns = int(values["UPSTREAM_MAX_CONNS"]) if values["UPSTREAM_MAX_CONNS"].isdigit() else 0
+        values["RATE_DELAY"] = str(max_conns // 2) if max_conns else values["RATE_BURST"]
     for name, value in values.items():
         # A list's items are separated by spaces; no item may hold nginx syntax either.
         items = value.split(" ") if is_list(name) else [value]

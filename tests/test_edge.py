@@ -7,20 +7,24 @@ with a small ``worker_connections``, so exhaustion is reached with few sockets.
 
 from __future__ import annotations
 
+import http.client
+import ipaddress
 import json
 import os
+import random
 import re
 import selectors
 import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.deploy_support import API_HOST, LEGACY_HOST, VENV_BIN, find_nginx, start_stack, stop
+from tests.deploy_support import API_HOST, LEGACY_HOST, REPO, VENV_BIN, find_nginx, start_stack, stop
 from tests.support import free_port, skip_or_fail, start_gunicorn, wait_for_port
 
 pytestmark = pytest.mark.slow
@@ -439,3 +443,126 @@ def test_connections_past_the_per_address_limit_get_a_json_429(small_stack):
     finally:
         for sock in flood:
             sock.close()
+
+
+# -- log volume: one address cannot fill the disk with answers outside the API ---------
+
+
+def flood_count(stack, source: str, path: str, agent: str, count: int) -> tuple[dict[int, int], float]:
+    """``count`` requests for ``path`` on the legacy host from ``source`` over keep-alive;
+    returns the statuses answered and the seconds it took."""
+    statuses: dict[int, int] = {}
+    conn = None
+    started = time.monotonic()
+    for _ in range(count):
+        if conn is None:
+            conn = http.client.HTTPConnection("127.0.0.1", stack.http_port, timeout=10, source_address=(source, 0))
+        conn.request("GET", path, headers={"Host": LEGACY_HOST, "User-Agent": agent})
+        response = conn.getresponse()
+        response.read()
+        statuses[response.status] = statuses.get(response.status, 0) + 1
+        if response.will_close:
+            conn.close()
+            conn = None
+    if conn is not None:
+        conn.close()
+    return statuses, time.monotonic() - started
+
+
+@pytest.mark.parametrize(("path", "status"), [("/old/page", 301), ("/healthz", 404)])
+def test_a_flood_of_redirects_or_404s_from_one_address_is_bounded_in_the_log(stack, path, status):
+    """A probe wrote 661,132 lines of 301s in 5 s from one address. Every path is rate limited
+    per address: past RATE (and its burst) the answers are 429s, logged one in 100. The bound
+    grows with the time the flood took, so a slow machine only loosens it."""
+    site = (stack.root / "deploy" / "nginx" / "sites" / "authsvc.conf").read_text()
+    rate = int(re.search(r"zone=authsvc_api:\S+ rate=(\d+)r/s;", site).group(1))
+    burst = 50  # tests/deploy_support.py renders RATE_BURST=50
+    agent = f"log-flood-{status}"
+    sent = 3000
+    statuses, seconds = flood_count(stack, f"127.0.4.{status % 250}", path, agent, sent)
+    assert statuses.get(status, 0) > 0 and set(statuses) <= {status, 429}, statuses
+    assert sum(statuses.values()) == sent
+    log = stack.logs / "authsvc-access.log"
+    time.sleep(0.5)  # nginx writes a line as each answer ends
+    lines = [line for line in log.read_text().splitlines() if f'"{agent}"' in line]
+    allowed = burst + rate * (seconds + 1) + sent / 20
+    assert len(lines) <= allowed, f"{len(lines)} lines for {sent} requests in {seconds:.1f} s ({statuses})"
+    # What was answered in full is logged in full: the first answers are there.
+    assert sum(f'" {status} ' in line for line in lines) >= min(burst, statuses[status]), lines[:5]
+
+
+# -- IPv6 clients are limited per /64 ----------------------------------------------------
+
+
+def ipv6_samples() -> list[ipaddress.IPv6Address]:
+    """Addresses whose zero runs put nginx's "::" everywhere, plus random ones."""
+    rng = random.Random(64)
+    out = []
+    for mask in range(256):  # each of the 8 groups zero or not
+        groups = [0 if mask >> i & 1 else rng.choice([1, 0xdb8, 0xffff, rng.randrange(1, 0x10000)]) for i in range(8)]
+        out.append(ipaddress.IPv6Address(b"".join(g.to_bytes(2, "big") for g in groups)))
+    out += [ipaddress.IPv6Address(rng.getrandbits(128)) for _ in range(50)]
+    out += [ipaddress.IPv6Address("::ffff:192.0.2.7"), ipaddress.IPv6Address("::1")]
+    return out
+
+
+def test_the_per_address_limits_key_ipv6_clients_by_their_64(tmp_path):
+    """The map behind every per-address limit (authsvc-client-key.conf), run in nginx with
+    the client address taken from a header (realip): every IPv6 address gives the text of
+    its /64, the same for every address of that /64."""
+    nginx = find_nginx()
+    if nginx is None:
+        skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
+    from harness.processes import nginx_main_conf, start_nginx
+
+    rendered = tmp_path / "deploy"
+    subprocess.run([sys.executable, "-m", "authsvc.deploy", str(REPO / "deploy" / "nginx"), str(rendered),
+                    "--set", "API_HOST=a.test", "--set", "LEGACY_HOST=b.test"], check=True, capture_output=True)
+    port = free_port()
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "tmp").mkdir()
+    site = tmp_path / "site.conf"
+    site.write_text(f"""include {rendered}/snippets/authsvc-client-key.conf;
+server {{
+    listen 127.0.0.1:{port};
+    set_real_ip_from 127.0.0.1;
+    real_ip_header X-Real-IP;
+    location / {{ return 200 "$authsvc_client"; }}
+}}
+""")
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(nginx_main_conf(tmp_path, tmp_path / "logs", site))
+    proc = start_nginx(nginx, tmp_path, conf, tmp_path / "logs" / "stdout.log")
+    try:
+        wait_for_port(port)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        for address in ipv6_samples():
+            conn.request("GET", "/", headers={"X-Real-IP": str(address)})
+            response = conn.getresponse()
+            key = response.read()
+            if address.ipv4_mapped:
+                assert key == address.ipv4_mapped.packed or key == address.packed, (address, key)
+                continue
+            network = ipaddress.IPv6Network((address, 64), strict=False).network_address.exploded
+            expected = ":".join(f"{int(group, 16):x}" for group in network.split(":")[:4])
+            assert key.decode() == expected, (str(address), key)
+        conn.close()
+    finally:
+        stop(proc)
+
+
+def test_a_flood_of_malformed_requests_from_one_address_is_sampled_in_the_log(stack):
+    """nginx refuses a malformed request line with a 400 before any location or limit
+    applies, and closes the connection: one address can make thousands a second, each on a
+    new connection. Like 429 and 444, one in 100 is logged."""
+    sent = 2000
+    for _ in range(sent):
+        with socket.create_connection(("127.0.0.1", stack.http_port), timeout=10,
+                                      source_address=("127.0.4.99", 0)) as sock:
+            sock.sendall(b"GET no-slash HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(16).startswith(b"HTTP/1.1 400 ")
+    time.sleep(0.5)  # nginx writes a line as each answer ends
+    lines = [line for line in (stack.logs / "authsvc-access.log").read_text().splitlines()
+             if " 127.0.4.99 " in line]
+    assert all(" 400 " in line for line in lines), lines[:3]
+    assert len(lines) <= sent / 20, f"{len(lines)} lines for {sent} malformed requests"

@@ -9,12 +9,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 import webtest
 
 from authsvc.app import App, LogThrottle, route_name
 from authsvc.store import open_store
+from tests.deploy_support import start_stack, stop
+from tests.support import skip_or_fail
 
 KEY = "9e258f6c-a232-442b-8d2d-f22da9c19d49"
 
@@ -101,3 +109,55 @@ def test_a_store_outage_logs_one_line_per_ten_seconds(world, settings, tmp_path,
         ]
     assert KEY not in caplog.text and params["api_key"] not in caplog.text
     app.app.store.close()
+
+
+# -- the brute-force alert of docs/logs.md, run as documented on a real nginx log -----
+
+
+def documented_alert() -> str:
+    """The alert command exactly as docs/logs.md gives it (its "Alerts" section)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "logs.md").read_text()
+    section = text.split("## Alerts: a brute-force run", 1)[1].split("\n## ", 1)[0]
+    (command,) = re.findall(r"```sh\n(awk .*?)```", section, re.S)
+    assert "/var/log/nginx/authsvc-access.log" in command, command
+    return command
+
+
+@pytest.mark.slow
+def test_the_documented_brute_force_alert_fires_on_a_real_access_log(tmp_path):
+    """60 wrong tokens from one address, one of them retried on a second app host (a longer
+    upstream= and addr=), must be counted; 60 successes whose user agent holds
+    " result=403 " must not (the agent comes after the real result=)."""
+    awk = shutil.which("awk")
+    if awk is None:
+        skip_or_fail("awk is not installed")
+    stack = start_stack(tmp_path, values={"RATE": "1000r/s"}, extra_app_hosts=1)
+    try:
+        bad = stack.api_query(game_auth_token="0" * 64)
+        # The second app host goes away: the next authentication nginx sends it fails to
+        # connect and is retried on the unix socket (upstream=502, 200).
+        (_, other_host), = stack.app_hosts
+        stop(other_host)
+        for _ in range(60):
+            answer = stack.request("http", bad, source="127.0.0.7", headers={"User-Agent": "guess"})
+            assert answer.json()["error"] == 403, answer.body
+        for _ in range(60):
+            answer = stack.request("http", stack.api_query(), source="127.0.0.8",
+                                   headers={"User-Agent": "x result=403 y"})
+            assert answer.json()["success"] is True, answer.body
+        log = stack.logs / "authsvc-access.log"
+        deadline = time.monotonic() + 10
+        while log.read_text().count('"x result=403 y"') < 60:  # nginx logs as each answer ends
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.05)
+        text = log.read_text()
+        assert re.search(r'upstream=502, 200 .* addr="127\.0\.0\.1:\d+, unix:.*" result=403 "guess"', text), text
+        command = documented_alert().replace("/var/log/nginx/authsvc-access.log", shlex.quote(str(log)))
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split("\n") == ["60 127.0.0.7", ""], done.stdout
+    finally:
+        stop(stack.nginx)
+        stop(stack.gunicorn)
+        for _, proc in stack.app_hosts:
+            stop(proc)

@@ -5,7 +5,11 @@ JSON 404 for them on the game-facing hosts (docs/operations.md, "Monitoring").""
 from __future__ import annotations
 
 import http.client
+import json
 import re
+import selectors
+import socket
+import time
 
 import pytest
 
@@ -70,3 +74,74 @@ def test_the_auth_line_names_the_host(stack):
     assert re.search(r"auth rid=[0-9a-f]{32} host=https game=none user=4242 reason=unknown_key ms=", log), log
     assert re.search(rf"auth rid=[0-9a-f]{{32}} host=legacy game={stack.game_id} user=4242 reason=success", log), log
     assert stack.api_key not in log and stack.token not in log
+
+
+# -- the monitoring server has the public hosts' connection limits and hides its version --
+
+
+def rendered_header_timeout(stack) -> float:
+    text = (stack.root / "deploy" / "nginx" / "snippets" / "authsvc-limits.conf").read_text()
+    return float(re.search(r"^client_header_timeout (\d+)s;", text, re.M).group(1))
+
+
+def test_the_monitoring_server_does_not_name_its_version(stack):
+    for path in ("/healthz", "/nope"):
+        conn = http.client.HTTPConnection("127.0.0.1", stack.metrics_port, timeout=10)
+        try:
+            conn.request("GET", path)
+            res = conn.getresponse()
+            res.read()
+            assert res.getheader("Server") == "nginx", (path, res.getheader("Server"))
+        finally:
+            conn.close()
+
+
+def test_a_half_sent_request_on_the_monitoring_server_is_cut_at_the_header_timeout(stack):
+    """nginx's default is 60 s; the public hosts' is 5 s (authsvc-limits.conf). Bounded at
+    three times the rendered timeout, far below the default, so a slow machine passes."""
+    timeout = rendered_header_timeout(stack)
+    with socket.create_connection(("127.0.0.1", stack.metrics_port), timeout=10) as sock:
+        sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n")
+        sock.settimeout(3 * timeout)
+        started = time.monotonic()
+        try:
+            data = sock.recv(4096)
+        except ConnectionResetError:
+            data = b""
+        except TimeoutError:
+            data = None
+        assert data == b"", f"still open after {time.monotonic() - started:.1f} s ({data!r})"
+
+
+def test_requests_past_the_per_address_limit_on_the_monitoring_server_get_a_json_429(stack):
+    """Requests whose body never comes (headers read, so limit_conn counts them): CONN_LIMIT
+    of them are held, every one past that is answered 429 at once, in JSON."""
+    site = (stack.root / "deploy" / "nginx" / "snippets" / "authsvc-limits.conf").read_text()
+    limit = int(re.search(r"^limit_conn authsvc_conn (\d+);", site, re.M).group(1))
+    extra = 4
+    head = b"POST /readyz HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+    socks = []
+    try:
+        for _ in range(limit + extra):
+            sock = socket.create_connection(("127.0.0.1", stack.metrics_port), timeout=10,
+                                            source_address=("127.0.5.1", 0))
+            sock.sendall(head)
+            socks.append(sock)
+        answered = []
+        with selectors.DefaultSelector() as sel:
+            for sock in socks:
+                sel.register(sock, selectors.EVENT_READ)
+            deadline = time.monotonic() + 5
+            while len(answered) < extra and time.monotonic() < deadline:
+                for key, _ in sel.select(0.2):
+                    sel.unregister(key.fileobj)
+                    answered.append(key.fileobj.recv(65536))
+        assert len(answered) == extra, f"{len(answered)} of {extra} requests past the limit answered"
+        for raw in answered:
+            head_, _, body = raw.partition(b"\r\n\r\n")
+            assert head_.startswith(b"HTTP/1.1 429 "), raw[:300]
+            assert json.loads(body) == {"success": False, "error": 429,
+                                        "error_description": "Too many requests, slow down"}
+    finally:
+        for sock in socks:
+            sock.close()
