@@ -38,8 +38,10 @@ SCHEMA_VERSION = 2  # len(postgres.MIGRATIONS): the version this release reads
 
 # SQLite's query (store/sqlite_reader.py): one row always, every lookup made whether or not
 # the key and the player exist, so the time of an answer tells neither. No key: game_id NULL.
+# A missing player reads as a placeholder username (decoded like a real one) and epoch 0;
+# its ``enabled`` is NULL, which is how the reader tells it is missing.
 CREDENTIALS_SQL = """
-SELECT k.game_id, g.enabled, k.expires_at, p.username, p.epoch, p.enabled
+SELECT k.game_id, g.enabled, k.expires_at, coalesce(p.username, 'no-such-player'), coalesce(p.epoch, 0), p.enabled
 FROM (SELECT %s AS user_id, %s AS digest) AS q
 LEFT JOIN players AS p ON p.user_id = q.user_id
 LEFT JOIN api_keys AS k ON k.digest = q.digest
@@ -57,8 +59,8 @@ CREDENTIALS_SQL_PQ = CREDENTIALS_SQL.replace("%s", "$1::bigint", 1).replace("%s"
 # repointed: there the check runs on every authentication, and a server no longer in recovery passes.
 STANDBY_STATEMENT = b"authsvc_credentials_standby"
 STANDBY_SQL_PQ = CREDENTIALS_SQL_PQ.replace(
-    b"p.enabled\n", b"p.enabled, CASE WHEN pg_is_in_recovery() THEN (SELECT ceil(1000 * extract(epoch FROM"
-    b" clock_timestamp() - h.at))::bigint FROM authsvc_heartbeat AS h WHERE h.id = 1) ELSE 0 END\n", 1)
+    b"p.enabled\n", b"p.enabled, CASE WHEN pg_is_in_recovery() THEN (SELECT ceil(1000 * "
+    b"extract(epoch FROM clock_timestamp() - h.at))::bigint FROM authsvc_heartbeat AS h WHERE h.id = 1) ELSE 0 END\n", 1)
 STALE_WARNING_INTERVAL = 10.0  # seconds between two "standby too far behind" lines of one process
 # The smallest AUTHSVC_MAX_STALENESS a web process on a hot standby starts with: a healthy standby's
 # heartbeat is up to 0.2 s old (authsvc heartbeat's interval) plus the replication delay, so a
@@ -241,13 +243,15 @@ class PostgresReader(ThreadConnections):
                 if attempt == 2 or fresh or not broken or timed_out:
                     self._log_failure(e)
                     raise StoreUnavailable("postgresql store unavailable") from None
+        # The same conversions whether or not the player exists (a username decoded either way),
+        # and the contract's username None picked by indexing, not by a branch (docs/stores.md).
         game_id, game_enabled, expires_at, username, epoch, player_enabled = row
         found = Credentials(
             int(game_id or b"0"),
             game_enabled == b"t",
             None if expires_at is None else int(expires_at),
-            None if username is None else username.decode(),
-            0 if epoch is None else int(epoch),
+            (None, username.decode())[player_enabled is not None],
+            int(epoch),
             player_enabled == b"t",
         )
         return None if game_id is None else found

@@ -47,18 +47,21 @@ SCHEMA_VERSION = 1  # len(sqlite.MIGRATIONS): the version this release reads
 # One row always, the player looked up whether or not the key exists (and the game
 # whether or not it does: id 0 is never used): the same work for any key and player,
 # so the time of an answer does not tell which exist (docs/stores.md). No key: game_id NULL.
+# A missing player reads as a placeholder username (decoded into a str like a real one) and
+# epoch 0; its ``enabled`` is NULL, which is how the reader tells it is missing.
 CREDENTIALS_SQL = """
-SELECT k.game_id, coalesce(g.enabled, 0), k.expires_at, p.username, coalesce(p.epoch, 0), coalesce(p.enabled, 0)
+SELECT k.game_id, coalesce(g.enabled, 0), k.expires_at, coalesce(p.username, 'no-such-player'), coalesce(p.epoch, 0),
+       p.enabled
 FROM (SELECT ? AS user_id, ? AS digest) AS q
 LEFT JOIN players AS p ON p.user_id = q.user_id
 LEFT JOIN api_keys AS k ON k.digest = q.digest
 LEFT JOIN games AS g ON g.id = coalesce(k.game_id, 0)
 """
 # With a snapshot: the keys once per snapshot, then the player by primary key, one row
-# whether or not the player exists (a missing one: NULL, 0, 0).
+# whether or not the player exists (a missing one: the placeholder, 0, NULL).
 KEYS_SQL = "SELECT k.digest, k.game_id, g.enabled, k.expires_at FROM api_keys AS k JOIN games AS g ON g.id = k.game_id"
 PLAYER_SQL = """
-SELECT p.username, coalesce(p.epoch, 0), coalesce(p.enabled, 0)
+SELECT coalesce(p.username, 'no-such-player'), coalesce(p.epoch, 0), p.enabled
 FROM (SELECT ? AS user_id) AS q LEFT JOIN players AS p ON p.user_id = q.user_id
 """
 NO_KEY = (None, 0, None)  # game_id NULL, as CREDENTIALS_SQL gives for an unknown key
@@ -329,19 +332,24 @@ class SQLiteReader(ThreadConnections):
     def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
         try:
             # Either path does the same work for a known or unknown key, an existing or
-            # missing player: one query, one row, one Credentials built (docs/stores.md).
+            # missing player: one query, one row, a username decoded, one Credentials built
+            # (docs/stores.md).
             if not self.max_staleness:
                 self._check_file()
-                found = Credentials._make(self._conn().execute(CREDENTIALS_SQL, (user_id, key_digest)).fetchone())
+                row = self._conn().execute(CREDENTIALS_SQL, (user_id, key_digest)).fetchone()
             else:
                 snapshot = getattr(self._local, "snapshot", None) or self._snapshot()
                 with snapshot.lock:  # the reaper ends a snapshot only between two requests
                     keys = snapshot.keys
                     if keys is None or self.clock() - snapshot.taken_at >= self.max_staleness:
                         keys = self._new_snapshot(snapshot)
-                    row = snapshot.conn.execute(PLAYER_SQL, (user_id,)).fetchone()
-                found = Credentials._make((*keys.get(key_digest, NO_KEY), *row))
-            return None if found.game_id is None else found
+                    player = snapshot.conn.execute(PLAYER_SQL, (user_id,)).fetchone()
+                row = (*keys.get(key_digest, NO_KEY), *player)
+            # The contract's username None for a missing player, picked by indexing, not by a branch.
+            game_id, game_enabled, expires_at, username, epoch, enabled = row
+            found = Credentials._make((game_id, game_enabled, expires_at, (None, username)[enabled is not None], epoch,
+                                       enabled == 1))
+            return None if game_id is None else found
         except (sqlite3.Error, OSError):
             self._drop()  # reopen on the next request: the file may come back
             raise StoreUnavailable("sqlite store unreadable") from None

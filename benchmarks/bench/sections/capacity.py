@@ -186,7 +186,7 @@ def staleness_check_cost(standby: ThrowawayStandby, world: World, calls: int, ro
                 before = tree_cpu_seconds(standby.postmaster_pid())
                 for k in range(calls):
                     params = [b"%d" % world.user_ids[k % len(world.user_ids)], digest]
-                    if pgconn.exec_prepared(name, params).get_value(0, 3) is None:
+                    if pgconn.exec_prepared(name, params).get_value(0, 5) is None:  # enabled: NULL for no such player
                         raise SystemExit(f"bench: the standby did not find player {params[0]!r}")
                 after = tree_cpu_seconds(standby.postmaster_pid())
                 if before is not None and after is not None:
