@@ -94,12 +94,12 @@ class PostgresStore(PostgresReader, Store):
         except psycopg.errors.ReadOnlySqlTransaction:
             raise ConfigError(
                 f"postgresql store {redact_url(self.url)}: this role may not write "
-                "(the admin command connects as the owner role, docs/stores.md)"
+                "(the admin command connects as the admin role, init and audit prune as the owner, docs/stores.md)"
             ) from None
         except psycopg.errors.InsufficientPrivilege:
             raise ConfigError(
                 f"postgresql store {redact_url(self.url)}: permission denied for this role "
-                "(the admin command connects as the owner role, docs/stores.md)"
+                "(the admin command connects as the admin role, init and audit prune as the owner, docs/stores.md)"
             ) from None
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             self._drop()
