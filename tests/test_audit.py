@@ -204,21 +204,17 @@ def test_a_record_that_cannot_be_written_undoes_the_change(world, store_url):
             sql(store_url, "DROP FUNCTION no_audit()")
 
 
-def _importing(store_url: str, path: str) -> bool:
-    """The import holds its write transaction (SQLite: the write lock; PostgreSQL: an open transaction)."""
+def _rows_written(store_url: str, path: str) -> int:
+    """About how many rows the import has written in its open transaction (0: not writing yet):
+    SQLite: the -wal file's growth in bytes; PostgreSQL: the rows its COPY has taken."""
     if store_url.startswith("sqlite://"):
-        conn = sqlite3.connect(path, isolation_level=None, timeout=0)
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ROLLBACK")
-            return False
-        except sqlite3.OperationalError:
-            return True
-        finally:
-            conn.close()
-    rows = sql(store_url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                          "AND application_name = 'authsvc-admin' AND query LIKE 'COPY players_import%%'")
-    return rows[0][0] > 0
+            return os.path.getsize(path + "-wal")
+        except FileNotFoundError:
+            return 0
+    rows = sql(store_url, "SELECT coalesce(sum(tuples_processed), 0) FROM pg_stat_progress_copy "
+                          "WHERE datname = current_database()")
+    return rows[0][0]
 
 
 def test_an_import_killed_half_way_leaves_neither_players_nor_a_record(world, store_url, env, tmp_path):
@@ -230,13 +226,14 @@ def test_an_import_killed_half_way_leaves_neither_players_nor_a_record(world, st
         [sys.executable, "-m", "authsvc.cli", "player", "import", str(big)],
         env={**os.environ, **env, "SUDO_USER": "alice"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
+    path = store_url.removeprefix("sqlite://")
+    enough = (2 << 20) + _rows_written(store_url, path) if store_url.startswith("sqlite://") else 200_000
     try:
         deadline = time.monotonic() + 120
-        path = store_url.removeprefix("sqlite://")
-        while not _importing(store_url, path):
+        while _rows_written(store_url, path) < enough:  # several batches of rows written, none committed
             assert proc.poll() is None, "the import ended before it was seen writing"
             assert time.monotonic() < deadline, "the import never started writing"
-            time.sleep(0.02)
+            time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
@@ -244,7 +241,8 @@ def test_an_import_killed_half_way_leaves_neither_players_nor_a_record(world, st
     assert proc.returncode == -signal.SIGKILL
     if not store_url.startswith("sqlite://"):  # the server ends the dead client's transaction
         deadline = time.monotonic() + 30
-        while _importing(store_url, path) and time.monotonic() < deadline:
+        while sql(store_url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                             "AND application_name = 'authsvc-admin'")[0][0] and time.monotonic() < deadline:
             time.sleep(0.05)
     assert sql(store_url, "SELECT count(*) FROM players")[0][0] == 1
     assert records(store_url) == before
