@@ -417,3 +417,53 @@ def test_the_admin_role_may_only_read_and_append_and_the_web_role_not_read(own_p
     assert cli.main(["audit", "prune", "--before", "0m"]) == 0
     assert cli.main(["audit", "verify"]) == 0
     assert capsys.readouterr().out.endswith("1 records, chain intact from id 6\n")
+
+
+# -- the operations layer: typed errors for every front door -------------------------------------
+
+
+def test_operations_raise_typed_errors_and_record_the_context(world, store_url, settings):
+    from authsvc.admin import operations as ops
+    from authsvc.errors import CommandError, OperationConflict, OperationInvalid, OperationNotFound
+
+    ctx = ops.Context(actor="api:provisioning", request_id="req-7", clock=lambda: 1_800_000_000.25)
+    with ops.admin_store(settings) as store:
+        for call, error in [
+            (lambda: ops.revoke_player(store, ctx, 999), OperationNotFound),
+            (lambda: ops.set_game_enabled(store, ctx, 999, False), OperationNotFound),
+            (lambda: ops.add_player(store, ctx, 42, "x"), OperationConflict),
+            (lambda: ops.add_game(store, ctx, "Chess"), OperationConflict),
+            (lambda: ops.add_player(store, ctx, 0, "x"), OperationInvalid),
+            (lambda: ops.add_player(store, ctx, 2**63, "x"), OperationInvalid),
+            (lambda: ops.rename_player(store, ctx, 42, "a\u200bb"), OperationInvalid),
+            (lambda: ops.rotate_game_key(store, ctx, 1, -1), OperationInvalid),
+            (lambda: ops.import_players(store, ctx, b"1,ok\nx,bad\n"), OperationInvalid),
+        ]:
+            with pytest.raises(error) as raised:
+                call()
+            assert isinstance(raised.value, CommandError)  # the command prints it in one line, exit 1
+        start = head(store_url)
+        assert ops.revoke_player(store, ctx, 42) == 1
+    (record,) = new_records(store_url, start)
+    assert (record.actor, record.request_id, record.at_ms) == ("api:provisioning", "req-7", 1_800_000_000_250)
+    with pytest.raises(OperationInvalid):
+        ops.Context(actor="api:x\n")
+    with pytest.raises(OperationInvalid):
+        ops.Context(actor="api:x", request_id="r" * 201)
+
+
+@pytest.mark.engine("sqlite")
+def test_init_adds_the_trail_to_a_version_1_sqlite_store_and_keeps_its_data(run, store_url):
+    from authsvc.store.sqlite import MIGRATIONS
+
+    path = store_url.removeprefix("sqlite://")
+    with sqlite3.connect(path, isolation_level=None) as conn:  # the schema as the previous release left it
+        conn.executescript(MIGRATIONS[0])
+        conn.execute("INSERT INTO players (user_id, username) VALUES (42, 'carol')")
+        conn.execute("PRAGMA user_version = 1")
+    code, out, _ = run("init")
+    assert code == 0 and f"schema version {len(MIGRATIONS)} (migrated from 1)" in out
+    assert run("player", "revoke", "42")[0] == 0
+    (record,) = records(store_url)
+    assert (record.id, record.prev_hash, record.action) == (1, GENESIS, "player.revoke")
+    assert run("audit", "verify")[1] == "1 records, chain intact from id 1\n"
