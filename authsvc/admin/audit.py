@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from authsvc.admin import operations
 from authsvc.errors import OperationInvalid
-from authsvc.names import shown
+from authsvc.names import MAX_ID, shown
 from authsvc.store.audit import Chain, Record
 
 DAY_MS = 86_400_000
@@ -179,7 +179,7 @@ def add_parsers(top, common, parser_class) -> None:
     ``audit`` lists with its own ``--json``: JSON lines, one record a line (an error
     is then one line on stderr only).
     """
-    text = "list audit records, newest first; verify the chain; prune old records"
+    text = "list audit records, newest first (without ACTION); verify the chain; prune old records"
     p = top.add_parser("audit", help=text, description=text)
     p.set_defaults(func=cmd_audit, json=False)
     p.add_argument("--since", metavar="TIME", help="records at or after TIME (2026-11-01, 2026-11-01T12:00Z, 30d, 12h)")
@@ -199,6 +199,6 @@ def add_parsers(top, common, parser_class) -> None:
 
 
 def _positive(text: str) -> int:
-    if not (text.isascii() and text.isdigit() and text[0] != "0" and len(text) <= 19):
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}")
+    if not (text.isascii() and text.isdigit() and text[0] != "0" and int(text) <= MAX_ID):
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 2^63-1, got {text!r}")
     return int(text)
