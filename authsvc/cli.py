@@ -4,6 +4,7 @@
     game add | list | enable | disable | rotate-key
     player add | show | rename | enable | disable | revoke | import
     token issue
+    audit [filters] | verify | prune
     export, import, backup, check, explain
     heartbeat (a long-running writer for hot standbys: authsvc/heartbeat.py)
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -32,8 +32,6 @@ from authsvc.players_import import ProgressBar
 from authsvc.settings import Settings
 from authsvc.store import redact_url
 from authsvc.store.base import Game
-from authsvc.store.sqlite import SQLiteStore
-from authsvc.tokens import new_token_secret
 
 __all__ = ["MAX_OLD_KEY_TTL", "build_parser", "main"]
 
@@ -69,19 +67,8 @@ def game_json(game: Game) -> dict:
 
 
 def cmd_init(args, settings: Settings):
-    created = False
-    store_context = _store(settings, check=False)  # a bad AUTHSVC_STORE stops here, before any file is made
     path = settings.token_secret_file
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(new_token_secret() + "\n")
-        created = True
-    with store_context as store:
-        if isinstance(store, SQLiteStore):  # the file's directory may not exist yet
-            os.makedirs(os.path.dirname(os.path.abspath(store.path)), exist_ok=True)
-        before, after = store.migrate()
+    before, after, created = ops.initialize(settings)
     obj = {
         "store": redact_url(settings.store),
         "schema_version_before": before,
@@ -218,9 +205,7 @@ def cmd_export(args, settings):
 
 def cmd_backup(args, settings):
     with _store(settings) as store:
-        if not isinstance(store, SQLiteStore):
-            raise CommandError("backup copies a SQLite store; back up PostgreSQL with pg_dump (docs/operations.md)")
-        store.backup(args.file)
+        ops.backup(store, args.file)
     return 0, {"file": args.file}, f"backed up {redact_url(settings.store)} to {args.file} (WAL mode)"
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import time
 from collections.abc import Callable
 
@@ -31,7 +32,8 @@ from authsvc.settings import Settings, admin_actor
 from authsvc.store import open_store
 from authsvc.store.audit import Audit, Record
 from authsvc.store.base import Conflict, Game, Player, Store
-from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from authsvc.store.sqlite import SQLiteStore
+from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
 
 # Keys retired by rotate-key expire within ten years: now + TTL stays a 64-bit number on both engines.
 MAX_OLD_KEY_TTL = 10 * 365 * 86400
@@ -220,6 +222,33 @@ def import_store(store: Store, ctx: Context, path: str) -> tuple[int, int]:
         return transfer.import_store(store, path, audit=ctx.audit(file_sha256=sha256))
     except transfer.TransferError as e:
         raise OperationInvalid(str(e)) from None
+
+
+def initialize(settings: Settings) -> tuple[int, int, bool]:
+    """``authsvc init``: make the token secret file if there is none (mode 0600; an existing one is never
+    changed) and create or migrate the store; returns (schema version before, after, secret created).
+    A schema change, not a change of data: no audit record."""
+    created = False
+    store_context = admin_store(settings, check=False)  # a bad AUTHSVC_STORE stops here, before any file is made
+    path = settings.token_secret_file
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(new_token_secret() + "\n")
+        created = True
+    with store_context as store:
+        if isinstance(store, SQLiteStore):  # the file's directory may not exist yet
+            os.makedirs(os.path.dirname(os.path.abspath(store.path)), exist_ok=True)
+        before, after = store.migrate()
+    return before, after, created
+
+
+def backup(store: Store, path: str) -> None:
+    """``authsvc backup``: a SQLite store copied to a new file (a read: no audit record; the copy holds the trail)."""
+    if not isinstance(store, SQLiteStore):
+        raise OperationInvalid("backup copies a SQLite store; back up PostgreSQL with pg_dump (docs/operations.md)")
+    store.backup(path)
 
 
 # -- the audit trail ------------------------------------------------------------------------

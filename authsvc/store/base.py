@@ -7,7 +7,7 @@ tests (tests/test_store_contract.py). The web process only calls
 ``SQLiteStore.journal_mode_warning``); everything else is the admin command's.
 ``SQLiteStore.backup`` (``authsvc backup``) exists on SQLite only.
 
-The audit trail (store/audit.py). Every write method takes ``audit``, an Audit
+The audit trail (store/audit.py). Every write method takes the keyword audit, an Audit
 (actor, request id, time), and writes one audit record in the same transaction
 as its change: a failed write writes none. The keyword has a default, so test
 fixtures and benchmarks that seed a store stay short, but the trail is never
