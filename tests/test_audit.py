@@ -257,6 +257,10 @@ def test_verify_passes_an_intact_chain(world, store_url):
     world("game", "disable", "1")
     code, out, _ = world("audit", "verify")
     assert (code, out) == (0, "4 records, chain intact from id 1\n")
+    verdict = json.loads(world("audit", "verify", "--json")[1])
+    last = records(store_url)[-1]
+    assert verdict == {"records": 4, "first_id": 1, "head_id": 4, "head_hash": last.hash, "problem": None,
+                       "record_id": None, "intact": True}
 
 
 def _forge(store_url: str, **fields) -> None:
@@ -303,6 +307,9 @@ def test_verify_names_the_record_edited_deleted_or_inserted(world, store_url, ho
     assert code == 1, out
     assert message in out, out
     assert out.count("\n") == 1
+    verdict = json.loads(world("audit", "verify", "--json")[1])
+    assert verdict["intact"] is False and message in verdict["problem"]
+    assert str(verdict["record_id"]) in message
 
 
 def test_prune_keeps_the_chain_verifiable_from_its_new_start(world, store_url, monkeypatch):

@@ -54,6 +54,7 @@ class Verdict:
     records: int
     first_id: int  # where the chain starts: the record after the prune anchor
     head_id: int
+    head_hash: str  # kept elsewhere, it shows a later rewrite of the whole chain (docs/admin.md)
     problem: str | None = None  # names the first record altered, removed or inserted
     record_id: int | None = None
 
@@ -67,7 +68,7 @@ def verify(items: Iterable[Chain | Record]) -> Verdict:
     last_prune: Record | None = None
 
     def bad(record_id: int, problem: str) -> Verdict:
-        return Verdict(count, chain.anchor_id + 1, chain.head_id, problem, record_id)
+        return Verdict(count, chain.anchor_id + 1, chain.head_id, chain.head_hash, problem, record_id)
 
     for r in it:
         assert isinstance(r, Record)
@@ -96,7 +97,7 @@ def verify(items: Iterable[Chain | Record]) -> Verdict:
         if (named.get("anchor_id"), named.get("anchor_hash")) != (chain.anchor_id, chain.anchor_hash):
             return bad(chain.anchor_id + 1, f"the chain starts after record {chain.anchor_id}, "
                                             "but no prune record names that start")
-    return Verdict(count, chain.anchor_id + 1, chain.head_id)
+    return Verdict(count, chain.anchor_id + 1, chain.head_id, chain.head_hash)
 
 
 # -- the subcommands ------------------------------------------------------------------------
