@@ -63,7 +63,8 @@ def verify(items: Iterable[Chain | Record]) -> Verdict:
     """Walk the chain (the audit_chain row, then the records oldest first) to its head."""
     it = iter(items)
     chain = next(it)
-    assert isinstance(chain, Chain)
+    if not isinstance(chain, Chain):
+        raise TypeError("verify() takes the audit_chain row first (Store.audit_walk)")
     expected, prev, count = chain.anchor_id + 1, chain.anchor_hash, 0
     last_prune: Record | None = None
 
@@ -71,7 +72,8 @@ def verify(items: Iterable[Chain | Record]) -> Verdict:
         return Verdict(count, chain.anchor_id + 1, chain.head_id, chain.head_hash, problem, record_id)
 
     for r in it:
-        assert isinstance(r, Record)
+        if not isinstance(r, Record):
+            raise TypeError("verify() takes records after the audit_chain row (Store.audit_walk)")
         if r.id > chain.head_id:
             return bad(r.id, f"record {r.id} was inserted: the chain ends at record {chain.head_id}")
         if r.id < expected:

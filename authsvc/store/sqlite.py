@@ -19,7 +19,7 @@ from authsvc.store import base
 from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiKey, Conflict, Game, NotEmpty, Player, Store
 from authsvc.store.common import batches, games_with_keys
-from authsvc.store.sqlite_reader import CREDENTIALS_SQL, PLAYER_SQL, SCHEMA_VERSION, SQLiteReader, path_from_url
+from authsvc.store.sqlite_reader import CREDENTIALS_SQL, PLAYER_SQL, SQLiteReader, path_from_url
 
 __all__ = ["CREDENTIALS_SQL", "PLAYER_SQL", "MIGRATIONS", "WAL_LIMIT_BYTES", "SQLiteStore", "path_from_url"]
 
@@ -55,7 +55,6 @@ MIGRATIONS: list[str] = [
     # 2: the audit trail, one hash-chained record per change, and its anchor and head (store/audit.py).
     trail.SQLITE_TABLES,
 ]
-assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
 def _store_error(error: sqlite3.Error, path: str) -> StoreUnavailable:
@@ -165,7 +164,6 @@ class SQLiteStore(SQLiteReader, Store):
             except sqlite3.IntegrityError:
                 raise Conflict(f"a game named {name!r} exists") from None
             game_id = cur.lastrowid
-            assert game_id is not None
             self._insert_key(conn, key_digest, game_id, now)
             trail.change(conn, False, audit, "game.add", {}, game_id=game_id)
         return Game(game_id, name, True, now, (ApiKey(key_digest, now, None),))
