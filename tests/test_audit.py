@@ -474,3 +474,35 @@ def test_init_adds_the_trail_to_a_version_1_sqlite_store_and_keeps_its_data(run,
     (record,) = records(store_url)
     assert (record.id, record.prev_hash, record.action) == (1, GENESIS, "player.revoke")
     assert run("audit", "verify")[1] == "1 records, chain intact from id 1\n"
+
+
+def test_concurrent_writers_append_one_unbroken_chain(world, store_url, settings):
+    """Appends are serialized (SQLite's write lock, PostgreSQL's row lock on audit_chain): two sessions
+    changing players at once leave contiguous ids, each record linked to the one before."""
+    import threading
+
+    from authsvc.admin import operations as ops
+
+    world("player", "add", "43", "dave")
+    errors = []
+
+    def writer(user_id: int, actor: str) -> None:
+        try:
+            ctx = ops.Context(actor=actor)
+            with ops.admin_store(settings) as store:
+                for _ in range(25):
+                    ops.revoke_player(store, ctx, user_id)
+        except Exception as e:  # noqa: BLE001 - reported below with its type
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=writer, args=(42, "cli:one")), threading.Thread(target=writer, args=(43, "cli:two"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    rows = records(store_url)
+    assert [r.id for r in rows] == list(range(1, 54))
+    assert all(r.prev_hash == p.hash for p, r in zip(rows, rows[1:], strict=False))
+    assert sql(store_url, "SELECT epoch FROM players ORDER BY user_id") == [(25,), (25,)]
+    assert world("audit", "verify")[1] == "53 records, chain intact from id 1\n"
