@@ -347,6 +347,9 @@ def test_audit_lists_newest_first_with_filters_and_json_lines(world, store_url):
     assert "cli:alice  game.disable  game 1  enabled: true -> false" in lines[0]
     assert "player.rename  player 42  username: d\\u202eave -> erin" in lines[1]  # escaped, as admin.md shows names
     assert "\u202e" not in out
+    world("game", "rotate-key", "1", "--old-key-ttl", "0")
+    line = world("audit", "--limit", "1")[1]
+    assert "game.rotate_key  game 1  keys: 1 -> 2, old_keys_expire_at=20" in line and line.endswith("Z\n")
     out = world("audit", "--player", "42", "--json")[1]
     objs = [json.loads(line) for line in out.splitlines()]
     assert [o["action"] for o in objs] == ["player.rename", "player.add"]

@@ -113,15 +113,17 @@ def _describe(changes: str) -> str:
     for key in sorted(set(before) | set(after)):
         old, new = before.get(key), after.get(key)
         if key not in before:
-            parts.append(f"{key}={_value(new)}")
+            parts.append(f"{key}={_value(key, new)}")
         elif old != new:
-            parts.append(f"{key}: {_value(old)} -> {_value(new)}")
+            parts.append(f"{key}: {_value(key, old)} -> {_value(key, new)}")
     return ", ".join(parts) or "no field changed"
 
 
-def _value(value) -> str:
+def _value(key: str, value) -> str:
     if isinstance(value, str):
         return shown(value)
+    if key.endswith("_at") and type(value) is int:  # unix seconds (a key's expiry)
+        return utc(value * 1000)
     return json.dumps(value)
 
 
