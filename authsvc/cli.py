@@ -4,35 +4,36 @@
     game add | list | enable | disable | rotate-key
     player add | show | rename | enable | disable | revoke | import
     token issue
+    audit [filters] | verify | prune
     export, import, backup, check, explain
     heartbeat (a long-running writer for hot standbys: authsvc/heartbeat.py)
 
 Every subcommand takes ``--json`` (one JSON object on stdout). Bad input gives a
 one-line message on stderr and exit 1 (exit 2 for a malformed command line).
-The web process never writes; this command is the store's only writer.
+The web process never writes; this command is the store's only writer. This
+module parses arguments and prints; every write and its audit record go through
+the operations layer (authsvc/admin/operations.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
-from authsvc import transfer
+from authsvc.admin import audit
+from authsvc.admin import operations as ops
+from authsvc.admin.operations import MAX_OLD_KEY_TTL
 from authsvc.authenticate import parse_user_id
 from authsvc.errors import CommandError, ConfigError, StoreUnavailable
-from authsvc.names import shown
-from authsvc.players_import import ProgressBar, check_username, check_visible, import_rows
+from authsvc.names import check_game_name, check_username, shown
+from authsvc.players_import import ProgressBar
 from authsvc.settings import Settings
-from authsvc.store import open_store, redact_url
-from authsvc.store.base import Conflict, Game, Store
-from authsvc.store.sqlite import SQLiteStore
-from authsvc.tokens import api_key_digest, current_token, new_api_key, new_token_secret
+from authsvc.store import redact_url
+from authsvc.store.base import Game
 
-# Keys retired by rotate-key expire within ten years: now + TTL stays a 64-bit number on both engines.
-MAX_OLD_KEY_TTL = 10 * 365 * 86400
+__all__ = ["MAX_OLD_KEY_TTL", "build_parser", "main"]
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -66,19 +67,8 @@ def game_json(game: Game) -> dict:
 
 
 def cmd_init(args, settings: Settings):
-    created = False
-    store_context = _store(settings, check=False)  # a bad AUTHSVC_STORE stops here, before any file is made
     path = settings.token_secret_file
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(new_token_secret() + "\n")
-        created = True
-    with store_context as store:
-        if isinstance(store, SQLiteStore):  # the file's directory may not exist yet
-            os.makedirs(os.path.dirname(os.path.abspath(store.path)), exist_ok=True)
-        before, after = store.migrate()
+    before, after, created = ops.initialize(settings)
     obj = {
         "store": redact_url(settings.store),
         "schema_version_before": before,
@@ -95,16 +85,9 @@ def cmd_init(args, settings: Settings):
 
 
 def cmd_game_add(args, settings):
-    check_visible("game name", args.name)
-    name = args.name.strip()
-    if not name or len(name) > 200:
-        raise CommandError("game name must be 1 to 200 printable characters")
-    api_key = new_api_key()
+    check_game_name(args.name)  # before the store is opened, as ever
     with _store(settings) as store:
-        try:
-            game = store.add_game(name, api_key_digest(api_key), int(time.time()))
-        except Conflict as e:
-            raise CommandError(str(e)) from None
+        game, api_key = ops.add_game(store, ops.command_context(), args.name)
     obj = {"game_id": game.id, "name": game.name, "api_key": api_key}
     text = (
         f"game {game.id} ({shown(game.name)}) created\n"
@@ -116,7 +99,7 @@ def cmd_game_add(args, settings):
 
 def cmd_game_list(args, settings):
     with _store(settings) as store:
-        games = store.list_games()
+        games = ops.list_games(store)
     now = int(time.time())
     lines = [f"{'ID':>6}  {'ENABLED':7}  {'LIVE KEYS':9}  NAME"]
     for g in games:
@@ -128,20 +111,15 @@ def cmd_game_list(args, settings):
 def cmd_game_enable(args, settings):
     enabled = args.action == "enable"
     with _store(settings) as store:
-        if not store.set_game_enabled(args.game_id, enabled):
-            raise CommandError(f"no game {args.game_id}")
+        ops.set_game_enabled(store, ops.command_context(), args.game_id, enabled)
     return 0, {"game_id": args.game_id, "enabled": enabled}, f"game {args.game_id} {args.action}d"
 
 
 def cmd_game_rotate_key(args, settings):
-    if not 0 <= args.old_key_ttl <= MAX_OLD_KEY_TTL:
-        raise CommandError(f"--old-key-ttl must be from 0 to {MAX_OLD_KEY_TTL} seconds (ten years)")
-    api_key = new_api_key()
-    now = int(time.time())
-    expires_at = now + args.old_key_ttl
+    ctx = ops.command_context()
+    ops.check_old_key_ttl(args.old_key_ttl)  # before the store is opened, as ever
     with _store(settings) as store:
-        if not store.add_api_key(args.game_id, api_key_digest(api_key), now, expires_at):
-            raise CommandError(f"no game {args.game_id}")
+        api_key, expires_at = ops.rotate_game_key(store, ctx, args.game_id, args.old_key_ttl)
     obj = {"game_id": args.game_id, "api_key": api_key, "old_keys_expire_at": expires_at}
     text = (
         f"new api key for game {args.game_id}: {api_key}\n"
@@ -156,20 +134,15 @@ def _player_json(player) -> dict:
 
 
 def cmd_player_add(args, settings):
-    username = check_username(args.username)
+    check_username(args.username)  # before the store is opened, as ever
     with _store(settings) as store:
-        try:
-            player = store.add_player(args.user_id, username)
-        except Conflict as e:
-            raise CommandError(str(e)) from None
+        player = ops.add_player(store, ops.command_context(), args.user_id, args.username)
     return 0, _player_json(player), f"player {player.user_id} ({shown(player.username)}) added"
 
 
 def cmd_player_show(args, settings):
     with _store(settings) as store:
-        player = store.get_player(args.user_id)
-    if player is None:
-        raise CommandError(f"no player {args.user_id}")
+        player = ops.get_player(store, args.user_id)
     text = f"player {player.user_id}: {shown(player.username)}, epoch {player.epoch}, " + (
         "enabled" if player.enabled else "disabled"
     )
@@ -177,26 +150,22 @@ def cmd_player_show(args, settings):
 
 
 def cmd_player_rename(args, settings):
-    username = check_username(args.username)
+    check_username(args.username)
     with _store(settings) as store:
-        if not store.rename_player(args.user_id, username):
-            raise CommandError(f"no player {args.user_id}")
+        username = ops.rename_player(store, ops.command_context(), args.user_id, args.username)
     return 0, {"user_id": args.user_id, "username": username}, f"player {args.user_id} renamed to {shown(username)}"
 
 
 def cmd_player_enable(args, settings):
     enabled = args.action == "enable"
     with _store(settings) as store:
-        if not store.set_player_enabled(args.user_id, enabled):
-            raise CommandError(f"no player {args.user_id}")
+        ops.set_player_enabled(store, ops.command_context(), args.user_id, enabled)
     return 0, {"user_id": args.user_id, "enabled": enabled}, f"player {args.user_id} {args.action}d"
 
 
 def cmd_player_revoke(args, settings):
     with _store(settings) as store:
-        epoch = store.revoke_player(args.user_id)
-    if epoch is None:
-        raise CommandError(f"no player {args.user_id}")
+        epoch = ops.revoke_player(store, ops.command_context(), args.user_id)
     text = f"player {args.user_id}: every token revoked (credential epoch now {epoch})"
     return 0, {"user_id": args.user_id, "epoch": epoch}, text
 
@@ -211,7 +180,7 @@ def cmd_player_import(args, settings):
         total = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
         bar = ProgressBar(total) if sys.stderr.isatty() and not args.json else None
         started = time.monotonic()
-        count = store.upsert_players(import_rows(data), progress=bar)
+        count = ops.import_players(store, ops.command_context(), data, progress=bar)
         if bar:
             bar.done(count)
     seconds = time.monotonic() - started
@@ -222,16 +191,13 @@ def cmd_token_issue(args, settings):
     if not settings.token_secrets:
         raise CommandError(f"no token secret at {settings.token_secret_file} (run 'authsvc init')")
     with _store(settings) as store:
-        token, player = current_token(store, settings.token_secrets[0], args.game, args.user)
+        token, player = ops.mint(store, ops.command_context(), settings.token_secrets[0], args.game, args.user)
     return 0, {"game_id": args.game, "user_id": player.user_id, "game_auth_token": token}, token
 
 
 def cmd_export(args, settings):
     with _store(settings) as store:
-        try:
-            games, players = transfer.export_store(store, args.file)
-        except transfer.TransferError as e:
-            raise CommandError(str(e)) from None
+        games, players = ops.export_store(store, args.file)
     return 0, {"file": args.file, "games": games, "players": players}, (
         f"exported {games} games and {players} players to {args.file}"
     )
@@ -239,19 +205,14 @@ def cmd_export(args, settings):
 
 def cmd_backup(args, settings):
     with _store(settings) as store:
-        if not isinstance(store, SQLiteStore):
-            raise CommandError("backup copies a SQLite store; back up PostgreSQL with pg_dump (docs/operations.md)")
-        store.backup(args.file)
+        ops.backup(store, args.file)
     return 0, {"file": args.file}, f"backed up {redact_url(settings.store)} to {args.file} (WAL mode)"
 
 
 def cmd_import(args, settings):
     started = time.monotonic()
     with _store(settings) as store:
-        try:
-            games, players = transfer.import_store(store, args.file)
-        except transfer.TransferError as e:
-            raise CommandError(str(e)) from None
+        games, players = ops.import_store(store, ops.command_context(), args.file)
     seconds = time.monotonic() - started
     return 0, {"file": args.file, "games": games, "players": players, "seconds": round(seconds, 3)}, (
         f"imported {games} games and {players} players from {args.file} in {seconds:.1f} s"
@@ -260,25 +221,7 @@ def cmd_import(args, settings):
 
 # -- plumbing ------------------------------------------------------------------------------
 
-
-class _store:
-    """``with _store(settings) as store``: an admin (read-write) store, closed afterwards."""
-
-    def __init__(self, settings: Settings, *, check: bool = True):
-        self.store: Store = open_store(settings.store, readonly=False, settings=settings)
-        self.check = check
-
-    def __enter__(self) -> Store:
-        if self.check:  # a store that is missing or not migrated: say so, in one line
-            try:
-                self.store.check()
-            except ConfigError:
-                self.store.close()
-                raise
-        return self.store
-
-    def __exit__(self, *exc) -> None:
-        self.store.close()
+_store = ops.admin_store  # ``with _store(settings) as store``: an admin (read-write) store, closed afterwards
 
 
 class _Parser(argparse.ArgumentParser):
@@ -351,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = leaf(token, "issue", cmd_token_issue, "print a player's current token for a game")
     p.add_argument("--game", type=game_id_arg, required=True, metavar="GAME_ID")
     p.add_argument("--user", type=user_id_arg, required=True, metavar="USER_ID")
+
+    audit.add_parsers(top, common, _Parser)
 
     from authsvc import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
 

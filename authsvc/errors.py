@@ -30,6 +30,27 @@ class CommandError(Exception):
     """Bad input or a failed precondition in the admin command: one line on stderr, exit 1."""
 
 
+class OperationError(CommandError):
+    """A write or read of the operations layer (authsvc/admin/operations.py) refused, in one line.
+
+    The command prints it and exits 1; the admin API will answer each subclass with
+    its own HTTP status. A store that is locked or down raises StoreLocked or
+    StoreUnavailable (above), which both front doors map as well.
+    """
+
+
+class OperationNotFound(OperationError):
+    """No such game or player (API: 404)."""
+
+
+class OperationConflict(OperationError):
+    """The write would break a uniqueness rule, or the store is not empty (API: 409)."""
+
+
+class OperationInvalid(OperationError):
+    """Input that breaks a rule: a name, a user id, a TTL, a file's rows (API: 422)."""
+
+
 class HTTPError(Exception):
     status = 500
     description = "Internal server error"

@@ -14,29 +14,13 @@ import time
 from collections.abc import Iterator
 
 from authsvc.authenticate import parse_user_id
-from authsvc.errors import CommandError
-from authsvc.names import hidden_character
+from authsvc.errors import CommandError, OperationInvalid
+from authsvc.names import MAX_USERNAME, check_username, check_visible
 
-MAX_USERNAME = 255
-
-
-def check_visible(what: str, name: str) -> None:
-    """Refuse a new name holding a character that is invisible or reorders text (authsvc/names.py)."""
-    found = hidden_character(name)
-    if found:
-        raise CommandError(f"{what} must not contain control, format or separator characters ({found})")
+__all__ = ["MAX_USERNAME", "ProgressBar", "RowError", "check_username", "check_visible", "import_rows"]
 
 
-def check_username(name: str) -> str:
-    check_visible("username", name)
-    if not name.strip() or name != name.strip():
-        raise CommandError("username must not be empty or start or end with white space")
-    if len(name) > MAX_USERNAME:
-        raise CommandError(f"username must be at most {MAX_USERNAME} characters")
-    return name
-
-
-class RowError(CommandError):
+class RowError(OperationInvalid):
     pass
 
 

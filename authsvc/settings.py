@@ -19,6 +19,7 @@ import ipaddress
 import logging
 import math
 import os
+import pwd
 import stat
 import tomllib
 from collections.abc import Callable, Mapping
@@ -95,6 +96,9 @@ SETTINGS = (
     Setting("pg_retry_after", "AUTHSVC_PG_RETRY_AFTER", float, 2.0, rule="positive", check=lambda v: v > 0),
     Setting("max_staleness", "AUTHSVC_MAX_STALENESS", float, 1.0,
             rule=f"from 0 to {MAX_STALENESS_BOUND:g} seconds", check=lambda v: 0 <= v <= MAX_STALENESS_BOUND),
+    # `authsvc audit prune` without --before removes records older than this many days; 0 keeps them forever.
+    Setting("audit_retention_days", "AUTHSVC_AUDIT_RETENTION_DAYS", int, 0,
+            rule="0 (keep forever) or more days", check=lambda v: v >= 0),
     # The level of the app's "authsvc" logger, set by deploy/gunicorn.conf.py's logconfig_dict.
     Setting("log_level", "AUTHSVC_LOG_LEVEL", str, "INFO", choices=_LOG_LEVELS),
     Setting("workers", "AUTHSVC_WORKERS", int, _cpu_count, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
@@ -140,6 +144,7 @@ class Settings:
     pg_reply_timeout: float = default("pg_reply_timeout")
     pg_retry_after: float = default("pg_retry_after")
     max_staleness: float = default("max_staleness")
+    audit_retention_days: int = default("audit_retention_days")
 
     def __repr__(self) -> str:
         """The fields, with the store URL's password masked: a repr can reach a log or a traceback."""
@@ -190,6 +195,23 @@ class GunicornSettings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GunicornSettings:
         values = read_settings(os.environ if environ is None else environ)
         return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+
+
+def admin_actor(environ: Mapping[str, str] | None = None) -> str:
+    """Who runs the admin command, for its audit records: ``cli:<login name>``.
+
+    ``SUDO_USER`` when set (``sudo authsvc ...`` names the person, not root), else
+    the name of the process's real user id from the password database (not
+    ``$USER``, which anyone sets), else the bare uid.
+    """
+    env = os.environ if environ is None else environ
+    name = env.get("SUDO_USER", "").strip()
+    if not name:
+        try:
+            name = pwd.getpwuid(os.getuid()).pw_name
+        except KeyError:  # a uid with no passwd entry (a container)
+            name = str(os.getuid())
+    return "cli:" + name
 
 
 def metrics_dir(environ: Mapping[str, str] | None = None) -> str:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
+from authsvc.store.audit import Audit
 from authsvc.store.base import ApiKey, Conflict, Game, NotEmpty, Player, Store
 
 FORMAT = "authsvc-export"
@@ -76,8 +77,10 @@ def write_export(store: Store, out: BinaryIO) -> tuple[int, int]:
     return games, players
 
 
-def import_store(store: Store, path: str, progress: Callable[[int], None] | None = None) -> tuple[int, int]:
-    """Load an export into an empty store, all or nothing; returns (games, players)."""
+def import_store(
+    store: Store, path: str, progress: Callable[[int], None] | None = None, *, audit: Audit | None = None
+) -> tuple[int, int]:
+    """Load an export into an empty store, all or nothing, with one audit record; returns (games, players)."""
     try:
         f = open(path, "rb")
     except OSError as e:
@@ -87,7 +90,7 @@ def import_store(store: Store, path: str, progress: Callable[[int], None] | None
         high_water = reader.header()
         games = reader.games()
         try:
-            return store.load(games, reader.players(), high_water, progress)
+            return store.load(games, reader.players(), high_water, progress, audit=audit)
         except NotEmpty:
             raise TransferError(
                 "the target store already holds games or players; import only into a new store "

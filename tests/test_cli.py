@@ -251,10 +251,11 @@ def test_store_url_password_is_redacted():
 
 
 COMMANDS = {
-    (): ["init", "game", "player", "export", "import", "backup", "token", "check", "explain", "heartbeat"],
+    (): ["init", "game", "player", "export", "import", "backup", "token", "audit", "check", "explain", "heartbeat"],
     ("game",): ["add", "list", "enable", "disable", "rotate-key"],
     ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "import"],
     ("token",): ["issue"],
+    ("audit",): ["verify", "prune"],
 }
 
 

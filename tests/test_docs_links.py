@@ -366,16 +366,23 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 def command_problem(parser: argparse.ArgumentParser, args: list[str]) -> str | None:
     """Why ``authsvc ARGS`` is not a command the parser knows (None: it is). Subcommands must exist at
     each level; a long option (``--x`` or ``--x=v``, also in ``[...]``) must be one of that level's;
-    anything else is a value or a placeholder (FILE, USER_ID, ...) and is not checked."""
+    anything else is a value or a placeholder (FILE, USER_ID, ...) and is not checked, as is the word after
+    an option that takes a value (``authsvc audit --player USER_ID verify``: USER_ID is no subcommand)."""
     path = ["authsvc"]
+    value_next = False  # the word after an option that takes a value is that value, not a subcommand
     for word in args:
         word = word.strip("[]")
+        if value_next and not word.startswith("-"):
+            value_next = False
+            continue
+        value_next = False
         if word.startswith("--"):
             if word == "--":
                 break
             option = word.split("=", 1)[0]
             if option not in parser._option_string_actions:
                 return f"'{' '.join(path)}' has no option {option}"
+            value_next = "=" not in word and parser._option_string_actions[option].nargs != 0
             continue
         if word.startswith("-") and word != "-":
             if word[:2] not in parser._option_string_actions:
@@ -480,6 +487,9 @@ def test_commands_are_found_in_shell_lines(line, expected):
         (["gmae", "list"], False),
         (["token", "issue", "--gmae", "1"], False),
         (["game", "list", "[--jsn]"], False),
+        (["audit", "[--player", "USER_ID]", "[--json]"], True),
+        (["audit", "--since", "30d", "verify"], True),
+        (["audit", "--since", "30d", "verfy"], False),
     ],
 )
 def test_the_command_check_knows_the_parser(args, known):

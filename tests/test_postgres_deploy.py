@@ -21,7 +21,7 @@ from authsvc.cli import main
 from authsvc.errors import ConfigError
 from authsvc.settings import Settings
 from authsvc.store import open_store
-from authsvc.store.postgres import MIGRATION_LOCK
+from authsvc.store.postgres import MIGRATION_LOCK, MIGRATIONS
 from authsvc.tokens import api_key_digest
 from tests.pgserver import Heartbeat, ThrowawayPostgres, find_bin_dir
 from tests.support import make_testapp, skip_or_fail
@@ -40,16 +40,19 @@ def test_shipped_roles_and_settings(own_pg, secret_file, monkeypatch, capsys):
 
     web = Settings.from_env({"AUTHSVC_CONFIG": str(DEPLOY / "web.toml")}, require_secret=False)
     admin = Settings.from_env({"AUTHSVC_CONFIG": str(DEPLOY / "admin.toml")}, require_secret=False)
+    owner = Settings.from_env({"AUTHSVC_CONFIG": str(DEPLOY / "owner.toml")}, require_secret=False)
     assert urllib.parse.urlsplit(web.store).username == "authsvc_web"
-    assert urllib.parse.urlsplit(admin.store).username == "authsvc_owner"
+    assert urllib.parse.urlsplit(admin.store).username == "authsvc_admin"
+    assert urllib.parse.urlsplit(owner.store).username == "authsvc_owner"
 
     subprocess.run(
         [os.path.join(own_pg.bin_dir, "psql"), own_pg.url, "-q", "-v", "ON_ERROR_STOP=1", "-f", str(DEPLOY / "roles.sql")],
         check=True, capture_output=True, timeout=60,
     )
     monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(secret_file))
-    monkeypatch.setenv("AUTHSVC_STORE", local(admin.store, own_pg.port))
+    monkeypatch.setenv("AUTHSVC_STORE", local(owner.store, own_pg.port))
     assert main(["init"]) == 0
+    monkeypatch.setenv("AUTHSVC_STORE", local(admin.store, own_pg.port))
     assert main(["game", "add", "Chess", "--json"]) == 0
     api_key = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["api_key"]
     assert main(["player", "add", "5", "bob"]) == 0
@@ -80,7 +83,7 @@ def test_shipped_roles_and_settings(own_pg, secret_file, monkeypatch, capsys):
 # -- what each role may do, one right per test, on a server set up as docs/stores.md says ----------
 
 HEARTBEAT_ROLE = "authsvc_heartbeat_writer"
-SERVICE_ROLES = ("authsvc_owner", "authsvc_web", HEARTBEAT_ROLE)
+SERVICE_ROLES = ("authsvc_owner", "authsvc_admin", "authsvc_web", HEARTBEAT_ROLE)
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +170,8 @@ def test_the_web_role_cannot_block_a_migration(deployed):
         web.execute("SELECT * FROM authsvc_schema, games, api_keys, players, authsvc_heartbeat")
         owner = open_store(role_url(deployed, "authsvc_owner"), readonly=False)
         try:
-            assert owner.migrate() == (2, 2)  # a lock held by the web role: StoreLocked after ADMIN_LOCK_WAIT
+            # a lock held by the web role: StoreLocked after ADMIN_LOCK_WAIT
+            assert owner.migrate() == (len(MIGRATIONS), len(MIGRATIONS))
         finally:
             owner.close()
             web.execute("ROLLBACK")
@@ -228,7 +232,7 @@ def test_init_grants_the_heartbeat_role_again(deployed):
             with pytest.raises(ConfigError, match="may not read the tables .*'authsvc init'") as refused:
                 store.check()
             assert "authsvc_reader" not in str(refused.value)
-            assert owner.migrate() == (2, 2)
+            assert owner.migrate() == (len(MIGRATIONS), len(MIGRATIONS))
             store.check()
             store.write_heartbeat()
         finally:
@@ -278,6 +282,7 @@ KEEPALIVES = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_k
     (HEARTBEAT_ROLE, {"idle_in_transaction_session_timeout": "5s", "idle_session_timeout": "30s", **KEEPALIVES}),
     # The admin command's sessions may wait for a person (a prompt) or a file: keepalives only.
     ("authsvc_owner", {"idle_in_transaction_session_timeout": "0", "idle_session_timeout": "0", **KEEPALIVES}),
+    ("authsvc_admin", {"idle_in_transaction_session_timeout": "0", "idle_session_timeout": "0", **KEEPALIVES}),
 ])
 def test_the_roles_sessions_end_when_their_client_is_gone(deployed, role, expected):
     import psycopg

@@ -7,6 +7,13 @@ tests (tests/test_store_contract.py). The web process only calls
 ``SQLiteStore.journal_mode_warning``); everything else is the admin command's.
 ``SQLiteStore.backup`` (``authsvc backup``) exists on SQLite only.
 
+The audit trail (store/audit.py). Every write method takes the keyword audit, an Audit
+(actor, request id, time), and writes one audit record in the same transaction
+as its change: a failed write writes none. The keyword has a default, so test
+fixtures and benchmarks that seed a store stay short, but the trail is never
+skipped: a write without one is recorded with the actor "unattributed". The
+operations layer (authsvc/admin/operations.py) always passes one.
+
 Errors. Besides what a method's docstring names (Conflict, NotEmpty), every
 method raises only these, from authsvc/errors.py, each with a one-line message
 that never holds a password:
@@ -26,7 +33,10 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from authsvc.store.audit import Audit, Chain, Record
 
 
 class Credentials(NamedTuple):
@@ -104,7 +114,7 @@ class Store(abc.ABC):
         """Apply pending migrations; returns (version before, version after)."""
 
     @abc.abstractmethod
-    def add_game(self, name: str, key_digest: str, now: int) -> Game: ...
+    def add_game(self, name: str, key_digest: str, now: int, *, audit: Audit | None = None) -> Game: ...
 
     @abc.abstractmethod
     def get_game(self, game_id: int) -> Game | None: ...
@@ -113,38 +123,58 @@ class Store(abc.ABC):
     def list_games(self) -> list[Game]: ...
 
     @abc.abstractmethod
-    def set_game_enabled(self, game_id: int, enabled: bool) -> bool:
+    def set_game_enabled(self, game_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
         """False if there is no such game."""
 
     @abc.abstractmethod
-    def add_api_key(self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None) -> bool:
+    def add_api_key(
+        self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None, *, audit: Audit | None = None
+    ) -> bool:
         """Add a key; keys of the game with no expiry, or a later one, expire at ``old_keys_expire_at``."""
 
     @abc.abstractmethod
     def get_player(self, user_id: int) -> Player | None: ...
 
     @abc.abstractmethod
-    def add_player(self, user_id: int, username: str) -> Player:
+    def add_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> Player:
         """Raise Conflict if the player exists."""
 
     @abc.abstractmethod
-    def rename_player(self, user_id: int, username: str) -> bool: ...
+    def rename_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> bool: ...
 
     @abc.abstractmethod
-    def set_player_enabled(self, user_id: int, enabled: bool) -> bool: ...
+    def set_player_enabled(self, user_id: int, enabled: bool, *, audit: Audit | None = None) -> bool: ...
 
     @abc.abstractmethod
-    def revoke_player(self, user_id: int) -> int | None:
+    def revoke_player(self, user_id: int, *, audit: Audit | None = None) -> int | None:
         """Bump the credential epoch; returns the new epoch, None if no such player."""
 
     @abc.abstractmethod
     def upsert_players(
-        self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None
+        self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None,
+        *, audit: Audit | None = None,
     ) -> int:
         """Insert or rename players in one transaction; returns the row count.
 
-        If ``rows`` raises part-way, nothing is written.
+        If ``rows`` raises part-way, nothing is written. One audit record for the batch.
         """
+
+    # -- the audit trail (store/audit.py) -------------------------------------------------
+    @abc.abstractmethod
+    def note(self, action: str, *, audit: Audit, game_id=None, user_id=None, after: dict | None = None) -> Record:
+        """Append a record of an event that changes no row (a token minted)."""
+
+    @abc.abstractmethod
+    def audit_records(self, **filters) -> list[Record]:
+        """Records matching store.audit.select's filters, newest first."""
+
+    @abc.abstractmethod
+    def audit_walk(self) -> Iterator[Chain | Record]:
+        """The audit_chain row, then every record oldest first, from one snapshot."""
+
+    @abc.abstractmethod
+    def audit_prune(self, before_ms: int, *, audit: Audit) -> Record:
+        """Delete the records before ``before_ms`` (a prefix of the chain), keep the anchor, record the prune."""
 
     # -- moving between stores (authsvc export / import, authsvc/transfer.py) ---------
     @abc.abstractmethod
@@ -162,6 +192,7 @@ class Store(abc.ABC):
         players: Iterable[Player],
         game_id_high_water: int,
         progress: Callable[[int], None] | None = None,
+        *, audit: Audit | None = None,
     ) -> tuple[int, int]:
         """Write games (ids kept) and players (epochs kept) into an empty store, in one transaction.
 

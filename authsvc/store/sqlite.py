@@ -14,7 +14,9 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 
 from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
+from authsvc.store import audit as trail
 from authsvc.store import base
+from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiKey, Conflict, Game, NotEmpty, Player, Store
 from authsvc.store.common import batches, games_with_keys
 from authsvc.store.sqlite_reader import CREDENTIALS_SQL, PLAYER_SQL, SQLiteReader, path_from_url
@@ -50,6 +52,8 @@ MIGRATIONS: list[str] = [
         enabled  INTEGER NOT NULL DEFAULT 1 CHECK (enabled IN (0, 1))
     );
     """,
+    # 2: the audit trail, one hash-chained record per change, and its anchor and head (store/audit.py).
+    trail.SQLITE_TABLES,
 ]
 
 
@@ -153,7 +157,7 @@ class SQLiteStore(SQLiteReader, Store):
             raise ConfigError(f"backup to {target} failed: {e}") from None
 
     @_mapped
-    def add_game(self, name: str, key_digest: str, now: int) -> Game:
+    def add_game(self, name: str, key_digest: str, now: int, *, audit: Audit | None = None) -> Game:
         with self._write() as conn:
             try:
                 cur = conn.execute("INSERT INTO games (name, created_at) VALUES (?, ?)", (name, now))
@@ -161,6 +165,7 @@ class SQLiteStore(SQLiteReader, Store):
                 raise Conflict(f"a game named {name!r} exists") from None
             game_id = cur.lastrowid
             self._insert_key(conn, key_digest, game_id, now)
+            trail.change(conn, False, audit, "game.add", {}, game_id=game_id)
         return Game(game_id, name, True, now, (ApiKey(key_digest, now, None),))
 
     def _games(self, where: str = "", args: tuple = ()) -> list[Game]:
@@ -181,14 +186,20 @@ class SQLiteStore(SQLiteReader, Store):
         return self._games()
 
     @_mapped
-    def set_game_enabled(self, game_id: int, enabled: bool) -> bool:
+    def set_game_enabled(self, game_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
         with self._write() as conn:
-            return conn.execute("UPDATE games SET enabled = ? WHERE id = ?", (int(enabled), game_id)).rowcount == 1
+            if (before := trail.game_state(conn, False, game_id)) is None:
+                return False
+            conn.execute("UPDATE games SET enabled = ? WHERE id = ?", (int(enabled), game_id))
+            trail.change(conn, False, audit, "game.enable" if enabled else "game.disable", before, game_id=game_id)
+        return True
 
     @_mapped
-    def add_api_key(self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None) -> bool:
+    def add_api_key(
+        self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None, *, audit: Audit | None = None
+    ) -> bool:
         with self._write() as conn:
-            if conn.execute("SELECT 1 FROM games WHERE id = ?", (game_id,)).fetchone() is None:
+            if (before := trail.game_state(conn, False, game_id)) is None:
                 return False
             if old_keys_expire_at is not None:
                 conn.execute(
@@ -196,6 +207,8 @@ class SQLiteStore(SQLiteReader, Store):
                     (old_keys_expire_at, game_id, old_keys_expire_at),
                 )
             self._insert_key(conn, key_digest, game_id, now)
+            trail.change(conn, False, audit, "game.rotate_key", before, game_id=game_id,
+                        extra={"old_keys_expire_at": old_keys_expire_at})
         return True
 
     @staticmethod
@@ -216,36 +229,44 @@ class SQLiteStore(SQLiteReader, Store):
         return Player(row[0], row[1], row[2], bool(row[3])) if row else None
 
     @_mapped
-    def add_player(self, user_id: int, username: str) -> Player:
+    def add_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> Player:
         with self._write() as conn:
             try:
                 conn.execute("INSERT INTO players (user_id, username) VALUES (?, ?)", (user_id, username))
             except sqlite3.IntegrityError:
                 raise Conflict(f"player {user_id} exists") from None
+            trail.change(conn, False, audit, "player.add", {}, user_id=user_id)
         return Player(user_id, username, 0, True)
 
-    @_mapped
-    def rename_player(self, user_id: int, username: str) -> bool:
+    def _player_change(self, user_id: int, action: str, sql: str, args: tuple, audit: Audit | None) -> dict | None:
+        """One UPDATE of a player and its record; the state after, None if no such player."""
         with self._write() as conn:
-            return conn.execute("UPDATE players SET username = ? WHERE user_id = ?", (username, user_id)).rowcount == 1
+            if (before := trail.player_state(conn, False, user_id)) is None:
+                return None
+            conn.execute(sql, args)
+            trail.change(conn, False, audit, action, before, user_id=user_id)
+            return trail.player_state(conn, False, user_id)
 
     @_mapped
-    def set_player_enabled(self, user_id: int, enabled: bool) -> bool:
-        with self._write() as conn:
-            sql = "UPDATE players SET enabled = ? WHERE user_id = ?"
-            return conn.execute(sql, (int(enabled), user_id)).rowcount == 1
+    def rename_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> bool:
+        sql = "UPDATE players SET username = ? WHERE user_id = ?"
+        return self._player_change(user_id, "player.rename", sql, (username, user_id), audit) is not None
 
     @_mapped
-    def revoke_player(self, user_id: int) -> int | None:
-        with self._write() as conn:
-            row = conn.execute(
-                "UPDATE players SET epoch = epoch + 1 WHERE user_id = ? RETURNING epoch", (user_id,)
-            ).fetchone()
-        return row[0] if row else None
+    def set_player_enabled(self, user_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
+        sql, action = "UPDATE players SET enabled = ? WHERE user_id = ?", f"player.{'en' if enabled else 'dis'}able"
+        return self._player_change(user_id, action, sql, (int(enabled), user_id), audit) is not None
+
+    @_mapped
+    def revoke_player(self, user_id: int, *, audit: Audit | None = None) -> int | None:
+        sql = "UPDATE players SET epoch = epoch + 1 WHERE user_id = ?"
+        after = self._player_change(user_id, "player.revoke", sql, (user_id,), audit)
+        return after["epoch"] if after else None
 
     @_mapped
     def upsert_players(
-        self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None
+        self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None,
+        *, audit: Audit | None = None,
     ) -> int:
         sql = (
             "INSERT INTO players (user_id, username) VALUES (?, ?) "
@@ -258,7 +279,38 @@ class SQLiteStore(SQLiteReader, Store):
                 count += len(batch)
                 if progress:
                     progress(count)
+            trail.append(conn, False, audit or trail.unattributed(), "player.import", after={"rows": count})
         return count
+
+    # -- the audit trail (store/audit.py) ----------------------------------------------
+    @_mapped
+    def note(self, action: str, *, audit: Audit, game_id=None, user_id=None, after: dict | None = None) -> Record:
+        """A record of an event that changes no row (a token minted), in a transaction of its own."""
+        with self._write() as conn:
+            return trail.append(conn, False, audit, action, game_id=game_id, user_id=user_id, after=after)
+
+    @_mapped
+    def audit_records(self, **filters) -> list[Record]:
+        return trail.select(self._conn(), False, **filters)
+
+    def audit_walk(self) -> Iterator[Chain | Record]:
+        """The chain row, then every record oldest first, from one snapshot."""
+        try:
+            conn = self._conn()
+            conn.execute("BEGIN")
+            try:
+                yield trail.read_chain(conn, False)
+                yield from trail.walk(conn, False)
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            self._drop()
+            raise _store_error(e, self.path) from None
+
+    @_mapped
+    def audit_prune(self, before_ms: int, *, audit: Audit) -> Record:
+        with self._write() as conn:
+            return trail.prune(conn, False, audit, before_ms)
 
 
     # -- moving between stores --------------------------------------------------------
@@ -293,6 +345,7 @@ class SQLiteStore(SQLiteReader, Store):
         players: Iterable[Player],
         game_id_high_water: int,
         progress: Callable[[int], None] | None = None,
+        *, audit: Audit | None = None,
     ) -> tuple[int, int]:
         n_games = n_players = 0
         top = game_id_high_water
@@ -323,6 +376,8 @@ class SQLiteStore(SQLiteReader, Store):
                 n_players += len(batch)
                 if progress:
                     progress(n_players)
+            after = {"games": n_games, "players": n_players}
+            trail.append(conn, False, audit or trail.unattributed(), "store.import", after=after)
         return n_games, n_players
 
 

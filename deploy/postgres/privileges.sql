@@ -1,13 +1,17 @@
 -- What authsvc's roles may do in its database, and when their sessions end (docs/stores.md,
 -- "PostgreSQL roles"). roles.sql runs it after making the roles. On a cluster set up by an
--- earlier roles.sql, run it again as a superuser, after making the role it lacks, then
--- `authsvc init` (which grants the heartbeat writer its rights on the tables):
+-- earlier roles.sql, run it again as a superuser, after making the roles it lacks, then
+-- `authsvc init` as the owner (which grants the heartbeat writer and the admin role their rights
+-- on the tables):
 --     psql -v ON_ERROR_STOP=1 -c 'CREATE ROLE authsvc_heartbeat_writer LOGIN'
+--     psql -v ON_ERROR_STOP=1 -c 'CREATE ROLE authsvc_admin LOGIN'
 --     psql -v ON_ERROR_STOP=1 -d authsvc -f deploy/postgres/privileges.sql
 -- Every statement here can be run again and changes nothing the second time.
 
 REVOKE ALL ON DATABASE authsvc FROM PUBLIC;  -- no TEMP tables, no CONNECT but as granted below
 GRANT CONNECT ON DATABASE authsvc TO authsvc_web, authsvc_heartbeat_writer;
+-- The admin role: `player import` fills a temporary table (the owner has both as the database's owner).
+GRANT CONNECT, TEMPORARY ON DATABASE authsvc TO authsvc_admin;
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;  -- the default since PostgreSQL 15, not before
 
 -- Functions every role may call by default (EXECUTE to PUBLIC) that reach past the tables'
@@ -74,3 +78,7 @@ ALTER ROLE authsvc_owner SET tcp_keepalives_idle = 5;
 ALTER ROLE authsvc_owner SET tcp_keepalives_interval = 2;
 ALTER ROLE authsvc_owner SET tcp_keepalives_count = 3;
 ALTER ROLE authsvc_owner SET tcp_user_timeout = 10000;
+ALTER ROLE authsvc_admin SET tcp_keepalives_idle = 5;
+ALTER ROLE authsvc_admin SET tcp_keepalives_interval = 2;
+ALTER ROLE authsvc_admin SET tcp_keepalives_count = 3;
+ALTER ROLE authsvc_admin SET tcp_user_timeout = 10000;

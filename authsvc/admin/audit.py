@@ -1,0 +1,209 @@
+"""Reading the audit trail: ``authsvc audit`` (list), ``audit verify`` (the chain), ``audit prune``.
+
+The records and the chain are written by the store (authsvc/store/audit.py); this
+module walks the chain to name the first record that was altered, removed or
+inserted, prints records one a line (names as docs/admin.md shows them), and
+parses the TIME of ``--since`` and ``--before`` (docs/admin.md, "The audit trail").
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import re
+from collections.abc import Iterable
+
+from authsvc.admin import operations
+from authsvc.errors import OperationInvalid
+from authsvc.names import MAX_ID, shown
+from authsvc.store.audit import Chain, Record
+
+DAY_MS = 86_400_000
+_AGO = re.compile(r"(\d{1,6})([dhm])")
+_UNIT_MS = {"d": DAY_MS, "h": 3_600_000, "m": 60_000}
+
+
+def parse_time(text: str, now_ms: int) -> int:
+    """TIME as unix milliseconds: an ISO 8601 date or date and time (UTC unless it says otherwise),
+    or a span before now: ``30d``, ``12h``, ``90m``."""
+    if m := _AGO.fullmatch(text.strip()):
+        return now_ms - int(m[1]) * _UNIT_MS[m[2]]
+    try:
+        when = datetime.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise OperationInvalid(
+            f"a time must be a date or date and time (2026-11-01, 2026-11-01T12:00:00Z) or a span ago "
+            f"(30d, 12h, 90m), got {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return round(when.timestamp() * 1000)
+
+
+def utc(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+# -- verify ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    records: int
+    first_id: int  # where the chain starts: the record after the prune anchor
+    head_id: int
+    head_hash: str  # kept elsewhere, it shows a later rewrite of the whole chain (docs/admin.md)
+    problem: str | None = None  # names the first record altered, removed or inserted
+    record_id: int | None = None
+
+
+def verify(items: Iterable[Chain | Record]) -> Verdict:
+    """Walk the chain (the audit_chain row, then the records oldest first) to its head."""
+    it = iter(items)
+    chain = next(it)
+    if not isinstance(chain, Chain):
+        raise TypeError("verify() takes the audit_chain row first (Store.audit_walk)")
+    expected, prev, count = chain.anchor_id + 1, chain.anchor_hash, 0
+    last_prune: Record | None = None
+
+    def bad(record_id: int, problem: str) -> Verdict:
+        return Verdict(count, chain.anchor_id + 1, chain.head_id, chain.head_hash, problem, record_id)
+
+    for r in it:
+        if not isinstance(r, Record):
+            raise TypeError("verify() takes records after the audit_chain row (Store.audit_walk)")
+        if r.id > chain.head_id:
+            return bad(r.id, f"record {r.id} was inserted: the chain ends at record {chain.head_id}")
+        if r.id < expected:
+            return bad(r.id, f"record {r.id} was inserted: the chain starts after record {chain.anchor_id}")
+        if r.id > expected:
+            gone = f"record {expected} was" if r.id == expected + 1 else f"records {expected} to {r.id - 1} were"
+            return bad(expected, f"{gone} removed")
+        if r.computed_hash() != r.hash:
+            return bad(r.id, f"record {r.id} was altered: its hash does not match its content")
+        if r.prev_hash != prev:
+            return bad(r.id, f"record {r.id} does not follow record {r.id - 1}: one of them was altered, "
+                             f"or record {r.id} was inserted out of order")
+        if r.action == "audit.prune":
+            last_prune = r
+        prev, expected, count = r.hash, r.id + 1, count + 1
+    if expected <= chain.head_id:
+        gone = f"record {expected} was" if expected == chain.head_id else f"records {expected} to {chain.head_id} were"
+        return bad(expected, f"{gone} removed (from the end of the chain)")
+    if prev != chain.head_hash:
+        return bad(chain.head_id, f"record {chain.head_id} was altered or replaced: the chain's head holds another hash")
+    if chain.anchor_id:
+        named = json.loads(last_prune.changes)["after"] if last_prune else {}
+        if (named.get("anchor_id"), named.get("anchor_hash")) != (chain.anchor_id, chain.anchor_hash):
+            return bad(chain.anchor_id + 1, f"the chain starts after record {chain.anchor_id}, "
+                                            "but no prune record names that start")
+    return Verdict(count, chain.anchor_id + 1, chain.head_id, chain.head_hash)
+
+
+# -- the subcommands ------------------------------------------------------------------------
+
+
+def _describe(changes: str) -> str:
+    """``key: before -> after`` for each field that changed; ``key=value`` for a new one."""
+    c = json.loads(changes)
+    before, after = c.get("before", {}), c.get("after", {})
+    parts = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if key not in before:
+            parts.append(f"{key}={_value(key, new)}")
+        elif old != new:
+            parts.append(f"{key}: {_value(key, old)} -> {_value(key, new)}")
+    return ", ".join(parts) or "no field changed"
+
+
+def _value(key: str, value) -> str:
+    if isinstance(value, str):
+        return shown(value)
+    if key.endswith("_at") and type(value) is int:  # unix seconds (a key's expiry)
+        return utc(value * 1000)
+    return json.dumps(value)
+
+
+def line(r: Record) -> str:
+    target = " ".join(t for t in (f"game {r.game_id}" if r.game_id is not None else "",
+                                  f"player {r.user_id}" if r.user_id is not None else "") if t) or "-"
+    request = f" [request {shown(r.request_id)}]" if r.request_id else ""
+    return f"{r.id:>6}  {utc(r.at_ms)}  {shown(r.actor)}{request}  {r.action}  {target}  {_describe(r.changes)}"
+
+
+def cmd_audit(args, settings):
+    ctx = operations.command_context()
+    filters = {
+        "since_ms": parse_time(args.since, round(ctx.clock() * 1000)) if args.since else None,
+        "user_id": args.player, "game_id": args.game, "action": args.action_name, "actor": args.actor,
+        "limit": args.limit,
+    }
+    with operations.admin_store(settings) as store:
+        records = store.audit_records(**filters)
+    if args.json_lines:
+        text = "\n".join(json.dumps(r.as_json()) for r in records)
+    else:
+        text = "\n".join(line(r) for r in records) if records else "no audit records match"
+    return 0, {"records": [r.as_json() for r in records]}, text
+
+
+def cmd_audit_verify(args, settings):
+    with operations.admin_store(settings) as store:
+        verdict = verify(store.audit_walk())
+    obj = dataclasses.asdict(verdict) | {"intact": verdict.problem is None}
+    if verdict.problem:
+        return 1, obj, f"audit chain broken: {verdict.problem}"
+    return 0, obj, f"{verdict.records} records, chain intact from id {verdict.first_id}"
+
+
+def cmd_audit_prune(args, settings):
+    ctx = operations.command_context()
+    now_ms = round(ctx.clock() * 1000)
+    if args.before:
+        before_ms = parse_time(args.before, now_ms)
+    elif settings.audit_retention_days:
+        before_ms = now_ms - settings.audit_retention_days * DAY_MS
+    else:
+        raise OperationInvalid(
+            "give --before TIME, or set AUTHSVC_AUDIT_RETENTION_DAYS (docs/configuration.md); nothing was pruned"
+        )
+    with operations.admin_store(settings) as store:
+        record = operations.audit_prune(store, ctx, before_ms)
+    after = json.loads(record.changes)["after"]
+    obj = {"pruned": after["pruned"], "before": utc(before_ms), "anchor_id": after["anchor_id"], "record_id": record.id}
+    return 0, obj, (f"pruned {after['pruned']} audit records from before {utc(before_ms)}; "
+                    f"the chain now starts after record {after['anchor_id']} (this prune is record {record.id})")
+
+
+def add_parsers(top, common, parser_class) -> None:
+    """``authsvc audit [filters]``, ``authsvc audit verify``, ``authsvc audit prune [--before TIME]``.
+
+    ``audit`` lists with its own ``--json``: JSON lines, one record a line (an error
+    is then one line on stderr only).
+    """
+    text = "list audit records, newest first (without ACTION); verify the chain; prune old records"
+    p = top.add_parser("audit", help=text, description=text)
+    p.set_defaults(func=cmd_audit, json=False)
+    p.add_argument("--since", metavar="TIME", help="records at or after TIME (2026-11-01, 2026-11-01T12:00Z, 30d, 12h)")
+    p.add_argument("--player", type=_positive, metavar="USER_ID", help="records about this player")
+    p.add_argument("--game", type=_positive, metavar="GAME_ID", help="records about this game")
+    p.add_argument("--action", dest="action_name", metavar="ACTION", help="records of this action (player.revoke, ...)")
+    p.add_argument("--actor", metavar="ACTOR", help="records of this actor (cli:alice, ...)")
+    p.add_argument("--limit", type=_positive, default=100, metavar="N", help="at most N records (default 100)")
+    p.add_argument("--json", dest="json_lines", action="store_true", help="one JSON object a line (JSON lines)")
+    sub = p.add_subparsers(dest="audit_command", required=False, metavar="ACTION", parser_class=parser_class)
+    text = "check the hash chain; names the first record altered, removed or inserted (exit 1)"
+    sub.add_parser("verify", parents=[common], help=text, description=text).set_defaults(func=cmd_audit_verify)
+    text = "delete the records older than TIME (default: AUTHSVC_AUDIT_RETENTION_DAYS); the chain stays verifiable"
+    prune = sub.add_parser("prune", parents=[common], help=text, description=text)
+    prune.set_defaults(func=cmd_audit_prune)
+    prune.add_argument("--before", metavar="TIME", help="a date or date and time (UTC unless given), or 90d, 12h, 30m")
+
+
+def _positive(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and text[0] != "0" and int(text) <= MAX_ID):
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 2^63-1, got {text!r}")
+    return int(text)

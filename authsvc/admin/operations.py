@@ -1,0 +1,261 @@
+"""The operations layer: one function per admin write (and the reads beside them), for every front door.
+
+The admin command (authsvc/cli.py) parses arguments, calls one of these and prints
+the result; the admin API will do the same over HTTP (docs/admin.md). Each
+function validates its input once (authsvc/names.py's rules, the TTL cap here),
+takes a ``Context`` (who acts, which request, a clock) and raises only typed
+errors: OperationNotFound, OperationConflict, OperationInvalid (authsvc/errors.py;
+all CommandErrors, so the command prints one line and exits 1) and the store's
+StoreLocked / StoreUnavailable / ConfigError. Every change writes one audit record
+in its own transaction (authsvc/store/audit.py): the store methods get the
+context's ``Audit``. Secrets made here (a new api key, a token) are returned to the
+caller to show once, never recorded.
+
+Minting a token changes nothing, but hands out a credential: it is recorded too,
+as ``token.mint`` with the game, the player and the epoch (never the token), so
+"who could log in as this player" has an answer (docs/admin.md, "The audit trail").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import time
+from collections.abc import Callable
+
+from authsvc import transfer
+from authsvc.errors import ConfigError, OperationConflict, OperationInvalid, OperationNotFound
+from authsvc.names import check_game_id, check_game_name, check_user_id, check_username
+from authsvc.players_import import import_rows
+from authsvc.settings import Settings, admin_actor
+from authsvc.store import open_store
+from authsvc.store.audit import Audit, Record
+from authsvc.store.base import Conflict, Game, Player, Store
+from authsvc.store.sqlite import SQLiteStore
+from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
+
+# Keys retired by rotate-key expire within ten years: now + TTL stays a 64-bit number on both engines.
+MAX_OLD_KEY_TTL = 10 * 365 * 86400
+MAX_REQUEST_ID = 200  # characters
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """Who acts (``cli:<login>``, later ``api:<token name>``), for which request, and the clock to stamp with."""
+
+    actor: str
+    request_id: str | None = None
+    clock: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        if not self.actor or not self.actor.isprintable():
+            raise OperationInvalid("the actor must be a non-empty printable name")
+        if self.request_id is not None and (not self.request_id.isprintable() or len(self.request_id) > MAX_REQUEST_ID):
+            raise OperationInvalid(f"a request id must be at most {MAX_REQUEST_ID} printable characters")
+
+    def now(self) -> int:
+        return int(self.clock())
+
+    def audit(self, **detail) -> Audit:
+        """The store's Audit for one write; ``detail``: non-secret facts for the record (a file's SHA-256)."""
+        return Audit(self.actor, self.request_id, round(self.clock() * 1000), tuple(sorted(detail.items())))
+
+
+def command_context() -> Context:
+    """The admin command's context: the person running it (settings.admin_actor), no request id."""
+    return Context(actor=admin_actor())
+
+
+class admin_store:
+    """``with admin_store(settings) as store``: an admin (read-write) store, closed afterwards."""
+
+    def __init__(self, settings: Settings, *, check: bool = True):
+        self.store: Store = open_store(settings.store, readonly=False, settings=settings)
+        self.check = check
+
+    def __enter__(self) -> Store:
+        if self.check:  # a store that is missing or not migrated: say so, in one line
+            try:
+                self.store.check()
+            except ConfigError:
+                self.store.close()
+                raise
+        return self.store
+
+    def __exit__(self, *exc) -> None:
+        self.store.close()
+
+
+# -- games ----------------------------------------------------------------------------------
+
+
+def add_game(store: Store, ctx: Context, name: str) -> tuple[Game, str]:
+    """A new game and its first api key: (game, api key). The key is shown once, stored as its digest."""
+    name = check_game_name(name)
+    api_key = new_api_key()
+    try:
+        game = store.add_game(name, api_key_digest(api_key), ctx.now(), audit=ctx.audit())
+    except Conflict as e:
+        raise OperationConflict(str(e)) from None
+    return game, api_key
+
+
+def list_games(store: Store) -> list[Game]:
+    return store.list_games()
+
+
+def set_game_enabled(store: Store, ctx: Context, game_id: int, enabled: bool) -> None:
+    if not store.set_game_enabled(check_game_id(game_id), enabled, audit=ctx.audit()):
+        raise OperationNotFound(f"no game {game_id}")
+
+
+def check_old_key_ttl(old_key_ttl: int) -> None:
+    if type(old_key_ttl) is not int or not 0 <= old_key_ttl <= MAX_OLD_KEY_TTL:
+        raise OperationInvalid(f"--old-key-ttl must be from 0 to {MAX_OLD_KEY_TTL} seconds (ten years)")
+
+
+def rotate_game_key(store: Store, ctx: Context, game_id: int, old_key_ttl: int) -> tuple[str, int]:
+    """A new api key for the game; its older keys expire ``old_key_ttl`` seconds from now: (key, expires_at)."""
+    check_game_id(game_id)
+    check_old_key_ttl(old_key_ttl)
+    api_key = new_api_key()
+    now = ctx.now()
+    expires_at = now + old_key_ttl
+    try:
+        added = store.add_api_key(game_id, api_key_digest(api_key), now, expires_at, audit=ctx.audit())
+    except Conflict as e:
+        raise OperationConflict(str(e)) from None
+    if not added:
+        raise OperationNotFound(f"no game {game_id}")
+    return api_key, expires_at
+
+
+# -- players --------------------------------------------------------------------------------
+
+
+def add_player(store: Store, ctx: Context, user_id: int, username: str) -> Player:
+    check_user_id(user_id)
+    username = check_username(username)
+    try:
+        return store.add_player(user_id, username, audit=ctx.audit())
+    except Conflict as e:
+        raise OperationConflict(str(e)) from None
+
+
+def get_player(store: Store, user_id: int) -> Player:
+    player = store.get_player(check_user_id(user_id))
+    if player is None:
+        raise OperationNotFound(f"no player {user_id}")
+    return player
+
+
+def rename_player(store: Store, ctx: Context, user_id: int, username: str) -> str:
+    check_user_id(user_id)
+    username = check_username(username)
+    if not store.rename_player(user_id, username, audit=ctx.audit()):
+        raise OperationNotFound(f"no player {user_id}")
+    return username
+
+
+def set_player_enabled(store: Store, ctx: Context, user_id: int, enabled: bool) -> None:
+    if not store.set_player_enabled(check_user_id(user_id), enabled, audit=ctx.audit()):
+        raise OperationNotFound(f"no player {user_id}")
+
+
+def revoke_player(store: Store, ctx: Context, user_id: int) -> int:
+    """Bump the player's credential epoch (every token stops working); returns the new epoch."""
+    epoch = store.revoke_player(check_user_id(user_id), audit=ctx.audit())
+    if epoch is None:
+        raise OperationNotFound(f"no player {user_id}")
+    return epoch
+
+
+def import_players(
+    store: Store, ctx: Context, data: bytes, progress: Callable[[int], None] | None = None
+) -> int:
+    """Insert or rename players from a CSV or JSON-lines file's bytes, all or nothing; one audit record
+    for the batch (its row count and the file's SHA-256). A bad row raises OperationInvalid (RowError)."""
+    audit = ctx.audit(file_sha256=hashlib.sha256(data).hexdigest())
+    try:
+        return store.upsert_players(import_rows(data), progress=progress, audit=audit)
+    except Conflict as e:
+        raise OperationInvalid(str(e)) from None
+
+
+# -- tokens ---------------------------------------------------------------------------------
+
+
+def mint(store: Store, ctx: Context, secret: bytes, game_id: int, user_id: int) -> tuple[str, Player]:
+    """The token the service accepts now for this game and player, and the player; recorded as token.mint."""
+    game = store.get_game(check_game_id(game_id))
+    player = store.get_player(check_user_id(user_id))
+    if game is None:
+        raise OperationNotFound(f"no game {game_id}")
+    if player is None:
+        raise OperationNotFound(f"no player {user_id}")
+    token = mint_token(secret, game.id, player.user_id, player.epoch)
+    store.note("token.mint", audit=ctx.audit(), game_id=game.id, user_id=player.user_id,
+               after={"epoch": player.epoch})
+    return token, player
+
+
+# -- whole stores ---------------------------------------------------------------------------
+
+
+def export_store(store: Store, path: str) -> tuple[int, int]:
+    """Write the store to a new file (a read: no audit record); returns (games, players)."""
+    try:
+        return transfer.export_store(store, path)
+    except transfer.TransferError as e:
+        raise OperationInvalid(str(e)) from None
+
+
+def import_store(store: Store, ctx: Context, path: str) -> tuple[int, int]:
+    """Load an export file into an empty store, all or nothing; one audit record (counts, the file's SHA-256)."""
+    try:
+        with open(path, "rb") as f:
+            sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        sha256 = None  # transfer.import_store names the problem
+    try:
+        return transfer.import_store(store, path, audit=ctx.audit(file_sha256=sha256))
+    except transfer.TransferError as e:
+        raise OperationInvalid(str(e)) from None
+
+
+def initialize(settings: Settings) -> tuple[int, int, bool]:
+    """``authsvc init``: make the token secret file if there is none (mode 0600; an existing one is never
+    changed) and create or migrate the store; returns (schema version before, after, secret created).
+    A schema change, not a change of data: no audit record."""
+    created = False
+    store_context = admin_store(settings, check=False)  # a bad AUTHSVC_STORE stops here, before any file is made
+    path = settings.token_secret_file
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(new_token_secret() + "\n")
+        created = True
+    with store_context as store:
+        if isinstance(store, SQLiteStore):  # the file's directory may not exist yet
+            os.makedirs(os.path.dirname(os.path.abspath(store.path)), exist_ok=True)
+        before, after = store.migrate()
+    return before, after, created
+
+
+def backup(store: Store, path: str) -> None:
+    """``authsvc backup``: a SQLite store copied to a new file (a read: no audit record; the copy holds the trail)."""
+    if not isinstance(store, SQLiteStore):
+        raise OperationInvalid("backup copies a SQLite store; back up PostgreSQL with pg_dump (docs/operations.md)")
+    store.backup(path)
+
+
+# -- the audit trail ------------------------------------------------------------------------
+
+
+def audit_prune(store: Store, ctx: Context, before_ms: int) -> Record:
+    """Delete the records older than ``before_ms``; the prune's own record names the new anchor."""
+    if before_ms > round(ctx.clock() * 1000):
+        raise OperationInvalid("--before must not be in the future")
+    return store.audit_prune(before_ms, audit=ctx.audit())

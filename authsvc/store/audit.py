@@ -1,0 +1,259 @@
+"""The audit trail in the store: one hash-chained record per change (docs/admin.md, "The audit trail").
+
+Every write method of both engines takes an ``Audit`` (who, which request, when),
+reads the target's non-secret state before the change, makes the change, and
+appends one record in the SAME transaction: a failed write leaves no record, a
+committed one always has one. The SQL here runs on a sqlite3 or a psycopg
+connection alike (``pg`` says which: placeholders, row locks).
+
+The chain: each record's ``hash`` is the SHA-256 (hex) of the canonical JSON of
+its other columns, ``prev_hash`` included; ``prev_hash`` is the hash of the
+record before, or the anchor's. The one-row ``audit_chain`` table holds the
+anchor (the last record ``authsvc audit prune`` removed; id 0 and 64 zeros when
+nothing was pruned) and the head (the last record written), so a record removed
+from the end shows as well as one removed from the middle. Never a key, token,
+secret or digest of one goes into a record: only ids, usernames, game names,
+flags, epochs, key counts and expiry times, counts, and an import file's SHA-256.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+GENESIS = "0" * 64
+COLUMNS = ("id", "at_ms", "actor", "request_id", "action", "game_id", "user_id", "changes", "prev_hash", "hash")
+# The tables, each engine's migration (store/sqlite.py, store/postgres.py). The ids are given by
+# append(), never by the database: the hash covers the id, so it must be known before the INSERT.
+SQLITE_TABLES = f"""
+    CREATE TABLE audit (
+        id         INTEGER PRIMARY KEY,
+        at_ms      INTEGER NOT NULL,
+        actor      TEXT NOT NULL,
+        request_id TEXT,
+        action     TEXT NOT NULL,
+        game_id    INTEGER,
+        user_id    INTEGER,
+        changes    TEXT NOT NULL,
+        prev_hash  TEXT NOT NULL,
+        hash       TEXT NOT NULL
+    );
+    CREATE INDEX audit_user_id ON audit (user_id);
+    CREATE INDEX audit_game_id ON audit (game_id);
+    CREATE TABLE audit_chain (
+        id          INTEGER PRIMARY KEY CHECK (id = 1),
+        anchor_id   INTEGER NOT NULL,
+        anchor_hash TEXT NOT NULL,
+        head_id     INTEGER NOT NULL,
+        head_hash   TEXT NOT NULL
+    );
+    INSERT INTO audit_chain VALUES (1, 0, '{GENESIS}', 0, '{GENESIS}');
+"""
+# PostgreSQL: the web process's roles get no grant at all; the admin role (deploy/postgres/roles.sql)
+# may only read and append (`authsvc init` grants it: postgres.py's ADMIN_GRANTS_SQL). {reader}: READER_ROLE.
+POSTGRES_TABLES = f"""
+CREATE TABLE audit (
+    id         bigint PRIMARY KEY,
+    at_ms      bigint NOT NULL,
+    actor      text NOT NULL,
+    request_id text,
+    action     text NOT NULL,
+    game_id    bigint,
+    user_id    bigint,
+    changes    text NOT NULL,
+    prev_hash  text NOT NULL,
+    hash       text NOT NULL
+);
+CREATE INDEX audit_user_id ON audit (user_id);
+CREATE INDEX audit_game_id ON audit (game_id);
+CREATE TABLE audit_chain (
+    id          smallint PRIMARY KEY CHECK (id = 1),
+    anchor_id   bigint NOT NULL,
+    anchor_hash text NOT NULL,
+    head_id     bigint NOT NULL,
+    head_hash   text NOT NULL
+);
+INSERT INTO audit_chain VALUES (1, 0, '{GENESIS}', 0, '{GENESIS}');
+REVOKE ALL ON audit, audit_chain FROM PUBLIC;
+"""
+UNATTRIBUTED = "unattributed"  # the actor of a write made without an Audit (test fixtures, benchmarks)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Audit:
+    """Who makes a write and when; ``detail``: non-secret facts only the caller knows (a file's SHA-256)."""
+
+    actor: str
+    request_id: str | None
+    at_ms: int
+    detail: tuple[tuple[str, Any], ...] = ()
+
+
+def unattributed() -> Audit:
+    """What a write made without an Audit records: the trail is never skipped, only unattributed."""
+    return Audit(UNATTRIBUTED, None, round(time.time() * 1000))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Record:
+    id: int
+    at_ms: int
+    actor: str
+    request_id: str | None
+    action: str
+    game_id: int | None
+    user_id: int | None
+    changes: str  # canonical JSON {"before": {...}, "after": {...}}, hashed as this text
+    prev_hash: str
+    hash: str
+
+    def computed_hash(self) -> str:
+        return record_hash({name: getattr(self, name) for name in COLUMNS if name != "hash"})
+
+    def as_json(self) -> dict:
+        """The record for ``authsvc audit --json``: its columns, ``changes`` as an object."""
+        obj = dataclasses.asdict(self)
+        obj["changes"] = json.loads(self.changes)
+        return obj
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Chain:
+    """The audit_chain row: where the records start (the prune anchor) and end (the head)."""
+
+    anchor_id: int
+    anchor_hash: str
+    head_id: int
+    head_hash: str
+
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def record_hash(fields: dict) -> str:
+    return hashlib.sha256(canonical(fields).encode("ascii")).hexdigest()
+
+
+def _sql(text: str, pg: bool) -> str:
+    return text.replace("?", "%s") if pg else text
+
+
+def game_state(conn, pg: bool, game_id: int) -> dict | None:
+    """A game's non-secret fields (name, enabled, key count, keys that never expire); None if no such game."""
+    row = conn.execute(
+        _sql("SELECT name, enabled FROM games WHERE id = ?" + (" FOR UPDATE" if pg else ""), pg), (game_id,)
+    ).fetchone()
+    if row is None:
+        return None
+    keys, never = conn.execute(
+        _sql("SELECT count(*), count(*) - count(expires_at) FROM api_keys WHERE game_id = ?", pg), (game_id,)
+    ).fetchone()
+    return {"name": row[0], "enabled": bool(row[1]), "keys": keys, "keys_never_expiring": never}
+
+
+def player_state(conn, pg: bool, user_id: int) -> dict | None:
+    """A player's username, enabled flag and credential epoch; None if no such player."""
+    row = conn.execute(
+        _sql("SELECT username, enabled, epoch FROM players WHERE user_id = ?" + (" FOR UPDATE" if pg else ""), pg),
+        (user_id,),
+    ).fetchone()
+    return None if row is None else {"username": row[0], "enabled": bool(row[1]), "epoch": row[2]}
+
+
+def read_chain(conn, pg: bool, lock: bool = False) -> Chain:
+    row = conn.execute(
+        "SELECT anchor_id, anchor_hash, head_id, head_hash FROM audit_chain WHERE id = 1"
+        + (" FOR UPDATE" if lock and pg else "")
+    ).fetchone()
+    return Chain(*row)
+
+
+def append(
+    conn, pg: bool, audit: Audit, action: str, *, game_id: int | None = None, user_id: int | None = None,
+    before: dict | None = None, after: dict | None = None,
+) -> Record:
+    """Append one record after the chain's head, in the caller's transaction, and move the head.
+
+    On PostgreSQL the head row is locked (FOR UPDATE) until the transaction ends, so
+    appends are serialized; it is taken last, after the change's own row locks, so a
+    long import holds it only for its last moment. SQLite's BEGIN IMMEDIATE already is.
+    """
+    chain = read_chain(conn, pg, lock=True)
+    changes = canonical({"before": before or {}, "after": (after or {}) | dict(audit.detail)})
+    fields: dict[str, Any] = {
+        "id": chain.head_id + 1, "at_ms": audit.at_ms, "actor": audit.actor, "request_id": audit.request_id,
+        "action": action, "game_id": game_id, "user_id": user_id, "changes": changes, "prev_hash": chain.head_hash,
+    }
+    record = Record(**fields, hash=record_hash(fields))
+    conn.execute(
+        _sql(f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})", pg),
+        dataclasses.astuple(record),
+    )
+    conn.execute(_sql("UPDATE audit_chain SET head_id = ?, head_hash = ? WHERE id = 1", pg), (record.id, record.hash))
+    return record
+
+
+def change(
+    conn, pg: bool, audit: Audit | None, action: str, before: dict, *,
+    game_id: int | None = None, user_id: int | None = None, extra: dict | None = None,
+) -> Record:
+    """The record of a change to one game or player: ``before`` and its state now, read in this transaction."""
+    after = game_state(conn, pg, game_id) if game_id is not None else player_state(conn, pg, user_id or 0)
+    return append(conn, pg, audit or unattributed(), action, game_id=game_id, user_id=user_id,
+                  before=before, after=(after or {}) | (extra or {}))
+
+
+def select(
+    conn, pg: bool, *, since_ms: int | None = None, user_id: int | None = None, game_id: int | None = None,
+    action: str | None = None, actor: str | None = None, limit: int = 100,
+) -> list[Record]:
+    """Records matching every filter given, newest first."""
+    where, args = [], []
+    for column, op, value in (("at_ms", ">=", since_ms), ("user_id", "=", user_id), ("game_id", "=", game_id),
+                              ("action", "=", action), ("actor", "=", actor)):
+        if value is not None:
+            where.append(f"{column} {op} ?")
+            args.append(value)
+    sql = f"SELECT {', '.join(COLUMNS)} FROM audit" + (" WHERE " + " AND ".join(where) if where else "")
+    rows = conn.execute(_sql(sql + " ORDER BY id DESC LIMIT ?", pg), (*args, limit)).fetchall()
+    return [Record(*row) for row in rows]
+
+
+def walk(conn, pg: bool, batch: int = 10_000) -> Iterator[Record]:
+    """Every record, oldest first, in batches (the caller holds one snapshot)."""
+    last = -1
+    while True:
+        rows = conn.execute(
+            _sql(f"SELECT {', '.join(COLUMNS)} FROM audit WHERE id > ? ORDER BY id LIMIT ?", pg), (last, batch)
+        ).fetchall()
+        for row in rows:
+            yield Record(*row)
+        if len(rows) < batch:
+            return
+        last = rows[-1][0]
+
+
+def prune(conn, pg: bool, audit: Audit, before_ms: int) -> Record:
+    """Delete the oldest records up to the first one at or after ``before_ms``; the last deleted one
+    becomes the anchor, and the prune itself is recorded (its record names the anchor)."""
+    chain = read_chain(conn, pg, lock=True)
+    first_kept = conn.execute(_sql("SELECT min(id) FROM audit WHERE at_ms >= ?", pg), (before_ms,)).fetchone()[0]
+    cut = chain.head_id if first_kept is None else first_kept - 1
+    anchor_id, anchor_hash = chain.anchor_id, chain.anchor_hash
+    pruned = 0
+    if cut > chain.anchor_id:
+        row = conn.execute(_sql("SELECT hash FROM audit WHERE id = ?", pg), (cut,)).fetchone()
+        if row is not None:
+            anchor_id, anchor_hash = cut, row[0]
+            pruned = conn.execute(_sql("DELETE FROM audit WHERE id <= ?", pg), (cut,)).rowcount
+            conn.execute(
+                _sql("UPDATE audit_chain SET anchor_id = ?, anchor_hash = ? WHERE id = 1", pg), (anchor_id, anchor_hash)
+            )
+    before = {"anchor_id": chain.anchor_id, "anchor_hash": chain.anchor_hash}
+    after = {"anchor_id": anchor_id, "anchor_hash": anchor_hash, "pruned": pruned, "before_ms": before_ms}
+    return append(conn, pg, audit, "audit.prune", before=before, after=after)
