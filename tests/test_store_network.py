@@ -21,6 +21,7 @@ import pwd
 import secrets
 import shutil
 import subprocess
+import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -356,3 +357,114 @@ def test_each_address_waits_its_connect_timeout_then_the_worker_answers_at_once(
         assert (first.accepted, second.accepted) == (1, 1)  # both addresses tried once, then none
     finally:
         second.close()
+
+
+DEPLOY_PG = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
+ORPHAN_WORKERS = 6
+# The web role's server-side settings (deploy/postgres/privileges.sql): a backend whose client is gone ends
+# after keepalive idle + interval x count = 5 + 2 x 3 = 11 s without traffic, or tcp_user_timeout = 10 s
+# with a reply unacknowledged. The test allows twice that after the last cut, for a loaded machine.
+ORPHANS_GONE_WITHIN = 2 * (5 + 2 * 3)
+
+
+@pytest.fixture
+def deployed_in_netns(netns, secret_file):
+    """A PostgreSQL in the namespace set up as docs/stores.md says (roles.sql, `authsvc init` as the owner),
+    max_connections 20 (17 for the roles): (server, the web role's environment, a valid login's query)."""
+    bin_dir = find_bin_dir()
+    if bin_dir is None:
+        skip_or_fail("PostgreSQL binaries (initdb, pg_ctl) not found")
+    name, _, address, _ = netns
+    server = ThrowawayPostgres(bin_dir, netns=name, address=address, max_connections=20)
+    try:
+        server.start()
+        subprocess.run([os.path.join(bin_dir, "psql"), server.url, "-q", "-v", "ON_ERROR_STOP=1",
+                        "-f", str(DEPLOY_PG / "roles.sql")], check=True, capture_output=True, timeout=60)
+        role = f"{address}:{server.port}/authsvc"
+        _, params, env = provision_postgres(f"postgresql://authsvc_owner@{role}", secret_file)
+        env = {**env, "AUTHSVC_STORE": f"postgresql://authsvc_web@{role}"}
+        yield server, env, "/api/authenticate.json?" + urllib.parse.urlencode(params)
+    finally:
+        server.destroy()  # before the namespace goes
+
+
+class Traffic:
+    """``clients`` threads asking ``path`` in a loop until stop(): every answer's (status, body)."""
+
+    def __init__(self, port: int, path: str, clients: int):
+        self.port, self.path = port, path
+        self.answers: list[tuple[int | None, dict | None]] = []
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._ask, daemon=True) for _ in range(clients)]
+        for thread in self.threads:
+            thread.start()
+
+    def _ask(self) -> None:
+        while not self.stopping.is_set():
+            status, body, _ = ask(self.port, self.path, timeout=30)
+            self.answers.append((status, body))
+            time.sleep(0.02)
+
+    def stop(self) -> list[tuple[int | None, dict | None]]:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(40)
+        return self.answers
+
+
+def web_backends(server) -> int:
+    return _value(server.url, "SELECT count(*) FROM pg_stat_activity WHERE usename = 'authsvc_web'")
+
+
+def orphans(server) -> list[int]:
+    """The client ports of the web role's backends whose client connection this host no longer has."""
+    import psycopg
+
+    with psycopg.connect(server.url, autocommit=True, connect_timeout=5) as conn:
+        ports = [port for (port,) in conn.execute(
+            "SELECT client_port FROM pg_stat_activity WHERE usename = 'authsvc_web'").fetchall()]
+    listing = subprocess.run(["ss", "-Htn", "state", "established", "dst", server.address],
+                             check=True, capture_output=True, text=True, timeout=30).stdout
+    live = {int(line.split()[-2].rsplit(":", 1)[1]) for line in listing.splitlines() if line.strip()}
+    return [port for port in ports if port not in live]
+
+
+def test_repeated_cuts_leave_no_backends_behind(deployed_in_netns, netns, tmp_path):
+    """Three 8 s silent cuts of the veth link to PostgreSQL while 6 workers serve traffic. A worker whose query
+    goes unanswered drops its connection (its reply deadline; its kernel aborts it, tcp_user_timeout) and opens
+    a new one after the cut; the server never hears of the old one. Without the web role's keepalive settings
+    such a backend stays until the kernel's keepalive notices (two hours), one per worker per cut, until
+    max_connections refuses the workers' new connections ("remaining connection slots are reserved"): 503s
+    on a healthy network. With them (privileges.sql) it ends within about 11 s: within ORPHANS_GONE_WITHIN of
+    the last cut no backend of the web role is left without its client, and every authentication succeeds.
+    Before (the role's settings reset): 6 backends of the first cut still there, and refusals during the cuts."""
+    server, env, query = deployed_in_netns
+    assert _value(env["AUTHSVC_STORE"], "SHOW tcp_keepalives_idle") == "5"
+    gunicorn, port, log = serve(env, env["AUTHSVC_STORE"], tmp_path, workers=ORPHAN_WORKERS)
+    try:
+        traffic = Traffic(port, query, clients=ORPHAN_WORKERS)
+        time.sleep(2)
+        for _ in range(3):
+            silence(netns, True)
+            time.sleep(8)
+            silence(netns, False)
+            time.sleep(4)
+        answers = traffic.stop()
+        back = time.monotonic()
+        left = orphans(server)
+        while left and time.monotonic() - back < ORPHANS_GONE_WITHIN:
+            time.sleep(0.5)
+            left = orphans(server)
+        with open(server.logfile) as f:
+            server_log = f.read()
+        assert not left, f"{len(left)} backends without a client {ORPHANS_GONE_WITHIN} s after the cuts"
+        assert "remaining connection slots" not in server_log
+        text = log.read_text()
+        wrong = [(s, b) for s, b in answers if (s, b) not in ((200, OK), (503, UNAVAILABLE))]
+        assert not wrong, f"{wrong[:5]}\n{text[-3000:]}"
+        assert web_backends(server) <= ORPHAN_WORKERS
+        after = [ask(port, query)[:2] for _ in range(60)]
+        assert all(answer == (200, OK) for answer in after), f"{after}\n{text[-3000:]}"
+    finally:
+        stop(gunicorn)
+    assert "WORKER TIMEOUT" not in log.read_text()
