@@ -140,6 +140,34 @@ def test_blackhole_mid_query_answers_503_and_no_worker_is_killed(relayed, tmp_pa
     assert query.split("api_key=")[1] not in text  # the key never reaches the log
 
 
+def test_replies_stalled_as_under_packet_loss_answer_200_or_503_and_no_worker_is_killed(relayed, tmp_path):
+    """A lossy path as the app sees it: one in ten of the server's replies held for up to 15 s (TCP retransmitting
+    them with its backoff) while the kernel acknowledges everything the app sends, so its tcp_user_timeout never
+    fires and the client sits in poll(). Every answer is the success or the JSON 503 within about one reply
+    deadline (AUTHSVC_PG_REPLY_TIMEOUT, 3 s), no worker is killed, and the service is back once the loss ends.
+    Before: a reply held longer than gunicorn's timeout got the worker SIGKILLed and its client an empty reply."""
+    env, query, relay, store = relayed
+    server, port, log = serve(env, store, tmp_path)
+    try:
+        assert ask(port, query)[:2] == (200, OK)
+        relay.stall(0.1, 15)
+        traffic = Traffic(port, query, clients=4)
+        time.sleep(15)
+        answers = traffic.stop()
+        relay.restore()
+        until_ok(port, query)
+    finally:
+        stop(server)
+    text = log.read_text()
+    for status, body, seconds in answers:
+        assert (status, body) in ((200, OK), (503, UNAVAILABLE)), f"after {seconds:.1f} s: {status} {body}\n{text[-3000:]}"
+    assert {status for status, *_ in answers} == {200, 503}  # some replies came late, some in time
+    slowest = max(seconds for _, _, seconds in answers)
+    # One reply deadline (3 s) and a connect (2 s), queued behind the other clients; gunicorn kills at 10 s.
+    assert slowest < WORKER_TIMEOUT - 1, f"slowest answer {slowest:.1f} s"
+    assert "WORKER TIMEOUT" not in text, text[-3000:]
+
+
 def test_outage_at_20_clients_answers_503_within_seconds(relayed, tmp_path):
     """20 clients against 2 workers while new connections to the store go unanswered: after one failed
     connect a worker answers 503 at once for AUTHSVC_PG_RETRY_AFTER instead of each request waiting its own
@@ -389,11 +417,11 @@ def deployed_in_netns(netns, secret_file):
 
 
 class Traffic:
-    """``clients`` threads asking ``path`` in a loop until stop(): every answer's (status, body)."""
+    """``clients`` threads asking ``path`` in a loop until stop(): every answer's (status, body, seconds)."""
 
     def __init__(self, port: int, path: str, clients: int):
         self.port, self.path = port, path
-        self.answers: list[tuple[int | None, dict | None]] = []
+        self.answers: list[tuple[int | None, dict | None, float]] = []
         self.stopping = threading.Event()
         self.threads = [threading.Thread(target=self._ask, daemon=True) for _ in range(clients)]
         for thread in self.threads:
@@ -401,11 +429,10 @@ class Traffic:
 
     def _ask(self) -> None:
         while not self.stopping.is_set():
-            status, body, _ = ask(self.port, self.path, timeout=30)
-            self.answers.append((status, body))
+            self.answers.append(ask(self.port, self.path, timeout=30))
             time.sleep(0.02)
 
-    def stop(self) -> list[tuple[int | None, dict | None]]:
+    def stop(self) -> list[tuple[int | None, dict | None, float]]:
         self.stopping.set()
         for thread in self.threads:
             thread.join(40)
@@ -460,7 +487,7 @@ def test_repeated_cuts_leave_no_backends_behind(deployed_in_netns, netns, tmp_pa
         assert not left, f"{len(left)} backends without a client {ORPHANS_GONE_WITHIN} s after the cuts"
         assert "remaining connection slots" not in server_log
         text = log.read_text()
-        wrong = [(s, b) for s, b in answers if (s, b) not in ((200, OK), (503, UNAVAILABLE))]
+        wrong = [(s, b) for s, b, _ in answers if (s, b) not in ((200, OK), (503, UNAVAILABLE))]
         assert not wrong, f"{wrong[:5]}\n{text[-3000:]}"
         assert web_backends(server) <= ORPHAN_WORKERS
         after = [ask(port, query)[:2] for _ in range(60)]
