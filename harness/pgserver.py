@@ -46,10 +46,13 @@ def _run_as() -> str | None:
 class ThrowawayPostgres:
     """initdb + pg_ctl start/stop on 127.0.0.1:<free port>; superuser ``postgres``, trust auth.
     With ``netns`` (root only) every command runs in that network namespace and the server listens
-    on ``address`` there, trusting its subnet (tests/test_store_network.py cuts the link to it)."""
+    on ``address`` there, trusting its subnet (tests/test_store_network.py cuts the link to it).
+    ``max_connections``: a small one shows connections left behind as refusals."""
 
-    def __init__(self, bin_dir: str, *, netns: str | None = None, address: str = "127.0.0.1"):
+    def __init__(self, bin_dir: str, *, netns: str | None = None, address: str = "127.0.0.1",
+                 max_connections: int = 50):
         self.bin_dir = bin_dir
+        self.max_connections = max_connections
         self.netns, self.address = netns, address
         self.user = _run_as()
         self.port = free_port()
@@ -81,7 +84,8 @@ class ThrowawayPostgres:
     def start(self) -> None:
         options = (
             f"-p {self.port} -c listen_addresses={self.address} -c unix_socket_directories='' "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=50"
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+            f"-c max_connections={self.max_connections}"
         )
         self._run("pg_ctl", "-D", self.data, "-l", self.logfile, "-o", options, "-w", "-t", "30", "start")
 
@@ -122,6 +126,7 @@ class ThrowawayStandby(ThrowawayPostgres):
 
     def __init__(self, primary: ThrowawayPostgres):
         self.bin_dir = primary.bin_dir
+        self.max_connections = primary.max_connections  # a hot standby needs at least the primary's
         self.netns, self.address = None, "127.0.0.1"
         self.user = primary.user
         self.port = free_port()

@@ -6,11 +6,16 @@ silent: the kernel still acknowledges what is sent (as a pooler in between does,
 a lossy path where nothing stays unacknowledged), so neither ``tcp_user_timeout``
 nor keepalives notice; nothing is forwarded either way, and a new connection is
 accepted but never reaches the server. ``restore()`` lets the held bytes through.
+``stall(chance, longest)`` is what loss looks like to the app on a lossy path: each
+reply chunk is held, with that chance, for a random time up to ``longest`` seconds
+(TCP retransmitting it with its growing backoff), then forwarded; nothing is lost
+and the kernel acknowledges all along.
 It runs in threads of the test process; ``close()`` ends them.
 """
 
 from __future__ import annotations
 
+import random
 import select
 import socket
 import threading
@@ -24,6 +29,8 @@ class Relay:
         self.port = free_port()
         self.accepted = 0  # connections accepted so far (a connection attempt of a client)
         self.blackholed = threading.Event()
+        self.stalls = (0.0, 0.0)  # (chance, longest seconds) a reply chunk is held
+        self._random = random.Random()
         self.stopped = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -36,6 +43,10 @@ class Relay:
 
     def restore(self) -> None:
         self.blackholed.clear()
+        self.stalls = (0.0, 0.0)
+
+    def stall(self, chance: float, longest: float) -> None:
+        self.stalls = (chance, longest)
 
     def _keep(self, sock: socket.socket) -> None:
         with self._lock:
@@ -76,6 +87,9 @@ class Relay:
                     data = sock.recv(65536)
                     if not data:
                         return self._close(a, b)
+                    chance, longest = self.stalls
+                    if sock is b and chance and self._random.random() < chance:  # b: the server's side
+                        self.stopped.wait(self._random.uniform(0, longest))
                     peer[sock].sendall(data)
             except OSError:
                 return self._close(a, b)

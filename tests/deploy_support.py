@@ -120,12 +120,12 @@ def _run(cmd: list[str], env: dict) -> str:
 
 
 def start_stack(root: Path, *, values: dict | None = None, worker_connections: int = 128,
-                extra_app_hosts: int = 0, workers: int = 2) -> Stack:
+                extra_app_hosts: int = 0, workers: int = 2, app_host_env: dict | None = None) -> Stack:
     """The stack in ``root``; ``values`` override placeholder values, ``worker_connections``
     sizes nginx's main config (tests/test_edge.py makes it small to reach exhaustion).
     ``extra_app_hosts`` more gunicorn instances serve the same store on 127.0.0.1 TCP
     ports (``AUTHSVC_BIND``), named after the unix socket in ``UPSTREAMS``; ``workers``
-    is each gunicorn's AUTHSVC_WORKERS."""
+    is each gunicorn's AUTHSVC_WORKERS; ``app_host_env`` more environment for the TCP ones."""
     nginx = find_nginx()
     if nginx is None:
         skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
@@ -225,6 +225,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         for port in extra_ports:
             host_env = {k: v for k, v in service_env.items() if k != "NOTIFY_SOCKET"}
             host_env["AUTHSVC_BIND"] = f"127.0.0.1:{port}"
+            host_env.update(app_host_env or {})
             app_hosts.append((f"127.0.0.1:{port}", subprocess.Popen(
                 gunicorn_cmd,
                 stdout=open(logs / f"gunicorn-{port}-access.log", "wb"),
