@@ -9,15 +9,18 @@ writes one ``auth ... reason=...`` line (docs/logs.md, "Why a login failed").
 
 ``/healthz`` is liveness (the process answers, no store), ``/readyz`` readiness
 (the store answers the authentication query and its schema is current; docs/api.md).
+``/openapi.json`` is the API's OpenAPI document (authsvc/openapi/, read once when the app is built).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
 import traceback
 from collections.abc import Callable
+from importlib import resources
 from typing import TYPE_CHECKING
 
 from authsvc.authenticate import MALFORMED, STORE_UNAVAILABLE, Authenticator
@@ -48,9 +51,10 @@ AUTHENTICATE_PATH = "/api/authenticate.json"
 HEALTH_PATH = "/healthz"
 READY_PATH = "/readyz"
 METRICS_PATH = "/metrics"
+OPENAPI_PATH = "/openapi.json"
 OTHER_ROUTE = "<other>"
 RESULT_HEADER = "X-Authsvc-Result"
-ROUTE_PATHS = (AUTHENTICATE_PATH, HEALTH_PATH, READY_PATH, METRICS_PATH)
+ROUTE_PATHS = (AUTHENTICATE_PATH, HEALTH_PATH, READY_PATH, METRICS_PATH, OPENAPI_PATH)
 PROBE_PATHS = (HEALTH_PATH, READY_PATH)
 STORE_WARNING_INTERVAL = 10.0  # seconds between two "store unavailable" lines of one worker
 # /readyz checks the schema version (Store.check: a new connection on PostgreSQL) at most
@@ -91,7 +95,11 @@ class App:
         self.metrics = metrics
         self.store = store
         self.authenticator = Authenticator(store, settings.token_secrets, clock)
-        self.routes = {AUTHENTICATE_PATH: self.authenticate, HEALTH_PATH: self.health, READY_PATH: self.ready}
+        self.openapi_document = openapi_document()
+        self.routes = {
+            AUTHENTICATE_PATH: self.authenticate, HEALTH_PATH: self.health, READY_PATH: self.ready,
+            OPENAPI_PATH: self.openapi,
+        }
         self.store_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
         self.observation_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
         self.auth_records = LineRecords(auth_log, logging.INFO, __file__)
@@ -232,6 +240,10 @@ class App:
                                   ("Content-Length", str(len(body))), (RESULT_HEADER, "200")])
         return [] if head else [body]
 
+    def openapi(self, environ: dict) -> tuple[int, bytes]:
+        """The OpenAPI document of this API (docs/api.md, "The OpenAPI document"), read when the app was built."""
+        return 200, self.openapi_document
+
     def health(self, environ: dict) -> tuple[int, bytes]:
         """Liveness: the process serves. Never touches the store, so an outage does not get it restarted."""
         return 200, b'{"success":true,"status":"ok"}'
@@ -247,6 +259,13 @@ class App:
                 raise ServiceUnavailable() from None
             self.schema_checked_at = now
         return 200, b'{"success":true,"status":"ready"}'
+
+
+def openapi_document() -> bytes:
+    """authsvc/openapi/authenticate.json (package data), re-encoded as the API answers: compact,
+    ASCII-only JSON. Read when the app is built, so a broken document fails start-up, not a request."""
+    text = resources.files("authsvc").joinpath("openapi", "authenticate.json").read_text(encoding="utf-8")
+    return json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
 def make_app(settings: Settings, store: Store | None = None, *, tolerate_outage: bool = False) -> App:
