@@ -23,7 +23,7 @@ from collections.abc import Callable
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from authsvc.authenticate import MALFORMED, STORE_UNAVAILABLE, Authenticator
+from authsvc.authenticate import MALFORMED, STORE_UNAVAILABLE, WAITED_TOO_LONG, Authenticator
 from authsvc.errors import (
     ConfigError,
     HTTPError,
@@ -35,6 +35,7 @@ from authsvc.errors import (
 )
 from authsvc.http import error_object, json_bytes, request_params, respond
 from authsvc.loglines import LineRecords, LogThrottle, request_id
+from authsvc.queueing import WaitedTooLong, waited_too_long
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.store.base import Store
@@ -100,7 +101,9 @@ class App:
             AUTHENTICATE_PATH: self.authenticate, HEALTH_PATH: self.health, READY_PATH: self.ready,
             OPENAPI_PATH: self.openapi,
         }
+        self.clock = clock
         self.store_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
+        self.queue_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
         self.observation_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
         self.auth_records = LineRecords(auth_log, logging.INFO, __file__)
         self.monotonic = monotonic
@@ -116,6 +119,7 @@ class App:
         metrics = self.metrics
         start = time.perf_counter() if metrics is not None else 0.0
         content_type = None  # JSON; /metrics answers in Prometheus's text format
+        shed = False  # a 503 for the queue's wait: a shed like nginx's, not a server error
         try:
             handler = self.routes.get(path)
             if handler is None:
@@ -133,6 +137,7 @@ class App:
         except HTTPError as http_error:
             body, extra_headers = json_bytes(error_object(http_error.status, http_error.description)), http_error.headers
             result = http_error.status
+            shed = isinstance(http_error, WaitedTooLong)
         except StoreUnavailable:
             self.store_unavailable(path)
             unavailable = ServiceUnavailable()
@@ -142,7 +147,7 @@ class App:
             result, body = 500, json_bytes(error_object(500, "Internal server error"))
         if metrics is not None:
             try:
-                if result >= 500:
+                if result >= 500 and not shed:
                     metrics.server_error(route_name(path), result)
                 metrics.request(route_name(path), time.perf_counter() - start)
             except Exception as e:
@@ -199,6 +204,9 @@ class App:
     def authenticate(self, environ: dict) -> tuple[int, bytes]:
         """(the result code of docs/api.md, the body); __call__ picks the HTTP status."""
         start = time.perf_counter()
+        if waited_too_long(environ.get("HTTP_X_REQUEST_START"), self.clock(), self.settings.max_queue_wait):
+            self.waited_too_long(environ, start)
+            raise WaitedTooLong()
         try:
             result = self.authenticator(request_params(environ, self.settings.max_body_bytes))
         except StoreUnavailable:
@@ -209,6 +217,19 @@ class App:
             raise
         self.observe(environ, start, result.reason, result.game_id, result.user_id)
         return result.error or 200, result.body
+
+    def waited_too_long(self, environ: dict, start: float) -> None:
+        """Count and log an authentication shed for its time in the queue (authsvc/queueing.py): its auth
+        line and count (reason=waited_too_long), and a warning at most once per STORE_WARNING_INTERVAL."""
+        self.observe(environ, start, WAITED_TOO_LONG, None, None)
+        try:
+            held = self.queue_warnings.allow()
+            if held is not None:
+                since = f" ({held} more since the last such line)" if held else ""
+                log.warning("authentication waited over AUTHSVC_MAX_QUEUE_WAIT (%gs) in the queue: 503%s",
+                            self.settings.max_queue_wait, since)
+        except Exception:
+            pass  # the logger itself fails: the answer is the 503 all the same
 
     def observe(self, environ: dict, start: float, reason: str, game_id: int | None, user_id: int | None) -> None:
         """Count it (authsvc_authentications_total) and write one logfmt line (docs/logs.md):

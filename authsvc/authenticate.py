@@ -28,7 +28,7 @@ MISSING_DESCRIPTION = "user_id, game_auth_token, and api_key are required parame
 INVALID_DESCRIPTION = "Invalid credentials"
 MAX_USER_ID = 2**63 - 1
 
-# Reasons, in the order they are decided (docs/logs.md). STORE_UNAVAILABLE is the app's (a 503).
+# Reasons, in the order they are decided (docs/logs.md). STORE_UNAVAILABLE and WAITED_TOO_LONG are the app's (503s).
 SUCCESS = "success"
 MISSING_PARAMETERS = "missing_parameters"
 MALFORMED = "malformed"
@@ -39,8 +39,9 @@ UNKNOWN_PLAYER = "unknown_player"
 PLAYER_DISABLED = "player_disabled"
 WRONG_TOKEN = "wrong_token"
 STORE_UNAVAILABLE = "store_unavailable"
+WAITED_TOO_LONG = "waited_too_long"  # shed before any store work (authsvc/queueing.py)
 REASONS = (SUCCESS, MISSING_PARAMETERS, MALFORMED, UNKNOWN_KEY, EXPIRED_KEY, GAME_DISABLED, UNKNOWN_PLAYER,
-           PLAYER_DISABLED, WRONG_TOKEN, STORE_UNAVAILABLE)
+           PLAYER_DISABLED, WRONG_TOKEN, STORE_UNAVAILABLE, WAITED_TOO_LONG)
 
 
 class Result(NamedTuple):

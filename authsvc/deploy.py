@@ -18,7 +18,8 @@ so the tests run exactly what a machine gets. Rules:
   machine's CPUs); ``--set`` overrides it (app hosts with other worker counts).
 - ``RATE_DELAY`` (how many requests of one address's burst nginx passes at once, the
   rest spaced at RATE: limit_req's ``delay=``) is half of UPSTREAM_MAX_CONNS, so one
-  address's burst never fills an app host; RATE_BURST when there is no max_conns (0).
+  address's burst never fills an app host, and at most RATE_BURST; RATE_BURST when there
+  is no max_conns (0).
 """
 
 from __future__ import annotations
@@ -58,11 +59,14 @@ DEFAULTS = {
 # Placeholders that are settings of the service, not of the deploy: name -> setting.
 FROM_SETTINGS = {"MAX_BODY_BYTES": "max_body_bytes"}
 # Login storms (docs/operations.md, "Login storms"): nginx lets an app host hold this
-# many requests per gunicorn worker (UPSTREAM_MAX_CONNS, nginx's max_conns): one being
-# served, the others waiting their turn; past it, the JSON 503 at once. 8: clients in
-# closed loop up to 8 per worker are never shed (tests/test_storm.py), and the storm's
-# successes stay under 100 ms (BENCHMARKS.md, section 10).
-REQUESTS_PER_WORKER = 8
+# many requests per gunicorn worker (UPSTREAM_MAX_CONNS, nginx's max_conns); past it,
+# the JSON 503 at once, at no cost to the workers. 40: a burst of 32 per worker arriving
+# at once is queued and served, not shed (tests/test_storm.py), and a full queue's wait
+# (40 x the time per request) stays far below AUTHSVC_MAX_QUEUE_WAIT, the app's shed of
+# a request that waited too long (authsvc/queueing.py), which costs a worker as much as
+# serving it: a deeper queue makes every request wait past it and throughput collapses
+# (BENCHMARKS.md, section 10).
+REQUESTS_PER_WORKER = 40
 
 
 class RenderError(Exception):
@@ -87,7 +91,8 @@ def values_with_defaults(given: dict[str, str]) -> dict[str, str]:
     values.setdefault("UPSTREAM_MAX_CONNS", str(REQUESTS_PER_WORKER * default("workers")))  # this machine's CPUs
     if "RATE_DELAY" not in values:
         max_conns = int(values["UPSTREAM_MAX_CONNS"]) if values["UPSTREAM_MAX_CONNS"].isdigit() else 0
-        values["RATE_DELAY"] = str(max_conns // 2) if max_conns else values["RATE_BURST"]
+        burst = int(values["RATE_BURST"]) if values["RATE_BURST"].isdigit() else max_conns
+        values["RATE_DELAY"] = str(min(max_conns // 2, burst)) if max_conns else values["RATE_BURST"]
     for name, value in values.items():
         # A list's items are separated by spaces; no item may hold nginx syntax either.
         items = value.split(" ") if is_list(name) else [value]

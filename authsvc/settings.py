@@ -94,6 +94,10 @@ SETTINGS = (
     Setting("pg_reply_timeout", "AUTHSVC_PG_REPLY_TIMEOUT", float, 3.0, rule="positive", check=lambda v: v > 0),
     # After a connect or a reply that timed out, a worker answers 503 without trying the store this long.
     Setting("pg_retry_after", "AUTHSVC_PG_RETRY_AFTER", float, 2.0, rule="positive", check=lambda v: v > 0),
+    # An authentication that waited in gunicorn's queue longer than this (nginx's X-Request-Start) is
+    # answered 503 before any store work (authsvc/queueing.py, docs/operations.md "Login storms"); 0: off.
+    Setting("max_queue_wait", "AUTHSVC_MAX_QUEUE_WAIT", float, 0.5,
+            rule="0 (off) or seconds, at most 60", check=lambda v: 0 <= v <= 60),
     Setting("max_staleness", "AUTHSVC_MAX_STALENESS", float, 1.0,
             rule=f"from 0 to {MAX_STALENESS_BOUND:g} seconds", check=lambda v: 0 <= v <= MAX_STALENESS_BOUND),
     # `authsvc audit prune` without --before removes records older than this many days; 0 keeps them forever.
@@ -143,6 +147,7 @@ class Settings:
     pg_statement_timeout: float = default("pg_statement_timeout")
     pg_reply_timeout: float = default("pg_reply_timeout")
     pg_retry_after: float = default("pg_retry_after")
+    max_queue_wait: float = default("max_queue_wait")
     max_staleness: float = default("max_staleness")
     audit_retention_days: int = default("audit_retention_days")
 

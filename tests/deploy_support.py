@@ -120,12 +120,14 @@ def _run(cmd: list[str], env: dict) -> str:
 
 
 def start_stack(root: Path, *, values: dict | None = None, worker_connections: int = 128,
-                extra_app_hosts: int = 0, workers: int = 2, app_host_env: dict | None = None) -> Stack:
+                extra_app_hosts: int = 0, workers: int = 2, app_env: dict | None = None,
+                app_host_env: dict | None = None) -> Stack:
     """The stack in ``root``; ``values`` override placeholder values, ``worker_connections``
     sizes nginx's main config (tests/test_edge.py makes it small to reach exhaustion).
     ``extra_app_hosts`` more gunicorn instances serve the same store on 127.0.0.1 TCP
     ports (``AUTHSVC_BIND``), named after the unix socket in ``UPSTREAMS``; ``workers``
-    is each gunicorn's AUTHSVC_WORKERS; ``app_host_env`` more environment for the TCP ones."""
+    is each gunicorn's AUTHSVC_WORKERS; ``app_env`` more of gunicorn's environment (settings), for
+    every app host; ``app_host_env`` more environment for the TCP ones only."""
     nginx = find_nginx()
     if nginx is None:
         skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
@@ -206,6 +208,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         "NOTIFY_SOCKET": str(root / "notify.sock"),
         "AUTHSVC_WORKERS": str(workers),
         "PYTHONDONTWRITEBYTECODE": "1",
+        **(app_env or {}),
     }
     setenv = [arg for name, value in service_env.items() for arg in ("-E", f"{name}={value}")]
     gunicorn_cmd = [str(VENV_BIN / "gunicorn"), "--config", str(rendered / "gunicorn.conf.py"), "authsvc.wsgi:application"]

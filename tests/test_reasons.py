@@ -89,7 +89,7 @@ def test_each_reason_is_logged_and_never_sent(world, caplog, reason):
 
 
 def test_every_reason_is_covered():
-    assert set(CASES) | {"store_unavailable"} == set(REASONS)
+    assert set(CASES) | {"store_unavailable", "waited_too_long"} == set(REASONS)
 
 
 @pytest.mark.engine("sqlite")

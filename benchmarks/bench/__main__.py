@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="storm section: offered load as a multiple of the capacity (default 4)")
     parser.add_argument("--storm-max-conns", default="shipped,0",
                         help="storm section: the UPSTREAM_MAX_CONNS values to storm: numbers, 0 for no limit, "
-                             "'shipped' for the rendered default (default shipped,0)")
+                             "'shipped' for the rendered default; N:W also sets AUTHSVC_MAX_QUEUE_WAIT=W "
+                             "(0: off; else its default) (default shipped,0)")
     parser.add_argument("--storm-capacity-seconds", type=int, default=4,
                         help="storm section: seconds per run of the capacity search (default 4)")
     parser.add_argument("--capacity-seconds", type=int, default=5,

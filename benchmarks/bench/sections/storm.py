@@ -3,7 +3,8 @@
 First the capacity: the most req/s wrk gets with a p99 under 20 ms. Then a storm
 of ``--storm-factor`` times that from ``--storm-connections`` paced clients for
 ``--storm-seconds``, once per UPSTREAM_MAX_CONNS of ``--storm-max-conns`` (0: no
-limit, every request queues as before the limit existed), then normal load again
+limit, every request queues as before the limit existed; ``N:W`` runs the app with
+AUTHSVC_MAX_QUEUE_WAIT=W, else its default), then normal load again
 until the p99 is back under 20 ms. Figures per answer status come from nginx's
 access log (every request of the storm), the client's view from wrk and from a
 probe opening a new connection every 50 ms.
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 from authsvc.deploy import REQUESTS_PER_WORKER
+from authsvc.settings import default
 from benchmarks.bench.sections.nginx import nginx_in_front
 from benchmarks.bench.serve import (
     LEGACY_HOST,
@@ -223,20 +225,22 @@ def recovery(server: Server, script: Path, cap: float, storm_end: float) -> floa
 
 
 @contextlib.contextmanager
-def stack(world: World, args: argparse.Namespace, logs: Path, max_conns: int):
-    """gunicorn with the shipped config on a unix socket, the shipped site in front with this UPSTREAM_MAX_CONNS."""
-    root = world.root / f"storm-{max_conns}"
+def stack(world: World, args: argparse.Namespace, logs: Path, max_conns: int, max_wait: float):
+    """gunicorn with the shipped config on a unix socket (AUTHSVC_MAX_QUEUE_WAIT=max_wait), the shipped
+    site in front with this UPSTREAM_MAX_CONNS."""
+    root = world.root / f"storm-{max_conns}-{max_wait:g}"
     sock = root / "authsvc.sock"
     root.mkdir(parents=True, exist_ok=True)
-    env = {"AUTHSVC_BIND": f"unix:{sock}", "STATE_DIRECTORY": str(world.root)}
+    env = {"AUTHSVC_BIND": f"unix:{sock}", "STATE_DIRECTORY": str(world.root), "AUTHSVC_MAX_QUEUE_WAIT": str(max_wait)}
     args_ = ("--config", str(REPO / "deploy" / "gunicorn.conf.py"))
-    with gunicorn(world, APPS["authsvc"], logs / f"storm-{max_conns}.log", bind=f"unix:{sock}", args=args_,
+    with gunicorn(world, APPS["authsvc"], logs / f"storm-{max_conns}-{max_wait:g}.log", bind=f"unix:{sock}", args=args_,
                   env=env) as proc:
         wait_for(sock.exists, "gunicorn (storm)", proc)
         # nginx's connection table: each storm client, and each request proxied, holds one.
         with nginx_in_front(world, root, sock, overrides={"UPSTREAM_MAX_CONNS": str(max_conns)},
                             worker_connections=2 * args.storm_connections + 1024) as (_, http_port, nginx):
-            label = f"UPSTREAM_MAX_CONNS={max_conns}" + (" (no limit: queueing)" if max_conns == 0 else "")
+            label = f"UPSTREAM_MAX_CONNS={max_conns}" + (" (no limit)" if max_conns == 0 else "")
+            label += f" (AUTHSVC_MAX_QUEUE_WAIT={max_wait:g}" + (": off)" if max_wait == 0 else ")")
             server = Server(label, "endpoint", f"http://127.0.0.1:{http_port}", host=LEGACY_HOST, master=proc)
             check_answers(server, world)
             yield server, root / "logs" / "authsvc-access.log", nginx
@@ -260,15 +264,19 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     storm_script.write_text(STORM_SCRIPT % {"paths": ",\n".join(json.dumps(p) for p in world.paths()),
                                             "shed": json.dumps(SHED_BODY)})
     shipped = REQUESTS_PER_WORKER * (os.cpu_count() or 1)  # authsvc/deploy.py's default: the workers are the CPUs
-    values = [shipped if v.strip() == "shipped" else int(v) for v in args.storm_max_conns.split(",")]
-    storms = [one_storm(world, args, logs, script, storm_script, v, v == shipped) for v in values]
+    rows = []
+    for item in args.storm_max_conns.split(","):
+        conns, _, wait = item.strip().partition(":")
+        rows.append((shipped if conns == "shipped" else int(conns), float(wait) if wait else default("max_queue_wait")))
+    storms = [one_storm(world, args, logs, script, storm_script, n, w, n == shipped and w == default("max_queue_wait"))
+              for n, w in rows]
     print_storm(args, storms)
 
 
 def one_storm(world: World, args: argparse.Namespace, logs: Path, script: Path, storm_script: Path,
-              max_conns: int, shipped: bool) -> Storm:
+              max_conns: int, max_wait: float, shipped: bool) -> Storm:
     """On a fresh stack: the capacity, the storm (with a probe), the recovery, the capacity again."""
-    with stack(world, args, logs, max_conns) as (server, access_log, nginx):
+    with stack(world, args, logs, max_conns, max_wait) as (server, access_log, nginx):
         if shipped:
             server.label += f" (shipped: {REQUESTS_PER_WORKER} x {os.cpu_count()} workers)"
         cap, best_c, cap_runs = capacity(server, script, args)
