@@ -25,11 +25,11 @@ import urllib.parse
 import pytest
 import webtest
 
-from authsvc.app import make_app
-from authsvc.authenticate import MISSING_DESCRIPTION
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from authsvc.web.app import make_app
+from authsvc.web.authenticate import MISSING_DESCRIPTION
 from harness.processes import free_port, start_gunicorn, wait_for_port
 
 __all__ = [

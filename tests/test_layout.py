@@ -99,7 +99,7 @@ def test_no_module_is_longer_than_400_lines():
 def test_no_import_circle_among_authsvc_modules():
     modules = _modules()
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
-    assert graph["authsvc.cli"], "the import reader found nothing: it is broken"
+    assert graph["authsvc.admin.command"], "the import reader found nothing: it is broken"
     assert not _cycles(graph)
 
 

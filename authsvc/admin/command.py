@@ -6,7 +6,7 @@
     token issue
     audit [filters] | verify | prune
     export, import, backup, check, explain
-    heartbeat (a long-running writer for hot standbys: authsvc/heartbeat.py)
+    heartbeat (a long-running writer for hot standbys: authsvc/admin/heartbeat.py)
 
 Every subcommand takes ``--json`` (one JSON object on stdout). Bad input gives a
 one-line message on stderr and exit 1 (exit 2 for a malformed command line).
@@ -25,13 +25,13 @@ import time
 from authsvc.admin import audit
 from authsvc.admin import operations as ops
 from authsvc.admin.operations import MAX_OLD_KEY_TTL
-from authsvc.authenticate import parse_user_id
+from authsvc.admin.players_import import ProgressBar
 from authsvc.errors import CommandError, ConfigError, StoreUnavailable
 from authsvc.names import check_game_name, check_username, shown
-from authsvc.players_import import ProgressBar
 from authsvc.settings import Settings
 from authsvc.store import redact_url
 from authsvc.store.base import Game
+from authsvc.web.authenticate import parse_user_id
 
 __all__ = ["MAX_OLD_KEY_TTL", "build_parser", "main"]
 
@@ -297,16 +297,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit.add_parsers(top, common, _Parser)
 
-    from authsvc import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
+    from authsvc.admin import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
 
     p = leaf(top, "check", check.cmd_check, "call a running service at each URL and report each case")
     check.add_arguments(p, user_id_arg, game_id_arg)
 
-    from authsvc import explain
+    from authsvc.admin import explain
 
     explain.add_arguments(leaf(top, "explain", explain.cmd_explain, "say why a request would fail, or that it succeeds"))
 
-    from authsvc import heartbeat
+    from authsvc.admin import heartbeat
 
     heartbeat.add_arguments(leaf(
         top, "heartbeat", heartbeat.cmd_heartbeat,

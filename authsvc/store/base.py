@@ -176,7 +176,7 @@ class Store(abc.ABC):
     def audit_prune(self, before_ms: int, *, audit: Audit) -> Record:
         """Delete the records before ``before_ms`` (a prefix of the chain), keep the anchor, record the prune."""
 
-    # -- moving between stores (authsvc export / import, authsvc/transfer.py) ---------
+    # -- moving between stores (authsvc export / import, authsvc/admin/transfer.py) ---------
     @abc.abstractmethod
     def game_id_high_water(self) -> int:
         """The highest game id ever handed out (0 if none), so a moved store never reuses one."""

@@ -20,7 +20,6 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from authsvc.authenticate import MALFORMED, STORE_UNAVAILABLE, Authenticator
 from authsvc.errors import (
     ConfigError,
     HTTPError,
@@ -30,15 +29,16 @@ from authsvc.errors import (
     StoreUnavailable,
     StoreUnreachable,
 )
-from authsvc.http import error_object, json_bytes, request_params, respond
 from authsvc.loglines import LineRecords, LogThrottle, request_id
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.store.base import Store
 from authsvc.store.sqlite import SQLiteStore
+from authsvc.web.authenticate import MALFORMED, STORE_UNAVAILABLE, Authenticator
+from authsvc.web.http import error_object, json_bytes, request_params, respond
 
 if TYPE_CHECKING:
-    from authsvc.metrics import Metrics
+    from authsvc.web.metrics import Metrics
 
 log = logging.getLogger("authsvc")
 auth_log = logging.getLogger("authsvc.auth")
@@ -226,7 +226,7 @@ class App:
 
     @staticmethod
     def serve_metrics(start_response, head: bool, body: bytes, content_type: str) -> list[bytes]:
-        """The Prometheus text format of all workers, not JSON (authsvc/metrics.py); only with the metrics extra.
+        """The Prometheus text format of all workers, not JSON (authsvc/web/metrics.py); only with the metrics extra.
         Called by __call__ once everything that can fail is done: start_response is the last step."""
         start_response("200 OK", [("Content-Type", content_type), ("Cache-Control", "no-store"),
                                   ("Content-Length", str(len(body))), (RESULT_HEADER, "200")])
@@ -264,6 +264,6 @@ def make_app(settings: Settings, store: Store | None = None, *, tolerate_outage:
         if isinstance(store, SQLiteStore) and (warning := store.journal_mode_warning()):
             log.warning("%s", warning)
         store.close()  # each worker opens its own connection after fork
-    from authsvc import metrics  # stdlib only; prometheus_client is imported only if installed
+    from authsvc.web import metrics  # stdlib only; prometheus_client is imported only if installed
 
     return App(settings, store, metrics=metrics.create(store))

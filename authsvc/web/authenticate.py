@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
-from authsvc.http import Param, error_object, json_bytes, success_bytes
 from authsvc.store.base import Credentials, Store
 from authsvc.tokens import TokenVerifier, api_key_digest
+from authsvc.web.http import Param, error_object, json_bytes, success_bytes
 
 MISSING_DESCRIPTION = "user_id, game_auth_token, and api_key are required parameters"
 INVALID_DESCRIPTION = "Invalid credentials"

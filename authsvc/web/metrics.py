@@ -12,7 +12,7 @@ Label cardinality is bounded by the number of games: ``game`` is a game id, or
 ``none`` when no game has the api key (never a label per unknown key).
 The hot path is one dict lookup and one value write per metric; in multiprocess
 mode the writes skip prometheus_client's Python layers and its getpid per write
-(authsvc/metrics_values.py; BENCHMARKS.md, "Metrics cost"). docs/operations.md, "Monitoring".
+(authsvc/web/metrics_values.py; BENCHMARKS.md, "Metrics cost"). docs/operations.md, "Monitoring".
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from importlib import metadata
 from typing import Any
 
 from authsvc.errors import StoreUnavailable
-from authsvc.metrics_values import Writer
 from authsvc.store.base import Store
+from authsvc.web.metrics_values import Writer
 
 # Seconds. An authentication takes tens of µs in-process, a few ms across a network store.
 log = logging.getLogger("authsvc")
@@ -78,12 +78,12 @@ class Metrics:
         )
         # authentication(game_id, reason) and request(route, seconds): prometheus_client's own inc and
         # observe of label children cached per (game, reason) and per route, or in multiprocess mode
-        # the same writes made cheaper (authsvc/metrics_values.py).
+        # the same writes made cheaper (authsvc/web/metrics_values.py).
         sample = getattr(self.store_unavailable_counter, "_value", None)  # a value of prometheus_client's class
         self.writer = Writer.of(values.ValueClass, sample) if multiprocess else None
         if multiprocess and self.writer is None:
             log.warning("metrics: this prometheus_client's multiprocess values are not the ones "
-                        "authsvc/metrics_values.py knows; counting through its public API (slower)")
+                        "authsvc/web/metrics_values.py knows; counting through its public API (slower)")
         self.authentication: Callable[[int | None, str], None]
         self.request: Callable[[str, float], None]
         if self.writer is not None:

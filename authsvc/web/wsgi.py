@@ -18,9 +18,9 @@ stays stopped (deploy/systemd/authsvc.service).
 import sys
 from types import FrameType
 
-from authsvc.app import make_app
 from authsvc.errors import ConfigError, StoreUnreachable
 from authsvc.settings import Settings
+from authsvc.web.app import make_app
 
 APP_LOAD_ERROR = 4  # gunicorn.arbiter.Arbiter.APP_LOAD_ERROR
 # The store did not answer the master's start-up check: sysexits.h's EX_TEMPFAIL, which the
