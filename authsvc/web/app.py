@@ -31,9 +31,9 @@ from authsvc.errors import (
 )
 from authsvc.loglines import LineRecords, LogThrottle, request_id
 from authsvc.settings import Settings
-from authsvc.store import open_store
-from authsvc.store.base import Store
-from authsvc.store.sqlite import SQLiteStore
+from authsvc.store.base import Reader
+from authsvc.store.readers import open_reader
+from authsvc.store.sqlite_reader import SQLiteReader
 from authsvc.web.authenticate import MALFORMED, STORE_UNAVAILABLE, Authenticator
 from authsvc.web.http import error_object, json_bytes, request_params, respond
 
@@ -82,7 +82,7 @@ class App:
     def __init__(
         self,
         settings: Settings,
-        store: Store,
+        store: Reader,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
@@ -249,19 +249,19 @@ class App:
         return 200, b'{"success":true,"status":"ready"}'
 
 
-def make_app(settings: Settings, store: Store | None = None, *, tolerate_outage: bool = False) -> App:
+def make_app(settings: Settings, store: Reader | None = None, *, tolerate_outage: bool = False) -> App:
     """Build the app; the store is checked now, so a bad store fails start-up, not a request.
     ``tolerate_outage``: a store that is merely unreachable (StoreUnreachable) is logged and the app
     built anyway, answering 503 until the store is back (a gunicorn worker: docs/stores.md, "Outages")."""
     if store is None:
-        store = open_store(settings.store, readonly=True, settings=settings)
+        store = open_reader(settings.store, settings)  # read-only, and no method that writes (store/base.py)
         try:
             store.check()
         except StoreUnreachable as e:
             if not tolerate_outage:
                 raise
             log.warning("%s; starting anyway, answering 503 until it answers", e)
-        if isinstance(store, SQLiteStore) and (warning := store.journal_mode_warning()):
+        if isinstance(store, SQLiteReader) and (warning := store.journal_mode_warning()):
             log.warning("%s", warning)
         store.close()  # each worker opens its own connection after fork
     from authsvc.web import metrics  # stdlib only; prometheus_client is imported only if installed

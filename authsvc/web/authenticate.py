@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
-from authsvc.store.base import Credentials, Store
+from authsvc.store.base import Credentials, Reader
 from authsvc.tokens import TokenVerifier, api_key_digest
 from authsvc.web.http import Param, error_object, json_bytes, success_bytes
 
@@ -88,7 +88,7 @@ def player_reasons() -> dict[tuple[bool, ...], str]:
 
 
 class Authenticator:
-    def __init__(self, store: Store, token_secrets: tuple[bytes, ...], clock: Callable[[], float] = time.time):
+    def __init__(self, store: Reader, token_secrets: tuple[bytes, ...], clock: Callable[[], float] = time.time):
         self.store = store
         self.tokens = TokenVerifier(token_secrets)
         self.clock = clock

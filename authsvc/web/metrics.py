@@ -28,7 +28,7 @@ from importlib import metadata
 from typing import Any
 
 from authsvc.errors import StoreUnavailable
-from authsvc.store.base import Store
+from authsvc.store.base import Reader
 from authsvc.web.metrics_values import Writer
 
 # Seconds. An authentication takes tens of µs in-process, a few ms across a network store.
@@ -39,7 +39,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-def create(store: Store, clock=time.time) -> Metrics | None:
+def create(store: Reader, clock=time.time) -> Metrics | None:
     """The metrics, or None without prometheus_client (the ``metrics`` extra)."""
     try:
         from prometheus_client import values
@@ -52,7 +52,7 @@ def create(store: Store, clock=time.time) -> Metrics | None:
 
 
 class Metrics:
-    def __init__(self, store: Store, clock=time.time):
+    def __init__(self, store: Reader, clock=time.time):
         from prometheus_client import CollectorRegistry, Counter, Histogram, values
 
         self.store = store
@@ -170,7 +170,7 @@ class StoreCollector:
     """Read at each scrape, by the worker that answers it: build info, and per enabled game the expiry
     time of its newest live api key (+Inf when it has none; in the past when every key has expired)."""
 
-    def __init__(self, store: Store, clock=time.time):
+    def __init__(self, store: Reader, clock=time.time):
         self.store = store
         self.clock = clock
 
