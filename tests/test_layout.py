@@ -215,3 +215,13 @@ def test_the_web_process_holds_no_store_that_can_write(env, world):
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True, timeout=120)
+
+
+def test_the_old_entry_paths_still_work():
+    """`python -m authsvc.cli` (an alias for one release) runs the command; the console script names its new path."""
+    import tomllib
+
+    done = subprocess.run([sys.executable, "-m", "authsvc.cli", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: authsvc"), done.stderr
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["authsvc"] == "authsvc.admin.command:main"
