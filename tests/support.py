@@ -12,6 +12,7 @@ Tests that need a server nobody started (PostgreSQL, nginx, ...) call
 from __future__ import annotations
 
 import dataclasses
+import gc
 import http.client
 import json
 import os
@@ -204,11 +205,18 @@ def profile(call) -> list[str]:
         elif event == "c_call":
             calls.append(getattr(arg, "__qualname__", repr(arg)))
 
+    # No garbage collection meanwhile: an earlier test's leftover (a psycopg connection's __del__)
+    # would show up among the calls of whichever case the collector happened to run in.
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
     sys.setprofile(record)
     try:
         call()
     finally:
         sys.setprofile(None)
+        if enabled:
+            gc.enable()
     return calls[:-1]  # the last one is sys.setprofile itself
 
 
