@@ -5,7 +5,8 @@ postgres_reader.py, which the web process opens through store/readers.py; SQLite
 and PostgresStore in sqlite.py and postgres.py extend them with the writes) and pass
 the same contract tests (tests/test_store_contract.py). A Reader (``credentials``,
 ``check``, ``close``, ``list_games``; on SQLite also ``journal_mode_warning``) has no
-method that writes, so the web process holds no object that can. ``SQLiteStore.backup`` (``authsvc backup``) exists on SQLite only.
+method that writes, so the web process holds no object that can.
+``SQLiteStore.backup`` (``authsvc backup``) exists on SQLite only.
 
 The audit trail (store/audit.py). Every write method takes the keyword audit, an Audit
 (actor, request id, time), and writes one audit record in the same transaction
