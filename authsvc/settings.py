@@ -95,7 +95,7 @@ SETTINGS = (
     # After a connect or a reply that timed out, a worker answers 503 without trying the store this long.
     Setting("pg_retry_after", "AUTHSVC_PG_RETRY_AFTER", float, 2.0, rule="positive", check=lambda v: v > 0),
     # An authentication that waited in gunicorn's queue longer than this (nginx's X-Request-Start) is
-    # answered 503 before any store work (authsvc/queueing.py, docs/operations.md "Login storms"); 0: off.
+    # answered 503 before any store work (authsvc/web/queueing.py, docs/operations.md "Login storms"); 0: off.
     Setting("max_queue_wait", "AUTHSVC_MAX_QUEUE_WAIT", float, 0.5,
             rule="0 (off) or seconds, at most 60", check=lambda v: 0 <= v <= 60),
     Setting("max_staleness", "AUTHSVC_MAX_STALENESS", float, 1.0,

@@ -5,10 +5,10 @@ that thing costs: the bare app with authsvc's response headers (what gunicorn do
 with three more headers), authsvc without its metrics.
 """
 
-from authsvc.http import BASE_HEADERS
+from authsvc.web.http import BASE_HEADERS
 from benchmarks.bare import BODY
 
-# authsvc's headers for a success (authsvc/http.py respond, authsvc/app.py).
+# authsvc's headers for a success (authsvc/web/http.py respond, authsvc/web/app.py).
 AUTHSVC_HEADERS = [*BASE_HEADERS, ("Content-Length", str(len(BODY))), ("X-Authsvc-Result", "200")]
 
 
@@ -20,8 +20,8 @@ def bare_with_authsvc_headers(environ, start_response):
 def __getattr__(name: str):
     """``authsvc_without_metrics``: authsvc.wsgi's app, built when gunicorn asks for it, with metrics off."""
     if name == "authsvc_without_metrics":
-        from authsvc.app import make_app
         from authsvc.settings import Settings
+        from authsvc.web.app import make_app
 
         app = make_app(Settings.from_env())
         app.metrics = None

@@ -8,7 +8,7 @@ app uses (declarations there, docs/configuration.md):
 
     workers       AUTHSVC_WORKERS        at least 1, default: the number of CPUs (BENCHMARKS.md)
     worker_class  AUTHSVC_WORKER_CLASS   "sync" (default) or "gthread": gunicorn's, answering
-                                         in JSON (authsvc/gunicorn_workers.py)
+                                         in JSON (authsvc/serving/workers.py)
     threads       AUTHSVC_THREADS        default 1 (gthread only)
     timeout       AUTHSVC_TIMEOUT        seconds, at least 1, default 30
     bind          AUTHSVC_BIND           default unix:/run/authsvc.sock; unused
@@ -46,12 +46,12 @@ bind = [_settings.bind]
 workers = _settings.workers
 threads = _settings.threads
 # gunicorn's own sync and gthread workers, whose error answers (a request gunicorn
-# cannot parse) are the service's JSON instead of HTML (authsvc/gunicorn_workers.py).
+# cannot parse) are the service's JSON instead of HTML (authsvc/serving/workers.py).
 # "sync" with threads > 1 is gthread, as gunicorn itself decides.
 _worker_kind = "gthread" if threads > 1 else _settings.worker_class
 worker_class = {
-    "sync": "authsvc.gunicorn_workers.SyncWorker",
-    "gthread": "authsvc.gunicorn_workers.ThreadWorker",
+    "sync": "authsvc.serving.workers.SyncWorker",
+    "gthread": "authsvc.serving.workers.ThreadWorker",
 }[_worker_kind]
 # Above every wait of a request on the store (AUTHSVC_PG_REPLY_TIMEOUT, 3 s; a connect, 2 s per
 # address): a worker waiting on PostgreSQL answers 503 itself and is never killed (docs/stores.md, "Outages").
@@ -71,7 +71,7 @@ preload_app = True
 # open) gunicorn trusts X-Forwarded-Proto; over TCP only from this machine, or the
 # addresses of forwarded_allow_ips ([gunicorn] table: an nginx on another host,
 # docs/scaling.md). The access log's address is X-Forwarded-For only from those
-# peers, the connection's own otherwise (authsvc/gunicorn_logging.py).
+# peers, the connection's own otherwise (authsvc/serving/access_log.py).
 forwarded_allow_ips = _settings.forwarded_allow_ips
 secure_scheme_headers = {"X-FORWARDED-PROTO": "https"}
 # Never take SCRIPT_NAME / PATH_INFO from a request header.
@@ -97,12 +97,12 @@ umask = 0o077
 # Access log: method and route name only. %(U)s is the app's route name
 # (/api/authenticate.json, /healthz or <other>), never the decoded path, which
 # holds the query string when a client percent-encodes the "?"; never %(r)s,
-# %(q)s, %(f)s. No header is logged as a client sent it (authsvc/gunicorn_logging.py):
+# %(q)s, %(f)s. No header is logged as a client sent it (authsvc/serving/access_log.py):
 # %(h)s is the client's address from a trusted proxy's X-Forwarded-For, else the
 # connection's own; proto= the scheme gunicorn took; rid= the request id in its
 # documented shape, else "-". result= is the app's result code (X-Authsvc-Result:
 # 403 for wrong credentials, though HTTP 200 on the wire; docs/logs.md).
-logger_class = "authsvc.gunicorn_logging.RouteLogger"
+logger_class = "authsvc.serving.access_log.RouteLogger"
 access_log_format = (
     '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms '
     'proto=%({x-forwarded-proto}i)s rid=%({x-request-id}i)s result=%({x-authsvc-result}o)s'
@@ -113,7 +113,7 @@ loglevel = "info"
 logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"redact": {"()": "authsvc.logredact.RedactFilter"}},
+    "filters": {"redact": {"()": "authsvc.serving.redact.RedactFilter"}},
     "formatters": {
         # The time text made once a second, not per line (authsvc/loglines.py).
         "error": {
@@ -132,7 +132,7 @@ logconfig_dict = {
         "gunicorn.error": {"level": "INFO", "handlers": ["error"], "propagate": False, "filters": ["redact"]},
         "gunicorn.access": {"level": "INFO", "handlers": ["access"], "propagate": False},
         # The app logs the frames of unexpected errors, never the query string;
-        # gunicorn's own request errors go through authsvc/logredact.py.
+        # gunicorn's own request errors go through authsvc/serving/redact.py.
         "authsvc": {
             "level": _settings.log_level,
             "handlers": ["error"],
@@ -141,7 +141,7 @@ logconfig_dict = {
     },
 }
 
-# Metrics (docs/operations.md, "Monitoring"; authsvc/metrics.py), with the metrics extra:
+# Metrics (docs/operations.md, "Monitoring"; authsvc/web/metrics.py), with the metrics extra:
 # every worker counts into files in PROMETHEUS_MULTIPROC_DIR (prometheus_client's
 # multiprocess mode), so a scrape answered by any worker shows the sum of all.
 # authsvc/settings.py (metrics_dir) picks it: the systemd unit sets it inside its

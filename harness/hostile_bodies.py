@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import urllib.parse
 
-from authsvc.http import MAX_PARAMS, MAX_PARTS
+from authsvc.web.http import MAX_PARAMS, MAX_PARTS
 
 LIMIT = 16384  # AUTHSVC_MAX_BODY_BYTES' default
 

@@ -12,6 +12,7 @@ Tests that need a server nobody started (PostgreSQL, nginx, ...) call
 from __future__ import annotations
 
 import dataclasses
+import gc
 import http.client
 import json
 import os
@@ -25,11 +26,11 @@ import urllib.parse
 import pytest
 import webtest
 
-from authsvc.app import make_app
-from authsvc.authenticate import MISSING_DESCRIPTION
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from authsvc.web.app import make_app
+from authsvc.web.authenticate import MISSING_DESCRIPTION
 from harness.processes import free_port, start_gunicorn, wait_for_port
 
 __all__ = [
@@ -204,11 +205,18 @@ def profile(call) -> list[str]:
         elif event == "c_call":
             calls.append(getattr(arg, "__qualname__", repr(arg)))
 
+    # No garbage collection meanwhile: an earlier test's leftover (a psycopg connection's __del__)
+    # would show up among the calls of whichever case the collector happened to run in.
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
     sys.setprofile(record)
     try:
         call()
     finally:
         sys.setprofile(None)
+        if enabled:
+            gc.enable()
     return calls[:-1]  # the last one is sys.setprofile itself
 
 

@@ -115,7 +115,7 @@ class LogTail(threading.Thread):
 
 
 def test_an_answer_leaves_gunicorn_in_one_write(stack, tmp_path):
-    """Head and body in one write (authsvc/gunicorn_workers.py): a host killed between
+    """Head and body in one write (authsvc/serving/workers.py): a host killed between
     two writes would leave nginx a head it has passed on and can neither complete nor
     retry. Seen on the worker's system calls (strace), on its unix socket."""
     strace = shutil.which("strace")

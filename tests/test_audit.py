@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from authsvc import cli
+from authsvc.admin import command as cli
 from authsvc.settings import admin_actor
 from authsvc.store.audit import COLUMNS, GENESIS, Record, record_hash
 
@@ -223,7 +223,7 @@ def test_an_import_killed_half_way_leaves_neither_players_nor_a_record(world, st
         f.writelines(f"{n},player{n}\n" for n in range(1000, 1_501_000))
     before = records(store_url)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "authsvc.cli", "player", "import", str(big)],
+        [sys.executable, "-m", "authsvc.admin.command", "player", "import", str(big)],
         env={**os.environ, **env, "SUDO_USER": "alice"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     path = store_url.removeprefix("sqlite://")

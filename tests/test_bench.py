@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.deploy import REQUESTS_PER_WORKER
+from authsvc.admin.deploy import REQUESTS_PER_WORKER
 from benchmarks import bare, bench
 from benchmarks.bench.sections import SECTIONS
 from tests.support import skip_or_fail
@@ -56,8 +56,8 @@ def test_a_server_that_answers_wrongly_is_refused_before_it_is_timed(world):
 
 
 def test_the_real_app_passes_the_checks(world):
-    from authsvc.app import make_app
     from authsvc.settings import Settings
+    from authsvc.web.app import make_app
 
     server = serve_in_thread(make_app(Settings.from_env(world.env)))
     try:

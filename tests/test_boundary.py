@@ -1,9 +1,9 @@
-"""The one error boundary (authsvc/app.py): whatever fails inside the app (the store, the
+"""The one error boundary (authsvc/web/app.py): whatever fails inside the app (the store, the
 metrics, the logger, or all three at once), the WSGI callable calls ``start_response`` once
 and answers in the JSON shape of docs/api.md; no exception ever leaves it for the server.
 
 Driven directly, as any WSGI server would call it, without gunicorn's JSON worker
-(authsvc/gunicorn_workers.py) in between. When only the metrics or the logging fail, the
+(authsvc/serving/workers.py) in between. When only the metrics or the logging fail, the
 answer is the one the request would get anyway (docs/operations.md, "Monitoring").
 
 Under gunicorn: a scrape while a worker is creating its metrics files.
@@ -21,9 +21,9 @@ import wsgiref.validate
 
 import pytest
 
-from authsvc.app import App
 from authsvc.errors import StoreUnavailable
 from authsvc.store import open_store
+from authsvc.web.app import App
 from tests.support import ERROR_KEYS, INVALID, MISSING, PATH, free_port, get_text, skip_or_fail, start_gunicorn, wait_for_port
 
 pytestmark = pytest.mark.engine("sqlite")

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from authsvc import cli
+from authsvc.admin import command as cli
 from authsvc.store import open_store
 from authsvc.tokens import mint_token
 from tests.support import free_port, hold_write_lock, skip_or_fail

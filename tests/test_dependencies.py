@@ -1,7 +1,7 @@
 """The service's dependencies are bounded above: authsvc leans on some of their internals.
 
-gunicorn's worker methods (authsvc/gunicorn_workers.py), prometheus_client's multiprocess
-files (authsvc/metrics_values.py, which falls back to the public API when they are not as
+gunicorn's worker methods (authsvc/serving/workers.py), prometheus_client's multiprocess
+files (authsvc/web/metrics_values.py, which falls back to the public API when they are not as
 it expects) and psycopg's libpq layer (authsvc/store/postgres_reader.py) can change in a
 release. Each runtime dependency in pyproject.toml therefore has an upper bound: the newest
 release the suite has passed with; raising it is a change that runs the suite (.ci/run runs
@@ -58,7 +58,7 @@ def _worker(worker_class):
 
 @pytest.mark.parametrize("name", ["SyncWorker", "ThreadWorker"])
 def test_the_installed_gunicorn_s_workers_are_the_familiar_ones(name):
-    from authsvc import gunicorn_workers
+    from authsvc.serving import workers as gunicorn_workers
 
     worker = _worker(getattr(gunicorn_workers, name))
     assert gunicorn_workers.familiar(getattr(gunicorn_workers, name).__bases__[0])
@@ -67,7 +67,7 @@ def test_the_installed_gunicorn_s_workers_are_the_familiar_ones(name):
 
 @pytest.mark.parametrize("name", ["SyncWorker", "ThreadWorker"])
 def test_a_gunicorn_with_other_worker_methods_gets_its_own_workers_and_a_warning(name, monkeypatch, caplog):
-    from authsvc import gunicorn_workers
+    from authsvc.serving import workers as gunicorn_workers
 
     cls = getattr(gunicorn_workers, name)
     base = cls.__bases__[0]
@@ -80,4 +80,4 @@ def test_a_gunicorn_with_other_worker_methods_gets_its_own_workers_and_a_warning
     worker = _worker(cls)
     assert worker.handle_request(1, 2, 3) == "gunicorn's own"
     assert worker.handle_error.__func__ is base.handle_error
-    assert "are not the ones authsvc/gunicorn_workers.py knows" in caplog.text
+    assert "are not the ones authsvc/serving/workers.py knows" in caplog.text

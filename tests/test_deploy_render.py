@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.deploy import PLACEHOLDER, RenderError, main, render_text, render_tree
-from authsvc.logredact import RedactFilter, redact
+from authsvc.admin.deploy import PLACEHOLDER, RenderError, main, render_text, render_tree
+from authsvc.serving.redact import RedactFilter, redact
 from authsvc.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,12 +112,12 @@ def test_gunicorn_config_keeps_queries_out_and_files_in(monkeypatch, tmp_path):
     monkeypatch.setenv("AUTHSVC_CONFIG", str(config))
     conf = runpy.run_path(str(REPO / "deploy/gunicorn.conf.py"))
     assert (conf["workers"], conf["worker_class"], conf["threads"]) == (
-        3, "authsvc.gunicorn_workers.ThreadWorker", 4)  # env beats the file
+        3, "authsvc.serving.workers.ThreadWorker", 4)  # env beats the file
     assert conf["logconfig_dict"]["loggers"]["authsvc"]["level"] == "WARNING"
     for atom in ("%(r)s", "%(q)s", "%(f)s", "%(a)s", "%({cookie}i)s"):
         assert atom not in conf["access_log_format"], atom
-    assert "%(U)s" in conf["access_log_format"]  # a route name: authsvc/gunicorn_logging.py
-    assert conf["logger_class"] == "authsvc.gunicorn_logging.RouteLogger"
+    assert "%(U)s" in conf["access_log_format"]  # a route name: authsvc/serving/access_log.py
+    assert conf["logger_class"] == "authsvc.serving.access_log.RouteLogger"
     assert conf["control_socket_disable"] is True and conf["pidfile"] is None
     assert conf["preload_app"] is True  # a worker respawned in a store outage must not re-check it
     assert conf["forwarded_allow_ips"] == "127.0.0.1,::1"
@@ -149,11 +149,11 @@ def test_gunicorn_config_reads_the_documented_layout(monkeypatch, tmp_path):
     conf = _gunicorn_conf(monkeypatch, tmp_path, 'store = "sqlite:///srv/a.db"\nlog_level = "debug"\n'
                           '[gunicorn]\nworkers = 3\nthreads = 2\ntimeout = 7\nbind = "127.0.0.1:8123"\n')
     assert (conf["workers"], conf["threads"], conf["timeout"], conf["bind"]) == (3, 2, 7, ["127.0.0.1:8123"])
-    assert conf["worker_class"] == "authsvc.gunicorn_workers.ThreadWorker"  # sync with threads > 1
+    assert conf["worker_class"] == "authsvc.serving.workers.ThreadWorker"  # sync with threads > 1
     assert conf["logconfig_dict"]["loggers"]["authsvc"]["level"] == "DEBUG"
     defaults = _gunicorn_conf(monkeypatch, tmp_path, None)
     assert defaults["workers"] == os.cpu_count() and defaults["timeout"] == 30 and defaults["threads"] == 1
-    assert defaults["worker_class"] == "authsvc.gunicorn_workers.SyncWorker"
+    assert defaults["worker_class"] == "authsvc.serving.workers.SyncWorker"
     assert defaults["bind"] == ["unix:/run/authsvc.sock"]
 
 
@@ -264,7 +264,7 @@ def _max_conns(rendered: Path) -> dict[str, list[str]]:
 def test_upstream_max_conns_is_per_worker_and_never_limits_monitoring(rendered, tmp_path):
     """A login storm is shed past REQUESTS_PER_WORKER x the workers per app host (docs/operations.md,
     "Login storms"); probes and scrapes go through their own upstream, never limited."""
-    from authsvc.deploy import REQUESTS_PER_WORKER
+    from authsvc.admin.deploy import REQUESTS_PER_WORKER
 
     cpus = os.cpu_count() or 1
     assert _max_conns(rendered) == {"authsvc_app": [str(REQUESTS_PER_WORKER * cpus)], "authsvc_monitor": [""]}

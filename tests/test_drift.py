@@ -6,7 +6,7 @@ import argparse
 import pathlib
 import re
 
-from authsvc import cli
+from authsvc.admin import command as cli
 from authsvc.store import base
 from authsvc.store.sqlite import SQLiteStore
 

@@ -12,8 +12,8 @@ import time
 import pytest
 import webtest
 
-from authsvc.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from authsvc.web.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
 from tests.support import ERROR_KEYS, PATH, assert_contract_headers, make_testapp
 
 SUCCESS_KEYS = {"success", "user_id", "username"}

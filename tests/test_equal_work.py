@@ -30,11 +30,11 @@ import urllib.parse
 
 import pytest
 
-from authsvc.app import make_app
-from authsvc.authenticate import EXPIRED_KEY, GAME_DISABLED, PLAYER_DISABLED, UNKNOWN_KEY, UNKNOWN_PLAYER, Authenticator
-from authsvc.authenticate import WRONG_TOKEN as WRONG_TOKEN_REASON
 from authsvc.store import open_store, sqlite
 from authsvc.tokens import api_key_digest, new_api_key
+from authsvc.web.app import make_app
+from authsvc.web.authenticate import EXPIRED_KEY, GAME_DISABLED, PLAYER_DISABLED, UNKNOWN_KEY, UNKNOWN_PLAYER, Authenticator
+from authsvc.web.authenticate import WRONG_TOKEN as WRONG_TOKEN_REASON
 from tests.support import INVALID, PATH, FakeClock, instructions, profile
 
 WRONG_TOKEN = "0" * 64

@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 
-from authsvc.app import make_app
-from authsvc.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
-from authsvc.http import INVALID, parse_body, parse_json_object
 from authsvc.tokens import api_key_digest
+from authsvc.web.app import make_app
+from authsvc.web.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
+from authsvc.web.http import INVALID, parse_body, parse_json_object
 from harness.hostile_bodies import curl_form, many_parts, nested_multipart, worst_bodies
 
 PATH = "/api/authenticate.json"

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 
 from authsvc.errors import BadRequest, PayloadTooLarge
-from authsvc.http import INVALID, json_bytes, parse_body, parse_urlencoded, read_body, success_bytes, unquote_to_bytes
+from authsvc.web.http import INVALID, json_bytes, parse_body, parse_urlencoded, read_body, success_bytes, unquote_to_bytes
 
 
 def test_urlencoded_last_duplicate_wins_and_plus_is_space():

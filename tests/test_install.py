@@ -215,7 +215,7 @@ def test_admin_wrapper_writes_the_store_as_the_service_user():
         etc.mkdir(mode=0o755)
         state.mkdir(mode=0o750)
         subprocess.run(
-            [sys.executable, "-m", "authsvc.deploy", str(REPO / "deploy"), str(base / "r"),
+            [sys.executable, "-m", "authsvc.admin.deploy", str(REPO / "deploy"), str(base / "r"),
              "--set", "API_HOST=a.example", "--set", "LEGACY_HOST=b.example", "--set", "USER=nobody",
              "--set", f"APP_DIR={base / 'app'}", "--set", f"CONF_DIR={etc}"],
             check=True, capture_output=True, timeout=60,

@@ -1,15 +1,24 @@
-"""The package's shape: no module over 400 lines, no import circle among authsvc's modules.
+"""The package's shape: no module over 400 lines, no import circle, the wings and their arrows.
 
 Imports are read from each module's source (ast), wherever they stand: an import
 inside a function is how a circle hides (the engine imported lazily by
 store/__init__.py, importing back from it), so it counts too. Only imports
 under ``if TYPE_CHECKING:`` are left out: they never run.
+
+The wings (README.md, "Layout"): web/ (the game-facing path), admin/ (the command and
+the operations layer), serving/ (the gunicorn integration), store/, and the core
+(settings, tokens, names, errors, loglines). Arrows run one way: the web path and
+serving never import the admin side; the store imports no wing; the core imports
+none but the store's helpers. The web path reaches no module of the store that writes.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
+import subprocess
+import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "authsvc"
@@ -26,19 +35,22 @@ def _modules() -> dict[str, pathlib.Path]:
     return found
 
 
-def _type_checking_only(tree: ast.Module) -> set[int]:
-    """ids of the import nodes under ``if TYPE_CHECKING:``."""
+def _type_checking_only(tree: ast.Module, functions: bool = False) -> set[int]:
+    """ids of the import nodes under ``if TYPE_CHECKING:`` (and inside functions, if ``functions``)."""
     skipped = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+        if functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
     return skipped
 
 
-def imports_of(name: str, path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
-    """The authsvc modules ``name`` imports: ``from a.b import c`` is a.b.c if that is a module, else a.b."""
+def imports_of(name: str, path: pathlib.Path, modules: dict[str, pathlib.Path], on_import: bool = False) -> set[str]:
+    """The authsvc modules ``name`` imports: ``from a.b import c`` is a.b.c if that is a module, else a.b.
+    ``on_import``: only those its import runs, not those inside its functions."""
     tree = ast.parse(path.read_text(), str(path))
-    skipped = _type_checking_only(tree)
+    skipped = _type_checking_only(tree, functions=on_import)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
@@ -99,10 +111,117 @@ def test_no_module_is_longer_than_400_lines():
 def test_no_import_circle_among_authsvc_modules():
     modules = _modules()
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
-    assert graph["authsvc.cli"], "the import reader found nothing: it is broken"
+    assert graph["authsvc.admin.command"], "the import reader found nothing: it is broken"
     assert not _cycles(graph)
 
 
 def test_the_circle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+CORE = {"authsvc", "authsvc.settings", "authsvc.tokens", "authsvc.names", "authsvc.errors", "authsvc.loglines"}
+# Old paths kept for one release (README.md, "Layout"): each imports its new path and nothing else.
+ALIASES = {"authsvc.wsgi": "authsvc.web.wsgi", "authsvc.cli": "authsvc.admin.command"}
+WINGS = ("web", "admin", "serving", "store")
+WRITERS = {"authsvc.store.sqlite", "authsvc.store.postgres"}
+NEVER = {  # wing -> the wings it may not import
+    "web": {"admin", "serving"},
+    "serving": {"admin"},
+    "store": {"web", "admin", "serving"},
+    "core": {"web", "admin", "serving"},
+}
+
+
+def wing(module: str) -> str:
+    """web, admin, serving, store, core, alias, or "" for a module on no wing."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in WINGS:
+        return parts[1]
+    return "core" if module in CORE else "alias" if module in ALIASES else ""
+
+
+def wrong_way(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs against NEVER, and aliases that import more than their new path."""
+    found = [(a, b) for a, targets in graph.items() for b in targets if wing(b) in NEVER.get(wing(a), ())]
+    found += [(a, b) for a, new in ALIASES.items() if a in graph for b in graph[a] if b != new]
+    return sorted(found)
+
+
+def reached_on_import(starts: set[str], modules: dict[str, pathlib.Path]) -> set[str]:
+    """What importing ``starts`` and calling their functions can load: each module's imports, its
+    functions' too, and the imports its parent packages run (not their functions: the web path calls
+    no function of authsvc/store/__init__.py)."""
+    seen: set[str] = set()  # imported, and its functions may be called
+    ran: set[str] = set()  # a parent package: only its import runs
+    todo = list(starts)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo.extend(imports_of(name, modules[name], modules))
+        parts = name.split(".")
+        for n in range(1, len(parts)):
+            package = ".".join(parts[:n])
+            if package in modules and package not in ran:
+                ran.add(package)
+                todo.extend(imports_of(package, modules[package], modules, on_import=True))
+    return seen | ran
+
+
+def test_every_module_stands_in_a_wing():
+    modules = _modules()
+    astray = sorted(name for name in modules if not wing(name))
+    assert not astray, f"place these in web/, admin/, serving/, store/ or the core (README.md, layout): {astray}"
+
+
+def test_the_arrows_run_one_way():
+    modules = _modules()
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert graph["authsvc.web.app"] and graph["authsvc.serving.access_log"], "the import reader found nothing"
+    assert not wrong_way(graph)
+
+
+def test_the_web_path_reaches_no_store_that_writes_and_no_admin_module():
+    modules = _modules()
+    web = {name for name in modules if wing(name) == "web"} | {"authsvc.wsgi"}
+    reached = reached_on_import(web, modules)
+    assert not reached & WRITERS
+    assert {"authsvc.store.sqlite_reader", "authsvc.store.postgres_reader"} <= reached, "the import reader is broken"
+    assert not {name for name in reached if wing(name) == "admin"}
+
+
+def test_the_direction_rules_catch_a_wrong_arrow():
+    assert wrong_way({"authsvc.web.app": {"authsvc.admin.operations"}, "authsvc.tokens": {"authsvc.errors"}}) == [
+        ("authsvc.web.app", "authsvc.admin.operations")
+    ]
+    assert wrong_way({"authsvc.store.base": {"authsvc.serving.redact"}}) == [("authsvc.store.base", "authsvc.serving.redact")]
+    assert wrong_way({"authsvc.wsgi": {"authsvc.web.wsgi", "authsvc.web.app"}}) == [("authsvc.wsgi", "authsvc.web.app")]
+
+
+def test_the_web_process_holds_no_store_that_can_write(env, world):
+    """The app gunicorn loads, in a process of its own: its store is a Reader with no write method,
+    and neither writer module nor the admin side was imported."""
+    code = (
+        "import sys\n"
+        "from authsvc.wsgi import application\n"
+        "from authsvc.store.base import Reader, Store\n"
+        "store = application.store\n"
+        "assert isinstance(store, Reader) and not isinstance(store, Store), type(store)\n"
+        "assert not [m for m in dir(Store) if m not in dir(Reader) and hasattr(store, m)], type(store)\n"
+        "assert store.credentials('', 1) is None\n"
+        f"loaded = [m for m in sys.modules if m in {sorted(WRITERS)!r} or m.startswith('authsvc.admin')]\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True, timeout=120)
+
+
+def test_the_old_entry_paths_still_work():
+    """`python -m authsvc.cli` (an alias for one release) runs the command; the console script names its new path."""
+    import tomllib
+
+    done = subprocess.run([sys.executable, "-m", "authsvc.cli", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: authsvc"), done.stderr
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["authsvc"] == "authsvc.admin.command:main"

@@ -1,4 +1,4 @@
-"""gunicorn's error log without request data (authsvc/logredact.py): gunicorn's request
+"""gunicorn's error log without request data (authsvc/serving/redact.py): gunicorn's request
 messages replaced whole by the kind of error, tracebacks with their frames and without
 their messages. Through real gunicorn: tests/test_deploy.py.
 """
@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from authsvc.logredact import RedactFilter, frames_only, redact
+from authsvc.serving.redact import RedactFilter, frames_only, redact
 
 KEY = "9e258f6c-a232-442b-8d2d-f22da9c19d49"
 TOKEN = "4e6b97f60d73ff18a6226e2a55cf9e94116209e5efce0a85496cf819c4f0c11d"

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import webtest
 
-from authsvc.app import App, LogThrottle, route_name
 from authsvc.store import open_store
+from authsvc.web.app import App, LogThrottle, route_name
 from tests.deploy_support import start_stack, stop
 from tests.support import skip_or_fail
 

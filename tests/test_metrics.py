@@ -1,4 +1,4 @@
-"""Prometheus metrics at /metrics (docs/operations.md, "Monitoring"; authsvc/metrics.py).
+"""Prometheus metrics at /metrics (docs/operations.md, "Monitoring"; authsvc/web/metrics.py).
 
 In process (WebTest, one process): counts per game and reason, the histogram per
 route, the store-outage counter, the key-expiry gauge, and the JSON 404 without the
@@ -21,9 +21,9 @@ import urllib.parse
 import pytest
 import webtest
 
-from authsvc.app import App, make_app
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from authsvc.web.app import App, make_app
 from tests.support import PATH, free_port, get_text, skip_or_fail, start_gunicorn, until_both_workers_counted, wait_for_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,7 +140,7 @@ def test_without_the_extra_metrics_is_the_json_404(world, monkeypatch):
 
 
 def test_the_core_imports_no_prometheus_client_by_itself(world):
-    """authsvc/metrics.py imports prometheus_client inside functions only; App() without metrics never does."""
+    """authsvc/web/metrics.py imports prometheus_client inside functions only; App() without metrics never does."""
     store = open_store(world.settings.store, readonly=True, settings=world.settings)
     app = webtest.TestApp(App(world.settings, store), lint=True)
     assert app.get("/metrics", status=404).json["error"] == 404

@@ -1,4 +1,4 @@
-"""authsvc/metrics_values.py: the cheaper writes into prometheus_client's multiprocess files.
+"""authsvc/web/metrics_values.py: the cheaper writes into prometheus_client's multiprocess files.
 
 In process, in prometheus_client's multiprocess mode (as under deploy/gunicorn.conf.py): the
 writes give exactly what prometheus_client's own inc/observe give (every bucket bound, +Inf),
@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from authsvc import metrics_values
-from authsvc.metrics import BUCKETS, Metrics
-from authsvc.metrics_values import Writer
+from authsvc.web import metrics_values
+from authsvc.web.metrics import BUCKETS, Metrics
+from authsvc.web.metrics_values import Writer
 from tests.support import skip_or_fail
 
 API = "/api/authenticate.json"
@@ -61,7 +61,7 @@ def test_the_writes_are_prometheus_clients_own(values, tmp_path):
     from prometheus_client import CollectorRegistry, Counter, Histogram
 
     metrics = Metrics(store=None)
-    assert metrics.writer is not None, "this prometheus_client must get the cheaper writes (authsvc/metrics_values.py)"
+    assert metrics.writer is not None, "this prometheus_client must get the cheaper writes (authsvc/web/metrics_values.py)"
     registry = CollectorRegistry()
     ref_auth = Counter("ref_authentications", "", ["game", "result"], registry=registry)
     ref_durations = Histogram("ref_request_duration_seconds", "", ["route"], buckets=BUCKETS, registry=registry)

@@ -24,10 +24,10 @@ import webtest
 from openapi_spec_validator import validate
 from schemathesis.checks import CHECKS, load_all_checks
 
-from authsvc.app import make_app, route_name
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from authsvc.web.app import make_app, route_name
 from tests.support import free_port, start_gunicorn, wait_for_port
 
 REPO = Path(__file__).resolve().parent.parent

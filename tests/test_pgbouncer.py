@@ -20,8 +20,8 @@ import urllib.parse
 
 import pytest
 
-from authsvc.authenticate import MISSING_DESCRIPTION
 from authsvc.tokens import api_key_digest
+from authsvc.web.authenticate import MISSING_DESCRIPTION
 from tests.pgserver import ThrowawayPgbouncer, find_pgbouncer
 from tests.support import INVALID, PATH, make_testapp, skip_or_fail, wait_for_port
 

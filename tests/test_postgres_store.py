@@ -11,11 +11,11 @@ import urllib.parse
 
 import pytest
 
-from authsvc.app import make_app
-from authsvc.cli import main
+from authsvc.admin.command import main
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest
+from authsvc.web.app import make_app
 from tests.support import free_port, make_testapp
 
 

@@ -16,9 +16,9 @@ import urllib.parse
 import pytest
 import webtest
 
-from authsvc.app import SCHEMA_CHECK_INTERVAL, App
 from authsvc.store import open_store
 from authsvc.store.sqlite import MIGRATIONS
+from authsvc.web.app import SCHEMA_CHECK_INTERVAL, App
 from tests.support import free_port, start_gunicorn, wait_for_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,7 +1,7 @@
 """An authentication that waited in the queue past AUTHSVC_MAX_QUEUE_WAIT is shed before any store work.
 
 nginx stamps the time it passed the request on (``X-Request-Start: t=<unix s>.<ms>``);
-the app compares it with its own clock (authsvc/queueing.py, docs/operations.md
+the app compares it with its own clock (authsvc/web/queueing.py, docs/operations.md
 "Login storms"). The WSGI app is driven directly with a fixed clock and a store that
 records every call made to it, so "before any store work" is checked, not assumed.
 """
@@ -15,9 +15,9 @@ import urllib.parse
 import pytest
 import webtest
 
-from authsvc.app import make_app
 from authsvc.settings import Settings, read_settings
 from authsvc.store import open_store
+from authsvc.web.app import make_app
 from tests.support import FakeClock
 
 pytestmark = pytest.mark.engine("sqlite")

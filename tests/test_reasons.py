@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from authsvc.authenticate import REASONS
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from authsvc.web.authenticate import REASONS
 from tests.support import INVALID as FORBIDDEN
 from tests.support import MISSING, PATH, make_testapp
 

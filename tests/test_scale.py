@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from authsvc.cli import main
+from authsvc.admin.command import main
 
 PLAYERS = 1_000_000
 

@@ -5,9 +5,9 @@ import secrets
 
 import pytest
 
-from authsvc.app import make_app
 from authsvc.errors import ConfigError
 from authsvc.settings import Settings, load_token_secrets
+from authsvc.web.app import make_app
 
 
 def test_defaults_follow_systemd_directories(secret_file):

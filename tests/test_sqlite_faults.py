@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import webtest
 
-from authsvc.app import make_app
 from authsvc.tokens import api_key_digest
+from authsvc.web.app import make_app
 from tests.support import ERROR_KEYS, PATH, assert_contract_headers, make_testapp
 
 pytestmark = pytest.mark.engine("sqlite")

@@ -18,9 +18,9 @@ import time
 import pytest
 import webtest
 
-from authsvc.app import App, make_app
 from authsvc.store.sqlite import SQLiteStore
 from authsvc.tokens import api_key_digest, new_api_key
+from authsvc.web.app import App, make_app
 from tests.support import INVALID, FakeClock, free_port, get, start_gunicorn, until_both_workers_counted, wait_for_port
 
 
@@ -115,7 +115,7 @@ def test_under_gunicorn_every_request_a_second_after_a_revoke_is_refused(env, wo
         wait_for_port(port)
         params = world.params()
         until_both_workers_counted(port, params, metrics_dir, result="success")  # both hold a snapshot
-        done = subprocess.run([sys.executable, "-m", "authsvc.cli", "player", "revoke", str(world.user_id)],
+        done = subprocess.run([sys.executable, "-m", "authsvc.admin.command", "player", "revoke", str(world.user_id)],
                               env=env, capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
         revoked_at = time.monotonic()

@@ -8,8 +8,8 @@ import sqlite3
 import pytest
 import webtest
 
-from authsvc.app import make_app
 from authsvc.store.sqlite import SQLiteStore, path_from_url
+from authsvc.web.app import make_app
 
 pytestmark = pytest.mark.engine("sqlite")
 

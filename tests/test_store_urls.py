@@ -14,12 +14,12 @@ import urllib.request
 import pytest
 import webtest
 
-from authsvc import cli
-from authsvc.app import make_app
+from authsvc.admin import command as cli
 from authsvc.errors import ConfigError
 from authsvc.settings import Settings
 from authsvc.store import redact_url
 from authsvc.store.sqlite import path_from_url
+from authsvc.web.app import make_app
 from tests.support import free_port, skip_or_fail, start_gunicorn, wait_for_port
 
 # (URL as written, with {tmp} for the test's directory; the file it names, relative to it).

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from authsvc.deploy import REQUESTS_PER_WORKER
+from authsvc.admin.deploy import REQUESTS_PER_WORKER
 from tests.deploy_support import LEGACY_HOST, start_stack, stop
 
 pytestmark = pytest.mark.slow

@@ -29,7 +29,7 @@ def units(tmp_path_factory):
     app.mkdir()
     (app / "venv").symlink_to(Path(sys.prefix))
     done = subprocess.run(
-        [sys.executable, "-m", "authsvc.deploy", str(REPO / "deploy"), str(root / "r"),
+        [sys.executable, "-m", "authsvc.admin.deploy", str(REPO / "deploy"), str(root / "r"),
          "--set", "API_HOST=api.example.com", "--set", "LEGACY_HOST=legacy.example.com", "--set", f"APP_DIR={app}"],
         capture_output=True, text=True, timeout=60,
     )

@@ -4,6 +4,7 @@ import hashlib
 import hmac
 import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,3 +96,15 @@ def test_api_key_digest_is_sha256_hex():
 def test_new_token_secret_is_256_bits_of_hex():
     a, b = new_token_secret(), new_token_secret()
     assert a != b and re.fullmatch(r"[0-9a-f]{64}", a)
+
+
+def test_current_token_names_what_is_missing_with_the_core_error(world, admin_store):
+    """tokens.py is core: a missing game or player is the typed OperationNotFound of authsvc/errors.py,
+    which the command prints as one line and the admin API answers with 404."""
+    from authsvc.errors import OperationNotFound
+    from authsvc.tokens import current_token
+
+    with pytest.raises(OperationNotFound, match="^no game 999999$"):
+        current_token(admin_store, b"s" * 32, 999999, world.user_id)
+    with pytest.raises(OperationNotFound, match="^no player 999999$"):
+        current_token(admin_store, b"s" * 32, world.game_id, 999999)

@@ -14,11 +14,11 @@ import time
 import pytest
 import webtest
 
-from authsvc.app import make_app
-from authsvc.cli import main
+from authsvc.admin.command import main
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from authsvc.web.app import make_app
 
 PLAYERS = 100_000
 

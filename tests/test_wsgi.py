@@ -5,7 +5,7 @@ import importlib
 import pytest
 from gunicorn.arbiter import Arbiter
 
-from authsvc.app import App
+from authsvc.web.app import App
 
 
 def test_application_is_built_on_access_from_the_environment(monkeypatch, env, world):

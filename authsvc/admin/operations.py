@@ -1,6 +1,6 @@
 """The operations layer: one function per admin write (and the reads beside them), for every front door.
 
-The admin command (authsvc/cli.py) parses arguments, calls one of these and prints
+The admin command (authsvc/admin/command.py) parses arguments, calls one of these and prints
 the result; the admin API will do the same over HTTP (docs/admin.md). Each
 function validates its input once (authsvc/names.py's rules, the TTL cap here),
 takes a ``Context`` (who acts, which request, a clock) and raises only typed
@@ -24,10 +24,10 @@ import os
 import time
 from collections.abc import Callable
 
-from authsvc import transfer
+from authsvc.admin import transfer
+from authsvc.admin.players_import import import_rows
 from authsvc.errors import ConfigError, OperationConflict, OperationInvalid, OperationNotFound
 from authsvc.names import check_game_id, check_game_name, check_user_id, check_username
-from authsvc.players_import import import_rows
 from authsvc.settings import Settings, admin_actor
 from authsvc.store import open_store
 from authsvc.store.audit import Audit, Record

@@ -1,10 +1,11 @@
-"""The Store contract: what the web process reads and what the admin command writes.
+"""The Store contract, in two: Reader, what the web process reads, and Store, what the admin side writes.
 
-Both engines implement it (SQLiteStore in sqlite.py on sqlite_reader.py,
-PostgresStore in postgres.py on postgres_reader.py) and pass the same contract
-tests (tests/test_store_contract.py). The web process only calls
-``credentials``, ``check`` and ``close`` (and, on SQLite only,
-``SQLiteStore.journal_mode_warning``); everything else is the admin command's.
+Both engines implement it (SQLiteReader and PostgresReader in sqlite_reader.py and
+postgres_reader.py, which the web process opens through store/readers.py; SQLiteStore
+and PostgresStore in sqlite.py and postgres.py extend them with the writes) and pass
+the same contract tests (tests/test_store_contract.py). A Reader (``credentials``,
+``check``, ``close``, ``list_games``; on SQLite also ``journal_mode_warning``) has no
+method that writes, so the web process holds no object that can.
 ``SQLiteStore.backup`` (``authsvc backup``) exists on SQLite only.
 
 The audit trail (store/audit.py). Every write method takes the keyword audit, an Audit
@@ -93,10 +94,9 @@ class NotEmpty(Exception):
     """``load`` refuses a store that already holds games or players."""
 
 
-class Store(abc.ABC):
-    """One engine's connection(s). Readers are opened read-only by the web process."""
+class Reader(abc.ABC):
+    """One engine's read-only connection(s): all the web process holds (store/readers.py opens it)."""
 
-    # -- read path (web process) -------------------------------------------------
     @abc.abstractmethod
     def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
         """The game of this key and the player ``user_id`` in one query; None if no such key."""
@@ -108,6 +108,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    @abc.abstractmethod
+    def list_games(self) -> list[Game]:
+        """Every game with its keys, by id: the key expiry gauges of /metrics, and `authsvc game list`."""
+
+
+class Store(Reader):
+    """A Reader that also writes: what the admin side opens (open_store in store/__init__.py)."""
+
     # -- admin --------------------------------------------------------------------
     @abc.abstractmethod
     def migrate(self) -> tuple[int, int]:
@@ -118,9 +126,6 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def get_game(self, game_id: int) -> Game | None: ...
-
-    @abc.abstractmethod
-    def list_games(self) -> list[Game]: ...
 
     @abc.abstractmethod
     def set_game_enabled(self, game_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
@@ -176,7 +181,7 @@ class Store(abc.ABC):
     def audit_prune(self, before_ms: int, *, audit: Audit) -> Record:
         """Delete the records before ``before_ms`` (a prefix of the chain), keep the anchor, record the prune."""
 
-    # -- moving between stores (authsvc export / import, authsvc/transfer.py) ---------
+    # -- moving between stores (authsvc export / import, authsvc/admin/transfer.py) ---------
     @abc.abstractmethod
     def game_id_high_water(self) -> int:
         """The highest game id ever handed out (0 if none), so a moved store never reuses one."""

@@ -1,7 +1,7 @@
-"""What both engines share: batching, grouping keys into games, fork handling, URL redaction.
+"""What both engines share: batching, the games and their keys, fork handling, URL redaction.
 
-The SQL stays in each engine's module; this module imports neither engine, so
-both (and the package's ``open_store``) import it without a circle.
+The SQL stays in each engine's module but for the games' two plain selects; this module
+imports neither engine, so both (and the package's ``open_store``) import it without a circle.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 import urllib.parse
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from authsvc.store.base import ApiKey, Game
 
@@ -35,6 +35,16 @@ def games_with_keys(games: Iterable[Sequence], keys: Iterable[Sequence]) -> list
     """
     by_game = {gid: tuple(ApiKey(*k[1:]) for k in group) for gid, group in itertools.groupby(keys, lambda k: k[0])}
     return [Game(gid, name, bool(enabled), created, by_game.get(gid, ())) for gid, name, enabled, created in games]
+
+
+def select_games(conn: Any, where: str = "", args: tuple = (), collate: str = "") -> list[Game]:
+    """The games (``where``: the engine's placeholders) with their keys, on an sqlite3 or psycopg
+    connection; ``collate`` orders the digests as SQLite does (PostgreSQL: ' COLLATE "C"')."""
+    games = conn.execute(f"SELECT id, name, enabled, created_at FROM games {where} ORDER BY id", args).fetchall()
+    keys = conn.execute(
+        f"SELECT game_id, digest, created_at, expires_at FROM api_keys ORDER BY game_id, created_at, digest{collate}"
+    ).fetchall()
+    return games_with_keys(games, keys)
 
 
 class ThreadConnections:

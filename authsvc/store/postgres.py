@@ -19,8 +19,9 @@ from authsvc.store import audit as trail
 from authsvc.store import base
 from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiKey, Conflict, Game, NotEmpty, Player, Store
-from authsvc.store.common import BATCH, batches, games_with_keys, redact_url
+from authsvc.store.common import BATCH, batches, redact_url, select_games
 from authsvc.store.postgres_reader import (
+    COLLATE_C,
     CREDENTIALS_SQL,
     PostgresReader,
     _reason,
@@ -144,11 +145,7 @@ class PostgresStore(PostgresReader, Store):
         return Game(game_id, name, True, now, (ApiKey(key_digest, now, None),))
 
     def _games(self, conn: psycopg.Connection, where: str = "", args: tuple = ()) -> list[Game]:
-        games = conn.execute(f"SELECT id, name, enabled, created_at FROM games {where} ORDER BY id", args).fetchall()
-        keys = conn.execute(
-            'SELECT game_id, digest, created_at, expires_at FROM api_keys ORDER BY game_id, created_at, digest COLLATE "C"'
-        ).fetchall()
-        return games_with_keys(games, keys)
+        return select_games(conn, where, args, COLLATE_C)
 
     def get_game(self, game_id: int) -> Game | None:
         with self._admin(transaction=False) as conn:

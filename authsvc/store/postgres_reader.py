@@ -28,13 +28,14 @@ from psycopg.pq import DiagnosticField, ExecStatus
 
 from authsvc.errors import ConfigError, StoreUnavailable, StoreUnreachable
 from authsvc.loglines import LogThrottle
-from authsvc.store.base import Credentials
-from authsvc.store.common import MASK, SECRET_PARAMS, ThreadConnections, redact_url
+from authsvc.store.base import Credentials, Game, Reader
+from authsvc.store.common import MASK, SECRET_PARAMS, ThreadConnections, redact_url, select_games
 
 log = logging.getLogger("authsvc.store")
 
 READER_ROLE = "authsvc_reader"
 SCHEMA_VERSION = 3  # len(postgres.MIGRATIONS): the version this release reads
+COLLATE_C = ' COLLATE "C"'  # key digests in SQLite's (byte) order, whatever the database's collation
 
 # SQLite's query (store/sqlite_reader.py): one row always, every lookup made whether or not
 # the key and the player exist, so the time of an answer tells neither. No key: game_id NULL.
@@ -116,7 +117,7 @@ def _unreachable(error: psycopg.Error) -> bool:
     return "FATAL:" not in text or any(refusal in text for refusal in _TRANSIENT_REFUSALS)
 
 
-class PostgresReader(ThreadConnections):
+class PostgresReader(ThreadConnections, Reader):
     """Connections, the credentials read path and the start-up check; PostgresStore adds the admin side."""
 
     def __init__(self, url: str, *, readonly: bool, settings=None):
@@ -309,6 +310,15 @@ class PostgresReader(ThreadConnections):
                 "row is missing" if age is None else f"is {age / 1000:.1f} s old", self._max_lag_ms / 1000,
             )
         raise StoreUnavailable("postgresql store unavailable: the standby cannot show it is fresh enough")
+
+    def list_games(self) -> list[Game]:
+        try:
+            conn = self._conn()
+            with conn.transaction():  # one snapshot for games and keys
+                return select_games(conn, collate=COLLATE_C)
+        except psycopg.Error as e:
+            self._drop()
+            raise StoreUnavailable(f"postgresql store {redact_url(self.url)}: {_reason(e, self._secrets)}") from None
 
     def check(self) -> None:
         where = f"postgresql store {redact_url(self.url)}"

@@ -18,7 +18,7 @@ from authsvc.store import audit as trail
 from authsvc.store import base
 from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiKey, Conflict, Game, NotEmpty, Player, Store
-from authsvc.store.common import batches, games_with_keys
+from authsvc.store.common import batches, select_games
 from authsvc.store.sqlite_reader import CREDENTIALS_SQL, PLAYER_SQL, SQLiteReader, path_from_url
 
 __all__ = ["CREDENTIALS_SQL", "PLAYER_SQL", "MIGRATIONS", "WAL_LIMIT_BYTES", "SQLiteStore", "path_from_url"]
@@ -169,12 +169,8 @@ class SQLiteStore(SQLiteReader, Store):
         return Game(game_id, name, True, now, (ApiKey(key_digest, now, None),))
 
     def _games(self, where: str = "", args: tuple = ()) -> list[Game]:
-        with self._held() as conn:  # /metrics reads them on a request thread's connection (sqlite_reader.py)
-            games = conn.execute(f"SELECT id, name, enabled, created_at FROM games {where} ORDER BY id", args).fetchall()
-            keys = conn.execute(
-                "SELECT game_id, digest, created_at, expires_at FROM api_keys ORDER BY game_id, created_at, digest"
-            ).fetchall()
-        return games_with_keys(games, keys)
+        with self._held() as conn:
+            return select_games(conn, where, args)
 
     @_mapped
     def get_game(self, game_id: int) -> Game | None:

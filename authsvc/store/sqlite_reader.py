@@ -36,8 +36,8 @@ import weakref
 from collections.abc import Callable, Iterator
 
 from authsvc.errors import ConfigError, StoreUnavailable
-from authsvc.store.base import Credentials
-from authsvc.store.common import ThreadConnections
+from authsvc.store.base import Credentials, Game, Reader
+from authsvc.store.common import ThreadConnections, select_games
 
 log = logging.getLogger("authsvc.store")
 
@@ -162,7 +162,7 @@ def _reap(store_ref: weakref.ref) -> None:
         del store, snapshots
 
 
-class SQLiteReader(ThreadConnections):
+class SQLiteReader(ThreadConnections, Reader):
     """Connections, the credentials read path and the start-up check; SQLiteStore adds the admin side."""
 
     def __init__(self, url: str, *, readonly: bool, max_staleness: float = 0.0,
@@ -365,6 +365,14 @@ class SQLiteReader(ThreadConnections):
             return
         with snapshot.lock:
             yield self._conn()
+
+    def list_games(self) -> list[Game]:
+        try:
+            with self._held() as conn:  # /metrics reads them on a request thread's connection
+                return select_games(conn)
+        except (sqlite3.Error, OSError):
+            self._drop()
+            raise StoreUnavailable("sqlite store unreadable") from None
 
     def check(self) -> None:
         if not os.path.exists(self.path):

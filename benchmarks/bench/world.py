@@ -13,10 +13,10 @@ import wsgiref.util
 from collections.abc import Callable
 from pathlib import Path
 
-from authsvc.app import App, make_app
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
+from authsvc.web.app import App, make_app
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,9 +9,9 @@ import time
 import wsgiref.util
 from pathlib import Path
 
-from authsvc.app import make_app
 from authsvc.settings import Settings
 from authsvc.tokens import mint_token
+from authsvc.web.app import make_app
 from benchmarks.bench.world import PATH, PerCall, World
 
 

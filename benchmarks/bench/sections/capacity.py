@@ -128,7 +128,7 @@ def provision(world: World, primary: ThrowawayPostgres) -> int:
     with psycopg.connect(primary.url, autocommit=True) as conn:
         conn.execute("CREATE DATABASE authsvc")
     owner_url = primary.url.rsplit("/", 1)[0] + "/authsvc"
-    cli = [sys.executable, "-m", "authsvc.cli"]
+    cli = [sys.executable, "-m", "authsvc.admin.command"]
     export = world.root / "capacity-export.jsonl"
     subprocess.run([*cli, "export", str(export)], env={**os.environ, **world.env}, check=True,
                    stdout=subprocess.DEVNULL)

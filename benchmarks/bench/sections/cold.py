@@ -6,8 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
-from authsvc.app import make_app
 from authsvc.settings import Settings
+from authsvc.web.app import make_app
 from benchmarks.bench.world import World, environs
 
 

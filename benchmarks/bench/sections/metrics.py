@@ -9,8 +9,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from authsvc.app import App, make_app
 from authsvc.settings import Settings
+from authsvc.web.app import App, make_app
 from benchmarks.bench.world import PerCall, World, environs, per_call_us
 
 

@@ -30,7 +30,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         conn.execute(f"CREATE DATABASE {database}")
     pg_url = urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(path="/" + database))
     try:
-        cli = [sys.executable, "-m", "authsvc.cli"]
+        cli = [sys.executable, "-m", "authsvc.admin.command"]
         export = world.root / "export.jsonl"
         export.unlink(missing_ok=True)
         subprocess.run([*cli, "export", str(export)], env={**os.environ, **world.env}, check=True,

@@ -25,10 +25,10 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from authsvc.app import make_app
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from authsvc.web.app import make_app
 from benchmarks.bench.world import SCALE_SAMPLE, PerCall, World, environs, make_world, per_call_us
 
 
@@ -111,7 +111,7 @@ def engine_row(engine: str, players: int, n_auth: int, pg_url: str, workdir: Pat
         raise SystemExit(f"bench: unknown engine {engine!r} in --scale-engines (sqlite, postgresql)")
     env = {**os.environ, "AUTHSVC_STORE": url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
     env.pop("AUTHSVC_CONFIG", None)
-    admin_command = [sys.executable, "-m", "authsvc.cli"]
+    admin_command = [sys.executable, "-m", "authsvc.admin.command"]
     try:
         subprocess.run([*admin_command, "init"], env=env, check=True, stdout=subprocess.DEVNULL)
         csv_path = workdir / f"players-{players}.csv"

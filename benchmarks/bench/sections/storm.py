@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from authsvc.deploy import REQUESTS_PER_WORKER
+from authsvc.admin.deploy import REQUESTS_PER_WORKER
 from authsvc.settings import default
 from benchmarks.bench.sections.nginx import nginx_in_front
 from benchmarks.bench.serve import (
@@ -263,7 +263,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     storm_script = world.root / "storm.lua"
     storm_script.write_text(STORM_SCRIPT % {"paths": ",\n".join(json.dumps(p) for p in world.paths()),
                                             "shed": json.dumps(SHED_BODY)})
-    shipped = REQUESTS_PER_WORKER * (os.cpu_count() or 1)  # authsvc/deploy.py's default: the workers are the CPUs
+    shipped = REQUESTS_PER_WORKER * (os.cpu_count() or 1)  # authsvc/admin/deploy.py's default: the workers are the CPUs
     rows = []
     for item in args.storm_max_conns.split(","):
         conns, _, wait = item.strip().partition(":")

@@ -22,7 +22,7 @@ import types
 from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 from gunicorn.workers.sync import SyncWorker as _SyncWorker
 
-from authsvc.http import BASE_HEADERS, error_object, json_bytes
+from authsvc.web.http import BASE_HEADERS, error_object, json_bytes
 
 # What gunicorn's handle_error can answer, in the words nginx's JSON errors use
 # (deploy/nginx/snippets/authsvc-json-errors.conf).
@@ -121,7 +121,7 @@ def _fall_back_if_unfamiliar(worker, base: type) -> None:
     body in two writes), with a warning, rather than one that breaks on every request."""
     if familiar(base):
         return
-    worker.log.warning("gunicorn %s's workers are not the ones authsvc/gunicorn_workers.py knows: "
+    worker.log.warning("gunicorn %s's workers are not the ones authsvc/serving/workers.py knows: "
                        "serving with gunicorn's own (its error pages are HTML)", _gunicorn_version())
     for name in _OVERRIDDEN:
         if (original := getattr(base, name, None)) is not None:

@@ -13,9 +13,9 @@ import sys
 import time
 from collections.abc import Iterator
 
-from authsvc.authenticate import parse_user_id
 from authsvc.errors import CommandError, OperationInvalid
 from authsvc.names import MAX_USERNAME, check_username, check_visible
+from authsvc.web.authenticate import parse_user_id
 
 __all__ = ["MAX_USERNAME", "ProgressBar", "RowError", "check_username", "check_visible", "import_rows"]
 

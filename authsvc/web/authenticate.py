@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
-from authsvc.http import Param, error_object, json_bytes, success_bytes
-from authsvc.store.base import Credentials, Store
+from authsvc.store.base import Credentials, Reader
 from authsvc.tokens import TokenVerifier, api_key_digest
+from authsvc.web.http import Param, error_object, json_bytes, success_bytes
 
 MISSING_DESCRIPTION = "user_id, game_auth_token, and api_key are required parameters"
 INVALID_DESCRIPTION = "Invalid credentials"
@@ -39,7 +39,7 @@ UNKNOWN_PLAYER = "unknown_player"
 PLAYER_DISABLED = "player_disabled"
 WRONG_TOKEN = "wrong_token"
 STORE_UNAVAILABLE = "store_unavailable"
-WAITED_TOO_LONG = "waited_too_long"  # shed before any store work (authsvc/queueing.py)
+WAITED_TOO_LONG = "waited_too_long"  # shed before any store work (authsvc/web/queueing.py)
 REASONS = (SUCCESS, MISSING_PARAMETERS, MALFORMED, UNKNOWN_KEY, EXPIRED_KEY, GAME_DISABLED, UNKNOWN_PLAYER,
            PLAYER_DISABLED, WRONG_TOKEN, STORE_UNAVAILABLE, WAITED_TOO_LONG)
 
@@ -89,7 +89,7 @@ def player_reasons() -> dict[tuple[bool, ...], str]:
 
 
 class Authenticator:
-    def __init__(self, store: Store, token_secrets: tuple[bytes, ...], clock: Callable[[], float] = time.time):
+    def __init__(self, store: Reader, token_secrets: tuple[bytes, ...], clock: Callable[[], float] = time.time):
         self.store = store
         self.tokens = TokenVerifier(token_secrets)
         self.clock = clock

@@ -1,6 +1,6 @@
 """Fill the ``@NAME@`` placeholders of the files under ``deploy/``: the one way to render them.
 
-``scripts/install`` and the tests both call this (``python -m authsvc.deploy``),
+``scripts/install`` and the tests both call this (``python -m authsvc.admin.deploy``),
 so the tests run exactly what a machine gets. Rules:
 
 - a placeholder is ``@`` + upper-case letters, digits or ``_`` + ``@``
@@ -63,7 +63,7 @@ FROM_SETTINGS = {"MAX_BODY_BYTES": "max_body_bytes"}
 # the JSON 503 at once, at no cost to the workers. 40: a burst of 32 per worker arriving
 # at once is queued and served, not shed (tests/test_storm.py), and a full queue's wait
 # (40 x the time per request) stays far below AUTHSVC_MAX_QUEUE_WAIT, the app's shed of
-# a request that waited too long (authsvc/queueing.py), which costs a worker as much as
+# a request that waited too long (authsvc/web/queueing.py), which costs a worker as much as
 # serving it: a deeper queue makes every request wait past it and throughput collapses
 # (BENCHMARKS.md, section 10).
 REQUESTS_PER_WORKER = 40
@@ -177,7 +177,7 @@ def values_from_settings(path: str, given: dict[str, str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m authsvc.deploy",
+        prog="python -m authsvc.admin.deploy",
         description="Render deploy/ templates: fill @NAME@ placeholders (see docs/operations.md).",
     )
     parser.add_argument("src", help="template directory (e.g. deploy/nginx)")
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in render_tree(args.src, args.dest, given):
             print(path)
     except (RenderError, OSError) as e:
-        print(f"authsvc.deploy: error: {e}", file=sys.stderr)
+        print(f"authsvc.admin.deploy: error: {e}", file=sys.stderr)
         return 1
     return 0
 

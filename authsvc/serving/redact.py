@@ -122,7 +122,7 @@ class RedactFilter(logging.Filter):
 
     def __init__(self, name: str = "") -> None:
         super().__init__(name)
-        from authsvc.app import ROUTE_PATHS  # the app's routes, named in the log
+        from authsvc.web.app import ROUTE_PATHS  # the app's routes, named in the log
 
         self.routes = frozenset(ROUTE_PATHS)
 

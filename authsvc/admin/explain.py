@@ -29,14 +29,14 @@ import re
 import sys
 import time
 
-from authsvc import authenticate as auth
 from authsvc.errors import CommandError
-from authsvc.http import INVALID, parse_urlencoded
 from authsvc.names import shown
 from authsvc.settings import Settings, load_token_secrets
 from authsvc.store import open_store
 from authsvc.store.base import Game, Store
 from authsvc.tokens import api_key_digest, mint_token
+from authsvc.web import authenticate as auth
+from authsvc.web.http import INVALID, parse_urlencoded
 
 TOKEN_SHAPE = re.compile(r"[0-9a-f]{64}")
 EARLIER_EPOCHS = 1000  # how many earlier credential epochs a wrong token is tried against

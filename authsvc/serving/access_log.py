@@ -3,7 +3,7 @@
 gunicorn's ``%(U)s`` is PATH_INFO, the decoded path: a client that percent-encodes
 the "?" (``/api/authenticate.json%3Fapi_key=...``) puts its query string, api key
 and token included, in it. This logger gives ``%(U)s`` the app's route name instead
-(``/api/authenticate.json``, ``/healthz`` or ``<other>``, see authsvc.app.route_name),
+(``/api/authenticate.json``, ``/healthz`` or ``<other>``, see authsvc.web.app.route_name),
 and blanks the atoms that hold the raw request (``%(r)s``, ``%(q)s``, ``%(f)s`` and
 the environ atoms), so a format edited later cannot bring them back.
 
@@ -29,8 +29,8 @@ import logging
 
 from gunicorn.glogging import Logger
 
-from authsvc.app import PROBE_PATHS, route_name
 from authsvc.loglines import request_id
+from authsvc.web.app import PROBE_PATHS, route_name
 
 
 @functools.lru_cache(maxsize=8)

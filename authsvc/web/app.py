@@ -23,7 +23,6 @@ from collections.abc import Callable
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from authsvc.authenticate import MALFORMED, STORE_UNAVAILABLE, WAITED_TOO_LONG, Authenticator
 from authsvc.errors import (
     ConfigError,
     HTTPError,
@@ -33,16 +32,17 @@ from authsvc.errors import (
     StoreUnavailable,
     StoreUnreachable,
 )
-from authsvc.http import error_object, json_bytes, request_params, respond
 from authsvc.loglines import LineRecords, LogThrottle, request_id
-from authsvc.queueing import WaitedTooLong, waited_too_long
 from authsvc.settings import Settings
-from authsvc.store import open_store
-from authsvc.store.base import Store
-from authsvc.store.sqlite import SQLiteStore
+from authsvc.store.base import Reader
+from authsvc.store.readers import open_reader
+from authsvc.store.sqlite_reader import SQLiteReader
+from authsvc.web.authenticate import MALFORMED, STORE_UNAVAILABLE, WAITED_TOO_LONG, Authenticator
+from authsvc.web.http import error_object, json_bytes, request_params, respond
+from authsvc.web.queueing import WaitedTooLong, waited_too_long
 
 if TYPE_CHECKING:
-    from authsvc.metrics import Metrics
+    from authsvc.web.metrics import Metrics
 
 log = logging.getLogger("authsvc")
 auth_log = logging.getLogger("authsvc.auth")
@@ -87,7 +87,7 @@ class App:
     def __init__(
         self,
         settings: Settings,
-        store: Store,
+        store: Reader,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
@@ -219,7 +219,7 @@ class App:
         return result.error or 200, result.body
 
     def waited_too_long(self, environ: dict, start: float) -> None:
-        """Count and log an authentication shed for its time in the queue (authsvc/queueing.py): its auth
+        """Count and log an authentication shed for its time in the queue (authsvc/web/queueing.py): its auth
         line and count (reason=waited_too_long), and a warning at most once per STORE_WARNING_INTERVAL."""
         self.observe(environ, start, WAITED_TOO_LONG, None, None)
         try:
@@ -255,7 +255,7 @@ class App:
 
     @staticmethod
     def serve_metrics(start_response, head: bool, body: bytes, content_type: str) -> list[bytes]:
-        """The Prometheus text format of all workers, not JSON (authsvc/metrics.py); only with the metrics extra.
+        """The Prometheus text format of all workers, not JSON (authsvc/web/metrics.py); only with the metrics extra.
         Called by __call__ once everything that can fail is done: start_response is the last step."""
         start_response("200 OK", [("Content-Type", content_type), ("Cache-Control", "no-store"),
                                   ("Content-Length", str(len(body))), (RESULT_HEADER, "200")])
@@ -289,21 +289,21 @@ def openapi_document() -> bytes:
     return json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
-def make_app(settings: Settings, store: Store | None = None, *, tolerate_outage: bool = False) -> App:
+def make_app(settings: Settings, store: Reader | None = None, *, tolerate_outage: bool = False) -> App:
     """Build the app; the store is checked now, so a bad store fails start-up, not a request.
     ``tolerate_outage``: a store that is merely unreachable (StoreUnreachable) is logged and the app
     built anyway, answering 503 until the store is back (a gunicorn worker: docs/stores.md, "Outages")."""
     if store is None:
-        store = open_store(settings.store, readonly=True, settings=settings)
+        store = open_reader(settings.store, settings)  # read-only, and no method that writes (store/base.py)
         try:
             store.check()
         except StoreUnreachable as e:
             if not tolerate_outage:
                 raise
             log.warning("%s; starting anyway, answering 503 until it answers", e)
-        if isinstance(store, SQLiteStore) and (warning := store.journal_mode_warning()):
+        if isinstance(store, SQLiteReader) and (warning := store.journal_mode_warning()):
             log.warning("%s", warning)
         store.close()  # each worker opens its own connection after fork
-    from authsvc import metrics  # stdlib only; prometheus_client is imported only if installed
+    from authsvc.web import metrics  # stdlib only; prometheus_client is imported only if installed
 
     return App(settings, store, metrics=metrics.create(store))

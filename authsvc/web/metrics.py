@@ -12,7 +12,7 @@ Label cardinality is bounded by the number of games: ``game`` is a game id, or
 ``none`` when no game has the api key (never a label per unknown key).
 The hot path is one dict lookup and one value write per metric; in multiprocess
 mode the writes skip prometheus_client's Python layers and its getpid per write
-(authsvc/metrics_values.py; BENCHMARKS.md, "Metrics cost"). docs/operations.md, "Monitoring".
+(authsvc/web/metrics_values.py; BENCHMARKS.md, "Metrics cost"). docs/operations.md, "Monitoring".
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from importlib import metadata
 from typing import Any
 
 from authsvc.errors import StoreUnavailable
-from authsvc.metrics_values import Writer
-from authsvc.store.base import Store
+from authsvc.store.base import Reader
+from authsvc.web.metrics_values import Writer
 
 # Seconds. An authentication takes tens of µs in-process, a few ms across a network store.
 log = logging.getLogger("authsvc")
@@ -39,7 +39,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-def create(store: Store, clock=time.time) -> Metrics | None:
+def create(store: Reader, clock=time.time) -> Metrics | None:
     """The metrics, or None without prometheus_client (the ``metrics`` extra)."""
     try:
         from prometheus_client import values
@@ -52,7 +52,7 @@ def create(store: Store, clock=time.time) -> Metrics | None:
 
 
 class Metrics:
-    def __init__(self, store: Store, clock=time.time):
+    def __init__(self, store: Reader, clock=time.time):
         from prometheus_client import CollectorRegistry, Counter, Histogram, values
 
         self.store = store
@@ -78,12 +78,12 @@ class Metrics:
         )
         # authentication(game_id, reason) and request(route, seconds): prometheus_client's own inc and
         # observe of label children cached per (game, reason) and per route, or in multiprocess mode
-        # the same writes made cheaper (authsvc/metrics_values.py).
+        # the same writes made cheaper (authsvc/web/metrics_values.py).
         sample = getattr(self.store_unavailable_counter, "_value", None)  # a value of prometheus_client's class
         self.writer = Writer.of(values.ValueClass, sample) if multiprocess else None
         if multiprocess and self.writer is None:
             log.warning("metrics: this prometheus_client's multiprocess values are not the ones "
-                        "authsvc/metrics_values.py knows; counting through its public API (slower)")
+                        "authsvc/web/metrics_values.py knows; counting through its public API (slower)")
         self.authentication: Callable[[int | None, str], None]
         self.request: Callable[[str, float], None]
         if self.writer is not None:
@@ -170,7 +170,7 @@ class StoreCollector:
     """Read at each scrape, by the worker that answers it: build info, and per enabled game the expiry
     time of its newest live api key (+Inf when it has none; in the past when every key has expired)."""
 
-    def __init__(self, store: Store, clock=time.time):
+    def __init__(self, store: Reader, clock=time.time):
         self.store = store
         self.clock = clock
 

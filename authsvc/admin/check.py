@@ -26,14 +26,14 @@ import ssl
 import sys
 import urllib.parse
 
-from authsvc.app import AUTHENTICATE_PATH as API_PATH
-from authsvc.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
+from authsvc.admin.explain import RefusedSecret
 from authsvc.errors import CommandError
-from authsvc.explain import RefusedSecret
-from authsvc.http import json_bytes
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import current_token
+from authsvc.web.app import AUTHENTICATE_PATH as API_PATH
+from authsvc.web.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
+from authsvc.web.http import json_bytes
 
 MAX_ANSWER_BYTES = 64 * 1024
 

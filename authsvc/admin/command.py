@@ -1,0 +1,334 @@
+"""The ``authsvc`` admin command (docs/admin.md). Its subcommands:
+
+    init
+    game add | list | enable | disable | rotate-key
+    player add | show | rename | enable | disable | revoke | import
+    token issue
+    audit [filters] | verify | prune
+    export, import, backup, check, explain
+    heartbeat (a long-running writer for hot standbys: authsvc/admin/heartbeat.py)
+
+Every subcommand takes ``--json`` (one JSON object on stdout). Bad input gives a
+one-line message on stderr and exit 1 (exit 2 for a malformed command line).
+The web process never writes; this command is the store's only writer. This
+module parses arguments and prints; every write and its audit record go through
+the operations layer (authsvc/admin/operations.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from authsvc.admin import audit
+from authsvc.admin import operations as ops
+from authsvc.admin.operations import MAX_OLD_KEY_TTL
+from authsvc.admin.players_import import ProgressBar
+from authsvc.errors import CommandError, ConfigError, StoreUnavailable
+from authsvc.names import check_game_name, check_username, shown
+from authsvc.settings import Settings
+from authsvc.store import redact_url
+from authsvc.store.base import Game
+from authsvc.web.authenticate import parse_user_id
+
+__all__ = ["MAX_OLD_KEY_TTL", "build_parser", "main"]
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def user_id_arg(text: str) -> int:
+    user_id = parse_user_id(text)
+    if user_id is None:
+        raise argparse.ArgumentTypeError(f"user id must be a whole number from 1 to 2^63-1, got {text!r}")
+    return user_id
+
+
+def game_id_arg(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and text[0] != "0"):
+        raise argparse.ArgumentTypeError(f"game id must be a positive whole number, got {text!r}")
+    return int(text)
+
+
+def game_json(game: Game) -> dict:
+    return {
+        "game_id": game.id,
+        "name": game.name,
+        "enabled": game.enabled,
+        "created_at": game.created_at,
+        "keys": [{"created_at": k.created_at, "expires_at": k.expires_at} for k in game.keys],
+    }
+
+
+# -- subcommands --------------------------------------------------------------------------
+# Each takes (args, settings) and returns (exit status, json object, human text).
+
+
+def cmd_init(args, settings: Settings):
+    path = settings.token_secret_file
+    before, after, created = ops.initialize(settings)
+    obj = {
+        "store": redact_url(settings.store),
+        "schema_version_before": before,
+        "schema_version": after,
+        "token_secret_file": path,
+        "token_secret_created": created,
+    }
+    text = (
+        f"store {redact_url(settings.store)}: schema version {after}"
+        + (f" (migrated from {before})" if before != after else " (up to date)")
+        + f"\ntoken secret {path}: " + ("created (mode 0600)" if created else "exists, kept")
+    )
+    return 0, obj, text
+
+
+def cmd_game_add(args, settings):
+    check_game_name(args.name)  # before the store is opened, as ever
+    with _store(settings) as store:
+        game, api_key = ops.add_game(store, ops.command_context(), args.name)
+    obj = {"game_id": game.id, "name": game.name, "api_key": api_key}
+    text = (
+        f"game {game.id} ({shown(game.name)}) created\n"
+        f"api key: {api_key}\n"
+        "The key is shown only this once: give it to the game's server operator now."
+    )
+    return 0, obj, text
+
+
+def cmd_game_list(args, settings):
+    with _store(settings) as store:
+        games = ops.list_games(store)
+    now = int(time.time())
+    lines = [f"{'ID':>6}  {'ENABLED':7}  {'LIVE KEYS':9}  NAME"]
+    for g in games:
+        live = sum(1 for k in g.keys if k.expires_at is None or k.expires_at > now)
+        lines.append(f"{g.id:>6}  {'yes' if g.enabled else 'no':7}  {live:>9}  {shown(g.name)}")
+    return 0, {"games": [game_json(g) for g in games]}, "\n".join(lines)
+
+
+def cmd_game_enable(args, settings):
+    enabled = args.action == "enable"
+    with _store(settings) as store:
+        ops.set_game_enabled(store, ops.command_context(), args.game_id, enabled)
+    return 0, {"game_id": args.game_id, "enabled": enabled}, f"game {args.game_id} {args.action}d"
+
+
+def cmd_game_rotate_key(args, settings):
+    ctx = ops.command_context()
+    ops.check_old_key_ttl(args.old_key_ttl)  # before the store is opened, as ever
+    with _store(settings) as store:
+        api_key, expires_at = ops.rotate_game_key(store, ctx, args.game_id, args.old_key_ttl)
+    obj = {"game_id": args.game_id, "api_key": api_key, "old_keys_expire_at": expires_at}
+    text = (
+        f"new api key for game {args.game_id}: {api_key}\n"
+        f"older keys stop working at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(expires_at))}\n"
+        "The key is shown only this once."
+    )
+    return 0, obj, text
+
+
+def _player_json(player) -> dict:
+    return {"user_id": player.user_id, "username": player.username, "epoch": player.epoch, "enabled": player.enabled}
+
+
+def cmd_player_add(args, settings):
+    check_username(args.username)  # before the store is opened, as ever
+    with _store(settings) as store:
+        player = ops.add_player(store, ops.command_context(), args.user_id, args.username)
+    return 0, _player_json(player), f"player {player.user_id} ({shown(player.username)}) added"
+
+
+def cmd_player_show(args, settings):
+    with _store(settings) as store:
+        player = ops.get_player(store, args.user_id)
+    text = f"player {player.user_id}: {shown(player.username)}, epoch {player.epoch}, " + (
+        "enabled" if player.enabled else "disabled"
+    )
+    return 0, _player_json(player), text
+
+
+def cmd_player_rename(args, settings):
+    check_username(args.username)
+    with _store(settings) as store:
+        username = ops.rename_player(store, ops.command_context(), args.user_id, args.username)
+    return 0, {"user_id": args.user_id, "username": username}, f"player {args.user_id} renamed to {shown(username)}"
+
+
+def cmd_player_enable(args, settings):
+    enabled = args.action == "enable"
+    with _store(settings) as store:
+        ops.set_player_enabled(store, ops.command_context(), args.user_id, enabled)
+    return 0, {"user_id": args.user_id, "enabled": enabled}, f"player {args.user_id} {args.action}d"
+
+
+def cmd_player_revoke(args, settings):
+    with _store(settings) as store:
+        epoch = ops.revoke_player(store, ops.command_context(), args.user_id)
+    text = f"player {args.user_id}: every token revoked (credential epoch now {epoch})"
+    return 0, {"user_id": args.user_id, "epoch": epoch}, text
+
+
+def cmd_player_import(args, settings):
+    try:
+        f = open(args.file, "rb")
+    except OSError as e:
+        raise CommandError(f"cannot read {args.file}: {e.strerror}") from None
+    with f, _store(settings) as store:
+        data = f.read()
+        total = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+        bar = ProgressBar(total) if sys.stderr.isatty() and not args.json else None
+        started = time.monotonic()
+        count = ops.import_players(store, ops.command_context(), data, progress=bar)
+        if bar:
+            bar.done(count)
+    seconds = time.monotonic() - started
+    return 0, {"rows": count, "seconds": round(seconds, 3)}, f"imported {count} players in {seconds:.1f} s"
+
+
+def cmd_token_issue(args, settings):
+    if not settings.token_secrets:
+        raise CommandError(f"no token secret at {settings.token_secret_file} (run 'authsvc init')")
+    with _store(settings) as store:
+        token, player = ops.mint(store, ops.command_context(), settings.token_secrets[0], args.game, args.user)
+    return 0, {"game_id": args.game, "user_id": player.user_id, "game_auth_token": token}, token
+
+
+def cmd_export(args, settings):
+    with _store(settings) as store:
+        games, players = ops.export_store(store, args.file)
+    return 0, {"file": args.file, "games": games, "players": players}, (
+        f"exported {games} games and {players} players to {args.file}"
+    )
+
+
+def cmd_backup(args, settings):
+    with _store(settings) as store:
+        ops.backup(store, args.file)
+    return 0, {"file": args.file}, f"backed up {redact_url(settings.store)} to {args.file} (WAL mode)"
+
+
+def cmd_import(args, settings):
+    started = time.monotonic()
+    with _store(settings) as store:
+        games, players = ops.import_store(store, ops.command_context(), args.file)
+    seconds = time.monotonic() - started
+    return 0, {"file": args.file, "games": games, "players": players, "seconds": round(seconds, 3)}, (
+        f"imported {games} games and {players} players from {args.file} in {seconds:.1f} s"
+    )
+
+
+# -- plumbing ------------------------------------------------------------------------------
+
+_store = ops.admin_store  # ``with _store(settings) as store``: an admin (read-write) store, closed afterwards
+
+
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated options: `--api-key SECRET` must never be taken for `--api-key-file SECRET`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments:"):  # a stray argument may be a secret: never repeated
+            message = "unrecognized arguments (not repeated here)"
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    parser = _Parser(prog="authsvc", description="Admin command of the player-authentication service.")
+    top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    def leaf(parent, name, func, help_text):
+        p = parent.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    leaf(top, "init", cmd_init, "create or migrate the store and create the token secret if missing")
+
+    game = top.add_parser("game", help="games and their api keys").add_subparsers(
+        dest="action", required=True, metavar="ACTION", parser_class=_Parser
+    )
+    leaf(game, "add", cmd_game_add, "add a game; prints its id and api key (once)").add_argument("name")
+    leaf(game, "list", cmd_game_list, "list games")
+    for action in ("enable", "disable"):
+        leaf(game, action, cmd_game_enable, f"{action} a game").add_argument("game_id", type=game_id_arg)
+    p = leaf(game, "rotate-key", cmd_game_rotate_key, "give a game a new api key; older keys expire")
+    p.add_argument("game_id", type=game_id_arg)
+    p.add_argument(
+        "--old-key-ttl", type=int, default=86400, metavar="SECONDS",
+        help="seconds until the game's older keys stop working (default 86400)",
+    )
+
+    player = top.add_parser("player", help="players").add_subparsers(
+        dest="action", required=True, metavar="ACTION", parser_class=_Parser
+    )
+    p = leaf(player, "add", cmd_player_add, "add a player")
+    p.add_argument("user_id", type=user_id_arg)
+    p.add_argument("username")
+    leaf(player, "show", cmd_player_show, "show a player").add_argument("user_id", type=user_id_arg)
+    p = leaf(player, "rename", cmd_player_rename, "change a player's username")
+    p.add_argument("user_id", type=user_id_arg)
+    p.add_argument("username")
+    for action in ("enable", "disable"):
+        leaf(player, action, cmd_player_enable, f"{action} a player").add_argument("user_id", type=user_id_arg)
+    leaf(player, "revoke", cmd_player_revoke, "revoke every token of a player (password change)").add_argument(
+        "user_id", type=user_id_arg
+    )
+    leaf(player, "import", cmd_player_import, "insert or rename players from CSV or JSON lines").add_argument(
+        "file"
+    )
+
+    leaf(top, "export", cmd_export, "write the whole store to a new file (JSON lines)").add_argument("file")
+    leaf(top, "import", cmd_import, "load an export file into an empty store, all or nothing").add_argument("file")
+    leaf(top, "backup", cmd_backup, "copy a SQLite store to a new file, in WAL mode").add_argument("file")
+
+    token = top.add_parser("token", help="game_auth_tokens").add_subparsers(
+        dest="action", required=True, metavar="ACTION", parser_class=_Parser
+    )
+    p = leaf(token, "issue", cmd_token_issue, "print a player's current token for a game")
+    p.add_argument("--game", type=game_id_arg, required=True, metavar="GAME_ID")
+    p.add_argument("--user", type=user_id_arg, required=True, metavar="USER_ID")
+
+    audit.add_parsers(top, common, _Parser)
+
+    from authsvc.admin import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
+
+    p = leaf(top, "check", check.cmd_check, "call a running service at each URL and report each case")
+    check.add_arguments(p, user_id_arg, game_id_arg)
+
+    from authsvc.admin import explain
+
+    explain.add_arguments(leaf(top, "explain", explain.cmd_explain, "say why a request would fail, or that it succeeds"))
+
+    from authsvc.admin import heartbeat
+
+    heartbeat.add_arguments(leaf(
+        top, "heartbeat", heartbeat.cmd_heartbeat,
+        "write the primary's time several times a second, for hot standbys to prove their freshness (runs until stopped)",
+    ))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env(require_secret=False)
+        status, obj, text = args.func(args, settings)
+    except (CommandError, ConfigError, StoreUnavailable) as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if args.json:
+            print(json.dumps({"error": message}))
+        print(f"authsvc: error: {message}", file=sys.stderr)
+        return 1
+    print(json.dumps(obj) if args.json else text)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

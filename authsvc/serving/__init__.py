@@ -1,0 +1,1 @@
+"""The gunicorn integration: workers answering in JSON, the access logger, redaction (README.md, "Layout")."""
