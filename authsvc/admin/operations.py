@@ -26,7 +26,14 @@ from collections.abc import Callable
 
 from authsvc import transfer
 from authsvc.admin import api_tokens
-from authsvc.errors import ConfigError, OperationConflict, OperationInvalid, OperationNotFound
+from authsvc.admin import put_player as put_player_sql
+from authsvc.errors import (
+    ConfigError,
+    OperationConflict,
+    OperationInvalid,
+    OperationNotFound,
+    OperationPreconditionFailed,
+)
 from authsvc.names import check_game_id, check_game_name, check_user_id, check_username
 from authsvc.players_import import import_rows
 from authsvc.settings import Settings, admin_actor
@@ -313,3 +320,16 @@ def api_token_for(store: Store, token: str, now: int) -> api_tokens.ApiToken | N
     with store.admin_transaction() as conn:
         row = api_tokens.by_digest(conn, store.pg, api_tokens.digest(token))
     return row if row is not None and row.live(now) else None
+
+
+def put_player(
+    store: Store, ctx: Context, user_id: int, username: str, enabled: bool = True, if_match: str | None = None
+) -> tuple[Player, bool]:
+    """Create or update a player (the admin API's PUT): (player, created). If-Match makes it conditional:
+    OperationPreconditionFailed when it names no current version (authsvc/admin/put_player.py)."""
+    check_user_id(user_id)
+    username = check_username(username)
+    try:
+        return put_player_sql.put(store, ctx.audit(), user_id, username, bool(enabled), if_match)
+    except put_player_sql.PreconditionFailed:
+        raise OperationPreconditionFailed(f"player {user_id} is not at the version If-Match names") from None

@@ -1,0 +1,230 @@
+"""The admin API (docs/admin-api.md) through WebTest, on both engines: caller authentication and
+scopes, the players and tokens resources, RFC 9457 problems with real statuses, one error boundary.
+
+Every answer is checked for the shape the docs promise; no token or key ever
+comes back in an error or reaches the log or the audit trail.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+
+import pytest
+import webtest
+
+from authsvc.admin import operations as ops
+from authsvc.admin.api import AdminApp
+from authsvc.errors import StoreUnavailable
+from authsvc.tokens import mint_token
+
+ALL = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
+
+
+@pytest.fixture
+def admin(world, settings):
+    """(WebTest app, make_token(name, scopes, expires_in=None) -> headers) on the world's store."""
+    app = AdminApp(settings)
+
+    def make_token(name, scopes=ALL, expires_in=None):
+        _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), name, scopes, expires_in)
+        return {"Authorization": f"Bearer {token}"}
+
+    yield webtest.TestApp(app, lint=True), make_token
+    app.store.close()
+
+
+def problem(response, status: int, slug: str) -> dict:
+    assert response.status_int == status
+    assert response.headers["Content-Type"] == "application/problem+json"
+    body = response.json
+    assert body["type"] == f"urn:authsvc:problem:{slug}" and body["status"] == status
+    assert isinstance(body["title"], str) and isinstance(body["detail"], str)
+    assert "Traceback" not in response.text
+    return body
+
+
+def audit_rows(store_url: str) -> list[tuple]:
+    statement = "SELECT actor, request_id, action, user_id, changes FROM audit ORDER BY id"
+    if store_url.startswith("sqlite://"):
+        with sqlite3.connect(store_url.removeprefix("sqlite://")) as conn:
+            return conn.execute(statement).fetchall()
+    import psycopg
+
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        return conn.execute(statement).fetchall()
+
+
+# -- who may call --------------------------------------------------------------------------------
+
+
+def test_missing_unknown_malformed_expired_and_revoked_tokens_get_401(admin, world, caplog):
+    app, make_token = admin
+    live = make_token("live")
+    expiring = make_token("expiring", expires_in=1)
+    revoked = make_token("revoked")
+    ops.revoke_api_token(world.store, ops.Context(actor="cli:test"), "revoked")
+    assert app.get("/v1/players/4242", headers=live).status_int == 200
+    time.sleep(1.1)  # the expiry is whole seconds: a bound, not a race
+    for headers in ({}, {"Authorization": "Bearer asv_" + "A" * 43}, {"Authorization": "Basic dXNlcjpwYXNz"},
+                    {"Authorization": live["Authorization"] + "x"}, expiring, revoked,
+                    {"Authorization": live["Authorization"].replace("Bearer ", "")}):
+        r = app.get("/v1/players/4242", headers=headers, expect_errors=True)
+        problem(r, 401, "unauthorized")
+        assert r.headers["WWW-Authenticate"].startswith("Bearer")
+        for value in headers.values():
+            assert value.split()[-1] not in r.text
+    for value in (live, expiring, revoked):
+        assert value["Authorization"].split()[1] not in caplog.text
+
+
+def test_a_token_without_the_scope_gets_403(admin):
+    app, make_token = admin
+    reader = make_token("reader", ["players:read"])
+    assert app.get("/v1/players/4242", headers=reader).status_int == 200
+    body = problem(app.put_json("/v1/players/4242", {"username": "x"}, headers=reader, expect_errors=True),
+                   403, "forbidden")
+    assert "players:write" in body["detail"]
+    problem(app.post_json("/v1/tokens", {"game_id": 1, "user_id": 4242}, headers=reader, expect_errors=True),
+            403, "forbidden")
+
+
+# -- players -------------------------------------------------------------------------------------
+
+
+def test_put_creates_then_updates_with_etag_and_if_match(admin, world, store_url):
+    app, make_token = admin
+    headers = make_token("web") | {"X-Request-Id": "signup-1"}
+    r = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers)
+    assert r.status_int == 201 and r.json == {"user_id": 7, "username": "dora", "enabled": True, "epoch": 0}
+    first = r.headers["ETag"]
+    r = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers)  # the same call again: no change
+    assert r.status_int == 200 and r.headers["ETag"] == first
+    r = app.put_json("/v1/players/7", {"username": "dora2", "enabled": False}, headers=headers | {"If-Match": first})
+    assert r.status_int == 200 and r.json["username"] == "dora2" and r.json["enabled"] is False
+    second = r.headers["ETag"]
+    assert second != first
+    # a second rename that read the first version loses, and says so
+    r = app.put_json("/v1/players/7", {"username": "eve"}, headers=headers | {"If-Match": first}, expect_errors=True)
+    problem(r, 412, "precondition-failed")
+    r = app.put_json("/v1/players/8", {"username": "x"}, headers=headers | {"If-Match": "*"}, expect_errors=True)
+    problem(r, 412, "precondition-failed")  # If-Match on no player: nothing to match
+    r = app.get("/v1/players/7", headers=headers)
+    assert r.json["username"] == "dora2" and r.headers["ETag"] == second
+    assert r.headers["X-Request-Id"] == "signup-1"
+    rows = [row for row in audit_rows(store_url) if row[3] == 7]
+    assert [(actor, rid, action) for actor, rid, action, _, _ in rows] == [
+        ("api:web", "signup-1", "player.add"), ("api:web", "signup-1", "player.rename"),
+        ("api:web", "signup-1", "player.disable")]
+
+
+def test_get_and_revoke_an_unknown_player_are_404(admin):
+    app, make_token = admin
+    headers = make_token("web")
+    problem(app.get("/v1/players/99", headers=headers, expect_errors=True), 404, "not-found")
+    problem(app.post("/v1/players/99/revoke", headers=headers, expect_errors=True), 404, "not-found")
+    problem(app.get("/v1/players/0", headers=headers, expect_errors=True), 404, "not-found")
+    problem(app.get("/v1/players/9223372036854775808", headers=headers, expect_errors=True), 404, "not-found")
+
+
+def test_revoke_answers_the_new_epoch_and_when_it_takes_effect(admin, world, settings):
+    app, make_token = admin
+    headers = make_token("web")
+    before = time.time()
+    r = app.post("/v1/players/4242/revoke", headers=headers)
+    assert r.status_int == 200
+    assert r.json["user_id"] == 4242 and r.json["epoch"] == 1
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r.json["effective_by"])
+    effective_by = time.mktime(time.strptime(r.json["effective_by"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+    assert before - 1 <= effective_by - settings.max_staleness <= time.time()
+    assert world.store.get_player(4242).epoch == 1
+
+
+# -- tokens --------------------------------------------------------------------------------------
+
+
+def test_mint_answers_the_current_token_and_404_for_what_is_not_enabled(admin, world, settings, store_url):
+    app, make_token = admin
+    headers = make_token("web")
+    r = app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers)
+    token = mint_token(settings.token_secrets[0], world.game_id, 4242, 0)
+    assert r.json == {"game_id": world.game_id, "user_id": 4242, "game_auth_token": token, "epoch": 0}
+    app.post("/v1/players/4242/revoke", headers=headers)
+    r = app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers)
+    assert r.json["epoch"] == 1 and r.json["game_auth_token"] == mint_token(settings.token_secrets[0], world.game_id, 4242, 1)
+    for body in ({"game_id": 999, "user_id": 4242}, {"game_id": world.game_id, "user_id": 999}):
+        r = app.post_json("/v1/tokens", body, headers=headers, expect_errors=True)
+        assert "game_auth_token" not in problem(r, 404, "not-found")
+    app.put_json("/v1/players/4242", {"username": "alice", "enabled": False}, headers=headers)
+    problem(app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers,
+                          expect_errors=True), 404, "not-found")
+    world.store.set_game_enabled(world.game_id, False)
+    app.put_json("/v1/players/4242", {"username": "alice"}, headers=headers)
+    problem(app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers,
+                          expect_errors=True), 404, "not-found")
+    minted = [row for row in audit_rows(store_url) if row[2] == "token.mint"]
+    assert [row[0] for row in minted] == ["api:web", "api:web"]
+    assert token not in repr(audit_rows(store_url))
+
+
+# -- what the API refuses to read ------------------------------------------------------------------
+
+
+def test_bad_requests_get_their_own_statuses(admin, settings):
+    app, make_token = admin
+    headers = make_token("web")
+    body = problem(app.put_json("/v1/players/7", {"username": 5}, headers=headers, expect_errors=True),
+                   422, "validation")
+    assert body["errors"] == [{"field": "/username", "detail": "must be a string"}]
+    body = problem(app.put_json("/v1/players/7", {}, headers=headers, expect_errors=True), 422, "validation")
+    assert body["errors"][0]["field"] == "/username"
+    body = problem(app.put_json("/v1/players/7", {"username": " x"}, headers=headers, expect_errors=True),
+                   422, "validation")
+    assert "white space" in body["detail"]  # the names rule, as the command says it
+    problem(app.put_json("/v1/players/7", [1], headers=headers, expect_errors=True), 422, "validation")
+    problem(app.put("/v1/players/7", b"{", headers=headers | {"Content-Type": "application/json"},
+                    expect_errors=True), 400, "bad-request")
+    problem(app.put("/v1/players/7", b"\xff\xfe", headers=headers | {"Content-Type": "application/json"},
+                    expect_errors=True), 400, "bad-request")
+    problem(app.put("/v1/players/7", b"username=x", headers=headers | {"Content-Type": "application/x-www-form-urlencoded"},
+                    expect_errors=True), 415, "unsupported-media-type")
+    big = {"username": "x" * settings.max_body_bytes}
+    problem(app.put_json("/v1/players/7", big, headers=headers, expect_errors=True), 413, "too-large")
+    r = app.delete("/v1/players/7", headers=headers, expect_errors=True)
+    problem(r, 405, "method-not-allowed")
+    assert r.headers["Allow"] == "GET, PUT, HEAD"
+    problem(app.get("/v1/nothing", headers=headers, expect_errors=True), 404, "not-found")
+    problem(app.get("/api/authenticate.json", expect_errors=True), 404, "not-found")
+
+
+class FailingStore:
+    """A store whose every call fails as the error boundary's test needs (the real ones are tested above)."""
+
+    pg = False
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def admin_transaction(self):
+        raise self.error
+
+    def close(self):
+        pass
+
+
+@pytest.mark.engine("sqlite")
+def test_a_store_outage_is_503_with_retry_after_and_anything_else_an_opaque_500(settings, caplog):
+    headers = {"Authorization": "Bearer asv_" + "B" * 43, "X-Request-Id": "r-1"}
+    app = webtest.TestApp(AdminApp(settings, store=FailingStore(StoreUnavailable("down"))), lint=True)
+    r = app.get("/v1/players/1", headers=headers, expect_errors=True)
+    problem(r, 503, "unavailable")
+    assert r.headers["Retry-After"] == "2"
+    app = webtest.TestApp(AdminApp(settings, store=FailingStore(ZeroDivisionError("boom"))), lint=True)
+    r = app.get("/v1/players/1", headers=headers, expect_errors=True)
+    body = problem(r, 500, "internal")
+    assert "boom" not in r.text and "ZeroDivision" not in r.text
+    assert "r-1" in caplog.text and "ZeroDivisionError" in caplog.text  # the log has what the answer hides
+    assert "B" * 43 not in caplog.text
+    assert json.dumps(body).isascii()
