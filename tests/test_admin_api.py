@@ -228,3 +228,47 @@ def test_a_store_outage_is_503_with_retry_after_and_anything_else_an_opaque_500(
     assert "r-1" in caplog.text and "ZeroDivisionError" in caplog.text  # the log has what the answer hides
     assert "B" * 43 not in caplog.text
     assert json.dumps(body).isascii()
+
+
+# -- games and the audit trail -------------------------------------------------------------------
+
+
+def test_games_add_read_disable_and_rotate_with_the_key_shown_once(admin, world, store_url):
+    app, make_token = admin
+    headers = make_token("ops", ["games:read", "games:write"])
+    r = app.post_json("/v1/games", {"name": "Go"}, headers=headers)
+    assert r.status_int == 201 and r.json["name"] == "Go" and r.json["enabled"] is True
+    game_id, api_key = r.json["game_id"], r.json["api_key"]
+    r = app.get(f"/v1/games/{game_id}", headers=headers)
+    assert "api_key" not in r.json and api_key not in r.text and len(r.json["keys"]) == 1
+    problem(app.post_json("/v1/games", {"name": "Go"}, headers=headers, expect_errors=True), 409, "conflict")
+    r = app.patch_json(f"/v1/games/{game_id}", {"enabled": False}, headers=headers)
+    assert r.json["enabled"] is False
+    r = app.post_json(f"/v1/games/{game_id}/keys", {"old_key_ttl": 60}, headers=headers)
+    assert r.status_int == 201 and r.json["api_key"] != api_key
+    assert r.json["old_keys_expire_at"] is not None
+    problem(app.post_json(f"/v1/games/{game_id}/keys", {"old_key_ttl": -1}, headers=headers, expect_errors=True),
+            422, "validation")
+    problem(app.get("/v1/games/999", headers=headers, expect_errors=True), 404, "not-found")
+    problem(app.patch_json("/v1/games/999", {"enabled": True}, headers=headers, expect_errors=True), 404, "not-found")
+    trail = repr(audit_rows(store_url))
+    assert api_key not in trail and r.json["api_key"] not in trail
+
+
+def test_the_audit_trail_pages_newest_first_with_filters(admin, world):
+    app, make_token = admin
+    writer = make_token("web", ["players:write"])
+    for user_id in range(1, 6):
+        app.put_json(f"/v1/players/{user_id}", {"username": f"p{user_id}"}, headers=writer)
+    reader = make_token("auditor", ["audit:read"])
+    problem(app.get("/v1/audit", headers=writer, expect_errors=True), 403, "forbidden")
+    r = app.get("/v1/audit?actor=api:web&limit=2", headers=reader)
+    assert [rec["user_id"] for rec in r.json["records"]] == [5, 4] and r.json["next"] is not None
+    r = app.get(f"/v1/audit?actor=api:web&limit=2&after={r.json['next']}", headers=reader)
+    assert [rec["user_id"] for rec in r.json["records"]] == [3, 2]
+    r = app.get(f"/v1/audit?actor=api:web&limit=2&after={r.json['next']}", headers=reader)
+    assert [rec["user_id"] for rec in r.json["records"]] == [1] and r.json["next"] is None
+    r = app.get("/v1/audit?player=3", headers=reader)
+    assert [(rec["action"], rec["actor"]) for rec in r.json["records"]] == [("player.add", "api:web")]
+    for query in ("limit=0", "limit=1001", "after=x", "colour=red", "player=-1"):
+        problem(app.get(f"/v1/audit?{query}", headers=reader, expect_errors=True), 422, "validation")

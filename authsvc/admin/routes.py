@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -141,3 +142,72 @@ def mint(app: AdminApp, req: Request) -> Response:
         raise Problem(404, "not-found", f"no enabled player {user_id}")
     token, player = ops.mint(app.store, req.ctx, app.settings.token_secrets[0], game_id, user_id)
     return _response(200, {"game_id": game_id, "user_id": user_id, "game_auth_token": token, "epoch": player.epoch})
+
+
+# -- games ---------------------------------------------------------------------------------------
+
+GAME = rf"/v1/games/(?P<game_id>{_ID[1:-1]})"
+
+
+@route(r"/v1/games", "POST", "games:write")
+def add_game(app: AdminApp, req: Request) -> Response:
+    """The api key is in this answer only (docs/admin-api.md, "Games")."""
+    game, api_key = ops.add_game(app.store, req.ctx, field(req.body, "name", str))
+    return _response(201, game_json(game) | {"api_key": api_key})
+
+
+@route(GAME, "GET", "games:read")
+def get_game(app: AdminApp, req: Request) -> Response:
+    game = app.store.get_game(req.params["game_id"])
+    if game is None:
+        raise Problem(404, "not-found", f"no game {req.params['game_id']}")
+    return _response(200, game_json(game))
+
+
+@route(GAME, "PATCH", "games:write")
+def patch_game(app: AdminApp, req: Request) -> Response:
+    enabled = field(req.body, "enabled", bool)
+    ops.set_game_enabled(app.store, req.ctx, req.params["game_id"], enabled)
+    return get_game(app, req)
+
+
+@route(GAME + "/keys", "POST", "games:write")
+def rotate_key(app: AdminApp, req: Request) -> Response:
+    """A new key, once; the game's older keys expire ``old_key_ttl`` seconds from now (default one day)."""
+    ttl = field(req.body, "old_key_ttl", int, required=False, default=86400)
+    if not 0 <= ttl <= ops.MAX_OLD_KEY_TTL:
+        raise invalid("/old_key_ttl", f"must be from 0 to {ops.MAX_OLD_KEY_TTL} seconds (ten years)")
+    api_key, expires_at = ops.rotate_game_key(app.store, req.ctx, req.params["game_id"], ttl)
+    return _response(201, {"game_id": req.params["game_id"], "api_key": api_key, "old_keys_expire_at": expires_at})
+
+
+# -- the audit trail -----------------------------------------------------------------------------
+
+AUDIT_FILTERS = {"player": "user_id", "game": "game_id", "action": "action", "actor": "actor"}
+MAX_AUDIT_PAGE = 1000
+
+
+@route(r"/v1/audit", "GET", "audit:read")
+def audit(app: AdminApp, req: Request) -> Response:
+    """Newest first, ``limit`` a page (default 100); ``next`` is the ``after`` of the next page, null at the end."""
+    try:
+        query = dict(urllib.parse.parse_qsl(req.query, keep_blank_values=True, errors="strict"))
+    except UnicodeDecodeError:
+        raise Problem(400, "bad-request", "the query string is not valid UTF-8") from None
+    filters: dict[str, Any] = {}
+    for name, value in query.items():
+        if name in ("after", "limit", "player", "game"):
+            if not (value.isascii() and value.isdigit() and value[0] != "0" and int(value) <= MAX_ID):
+                raise invalid(name, "must be a whole number from 1 to 2^63-1")
+            number = int(value)
+            if name == "limit" and number > MAX_AUDIT_PAGE:
+                raise invalid(name, f"must be at most {MAX_AUDIT_PAGE}")
+            filters[{"after": "before_id", "limit": "limit", "player": "user_id", "game": "game_id"}[name]] = number
+        elif name in AUDIT_FILTERS:
+            filters[AUDIT_FILTERS[name]] = value
+        else:
+            raise invalid(name, "is not a parameter of /v1/audit (after, limit, player, game, action, actor)")
+    limit = filters.setdefault("limit", 100)
+    records = app.store.audit_records(**filters)
+    next_cursor = str(records[-1].id) if len(records) == limit else None
+    return _response(200, {"records": [r.as_json() for r in records], "next": next_cursor})
