@@ -272,3 +272,65 @@ def test_the_audit_trail_pages_newest_first_with_filters(admin, world):
     assert [(rec["action"], rec["actor"]) for rec in r.json["records"]] == [("player.add", "api:web")]
     for query in ("limit=0", "limit=1001", "after=x", "colour=red", "player=-1"):
         problem(app.get(f"/v1/audit?{query}", headers=reader, expect_errors=True), 422, "validation")
+
+
+# -- Idempotency-Key -----------------------------------------------------------------------------
+
+
+def test_a_retried_post_replays_the_first_answer_without_a_second_change(admin, world, store_url):
+    app, make_token = admin
+    headers = make_token("web") | {"Idempotency-Key": "revoke-4242-a"}
+    first = app.post("/v1/players/4242/revoke", headers=headers)
+    records = len(audit_rows(store_url))
+    again = app.post("/v1/players/4242/revoke", headers=headers)
+    assert again.json == first.json and again.status_int == 200
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert world.store.get_player(4242).epoch == 1 and len(audit_rows(store_url)) == records
+    # the same key for another request (path or body) is refused
+    problem(app.post("/v1/players/7/revoke", headers=headers, expect_errors=True), 422, "idempotency-key-reused")
+    problem(app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers,
+                          expect_errors=True), 422, "idempotency-key-reused")
+    # another key, or another token's same key, runs afresh
+    assert app.post("/v1/players/4242/revoke", headers=headers | {"Idempotency-Key": "b"}).json["epoch"] == 2
+    other = make_token("other") | {"Idempotency-Key": "revoke-4242-a"}
+    assert app.post("/v1/players/4242/revoke", headers=other).json["epoch"] == 3
+
+
+def test_an_error_answer_is_replayed_too(admin, world, store_url):
+    app, make_token = admin
+    headers = make_token("web") | {"Idempotency-Key": "k"}
+    problem(app.post("/v1/players/77/revoke", headers=headers, expect_errors=True), 404, "not-found")
+    app.put_json("/v1/players/77", {"username": "late"}, headers=make_token("w2"))
+    r = app.post("/v1/players/77/revoke", headers=headers, expect_errors=True)
+    problem(r, 404, "not-found")
+    assert r.headers["Idempotent-Replayed"] == "true"
+    problem(app.post("/v1/players/7/revoke", headers=headers | {"Idempotency-Key": "x" * 256}, expect_errors=True),
+            422, "validation")
+
+
+def test_no_secret_is_kept_a_token_is_made_again_and_a_key_is_not_replayed(admin, world, store_url):
+    app, make_token = admin
+    headers = make_token("web") | {"Idempotency-Key": "mint-1"}
+    minted = app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers).json
+    app.post("/v1/players/4242/revoke", headers=make_token("w2"))  # the epoch moves on
+    again = app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers)
+    assert again.json == minted  # the first answer: the token of the epoch it was minted for
+    created = app.post_json("/v1/games", {"name": "Go"}, headers=headers | {"Idempotency-Key": "game-1"}).json
+    r = app.post_json("/v1/games", {"name": "Go"}, headers=headers | {"Idempotency-Key": "game-1"}, expect_errors=True)
+    body = problem(r, 409, "idempotency-secret-not-kept")
+    assert body["game_id"] == created["game_id"] and created["api_key"] not in r.text
+    rotated = app.post_json(f"/v1/games/{created['game_id']}/keys", {}, headers=headers | {"Idempotency-Key": "rot"})
+    kept = repr(sql_rows(store_url, "SELECT * FROM idempotency_keys"))
+    for secret in (minted["game_auth_token"], created["api_key"], rotated.json["api_key"]):
+        assert secret not in kept
+    assert len([row for row in audit_rows(store_url) if row[2] == "token.mint"]) == 1
+
+
+def sql_rows(store_url: str, statement: str) -> list[tuple]:
+    if store_url.startswith("sqlite://"):
+        with sqlite3.connect(store_url.removeprefix("sqlite://")) as conn:
+            return conn.execute(statement).fetchall()
+    import psycopg
+
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        return conn.execute(statement).fetchall()

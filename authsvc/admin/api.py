@@ -21,8 +21,8 @@ import uuid
 from collections.abc import Callable
 from http import HTTPStatus
 
+from authsvc.admin import idempotency, routes
 from authsvc.admin import operations as ops
-from authsvc.admin import routes
 from authsvc.admin.problems import Problem, Request, Response, encode
 from authsvc.errors import (
     ConfigError,
@@ -56,17 +56,14 @@ class AdminApp:
         rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))
         if rid == "-":
             rid = uuid.uuid4().hex
-        content_type = "application/json"
         try:
             response = self.handle(environ, rid)
-        except Problem as p:
-            response, content_type = Response(p.status, p.body(), p.headers), "application/problem+json"
         except Exception as e:  # the one error boundary
-            problem = self.problem_for(e, rid)
-            response, content_type = Response(problem.status, problem.body(), problem.headers), "application/problem+json"
+            p = e if isinstance(e, Problem) else self.problem_for(e, rid)
+            response = Response(p.status, p.body(), p.headers, content_type="application/problem+json")
         body = encode(response.obj) if environ["REQUEST_METHOD"] != "HEAD" else b""
         headers = [
-            ("Content-Type", content_type),
+            ("Content-Type", response.content_type),
             ("Content-Length", str(len(body))),
             ("Cache-Control", "no-store"),
             ("X-Content-Type-Options", "nosniff"),
@@ -102,6 +99,9 @@ class AdminApp:
         body = self.read_body(environ)
         ctx = ops.Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock)
         request = Request(environ, params, body, ctx, token.name)
+        key = environ.get("HTTP_IDEMPOTENCY_KEY")
+        if method == "POST" and key is not None:
+            return idempotency.run(self, request, key, lambda: handler(self, request))
         return handler(self, request)
 
     def authenticate(self, environ: dict):

@@ -66,7 +66,9 @@ class Request:
 
 
 class Response:
-    def __init__(self, status: int, obj: dict, headers: tuple[tuple[str, str], ...] = ()):
+    def __init__(self, status: int, obj: dict, headers: tuple[tuple[str, str], ...] = (),
+                 content_type: str = "application/json"):
         self.status = status
         self.obj = obj
         self.headers = headers
+        self.content_type = content_type
