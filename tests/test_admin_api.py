@@ -196,6 +196,10 @@ def test_bad_requests_get_their_own_statuses(admin, settings):
     problem(r, 405, "method-not-allowed")
     assert r.headers["Allow"] == "GET, PUT, HEAD"
     problem(app.get("/v1/nothing", headers=headers, expect_errors=True), 404, "not-found")
+    r = app.get("/v1/players/4242", headers=headers | {"X-Request-Id": "not a logged shape"})
+    assert re.fullmatch(r"[0-9a-f]{32}", r.headers["X-Request-Id"])
+    head = app.head("/v1/players/4242", headers=headers)
+    assert head.body == b"" and head.headers["Content-Length"] == r.headers["Content-Length"]
     problem(app.get("/api/authenticate.json", expect_errors=True), 404, "not-found")
 
 

@@ -61,17 +61,17 @@ class AdminApp:
         except Exception as e:  # the one error boundary
             p = e if isinstance(e, Problem) else self.problem_for(e, rid)
             response = Response(p.status, p.body(), p.headers, content_type="application/problem+json")
-        body = encode(response.obj) if environ["REQUEST_METHOD"] != "HEAD" else b""
+        body = encode(response.obj)
         headers = [
             ("Content-Type", response.content_type),
-            ("Content-Length", str(len(body))),
+            ("Content-Length", str(len(body))),  # a HEAD's too: the GET's length
             ("Cache-Control", "no-store"),
             ("X-Content-Type-Options", "nosniff"),
             ("X-Request-Id", rid),
             *response.headers,
         ]
         start_response(f"{response.status} {_phrase(response.status)}", headers)
-        return [body]
+        return [body if environ["REQUEST_METHOD"] != "HEAD" else b""]
 
     def problem_for(self, error: Exception, rid: str) -> Problem:
         """The answer to an operation's typed error; a 500 for anything else, its traceback logged."""
