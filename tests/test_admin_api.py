@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import threading
 import time
 
 import pytest
@@ -338,3 +339,64 @@ def sql_rows(store_url: str, statement: str) -> list[tuple]:
 
     with psycopg.connect(store_url, autocommit=True) as conn:
         return conn.execute(statement).fetchall()
+
+
+# -- concurrent writers --------------------------------------------------------------------------
+
+
+def _together(calls) -> list:
+    """Run each call in its own thread, released at once; their results in order."""
+    barrier = threading.Barrier(len(calls))
+    results: list = [None] * len(calls)
+
+    def run(i, call):
+        barrier.wait()
+        results[i] = call()
+
+    threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_two_concurrent_renames_from_one_version_one_wins_one_gets_412(admin, world, settings):
+    """Each writer its own process-like app and store connection; whichever commits first wins."""
+    app, make_token = admin
+    headers = make_token("web")
+    version = app.get("/v1/players/4242", headers=headers).headers["ETag"]
+    apps = [AdminApp(settings) for _ in range(2)]
+    try:
+        for round_ in range(5):
+            clients = [webtest.TestApp(a) for a in apps]
+            names = (f"bob{round_}", f"carol{round_}")  # both differ from the current name: both are changes
+            statuses = _together([
+                lambda c=c, name=name: c.put_json("/v1/players/4242", {"username": name},
+                                                  headers=headers | {"If-Match": version}, expect_errors=True).status_int
+                for c, name in zip(clients, names)])
+            assert sorted(statuses) == [200, 412]
+            player = app.get("/v1/players/4242", headers=headers)
+            assert player.json["username"] in names
+            version = player.headers["ETag"]
+    finally:
+        for a in apps:
+            a.store.close()
+
+
+def test_two_concurrent_posts_with_one_key_change_once(admin, world, settings, store_url):
+    app, make_token = admin
+    headers = make_token("web")
+    apps = [AdminApp(settings) for _ in range(2)]
+    try:
+        for round_ in range(5):
+            clients = [webtest.TestApp(a) for a in apps]
+            key = headers | {"Idempotency-Key": f"pw-change-{round_}"}
+            statuses = _together([lambda c=c: c.post("/v1/players/4242/revoke", headers=key,
+                                                     expect_errors=True).status_int for c in clients])
+            assert sorted(statuses) in ([200, 200], [200, 409])
+            assert world.store.get_player(4242).epoch == round_ + 1
+    finally:
+        for a in apps:
+            a.store.close()
+    assert len([row for row in audit_rows(store_url) if row[2] == "player.revoke"]) == 5

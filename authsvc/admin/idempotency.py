@@ -54,6 +54,11 @@ def request_hash(req: Request) -> str:
     return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
+def running() -> Problem:
+    return Problem(409, "idempotency-key-running", "the first request with this Idempotency-Key is still running; "
+                   "try again shortly", headers=(("Retry-After", "1"),))
+
+
 def _begin(app: AdminApp, token: str, key: str, digest: str, now: int) -> dict | None:
     """None: run the request (the key is now "running"); else the kept answer."""
     store = app.store
@@ -65,16 +70,17 @@ def _begin(app: AdminApp, token: str, key: str, digest: str, now: int) -> dict |
                  + (" FOR UPDATE" if pg else ""), pg), (token, key),
         ).fetchone()
         if row is None:
-            conn.execute(_sql("INSERT INTO idempotency_keys (token_name, key, request_hash, created_at, status) "
-                              "VALUES (?, ?, ?, ?, ?)", pg), (token, key, digest, now, RUNNING))
-            return None
+            cur = conn.execute(_sql("INSERT INTO idempotency_keys (token_name, key, request_hash, created_at, status) "
+                                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", pg), (token, key, digest, now, RUNNING))
+            if cur.rowcount == 1:
+                return None
+            raise running()  # the same key, inserted by a request running at the same time (PostgreSQL)
         if row[0] != digest:
             raise Problem(422, "idempotency-key-reused",
                           "this Idempotency-Key was used with another request (method, path or body) in the last 24 h")
         if row[1] == RUNNING:
             if now - row[3] < ABANDONED_AFTER:
-                raise Problem(409, "idempotency-key-running", "the first request with this Idempotency-Key is "
-                              "still running; try again shortly", headers=(("Retry-After", "1"),))
+                raise running()
             conn.execute(_sql("UPDATE idempotency_keys SET created_at = ? WHERE token_name = ? AND key = ?", pg),
                          (now, token, key))
             return None
