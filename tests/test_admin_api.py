@@ -372,9 +372,9 @@ def test_two_concurrent_renames_from_one_version_one_wins_one_gets_412(admin, wo
             clients = [webtest.TestApp(a) for a in apps]
             names = (f"bob{round_}", f"carol{round_}")  # both differ from the current name: both are changes
             statuses = _together([
-                lambda c=c, name=name: c.put_json("/v1/players/4242", {"username": name},
-                                                  headers=headers | {"If-Match": version}, expect_errors=True).status_int
-                for c, name in zip(clients, names)])
+                lambda c=c, name=name, h=headers | {"If-Match": version}: c.put_json(
+                    "/v1/players/4242", {"username": name}, headers=h, expect_errors=True).status_int
+                for c, name in zip(clients, names, strict=True)])
             assert sorted(statuses) == [200, 412]
             player = app.get("/v1/players/4242", headers=headers)
             assert player.json["username"] in names
@@ -392,8 +392,8 @@ def test_two_concurrent_posts_with_one_key_change_once(admin, world, settings, s
         for round_ in range(5):
             clients = [webtest.TestApp(a) for a in apps]
             key = headers | {"Idempotency-Key": f"pw-change-{round_}"}
-            statuses = _together([lambda c=c: c.post("/v1/players/4242/revoke", headers=key,
-                                                     expect_errors=True).status_int for c in clients])
+            statuses = _together([lambda c=c, h=key: c.post("/v1/players/4242/revoke", headers=h,
+                                                          expect_errors=True).status_int for c in clients])
             assert sorted(statuses) in ([200, 200], [200, 409])
             assert world.store.get_player(4242).epoch == round_ + 1
     finally:

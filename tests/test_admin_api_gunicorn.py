@@ -87,8 +87,8 @@ def test_signup_mint_authenticate_revoke_refused_after_effective_by(listener, en
         def connect():
             return http.client.HTTPConnection("127.0.0.1", admin_port, timeout=10)
 
-    admin = start_gunicorn(env | {"AUTHSVC_MAX_STALENESS": "1"}, bind=bind, app="authsvc.admin_wsgi:application",
-                           workers=1)
+    admin = start_gunicorn(env | {"AUTHSVC_MAX_STALENESS": "1"}, "--access-logfile", "-", bind=bind,
+                           app="authsvc.admin_wsgi:application", workers=1)
     web = start_gunicorn(web_env, port=web_port, workers=2)
     try:
         if listener == "unix":
@@ -119,6 +119,7 @@ def test_signup_mint_authenticate_revoke_refused_after_effective_by(listener, en
         for proc in (admin, web):
             proc.terminate()
         logs = [proc.communicate(timeout=30) for proc in (admin, web)]
+    assert "/v1/players/777/revoke" in logs[0][0]  # the access log is on, and holds no secret:
     for out, err in logs:
         for secret in (token, minted["game_auth_token"], world.api_key):
             assert secret not in out and secret not in err

@@ -15,11 +15,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import webtest
 
 from authsvc import cli
 from authsvc.admin import api_tokens
 from authsvc.admin import operations as ops
+from authsvc.admin.api import AdminApp
 from authsvc.errors import OperationConflict, OperationInvalid, OperationNotFound
+from authsvc.settings import Settings
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
 
@@ -152,8 +155,23 @@ def test_the_admin_role_manages_tokens_and_the_web_role_cannot_read_them(own_pg,
     assert cli.main(["init"]) == 0
     monkeypatch.setenv("AUTHSVC_STORE", url("authsvc_admin"))
     for argv in (["api-token", "add", "web", "--scope", "players:write"], ["api-token", "list"],
-                 ["api-token", "revoke", "web"]):
+                 ["api-token", "revoke", "web"], ["game", "add", "Chess"]):
         assert cli.main(argv) == 0, capsys.readouterr().err
+    # the admin API, run as the admin role, reaches every table it needs (idempotency keys included)
+    settings = Settings.from_env()
+    app = AdminApp(settings)
+    try:
+        _, token = ops.add_api_token(app.store, ops.Context(actor="cli:test"), "api", list(api_tokens.SCOPES))
+        client = webtest.TestApp(app, lint=True)
+        headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "k1"}
+        assert client.put_json("/v1/players/5", {"username": "bob"}, headers=headers).status_int == 201
+        assert client.post("/v1/players/5/revoke", headers=headers).json["epoch"] == 1
+        assert client.post("/v1/players/5/revoke", headers=headers).json["epoch"] == 1  # replayed
+        assert client.post_json("/v1/tokens", {"game_id": 1, "user_id": 5}, headers=headers | {"Idempotency-Key": "k2"}
+                                ).json["epoch"] == 1
+        assert client.get("/v1/audit?limit=2", headers=headers).json["records"][0]["action"] == "token.mint"
+    finally:
+        app.store.close()
     with psycopg.connect(url("authsvc_web"), autocommit=True) as conn:
         for table in ("api_tokens", "idempotency_keys"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
