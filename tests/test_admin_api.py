@@ -400,3 +400,38 @@ def test_two_concurrent_posts_with_one_key_change_once(admin, world, settings, s
         for a in apps:
             a.store.close()
     assert len([row for row in audit_rows(store_url) if row[2] == "player.revoke"]) == 5
+
+
+# -- hostile input: never a 500 ------------------------------------------------------------------
+
+HOSTILE = [
+    ("PUT", "/v1/players/7", b"[" * 20000, "application/json"),  # nesting deeper than the parser goes
+    ("PUT", "/v1/players/7", b'{"username": "\\ud800"}', "application/json"),  # a lone surrogate
+    ("PUT", "/v1/players/7", b'{"username": "a", "enabled": 1}', "application/json"),
+    ("PUT", "/v1/players/7", b'{"username": NaN}', "application/json"),
+    ("PUT", "/v1/players/7", b'\xef\xbb\xbf{"username": "a"}', "application/json"),  # a byte-order mark
+    ("POST", "/v1/tokens", b'{"game_id": 1e400, "user_id": 1}', "application/json"),
+    ("POST", "/v1/tokens", b'{"game_id": 100000000000000000000000, "user_id": 1}', "application/json"),
+    ("POST", "/v1/tokens", b'{"game_id": true, "user_id": 1}', "application/json"),
+    ("POST", "/v1/games", b'{"name": "\\u202egame"}', "application/json"),
+    ("POST", "/v1/games/1/keys", b'{"old_key_ttl": 99999999999999999999}', "application/json"),
+    ("PATCH", "/v1/games/1", b'{"enabled": "no"}', "application/json; charset=utf-8"),
+    ("GET", "/v1/audit?actor=%ff", b"", ""),
+    ("GET", "/v1/players/%31", b"", ""),
+    ("GET", "/v1/players/%C3%A9", b"", ""),
+    ("GET", "/v1/players/00042", b"", ""),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "content_type"), HOSTILE)
+def test_hostile_input_gets_a_problem_never_a_500(admin, method, path, body, content_type):
+    app, make_token = admin
+    headers = make_token("web")
+    if content_type:
+        headers["Content-Type"] = content_type
+    path, _, query = path.partition("?")
+    r = app.request(path + ("?" + query if query else ""), method=method, body=body, headers=headers,
+                    expect_errors=True)
+    assert 400 <= r.status_int < 500, r.text
+    assert r.headers["Content-Type"] == "application/problem+json"
+    assert r.json["status"] == r.status_int
