@@ -47,6 +47,10 @@ class OperationConflict(OperationError):
     """The write would break a uniqueness rule, or the store is not empty (API: 409)."""
 
 
+class OperationPreconditionFailed(OperationError):
+    """A conditional write (the admin API's If-Match) found the target changed meanwhile (API: 412)."""
+
+
 class OperationInvalid(OperationError):
     """Input that breaks a rule: a name, a user id, a TTL, a file's rows (API: 422)."""
 

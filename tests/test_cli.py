@@ -251,7 +251,9 @@ def test_store_url_password_is_redacted():
 
 
 COMMANDS = {
-    (): ["init", "game", "player", "export", "import", "backup", "token", "audit", "check", "explain", "heartbeat"],
+    (): ["init", "game", "player", "export", "import", "backup", "token", "audit", "api-token", "check", "explain",
+         "heartbeat"],
+    ("api-token",): ["add", "list", "revoke"],
     ("game",): ["add", "list", "enable", "disable", "rotate-key"],
     ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "import"],
     ("token",): ["issue"],
@@ -275,7 +277,8 @@ def test_help_lists_every_command_in_order(run, parents):
 
 @pytest.mark.engine("sqlite")
 @pytest.mark.parametrize("argv", [(name,) for name in COMMANDS[()] if (name,) not in COMMANDS]
-                         + [(group, action) for group in ("game", "player", "token") for action in COMMANDS[(group,)]])
+                         + [(group, action) for group in ("game", "player", "token", "api-token")
+                            for action in COMMANDS[(group,)]])
 def test_every_command_has_its_own_help(run, argv):
     """`authsvc export --help`, `authsvc import --help`, `authsvc check --help`, ...: usage and the options they take."""
     code, out, err = run(*argv, "--help")

@@ -4,6 +4,7 @@
     game add | list | enable | disable | rotate-key
     player add | show | rename | enable | disable | revoke | import
     token issue
+    api-token add | list | revoke
     audit [filters] | verify | prune
     export, import, backup, check, explain
     heartbeat (a long-running writer for hot standbys: authsvc/admin/heartbeat.py)
@@ -22,7 +23,7 @@ import json
 import sys
 import time
 
-from authsvc.admin import audit
+from authsvc.admin import api_token_cmd, audit
 from authsvc.admin import operations as ops
 from authsvc.admin.operations import MAX_OLD_KEY_TTL
 from authsvc.admin.players_import import ProgressBar
@@ -296,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user", type=user_id_arg, required=True, metavar="USER_ID")
 
     audit.add_parsers(top, common, _Parser)
+    api_token_cmd.add_parsers(top, common, _Parser)
 
     from authsvc.admin import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
 

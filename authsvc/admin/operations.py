@@ -24,9 +24,16 @@ import os
 import time
 from collections.abc import Callable
 
-from authsvc.admin import transfer
+from authsvc.admin import api_tokens, transfer
+from authsvc.admin import put_player as put_player_sql
 from authsvc.admin.players_import import import_rows
-from authsvc.errors import ConfigError, OperationConflict, OperationInvalid, OperationNotFound
+from authsvc.errors import (
+    ConfigError,
+    OperationConflict,
+    OperationInvalid,
+    OperationNotFound,
+    OperationPreconditionFailed,
+)
 from authsvc.names import check_game_id, check_game_name, check_user_id, check_username
 from authsvc.settings import Settings, admin_actor
 from authsvc.store import open_store
@@ -259,3 +266,69 @@ def audit_prune(store: Store, ctx: Context, before_ms: int) -> Record:
     if before_ms > round(ctx.clock() * 1000):
         raise OperationInvalid("--before must not be in the future")
     return store.audit_prune(before_ms, audit=ctx.audit())
+
+
+# -- the admin API's bearer tokens (authsvc/admin/api_tokens.py) ------------------------------
+
+
+def check_api_token_request(name: str, scopes: list[str], expires_in: int | None) -> tuple[str, ...]:
+    """The rules of ``api-token add``, checked before the store is opened; returns the scopes, sorted, once each."""
+    if not isinstance(name, str) or not api_tokens.NAME.fullmatch(name):
+        raise OperationInvalid("a token name is 1 to 64 ASCII letters, digits, '.', '_' or '-'")
+    unknown = sorted(set(scopes) - set(api_tokens.SCOPES))
+    if unknown or not scopes:
+        raise OperationInvalid(f"give one --scope or more, from: {', '.join(api_tokens.SCOPES)}")
+    if expires_in is not None and (type(expires_in) is not int or not 1 <= expires_in <= MAX_OLD_KEY_TTL):
+        raise OperationInvalid(f"--expires-in must be from 1 to {MAX_OLD_KEY_TTL} seconds (ten years)")
+    return tuple(s for s in api_tokens.SCOPES if s in scopes)
+
+
+def add_api_token(
+    store: Store, ctx: Context, name: str, scopes: list[str], expires_in: int | None = None
+) -> tuple[api_tokens.ApiToken, str]:
+    """A new admin API token: (its row, the token). The token is shown once, stored as its SHA-256 digest."""
+    chosen = check_api_token_request(name, scopes, expires_in)
+    token = api_tokens.new_token()
+    now = ctx.now()
+    with store.admin_transaction() as conn:
+        row = api_tokens.insert(conn, store.pg, ctx.audit(), name, api_tokens.digest(token), chosen, now,
+                                None if expires_in is None else now + expires_in)
+    if row is None:
+        raise OperationConflict(f"an api token named {name!r} exists (names are never reused)")
+    return row, token
+
+
+def list_api_tokens(store: Store) -> list[api_tokens.ApiToken]:
+    with store.admin_transaction() as conn:
+        return api_tokens.select_all(conn, store.pg)
+
+
+def revoke_api_token(store: Store, ctx: Context, name: str) -> api_tokens.ApiToken:
+    """The token stops working at once: the admin API looks every request's token up in the store."""
+    with store.admin_transaction() as conn:
+        row = api_tokens.revoke(conn, store.pg, ctx.audit(), name, ctx.now())
+    if row is None:
+        raise OperationNotFound(f"no api token {name!r}")
+    return row
+
+
+def api_token_for(store: Store, token: str, now: int) -> api_tokens.ApiToken | None:
+    """The live token row a bearer token stands for, else None (unknown, expired or revoked: all the same 401)."""
+    if not api_tokens.well_formed(token):
+        return None
+    with store.admin_transaction() as conn:
+        row = api_tokens.by_digest(conn, store.pg, api_tokens.digest(token))
+    return row if row is not None and row.live(now) else None
+
+
+def put_player(
+    store: Store, ctx: Context, user_id: int, username: str, enabled: bool = True, if_match: str | None = None
+) -> tuple[Player, bool]:
+    """Create or update a player (the admin API's PUT): (player, created). If-Match makes it conditional:
+    OperationPreconditionFailed when it names no current version (authsvc/admin/put_player.py)."""
+    check_user_id(user_id)
+    username = check_username(username)
+    try:
+        return put_player_sql.put(store, ctx.audit(), user_id, username, bool(enabled), if_match)
+    except put_player_sql.PreconditionFailed:
+        raise OperationPreconditionFailed(f"player {user_id} is not at the version If-Match names") from None

@@ -210,12 +210,12 @@ def change(
 
 def select(
     conn, pg: bool, *, since_ms: int | None = None, user_id: int | None = None, game_id: int | None = None,
-    action: str | None = None, actor: str | None = None, limit: int = 100,
+    action: str | None = None, actor: str | None = None, limit: int = 100, before_id: int | None = None,
 ) -> list[Record]:
-    """Records matching every filter given, newest first."""
+    """Records matching every filter given, newest first; ``before_id``: older than that record (a page's cursor)."""
     where, args = [], []
     for column, op, value in (("at_ms", ">=", since_ms), ("user_id", "=", user_id), ("game_id", "=", game_id),
-                              ("action", "=", action), ("actor", "=", actor)):
+                              ("action", "=", action), ("actor", "=", actor), ("id", "<", before_id)):
         if value is not None:
             where.append(f"{column} {op} ?")
             args.append(value)

@@ -164,6 +164,13 @@ class Store(Reader):
         If ``rows`` raises part-way, nothing is written. One audit record for the batch.
         """
 
+    # -- SQL kept outside the engines (the admin API's tables: authsvc/admin/api_tokens.py) -------
+    pg: bool = False  # the dialect flag store/audit.py's helpers take
+
+    def admin_transaction(self):
+        """``with store.admin_transaction() as conn``: one write transaction, the engine's errors mapped."""
+        raise NotImplementedError
+
     # -- the audit trail (store/audit.py) -------------------------------------------------
     @abc.abstractmethod
     def note(self, action: str, *, audit: Audit, game_id=None, user_id=None, after: dict | None = None) -> Record:

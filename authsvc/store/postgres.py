@@ -106,6 +106,14 @@ class PostgresStore(PostgresReader, Store):
             self._drop()
             raise StoreUnavailable(f"{where}: {_reason(e, self._secrets)}") from None
 
+    pg = True  # store/audit.py's dialect flag, for SQL kept outside the engine
+
+    @contextlib.contextmanager
+    def admin_transaction(self) -> Iterator[psycopg.Connection]:
+        """A write transaction for SQL kept outside the engine (authsvc/admin/api_tokens.py), errors mapped."""
+        with self._admin() as conn:
+            yield conn
+
     # -- admin ----------------------------------------------------------------------
     def migrate(self) -> tuple[int, int]:
         with self._admin() as conn:

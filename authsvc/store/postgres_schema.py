@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from authsvc.store import audit as trail
+from authsvc.store.api_tables import API_TABLES
 from authsvc.store.postgres_reader import READER_ROLE
 
 # pg_advisory_xact_lock key: one `authsvc init` at a time. Any role allowed to call the advisory lock
@@ -60,6 +61,8 @@ MIGRATIONS: list[str] = [
     """,
     # 3: the audit trail (store/audit.py); no grant to the reader role.
     trail.POSTGRES_TABLES,
+    # 4: the admin API's bearer tokens and Idempotency-Key records; no grant to the reader role.
+    API_TABLES + "REVOKE ALL ON api_tokens, idempotency_keys FROM PUBLIC;",
 ]
 
 # `authsvc heartbeat`'s own role (deploy/postgres/roles.sql), if the DBA made it: the heartbeat row
@@ -92,6 +95,8 @@ BEGIN
         GRANT SELECT, USAGE, UPDATE ON SEQUENCE games_id_seq TO {ADMIN_ROLE};
         GRANT SELECT, INSERT ON audit TO {ADMIN_ROLE};
         GRANT SELECT, UPDATE (head_id, head_hash) ON audit_chain TO {ADMIN_ROLE};
+        GRANT SELECT, INSERT, UPDATE ON api_tokens TO {ADMIN_ROLE};
+        GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO {ADMIN_ROLE};
     END IF;
 END
 $$

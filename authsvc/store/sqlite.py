@@ -13,12 +13,14 @@ import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 
-from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
+from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store import audit as trail
 from authsvc.store import base
+from authsvc.store.api_tables import API_TABLES, SQLiteTransactions
 from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiKey, Conflict, Game, NotEmpty, Player, Store
 from authsvc.store.common import batches, select_games
+from authsvc.store.sqlite_errors import store_error as _store_error
 from authsvc.store.sqlite_reader import CREDENTIALS_SQL, PLAYER_SQL, SQLiteReader, path_from_url
 
 __all__ = ["CREDENTIALS_SQL", "PLAYER_SQL", "MIGRATIONS", "WAL_LIMIT_BYTES", "SQLiteStore", "path_from_url"]
@@ -54,20 +56,9 @@ MIGRATIONS: list[str] = [
     """,
     # 2: the audit trail, one hash-chained record per change, and its anchor and head (store/audit.py).
     trail.SQLITE_TABLES,
+    # 3: the admin API's bearer tokens (digests) and Idempotency-Key records (store/api_tables.py).
+    API_TABLES,
 ]
-
-
-def _store_error(error: sqlite3.Error, path: str) -> StoreUnavailable:
-    """sqlite3's error as the store's own (store/base.py, "Errors"), in one line."""
-    code = getattr(error, "sqlite_errorcode", 0) & 0xFF  # the primary result code
-    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-        return StoreLocked(
-            f"sqlite store {path} stayed locked by another writer (an import?) for {base.ADMIN_LOCK_WAIT:g} s; "
-            "nothing was written, try again"
-        )
-    if code == sqlite3.SQLITE_FULL:
-        return StoreFull(f"sqlite store {path}: the disk is full; nothing was written")
-    return StoreUnavailable(f"sqlite store {path} cannot be read or written: {' '.join(str(error).split())}")
 
 
 def _mapped(method):
@@ -87,7 +78,7 @@ def _mapped(method):
     return wrapper
 
 
-class SQLiteStore(SQLiteReader, Store):
+class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
     """A reader (store/sqlite_reader.py) that also writes: what the admin command opens."""
 
     def _open(self) -> sqlite3.Connection:
@@ -307,7 +298,6 @@ class SQLiteStore(SQLiteReader, Store):
     def audit_prune(self, before_ms: int, *, audit: Audit) -> Record:
         with self._write() as conn:
             return trail.prune(conn, False, audit, before_ms)
-
 
     # -- moving between stores --------------------------------------------------------
     @_mapped

@@ -1,0 +1,147 @@
+"""The admin API: a WSGI app of its own, for the platform's web tier (docs/admin-api.md).
+
+Run by gunicorn as its own service (authsvc/admin/wsgi.py) with the admin store
+settings: it writes, so the game-facing process, which never writes, never serves
+it. Every request: route (404, 405), read the body (413, 415, 400), find the
+bearer token (401) and its scope (403), then one operation of the operations
+layer (authsvc/admin/operations.py) with the actor ``api:<token name>``. One
+error boundary (``__call__``) turns every failure into an RFC 9457 problem
+(authsvc/admin/problems.py): a store that cannot answer is a 503 with
+Retry-After, anything unexpected a 500 with an opaque body, its traceback in the
+log (no request value: no token can reach the log).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from http import HTTPStatus
+
+from authsvc.admin import idempotency, routes
+from authsvc.admin import operations as ops
+from authsvc.admin.problems import Problem, Request, Response, encode
+from authsvc.errors import (
+    ConfigError,
+    OperationConflict,
+    OperationInvalid,
+    OperationNotFound,
+    OperationPreconditionFailed,
+    StoreUnavailable,
+)
+from authsvc.loglines import request_id as logged_request_id
+from authsvc.settings import Settings
+from authsvc.store import open_store
+from authsvc.store.base import Store
+
+log = logging.getLogger("authsvc.admin")
+
+RETRY_AFTER = "2"  # seconds; a store outage or a lock held by an import
+_BEARER = re.compile(r"Bearer +(\S+) *", re.IGNORECASE)
+_JSON_TYPE = re.compile(r"application/json *(;.*)?", re.IGNORECASE)
+
+
+class AdminApp:
+    """The admin API's WSGI callable; the store opened read-write, once per process."""
+
+    def __init__(self, settings: Settings, store: Store | None = None, clock: Callable[[], float] = time.time):
+        self.settings = settings
+        self.store = store if store is not None else open_store(settings.store, readonly=False, settings=settings)
+        self.clock = clock
+
+    def __call__(self, environ: dict, start_response):
+        rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))
+        if rid == "-":
+            rid = uuid.uuid4().hex
+        try:
+            response = self.handle(environ, rid)
+        except Exception as e:  # the one error boundary
+            p = e if isinstance(e, Problem) else self.problem_for(e, rid)
+            response = Response(p.status, p.body(), p.headers, content_type="application/problem+json")
+        body = encode(response.obj)
+        headers = [
+            ("Content-Type", response.content_type),
+            ("Content-Length", str(len(body))),  # a HEAD's too: the GET's length
+            ("Cache-Control", "no-store"),
+            ("X-Content-Type-Options", "nosniff"),
+            ("X-Request-Id", rid),
+            *response.headers,
+        ]
+        start_response(f"{response.status} {_phrase(response.status)}", headers)
+        return [body if environ["REQUEST_METHOD"] != "HEAD" else b""]
+
+    def problem_for(self, error: Exception, rid: str) -> Problem:
+        """The answer to an operation's typed error; a 500 for anything else, its traceback logged."""
+        if isinstance(error, OperationNotFound):
+            return Problem(404, "not-found", str(error))
+        if isinstance(error, OperationConflict):
+            return Problem(409, "conflict", str(error))
+        if isinstance(error, OperationPreconditionFailed):
+            return Problem(412, "precondition-failed", str(error))
+        if isinstance(error, OperationInvalid):
+            return Problem(422, "validation", str(error), errors=[{"field": "", "detail": str(error)}])
+        if isinstance(error, (StoreUnavailable, ConfigError)):
+            log.warning("admin API: store unavailable (request %s): %s", rid, str(error).splitlines()[0])
+            return Problem(503, "unavailable", "the store cannot answer right now; try again",
+                           headers=(("Retry-After", RETRY_AFTER),))
+        log.error("admin API: unexpected %s (request %s)", type(error).__name__, rid, exc_info=error)
+        return Problem(500, "internal", "unexpected failure; the request id names it in the service's log")
+
+    def handle(self, environ: dict, rid: str) -> Response:
+        method = environ["REQUEST_METHOD"]
+        handler, scope, params = routes.match(environ.get("PATH_INFO", ""), "GET" if method == "HEAD" else method)
+        token = self.authenticate(environ)
+        if scope not in token.scopes:
+            raise Problem(403, "forbidden", f"this api token lacks the scope {scope}")
+        body = self.read_body(environ)
+        ctx = ops.Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock)
+        request = Request(environ, params, body, ctx, token.name)
+        key = environ.get("HTTP_IDEMPOTENCY_KEY")
+        if method == "POST" and key is not None:
+            return idempotency.run(self, request, key, lambda: handler(self, request))
+        return handler(self, request)
+
+    def authenticate(self, environ: dict):
+        unauthorized = Problem(401, "unauthorized", "give a live admin api token: Authorization: Bearer <token>",
+                               headers=(("WWW-Authenticate", 'Bearer realm="authsvc-admin"'),))
+        m = _BEARER.fullmatch(environ.get("HTTP_AUTHORIZATION", ""))
+        if m is None:
+            raise unauthorized
+        token = ops.api_token_for(self.store, m[1], int(self.clock()))
+        if token is None:
+            raise unauthorized
+        return token
+
+    def read_body(self, environ: dict) -> dict | None:
+        """The JSON object body, None without one; 413 over the cap, 415 not JSON, 400 unreadable."""
+        length_text = environ.get("CONTENT_LENGTH") or "0"
+        if not length_text.isdigit():
+            raise Problem(400, "bad-request", "Content-Length must be a whole number")
+        length = int(length_text)
+        if length > self.settings.max_body_bytes:
+            raise Problem(413, "too-large", f"a body is at most {self.settings.max_body_bytes} bytes")
+        if length == 0:
+            return None
+        if not _JSON_TYPE.fullmatch(environ.get("CONTENT_TYPE", "")):
+            raise Problem(415, "unsupported-media-type", "a body must be JSON: Content-Type: application/json",
+                          headers=(("Accept", "application/json"),))
+        raw = environ["wsgi.input"].read(length)
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise Problem(400, "bad-request", "the body is not valid UTF-8 JSON") from None
+        if not isinstance(obj, dict):
+            raise Problem(422, "validation", "the body must be a JSON object",
+                          errors=[{"field": "", "detail": "must be a JSON object"}])
+        return obj
+
+
+def _phrase(status: int) -> str:
+    return HTTPStatus(status).phrase
+
+
+def make_admin_app(settings: Settings) -> AdminApp:
+    return AdminApp(settings)

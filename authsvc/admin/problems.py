@@ -1,0 +1,74 @@
+"""The admin API's requests and answers: JSON, and RFC 9457 ``application/problem+json`` for every error.
+
+Unlike the game-facing endpoint (docs/api.md), whose 200-for-errors serves old game
+clients, the admin API answers with real HTTP statuses (docs/admin-api.md,
+"Errors"). A Problem carries only text the service wrote, never a request value:
+no token, key or body can come back in an error.
+"""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from authsvc.admin.operations import Context
+
+TYPE_BASE = "urn:authsvc:problem:"  # each type names a section of docs/admin-api.md, "Errors"
+
+
+class Problem(Exception):
+    """An error answer: status, a short type slug, a detail for people; ``errors``: the fields at fault."""
+
+    def __init__(self, status: int, slug: str, detail: str, *, errors: list[dict] | None = None,
+                 headers: tuple[tuple[str, str], ...] = (), extra: dict | None = None):
+        super().__init__(detail)
+        self.status = status
+        self.slug = slug
+        self.detail = detail
+        self.errors = errors
+        self.headers = headers
+        self.extra = extra or {}
+
+    def body(self) -> dict:
+        obj = {"type": TYPE_BASE + self.slug, "title": HTTPStatus(self.status).phrase, "status": self.status,
+               "detail": self.detail} | self.extra
+        if self.errors is not None:
+            obj["errors"] = self.errors
+        return obj
+
+
+def invalid(field: str, detail: str) -> Problem:
+    """422 naming one field (a JSON pointer into the body, or the path parameter's name)."""
+    return Problem(422, "validation", f"{field}: {detail}", errors=[{"field": field, "detail": detail}])
+
+
+def encode(obj: dict) -> bytes:
+    """Compact JSON, ASCII only (``\\u`` escapes), one line."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+class Request:
+    """What a handler may read: method, path parameters, query, JSON body, headers it needs, the context."""
+
+    def __init__(self, environ: dict, params: dict, body: dict | None, ctx: Context, token_name: str):
+        self.environ = environ
+        self.method = environ["REQUEST_METHOD"]
+        self.params = params
+        self.query = environ.get("QUERY_STRING", "")
+        self.body = body
+        self.ctx = ctx
+        self.token_name = token_name
+
+    def header(self, name: str) -> str | None:
+        return self.environ.get("HTTP_" + name.upper().replace("-", "_"))
+
+
+class Response:
+    def __init__(self, status: int, obj: dict, headers: tuple[tuple[str, str], ...] = (),
+                 content_type: str = "application/json"):
+        self.status = status
+        self.obj = obj
+        self.headers = headers
+        self.content_type = content_type

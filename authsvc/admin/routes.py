@@ -1,0 +1,213 @@
+"""The admin API's resources under ``/v1`` (docs/admin-api.md): each a path, its methods, their scopes.
+
+A handler validates the request's fields (422 naming them), calls one function of
+the operations layer and shapes its answer. Nothing here writes SQL or knows the
+engine.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import re
+import urllib.parse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from authsvc.admin import operations as ops
+from authsvc.admin.problems import Problem, Request, Response, invalid
+from authsvc.admin.put_player import etag
+from authsvc.names import MAX_ID
+from authsvc.store.base import Game, Player
+
+if TYPE_CHECKING:
+    from authsvc.admin.api import AdminApp
+
+Handler = Callable[["AdminApp", "Request"], "Response"]
+_ID = r"([1-9][0-9]{0,18})"
+_ROUTES: list[tuple[re.Pattern, dict[str, tuple[Handler, str]]]] = []
+
+
+def route(pattern: str, method: str, scope: str):
+    def register(handler: Handler) -> Handler:
+        compiled = re.compile(pattern)
+        for existing, methods in _ROUTES:
+            if existing.pattern == pattern:
+                methods[method] = (handler, scope)
+                return handler
+        _ROUTES.append((compiled, {method: (handler, scope)}))
+        return handler
+
+    return register
+
+
+def match(path: str, method: str) -> tuple[Handler, str, dict]:
+    """(handler, scope, path parameters); 404 for no such path, 405 (with Allow) for another method."""
+    for pattern, methods in _ROUTES:
+        m = pattern.fullmatch(path)
+        if m is None:
+            continue
+        if method not in methods:
+            allowed = sorted(methods) + (["HEAD"] if "GET" in methods else [])
+            raise Problem(405, "method-not-allowed", f"{path} answers {', '.join(allowed)}",
+                          headers=(("Allow", ", ".join(allowed)),))
+        handler, scope = methods[method]
+        params = {name: int(value) for name, value in m.groupdict().items()}
+        if any(value > MAX_ID for value in params.values()):
+            raise Problem(404, "not-found", "no such resource: an id is at most 2^63-1")
+        return handler, scope, params
+    raise Problem(404, "not-found", "no such resource (the admin API's paths start with /v1)")
+
+
+def _response(status: int, obj: dict, headers: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(status, obj, headers)
+
+
+def utc(seconds: float) -> str:
+    """RFC 3339 UTC with milliseconds, rounded up: a promise is never stated earlier than it holds."""
+    ms = math.ceil(seconds * 1000)
+    when = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def field(body: dict | None, name: str, kind: type, *, required: bool = True, default: Any = None) -> Any:
+    """A body field of one JSON type (bool is not an int here), or 422 naming it."""
+    if body is None or name not in body:
+        if required:
+            raise invalid(f"/{name}", "is required")
+        return default
+    value = body[name]
+    if type(value) is not kind:
+        word = {str: "a string", bool: "true or false", int: "a whole number"}[kind]
+        raise invalid(f"/{name}", f"must be {word}")
+    return value
+
+
+def player_json(player: Player) -> dict:
+    return {"user_id": player.user_id, "username": player.username, "enabled": player.enabled, "epoch": player.epoch}
+
+
+def game_json(game: Game) -> dict:
+    return {"game_id": game.id, "name": game.name, "enabled": game.enabled, "created_at": game.created_at,
+            "keys": [{"created_at": k.created_at, "expires_at": k.expires_at} for k in game.keys]}
+
+
+# -- players ------------------------------------------------------------------------------------
+
+PLAYER = rf"/v1/players/(?P<user_id>{_ID[1:-1]})"
+
+
+@route(PLAYER, "GET", "players:read")
+def get_player(app: AdminApp, req: Request) -> Response:
+    player = ops.get_player(app.store, req.params["user_id"])
+    return _response(200, player_json(player), (("ETag", etag(player)),))
+
+
+@route(PLAYER, "PUT", "players:write")
+def put_player(app: AdminApp, req: Request) -> Response:
+    username = field(req.body, "username", str)
+    enabled = field(req.body, "enabled", bool, required=False, default=True)
+    player, created = ops.put_player(app.store, req.ctx, req.params["user_id"], username, enabled,
+                                     req.header("If-Match"))
+    return _response(201 if created else 200, player_json(player), (("ETag", etag(player)),))
+
+
+@route(PLAYER + "/revoke", "POST", "players:write")
+def revoke_player(app: AdminApp, req: Request) -> Response:
+    """effective_by: the commit's time plus the staleness bound, by when no web process accepts an older token."""
+    epoch = ops.revoke_player(app.store, req.ctx, req.params["user_id"])
+    effective_by = utc(req.ctx.clock() + app.settings.max_staleness)
+    return _response(200, {"user_id": req.params["user_id"], "epoch": epoch, "effective_by": effective_by})
+
+
+# -- tokens -------------------------------------------------------------------------------------
+
+
+@route(r"/v1/tokens", "POST", "tokens:mint")
+def mint(app: AdminApp, req: Request) -> Response:
+    game_id = field(req.body, "game_id", int)
+    user_id = field(req.body, "user_id", int)
+    if not 1 <= game_id <= MAX_ID:
+        raise invalid("/game_id", "must be a whole number from 1 to 2^63-1")
+    if not 1 <= user_id <= MAX_ID:
+        raise invalid("/user_id", "must be a whole number from 1 to 2^63-1")
+    if not app.settings.token_secrets:
+        raise Problem(503, "unavailable", "this admin service has no token secret to mint with",
+                      headers=(("Retry-After", "60"),))
+    game = app.store.get_game(game_id)
+    player = app.store.get_player(user_id)
+    if game is None or not game.enabled:
+        raise Problem(404, "not-found", f"no enabled game {game_id}")
+    if player is None or not player.enabled:
+        raise Problem(404, "not-found", f"no enabled player {user_id}")
+    token, player = ops.mint(app.store, req.ctx, app.settings.token_secrets[0], game_id, user_id)
+    return _response(200, {"game_id": game_id, "user_id": user_id, "game_auth_token": token, "epoch": player.epoch})
+
+
+# -- games ---------------------------------------------------------------------------------------
+
+GAME = rf"/v1/games/(?P<game_id>{_ID[1:-1]})"
+
+
+@route(r"/v1/games", "POST", "games:write")
+def add_game(app: AdminApp, req: Request) -> Response:
+    """The api key is in this answer only (docs/admin-api.md, "Games")."""
+    game, api_key = ops.add_game(app.store, req.ctx, field(req.body, "name", str))
+    return _response(201, game_json(game) | {"api_key": api_key})
+
+
+@route(GAME, "GET", "games:read")
+def get_game(app: AdminApp, req: Request) -> Response:
+    game = app.store.get_game(req.params["game_id"])
+    if game is None:
+        raise Problem(404, "not-found", f"no game {req.params['game_id']}")
+    return _response(200, game_json(game))
+
+
+@route(GAME, "PATCH", "games:write")
+def patch_game(app: AdminApp, req: Request) -> Response:
+    enabled = field(req.body, "enabled", bool)
+    ops.set_game_enabled(app.store, req.ctx, req.params["game_id"], enabled)
+    return get_game(app, req)
+
+
+@route(GAME + "/keys", "POST", "games:write")
+def rotate_key(app: AdminApp, req: Request) -> Response:
+    """A new key, once; the game's older keys expire ``old_key_ttl`` seconds from now (default one day)."""
+    ttl = field(req.body, "old_key_ttl", int, required=False, default=86400)
+    if not 0 <= ttl <= ops.MAX_OLD_KEY_TTL:
+        raise invalid("/old_key_ttl", f"must be from 0 to {ops.MAX_OLD_KEY_TTL} seconds (ten years)")
+    api_key, expires_at = ops.rotate_game_key(app.store, req.ctx, req.params["game_id"], ttl)
+    return _response(201, {"game_id": req.params["game_id"], "api_key": api_key, "old_keys_expire_at": expires_at})
+
+
+# -- the audit trail -----------------------------------------------------------------------------
+
+AUDIT_FILTERS = {"player": "user_id", "game": "game_id", "action": "action", "actor": "actor"}
+MAX_AUDIT_PAGE = 1000
+
+
+@route(r"/v1/audit", "GET", "audit:read")
+def audit(app: AdminApp, req: Request) -> Response:
+    """Newest first, ``limit`` a page (default 100); ``next`` is the ``after`` of the next page, null at the end."""
+    try:
+        query = dict(urllib.parse.parse_qsl(req.query, keep_blank_values=True, errors="strict"))
+    except UnicodeDecodeError:
+        raise Problem(400, "bad-request", "the query string is not valid UTF-8") from None
+    filters: dict[str, Any] = {}
+    for name, value in query.items():
+        if name in ("after", "limit", "player", "game"):
+            if not (value.isascii() and value.isdigit() and value[0] != "0" and int(value) <= MAX_ID):
+                raise invalid(name, "must be a whole number from 1 to 2^63-1")
+            number = int(value)
+            if name == "limit" and number > MAX_AUDIT_PAGE:
+                raise invalid(name, f"must be at most {MAX_AUDIT_PAGE}")
+            filters[{"after": "before_id", "limit": "limit", "player": "user_id", "game": "game_id"}[name]] = number
+        elif name in AUDIT_FILTERS:
+            filters[AUDIT_FILTERS[name]] = value
+        else:
+            raise invalid(name, "is not a parameter of /v1/audit (after, limit, player, game, action, actor)")
+    limit = filters.setdefault("limit", 100)
+    records = app.store.audit_records(**filters)
+    next_cursor = str(records[-1].id) if len(records) == limit else None
+    return _response(200, {"records": [r.as_json() for r in records], "next": next_cursor})
