@@ -196,3 +196,50 @@ def test_the_whole_loop_in_a_real_browser(browser, loop, tmp_path):
         raise AssertionError(f"after step {step[0]!r}: {e}; screenshots in {tmp_path}") from e
     finally:
         context.close()
+
+
+def test_the_interface_drops_messages_from_another_origin(browser, loop):
+    """Both halves of authsvc-platform.js check the origin and the source window: a forged player
+    reaches no game, and a hello from another origin gets no token. Messages between two windows
+    arrive in the order sent, so a genuine round trip after a forged one shows the forged one was dropped."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(loop["platform_url"])
+        page.fill("#signup input[name=username]", "carol")
+        page.fill("#signup input[name=password]", "correct horse carol")
+        page.click("#signup button")
+        expect(page.frame_locator("#game").locator("#status")).to_have_text("New account created: carol", timeout=WAIT_MS)
+        game = next(frame for frame in page.frames if frame.url.endswith("/play"))
+        game_origin = game.evaluate("location.origin")
+        game.evaluate("""() => { window.seen = [];
+            window.addEventListener("authsvc:player", e => window.seen.push(e.detail && e.detail.user_id)); }""")
+
+        # The game's half: a player from another origin, or from a window other than its parent, is dropped.
+        forged = {"type": "authsvc:player", "player": {"user_id": 666, "username": "mallory", "game_auth_token": "0" * 64}}
+        game.evaluate("""([forged, platform]) => {
+            window.dispatchEvent(new MessageEvent("message", {data: forged, origin: "http://evil.example", source: parent}));
+            window.dispatchEvent(new MessageEvent("message", {data: forged, origin: platform, source: window}));
+        }""", [forged, loop["platform_url"].rstrip("/")])
+        assert game.evaluate("window.seen") == []
+        game.evaluate("""([forged, platform]) => window.dispatchEvent(
+            new MessageEvent("message", {data: forged, origin: platform, source: parent}))""",
+                      [forged, loop["platform_url"].rstrip("/")])
+        assert game.evaluate("window.seen") == [666]  # the control: the same message from the right place counts
+
+        # The platform's half: a hello from another origin, or from another window, gets no answer.
+        hello = """([origin, own]) => { var frame = document.getElementById("game").contentWindow;
+            window.dispatchEvent(new MessageEvent("message",
+                {data: {type: "authsvc:hello"}, origin: origin, source: own ? window : frame})); }"""
+        page.evaluate(hello, ["http://evil.example", False])
+        page.evaluate(hello, [game_origin, True])
+        page.evaluate(hello, [game_origin, False])  # the genuine one: answered, after any answer to the two above
+        game.wait_for_function("window.seen.length >= 2", timeout=WAIT_MS)
+        page.evaluate(hello, [game_origin, False])
+        game.wait_for_function("window.seen.length >= 3", timeout=WAIT_MS)
+        seen = game.evaluate("window.seen")
+        assert seen[1:] == [seen[1], seen[1]] and len(seen) == 3 and seen[1] != 666, seen
+    finally:
+        context.close()

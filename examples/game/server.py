@@ -54,7 +54,7 @@ def authenticate(authsvc_url: str, api_key: str, user_id, token) -> tuple[str, s
         return "ok", answer["username"]
     if answer.get("error") in (400, 403):  # wrong or stale credentials: a new token is needed, so reload
         return "reload", None
-    return "unavailable", None  # a 503 answered with HTTP 200 (docs/api.md, "Errors")
+    return "unavailable", None  # a 503 answered with HTTP 200 (docs/api.md, "Answers")
 
 
 class Game:
