@@ -8,6 +8,7 @@ Prints the one URL to open; Ctrl-C stops all four. Run by scripts/demo.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
@@ -33,8 +34,14 @@ def wait_for(port: int, proc: subprocess.Popen) -> None:
     raise SystemExit(f"demo: nothing listens on 127.0.0.1:{port} (is the port taken?)")
 
 
-def main() -> None:
-    var = REPO / "var" / "demo-loop"
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m examples.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--var", default=str(REPO / "var" / "demo-loop"), help="where the demo keeps its state")
+    for name, port in PORTS.items():
+        parser.add_argument(f"--{name}-port", type=int, default=port)
+    args = parser.parse_args(argv)
+    ports = {name: getattr(args, f"{name}_port") for name in PORTS}
+    var = Path(args.var).resolve()
     var.mkdir(parents=True, exist_ok=True, mode=0o700)
     env = {**os.environ, "AUTHSVC_STORE": f"sqlite://{var}/authsvc.db", "AUTHSVC_TOKEN_SECRET_FILE": str(var / "token-secret")}
     bin_dir = Path(sys.executable).parent
@@ -53,26 +60,30 @@ def main() -> None:
                                                  "--scope", "tokens:mint")["token"])
         (var / "game.json").write_text(json.dumps({"game_id": game["game_id"]}))
     game_id = json.loads((var / "game.json").read_text())["game_id"]
-    py, url = sys.executable, "http://127.0.0.1:{}".format
+    py, bind = sys.executable, "127.0.0.1:{}".format
+
+    def url(port: int) -> str:
+        return "http://" + bind(port)
+
     commands = {
-        "authsvc": [py, "-m", "gunicorn", "--bind", url(PORTS["authsvc"])[7:], "--workers", "1", "--no-control-socket",
+        "authsvc": [py, "-m", "gunicorn", "--bind", bind(ports["authsvc"]), "--workers", "1", "--no-control-socket",
                     "authsvc.wsgi:application"],
-        "admin": [py, "-m", "gunicorn", "--bind", url(PORTS["admin"])[7:], "--workers", "1", "--no-control-socket",
+        "admin": [py, "-m", "gunicorn", "--bind", bind(ports["admin"]), "--workers", "1", "--no-control-socket",
                   "authsvc.admin.wsgi:application"],
-        "platform": [py, "-m", "examples.platform", "--port", str(PORTS["platform"]), "--db", str(var / "platform.db"),
-                     "--admin-url", url(PORTS["admin"]), "--admin-token-file", str(var / "admin-token"),
-                     "--game-id", str(game_id), "--game-url", url(PORTS["game"]) + "/play"],
-        "game": [py, "-m", "examples.game", "--db", str(var / "game.db"), "serve", "--port", str(PORTS["game"]),
-                 "--authsvc-url", url(PORTS["authsvc"]), "--api-key-file", str(var / "api-key"),
-                 "--platform-url", url(PORTS["platform"]) + "/"],
+        "platform": [py, "-m", "examples.platform", "--port", str(ports["platform"]), "--db", str(var / "platform.db"),
+                     "--admin-url", url(ports["admin"]), "--admin-token-file", str(var / "admin-token"),
+                     "--game-id", str(game_id), "--game-url", url(ports["game"]) + "/play"],
+        "game": [py, "-m", "examples.game", "--db", str(var / "game.db"), "serve", "--port", str(ports["game"]),
+                 "--authsvc-url", url(ports["authsvc"]), "--api-key-file", str(var / "api-key"),
+                 "--platform-url", url(ports["platform"]) + "/"],
     }
     procs = []
     try:
         for name, command in commands.items():
             log = (var / f"{name}.log").open("ab")
             procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
-            wait_for(PORTS[name], procs[-1])
-        print(f"\nThe demo loop runs (logs in {var}). Open:\n\n    {url(PORTS['platform'])}/\n\n"
+            wait_for(ports[name], procs[-1])
+        print(f"\nThe demo loop runs (logs in {var}). Open:\n\n    {url(ports['platform'])}/\n\n"
               "sign up, play, change the password, sign out ... Ctrl-C stops it.", flush=True)
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill stops the four as Ctrl-C does
         while all(proc.poll() is None for proc in procs):

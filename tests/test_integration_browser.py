@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from harness.processes import stop
-from tests.support import free_port, skip_or_fail, start_gunicorn, wait_for_port
+from tests.support import free_port, get_text, skip_or_fail, start_gunicorn, wait_for_port
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -243,3 +245,39 @@ def test_the_interface_drops_messages_from_another_origin(browser, loop):
         assert seen[1:] == [seen[1], seen[1]] and len(seen) == 3 and seen[1] != 666, seen
     finally:
         context.close()
+
+
+def test_the_demo_command_serves_the_loop(tmp_path):
+    """scripts/demo's program (docs/integrating.md, "Run the demo") on free ports: a fresh state directory
+    made with the authsvc command, the URL it prints serves the platform page framing the game, and a
+    SIGTERM stops all four servers."""
+    ports = {name: free_port() for name in ("authsvc", "admin", "platform", "game")}
+    args = [f"--{name}-port={port}" for name, port in ports.items()]
+    demo = subprocess.Popen([sys.executable, "-m", "examples.demo", "--var", str(tmp_path / "demo"), *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        printed = ""
+        while "Ctrl-C" not in printed:  # bounded: the demo exits if a server does not come up in 30 s
+            line = demo.stdout.readline()
+            assert line, f"the demo stopped: {printed}"
+            printed += line
+        platform_url = f"http://127.0.0.1:{ports['platform']}/"
+        assert platform_url in printed.split()
+        status, page = get_text(ports["platform"], "/")
+        assert status == 200 and f'src="http://127.0.0.1:{ports["game"]}/play"' in page
+        status, game_page = get_text(ports["game"], "/play")
+        assert status == 200 and f'src="http://127.0.0.1:{ports["platform"]}/authsvc-platform.js"' in game_page
+        status, answer = get_text(ports["authsvc"], "/api/authenticate.json?user_id=1&game_auth_token=x&api_key=y")
+        assert status == 200 and json.loads(answer)["error"] == 403
+        assert {"api-key", "admin-token", "authsvc.db"} <= {p.name for p in (tmp_path / "demo").iterdir()}
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(30) == 0
+        for port in ports.values():  # every server it started has stopped
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        stop(demo)
+        try:  # what it started shares its process group: none outlives a failed run
+            os.killpg(demo.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
