@@ -89,13 +89,14 @@ class Platform:
             return [b""]
         return respond(start_response, "404 Not Found", b"not found", "text/plain")
 
-    def session_user(self, environ) -> tuple[int, str] | None:
+    def session_user(self, environ) -> tuple[int, str, str] | None:
+        """(user id, username, session id) of the signed-in player, or None."""
         jar = http.cookies.SimpleCookie(environ.get("HTTP_COOKIE", ""))
         if COOKIE not in jar:
             return None
-        row = self.db.execute("SELECT a.user_id, a.username FROM sessions s JOIN accounts a USING (user_id) WHERE s.id = ?",
+        row = self.db.execute("SELECT a.user_id, a.username, s.id FROM sessions s JOIN accounts a USING (user_id) WHERE s.id = ?",
                               (jar[COOKIE].value,)).fetchone()
-        return (row[0], row[1]) if row else None
+        return (row[0], row[1], row[2]) if row else None
 
     def new_session(self, user_id: int) -> str:
         sid = secrets.token_urlsafe(32)
@@ -116,6 +117,11 @@ class Platform:
         except sqlite3.IntegrityError:
             self.db.execute("ROLLBACK")
             return "That username is taken.", None
+        except urllib.error.HTTPError as e:
+            self.db.execute("ROLLBACK")
+            if e.code == 422:  # authsvc's names rule (docs/admin.md) refused it
+                return "That username is not allowed.", None
+            return "Sign-up is unavailable right now; try again shortly.", None
         except (urllib.error.URLError, OSError):
             self.db.execute("ROLLBACK")
             return "Sign-up is unavailable right now; try again shortly.", None
@@ -130,7 +136,7 @@ class Platform:
 
     def signout(self, form, user):
         if user is not None:
-            self.db.execute("DELETE FROM sessions WHERE user_id = ?", (user[0],))
+            self.db.execute("DELETE FROM sessions WHERE id = ?", (user[2],))  # this browser only
         return None, f"{COOKIE}=; Path=/; Max-Age=0"
 
     def password(self, form, user):
