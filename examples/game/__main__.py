@@ -1,0 +1,3 @@
+from examples.game.server import main
+
+main()

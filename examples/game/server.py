@@ -1,0 +1,231 @@
+"""A reference game server (docs/integrating.md): the few lines a game copies to log platform players in.
+
+The game's page runs inside the platform's iframe and gets {user_id, username, game_auth_token}
+(or "guest") from examples/clients/authsvc-platform.js; it sends user_id and the token to this
+server, which asks authsvc (GET /api/authenticate.json, docs/api.md) with the game's api key, kept
+here and never sent to a browser. Then, on the game's own SQLite users:
+
+- the first visit creates an account holding the platform user id and username;
+- later visits look it up by platform user id;
+- a player who had a game account of the game's own (name and password) may link it instead;
+- authsvc's 403 (the player changed their password since the page loaded) asks for a reload;
+- a 503 or no answer is "try again shortly", never a logout.
+
+Stdlib only; ``python -m examples.game --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import html
+import json
+import secrets
+import sqlite3
+import sys
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIServer, make_server
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS accounts (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, salt BLOB, hash BLOB,
+                                     platform_user_id INTEGER UNIQUE, coins INTEGER NOT NULL DEFAULT 0);
+"""
+
+
+def password_hash(password: str, salt: bytes) -> bytes:
+    return hashlib.scrypt(password.encode(), salt=salt, n=2**14, r=8, p=1)
+
+
+def authenticate(authsvc_url: str, api_key: str, user_id, token) -> tuple[str, str | None]:
+    """("ok", username), ("reload", None) for a 403 or 400, or ("unavailable", None) for a 503, a 500 or no answer."""
+    query = urllib.parse.urlencode({"user_id": user_id, "game_auth_token": token, "api_key": api_key})
+    try:
+        with urllib.request.urlopen(f"{authsvc_url.rstrip('/')}/api/authenticate.json?{query}", timeout=5) as response:
+            answer = json.load(response)
+    except (urllib.error.URLError, OSError, ValueError):  # an HTTP 503/500, refused, timed out, not JSON
+        return "unavailable", None
+    if answer.get("success") is True:
+        return "ok", answer["username"]
+    if answer.get("error") in (400, 403):  # wrong or stale credentials: a new token is needed, so reload
+        return "reload", None
+    return "unavailable", None  # a 503 answered with HTTP 200 (docs/api.md, "Answers")
+
+
+class Game:
+    def __init__(self, db_path: str, authsvc_url: str, api_key: str, platform_url: str):
+        self.db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
+        self.db.executescript(SCHEMA)
+        self.authsvc_url, self.api_key, self.platform_url = authsvc_url, api_key, platform_url.rstrip("/")
+        parts = urllib.parse.urlsplit(platform_url)
+        self.platform_origin = f"{parts.scheme}://{parts.netloc}"
+        self.lock = threading.Lock()  # one request at a time on the one SQLite connection: a demo
+
+    def __call__(self, environ, start_response):
+        method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/")
+        if method == "GET" and path == "/play":
+            body = PAGE.replace("{platform_origin}", json.dumps(self.platform_origin)).replace(
+                "{platform_url}", html.escape(self.platform_url + "/")).replace(
+                "{platform_script}", html.escape(self.platform_origin + "/authsvc-platform.js"))
+            # Only the platform may frame the game (a click-jacking page may not).
+            return respond(start_response, "200 OK", body.encode(), "text/html; charset=utf-8",
+                           [("Content-Security-Policy", f"frame-ancestors {self.platform_origin}")])
+        if method == "POST" and path in ("/api/login", "/api/play", "/api/link"):
+            try:
+                length = min(int(environ.get("CONTENT_LENGTH") or 0), 16384)
+                request = json.loads(environ["wsgi.input"].read(length) or b"{}")
+                user_id, token = int(request["user_id"]), str(request["game_auth_token"])
+            except (ValueError, KeyError, TypeError):
+                return self.json(start_response, {"status": "bad-request"})
+            status, username = authenticate(self.authsvc_url, self.api_key, user_id, token)
+            if status != "ok":
+                return self.json(start_response, {"status": status})
+            with self.lock:
+                answer = getattr(self, path.rpartition("/")[2])(user_id, username, request)
+            return self.json(start_response, answer)
+        return respond(start_response, "404 Not Found", b"not found", "text/plain")
+
+    def account(self, user_id: int) -> dict | None:
+        row = self.db.execute("SELECT name, coins FROM accounts WHERE platform_user_id = ?", (user_id,)).fetchone()
+        return {"name": row[0], "coins": row[1]} if row else None
+
+    def login(self, user_id: int, username: str, request: dict) -> dict:
+        account = self.account(user_id)
+        if account is not None:
+            return {"status": "welcome", "account": account}
+        name = username  # the platform's name, unless one of the game's own accounts holds it
+        if self.db.execute("SELECT 1 FROM accounts WHERE name = ?", (name,)).fetchone():
+            name = f"{username}_{user_id}"
+        self.db.execute("INSERT INTO accounts (name, platform_user_id) VALUES (?, ?)", (name, user_id))
+        return {"status": "new", "account": self.account(user_id)}
+
+    def play(self, user_id: int, username: str, request: dict) -> dict:
+        self.db.execute("UPDATE accounts SET coins = coins + 1 WHERE platform_user_id = ?", (user_id,))
+        return {"status": "played", "account": self.account(user_id)}
+
+    def link(self, user_id: int, username: str, request: dict) -> dict:
+        row = self.db.execute("SELECT id, salt, hash, platform_user_id FROM accounts WHERE name = ? AND hash IS NOT NULL",
+                              (str(request.get("name", "")),)).fetchone()
+        if row is None or not hmac.compare_digest(password_hash(str(request.get("password", "")), row[1]), row[2]):
+            return {"status": "link-refused", "account": self.account(user_id)}
+        if row[3] not in (None, user_id):
+            return {"status": "link-refused", "account": self.account(user_id)}
+        self.db.execute("BEGIN IMMEDIATE")
+        # The account made for this player on the first visit (no password of its own) gives way.
+        self.db.execute("DELETE FROM accounts WHERE platform_user_id = ? AND hash IS NULL", (user_id,))
+        self.db.execute("UPDATE accounts SET platform_user_id = ? WHERE id = ?", (user_id, row[0]))
+        self.db.execute("COMMIT")
+        return {"status": "linked", "account": self.account(user_id)}
+
+    def json(self, start_response, answer: dict):
+        return respond(start_response, "200 OK", json.dumps(answer).encode(), "application/json")
+
+
+def add_account(db_path: str, name: str, password: str) -> None:
+    """One of the game's own accounts (from before the platform): a name and a password."""
+    db = sqlite3.connect(db_path, isolation_level=None)
+    db.executescript(SCHEMA)
+    salt = secrets.token_bytes(16)
+    db.execute("INSERT INTO accounts (name, salt, hash) VALUES (?, ?, ?)", (name, salt, password_hash(password, salt)))
+    db.close()
+
+
+def respond(start_response, status, body: bytes, content_type, extra=()):
+    start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))),
+                            ("Cache-Control", "no-store"), *extra])
+    return [body]
+
+
+class ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m examples.game", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", default="var/demo-game.db")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the game")
+    serve.add_argument("--port", type=int, default=8200)
+    serve.add_argument("--authsvc-url", default="http://127.0.0.1:8000", help="authsvc's game-facing service")
+    serve.add_argument("--api-key-file", required=True, help="file holding the game's api key (authsvc game add)")
+    serve.add_argument("--platform-url", default="http://127.0.0.1:8100/", help="the platform that embeds the game")
+    add = sub.add_parser("add-account", help="add one of the game's own accounts (the password is read from stdin)")
+    add.add_argument("name")
+    args = parser.parse_args(argv)
+    if args.command == "add-account":
+        add_account(args.db, args.name, sys.stdin.readline().strip())
+        return
+    api_key = Path(args.api_key_file).read_text().strip()
+    app = Game(args.db, args.authsvc_url, api_key, args.platform_url)
+    with make_server("127.0.0.1", args.port, app, server_class=ThreadingServer) as server:
+        print(f"demo game on http://127.0.0.1:{args.port}/play", flush=True)
+        server.serve_forever()
+
+
+PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>Demo game</title>
+<style>body{font-family:sans-serif;background:#eef4ea;margin:.6em} .notice{color:#a40;font-weight:bold}
+#guest,#link,#reload{display:none}</style></head><body>
+<h3>Coin Collector (demo game)</h3>
+<p id="status">Connecting to the platform ...</p>
+<div id="guest"><p>An account is required to play.</p>
+  <a id="signin" href="{platform_url}" target="_top"><button>Sign in or register</button></a></div>
+<div id="playing" style="display:none"><p>Playing as <b id="who"></b></p>
+  <button id="play">Collect a coin</button> coins: <span id="coins">0</span></div>
+<form id="link"><p>Played here before the platform? Link your game account:
+  <input id="link-name" placeholder="game username"> <input id="link-password" type="password" placeholder="game password">
+  <button>Link</button></p></form>
+<p id="reload"><button onclick="location.reload()">Reload</button></p>
+<script src="{platform_script}"></script>
+<script>
+"use strict";
+var platformOrigin = {platform_origin}, player = null;
+function show(id, on) { document.getElementById(id).style.display = on ? "block" : "none"; }
+function say(text, notice) {
+  var s = document.getElementById("status");
+  s.textContent = text;
+  s.className = notice ? "notice" : "";
+}
+function call(path, extra) {
+  var body = Object.assign({user_id: player.user_id, game_auth_token: player.game_auth_token}, extra || {});
+  return fetch(path, {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)})
+    .then(function (r) { return r.json(); })
+    .catch(function () { return {status: "unavailable"}; })
+    .then(handle);
+}
+function handle(a) {
+  if (a.account) {
+    document.getElementById("who").textContent = a.account.name;
+    document.getElementById("coins").textContent = a.account.coins;
+    show("playing", true);
+  }
+  if (a.status === "new") { say("New account created: " + a.account.name); show("link", true); }
+  else if (a.status === "welcome") say("Welcome back, " + a.account.name + " (logged in)");
+  else if (a.status === "linked") { say("Linked: you play as " + a.account.name); show("link", false); }
+  else if (a.status === "link-refused") say("That game username and password do not match.", true);
+  else if (a.status === "played") say("A coin!");
+  else if (a.status === "reload") {
+    say("Your platform sign-in has changed (a new password?). Please reload the page.", true);
+    show("playing", false); show("link", false); show("reload", true);
+  } else if (a.status === "unavailable") say("The login service is busy: try again shortly.", true);
+  else say("Something went wrong: reload the page.", true);
+}
+function guest() {
+  say("You are not signed in to the platform.");
+  show("guest", true); show("playing", false); show("link", false);
+}
+document.getElementById("play").onclick = function () { call("/api/play"); };
+document.getElementById("link").onsubmit = function (e) {
+  e.preventDefault();
+  call("/api/link", {name: document.getElementById("link-name").value, password: document.getElementById("link-password").value});
+};
+AuthsvcPlatform.connect({platformOrigin: platformOrigin}).then(function (p) {
+  player = p;
+  if (!p) guest(); else call("/api/login");
+}, function () { say("The platform did not answer: reload the page.", true); });
+</script></body></html>
+"""

@@ -1,0 +1,3 @@
+from examples.platform.server import main
+
+main()

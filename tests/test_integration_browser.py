@@ -1,0 +1,283 @@
+"""A game developer's whole loop (docs/integrating.md), as a player meets it, in headless Chromium.
+
+Real processes on loopback: authsvc's game-facing gunicorn and its admin API gunicorn (one SQLite
+store, a game and an admin API token made with the real ``authsvc`` command), the demo platform
+(examples/platform/) and the reference game server (examples/game/). The browser is the OS's
+Chromium (Debian: apt-get install chromium), driven by Playwright; .ci/run installs it. Each step
+leaves a screenshot in the test's tmp_path, named in the failure message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.processes import stop
+from tests.support import free_port, get_text, skip_or_fail, start_gunicorn, wait_for_port
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+WAIT_MS = 20_000  # a bound for each step on a loaded machine, not a timing assertion
+
+pytestmark = pytest.mark.slow
+
+
+def authsvc(env: dict, *args: str) -> dict:
+    """The real ``authsvc`` command (installed beside this interpreter), its --json answer."""
+    command = shutil.which("authsvc", path=str(Path(sys.executable).parent)) or "authsvc"
+    out = subprocess.run([command, *args, "--json"], env={**os.environ, **env}, capture_output=True, text=True,
+                         check=True, timeout=60)
+    return json.loads(out.stdout)
+
+
+def serve_example(module: str, log: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.fixture
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        skip_or_fail("playwright is not installed (pip install -e '.[test]')")
+    if not os.access(CHROMIUM, os.X_OK):
+        skip_or_fail(f"{CHROMIUM} is missing (Debian: apt-get install chromium)")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def loop(tmp_path, secret_file):
+    """The four servers; yields their ports, secrets and processes, stops them all after."""
+    env = {"AUTHSVC_STORE": "sqlite://" + str(tmp_path / "authsvc.db"), "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+           "AUTHSVC_MAX_STALENESS": "0"}
+    authsvc(env, "init")
+    game = authsvc(env, "game", "add", "Demo Game")
+    admin_token = authsvc(env, "api-token", "add", "demo-platform", "--scope", "players:write", "--scope", "tokens:mint")
+    (tmp_path / "api-key").write_text(game["api_key"])
+    (tmp_path / "admin-token").write_text(admin_token["token"])
+    ports = {name: free_port() for name in ("web", "admin", "platform", "game")}
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        procs["web"] = start_gunicorn(env, port=ports["web"], workers=1, new_session=True,
+                                      stdout=(tmp_path / "web.log").open("wb"), stderr=subprocess.STDOUT)
+        procs["admin"] = start_gunicorn(env, port=ports["admin"], app="authsvc.admin.wsgi:application", workers=1,
+                                        new_session=True, stdout=(tmp_path / "admin.log").open("wb"),
+                                        stderr=subprocess.STDOUT)
+        platform_url = f"http://127.0.0.1:{ports['platform']}/"
+        procs["platform"] = serve_example(
+            "examples.platform", tmp_path / "platform.log", "--port", str(ports["platform"]),
+            "--db", str(tmp_path / "platform.db"), "--admin-url", f"http://127.0.0.1:{ports['admin']}",
+            "--admin-token-file", str(tmp_path / "admin-token"), "--game-id", str(game["game_id"]),
+            "--game-url", f"http://127.0.0.1:{ports['game']}/play")
+        procs["game"] = serve_example(
+            "examples.game", tmp_path / "game.log", "--db", str(tmp_path / "game.db"), "serve", "--port", str(ports["game"]),
+            "--authsvc-url", f"http://127.0.0.1:{ports['web']}", "--api-key-file", str(tmp_path / "api-key"),
+            "--platform-url", platform_url)
+        for port in ports.values():
+            wait_for_port(port, timeout=30)
+        yield {"platform_url": platform_url, "procs": procs, "secrets": [game["api_key"], admin_token["token"]],
+               "game_db": tmp_path / "game.db"}
+    finally:
+        for proc in procs.values():
+            stop(proc)
+
+
+def game_accounts(db: Path) -> list[tuple]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT name, platform_user_id FROM accounts ORDER BY id").fetchall()
+
+
+def test_the_whole_loop_in_a_real_browser(browser, loop, tmp_path):
+    from playwright.sync_api import expect
+
+    context = browser.new_context()
+    page = context.new_page()
+    step = ["start"]
+
+    def shot(name: str) -> None:
+        step[0] = name
+        page.screenshot(path=str(tmp_path / f"step-{len(list(tmp_path.glob('step-*.png'))):02d}-{name}.png"))
+
+    game = page.frame_locator("#game")
+    status = game.locator("#status")
+
+    def sign_up(username: str) -> None:
+        page.fill("#signup input[name=username]", username)
+        page.fill("#signup input[name=password]", "correct horse " + username)
+        page.click("#signup button")
+
+    try:
+        # A guest: the account-required message and the sign-in button, which leads to the platform.
+        page.goto(loop["platform_url"])
+        expect(game.locator("#guest")).to_contain_text("An account is required", timeout=WAIT_MS)
+        expect(game.locator("#signin")).to_be_visible()
+        assert game.locator("#signin").get_attribute("href") == loop["platform_url"]
+        shot("guest")
+
+        # Sign up: the game creates its account (platform user id and username).
+        sign_up("alice")
+        expect(page.locator("#me")).to_contain_text("alice", timeout=WAIT_MS)
+        expect(status).to_have_text("New account created: alice", timeout=WAIT_MS)
+        shot("created")
+        (alice,) = game_accounts(loop["game_db"])
+        assert alice[0] == "alice" and alice[1] >= 1001
+        # Neither the api key nor the admin token ever reaches the browser.
+        for frame in page.frames:
+            assert not [s for s in loop["secrets"] if s in frame.content()]
+
+        # Reload: the same account, looked up by platform user id; none added.
+        page.reload()
+        expect(status).to_have_text("Welcome back, alice (logged in)", timeout=WAIT_MS)
+        game.locator("#play").click()
+        expect(game.locator("#coins")).to_have_text("1", timeout=WAIT_MS)
+        assert game_accounts(loop["game_db"]) == [alice]
+
+        # The password changes in another tab while this one's game holds the old token: its next call is
+        # refused (403) and the game asks for a reload; after the reload it logs in again.
+        other = context.new_page()
+        other.goto(loop["platform_url"])
+        other.fill("#password input[name=new_password]", "a brand new password")
+        other.click("#password button")
+        expect(other.locator("#me")).to_contain_text("alice", timeout=WAIT_MS)
+        other.close()
+        game.locator("#play").click()
+        expect(status).to_contain_text("Please reload the page", timeout=WAIT_MS)
+        expect(game.locator("#reload")).to_be_visible()
+        shot("reload-asked")
+        page.reload()
+        expect(status).to_have_text("Welcome back, alice (logged in)", timeout=WAIT_MS)
+        expect(game.locator("#coins")).to_have_text("1")
+
+        # Sign out on the platform: the game shows the account-required message again.
+        page.click("#signout button")
+        expect(game.locator("#guest")).to_contain_text("An account is required", timeout=WAIT_MS)
+        expect(game.locator("#playing")).to_be_hidden()
+
+        # Linking: a player with a game account of the game's own links it; later visits log in to it.
+        subprocess.run([sys.executable, "-m", "examples.game", "--db", str(loop["game_db"]), "add-account", "oldhero"],
+                       cwd=REPO, input="hero password\n", text=True, check=True, timeout=60)
+        sign_up("bob")
+        expect(status).to_have_text("New account created: bob", timeout=WAIT_MS)
+        game.locator("#link-name").fill("oldhero")
+        game.locator("#link-password").fill("not the password")
+        game.locator("#link button").click()
+        expect(status).to_contain_text("do not match", timeout=WAIT_MS)
+        game.locator("#link-password").fill("hero password")
+        game.locator("#link button").click()
+        expect(status).to_have_text("Linked: you play as oldhero", timeout=WAIT_MS)
+        page.reload()
+        expect(status).to_have_text("Welcome back, oldhero (logged in)", timeout=WAIT_MS)
+        shot("linked")
+        names = [name for name, _ in game_accounts(loop["game_db"])]
+        assert names == ["alice", "oldhero"]  # bob's first-visit account gave way to the linked one
+
+        # authsvc stops: the game says to try again shortly and keeps the player logged in.
+        stop(loop["procs"]["web"])
+        game.locator("#play").click()
+        expect(status).to_have_text("The login service is busy: try again shortly.", timeout=WAIT_MS)
+        expect(game.locator("#playing")).to_be_visible()
+        expect(game.locator("#who")).to_have_text("oldhero")
+        expect(game.locator("#guest")).to_be_hidden()
+        expect(game.locator("#reload")).to_be_hidden()
+        shot("try-again")
+    except Exception as e:
+        page.screenshot(path=str(tmp_path / "failure.png"))
+        raise AssertionError(f"after step {step[0]!r}: {e}; screenshots in {tmp_path}") from e
+    finally:
+        context.close()
+
+
+def test_the_interface_drops_messages_from_another_origin(browser, loop):
+    """Both halves of authsvc-platform.js check the origin and the source window: a forged player
+    reaches no game, and a hello from another origin gets no token. Messages between two windows
+    arrive in the order sent, so a genuine round trip after a forged one shows the forged one was dropped."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(loop["platform_url"])
+        page.fill("#signup input[name=username]", "carol")
+        page.fill("#signup input[name=password]", "correct horse carol")
+        page.click("#signup button")
+        expect(page.frame_locator("#game").locator("#status")).to_have_text("New account created: carol", timeout=WAIT_MS)
+        game = next(frame for frame in page.frames if frame.url.endswith("/play"))
+        game_origin = game.evaluate("location.origin")
+        game.evaluate("""() => { window.seen = [];
+            window.addEventListener("authsvc:player", e => window.seen.push(e.detail && e.detail.user_id)); }""")
+
+        # The game's half: a player from another origin, or from a window other than its parent, is dropped.
+        forged = {"type": "authsvc:player", "player": {"user_id": 666, "username": "mallory", "game_auth_token": "0" * 64}}
+        game.evaluate("""([forged, platform]) => {
+            window.dispatchEvent(new MessageEvent("message", {data: forged, origin: "http://evil.example", source: parent}));
+            window.dispatchEvent(new MessageEvent("message", {data: forged, origin: platform, source: window}));
+        }""", [forged, loop["platform_url"].rstrip("/")])
+        assert game.evaluate("window.seen") == []
+        game.evaluate("""([forged, platform]) => window.dispatchEvent(
+            new MessageEvent("message", {data: forged, origin: platform, source: parent}))""",
+                      [forged, loop["platform_url"].rstrip("/")])
+        assert game.evaluate("window.seen") == [666]  # the control: the same message from the right place counts
+
+        # The platform's half: a hello from another origin, or from another window, gets no answer.
+        hello = """([origin, own]) => { var frame = document.getElementById("game").contentWindow;
+            window.dispatchEvent(new MessageEvent("message",
+                {data: {type: "authsvc:hello"}, origin: origin, source: own ? window : frame})); }"""
+        page.evaluate(hello, ["http://evil.example", False])
+        page.evaluate(hello, [game_origin, True])
+        page.evaluate(hello, [game_origin, False])  # the genuine one: answered, after any answer to the two above
+        game.wait_for_function("window.seen.length >= 2", timeout=WAIT_MS)
+        page.evaluate(hello, [game_origin, False])
+        game.wait_for_function("window.seen.length >= 3", timeout=WAIT_MS)
+        seen = game.evaluate("window.seen")
+        assert seen[1:] == [seen[1], seen[1]] and len(seen) == 3 and seen[1] != 666, seen
+    finally:
+        context.close()
+
+
+def test_the_demo_command_serves_the_loop(tmp_path):
+    """scripts/demo's program (docs/integrating.md, "Run the demo") on free ports: a fresh state directory
+    made with the authsvc command, the URL it prints serves the platform page framing the game, and a
+    SIGTERM stops all four servers."""
+    ports = {name: free_port() for name in ("authsvc", "admin", "platform", "game")}
+    args = [f"--{name}-port={port}" for name, port in ports.items()]
+    demo = subprocess.Popen([sys.executable, "-m", "examples.demo", "--var", str(tmp_path / "demo"), *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        printed = ""
+        while "Ctrl-C" not in printed:  # bounded: the demo exits if a server does not come up in 30 s
+            line = demo.stdout.readline()
+            assert line, f"the demo stopped: {printed}"
+            printed += line
+        platform_url = f"http://127.0.0.1:{ports['platform']}/"
+        assert platform_url in printed.split()
+        status, page = get_text(ports["platform"], "/")
+        assert status == 200 and f'src="http://127.0.0.1:{ports["game"]}/play"' in page
+        status, game_page = get_text(ports["game"], "/play")
+        assert status == 200 and f'src="http://127.0.0.1:{ports["platform"]}/authsvc-platform.js"' in game_page
+        status, answer = get_text(ports["authsvc"], "/api/authenticate.json?user_id=1&game_auth_token=x&api_key=y")
+        assert status == 200 and json.loads(answer)["error"] == 403
+        assert {"api-key", "admin-token", "authsvc.db"} <= {p.name for p in (tmp_path / "demo").iterdir()}
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(30) == 0
+        for port in ports.values():  # every server it started has stopped
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        stop(demo)
+        try:  # what it started shares its process group: none outlives a failed run
+            os.killpg(demo.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
