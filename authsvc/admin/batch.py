@@ -1,4 +1,5 @@
-"""``POST /v1/players/batch``: up to 1,000 players in one call, a result per item (docs/admin-api.md, "Batch").
+"""``POST /v1/players/batch``: up to 1,000 players in one call, a result per item (docs/admin-api.md,
+"Many players at once: the batch").
 
 Each item is checked alone, with the rules of ``PUT /v1/players/{user_id}`` (authsvc/names.py): an
 invalid item gets its own problem naming its fields (``/players/3/username``) and the valid ones
