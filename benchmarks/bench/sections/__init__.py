@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Callable
 
 from benchmarks.bench.sections import (
+    admin_load,
     admin_sync,
     bodies,
     capacity,
@@ -67,4 +68,6 @@ SECTIONS: dict[str, Section] = {
     "admin-sync": Section(admin_sync.run, "an initial sync of --sync-players players (default 1,000,000) through the "
                           "admin API's POST /v1/players/batch under real gunicorn, 1,000 a call, into an empty "
                           "SQLite and PostgreSQL store: players per second", False),
+    "admin-load": Section(admin_load.run, "authentications' p50 and p99 under wrk on the SQLite store, alone against "
+                          "while the admin API syncs new players into the same store through its batch", True),
 }
