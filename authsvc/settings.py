@@ -103,6 +103,9 @@ SETTINGS = (
     # `authsvc audit prune` without --before removes records older than this many days; 0 keeps them forever.
     Setting("audit_retention_days", "AUTHSVC_AUDIT_RETENTION_DAYS", int, 0,
             rule="0 (keep forever) or more days", check=lambda v: v >= 0),
+    # The admin API's rate limit per API token and worker process (authsvc/admin/ratelimit.py); admin_rate 0: off.
+    Setting("admin_rate", "AUTHSVC_ADMIN_RATE", float, 50.0, rule="0 (off) or requests a second", check=lambda v: v >= 0),
+    Setting("admin_burst", "AUTHSVC_ADMIN_BURST", int, 100, rule="at least 1", check=lambda v: v >= 1),
     # The level of the app's "authsvc" logger, set by deploy/gunicorn.conf.py's logconfig_dict.
     Setting("log_level", "AUTHSVC_LOG_LEVEL", str, "INFO", choices=_LOG_LEVELS),
     Setting("workers", "AUTHSVC_WORKERS", int, _cpu_count, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
@@ -150,6 +153,8 @@ class Settings:
     max_queue_wait: float = default("max_queue_wait")
     max_staleness: float = default("max_staleness")
     audit_retention_days: int = default("audit_retention_days")
+    admin_rate: float = default("admin_rate")
+    admin_burst: int = default("admin_burst")
 
     def __repr__(self) -> str:
         """The fields, with the store URL's password masked: a repr can reach a log or a traceback."""
@@ -277,9 +282,8 @@ def _read_file(path: str) -> dict[str, tuple[str, dict[str, Any]]]:
         else:
             top[key] = value
     if top and APP in data:
-        raise ConfigError(
-            f"{path}: settings both at the top level ({', '.join(sorted(top))}) and in [{APP}]: keep them in one place"
-        )
+        raise ConfigError(f"{path}: settings both at the top level ({', '.join(sorted(top))}) and in [{APP}]: "
+                          "keep them in one place")
     parts = {
         APP: (f"[{APP}] ", data[APP]) if APP in data else ("", top),
         GUNICORN: (f"[{GUNICORN}] ", data.get(GUNICORN, {})),
@@ -306,10 +310,8 @@ def _refuse_open_password(path: str, mode: int, store: Any) -> None:
     from authsvc.store.common import redact_url  # here: authsvc.store imports this module
 
     if redact_url(store) != store:
-        raise ConfigError(
-            f"settings file {path} holds the store's password and is open to other users "
-            f"(mode {stat.S_IMODE(mode):04o}): run 'chmod 640 {path}' (group: the service user's)"
-        )
+        raise ConfigError(f"settings file {path} holds the store's password and is open to other users "
+                          f"(mode {stat.S_IMODE(mode):04o}): run 'chmod 640 {path}' (group: the service user's)")
 
 
 def _did_you_mean(key: str, known: list[str], form: str) -> str:
@@ -376,15 +378,11 @@ def load_token_secrets(path: str, *, systemd_credential: bool = False) -> TokenS
             mode = os.fstat(f.fileno()).st_mode
             raw = f.read()
     except OSError as e:
-        raise ConfigError(
-            f"cannot read token secret file {path}: {e.strerror} "
-            "(set AUTHSVC_TOKEN_SECRET_FILE, or run 'authsvc init' to create one)"
-        ) from None
+        raise ConfigError(f"cannot read token secret file {path}: {e.strerror} "
+                          "(set AUTHSVC_TOKEN_SECRET_FILE, or run 'authsvc init' to create one)") from None
     if mode & (stat.S_IROTH | stat.S_IWOTH):
-        raise ConfigError(
-            f"token secret file {path} is open to other users (mode {stat.S_IMODE(mode):04o}): "
-            f"run 'chmod 600 {path}' (owner: the service user)"
-        )
+        raise ConfigError(f"token secret file {path} is open to other users (mode {stat.S_IMODE(mode):04o}): "
+                          f"run 'chmod 600 {path}' (owner: the service user)")
     if mode & (stat.S_IRGRP | stat.S_IWGRP) and not systemd_credential:
         logging.getLogger("authsvc").warning(
             "token secret file %s is open to its group (mode %04o): run 'chmod 600 %s' "

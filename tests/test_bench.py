@@ -127,7 +127,7 @@ def test_the_sections_table_is_the_help_and_the_only_choices():
     listed = [line.split()[0] for line in done.stdout.split("sections:\n", 1)[1].splitlines() if line.startswith("  ")
               and not line.startswith("   ")]
     assert listed == list(SECTIONS) == ["core", "nginx", "gap", "postgres", "scale", "profile", "cold", "bodies",
-                                       "metrics", "capacity", "storm"]
+                                       "metrics", "capacity", "storm", "admin-sync", "admin-load"]
     refused = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--only", "core,warp"], capture_output=True,
                              text=True, timeout=60, cwd=REPO)
     assert refused.returncode == 2 and "unknown section(s): warp" in refused.stderr
@@ -230,3 +230,38 @@ def test_smoke_run_of_the_nginx_section_answers_every_request():
             and not line.startswith("| server")]
     assert len(rows) == 10, done.stdout  # five configurations, plain HTTP and HTTPS
     assert [row[5].strip() for row in rows] == ["0"] * 10, done.stdout  # errors: non-2xx answers included
+
+
+def test_smoke_run_of_the_admin_sync_section_on_both_engines(pg_server_url):
+    """A small sync (2,500 players: two full batches and a short one) through the admin service under gunicorn."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "admin-sync", "--players", "50", "--sync-players", "2500",
+         "--sync-clients", "2", "--pg", pg_server_url],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in done.stdout.split("11. Admin API", 1)[1].splitlines()
+            if line.startswith("| sqlite") or line.startswith("| postgresql")]
+    assert [row[:3] for row in rows] == [[engine, "2,500", "3"] for engine in (
+        "sqlite", "sqlite, Idempotency-Key", "postgresql", "postgresql, Idempotency-Key")], done.stdout
+    assert all(float(row[4].replace(",", "")) > 0 for row in rows), done.stdout  # players per second
+
+
+@pytest.mark.slow
+def test_smoke_run_of_the_admin_load_section():
+    """wrk on the game-facing service alone and while the admin service syncs players into the same store."""
+    if shutil.which("wrk") is None:
+        skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "admin-load", "--players", "500", "--rounds", "1",
+         "--duration", "1", "--sync-clients", "1"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = done.stdout.split("12. Authentication under admin load", 1)[1]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()
+            if line.startswith("| alone") or line.startswith("| with the sync")}
+    assert list(rows) == ["alone", "with the sync"], done.stdout
+    for cells in rows.values():
+        assert float(cells[0].replace(",", "")) > 0 and cells[3] == "0", done.stdout  # req/s, no errors
+    assert float(rows["with the sync"][4].replace(",", "")) > 0, done.stdout  # players synced a second

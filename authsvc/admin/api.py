@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 import uuid
@@ -24,6 +25,7 @@ from http import HTTPStatus
 from authsvc.admin import idempotency, routes
 from authsvc.admin import operations as ops
 from authsvc.admin.problems import Problem, Request, Response, encode
+from authsvc.admin.ratelimit import RateLimit
 from authsvc.errors import (
     ConfigError,
     OperationConflict,
@@ -51,6 +53,7 @@ class AdminApp:
         self.settings = settings
         self.store = store if store is not None else open_store(settings.store, readonly=False, settings=settings)
         self.clock = clock
+        self.rate_limit = RateLimit(settings.admin_rate, settings.admin_burst)
 
     def __call__(self, environ: dict, start_response):
         rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))
@@ -94,9 +97,14 @@ class AdminApp:
         method = environ["REQUEST_METHOD"]
         handler, scope, params = routes.match(environ.get("PATH_INFO", ""), "GET" if method == "HEAD" else method)
         token = self.authenticate(environ)
+        wait = self.rate_limit.wait(token.name)
+        if wait:
+            raise Problem(429, "too-many-requests", f"this api token is over its rate of {self.settings.admin_rate:g} "
+                          "requests a second; try again after Retry-After seconds",
+                          headers=(("Retry-After", str(max(1, math.ceil(wait)))),))
         if scope not in token.scopes:
             raise Problem(403, "forbidden", f"this api token lacks the scope {scope}")
-        body = self.read_body(environ)
+        body = self.read_body(environ, getattr(handler, "max_body_bytes", self.settings.max_body_bytes))
         ctx = ops.Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock)
         request = Request(environ, params, body, ctx, token.name)
         key = environ.get("HTTP_IDEMPOTENCY_KEY")
@@ -115,14 +123,14 @@ class AdminApp:
             raise unauthorized
         return token
 
-    def read_body(self, environ: dict) -> dict | None:
-        """The JSON object body, None without one; 413 over the cap, 415 not JSON, 400 unreadable."""
+    def read_body(self, environ: dict, cap: int) -> dict | None:
+        """The JSON object body, None without one; 413 over the cap (the route's), 415 not JSON, 400 unreadable."""
         length_text = environ.get("CONTENT_LENGTH") or "0"
         if not length_text.isdigit():
             raise Problem(400, "bad-request", "Content-Length must be a whole number")
         length = int(length_text)
-        if length > self.settings.max_body_bytes:
-            raise Problem(413, "too-large", f"a body is at most {self.settings.max_body_bytes} bytes")
+        if length > cap:
+            raise Problem(413, "too-large", f"a body here is at most {cap} bytes")
         if length == 0:
             return None
         if not _JSON_TYPE.fullmatch(environ.get("CONTENT_TYPE", "")):

@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Callable
 
-from authsvc.admin import api_tokens, transfer
+from authsvc.admin import api_tokens, batch, transfer
 from authsvc.admin import put_player as put_player_sql
 from authsvc.admin.players_import import import_rows
 from authsvc.errors import (
@@ -37,7 +37,7 @@ from authsvc.errors import (
 from authsvc.names import check_game_id, check_game_name, check_user_id, check_username
 from authsvc.settings import Settings, admin_actor
 from authsvc.store import open_store
-from authsvc.store.audit import Audit, Record
+from authsvc.store.audit import Audit, Record, canonical
 from authsvc.store.base import Conflict, Game, Player, Store
 from authsvc.store.sqlite import SQLiteStore
 from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
@@ -332,3 +332,11 @@ def put_player(
         return put_player_sql.put(store, ctx.audit(), user_id, username, bool(enabled), if_match)
     except put_player_sql.PreconditionFailed:
         raise OperationPreconditionFailed(f"player {user_id} is not at the version If-Match names") from None
+
+
+def batch_players(store: Store, ctx: Context, items: list[batch.Item], dry_run: bool, invalid: int,
+                  body: dict) -> dict[int, str]:
+    """Create or update many players (the admin API's batch): each one's status by user id. One
+    transaction and one audit record (the counts, the SHA-256 of the canonical body); none on a dry run."""
+    audit = ctx.audit(body_sha256=hashlib.sha256(canonical(body).encode("ascii")).hexdigest())
+    return batch.apply(store, audit, items, dry_run, invalid)

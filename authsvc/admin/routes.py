@@ -14,6 +14,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from authsvc.admin import batch
 from authsvc.admin import operations as ops
 from authsvc.admin.problems import Problem, Request, Response, invalid
 from authsvc.admin.put_player import etag
@@ -118,6 +119,21 @@ def revoke_player(app: AdminApp, req: Request) -> Response:
     epoch = ops.revoke_player(app.store, req.ctx, req.params["user_id"])
     effective_by = utc(req.ctx.clock() + app.settings.max_staleness)
     return _response(200, {"user_id": req.params["user_id"], "epoch": epoch, "effective_by": effective_by})
+
+
+@route(r"/v1/players/batch", "POST", "players:write")
+def batch_players(app: AdminApp, req: Request) -> Response:
+    """Up to 1,000 players, a result each; the valid ones written in one transaction (authsvc/admin/batch.py)."""
+    items, errors, dry_run = batch.parse(req.body)
+    status = ops.batch_players(app.store, req.ctx, items, dry_run, len(errors), req.body or {}) if items else {}
+    results, counts = batch.results(items, errors, status)
+    answer: dict[str, Any] = {"dry_run": dry_run, "counts": counts, "results": results}
+    if not dry_run:
+        answer["effective_by"] = utc(req.ctx.clock() + app.settings.max_staleness)
+    return _response(200, answer)
+
+
+batch_players.max_body_bytes = batch.MAX_BYTES  # the route's own body cap
 
 
 # -- tokens -------------------------------------------------------------------------------------

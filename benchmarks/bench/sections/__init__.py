@@ -10,7 +10,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from benchmarks.bench.sections import bodies, capacity, cold, core, gap, metrics, nginx, postgres, profile, scale, storm
+from benchmarks.bench.sections import (
+    admin_load,
+    admin_sync,
+    bodies,
+    capacity,
+    cold,
+    core,
+    gap,
+    metrics,
+    nginx,
+    postgres,
+    profile,
+    scale,
+    storm,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,4 +65,9 @@ SECTIONS: dict[str, Section] = {
                      "(most req/s with a p99 under 20 ms), then many times that from --storm-connections clients, "
                      "once per UPSTREAM_MAX_CONNS of --storm-max-conns (0: no limit), then normal load until the "
                      "p99 is back under 20 ms", True),
+    "admin-sync": Section(admin_sync.run, "an initial sync of --sync-players players (default 1,000,000) through the "
+                          "admin API's POST /v1/players/batch under real gunicorn, 1,000 a call, into an empty "
+                          "SQLite and PostgreSQL store: players per second", False),
+    "admin-load": Section(admin_load.run, "authentications' p50 and p99 under wrk on the SQLite store, alone against "
+                          "while the admin API syncs new players into the same store through its batch", True),
 }
