@@ -13,6 +13,7 @@ log (no request value: no token can reach the log).
 
 from __future__ import annotations
 
+import decimal
 import json
 import logging
 import re
@@ -130,13 +131,23 @@ class AdminApp:
                           headers=(("Accept", "application/json"),))
         raw = environ["wsgi.input"].read(length)
         try:
-            obj = json.loads(raw.decode("utf-8"))
+            obj = json.loads(raw.decode("utf-8"), parse_float=json_number)
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise Problem(400, "bad-request", "the body is not valid UTF-8 JSON") from None
         if not isinstance(obj, dict):
             raise Problem(422, "validation", "the body must be a JSON object",
                           errors=[{"field": "", "detail": "must be a JSON object"}])
         return obj
+
+
+def json_number(text: str) -> int | float:
+    """A JSON number written with a fraction or exponent (``7.0``, ``7e0``): the whole number it names, read
+    exactly, when it is one (JSON has one number type, and JSON Schema, the OpenAPI document's, calls
+    it an integer); else a float. The exponent is bounded first, so ``1e999999999`` costs nothing."""
+    number = decimal.Decimal(text)
+    if abs(number.adjusted()) <= 20 and number == number.to_integral_value():
+        return int(number)
+    return float(text)
 
 
 def _phrase(status: int) -> str:
