@@ -8,7 +8,9 @@ layer (authsvc/admin/operations.py) with the actor ``api:<token name>``. One
 error boundary (``__call__``) turns every failure into an RFC 9457 problem
 (authsvc/admin/problems.py): a store that cannot answer is a 503 with
 Retry-After, anything unexpected a 500 with an opaque body, its traceback in the
-log (no request value: no token can reach the log).
+log (no request value: no token can reach the log). ``/openapi.json`` is the API's
+OpenAPI document (authsvc/openapi/admin.json), read once when the app is built and
+answered without a token: it holds nothing the repository does not.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 from http import HTTPStatus
+from importlib import resources
 
 from authsvc.admin import idempotency, routes
 from authsvc.admin import operations as ops
@@ -43,6 +46,7 @@ log = logging.getLogger("authsvc.admin")
 RETRY_AFTER = "2"  # seconds; a store outage or a lock held by an import
 _BEARER = re.compile(r"Bearer +(\S+) *", re.IGNORECASE)
 _JSON_TYPE = re.compile(r"application/json *(;.*)?", re.IGNORECASE)
+OPENAPI_PATH = "/openapi.json"
 
 
 class AdminApp:
@@ -52,6 +56,7 @@ class AdminApp:
         self.settings = settings
         self.store = store if store is not None else open_store(settings.store, readonly=False, settings=settings)
         self.clock = clock
+        self.openapi_document = openapi_document()
 
     def __call__(self, environ: dict, start_response):
         rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))
@@ -93,6 +98,10 @@ class AdminApp:
 
     def handle(self, environ: dict, rid: str) -> Response:
         method = environ["REQUEST_METHOD"]
+        if environ.get("PATH_INFO") == OPENAPI_PATH:
+            if method not in ("GET", "HEAD"):
+                raise Problem(405, "method-not-allowed", f"{OPENAPI_PATH} answers GET, HEAD", headers=(("Allow", "GET, HEAD"),))
+            return Response(200, self.openapi_document)
         handler, scope, params = routes.match(environ.get("PATH_INFO", ""), "GET" if method == "HEAD" else method)
         token = self.authenticate(environ)
         if scope not in token.scopes:
@@ -148,6 +157,12 @@ def json_number(text: str) -> int | float:
     if abs(number.adjusted()) <= 20 and number == number.to_integral_value():
         return int(number)
     return float(text)
+
+
+def openapi_document() -> dict:
+    """authsvc/openapi/admin.json (package data): read when the app is built, so a broken document fails
+    start-up, not a request."""
+    return json.loads(resources.files("authsvc").joinpath("openapi", "admin.json").read_text(encoding="utf-8"))
 
 
 def _phrase(status: int) -> str:
