@@ -101,15 +101,20 @@ class Live:
         self.user_id = user_id
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    """A real gunicorn serving authsvc.admin.wsgi:application over TCP loopback, on a migrated SQLite
-    store holding a game, a player and an API token with every scope."""
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def live(request, tmp_path_factory):
+    """A real gunicorn serving authsvc.admin.wsgi:application over TCP loopback, on a migrated store
+    (each engine: a value one engine cannot hold is found on that one) holding a game, a player and
+    an API token with every scope."""
     root = tmp_path_factory.mktemp("admin-openapi")
     secret = root / "token-secret"
     secret.write_text(os.urandom(32).hex() + "\n")
     secret.chmod(0o600)
-    env = {"AUTHSVC_STORE": "sqlite://" + str(root / "authsvc.db"), "AUTHSVC_TOKEN_SECRET_FILE": str(secret),
+    if request.param == "sqlite":
+        store_url = "sqlite://" + str(root / "authsvc.db")
+    else:
+        store_url = request.getfixturevalue("pg_databases").create()
+    env = {"AUTHSVC_STORE": store_url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret),
            # The per-token rate limit off: this is one caller sending as fast as it can, and a run of
            # 429s would leave the resources untried. The 429 is in the document all the same.
            "AUTHSVC_ADMIN_RATE": "0"}
