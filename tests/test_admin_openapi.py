@@ -168,6 +168,13 @@ SCHEMA = _schema()
 _KEYS = itertools.count(1)
 
 
+def _unique_key(case) -> None:
+    """A valid generated Idempotency-Key made unique to its case (a counter in front)."""
+    key = (case.headers or {}).get("Idempotency-Key")
+    if key is not None and case.meta is not None and case.meta.generation.mode.is_positive:
+        case.headers["Idempotency-Key"] = f"{next(_KEYS)}-{key}"[:255]
+
+
 @pytest.mark.slow
 @SCHEMA.parametrize()
 @FUZZ
@@ -179,9 +186,7 @@ def test_the_live_admin_api_matches_the_document(case, live):
     rightly 422 (idempotency-key-reused), which positive_data_acceptance would take for valid data
     refused. Invalid keys (negative cases) are sent as generated. The replay is tested in
     test_each_success_matches_the_document and tests/test_admin_api.py."""
-    key = (case.headers or {}).get("Idempotency-Key")
-    if key is not None and case.meta is not None and case.meta.generation.mode.is_positive:
-        case.headers["Idempotency-Key"] = f"{next(_KEYS)}-{key}"[:255]
+    _unique_key(case)
     case.call_and_validate(base_url=live.base_url, headers=live.headers)
 
 
@@ -213,13 +218,14 @@ def test_each_success_matches_the_document(live):
                  headers={"Idempotency-Key": "success-revoke"})
     assert again.json() == first.json() and again.headers["idempotent-replayed"] == ["true"]
     assert first.json()["epoch"] == renamed.json()["epoch"] + 1
+    game = {"game_id": live.game_id}
+    # enabled again: a generated PATCH (the other tests share this server) may have disabled it
+    send("/v1/games/{game_id}", "PATCH", 200, path_parameters=game, body={"enabled": True}, media_type="application/json")
+    send("/v1/games/{game_id}", "GET", 200, path_parameters=game)
+    send("/v1/games/{game_id}", "HEAD", 200, path_parameters=game)
     minted = send("/v1/tokens", "POST", 200, body={"game_id": live.game_id, "user_id": live.user_id},
                   media_type="application/json")
     assert minted.json()["epoch"] == first.json()["epoch"]
-    game = {"game_id": live.game_id}
-    send("/v1/games/{game_id}", "GET", 200, path_parameters=game)
-    send("/v1/games/{game_id}", "HEAD", 200, path_parameters=game)
-    send("/v1/games/{game_id}", "PATCH", 200, path_parameters=game, body={"enabled": True}, media_type="application/json")
     send("/v1/games/{game_id}/keys", "POST", 201, path_parameters=game, headers={"Idempotency-Key": "success-rotate"},
          body={"old_key_ttl": 60}, media_type="application/json")
     replay = send("/v1/games/{game_id}/keys", "POST", 409, path_parameters=game, headers={"Idempotency-Key": "success-rotate"},
@@ -264,3 +270,4 @@ def test_the_documents_names_rule_is_the_services():
         assert bool(username.fullmatch(name)) == accepts(check_username, name)
     for name in ("x" * 200, "x" * 201, "\u2003" + "x" * 200 + " ", "   "):
         assert bool(game_name.fullmatch(name)) == accepts(check_game_name, name)
+
