@@ -435,3 +435,35 @@ def test_hostile_input_gets_a_problem_never_a_500(admin, method, path, body, con
     assert 400 <= r.status_int < 500, r.text
     assert r.headers["Content-Type"] == "application/problem+json"
     assert r.json["status"] == r.status_int
+
+
+def test_a_whole_number_written_with_a_fraction_or_exponent_is_that_number(admin, world, settings):
+    """JSON has one number type and JSON Schema (the OpenAPI document) counts 7.0 and 7e0 as the integer
+    7: they are read exactly (9007199254740993.0 is not rounded to a float's ...992), and anything
+    that is not a whole number, or is too large, is 422, at once."""
+    app, make_token = admin
+    headers = make_token("web") | {"Content-Type": "application/json"}
+    body = f'{{"game_id": {world.game_id}.0, "user_id": 4242e0}}'.encode()
+    r = app.post("/v1/tokens", body, headers=headers)
+    assert r.json["game_id"] == world.game_id and r.json["user_id"] == 4242
+    assert r.json["game_auth_token"] == mint_token(settings.token_secrets[0], world.game_id, 4242, 0)
+    app.put("/v1/players/9007199254740993", b'{"username": "big"}', headers=headers)
+    r = app.post("/v1/tokens", f'{{"game_id": {world.game_id}, "user_id": 9007199254740993.0}}'.encode(),
+                 headers=headers)
+    assert r.json["user_id"] == 9007199254740993
+    r = app.post(f"/v1/games/{world.game_id}/keys", b'{"old_key_ttl": 6.0e1}', headers=headers)
+    assert r.status_int == 201
+    for number in ("1.5", "1e999999999", "-0.0", "9223372036854775808.0", "NaN", "Infinity", "1e-999999999"):
+        r = app.post("/v1/tokens", f'{{"game_id": {number}, "user_id": 4242}}'.encode(), headers=headers,
+                     expect_errors=True)
+        assert problem(r, 422, "validation")["errors"][0]["field"] == "/game_id", number
+
+
+def test_a_nul_in_an_audit_filter_is_422_on_both_engines(admin):
+    """PostgreSQL's text cannot hold a NUL: the filter reached the query and failed there (a 500).
+    No actor or action holds one, so it is refused first, alike on both engines."""
+    app, make_token = admin
+    headers = make_token("auditor", ["audit:read"])
+    for query, name in (("actor=api%3Aweb%00", "actor"), ("action=%00", "action")):
+        body = problem(app.get(f"/v1/audit?{query}", headers=headers, expect_errors=True), 422, "validation")
+        assert body["errors"] == [{"field": name, "detail": "must not contain a NUL character"}]

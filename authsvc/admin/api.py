@@ -8,11 +8,14 @@ layer (authsvc/admin/operations.py) with the actor ``api:<token name>``. One
 error boundary (``__call__``) turns every failure into an RFC 9457 problem
 (authsvc/admin/problems.py): a store that cannot answer is a 503 with
 Retry-After, anything unexpected a 500 with an opaque body, its traceback in the
-log (no request value: no token can reach the log).
+log (no request value: no token can reach the log). ``/openapi.json`` is the API's
+OpenAPI document (authsvc/openapi/admin.json), read once when the app is built and
+answered without a token: it holds nothing the repository does not.
 """
 
 from __future__ import annotations
 
+import decimal
 import json
 import logging
 import math
@@ -21,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from http import HTTPStatus
+from importlib import resources
 
 from authsvc.admin import idempotency, routes
 from authsvc.admin import operations as ops
@@ -44,6 +48,7 @@ log = logging.getLogger("authsvc.admin")
 RETRY_AFTER = "2"  # seconds; a store outage or a lock held by an import
 _BEARER = re.compile(r"Bearer +(\S+) *", re.IGNORECASE)
 _JSON_TYPE = re.compile(r"application/json *(;.*)?", re.IGNORECASE)
+OPENAPI_PATH = "/openapi.json"
 
 
 class AdminApp:
@@ -54,6 +59,7 @@ class AdminApp:
         self.store = store if store is not None else open_store(settings.store, readonly=False, settings=settings)
         self.clock = clock
         self.rate_limit = RateLimit(settings.admin_rate, settings.admin_burst)
+        self.openapi_document = openapi_document()
 
     def __call__(self, environ: dict, start_response):
         rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))
@@ -95,6 +101,10 @@ class AdminApp:
 
     def handle(self, environ: dict, rid: str) -> Response:
         method = environ["REQUEST_METHOD"]
+        if environ.get("PATH_INFO") == OPENAPI_PATH:
+            if method not in ("GET", "HEAD"):
+                raise Problem(405, "method-not-allowed", f"{OPENAPI_PATH} answers GET, HEAD", headers=(("Allow", "GET, HEAD"),))
+            return Response(200, self.openapi_document)
         handler, scope, params = routes.match(environ.get("PATH_INFO", ""), "GET" if method == "HEAD" else method)
         token = self.authenticate(environ)
         wait = self.rate_limit.wait(token.name)
@@ -138,13 +148,29 @@ class AdminApp:
                           headers=(("Accept", "application/json"),))
         raw = environ["wsgi.input"].read(length)
         try:
-            obj = json.loads(raw.decode("utf-8"))
+            obj = json.loads(raw.decode("utf-8"), parse_float=json_number)
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise Problem(400, "bad-request", "the body is not valid UTF-8 JSON") from None
         if not isinstance(obj, dict):
             raise Problem(422, "validation", "the body must be a JSON object",
                           errors=[{"field": "", "detail": "must be a JSON object"}])
         return obj
+
+
+def json_number(text: str) -> int | float:
+    """A JSON number written with a fraction or exponent (``7.0``, ``7e0``): the whole number it names, read
+    exactly, when it is one (JSON has one number type, and JSON Schema, the OpenAPI document's, calls
+    it an integer); else a float. The exponent is bounded first, so ``1e999999999`` costs nothing."""
+    number = decimal.Decimal(text)
+    if abs(number.adjusted()) <= 20 and number == number.to_integral_value():
+        return int(number)
+    return float(text)
+
+
+def openapi_document() -> dict:
+    """authsvc/openapi/admin.json (package data): read when the app is built, so a broken document fails
+    start-up, not a request."""
+    return json.loads(resources.files("authsvc").joinpath("openapi", "admin.json").read_text(encoding="utf-8"))
 
 
 def _phrase(status: int) -> str:

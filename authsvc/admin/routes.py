@@ -220,6 +220,8 @@ def audit(app: AdminApp, req: Request) -> Response:
                 raise invalid(name, f"must be at most {MAX_AUDIT_PAGE}")
             filters[{"after": "before_id", "limit": "limit", "player": "user_id", "game": "game_id"}[name]] = number
         elif name in AUDIT_FILTERS:
+            if "\x00" in value:  # no actor or action holds one, and PostgreSQL's text cannot
+                raise invalid(name, "must not contain a NUL character")
             filters[AUDIT_FILTERS[name]] = value
         else:
             raise invalid(name, "is not a parameter of /v1/audit (after, limit, player, game, action, actor)")
