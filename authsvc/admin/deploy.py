@@ -41,6 +41,9 @@ DEFAULTS = {
     # The monitoring server (/metrics, /healthz, /readyz): loopback unless told otherwise.
     "METRICS_LISTEN": "127.0.0.1:9180",
     "SOCKET": "/run/authsvc.sock",
+    # The admin API's unix socket (authsvc-admin.socket) and the group that may connect to it.
+    "ADMIN_SOCKET": "/run/authsvc-admin.sock",
+    "ADMIN_GROUP": "authsvc-admin",
     # UPSTREAMS (the app hosts nginx proxies to) defaults to "unix:" + SOCKET.
     "NGINX_DIR": "/etc/nginx",
     "NGINX_LOG_DIR": "/var/log/nginx",
