@@ -194,6 +194,32 @@ def test_other_paths_on_the_https_host_are_json_404(stack):
     assert answer.headers["Strict-Transport-Security"] == "max-age=63072000"
 
 
+ADMIN_PATHS = [("GET", "/v1/players/1"), ("PUT", "/v1/players/1"), ("POST", "/v1/players/1/revoke"),
+               ("POST", "/v1/tokens"), ("GET", "/v1/games"), ("POST", "/v1/games"), ("GET", "/v1/games/1"),
+               ("GET", "/v1/audit?limit=1"), ("GET", "/v1"), ("GET", "//v1/tokens"), ("GET", "/openapi.json")]
+
+
+def test_neither_public_host_answers_an_admin_path(stack):
+    """The admin API is its own service (docs/admin-api.md): the public hosts answer nginx's own JSON 404
+    to every admin path, on HTTPS and on the legacy host alike (no redirect there), and forward nothing."""
+    gunicorn_log = stack.logs / "gunicorn-access.log"
+    forwarded_before = gunicorn_log.read_text().count("\n")
+    body = b'{"username": "mallory", "game_id": 1, "user_id": 1}'
+    headers = {"Authorization": "Bearer asv_not-a-real-token", "Content-Type": "application/json",
+               "User-Agent": "admin-path-probe"}
+    for scheme in ("https", "http"):
+        for method, path in ADMIN_PATHS:
+            answer = stack.request(scheme, path, method=method, headers=headers,
+                                   body=body if method in ("PUT", "POST") else None)
+            assert answer.status == 404, (scheme, method, path, answer.status, answer.headers.get("Location"))
+            _error_shape(answer, 404)
+    # Nothing reached gunicorn, and nginx's own lines show no upstream for any of them.
+    assert gunicorn_log.read_text().count("\n") == forwarded_before, gunicorn_log.read_text()[-2000:]
+    lines = [line for line in (stack.logs / "authsvc-access.log").read_text().splitlines() if "admin-path-probe" in line]
+    assert len(lines) == 2 * len(ADMIN_PATHS), lines
+    assert all(" 404 " in line and " upstream=- " in line for line in lines), lines
+
+
 def test_forwarded_headers_come_from_nginx_not_the_client(stack):
     spoof = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https", "X-Request-Id": "spoofed-id"}
     for scheme in ("http", "https"):
