@@ -193,6 +193,25 @@ def test_install_admin_enables_the_admin_service(tmp_path):
     done = _install(tmp_path, "--admin")
     assert any(line.startswith("skip: ") and "enable --now authsvc-admin.socket" in line
                for line in done.stdout.splitlines()), done.stdout
+    # --admin alone exposes nothing through nginx.
+    assert not (tmp_path / "etc/nginx/sites-enabled/authsvc-admin.conf").exists()
+
+
+def test_the_admin_server_of_nginx_is_off_unless_asked_for(staged, tmp_path):
+    root, _ = staged
+    assert (root / "etc/nginx/sites-available/authsvc-admin.conf").exists()
+    assert not (root / "etc/nginx/sites-enabled/authsvc-admin.conf").exists()
+    done = _install(tmp_path, "--admin-host", "admin.example.com", "--set", "ADMIN_ALLOW=10.0.0.0/24 10.1.0.7")
+    link = tmp_path / "etc/nginx/sites-enabled/authsvc-admin.conf"
+    assert os.readlink(link) == "/etc/nginx/sites-available/authsvc-admin.conf"
+    site = (tmp_path / "etc/nginx/sites-available/authsvc-admin.conf").read_text()
+    assert "server_name admin.example.com;" in site
+    assert "ssl_certificate     /etc/letsencrypt/live/admin.example.com/fullchain.pem;" in site
+    assert re.findall(r"^\s*(allow \S+;|deny all;)$", site, re.M) == ["allow 10.0.0.0/24;", "allow 10.1.0.7;", "deny all;"]
+    assert "listen 127.0.0.1:8443 ssl;" in site
+    assert "server unix:/run/authsvc-admin.sock;" in site
+    assert any(line.startswith("skip: ") and "usermod -a -G authsvc-admin www-data" in line
+               for line in done.stdout.splitlines()), done.stdout
 
 
 def test_install_honours_layout_values(tmp_path):
