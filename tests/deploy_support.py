@@ -31,6 +31,7 @@ from tests.support import skip_or_fail
 REPO = Path(__file__).resolve().parent.parent
 API_HOST = "api.authsvc.test"
 LEGACY_HOST = "legacy.authsvc.test"
+ADMIN_HOST = "admin.authsvc.test"
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -71,6 +72,11 @@ class Stack:
     # start_stack(extra_app_hosts=N): more gunicorn instances ("app hosts") on loopback
     # TCP, after the unix socket in UPSTREAMS; their logs are gunicorn-<port>-*.log.
     app_hosts: list[tuple[str, subprocess.Popen]] = dataclasses.field(default_factory=list)
+    # start_stack(admin=True): the admin API (gunicorn on its own unix socket) behind the
+    # optional admin server (sites/authsvc-admin.conf) on admin_port; admin_token has every scope.
+    admin_port: int = 0
+    admin_gunicorn: subprocess.Popen | None = None
+    admin_token: str = ""
 
     def client_context(self, **versions) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.ca_file))
@@ -80,8 +86,9 @@ class Stack:
 
     def request(self, scheme: str, path: str, *, host: str | None = None, method: str = "GET",
                 body: bytes | None = None, headers: dict | None = None, source: str = "127.0.0.1",
-                sni: str | None = None, context: ssl.SSLContext | None = None, address: str = "127.0.0.1") -> Answer:
-        port = self.https_port if scheme == "https" else self.http_port
+                sni: str | None = None, context: ssl.SSLContext | None = None, address: str = "127.0.0.1",
+                port: int | None = None) -> Answer:
+        port = port or (self.https_port if scheme == "https" else self.http_port)
         host = host or (API_HOST if scheme == "https" else LEGACY_HOST)
         sock = socket.create_connection((address, port), timeout=10, source_address=(source, 0))
         try:
@@ -121,13 +128,15 @@ def _run(cmd: list[str], env: dict) -> str:
 
 def start_stack(root: Path, *, values: dict | None = None, worker_connections: int = 128,
                 extra_app_hosts: int = 0, workers: int = 2, app_env: dict | None = None,
-                app_host_env: dict | None = None) -> Stack:
+                app_host_env: dict | None = None, admin: bool = False) -> Stack:
     """The stack in ``root``; ``values`` override placeholder values, ``worker_connections``
     sizes nginx's main config (tests/test_edge.py makes it small to reach exhaustion).
     ``extra_app_hosts`` more gunicorn instances serve the same store on 127.0.0.1 TCP
     ports (``AUTHSVC_BIND``), named after the unix socket in ``UPSTREAMS``; ``workers``
     is each gunicorn's AUTHSVC_WORKERS; ``app_env`` more of gunicorn's environment (settings), for
-    every app host; ``app_host_env`` more environment for the TCP ones only."""
+    every app host; ``app_host_env`` more environment for the TCP ones only. ``admin`` opts in to the
+    admin server, as ``scripts/install --admin-host`` does: both sites included, the admin API
+    served on its unix socket, only 127.0.0.1 allowed (127.0.0.2 is another address)."""
     nginx = find_nginx()
     if nginx is None:
         skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
@@ -162,8 +171,12 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
     cert.private_key_pem.write_to_path(str(root / "key.pem"))
     (root / "key.pem").chmod(0o600)
     ca.cert_pem.write_to_path(str(root / "ca.pem"))
+    admin_cert = ca.issue_cert(ADMIN_HOST)
+    admin_cert.cert_chain_pems[0].write_to_path(str(root / "admin-cert.pem"))
+    admin_cert.private_key_pem.write_to_path(str(root / "admin-key.pem"))
+    (root / "admin-key.pem").chmod(0o600)
 
-    https_port, http_port, metrics_port = free_port(), free_port(), free_port()
+    https_port, http_port, metrics_port, admin_port = free_port(), free_port(), free_port(), free_port()
     v6 = ipv6_loopback()
     listen = lambda port: f"127.0.0.1:{port}" + (f" [::1]:{port}" if v6 else "")  # noqa: E731
     rendered = root / "deploy"
@@ -186,6 +199,12 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         "RATE": "20r/s",
         "RATE_BURST": "50",
         "UPSTREAM_TIMEOUT": "2s",
+        "ADMIN_HOST": ADMIN_HOST,
+        "ADMIN_LISTEN": f"127.0.0.1:{admin_port}",
+        "ADMIN_ALLOW": "127.0.0.1",
+        "ADMIN_SOCKET": str(root / "authsvc-admin.sock"),
+        "ADMIN_TLS_CERT": str(root / "admin-cert.pem"),
+        "ADMIN_TLS_KEY": str(root / "admin-key.pem"),
         **({"UPSTREAMS": upstreams} if extra_app_hosts else {}),
         **(values or {}),
     }
@@ -221,8 +240,25 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         start_new_session=True,
     )
     nginx_proc = None
+    admin_gunicorn = None
+    admin_token = ""
     app_hosts: list[tuple[str, subprocess.Popen]] = []
     try:
+        if admin:
+            # The admin API as authsvc-admin.service runs it: the shipped config, the admin app.
+            admin_token = json.loads(_run([*cli, "api-token", "add", "deploy-test", "--json", *(
+                arg for scope in ("players:read", "players:write", "tokens:mint", "games:read", "audit:read")
+                for arg in ("--scope", scope))], admin_env))["token"]
+            admin_env_service = {k: v for k, v in service_env.items() if k != "NOTIFY_SOCKET"}
+            admin_env_service.update({"AUTHSVC_BIND": f"unix:{root / 'authsvc-admin.sock'}", "AUTHSVC_WORKERS": "1",
+                                      "PROMETHEUS_MULTIPROC_DIR": str(root / "admin-metrics")})
+            admin_gunicorn = subprocess.Popen(
+                [str(VENV_BIN / "gunicorn"), "--config", str(rendered / "gunicorn.conf.py"),
+                 "authsvc.admin.wsgi:application"],
+                stdout=open(logs / "gunicorn-admin-access.log", "wb"),
+                stderr=open(logs / "gunicorn-admin-error.log", "wb"),
+                env=admin_env_service, cwd=root, start_new_session=True,
+            )
         # Another app host: gunicorn bound to TCP by AUTHSVC_BIND, as on a machine
         # without nginx (docs/scaling.md), started directly (no socket activation).
         for port in extra_ports:
@@ -257,16 +293,25 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         notify.close()
 
         conf = root / "nginx.conf"
-        conf.write_text(nginx_main_conf(root, logs, rendered / "nginx" / "sites" / "authsvc.conf",
-                                        worker_connections=worker_connections))
+        # Opting in to the admin server links its file beside the site's, as scripts/install does.
+        site = rendered / "nginx" / "sites" / ("*.conf" if admin else "authsvc.conf")
+        conf.write_text(nginx_main_conf(root, logs, site, worker_connections=worker_connections))
         check = subprocess.run([nginx, "-t", "-q", "-p", str(root), "-c", str(conf)], capture_output=True, text=True)
         assert check.returncode == 0, f"nginx -t: {check.stderr}"
         nginx_proc = start_nginx(nginx, root, conf, logs / "nginx-stdout.log")
         wait_for_port(https_port)
         wait_for_port(http_port)
+        if admin:
+            wait_for_port(admin_port)
+            deadline = time.monotonic() + 30
+            while not (root / "authsvc-admin.sock").exists():
+                assert admin_gunicorn.poll() is None, (logs / "gunicorn-admin-error.log").read_text()
+                assert time.monotonic() < deadline, "the admin API's socket never appeared"
+                time.sleep(0.05)
     except BaseException:
         stop(nginx_proc)
         stop(gunicorn)
+        stop(admin_gunicorn)
         for _, proc in app_hosts:
             stop(proc)
         raise
@@ -275,5 +320,6 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         game_id=game["game_id"], api_key=game["api_key"], other_api_key=other["api_key"],
         user_id=4242, username="alice", token=token, token_secret=token_secret, env=admin_env,
         gunicorn=gunicorn, nginx=nginx_proc, ready_message=ready, logs=logs, metrics_port=metrics_port,
-        app_hosts=app_hosts,
+        app_hosts=app_hosts, admin_port=admin_port if admin else 0, admin_gunicorn=admin_gunicorn,
+        admin_token=admin_token,
     )

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from tests.deploy_support import API_HOST, LEGACY_HOST, REPO, start_stack, stop
+from tests.deploy_support import ADMIN_HOST, API_HOST, LEGACY_HOST, REPO, start_stack, stop
 
 pytestmark = pytest.mark.slow
 
@@ -192,6 +192,86 @@ def test_other_paths_on_the_https_host_are_json_404(stack):
     assert answer.status == 404
     _error_shape(answer, 404)
     assert answer.headers["Strict-Transport-Security"] == "max-age=63072000"
+
+
+def _wait_for_lines(path, count: int, marker: str = "") -> list[str]:
+    """The log's lines holding ``marker``, once there are ``count`` (a line is written just after its answer)."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [line for line in path.read_text().splitlines() if marker in line]
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
+
+
+ADMIN_PATHS = [("GET", "/v1/players/1"), ("PUT", "/v1/players/1"), ("POST", "/v1/players/1/revoke"),
+               ("POST", "/v1/tokens"), ("GET", "/v1/games"), ("POST", "/v1/games"), ("GET", "/v1/games/1"),
+               ("GET", "/v1/audit?limit=1"), ("GET", "/v1"), ("GET", "//v1/tokens"), ("GET", "/openapi.json")]
+
+
+def test_neither_public_host_answers_an_admin_path(stack):
+    """The admin API is its own service (docs/admin-api.md): the public hosts answer nginx's own JSON 404
+    to every admin path, on HTTPS and on the legacy host alike (no redirect there), and forward nothing."""
+    gunicorn_log = stack.logs / "gunicorn-access.log"
+    forwarded_before = gunicorn_log.read_text().count("\n")
+    body = b'{"username": "mallory", "game_id": 1, "user_id": 1}'
+    headers = {"Authorization": "Bearer asv_not-a-real-token", "Content-Type": "application/json",
+               "User-Agent": "admin-path-probe"}
+    for scheme in ("https", "http"):
+        for method, path in ADMIN_PATHS:
+            answer = stack.request(scheme, path, method=method, headers=headers,
+                                   body=body if method in ("PUT", "POST") else None)
+            assert answer.status == 404, (scheme, method, path, answer.status, answer.headers.get("Location"))
+            _error_shape(answer, 404)
+    # Nothing reached gunicorn: one authentication after them is the one new line in its log
+    # (requests are logged in order; waiting for that line, not for a time).
+    assert stack.request("https", stack.api_query()).status == 200
+    _wait_for_lines(gunicorn_log, forwarded_before + 1)
+    assert gunicorn_log.read_text().count("\n") == forwarded_before + 1, gunicorn_log.read_text()[-2000:]
+    # And nginx's own lines show no upstream for any of them.
+    lines = _wait_for_lines(stack.logs / "authsvc-access.log", 2 * len(ADMIN_PATHS), "admin-path-probe")
+    assert all(" 404 " in line and " upstream=- " in line for line in lines), lines
+
+
+def test_the_optional_admin_server_proxies_to_the_admin_api_for_allowed_addresses_only(tmp_path):
+    """Opted in (scripts/install --admin-host): its own TLS server and port, the allow list, the admin
+    socket behind it; the public hosts still answer no admin path."""
+    s = start_stack(tmp_path, admin=True)
+    try:
+        auth = {"Authorization": f"Bearer {s.admin_token}", "User-Agent": "admin-server-probe"}
+        player = s.request("https", f"/v1/players/{s.user_id}", host=ADMIN_HOST, port=s.admin_port, headers=auth)
+        assert player.status == 200, player.body
+        assert player.json()["username"] == s.username and player.headers["ETag"]
+        minted = s.request("https", "/v1/tokens", method="POST", host=ADMIN_HOST, port=s.admin_port,
+                           headers={**auth, "Content-Type": "application/json"},
+                           body=json.dumps({"game_id": s.game_id, "user_id": s.user_id}).encode())
+        assert (minted.status, minted.json()["game_auth_token"]) == (200, s.token)
+        # The app's own problems pass through: no token, 401 with WWW-Authenticate.
+        anonymous = s.request("https", "/v1/tokens", method="POST", host=ADMIN_HOST, port=s.admin_port)
+        assert anonymous.status == 401 and anonymous.headers["WWW-Authenticate"].startswith("Bearer")
+        # Another address (127.0.0.2, not in ADMIN_ALLOW): nginx's 403 problem, nothing forwarded
+        # (the next allowed request is the one line the admin API logs after the three above).
+        admin_log = s.logs / "gunicorn-admin-access.log"
+        _wait_for_lines(admin_log, 3)
+        denied = s.request("https", f"/v1/players/{s.user_id}", host=ADMIN_HOST, port=s.admin_port,
+                           headers=auth, source="127.0.0.2")
+        assert denied.status == 403 and denied.content_type == "application/problem+json", denied.body
+        assert denied.json()["status"] == 403
+        assert s.request("https", f"/v1/players/{s.user_id}", host=ADMIN_HOST, port=s.admin_port,
+                         headers=auth).status == 200
+        assert len(_wait_for_lines(admin_log, 4)) == 4, admin_log.read_text()
+        # The public hosts, with the admin server on, still answer no admin path.
+        for scheme in ("https", "http"):
+            answer = s.request(scheme, f"/v1/players/{s.user_id}", headers=auth)
+            assert answer.status == 404 and answer.json()["error"] == 404, (scheme, answer.body)
+        # Neither nginx log holds the token.
+        logs = "".join(s.log_texts().values())
+        assert s.admin_token not in logs and s.admin_token.split("_", 1)[1] not in logs
+        assert '"GET /v1/players/{user_id} HTTP/1.1" 200' in (s.logs / "authsvc-admin-access.log").read_text()
+    finally:
+        stop(s.nginx)
+        stop(s.gunicorn)
+        stop(s.admin_gunicorn)
 
 
 def test_forwarded_headers_come_from_nginx_not_the_client(stack):

@@ -95,12 +95,14 @@ def test_nginx_access_log_format_never_holds_query_or_body(rendered):
                          "$http_referer", "$request_body", "$is_args"):
             assert variable not in fmt + " ", variable
         # A route name, never $uri: a percent-encoded "?" puts the query string in it.
-        assert "$uri" not in fmt and "$authsvc_route" in fmt
+        # (The optional admin server's format names the admin API's routes: authsvc-admin.conf.)
+        assert "$uri" not in fmt and ("$authsvc_route" in fmt or "$authsvc_admin_route" in fmt)
         assert "$request_method" in fmt and "$request_id" in fmt
     # Every access_log line uses that format (429 and 444 answers sampled).
     for line in re.findall(r"^\s*access_log\s+([^;]*);", text, re.M):
         # The monitoring server (/metrics, probes) leaves out its successful answers instead.
-        assert line.split()[1:] in (["authsvc_access", "if=$authsvc_log"], ["authsvc_access", "if=$authsvc_monitor_log"]), line
+        assert line.split()[1:] in (["authsvc_access", "if=$authsvc_log"], ["authsvc_access", "if=$authsvc_monitor_log"],
+                                    ["authsvc_admin_access", "if=$authsvc_admin_log"]), line
 
 
 def test_gunicorn_config_keeps_queries_out_and_files_in(monkeypatch, tmp_path):

@@ -80,6 +80,9 @@ def test_staged_install_puts_everything_in_place(staged):
         "etc/systemd/system/authsvc.socket": 0o644,
         "etc/systemd/system/authsvc.service": 0o644,
         "etc/systemd/system/authsvc-heartbeat.service": 0o644,
+        "etc/systemd/system/authsvc-admin.socket": 0o644,
+        "etc/systemd/system/authsvc-admin.service": 0o644,
+        "etc/authsvc/admin.toml": 0o640,
         "etc/nginx/sites-available/authsvc.conf": 0o644,
         "etc/nginx/snippets/authsvc-json-errors.conf": 0o644,
         "etc/nginx/snippets/authsvc-tls.conf": 0o644,
@@ -104,7 +107,7 @@ def test_staged_install_puts_everything_in_place(staged):
         root / "etc/systemd/system/authsvc.service"
     ).read_text()
     # The steps that need root are skipped, visibly.
-    for step in ("useradd", "chown", "systemctl daemon-reload", "nginx -t"):
+    for step in ("useradd", "groupadd --system authsvc-admin", "chown", "systemctl daemon-reload", "nginx -t"):
         assert any(line.startswith("skip: ") and step in line for line in first.stdout.splitlines()), step
     # `authsvc init` ran: the store answers the admin command.
     assert json.loads(_admin(root, "game", "list", "--json")) == {"games": []}
@@ -153,6 +156,62 @@ def test_installed_gunicorn_loads_the_app_with_the_installed_config(staged):
         env=env, capture_output=True, text=True, timeout=60, cwd=root,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_installed_admin_service_loads_the_admin_api_with_its_settings(staged):
+    """authsvc-admin.service's command line and settings, as installed: the admin app loads and writes the store."""
+    root, first = staged
+    service = (root / "etc/systemd/system/authsvc-admin.service").read_text()
+    assert re.search(r"^ExecStart=/opt/authsvc/venv/bin/gunicorn --config /opt/authsvc/gunicorn.conf.py "
+                     r"authsvc.admin.wsgi:application$", service, re.M)
+    assert "Environment=AUTHSVC_CONFIG=/etc/authsvc/admin.toml" in service
+    socket_unit = (root / "etc/systemd/system/authsvc-admin.socket").read_text()
+    for line in ("ListenStream=/run/authsvc-admin.sock", "SocketGroup=authsvc-admin", "SocketMode=0660"):
+        assert re.search(rf"^{re.escape(line)}$", socket_unit, re.M), line
+    # Installed, not enabled, without --admin; and the output says how.
+    assert "authsvc-admin (the admin API) installed, not enabled" in first.stdout
+    admin_toml = root / "etc/authsvc/admin.toml"
+    assert 'store = "sqlite:///var/lib/authsvc/authsvc.db"' in admin_toml.read_text()
+    staged_toml = root / "admin-staged.toml"
+    staged_toml.write_text(admin_toml.read_text().replace("sqlite:///var/lib", f"sqlite://{root}/var/lib"))
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "AUTHSVC_CONFIG": str(staged_toml),
+        "CREDENTIALS_DIRECTORY": str(root / "etc/authsvc"),
+        "STATE_DIRECTORY": str(root / "var/lib/authsvc"),
+        "HOME": str(root),
+    }
+    done = subprocess.run(
+        [str(root / "opt/authsvc/venv/bin/gunicorn"), "--check-config",
+         "--config", str(root / "opt/authsvc/gunicorn.conf.py"), "authsvc.admin.wsgi:application"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=root,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_install_admin_enables_the_admin_service(tmp_path):
+    done = _install(tmp_path, "--admin")
+    assert any(line.startswith("skip: ") and "enable --now authsvc-admin.socket" in line
+               for line in done.stdout.splitlines()), done.stdout
+    # --admin alone exposes nothing through nginx.
+    assert not (tmp_path / "etc/nginx/sites-enabled/authsvc-admin.conf").exists()
+
+
+def test_the_admin_server_of_nginx_is_off_unless_asked_for(staged, tmp_path):
+    root, _ = staged
+    assert (root / "etc/nginx/sites-available/authsvc-admin.conf").exists()
+    assert not (root / "etc/nginx/sites-enabled/authsvc-admin.conf").exists()
+    done = _install(tmp_path, "--admin-host", "admin.example.com", "--set", "ADMIN_ALLOW=10.0.0.0/24 10.1.0.7")
+    link = tmp_path / "etc/nginx/sites-enabled/authsvc-admin.conf"
+    assert os.readlink(link) == "/etc/nginx/sites-available/authsvc-admin.conf"
+    site = (tmp_path / "etc/nginx/sites-available/authsvc-admin.conf").read_text()
+    assert "server_name admin.example.com;" in site
+    assert "ssl_certificate     /etc/letsencrypt/live/admin.example.com/fullchain.pem;" in site
+    assert re.findall(r"^\s*(allow \S+;|deny all;)$", site, re.M) == ["allow 10.0.0.0/24;", "allow 10.1.0.7;", "deny all;"]
+    assert "listen 127.0.0.1:8443 ssl;" in site
+    assert "server unix:/run/authsvc-admin.sock;" in site
+    assert any(line.startswith("skip: ") and "usermod -a -G authsvc-admin www-data" in line
+               for line in done.stdout.splitlines()), done.stdout
 
 
 def test_install_honours_layout_values(tmp_path):

@@ -41,8 +41,9 @@ def _analyze(*args, cwd) -> subprocess.CompletedProcess:
     return subprocess.run(["systemd-analyze", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
-UNITS = ("./authsvc.socket", "./authsvc.service", "./authsvc-heartbeat.service")
-SERVICES = ("authsvc.service", "authsvc-heartbeat.service")
+UNITS = ("./authsvc.socket", "./authsvc.service", "./authsvc-heartbeat.service",
+         "./authsvc-admin.socket", "./authsvc-admin.service")
+SERVICES = ("authsvc.service", "authsvc-heartbeat.service", "authsvc-admin.service")
 
 
 def test_verify_is_clean(units):
@@ -98,3 +99,21 @@ def test_the_heartbeat_unit_runs_the_admin_command_for_ever(units):
     ):
         assert re.search(rf"^{re.escape(line)}$", heartbeat, re.M), line
     assert re.search(r"^ExecStart=\S+/venv/bin/authsvc heartbeat$", heartbeat, re.M)
+
+
+def test_the_admin_api_unit_runs_the_admin_app_on_a_group_restricted_socket(units):
+    service = (units / "authsvc-admin.service").read_text()
+    socket_unit = (units / "authsvc-admin.socket").read_text()
+    for line in (
+        "Type=notify",
+        "User=authsvc",
+        "Requires=authsvc-admin.socket",
+        "Environment=AUTHSVC_CONFIG=/etc/authsvc/admin.toml",
+        "LoadCredential=token-secret:/etc/authsvc/token-secret",
+        "StateDirectory=authsvc",
+    ):
+        assert re.search(rf"^{re.escape(line)}$", service, re.M), line
+    assert re.search(r"^ExecStart=\S+/venv/bin/gunicorn --config \S+/gunicorn.conf.py authsvc.admin.wsgi:application$",
+                     service, re.M)
+    for line in ("ListenStream=/run/authsvc-admin.sock", "SocketGroup=authsvc-admin", "SocketMode=0660"):
+        assert re.search(rf"^{re.escape(line)}$", socket_unit, re.M), line

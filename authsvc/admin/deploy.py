@@ -7,7 +7,7 @@ so the tests run exactly what a machine gets. Rules:
   (nginx named locations such as ``@authsvc_502`` are lower case, so never one);
 - every placeholder in a template needs a value, and every value given must be
   used by some template: a typo stops the render instead of shipping ``@API_HOTS@``;
-- a line holding a list placeholder (``*_LISTEN``, ``UPSTREAMS``) is written once
+- a line holding a list placeholder (``*_LISTEN``, ``UPSTREAMS``, ``ADMIN_ALLOW``) is written once
   per space-separated item of its value (``443 [::]:443`` gives two ``listen``
   lines; ``unix:/run/authsvc.sock 10.0.0.2:8000`` two upstream ``server`` lines);
 - ``MAX_BODY_BYTES`` (nginx's body limit) is the service's ``max_body_bytes``: from
@@ -41,6 +41,13 @@ DEFAULTS = {
     # The monitoring server (/metrics, /healthz, /readyz): loopback unless told otherwise.
     "METRICS_LISTEN": "127.0.0.1:9180",
     "SOCKET": "/run/authsvc.sock",
+    # The admin API's unix socket (authsvc-admin.socket) and the group that may connect to it.
+    "ADMIN_SOCKET": "/run/authsvc-admin.sock",
+    "ADMIN_GROUP": "authsvc-admin",
+    # The optional admin server of nginx (sites/authsvc-admin.conf, off by default): its own
+    # TLS listen addresses and the client addresses it lets through (ADMIN_HOST: admin.API_HOST).
+    "ADMIN_LISTEN": "127.0.0.1:8443",
+    "ADMIN_ALLOW": "127.0.0.1 ::1",
     # UPSTREAMS (the app hosts nginx proxies to) defaults to "unix:" + SOCKET.
     "NGINX_DIR": "/etc/nginx",
     "NGINX_LOG_DIR": "/var/log/nginx",
@@ -75,7 +82,7 @@ class RenderError(Exception):
 
 def is_list(name: str) -> bool:
     """A placeholder whose line is repeated once per space-separated item of its value."""
-    return name.endswith("_LISTEN") or name == "UPSTREAMS"
+    return name.endswith("_LISTEN") or name in ("UPSTREAMS", "ADMIN_ALLOW")
 
 
 def values_with_defaults(given: dict[str, str]) -> dict[str, str]:
@@ -88,6 +95,9 @@ def values_with_defaults(given: dict[str, str]) -> dict[str, str]:
     values.setdefault("TLS_CERT", f"/etc/letsencrypt/live/{api_host}/fullchain.pem")
     values.setdefault("TLS_KEY", f"/etc/letsencrypt/live/{api_host}/privkey.pem")
     values.setdefault("UPSTREAMS", f"unix:{values['SOCKET']}")
+    admin_host = values.setdefault("ADMIN_HOST", f"admin.{api_host}")
+    values.setdefault("ADMIN_TLS_CERT", f"/etc/letsencrypt/live/{admin_host}/fullchain.pem")
+    values.setdefault("ADMIN_TLS_KEY", f"/etc/letsencrypt/live/{admin_host}/privkey.pem")
     values.setdefault("UPSTREAM_MAX_CONNS", str(REQUESTS_PER_WORKER * default("workers")))  # this machine's CPUs
     if "RATE_DELAY" not in values:
         max_conns = int(values["UPSTREAM_MAX_CONNS"]) if values["UPSTREAM_MAX_CONNS"].isdigit() else 0
