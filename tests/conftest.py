@@ -200,6 +200,28 @@ def env(store_url, secret_file):
     """
     return {"AUTHSVC_STORE": store_url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), "AUTHSVC_MAX_STALENESS": "0"}
 
+@pytest.fixture
+def command_as_alice(monkeypatch, env, capsys):
+    """run(*argv) -> (exit code, stdout, stderr): the real `authsvc` command (its main) on the store
+    under test, as the sudo user alice (the audit trail's actor ``cli:alice``)."""
+    from authsvc.admin import command
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AUTHSVC_CONFIG", raising=False)
+    monkeypatch.setenv("SUDO_USER", "alice")
+
+    def run(*argv):
+        try:
+            code = command.main(list(argv))
+        except SystemExit as e:
+            code = e.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
 
 @pytest.fixture
 def settings(env):

@@ -250,3 +250,18 @@ def instructions(call) -> list[str]:
     finally:
         sys.settrace(None)
     return executed
+
+
+def store_sql(store_url: str, statement: str, params: tuple = ()) -> list[tuple]:
+    """One statement on the store as its owner (the SQLite file, or PostgreSQL's session database);
+    ``?`` placeholders on both engines."""
+    import sqlite3
+
+    if store_url.startswith("sqlite://"):
+        with sqlite3.connect(store_url.removeprefix("sqlite://"), isolation_level=None) as conn:
+            return conn.execute(statement, params).fetchall()
+    import psycopg
+
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        cur = conn.execute(statement.replace("?", "%s"), params)
+        return cur.fetchall() if cur.description else []

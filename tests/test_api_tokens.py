@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -23,38 +22,19 @@ from authsvc.admin import operations as ops
 from authsvc.admin.api import AdminApp
 from authsvc.errors import OperationConflict, OperationInvalid, OperationNotFound
 from authsvc.settings import Settings
+from tests.support import store_sql
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
 
 
 @pytest.fixture
-def run(monkeypatch, env, capsys):
-    """run(*argv) -> (exit code, stdout, stderr), as the sudo user alice, on a migrated store."""
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AUTHSVC_CONFIG", raising=False)
-    monkeypatch.setenv("SUDO_USER", "alice")
-
-    def run(*argv):
-        try:
-            code = cli.main(list(argv))
-        except SystemExit as e:
-            code = e.code
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    assert run("init")[0] == 0
-    return run
+def run(command_as_alice):
+    """The command on a migrated store."""
+    assert command_as_alice("init")[0] == 0
+    return command_as_alice
 
 
-def sql(store_url: str, statement: str) -> list[tuple]:
-    if store_url.startswith("sqlite://"):
-        with sqlite3.connect(store_url.removeprefix("sqlite://"), isolation_level=None) as conn:
-            return conn.execute(statement).fetchall()
-    import psycopg
-
-    with psycopg.connect(store_url, autocommit=True) as conn:
-        return conn.execute(statement).fetchall()
+sql = store_sql
 
 
 def test_add_shows_the_token_once_and_stores_its_digest(run, store_url):

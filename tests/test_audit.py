@@ -25,27 +25,14 @@ import pytest
 from authsvc.admin import command as cli
 from authsvc.settings import admin_actor
 from authsvc.store.audit import COLUMNS, GENESIS, Record, record_hash
+from tests.support import store_sql
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
 
 
 @pytest.fixture
-def run(monkeypatch, env, capsys):
-    """run(*argv) -> (exit code, stdout, stderr), as the sudo user alice."""
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AUTHSVC_CONFIG", raising=False)
-    monkeypatch.setenv("SUDO_USER", "alice")
-
-    def run(*argv):
-        try:
-            code = cli.main(list(argv))
-        except SystemExit as e:
-            code = e.code
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+def run(command_as_alice):
+    return command_as_alice
 
 
 @pytest.fixture
@@ -57,16 +44,7 @@ def world(run):
     return run
 
 
-def sql(store_url: str, statement: str, params: tuple = ()) -> list[tuple]:
-    """One statement on the store as its owner (the SQLite file, or PostgreSQL's session database)."""
-    if store_url.startswith("sqlite://"):
-        with sqlite3.connect(store_url.removeprefix("sqlite://"), isolation_level=None) as conn:
-            return conn.execute(statement, params).fetchall()
-    import psycopg
-
-    with psycopg.connect(store_url, autocommit=True) as conn:
-        cur = conn.execute(statement.replace("?", "%s"), params)
-        return cur.fetchall() if cur.description else []
+sql = store_sql
 
 
 def records(store_url: str) -> list[Record]:
