@@ -167,9 +167,9 @@ class Store(Reader):
     # -- SQL kept outside the engines (the admin API's tables: authsvc/admin/api_tokens.py) -------
     pg: bool = False  # the dialect flag store/audit.py's helpers take
 
+    @abc.abstractmethod
     def admin_transaction(self):
         """``with store.admin_transaction() as conn``: one write transaction, the engine's errors mapped."""
-        raise NotImplementedError
 
     # -- the audit trail (store/audit.py) -------------------------------------------------
     @abc.abstractmethod
