@@ -19,8 +19,8 @@ from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.store.postgres import MIGRATIONS, VERSION_TABLE_SQL
 from authsvc.web.app import make_app
-from tests.pgserver import Heartbeat, ThrowawayPostgres, ThrowawayStandby, find_bin_dir
-from tests.support import free_port, kept_stopped, skip_or_fail
+from tests.pgserver import Heartbeat, primary_with_standby
+from tests.support import free_port, kept_stopped
 
 GUNICORN_CONF = Path(__file__).resolve().parent.parent / "deploy" / "gunicorn.conf.py"
 
@@ -88,23 +88,8 @@ def superuser_conn(pg_server_url):
 @pytest.fixture(scope="module")
 def primary_and_standby():
     """A migrated throwaway primary and its ``pg_basebackup -R`` hot standby (the schema comes with it)."""
-    bin_dir = find_bin_dir()
-    if bin_dir is None:
-        skip_or_fail("PostgreSQL binaries (initdb, pg_ctl, pg_basebackup) not found")
-    primary = ThrowawayPostgres(bin_dir)
-    standby = None
-    try:
-        primary.start()
-        admin = open_store(primary.url, readonly=False)
-        admin.migrate()
-        admin.close()
-        standby = ThrowawayStandby(primary)
-        standby.start()
-        yield primary, standby
-    finally:
-        if standby is not None:
-            standby.destroy()
-        primary.destroy()
+    with primary_with_standby(migrate=True) as servers:
+        yield servers
 
 
 def _web_settings(url: str, secret_file, max_staleness: str) -> Settings:

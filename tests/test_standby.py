@@ -24,7 +24,7 @@ from authsvc.errors import StoreUnavailable
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest
-from tests.pgserver import Heartbeat, ThrowawayPostgres, ThrowawayStandby, find_bin_dir
+from tests.pgserver import Heartbeat, primary_with_standby
 from tests.support import free_port, skip_or_fail, wait_for_port
 
 BOUND = 1.0  # AUTHSVC_MAX_STALENESS of the reader
@@ -34,20 +34,8 @@ KEY = "k" * 40
 
 @pytest.fixture(scope="module")
 def servers():
-    bin_dir = find_bin_dir()
-    if bin_dir is None:
-        skip_or_fail("PostgreSQL binaries (initdb, pg_ctl, pg_basebackup) not found")
-    primary = ThrowawayPostgres(bin_dir)
-    standby = None
-    try:
-        primary.start()
-        standby = ThrowawayStandby(primary)
-        standby.start()
-        yield primary, standby
-    finally:
-        if standby is not None:
-            standby.destroy()
-        primary.destroy()
+    with primary_with_standby() as servers:
+        yield servers
 
 
 @pytest.fixture(scope="module")
