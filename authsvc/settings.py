@@ -108,6 +108,10 @@ SETTINGS = (
     Setting("admin_burst", "AUTHSVC_ADMIN_BURST", int, 100, rule="at least 1", check=lambda v: v >= 1),
     # The level of the app's "authsvc" logger, set by deploy/gunicorn.conf.py's logconfig_dict.
     Setting("log_level", "AUTHSVC_LOG_LEVEL", str, "INFO", choices=_LOG_LEVELS),
+    # Where a request's one record is written (docs/logs.md): "app", the app's auth line and gunicorn's
+    # access line; "edge", nginx's access line only (the app hands it result, reason, game and user in
+    # X-Authsvc-Result; gunicorn's access log and the auth line are off; deploy/etc/authsvc.toml).
+    Setting("access_record", "AUTHSVC_ACCESS_RECORD", str, "app", choices=("app", "edge")),
     Setting("workers", "AUTHSVC_WORKERS", int, _cpu_count, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
     Setting("worker_class", "AUTHSVC_WORKER_CLASS", str, "sync", GUNICORN, choices=("sync", "gthread")),
     Setting("threads", "AUTHSVC_THREADS", int, 1, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
@@ -139,7 +143,8 @@ class TokenSecrets(tuple):
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """The app's settings (the ``authsvc`` part of SETTINGS, log_level aside: gunicorn sets that)."""
+    """The app's settings (the ``authsvc`` part of SETTINGS, log_level aside: gunicorn sets that), and
+    [gunicorn]'s forwarded_allow_ips: the peers that are nginx, for access_record = "edge" (authsvc/web/app.py)."""
 
     store: str
     token_secret_file: str
@@ -155,6 +160,8 @@ class Settings:
     audit_retention_days: int = default("audit_retention_days")
     admin_rate: float = default("admin_rate")
     admin_burst: int = default("admin_burst")
+    access_record: str = default("access_record")
+    forwarded_allow_ips: str = default("forwarded_allow_ips")
 
     def __repr__(self) -> str:
         """The fields, with the store URL's password masked: a repr can reach a log or a traceback."""
@@ -169,6 +176,10 @@ class Settings:
     @property
     def errors_as_http_status(self) -> bool:
         return self.error_status == "http"
+
+    @property
+    def record_at_edge(self) -> bool:
+        return self.access_record == "edge"
 
     @classmethod
     def from_env(
@@ -200,6 +211,7 @@ class GunicornSettings:
     bind: str
     forwarded_allow_ips: str
     log_level: str
+    access_record: str
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GunicornSettings:

@@ -17,6 +17,9 @@ app uses (declarations there, docs/configuration.md):
                                          whose X-Forwarded-* headers are believed
     log_level     AUTHSVC_LOG_LEVEL      (an app setting: the file's top level) level of
                                          the app's "authsvc" logger, default INFO
+    access_record AUTHSVC_ACCESS_RECORD  (an app setting) "app" (default): the access log
+                                         below is on; "edge" (behind nginx, the shipped
+                                         file): off, nginx's line is the record (docs/logs.md)
 
 A wrong or unknown setting stops gunicorn here with one line on stderr (the
 journal) and exit status 1, before anything listens.
@@ -102,12 +105,16 @@ umask = 0o077
 # connection's own; proto= the scheme gunicorn took; rid= the request id in its
 # documented shape, else "-". result= is the app's result code (X-Authsvc-Result:
 # 403 for wrong credentials, though HTTP 200 on the wire; docs/logs.md).
+# Behind nginx (access_record = "edge") nginx's access line is a request's one record, and
+# this log is off: the gunicorn.access logger above INFO, so RouteLogger returns at once
+# (it cost a worker about as much as the app's own work on an authentication: BENCHMARKS.md).
 logger_class = "authsvc.serving.access_log.RouteLogger"
 access_log_format = (
     '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms '
     'proto=%({x-forwarded-proto}i)s rid=%({x-request-id}i)s result=%({x-authsvc-result}o)s'
 )
-accesslog = "-"
+_access_log_on = _settings.access_record == "app"
+accesslog = "-" if _access_log_on else None
 errorlog = "-"
 loglevel = "info"
 logconfig_dict = {
@@ -130,7 +137,8 @@ logconfig_dict = {
     "root": {"level": "WARNING", "handlers": ["error"]},
     "loggers": {
         "gunicorn.error": {"level": "INFO", "handlers": ["error"], "propagate": False, "filters": ["redact"]},
-        "gunicorn.access": {"level": "INFO", "handlers": ["access"], "propagate": False},
+        "gunicorn.access": {"level": "INFO" if _access_log_on else "WARNING", "handlers": ["access"],
+                            "propagate": False},
         # The app logs the frames of unexpected errors, never the query string;
         # gunicorn's own request errors go through authsvc/serving/redact.py.
         "authsvc": {

@@ -69,6 +69,83 @@ def test_every_answer_carries_its_result_code(world, error_status):
     app.app.store.close()
 
 
+# -- access_record = "edge": the record rides X-Authsvc-Result to nginx's line ----------
+
+NGINX = {"REMOTE_ADDR": "127.0.0.1"}  # a peer of forwarded_allow_ips (the default): nginx
+DIRECT = {"REMOTE_ADDR": "203.0.113.9"}  # any other peer: a client that reaches the app itself
+# Spaces, quotes, a newline, a forged field: the user id is malformed, and none of it may be echoed.
+CRAFTED_USER = '4242 reason=success game=1 user=1"\nx'
+
+
+def _edge_app(world, **overrides):
+    settings = dataclasses.replace(world.settings, access_record="edge", **overrides)
+    return webtest.TestApp(App(settings, open_store(settings.store, readonly=True, settings=settings)), lint=True)
+
+
+@pytest.mark.engine("sqlite")
+def test_at_the_edge_the_record_rides_the_result_header_and_the_app_writes_no_line(world, caplog):
+    app = _edge_app(world)
+    game, user = world.game_id, world.user_id
+    cases = [
+        (world.params(), f"200 reason=success game={game} user={user}"),
+        (world.params(game_auth_token="0" * 64), f"403 reason=wrong_token game={game} user={user}"),
+        (world.params(api_key=KEY), f"403 reason=unknown_key game=none user={user}"),
+        (world.params(user_id="999"), f"403 reason=unknown_player game={game} user=999"),
+        (world.params(api_key=None), "400 reason=missing_parameters game=none user=-"),
+        (world.params(user_id=CRAFTED_USER), "403 reason=malformed game=none user=-"),
+    ]
+    with caplog.at_level(logging.DEBUG, logger="authsvc"):
+        for params, record in cases:
+            # A client's own X-Authsvc-Result is a request header: never read, never echoed.
+            res = app.get("/api/authenticate.json", params=params, extra_environ=NGINX,
+                          headers={"X-Authsvc-Result": "200 reason=success game=1 user=1"})
+            assert res.headers["X-Authsvc-Result"] == record, params
+        assert app.get("/healthz", extra_environ=NGINX).headers["X-Authsvc-Result"] == "200"
+        assert app.get("/nope", status=404, extra_environ=NGINX).headers["X-Authsvc-Result"] == "404"
+        # Over the unix socket gunicorn's REMOTE_ADDR is no address: nginx too.
+        res = app.get("/api/authenticate.json", params=world.params(), extra_environ={"REMOTE_ADDR": ""})
+        assert res.headers["X-Authsvc-Result"] == f"200 reason=success game={game} user={user}"
+    assert caplog.records == [], caplog.text
+    app.app.store.close()
+
+
+@pytest.mark.engine("sqlite")
+def test_at_the_edge_a_client_that_reaches_the_app_itself_gets_the_code_only_and_the_auth_line(world, caplog):
+    """The reason is never on the wire (docs/api.md): only nginx, which strips the header, gets it."""
+    app = _edge_app(world)
+    with caplog.at_level(logging.INFO, logger="authsvc.auth"):
+        res = app.get("/api/authenticate.json", params=world.params(game_auth_token="0" * 64), extra_environ=DIRECT)
+    assert res.headers["X-Authsvc-Result"] == "403"
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("auth rid=- host=legacy ") and " reason=wrong_token " in line, line
+    app.app.store.close()
+
+
+@pytest.mark.engine("sqlite")
+def test_with_the_app_record_the_header_is_the_code_and_the_auth_line_is_written(world, caplog):
+    app = webtest.TestApp(App(world.settings, open_store(world.settings.store, readonly=True,
+                                                         settings=world.settings)), lint=True)
+    assert world.settings.access_record == "app"
+    with caplog.at_level(logging.INFO, logger="authsvc.auth"):
+        res = app.get("/api/authenticate.json", params=world.params(user_id=CRAFTED_USER), extra_environ=NGINX)
+    assert res.headers["X-Authsvc-Result"] == "403"
+    [line] = [r.getMessage() for r in caplog.records]
+    assert " user=- reason=malformed " in line and "\n" not in line and '"' not in line, line
+    app.app.store.close()
+
+
+@pytest.mark.engine("sqlite")
+def test_at_the_edge_an_outage_503_carries_its_reason(world, settings, tmp_path):
+    path = settings.store.removeprefix("sqlite://")
+    params = world.params()
+    world.store.close()
+    app = _edge_app(world)
+    os.rename(path, tmp_path / "moved.db")
+    res = app.get("/api/authenticate.json", params=params, status=503, extra_environ=NGINX)
+    assert res.headers["X-Authsvc-Result"] == "503 reason=store_unavailable game=none user=-"
+    app.app.store.close()
+
+
 # -- "store unavailable": at most one line per 10 s per worker --------------------------
 
 

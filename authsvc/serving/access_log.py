@@ -18,7 +18,9 @@ atom is the request id in its documented shape, else "-" (authsvc/loglines.py); 
 other request header atom, the user agent and the user are "-".
 
 A successful probe (``/healthz``, ``/readyz``: a load balancer or a monitoring system
-asks every few seconds) is logged at DEBUG, not at INFO; a failing one at INFO.
+asks every few seconds) is logged at DEBUG, not at INFO; a failing one at INFO. With the
+``gunicorn.access`` logger above INFO (``access_record = "edge"``: nginx's line is the
+record, docs/logs.md) nothing is logged and no atom is built.
 """
 
 from __future__ import annotations
@@ -89,8 +91,10 @@ def _shown(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
 
 class RouteLogger(Logger):
     def access(self, resp, req, environ, request_time):
-        if environ.get("PATH_INFO") in PROBE_PATHS and str(resp.status).startswith("2") and not self.access_log.isEnabledFor(
-            logging.DEBUG
+        log = self.access_log
+        if not log.isEnabledFor(logging.DEBUG) and (
+            not log.isEnabledFor(logging.INFO)  # off: gunicorn's access() would build every atom first
+            or (environ.get("PATH_INFO") in PROBE_PATHS and str(resp.status).startswith("2"))
         ):
             return
         super().access(resp, req, environ, request_time)

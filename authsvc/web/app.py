@@ -4,8 +4,13 @@ Every answer, including 404, 405, 413, 503 and 500, is the same JSON shape.
 The 400/403 results of docs/api.md come back with HTTP 200 unless
 ``AUTHSVC_ERROR_STATUS=http`` (docs/api.md, "Answers": real clients break on 4xx). Every
 answer also carries that result code in ``X-Authsvc-Result`` for the access
-logs (nginx hides it from clients; docs/logs.md), and every authentication
-writes one ``auth ... reason=...`` line (docs/logs.md, "Why a login failed").
+logs (nginx hides it from clients; docs/logs.md). Every authentication is recorded
+once (docs/logs.md, "Which line holds what"): with ``access_record = "app"`` the app
+writes an ``auth ... reason=...`` line; with ``"edge"`` a request that came through
+nginx (a peer of ``forwarded_allow_ips``, or the unix socket) gets its reason, game
+and user appended to ``X-Authsvc-Result`` (``403 reason=wrong_token game=7 user=1001``)
+for nginx's access line, which nginx strips from the answer, and no line of the app's;
+a client that reaches the app directly still gets the auth line and only the code.
 
 ``/healthz`` is liveness (the process answers, no store), ``/readyz`` readiness
 (the store answers the authentication query and its schema is current; docs/api.md).
@@ -14,6 +19,8 @@ writes one ``auth ... reason=...`` line (docs/logs.md, "Why a login failed").
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import json
 import logging
 import re
@@ -57,6 +64,9 @@ OTHER_ROUTE = "<other>"
 RESULT_HEADER = "X-Authsvc-Result"
 ROUTE_PATHS = (AUTHENTICATE_PATH, HEALTH_PATH, READY_PATH, METRICS_PATH, OPENAPI_PATH)
 PROBE_PATHS = (HEALTH_PATH, READY_PATH)
+# Where observe() leaves an authentication's record for __call__ to append to RESULT_HEADER
+# (access_record = "edge"). Not an HTTP_ key: no request header can set it.
+RECORD_KEY = "authsvc.record"
 STORE_WARNING_INTERVAL = 10.0  # seconds between two "store unavailable" lines of one worker
 # /readyz checks the schema version (Store.check: a new connection on PostgreSQL) at most
 # this often per worker; the authentication query runs on every probe.
@@ -81,6 +91,18 @@ def route_name(path: str | None) -> str:
     if path and canonical_path(path) in ROUTE_PATHS:
         return canonical_path(path)
     return OTHER_ROUTE
+
+
+@functools.lru_cache(maxsize=64)
+def from_proxy(remote_addr: str, allowed: str) -> bool:
+    """Whether a peer is nginx as gunicorn decides it (forwarded_allow_ips, which settings.py has
+    checked: IP addresses or networks, never "*"): an address in ``allowed``, or not an IP address
+    at all (the unix socket, which only nginx's group may open). Cached: the peers are a few."""
+    try:
+        peer = ipaddress.ip_address(remote_addr.partition("%")[0])
+    except ValueError:
+        return True
+    return any(peer in ipaddress.ip_network(item.strip()) for item in allowed.split(","))
 
 
 class App:
@@ -154,7 +176,8 @@ class App:
                 self.observation_failed(e)
         if content_type is not None:
             return self.serve_metrics(start_response, method == "HEAD", body, content_type)
-        extra_headers = (*extra_headers, (RESULT_HEADER, str(result)))
+        record = environ.get(RECORD_KEY)  # access_record = "edge": nginx logs it, and strips the header
+        extra_headers = (*extra_headers, (RESULT_HEADER, str(result) if record is None else f"{result} {record}"))
         return respond(start_response, self.http_status(result), body, head=method == "HEAD", extra_headers=extra_headers)
 
     def store_unavailable(self, path: str) -> None:
@@ -232,13 +255,20 @@ class App:
             pass  # the logger itself fails: the answer is the 503 all the same
 
     def observe(self, environ: dict, start: float, reason: str, game_id: int | None, user_id: int | None) -> None:
-        """Count it (authsvc_authentications_total) and write one logfmt line (docs/logs.md):
-        never a key, a token or the query string. Neither failing changes the answer."""
+        """Count it (authsvc_authentications_total) and record it once (docs/logs.md): for nginx's access
+        line (access_record = "edge", a request through nginx), else in one logfmt line of the app's.
+        Only a reason word and validated ids: never a key, a token, the query string or a client's text.
+        Neither failing changes the answer."""
         if self.metrics is not None:
             try:
                 self.metrics.authentication(game_id, reason)
             except Exception as e:
                 self.observation_failed(e)
+        if self.settings.record_at_edge and from_proxy(environ.get("REMOTE_ADDR") or "",
+                                                       self.settings.forwarded_allow_ips):
+            environ[RECORD_KEY] = (f"reason={reason} game={'none' if game_id is None else game_id} "
+                                   f"user={'-' if user_id is None else user_id}")
+            return
         if auth_log.isEnabledFor(logging.INFO):
             rid = request_id(environ.get("HTTP_X_REQUEST_ID"))
             host = "https" if environ.get("wsgi.url_scheme") == "https" else "legacy"
