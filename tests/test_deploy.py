@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from authsvc.web.authenticate import REASONS
 from tests.deploy_support import ADMIN_HOST, API_HOST, LEGACY_HOST, REPO, start_stack, stop
 
 pytestmark = pytest.mark.slow
@@ -212,8 +213,6 @@ ADMIN_PATHS = [("GET", "/v1/players/1"), ("PUT", "/v1/players/1"), ("POST", "/v1
 def test_neither_public_host_answers_an_admin_path(stack):
     """The admin API is its own service (docs/admin-api.md): the public hosts answer nginx's own JSON 404
     to every admin path, on HTTPS and on the legacy host alike (no redirect there), and forward nothing."""
-    gunicorn_log = stack.logs / "gunicorn-access.log"
-    forwarded_before = gunicorn_log.read_text().count("\n")
     body = b'{"username": "mallory", "game_id": 1, "user_id": 1}'
     headers = {"Authorization": "Bearer asv_not-a-real-token", "Content-Type": "application/json",
                "User-Agent": "admin-path-probe"}
@@ -223,12 +222,7 @@ def test_neither_public_host_answers_an_admin_path(stack):
                                    body=body if method in ("PUT", "POST") else None)
             assert answer.status == 404, (scheme, method, path, answer.status, answer.headers.get("Location"))
             _error_shape(answer, 404)
-    # Nothing reached gunicorn: one authentication after them is the one new line in its log
-    # (requests are logged in order; waiting for that line, not for a time).
-    assert stack.request("https", stack.api_query()).status == 200
-    _wait_for_lines(gunicorn_log, forwarded_before + 1)
-    assert gunicorn_log.read_text().count("\n") == forwarded_before + 1, gunicorn_log.read_text()[-2000:]
-    # And nginx's own lines show no upstream for any of them.
+    # Nothing reached gunicorn: nginx's lines show no upstream for any of them.
     lines = _wait_for_lines(stack.logs / "authsvc-access.log", 2 * len(ADMIN_PATHS), "admin-path-probe")
     assert all(" 404 " in line and " upstream=- " in line for line in lines), lines
 
@@ -275,21 +269,20 @@ def test_the_optional_admin_server_proxies_to_the_admin_api_for_allowed_addresse
 
 
 def test_forwarded_headers_come_from_nginx_not_the_client(stack):
+    """nginx's line (the record behind nginx) holds the connection's address and nginx's own request id;
+    gunicorn, which would believe these headers from nginx, gets nginx's values (tests/test_forged_log_fields.py
+    shows gunicorn's own line, access_record = "app")."""
     spoof = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https", "X-Request-Id": "spoofed-id"}
     for scheme in ("http", "https"):
         stack.request(scheme, stack.api_query(), headers={**spoof, "User-Agent": f"forwarded-{scheme}"})
-    # nginx's request id for each, found by its user agent; then gunicorn's line for that id.
     nginx_log = _wait_for(stack, "authsvc-access.log", ['"forwarded-http"', '"forwarded-https"'])
-    rid = {
-        scheme: re.search(rf'^\S+ ([0-9a-f]{{32}}) .*"forwarded-{scheme}"$', nginx_log, re.M).group(1)
-        for scheme in ("http", "https")
-    }
-    gunicorn_log = _wait_for(stack, "gunicorn-access.log", [f"rid={r}" for r in rid.values()])
-    for scheme, request_id in rid.items():
-        line = next(line for line in gunicorn_log.splitlines() if f"rid={request_id}" in line)
-        assert line.startswith("127.0.0.1 "), line  # the connection's address, not the client's header
-        assert f"proto={scheme} " in line, line
-    assert "203.0.113.9" not in gunicorn_log and "spoofed-id" not in gunicorn_log
+    for scheme in ("http", "https"):
+        [line] = _lines_with(nginx_log, f'"forwarded-{scheme}"')
+        assert re.match(r"^\S+ [0-9a-f]{32} 127\.0\.0\.1 ", line), line
+        assert " result=200 reason=success " in line, line
+    logs = stack.log_texts()
+    for name in ("authsvc-access.log", "gunicorn-access.log", "gunicorn-error.log"):
+        assert "203.0.113.9" not in logs[name] and "spoofed-id" not in logs[name], name
 
 
 def _wait_for(stack, name: str, needles: list[str]) -> str:
@@ -456,9 +449,10 @@ def test_access_logs_name_the_route_never_a_decoded_path(stack):
     for ua in ("encoded-https", "encoded-http"):
         [line] = _lines_with(nginx_log, f'"{ua}"')
         assert '"GET <other> HTTP/1.1"' in line, line
-    gunicorn_log = _wait_for(stack, "gunicorn-access.log", ["rid=encoded-direct"])
-    [line] = _lines_with(gunicorn_log, "rid=encoded-direct")
-    assert '"GET <other> HTTP/1.1" 404 ' in line, line
+    # Behind nginx gunicorn's access log is off (access_record = "edge"); its route names, with
+    # access_record = "app": tests/test_forged_log_fields.py.
+    gunicorn_log = (stack.logs / "gunicorn-access.log").read_text()
+    assert gunicorn_log == "", gunicorn_log[-2000:]
     # The known paths keep their name.
     stack.request("https", stack.api_query(), headers={"User-Agent": "route-known"})
     nginx_log = _wait_for(stack, "authsvc-access.log", ['"route-known"'])
@@ -467,33 +461,69 @@ def test_access_logs_name_the_route_never_a_decoded_path(stack):
         assert stack.api_key not in text and stack.token not in text and "api_key=" not in text
 
 
-def test_access_logs_record_the_spec_result_clients_never_see_the_header(stack):
-    """A wrong token is HTTP 200 on the wire; both access logs say result=403 (docs/logs.md)."""
+# nginx's line as docs/logs.md gives it: time, request id, address, host, request, status, bytes,
+# time, upstream, addr=, the record (result= reason= game= user=), user agent.
+NGINX_LINE = re.compile(
+    r'^(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d) (?P<rid>[0-9a-f]{32}) (?P<address>\S+) "(?P<host>[^"]+)" '
+    r'"(?P<request>[^"]+)" (?P<status>\d{3}) \d+ \d+ [\d.]+ upstream=(?P<upstream>.+?) addr="[^"]*" '
+    r'result=(?P<result>\d{3}|-) reason=(?P<reason>[a-z_]+|-) game=(?P<game>\d+|none|-) user=(?P<user>\d+|-) '
+    r'"(?P<agent>[^"]*)"$'
+)
+# A user id with spaces, quotes, a newline and forged fields: malformed, never echoed.
+CRAFTED_USER = "4242%20reason%3Dsuccess%20game%3D777%20user%3D777%22%0Aforged-user-text"
+
+
+def test_one_authentication_behind_nginx_is_one_line_of_nginx_and_the_header_never_reaches_the_client(stack):
+    """access_record = "edge" (the shipped authsvc.toml): nginx's line holds result, reason, game and user
+    (the app's X-Authsvc-Result, which nginx strips); gunicorn's access log and the app's auth line
+    hold nothing. A client's own X-Authsvc-Result request header changes nothing."""
     bad_token = stack.token[:-1] + ("0" if stack.token[-1] != "0" else "1")
-    cases = {"ok": stack.api_query(), "bad": stack.api_query(game_auth_token=bad_token),
-             "missing": stack.api_query(api_key=None)}
-    expected = {"ok": "200", "bad": "403", "missing": "400"}
+    game, user = str(stack.game_id), str(stack.user_id)
+    cases = {
+        "ok": (stack.api_query(), ("200", "success", game, user)),
+        "bad": (stack.api_query(game_auth_token=bad_token), ("403", "wrong_token", game, user)),
+        "nokey": (stack.api_query(api_key="9e258f6c-a232-442b-8d2d-f22da9c19d49"), ("403", "unknown_key", "none", user)),
+        "nobody": (stack.api_query(user_id="999"), ("403", "unknown_player", game, "999")),
+        "missing": (stack.api_query(api_key=None), ("400", "missing_parameters", "none", "-")),
+        "crafted": (stack.api_query(user_id=CRAFTED_USER), ("403", "malformed", "none", "-")),
+    }
+    forged = {"X-Authsvc-Result": "200 reason=success game=777 user=777"}
     for scheme in ("https", "http"):
-        for name, path in cases.items():
-            answer = stack.request(scheme, path, headers={"User-Agent": f"result-{name}-{scheme}"})
+        for name, (path, _) in cases.items():
+            answer = stack.request(scheme, path, headers={**forged, "User-Agent": f"record-{name}-{scheme}"})
             assert answer.status == 200, (scheme, name)
             assert "X-Authsvc-Result" not in answer.headers, answer.headers
-    needles = [f'"result-{n}-{s}"' for n in cases for s in ("https", "http")]
+    needles = [f'"record-{n}-{s}"' for n in cases for s in ("https", "http")]
     nginx_log = _wait_for(stack, "authsvc-access.log", needles)
-    rids = {}
-    for needle in needles:
-        [line] = _lines_with(nginx_log, needle)
-        name = needle.split("-")[1]
-        assert f" result={expected[name]} " in line, line
-        rids[re.search(r"^\S+ ([0-9a-f]{32}) ", line).group(1)] = name
-    gunicorn_log = _wait_for(stack, "gunicorn-access.log", [f"rid={r}" for r in rids])
-    for rid, name in rids.items():
-        [line] = _lines_with(gunicorn_log, f"rid={rid}")
-        assert line.endswith(f" result={expected[name]}"), line
-    # nginx's own answers have no upstream result.
+    rids = []
+    for scheme in ("https", "http"):
+        for name, (_, record) in cases.items():
+            [line] = _lines_with(nginx_log, f'"record-{name}-{scheme}"')
+            fields = NGINX_LINE.match(line)
+            assert fields, line
+            assert (fields["result"], fields["reason"], fields["game"], fields["user"]) == record, line
+            assert fields["request"] == "GET /api/authenticate.json HTTP/1.1" and fields["status"] == "200", line
+            assert fields["address"] == "127.0.0.1" and fields["upstream"].startswith("200 "), line
+            assert fields["host"] == (API_HOST if scheme == "https" else LEGACY_HOST), line
+            rids.append(fields["rid"])
+    assert "forged-user-text" not in nginx_log and "=777" not in nginx_log
+    # Nothing else holds these requests: no gunicorn access line, no auth line.
+    logs = stack.log_texts()
+    assert logs["gunicorn-access.log"] == "", logs["gunicorn-access.log"][-2000:]
+    assert "authsvc.auth" not in logs["gunicorn-error.log"], logs["gunicorn-error.log"][-2000:]
+    for name, text in logs.items():
+        if name != "authsvc-access.log":
+            assert not any(rid in text for rid in rids), name
+    # nginx's own answers have no upstream record.
     stack.request("https", "/admin", headers={"User-Agent": "result-none"})
     [line] = _lines_with(_wait_for(stack, "authsvc-access.log", ['"result-none"']), '"result-none"')
-    assert " 404 " in line and " result=- " in line, line
+    assert " 404 " in line and " result=- reason=- game=- user=- " in line, line
+
+
+def test_the_monitoring_server_never_shows_the_header(stack):
+    for path in ("/healthz", "/readyz", "/metrics", "/nope"):
+        answer = stack.request("http", path, host="127.0.0.1", port=stack.metrics_port)
+        assert "X-Authsvc-Result" not in answer.headers, (path, answer.headers)
 
 
 def test_rate_limited_and_dropped_answers_are_sampled_in_the_access_log(stack):
@@ -603,8 +633,11 @@ def test_unreadable_store_is_a_503_from_the_app_logged_without_the_query(own_sta
         assert answer.status == 503, (scheme, answer.body)
         _error_shape(answer, 503)
         assert answer.json()["error_description"] == "Service temporarily unavailable, try again"
+        assert "X-Authsvc-Result" not in answer.headers, answer.headers  # the app's own 503: stripped too
     log = _wait_for(stack, "gunicorn-error.log", ["[WARNING] authsvc: store unavailable on /api/authenticate.json"])
-    assert "upstream=503" in (stack.logs / "authsvc-access.log").read_text()  # the app's answer, passed through
+    access = (stack.logs / "authsvc-access.log").read_text()
+    assert "upstream=503" in access  # the app's answer, passed through
+    assert " result=503 reason=store_unavailable game=none user=- " in access, access[-2000:]
     assert stack.api_key not in log
     assert_no_log_holds_a_secret(stack)
 
@@ -630,7 +663,7 @@ def test_502_is_json_then_no_log_holds_a_secret(own_stack):
     for status in (" 200 ", " 301 ", " 404 ", " 405 ", " 502 "):
         assert status in access, f"this test should have logged a{status}answer"
     assert "GET /api/authenticate.json HTTP/1.1" in access and "GET <other> HTTP/1.1" in access
-    assert "/api/authenticate.json" in stack.log_texts()["gunicorn-access.log"]
+    assert " result=405 reason=- game=- user=- " in access and " result=200 reason=success " in access
     assert_no_log_holds_a_secret(stack)
 
 
@@ -650,3 +683,10 @@ def assert_no_log_holds_a_secret(stack) -> None:
             assert value not in text, f"{what} found in {name}"
         assert "api_key=" not in text and "game_auth_token=" not in text, name
         assert 'File "<redacted>"' not in text, name
+    # The record's fields (from the app's X-Authsvc-Result) hold only a code, a reason word and ids:
+    # never a client's text (CRAFTED_USER), a key or a token.
+    for line in logs.get("authsvc-access.log", "").splitlines():
+        fields = NGINX_LINE.match(line)
+        assert fields, line
+        assert fields["reason"] in (*REASONS, "-"), line
+        assert "forged-user-text" not in line, line

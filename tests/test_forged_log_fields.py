@@ -54,14 +54,16 @@ def _serve(tmp_path, env: dict, **extra: str):
     return proc, port, access, errors
 
 
-def _get(port: int, path: str, headers: dict) -> None:
+def _get(port: int, path: str, headers: dict) -> http.client.HTTPMessage:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.putrequest("GET", path, skip_accept_encoding=True)
     for name, value in headers.items():
         conn.putheader(name, value.encode("utf-8"))  # as a client sends them: any byte but CR and LF
     conn.endheaders()
-    conn.getresponse().read()
+    response = conn.getresponse()
+    response.read()
     conn.close()
+    return response.headers
 
 
 def _requests(world, port: int, forwarded_for: str, forwarded_proto: str) -> None:
@@ -117,3 +119,53 @@ def test_a_trusted_proxy_gives_the_client_address_in_its_shape_only(tmp_path, en
     _assert_fields_are_the_services(good, good_auths, "203.0.113.9", "https")
     _assert_fields_are_the_services(forged, forged_auths, "127.0.0.1", "http")
     _assert_fields_are_the_services(six, six_auths, "2001:db8::7", "http")
+
+
+def test_gunicorn_alone_names_the_route_never_the_decoded_path(tmp_path, env, world):
+    """access_record = "app" (gunicorn without nginx, as scripts/serve runs it): a percent-encoded '?'
+    puts the query string in the decoded path; gunicorn's line names the route "<other>"."""
+    proc, port, access, errors = _serve(tmp_path, env)
+    try:
+        query = "&".join(f"{k}={v}" for k, v in world.params().items())
+        _get(port, "/api/authenticate.json%3F" + query, {"X-Request-Id": "encoded-direct"})
+        _get(port, "/api/authenticate.json?" + query, {"X-Request-Id": "plain-direct"})
+    finally:
+        stop(proc)
+    text = access.read_text(encoding="utf-8")
+    [encoded] = [line for line in text.splitlines() if "rid=encoded-direct" in line]
+    assert '"GET <other> HTTP/1.1" 404 ' in encoded, encoded
+    [plain] = [line for line in text.splitlines() if "rid=plain-direct" in line]
+    assert plain.endswith(" rid=plain-direct result=200"), plain
+    assert world.api_key not in text and "api_key=" not in text
+    assert " auth rid=plain-direct host=legacy " in errors.read_text(encoding="utf-8")
+
+
+def test_an_edge_host_reached_directly_writes_the_auth_line_and_never_shows_the_reason(tmp_path, env, world):
+    """access_record = "edge", but the peer is not nginx (not in forwarded_allow_ips: an app host's port that
+    Prometheus may reach, docs/scaling.md): the client gets the code only, never the reason or the game
+    (docs/api.md), and the app writes its auth line, since no nginx line will; gunicorn's access log is off."""
+    proc, port, access, errors = _serve(tmp_path, env, AUTHSVC_ACCESS_RECORD="edge",
+                                        AUTHSVC_FORWARDED_ALLOW_IPS="192.0.2.1")
+    try:
+        query = "&".join(f"{k}={v}" for k, v in world.params(game_auth_token="0" * 64).items())
+        headers = _get(port, "/api/authenticate.json?" + query, {"X-Request-Id": "direct-edge"})
+    finally:
+        stop(proc)
+    assert headers["X-Authsvc-Result"] == "403", headers
+    assert access.read_text(encoding="utf-8") == ""
+    [auth] = [line for line in errors.read_text(encoding="utf-8").splitlines() if " auth rid=" in line]
+    assert " auth rid=direct-edge host=legacy " in auth and " reason=wrong_token " in auth, auth
+
+
+def test_an_edge_host_behind_its_proxy_writes_no_line(tmp_path, env, world):
+    """access_record = "edge" and the peer is nginx (127.0.0.1, the default forwarded_allow_ips): the record
+    goes out in X-Authsvc-Result for nginx's line (nginx strips it), and gunicorn and the app write nothing."""
+    proc, port, access, errors = _serve(tmp_path, env, AUTHSVC_ACCESS_RECORD="edge")
+    try:
+        query = "&".join(f"{k}={v}" for k, v in world.params(game_auth_token="0" * 64).items())
+        headers = _get(port, "/api/authenticate.json?" + query, {"X-Request-Id": "proxied-edge"})
+    finally:
+        stop(proc)
+    assert headers["X-Authsvc-Result"] == f"403 reason=wrong_token game={world.game_id} user={world.user_id}"
+    assert access.read_text(encoding="utf-8") == ""
+    assert " auth rid=" not in errors.read_text(encoding="utf-8")

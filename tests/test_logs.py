@@ -228,7 +228,8 @@ def test_the_documented_brute_force_alert_fires_on_a_real_access_log(tmp_path):
             assert time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.05)
         text = log.read_text()
-        assert re.search(r'upstream=502, 200 .* addr="127\.0\.0\.1:\d+, unix:.*" result=403 "guess"', text), text
+        assert re.search(r'upstream=502, 200 .* addr="127\.0\.0\.1:\d+, unix:.*" result=403 reason=wrong_token '
+                         r'game=\d+ user=\d+ "guess"', text), text
         command = documented_alert().replace("/var/log/nginx/authsvc-access.log", shlex.quote(str(log)))
         done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
