@@ -250,7 +250,8 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
                 arg for scope in ("players:read", "players:write", "tokens:mint", "games:read", "audit:read")
                 for arg in ("--scope", scope))], admin_env))["token"]
             admin_env_service = {k: v for k, v in service_env.items() if k != "NOTIFY_SOCKET"}
-            admin_env_service.update({"AUTHSVC_BIND": f"unix:{root / 'authsvc-admin.sock'}", "AUTHSVC_WORKERS": "1",
+            admin_env_service.update({"AUTHSVC_CONFIG": str(rendered / "etc" / "admin.toml"),  # as the unit's
+                                      "AUTHSVC_BIND": f"unix:{root / 'authsvc-admin.sock'}", "AUTHSVC_WORKERS": "1",
                                       "PROMETHEUS_MULTIPROC_DIR": str(root / "admin-metrics")})
             admin_gunicorn = subprocess.Popen(
                 [str(VENV_BIN / "gunicorn"), "--config", str(rendered / "gunicorn.conf.py"),
