@@ -108,10 +108,7 @@ SETTINGS = (
     Setting("admin_burst", "AUTHSVC_ADMIN_BURST", int, 100, rule="at least 1", check=lambda v: v >= 1),
     # The level of the app's "authsvc" logger, set by deploy/gunicorn.conf.py's logconfig_dict.
     Setting("log_level", "AUTHSVC_LOG_LEVEL", str, "INFO", choices=_LOG_LEVELS),
-    # Where a request's one record is written (docs/logs.md): "app", the app's auth line and gunicorn's
-    # access line; "edge", nginx's access line only (the app hands it result, reason, game and user in
-    # X-Authsvc-Result; gunicorn's access log and the auth line are off; deploy/etc/authsvc.toml).
-    Setting("access_record", "AUTHSVC_ACCESS_RECORD", str, "app", choices=("app", "edge")),
+    Setting("access_record", "AUTHSVC_ACCESS_RECORD", str, "app", choices=("app", "edge")),  # docs/logs.md
     Setting("workers", "AUTHSVC_WORKERS", int, _cpu_count, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
     Setting("worker_class", "AUTHSVC_WORKER_CLASS", str, "sync", GUNICORN, choices=("sync", "gthread")),
     Setting("threads", "AUTHSVC_THREADS", int, 1, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
@@ -143,8 +140,7 @@ class TokenSecrets(tuple):
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """The app's settings (the ``authsvc`` part of SETTINGS, log_level aside: gunicorn sets that), and
-    [gunicorn]'s forwarded_allow_ips: the peers that are nginx, for access_record = "edge" (authsvc/web/app.py)."""
+    """The app's settings (the ``authsvc`` part of SETTINGS, log_level aside; forwarded_allow_ips too: which peer is nginx)."""
 
     store: str
     token_secret_file: str
@@ -177,14 +173,8 @@ class Settings:
     def errors_as_http_status(self) -> bool:
         return self.error_status == "http"
 
-    @property
-    def record_at_edge(self) -> bool:
-        return self.access_record == "edge"
-
     @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, require_secret: bool = True
-    ) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, require_secret: bool = True) -> Settings:
         """Build settings; with ``require_secret`` a missing secret is a ConfigError."""
         env = os.environ if environ is None else environ
         values = read_settings(env)

@@ -264,7 +264,7 @@ class App:
                 self.metrics.authentication(game_id, reason)
             except Exception as e:
                 self.observation_failed(e)
-        if self.settings.record_at_edge and from_proxy(environ.get("REMOTE_ADDR") or "",
+        if self.settings.access_record == "edge" and from_proxy(environ.get("REMOTE_ADDR") or "",
                                                        self.settings.forwarded_allow_ips):
             environ[RECORD_KEY] = (f"reason={reason} game={'none' if game_id is None else game_id} "
                                    f"user={'-' if user_id is None else user_id}")
