@@ -37,6 +37,9 @@ CONFIGS = [
     ("bare, with authsvc's 5 response headers", SHIPPED, "benchmarks.variants:bare_with_authsvc_headers", {}, ""),
     ("authsvc", SHIPPED, APPS["authsvc"], {}, ""),
     ("authsvc, auth line off (AUTHSVC_LOG_LEVEL=WARNING)", SHIPPED, APPS["authsvc"], {"AUTHSVC_LOG_LEVEL": "WARNING"}, ""),
+    # The shipped authsvc.toml's record: nginx's line only (BENCHMARKS.md, "One record per request").
+    ("authsvc, one record at the edge (access_record = edge)", SHIPPED, APPS["authsvc"],
+     {"AUTHSVC_ACCESS_RECORD": "edge"}, ""),
     ("authsvc, metrics off", SHIPPED, "benchmarks.variants:authsvc_without_metrics", {}, ""),
     ("authsvc, auth line and metrics off", SHIPPED, "benchmarks.variants:authsvc_without_metrics",
      {"AUTHSVC_LOG_LEVEL": "WARNING"}, ""),
