@@ -102,7 +102,10 @@ def test_at_the_edge_the_record_rides_the_result_header_and_the_app_writes_no_li
             assert res.headers["X-Authsvc-Result"] == record, params
         assert app.get("/healthz", extra_environ=NGINX).headers["X-Authsvc-Result"] == "200"
         assert app.get("/nope", status=404, extra_environ=NGINX).headers["X-Authsvc-Result"] == "404"
-        # Over the unix socket gunicorn's REMOTE_ADDR is no address: nginx too.
+        # An IPv4 peer of a dual-stack socket is that IPv4 address; gunicorn's REMOTE_ADDR over the unix
+        # socket is no address: nginx too.
+        res = app.get("/api/authenticate.json", params=world.params(), extra_environ={"REMOTE_ADDR": "::ffff:127.0.0.1"})
+        assert res.headers["X-Authsvc-Result"] == f"200 reason=success game={game} user={user}"
         res = app.get("/api/authenticate.json", params=world.params(), extra_environ={"REMOTE_ADDR": ""})
         assert res.headers["X-Authsvc-Result"] == f"200 reason=success game={game} user={user}"
     assert caplog.records == [], caplog.text

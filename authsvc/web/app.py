@@ -102,6 +102,7 @@ def from_proxy(remote_addr: str, allowed: str) -> bool:
         peer = ipaddress.ip_address(remote_addr.partition("%")[0])
     except ValueError:
         return True
+    peer = getattr(peer, "ipv4_mapped", None) or peer  # an IPv4 peer of a dual-stack socket
     return any(peer in ipaddress.ip_network(item.strip()) for item in allowed.split(","))
 
 
