@@ -514,6 +514,8 @@ def test_one_authentication_behind_nginx_is_one_line_of_nginx_and_the_header_nev
     for name, text in logs.items():
         if name != "authsvc-access.log":
             assert not any(rid in text for rid in rids), name
+        # The wrong token and the unknown key sent above, like the right ones, are in no log.
+        assert bad_token not in text and "9e258f6c-a232-442b-8d2d-f22da9c19d49" not in text, name
     # nginx's own answers have no upstream record.
     stack.request("https", "/admin", headers={"User-Agent": "result-none"})
     [line] = _lines_with(_wait_for(stack, "authsvc-access.log", ['"result-none"']), '"result-none"')

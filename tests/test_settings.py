@@ -2,11 +2,12 @@
 
 import dataclasses
 import secrets
+from pathlib import Path
 
 import pytest
 
 from authsvc.errors import ConfigError
-from authsvc.settings import Settings, load_token_secrets
+from authsvc.settings import GunicornSettings, Settings, load_token_secrets
 from authsvc.web.app import make_app
 
 
@@ -60,11 +61,27 @@ def test_toml_file_may_use_an_authsvc_table(tmp_path, secret_file):
         ({"AUTHSVC_MAX_STALENESS": "-0.1"}, "AUTHSVC_MAX_STALENESS"),
         ({"AUTHSVC_MAX_STALENESS": "nan"}, "AUTHSVC_MAX_STALENESS"),
         ({"AUTHSVC_CONFIG": "/nonexistent/authsvc.toml"}, "cannot read config file"),
+        ({"AUTHSVC_ACCESS_RECORD": "nginx"}, "AUTHSVC_ACCESS_RECORD must be one of app, edge"),
     ],
 )
 def test_bad_settings_are_clear_config_errors(env, message, secret_file):
     with pytest.raises(ConfigError, match=message):
         Settings.from_env({"AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), **env})
+
+
+def test_access_record_is_app_unless_set_and_edge_in_the_shipped_file(tmp_path, secret_file):
+    """A bare run logs (the app's auth line, gunicorn's access line); the shipped settings file puts
+    the record in nginx's line (docs/logs.md, "Which line holds what")."""
+    env = {"AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
+    bare = Settings.from_env(env)
+    assert bare.access_record == "app" and bare.forwarded_allow_ips == "127.0.0.1,::1"
+    assert Settings.from_env({**env, "AUTHSVC_ACCESS_RECORD": "EDGE"}).access_record == "edge"
+    config = tmp_path / "authsvc.toml"
+    shipped = (Path(__file__).resolve().parent.parent / "deploy" / "etc" / "authsvc.toml").read_text()
+    config.write_text(shipped.replace("@CONF_DIR@", str(tmp_path)))
+    assert 'access_record = "edge"' in shipped.splitlines()
+    assert Settings.from_env({**env, "AUTHSVC_CONFIG": str(config)}).access_record == "edge"
+    assert GunicornSettings.from_env({"AUTHSVC_CONFIG": str(config)}).access_record == "edge"
 
 
 def test_unknown_or_broken_toml_is_a_config_error(tmp_path, secret_file):
