@@ -90,6 +90,23 @@ def test_the_web_role_can_read_but_not_write(world, store_url, login_role):
 
 
 @pytest.mark.engine("postgresql")
+def test_the_web_role_reads_only_the_players_columns_authentication_needs(world, store_url, login_role):
+    """The web path never reads a player's updated_at: its role is granted the four columns the
+    authentication query reads, so a query that names another fails instead of slowing the hot path."""
+    import psycopg
+
+    web = login_role("IN ROLE authsvc_reader")
+    app = make_testapp(dataclasses.replace(world.settings, store=with_user(store_url, web)))
+    assert app.get("/api/authenticate.json", params=world.params()).json["success"] is True
+    conn = app.app.store._conn()
+    assert conn.execute("SELECT count(*) FROM players").fetchone()[0] >= 1
+    for sql in ("SELECT updated_at_ms FROM players", "SELECT * FROM players"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(sql)
+    app.app.store.close()
+
+
+@pytest.mark.engine("postgresql")
 def test_start_up_warns_when_the_web_role_can_write(world, store_url, login_role, caplog):
     web = login_role("IN ROLE authsvc_reader")
     with caplog.at_level("WARNING", logger="authsvc.store"):
