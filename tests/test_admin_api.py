@@ -99,7 +99,8 @@ def test_put_creates_then_updates_with_etag_and_if_match(admin, world, store_url
     app, make_token = admin
     headers = make_token("web") | {"X-Request-Id": "signup-1"}
     r = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers)
-    assert r.status_int == 201 and r.json == {"user_id": 7, "username": "dora", "enabled": True, "epoch": 0}
+    assert r.status_int == 201 and r.json == {"user_id": 7, "username": "dora", "enabled": True, "epoch": 0,
+                                              "updated_at": r.json["updated_at"]}
     first = r.headers["ETag"]
     r = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers)  # the same call again: no change
     assert r.status_int == 200 and r.headers["ETag"] == first
@@ -119,6 +120,74 @@ def test_put_creates_then_updates_with_etag_and_if_match(admin, world, store_url
     assert [(actor, rid, action) for actor, rid, action, _, _ in rows] == [
         ("api:web", "signup-1", "player.add"), ("api:web", "signup-1", "player.rename"),
         ("api:web", "signup-1", "player.disable")]
+
+
+def stamps(store_url: str, user_id: int) -> list[tuple[str, str]]:
+    """(action, at as RFC 3339 UTC with milliseconds) of the player's audit records, oldest first."""
+    statement = f"SELECT action, at_ms FROM audit WHERE user_id = {user_id:d} ORDER BY id"
+    if store_url.startswith("sqlite://"):
+        with sqlite3.connect(store_url.removeprefix("sqlite://")) as conn:
+            rows = conn.execute(statement).fetchall()
+    else:
+        import psycopg
+
+        with psycopg.connect(store_url, autocommit=True) as conn:
+            rows = conn.execute(statement).fetchall()
+    return [(action, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z")
+            for action, ms in rows]
+
+
+def test_updated_at_moves_with_each_change_and_not_with_a_put_that_changes_nothing(admin, world, store_url):
+    """updated_at is the time of the write that last changed the player (its audit record's), in
+    RFC 3339 UTC; a PUT that changes nothing moves neither it nor the ETag; a revoke moves both; and
+    a rename and its undoing give a new ETag, since the answer (its updated_at) is not the first one."""
+    app, make_token = admin
+    headers = make_token("web")
+    created = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", created.json["updated_at"])
+    assert stamps(store_url, 7) == [("player.add", created.json["updated_at"])]
+    time.sleep(0.002)  # the next write's millisecond is a later one
+    again = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers)
+    assert again.json == created.json and again.headers["ETag"] == created.headers["ETag"]
+    assert app.get("/v1/players/7", headers=headers).json == created.json
+    renamed = app.put_json("/v1/players/7", {"username": "dora2"}, headers=headers)
+    assert stamps(store_url, 7)[-1] == ("player.rename", renamed.json["updated_at"])
+    assert renamed.json["updated_at"] > created.json["updated_at"]
+    time.sleep(0.002)
+    app.post("/v1/players/7/revoke", headers=headers)
+    revoked = app.get("/v1/players/7", headers=headers)
+    assert stamps(store_url, 7)[-1] == ("player.revoke", revoked.json["updated_at"])
+    assert revoked.json["updated_at"] > renamed.json["updated_at"]
+    assert revoked.headers["ETag"] != renamed.headers["ETag"]
+    time.sleep(0.002)
+    back = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers | {"If-Match": revoked.headers["ETag"]})
+    time.sleep(0.002)
+    disabled = app.put_json("/v1/players/7", {"username": "dora", "enabled": False}, headers=headers)
+    time.sleep(0.002)
+    enabled = app.put_json("/v1/players/7", {"username": "dora", "enabled": True}, headers=headers)
+    assert stamps(store_url, 7)[-1] == ("player.enable", enabled.json["updated_at"])
+    assert (enabled.json | {"updated_at": None}) == (back.json | {"updated_at": None}) != (disabled.json | {"updated_at": None})
+    assert enabled.json["updated_at"] > back.json["updated_at"] and enabled.headers["ETag"] != back.headers["ETag"]
+
+
+def test_a_player_unchanged_since_the_upgrade_has_updated_at_null_and_its_old_etag(admin, world, store_url):
+    """A row the schema step found (written before updated_at existed) answers null, and its ETag is the
+    one the previous release gave, so an If-Match a client kept across the upgrade still matches."""
+    import hashlib
+
+    app, make_token = admin
+    headers = make_token("web")
+    with world.store.admin_transaction() as conn:  # as the previous release left it: no updated_at
+        conn.execute("INSERT INTO players (user_id, username, epoch, enabled) VALUES (7, 'dora', 2, "
+                     + ("true)" if world.store.pg else "1)"))
+    r = app.get("/v1/players/7", headers=headers)
+    assert r.json == {"user_id": 7, "username": "dora", "enabled": True, "epoch": 2, "updated_at": None}
+    old_etag = '"' + hashlib.sha256(b"7:dora:1:2").hexdigest()[:32] + '"'
+    assert r.headers["ETag"] == old_etag
+    r = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers | {"If-Match": old_etag})
+    assert r.json["updated_at"] is None and r.headers["ETag"] == old_etag  # nothing changed
+    r = app.put_json("/v1/players/7", {"username": "dora2"}, headers=headers | {"If-Match": old_etag})
+    assert stamps(store_url, 7) == [("player.rename", r.json["updated_at"])]
 
 
 def test_get_and_revoke_an_unknown_player_are_404(admin):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 
@@ -112,16 +113,20 @@ def test_game_rotate_key_expires_older_keys(initialised):
 
 
 def test_player_lifecycle(initialised):
-    assert run_json(initialised, "player", "add", "42", "alice") == {
-        "user_id": 42, "username": "alice", "epoch": 0, "enabled": True}
+    added = run_json(initialised, "player", "add", "42", "alice")
+    assert added == {"user_id": 42, "username": "alice", "epoch": 0, "enabled": True, "updated_at": added["updated_at"]}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", added["updated_at"])
     assert run_json(initialised, "player", "rename", "42", "alicia")["username"] == "alicia"
     assert run_json(initialised, "player", "disable", "42")["enabled"] is False
     assert run_json(initialised, "player", "show", "42")["enabled"] is False  # stored, not only echoed
     assert run_json(initialised, "player", "enable", "42")["enabled"] is True
     assert run_json(initialised, "player", "show", "42")["enabled"] is True
     assert run_json(initialised, "player", "revoke", "42")["epoch"] == 1
-    assert run_json(initialised, "player", "show", "42") == {
-        "user_id": 42, "username": "alicia", "epoch": 1, "enabled": True}
+    shown = run_json(initialised, "player", "show", "42")
+    assert shown == {"user_id": 42, "username": "alicia", "epoch": 1, "enabled": True, "updated_at": shown["updated_at"]}
+    assert shown["updated_at"] >= added["updated_at"]  # the revoke's time (RFC 3339 sorts as time)
+    code, out, _ = initialised("player", "show", "42")
+    assert code == 0 and f", last changed {shown['updated_at']}" in out
 
 
 @pytest.mark.parametrize(

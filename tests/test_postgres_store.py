@@ -12,7 +12,7 @@ import urllib.parse
 import pytest
 
 from authsvc.admin.command import main
-from authsvc.errors import ConfigError, StoreUnavailable
+from authsvc.errors import ConfigError, StoreLocked, StoreUnavailable
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest
 from authsvc.web.app import make_app
@@ -87,6 +87,53 @@ def test_the_web_role_can_read_but_not_write(world, store_url, login_role):
     app.app.store.close()
     assert world.store.get_player(world.user_id).username == "alice"
     assert world.store.get_player(7) is None
+
+
+@pytest.mark.engine("postgresql")
+def test_the_web_role_reads_only_the_players_columns_authentication_needs(world, store_url, login_role):
+    """The web path never reads a player's updated_at: its role is granted the four columns the
+    authentication query reads, so a query that names another fails instead of slowing the hot path."""
+    import psycopg
+
+    web = login_role("IN ROLE authsvc_reader")
+    app = make_testapp(dataclasses.replace(world.settings, store=with_user(store_url, web)))
+    assert app.get("/api/authenticate.json", params=world.params()).json["success"] is True
+    conn = app.app.store._conn()
+    assert conn.execute("SELECT count(*) FROM players").fetchone()[0] >= 1
+    for sql in ("SELECT updated_at_ms FROM players", "SELECT * FROM players"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(sql)
+    app.app.store.close()
+
+
+def test_the_updated_at_step_waits_briefly_for_a_long_read_of_players_then_fails_whole(pg_databases, monkeypatch):
+    """Migration 5's ALTER TABLE needs the players table to itself; every authentication would queue
+    behind it while it waits. A read that holds the table (a pg_dump) makes `authsvc init` give up
+    after MIGRATION_LOCK_WAIT with nothing changed, and a second run after the read goes through."""
+    import psycopg
+
+    from authsvc.store import base, postgres
+
+    monkeypatch.setattr(base, "ADMIN_LOCK_WAIT", 120.0)  # the admin command's own wait: not the one that ends it
+    url = pg_databases.create(migrate=False)
+    current = postgres.MIGRATIONS
+    monkeypatch.setattr(postgres, "MIGRATIONS", current[:-1])  # the previous release's schema
+    store = open_store(url, readonly=False)
+    try:
+        assert store.migrate() == (0, len(current) - 1)
+        monkeypatch.setattr(postgres, "MIGRATIONS", current)
+        with psycopg.connect(url) as dump:  # a transaction left open, as pg_dump's is
+            dump.execute("SELECT count(*) FROM players")
+            started = time.monotonic()
+            with pytest.raises(StoreLocked, match="migration 5: .*nothing was changed, run 'authsvc init' again"):
+                store.migrate()
+            assert time.monotonic() - started < 60  # MIGRATION_LOCK_WAIT (2 s), far below the admin's 120 s
+            dump.rollback()
+        assert store.migrate() == (len(current) - 1, len(current))
+        store.add_player(5, "bob")
+        assert store.get_player(5).updated_at_ms is not None
+    finally:
+        store.close()
 
 
 @pytest.mark.engine("postgresql")

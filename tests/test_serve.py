@@ -50,7 +50,9 @@ def test_serve_prints_admin_api_lines_that_work(tmp_path):
         done = subprocess.run(["bash", "-e", "-c", lines], capture_output=True, text=True, timeout=60, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         player, token, first, revoked, again = done.stdout.splitlines()
-        assert json.loads(player) == {"user_id": 1002, "username": "new_player", "enabled": True, "epoch": 0}
+        signed_up = json.loads(player)
+        assert signed_up == {"user_id": 1002, "username": "new_player", "enabled": True, "epoch": 0,
+                             "updated_at": signed_up["updated_at"]} and signed_up["updated_at"].endswith("Z")
         assert len(token) == 64
         assert json.loads(first) == {"success": True, "user_id": 1002, "username": "new_player"}
         revoke = json.loads(revoked)

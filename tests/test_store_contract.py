@@ -6,12 +6,14 @@ engines through ``store_url``. Every method of Store is exercised here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 
 from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
 from authsvc.store import open_store
+from authsvc.store.audit import Audit
 from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player
 from authsvc.tokens import api_key_digest
 from tests.support import free_port, hold_write_lock, skip_or_fail
@@ -21,6 +23,16 @@ NOW = 1_700_000_000
 
 def digest(n: int) -> str:
     return api_key_digest(f"key-{n}")
+
+
+def at(ms: int) -> Audit:
+    """A write's Audit stamped ``ms`` (unix milliseconds): the time a player's updated_at takes."""
+    return Audit("cli:test", None, ms)
+
+
+def unstamped(player: Player | None) -> Player | None:
+    """The player without its updated_at, for tests about the other fields (writes stamped with the clock)."""
+    return None if player is None else dataclasses.replace(player, updated_at_ms=None)
 
 
 @pytest.fixture
@@ -50,7 +62,7 @@ def test_migrate_from_scratch_then_rerun_is_a_no_op(empty_url, settings):
         assert store.migrate() == (after, after)
         store.add_player(1, "a")
         assert store.migrate() == (after, after)
-        assert store.get_player(1) == Player(1, "a", 0, True)  # rerun kept the data
+        assert unstamped(store.get_player(1)) == Player(1, "a", 0, True)  # rerun kept the data
     finally:
         store.close()
 
@@ -71,6 +83,47 @@ def test_check_refuses_an_unmigrated_store_and_accepts_a_migrated_one(empty_url,
         reader.close()
     finally:
         admin.close()
+
+
+def test_migrating_a_store_of_the_previous_version_keeps_every_row_and_adds_updated_at(
+    empty_url, settings, monkeypatch
+):
+    """The last migration (SQLite 3 -> 4, PostgreSQL 4 -> 5) on a store the previous release made and
+    filled: every player comes through as it was, with updated_at null (when it last changed is not
+    known), the web process's reader accepts the store, and the next change stamps the row."""
+    import importlib
+
+    engine = importlib.import_module(
+        "authsvc.store.sqlite" if empty_url.startswith("sqlite://") else "authsvc.store.postgres")
+    current = engine.MIGRATIONS
+    monkeypatch.setattr(engine, "MIGRATIONS", current[:-1])  # the previous release's migrate()
+    store = open_store(empty_url, readonly=False, settings=settings)
+    try:
+        assert store.migrate() == (0, len(current) - 1)
+        rows = [(i, f"user{i}", i % 3, i % 5 != 0) for i in range(1, 3_001)]
+        sql = "INSERT INTO players (user_id, username, epoch, enabled) VALUES (?, ?, ?, ?)"
+        with store.admin_transaction() as conn:
+            if store.pg:
+                conn.cursor().executemany(sql.replace("?", "%s"), rows)
+            else:
+                conn.executemany(sql, [(u, n, e, int(f)) for u, n, e, f in rows])
+        with pytest.raises(ConfigError, match=f"schema version {len(current) - 1}, this release needs"):
+            store.check()
+        monkeypatch.setattr(engine, "MIGRATIONS", current)
+        assert store.migrate() == (len(current) - 1, len(current))
+        store.check()
+        players = [p for p in store.dump() if isinstance(p, Player)]
+        assert players == [Player(*row, updated_at_ms=None) for row in rows]
+        reader = open_store(empty_url, readonly=True, settings=settings)
+        try:
+            reader.check()
+        finally:
+            reader.close()
+        assert store.revoke_player(10, audit=at(1_800_000_000_123)) == 2
+        assert store.get_player(10) == Player(10, "user10", 2, False, 1_800_000_000_123)
+        assert store.get_player(11).updated_at_ms is None  # untouched rows stay unknown
+    finally:
+        store.close()
 
 
 # -- games and keys ------------------------------------------------------------------------
@@ -157,7 +210,7 @@ def test_add_api_key_to_a_missing_game_or_with_a_taken_digest(admin_store):
 
 def test_players_add_get_rename_enable_revoke(admin_store):
     assert admin_store.get_player(5) is None
-    assert admin_store.add_player(5, "alice") == Player(5, "alice", 0, True)
+    assert unstamped(admin_store.add_player(5, "alice")) == Player(5, "alice", 0, True)
     with pytest.raises(Conflict):
         admin_store.add_player(5, "mallory")
     assert admin_store.rename_player(5, "Alice ✓") is True
@@ -167,15 +220,40 @@ def test_players_add_get_rename_enable_revoke(admin_store):
     assert admin_store.revoke_player(5) == 1
     assert admin_store.revoke_player(5) == 2
     assert admin_store.revoke_player(6) is None
-    assert admin_store.get_player(5) == Player(5, "Alice ✓", 2, False)
+    assert unstamped(admin_store.get_player(5)) == Player(5, "Alice ✓", 2, False)
     assert admin_store.set_player_enabled(5, True) is True
-    assert admin_store.get_player(5) == Player(5, "Alice ✓", 2, True)
+    assert unstamped(admin_store.get_player(5)) == Player(5, "Alice ✓", 2, True)
+
+
+def test_updated_at_is_the_time_of_the_write_that_last_changed_the_row(admin_store):
+    """Every write that changes a player's row stamps it with its audit record's time; one that
+    leaves the row as it was (the same name, the same flag) does not."""
+    t = 1_800_000_000_000
+    added = admin_store.add_player(5, "alice", audit=at(t))
+    assert added == Player(5, "alice", 0, True, t) == admin_store.get_player(5)
+    steps = [
+        (lambda ms: admin_store.rename_player(5, "bob", audit=at(ms)), True),
+        (lambda ms: admin_store.rename_player(5, "bob", audit=at(ms)), False),  # the same name
+        (lambda ms: admin_store.set_player_enabled(5, True, audit=at(ms)), False),  # already enabled
+        (lambda ms: admin_store.set_player_enabled(5, False, audit=at(ms)), True),
+        (lambda ms: admin_store.set_player_enabled(5, True, audit=at(ms)), True),
+        (lambda ms: admin_store.revoke_player(5, audit=at(ms)), True),
+        (lambda ms: admin_store.upsert_players([(5, "bob"), (6, "carol")], audit=at(ms)), False),
+        (lambda ms: admin_store.upsert_players([(5, "bobby")], audit=at(ms)), True),
+    ]
+    expected = t
+    for n, (step, changes) in enumerate(steps, start=1):
+        step(t + n)
+        expected = t + n if changes else expected
+        assert admin_store.get_player(5).updated_at_ms == expected, n
+    assert admin_store.get_player(5) == Player(5, "bobby", 1, True, t + len(steps))
+    assert admin_store.get_player(6) == Player(6, "carol", 0, True, t + 7)  # inserted by the upsert
 
 
 def test_player_ids_up_to_2_63_minus_1(admin_store):
     big = 2**63 - 1
     admin_store.add_player(big, "max")
-    assert admin_store.get_player(big) == Player(big, "max", 0, True)
+    assert unstamped(admin_store.get_player(big)) == Player(big, "max", 0, True)
 
 
 def test_upsert_players_inserts_renames_and_keeps_epochs(admin_store):
@@ -186,9 +264,9 @@ def test_upsert_players_inserts_renames_and_keeps_epochs(admin_store):
     rows = [(i, f"user{i}") for i in range(1, 25_001)] + [(7, "seven-again")]
     assert admin_store.upsert_players(rows, progress=seen.append) == 25_001
     assert seen and seen[-1] == 25_001 and seen == sorted(seen)
-    assert admin_store.get_player(1) == Player(1, "user1", 1, False)  # renamed; epoch and flag kept
+    assert unstamped(admin_store.get_player(1)) == Player(1, "user1", 1, False)  # renamed; epoch and flag kept
     assert admin_store.get_player(7).username == "seven-again"  # the last row of an id wins
-    assert admin_store.get_player(25_000) == Player(25_000, "user25000", 0, True)
+    assert unstamped(admin_store.get_player(25_000)) == Player(25_000, "user25000", 0, True)
 
 
 def test_upsert_players_is_all_or_nothing(admin_store):
@@ -342,11 +420,12 @@ def test_dump_gives_games_then_players_in_order(admin_store):
     items = _fill(admin_store)
     games = [x for x in items if isinstance(x, Game)]
     assert items[: len(games)] == games == admin_store.list_games()
-    assert items[len(games) :] == [
+    assert [unstamped(p) for p in items[len(games) :]] == [
         Player(10, "p10", 0, True),
         Player(20, "p20", 1, True),
         Player(30, "p30", 0, False),
     ]
+    assert all(p.updated_at_ms for p in items[len(games) :])
 
 
 def test_load_into_an_empty_store_keeps_ids_keys_and_epochs(admin_store, empty_url, settings):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sqlite3
 import time
 
@@ -28,7 +29,7 @@ def checksum(url: str) -> tuple[int, int, str]:
     queries = [
         "SELECT id, name, enabled, created_at FROM games ORDER BY id",
         "SELECT digest, game_id, created_at, expires_at FROM api_keys ORDER BY digest",
-        "SELECT user_id, username, epoch, enabled FROM players ORDER BY user_id",
+        "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players ORDER BY user_id",
     ]
     if url.startswith("sqlite://"):
         conn = sqlite3.connect(url.removeprefix("sqlite://"))
@@ -88,7 +89,8 @@ def test_round_trip_sqlite_postgres_sqlite(tmp_path, pg_databases, secret_file, 
     store.close()
     raw = sqlite3.connect(source.removeprefix("sqlite://"))
     with raw:
-        raw.execute("UPDATE players SET epoch = user_id % 7, enabled = (user_id % 13 != 0)")
+        raw.execute("UPDATE players SET epoch = user_id % 7, enabled = (user_id % 13 != 0), "
+                    "updated_at_ms = CASE WHEN user_id % 11 = 0 THEN NULL ELSE 1800000000000 + user_id END")
         raw.execute("UPDATE sqlite_sequence SET seq = 9 WHERE name = 'games'")  # ids 3..9 were used once
     raw.close()
     before = checksum(source)
@@ -214,3 +216,49 @@ def test_a_move_keeps_names_stored_before_the_visible_name_rule(
     assert main(["player", "show", "1"]) == 0
     out = capsys.readouterr().out
     assert "line\\u2028break" in out and "\u2028" not in out
+
+
+def test_updated_at_comes_across_and_an_older_export_without_it_imports_as_null(
+    store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file
+):
+    """Each player line carries updated_at_ms (unix milliseconds, or null: not known); an export made
+    before the field existed has none, and its players import with null, as the schema step leaves them."""
+    path = _small_export(tmp_path, monkeypatch, capsys, secret_file)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    players = [line for line in lines if line.get("type") == "player"]
+    assert [type(p["updated_at_ms"]) for p in players] == [int, int, int]
+    assert run(monkeypatch, capsys, store_url, secret_file, "import", str(path))[0] == 0
+    assert [admin_store.get_player(p["user_id"]).updated_at_ms for p in players] == [
+        p["updated_at_ms"] for p in players]
+
+    # The previous release's file: the same lines without the field, its checksum made anew.
+    digest = hashlib.sha256()
+    old = []
+    for line in lines[:-1]:
+        line.pop("updated_at_ms", None)
+        text = json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
+        digest.update(text.encode())
+        old.append(text)
+    old.append(json.dumps(lines[-1] | {"sha256": digest.hexdigest()}, separators=(",", ":")) + "\n")
+    (tmp_path / "old.jsonl").write_text("".join(old))
+    target = "sqlite://" + str(tmp_path / "target.db")
+    assert run(monkeypatch, capsys, target, secret_file, "init")[0] == 0
+    assert run(monkeypatch, capsys, target, secret_file, "import", str(tmp_path / "old.jsonl"))[0] == 0
+    moved = open_store(target, readonly=False)
+    try:
+        assert [moved.get_player(p["user_id"]).updated_at_ms for p in players] == [None, None, None]
+    finally:
+        moved.close()
+
+
+@pytest.mark.parametrize("value", ['"2026-11-24T08:00:00Z"', "-1", "true", "1.5"])
+def test_import_refuses_an_updated_at_that_is_not_milliseconds(
+    store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file, value
+):
+    path = _small_export(tmp_path, monkeypatch, capsys, secret_file)
+    lines = path.read_bytes().splitlines()
+    lines[2] = re.sub(rb'"updated_at_ms":\d+', b'"updated_at_ms":' + value.encode(), lines[2])
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    code, answer = run(monkeypatch, capsys, store_url, secret_file, "import", str(path))
+    assert code == 1 and "line 3: updated_at_ms must be" in answer["error"], answer
+    assert admin_store.get_player(1) is None

@@ -37,13 +37,16 @@ MAX_BYTES = 4 << 20
 STATUSES = ("created", "updated", "unchanged", "error")
 
 SQLITE_CURRENT = "SELECT user_id, username, enabled FROM players WHERE user_id IN (SELECT value FROM json_each(?))"
-SQLITE_UPSERT = ("INSERT INTO players (user_id, username, enabled) VALUES (?, ?, ?) "
-                 "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, enabled = excluded.enabled")
+# A row written gets the batch's audit record time as its updated_at_ms; a row left as it is keeps its own.
+SQLITE_UPSERT = ("INSERT INTO players (user_id, username, enabled, updated_at_ms) VALUES (?, ?, ?, ?) "
+                 "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, enabled = excluded.enabled, "
+                 "updated_at_ms = excluded.updated_at_ms")
 PG_CURRENT = "SELECT user_id, username, enabled FROM players WHERE user_id = ANY(%s::bigint[]) ORDER BY user_id"
 PG_UPSERT = """
-INSERT INTO players (user_id, username, enabled)
-SELECT * FROM unnest(%s::bigint[], %s::text[], %s::boolean[])
-ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username, enabled = EXCLUDED.enabled
+INSERT INTO players (user_id, username, enabled, updated_at_ms)
+SELECT *, %s::bigint FROM unnest(%s::bigint[], %s::text[], %s::boolean[])
+ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username, enabled = EXCLUDED.enabled,
+    updated_at_ms = EXCLUDED.updated_at_ms
 WHERE (players.username, players.enabled) IS DISTINCT FROM (EXCLUDED.username, EXCLUDED.enabled)
 RETURNING user_id, xmax = 0
 """
@@ -125,13 +128,13 @@ def apply(store: Store, audit: Audit, items: list[Item], dry_run: bool, invalid_
         if dry_run or not changed:
             return status
         if pg:
-            done = dict(conn.execute(PG_UPSERT, ([i.user_id for i in changed], [i.username for i in changed],
-                                                 [i.enabled for i in changed])).fetchall())
+            done = dict(conn.execute(PG_UPSERT, (audit.at_ms, [i.user_id for i in changed],
+                                                 [i.username for i in changed], [i.enabled for i in changed])).fetchall())
             for item in changed:
                 inserted = done.get(item.user_id)
                 status[item.user_id] = "unchanged" if inserted is None else "created" if inserted else "updated"
         else:
-            conn.executemany(SQLITE_UPSERT, [(i.user_id, i.username, int(i.enabled)) for i in changed])
+            conn.executemany(SQLITE_UPSERT, [(i.user_id, i.username, int(i.enabled), audit.at_ms) for i in changed])
         counts = {name: sum(1 for s in status.values() if s == name) for name in STATUSES[:3]}
         trail.append(conn, pg, audit, "player.batch", after=counts | {"error": invalid_count})
     return status

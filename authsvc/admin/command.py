@@ -131,7 +131,8 @@ def cmd_game_rotate_key(args, settings):
 
 
 def _player_json(player) -> dict:
-    return {"user_id": player.user_id, "username": player.username, "epoch": player.epoch, "enabled": player.enabled}
+    return {"user_id": player.user_id, "username": player.username, "epoch": player.epoch, "enabled": player.enabled,
+            "updated_at": ops.updated_at(player)}
 
 
 def cmd_player_add(args, settings):
@@ -146,7 +147,8 @@ def cmd_player_show(args, settings):
         player = ops.get_player(store, args.user_id)
     text = f"player {player.user_id}: {shown(player.username)}, epoch {player.epoch}, " + (
         "enabled" if player.enabled else "disabled"
-    )
+    ) + (f", last changed {ops.updated_at(player)}" if player.updated_at_ms is not None else
+         ", last changed: unknown (before updated_at was recorded)")
     return 0, _player_json(player), text
 
 

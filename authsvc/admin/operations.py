@@ -19,6 +19,7 @@ as ``token.mint`` with the game, the player and the epoch (never the token), so
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import os
 import time
@@ -148,6 +149,15 @@ def add_player(store: Store, ctx: Context, user_id: int, username: str) -> Playe
         return store.add_player(user_id, username, audit=ctx.audit())
     except Conflict as e:
         raise OperationConflict(str(e)) from None
+
+
+def updated_at(player: Player) -> str | None:
+    """When the player's row last changed, as the admin API and the command show it: RFC 3339 UTC with
+    milliseconds (``2026-11-24T08:00:00.250Z``); None for a row unchanged since the schema step (not known)."""
+    ms = player.updated_at_ms
+    if ms is None:
+        return None
+    return datetime.datetime.fromtimestamp(ms // 1000, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 def get_player(store: Store, user_id: int) -> Player:

@@ -85,7 +85,8 @@ def field(body: dict | None, name: str, kind: type, *, required: bool = True, de
 
 
 def player_json(player: Player) -> dict:
-    return {"user_id": player.user_id, "username": player.username, "enabled": player.enabled, "epoch": player.epoch}
+    return {"user_id": player.user_id, "username": player.username, "enabled": player.enabled, "epoch": player.epoch,
+            "updated_at": ops.updated_at(player)}
 
 
 def game_json(game: Game) -> dict:

@@ -5,12 +5,14 @@ The file, one JSON object a line (docs/stores.md):
     {"format": "authsvc-export", "version": 1, "game_id_high_water": N, "exported_at": T}
     {"type": "game", "id": 1, "name": "...", "enabled": true, "created_at": T,
      "keys": [{"digest": "<sha256 hex>", "created_at": T, "expires_at": T or null}]}
-    {"type": "player", "user_id": 42, "username": "...", "epoch": 0, "enabled": true}
+    {"type": "player", "user_id": 42, "username": "...", "epoch": 0, "enabled": true, "updated_at_ms": T or null}
     {"type": "end", "games": G, "players": P, "sha256": "<hex of every line above>"}
 
 Game ids and credential epochs are kept, so tokens (HMAC over
 "<game id>:<user id>:<epoch>") and api keys (stored as digests) work after the
-move, given the same token secret file. The end line makes a truncated or edited
+move, given the same token secret file. A player's ``updated_at_ms`` (unix milliseconds,
+null when not known) is kept too; a file of an earlier release has none, and its players
+come in with null, as the schema step that added it left them. The end line makes a truncated or edited
 file fail the import, and the import writes everything or nothing.
 """
 
@@ -71,7 +73,7 @@ def write_export(store: Store, out: BinaryIO) -> tuple[int, int]:
         else:
             players += 1
             emit({"type": "player", "user_id": item.user_id, "username": item.username,
-                  "epoch": item.epoch, "enabled": item.enabled})
+                  "epoch": item.epoch, "enabled": item.enabled, "updated_at_ms": item.updated_at_ms})
     end = {"type": "end", "games": games, "players": players, "sha256": digest.hexdigest()}
     out.write((json.dumps(end, separators=(",", ":")) + "\n").encode("ascii"))
     return games, players
@@ -145,9 +147,12 @@ class _Reader:
             raise self.error(f"{name} must be a whole number from {low} to 2^63-1")
         return value
 
-    def _int_or_null(self, obj: dict, name: str, low: int) -> int | None:
-        """Like _int, but a field present as null is None (a key that never expires)."""
-        return None if name in obj and obj[name] is None else self._int(obj, name, low)
+    def _int_or_null(self, obj: dict, name: str, low: int, absent_is_null: bool = False) -> int | None:
+        """Like _int, but a field present as null is None (a key that never expires), and an absent one
+        too if ``absent_is_null`` (a field an earlier release did not write)."""
+        if (name in obj and obj[name] is None) or (absent_is_null and name not in obj):
+            return None
+        return self._int(obj, name, low)
 
     def _bool(self, obj: dict, name: str) -> bool:
         if type(obj.get(name)) is not bool:
@@ -183,7 +188,8 @@ class _Reader:
         obj, last = self.pending, 0
         while obj is not None and obj.get("type") == "player":
             player = Player(self._int(obj, "user_id", 1), self._str(obj, "username"),
-                            self._int(obj, "epoch", 0), self._bool(obj, "enabled"))
+                            self._int(obj, "epoch", 0), self._bool(obj, "enabled"),
+                            self._int_or_null(obj, "updated_at_ms", 0, absent_is_null=True))
             if player.user_id <= last:
                 raise self.error("players must come in increasing user_id order, each once")
             last = player.user_id

@@ -77,6 +77,10 @@ class Player:
     username: str
     epoch: int
     enabled: bool
+    # When the row last changed (added, renamed, enabled or disabled, revoked), in unix milliseconds: the
+    # time of that write's audit record. None for a row no write has changed since the schema step that
+    # added the column (SQLite 4, PostgreSQL 5): when it last changed is not known. The web path never reads it.
+    updated_at_ms: int | None = None
 
 
 # How long an admin write waits for a lock another session holds (a long `player import`,

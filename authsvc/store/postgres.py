@@ -32,13 +32,14 @@ from authsvc.store.postgres_schema import (
     HEARTBEAT_GRANTS_SQL,
     HEARTBEAT_ROLE,
     MIGRATION_LOCK,
+    MIGRATION_LOCK_WAIT,
     MIGRATIONS,
     VERSION_TABLE_SQL,
 )
 
 __all__ = [
     "ADMIN_GRANTS_SQL", "ADMIN_ROLE", "CREDENTIALS_SQL", "HEARTBEAT_GRANTS_SQL", "HEARTBEAT_ROLE", "MIGRATION_LOCK",
-    "MIGRATIONS", "VERSION_TABLE_SQL", "PostgresStore",
+    "MIGRATION_LOCK_WAIT", "MIGRATIONS", "VERSION_TABLE_SQL", "PostgresStore",
 ]
 
 def _value(cursor: psycopg.Cursor) -> Any:
@@ -59,10 +60,12 @@ SET LOCAL statement_timeout = '2s';
 INSERT INTO authsvc_heartbeat (id, at) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = EXCLUDED.at
 """
 
+# A row whose name is already the one given is left as it is, its updated_at_ms with it.
 UPSERT_SQL = """
-INSERT INTO players (user_id, username)
-SELECT DISTINCT ON (user_id) user_id, username FROM players_import ORDER BY user_id, n DESC
-ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username
+INSERT INTO players (user_id, username, updated_at_ms)
+SELECT DISTINCT ON (user_id) user_id, username, %s::bigint FROM players_import ORDER BY user_id, n DESC
+ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username, updated_at_ms = EXCLUDED.updated_at_ms
+WHERE players.username <> EXCLUDED.username
 """
 
 
@@ -122,10 +125,17 @@ class PostgresStore(PostgresReader, Store):
             before = self._version(conn)
             if before > len(MIGRATIONS):
                 raise ConfigError(f"store schema version {before} is newer than this release")
+            lock_wait = _value(conn.execute("SELECT current_setting('lock_timeout')"))
             for version, script in enumerate(MIGRATIONS[before:], start=before + 1):
                 try:
                     with conn.transaction():
                         conn.execute(script)
+                    conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_wait,))  # a script's SET LOCAL
+                except psycopg.errors.LockNotAvailable:
+                    raise StoreLocked(
+                        f"migration {version}: another session (a pg_dump, a long read) held a table it changes "
+                        f"for {MIGRATION_LOCK_WAIT}; nothing was changed, run 'authsvc init' again"
+                    ) from None
                 except psycopg.DatabaseError as e:
                     raise ConfigError(
                         f"migration {version} failed: {_reason(e, self._secrets)} "
@@ -198,39 +208,48 @@ class PostgresStore(PostgresReader, Store):
     def get_player(self, user_id: int) -> Player | None:
         with self._admin(transaction=False) as conn:
             row = conn.execute(
-                "SELECT user_id, username, epoch, enabled FROM players WHERE user_id = %s", (user_id,)
+                "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players WHERE user_id = %s", (user_id,)
             ).fetchone()
         return Player(*row) if row else None
 
     def add_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> Player:
+        audit = audit or trail.unattributed()
         try:
             with self._admin() as conn:
-                conn.execute("INSERT INTO players (user_id, username) VALUES (%s, %s)", (user_id, username))
+                conn.execute("INSERT INTO players (user_id, username, updated_at_ms) VALUES (%s, %s, %s)",
+                             (user_id, username, audit.at_ms))
                 trail.change(conn, True, audit, "player.add", {}, user_id=user_id)
         except psycopg.errors.UniqueViolation:
             raise Conflict(f"player {user_id} exists") from None
-        return Player(user_id, username, 0, True)
+        return Player(user_id, username, 0, True, audit.at_ms)
 
-    def _player_change(self, user_id: int, action: str, sql: str, args: tuple, audit: Audit | None) -> dict | None:
-        """One UPDATE of a player (its row locked first) and its record; the state after, None if no such player."""
+    def _player_change(self, user_id: int, action: str, sql: str, args: dict, audit: Audit | None) -> dict | None:
+        """One UPDATE of a player (its row locked first) and its record; the state after, None if no such player.
+
+        ``sql`` sets updated_at_ms to ``%(at)s``, the record's time, in a row it changes (its WHERE
+        leaves out a row that would stay as it is: the same name, the same flag)."""
+        audit = audit or trail.unattributed()
         with self._admin() as conn:
             if (before := trail.player_state(conn, True, user_id)) is None:
                 return None
-            conn.execute(sql, args)
+            conn.execute(sql, args | {"at": audit.at_ms, "id": user_id})
             trail.change(conn, True, audit, action, before, user_id=user_id)
             return trail.player_state(conn, True, user_id)
 
     def rename_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> bool:
-        sql = "UPDATE players SET username = %s WHERE user_id = %s"
-        return self._player_change(user_id, "player.rename", sql, (username, user_id), audit) is not None
+        sql = ("UPDATE players SET username = %(name)s, updated_at_ms = %(at)s "
+               "WHERE user_id = %(id)s AND username <> %(name)s")
+        return self._player_change(user_id, "player.rename", sql, {"name": username}, audit) is not None
 
     def set_player_enabled(self, user_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
-        sql, action = "UPDATE players SET enabled = %s WHERE user_id = %s", f"player.{'en' if enabled else 'dis'}able"
-        return self._player_change(user_id, action, sql, (enabled, user_id), audit) is not None
+        sql = ("UPDATE players SET enabled = %(on)s, updated_at_ms = %(at)s "
+               "WHERE user_id = %(id)s AND enabled <> %(on)s")
+        action = f"player.{'en' if enabled else 'dis'}able"
+        return self._player_change(user_id, action, sql, {"on": enabled}, audit) is not None
 
     def revoke_player(self, user_id: int, *, audit: Audit | None = None) -> int | None:
-        sql = "UPDATE players SET epoch = epoch + 1 WHERE user_id = %s"
-        after = self._player_change(user_id, "player.revoke", sql, (user_id,), audit)
+        sql = "UPDATE players SET epoch = epoch + 1, updated_at_ms = %(at)s WHERE user_id = %(id)s"
+        after = self._player_change(user_id, "player.revoke", sql, {}, audit)
         return after["epoch"] if after else None
 
     def upsert_players(
@@ -238,6 +257,7 @@ class PostgresStore(PostgresReader, Store):
         *, audit: Audit | None = None,
     ) -> int:
         """COPY into a temporary table, then one INSERT ... ON CONFLICT; the last row of a user id wins."""
+        audit = audit or trail.unattributed()
         count = 0
         with self._admin() as conn:
             conn.execute(
@@ -252,10 +272,10 @@ class PostgresStore(PostgresReader, Store):
                         progress(count)
             try:
                 with conn.transaction():
-                    conn.execute(UPSERT_SQL)
+                    conn.execute(UPSERT_SQL, (audit.at_ms,))
             except psycopg.errors.CheckViolation:
                 raise Conflict("user ids must be from 1 to 2^63-1") from None
-            trail.append(conn, True, audit or trail.unattributed(), "player.import", after={"rows": count})
+            trail.append(conn, True, audit, "player.import", after={"rows": count})
         return count
 
     # -- the audit trail (store/audit.py) ----------------------------------------------
@@ -306,7 +326,7 @@ class PostgresStore(PostgresReader, Store):
             yield from self._games(conn)
             with conn.cursor(name="authsvc_dump") as cur:
                 cur.itersize = BATCH
-                cur.execute("SELECT user_id, username, epoch, enabled FROM players ORDER BY user_id")
+                cur.execute("SELECT user_id, username, epoch, enabled, updated_at_ms FROM players ORDER BY user_id")
                 for row in cur:
                     yield Player(*row)
 
@@ -339,10 +359,11 @@ class PostgresStore(PostgresReader, Store):
                     top = max(top, game.id)
                 if top > 0:
                     conn.execute("SELECT setval(pg_get_serial_sequence('games', 'id'), %s)", (top,))
-                with conn.cursor().copy("COPY players (user_id, username, epoch, enabled) FROM STDIN") as copy:
+                columns = "user_id, username, epoch, enabled, updated_at_ms"
+                with conn.cursor().copy(f"COPY players ({columns}) FROM STDIN") as copy:
                     for batch in batches(players):
                         for p in batch:
-                            copy.write_row((p.user_id, p.username, p.epoch, p.enabled))
+                            copy.write_row((p.user_id, p.username, p.epoch, p.enabled, p.updated_at_ms))
                         n_players += len(batch)
                         if progress:
                             progress(n_players)

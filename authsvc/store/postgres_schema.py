@@ -11,6 +11,9 @@ from authsvc.store.postgres_reader import READER_ROLE
 # only the owner call them, and the owner only pg_advisory_xact_lock (it says why not a table lock).
 MIGRATION_LOCK = 0x61757468737663
 
+# How long migration 5 waits for the players table's lock (its ALTER TABLE) before it gives up.
+MIGRATION_LOCK_WAIT = "2s"
+
 # The version table is created by migrate() itself; MIGRATIONS[n - 1] takes the schema to version n.
 VERSION_TABLE_SQL = "CREATE TABLE IF NOT EXISTS authsvc_schema (version integer NOT NULL)"
 
@@ -63,6 +66,18 @@ MIGRATIONS: list[str] = [
     trail.POSTGRES_TABLES,
     # 4: the admin API's bearer tokens and Idempotency-Key records; no grant to the reader role.
     API_TABLES + "REVOKE ALL ON api_tokens, idempotency_keys FROM PUBLIC;",
+    # 5: when each player's row last changed, in unix milliseconds (base.Player.updated_at_ms). NULL in
+    # the rows already there (when they last changed is not known), so no row is rewritten: a change of
+    # the catalog only. It needs the players table to itself for that moment, so it waits for the lock
+    # at most MIGRATION_LOCK_WAIT: a long read (a pg_dump) fails `authsvc init` (StoreLocked, run it
+    # again) rather than queueing every authentication behind it. The reader role keeps only the
+    # columns the authentication query reads: the web path never reads updated_at_ms.
+    f"""
+    SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';
+    ALTER TABLE players ADD COLUMN updated_at_ms bigint;
+    REVOKE SELECT ON players FROM {READER_ROLE};
+    GRANT SELECT (user_id, username, epoch, enabled) ON players TO {READER_ROLE};
+    """,
 ]
 
 # `authsvc heartbeat`'s own role (deploy/postgres/roles.sql), if the DBA made it: the heartbeat row

@@ -58,6 +58,10 @@ MIGRATIONS: list[str] = [
     trail.SQLITE_TABLES,
     # 3: the admin API's bearer tokens (digests) and Idempotency-Key records (store/api_tables.py).
     API_TABLES,
+    # 4: when each player's row last changed, in unix milliseconds (base.Player.updated_at_ms). NULL in
+    # the rows already there: when they last changed is not known. A change of the schema only (no row
+    # is rewritten, however many players); the web path's queries never read it.
+    "ALTER TABLE players ADD COLUMN updated_at_ms INTEGER",
 ]
 
 
@@ -211,42 +215,49 @@ class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
     @_mapped
     def get_player(self, user_id: int) -> Player | None:
         row = self._conn().execute(
-            "SELECT user_id, username, epoch, enabled FROM players WHERE user_id = ?", (user_id,)
+            "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players WHERE user_id = ?", (user_id,)
         ).fetchone()
-        return Player(row[0], row[1], row[2], bool(row[3])) if row else None
+        return Player(row[0], row[1], row[2], bool(row[3]), row[4]) if row else None
 
     @_mapped
     def add_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> Player:
+        audit = audit or trail.unattributed()
         with self._write() as conn:
             try:
-                conn.execute("INSERT INTO players (user_id, username) VALUES (?, ?)", (user_id, username))
+                conn.execute("INSERT INTO players (user_id, username, updated_at_ms) VALUES (?, ?, ?)",
+                             (user_id, username, audit.at_ms))
             except sqlite3.IntegrityError:
                 raise Conflict(f"player {user_id} exists") from None
             trail.change(conn, False, audit, "player.add", {}, user_id=user_id)
-        return Player(user_id, username, 0, True)
+        return Player(user_id, username, 0, True, audit.at_ms)
 
     def _player_change(self, user_id: int, action: str, sql: str, args: tuple, audit: Audit | None) -> dict | None:
-        """One UPDATE of a player and its record; the state after, None if no such player."""
+        """One UPDATE of a player and its record; the state after, None if no such player.
+
+        ``sql`` sets updated_at_ms to its first parameter, the record's time, in a row it changes
+        (its WHERE leaves out a row that would stay as it is: the same name, the same flag)."""
+        audit = audit or trail.unattributed()
         with self._write() as conn:
             if (before := trail.player_state(conn, False, user_id)) is None:
                 return None
-            conn.execute(sql, args)
+            conn.execute(sql, (audit.at_ms, *args))
             trail.change(conn, False, audit, action, before, user_id=user_id)
             return trail.player_state(conn, False, user_id)
 
     @_mapped
     def rename_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> bool:
-        sql = "UPDATE players SET username = ? WHERE user_id = ?"
+        sql = "UPDATE players SET username = ?2, updated_at_ms = ?1 WHERE user_id = ?3 AND username <> ?2"
         return self._player_change(user_id, "player.rename", sql, (username, user_id), audit) is not None
 
     @_mapped
     def set_player_enabled(self, user_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
-        sql, action = "UPDATE players SET enabled = ? WHERE user_id = ?", f"player.{'en' if enabled else 'dis'}able"
+        sql = "UPDATE players SET enabled = ?2, updated_at_ms = ?1 WHERE user_id = ?3 AND enabled <> ?2"
+        action = f"player.{'en' if enabled else 'dis'}able"
         return self._player_change(user_id, action, sql, (int(enabled), user_id), audit) is not None
 
     @_mapped
     def revoke_player(self, user_id: int, *, audit: Audit | None = None) -> int | None:
-        sql = "UPDATE players SET epoch = epoch + 1 WHERE user_id = ?"
+        sql = "UPDATE players SET epoch = epoch + 1, updated_at_ms = ? WHERE user_id = ?"
         after = self._player_change(user_id, "player.revoke", sql, (user_id,), audit)
         return after["epoch"] if after else None
 
@@ -255,9 +266,13 @@ class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
         self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None,
         *, audit: Audit | None = None,
     ) -> int:
+        audit = audit or trail.unattributed()
+        # The record's time as a literal (an int), so the rows go to executemany as they come; a row
+        # whose name is already the one given is left as it is, its updated_at_ms with it.
         sql = (
-            "INSERT INTO players (user_id, username) VALUES (?, ?) "
-            "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username"
+            f"INSERT INTO players (user_id, username, updated_at_ms) VALUES (?, ?, {audit.at_ms:d}) "
+            "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, updated_at_ms = excluded.updated_at_ms "
+            "WHERE players.username <> excluded.username"
         )
         count = 0
         with self._write() as conn:
@@ -266,7 +281,7 @@ class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
                 count += len(batch)
                 if progress:
                     progress(count)
-            trail.append(conn, False, audit or trail.unattributed(), "player.import", after={"rows": count})
+            trail.append(conn, False, audit, "player.import", after={"rows": count})
         return count
 
     # -- the audit trail (store/audit.py) ----------------------------------------------
@@ -315,9 +330,10 @@ class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
             conn.execute("BEGIN")  # one read snapshot for games and players
             try:
                 yield from self._games()
-                cur = conn.execute("SELECT user_id, username, epoch, enabled FROM players ORDER BY user_id")
-                for user_id, username, epoch, enabled in cur:
-                    yield Player(user_id, username, epoch, bool(enabled))
+                cur = conn.execute(
+                    "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players ORDER BY user_id")
+                for user_id, username, epoch, enabled, updated_at_ms in cur:
+                    yield Player(user_id, username, epoch, bool(enabled), updated_at_ms)
             finally:
                 conn.execute("COMMIT")
         except sqlite3.Error as e:
@@ -353,10 +369,11 @@ class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
             # AUTOINCREMENT keeps its high-water mark here: ids are never handed out twice.
             if conn.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'games'", (top,)).rowcount == 0:
                 conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('games', ?)", (top,))
-            sql = "INSERT INTO players (user_id, username, epoch, enabled) VALUES (?, ?, ?, ?)"
+            sql = "INSERT INTO players (user_id, username, epoch, enabled, updated_at_ms) VALUES (?, ?, ?, ?, ?)"
             for batch in batches(players):
                 try:
-                    conn.executemany(sql, [(p.user_id, p.username, p.epoch, int(p.enabled)) for p in batch])
+                    conn.executemany(
+                        sql, [(p.user_id, p.username, p.epoch, int(p.enabled), p.updated_at_ms) for p in batch])
                 except sqlite3.IntegrityError:
                     raise Conflict("a player appears twice") from None
                 n_players += len(batch)
