@@ -37,7 +37,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.bench.sections.admin_sync import BATCH, _token
-from benchmarks.bench.serve import Run, Server, check_answers, core_gunicorn_args, gunicorn, port_open, wait_for, wrk
+from benchmarks.bench.serve import (
+    Run,
+    Server,
+    check_answers,
+    core_gunicorn_args,
+    gunicorn,
+    port_open,
+    wait_for,
+    workers_cpu_seconds,
+    wrk,
+)
 from benchmarks.bench.world import APPS, PATH, REPO, World
 from harness.processes import free_port
 
@@ -236,9 +246,13 @@ def _engine_store(engine: str, world: World, args: argparse.Namespace) -> Iterat
 
 def _measure(engine: str, world: World, args: argparse.Namespace, logs: Path, script: Path,
              prefix: tuple[str, ...]) -> tuple[dict[str, list[Run]], dict[str, list[float]], dict[str, list[dict]],
-                                              list[float]]:
-    """Rounds of the three variants on one engine: runs, players synced a second, probes, load averages."""
+                                              list[float], dict[str, list[float]], dict[str, list[float]]]:
+    """Rounds of the three variants on one engine: runs, players synced a second, probes, load averages,
+    the CPU time per second of the run (in cores) of the admin service's workers and of this process
+    (the sync's clients, the probe, the bookkeeping)."""
     runs: dict[str, list[Run]] = {v: [] for v in VARIANTS}
+    admin_cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    client_cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
     synced: dict[str, list[float]] = {v: [] for v in VARIANTS}
     probes: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     loads: list[float] = []
@@ -267,13 +281,14 @@ def _measure(engine: str, world: World, args: argparse.Namespace, logs: Path, sc
         for n in range(args.rounds):
             loads.append(_load())
             for variant in VARIANTS[n % 3:] + VARIANTS[:n % 3]:
-                port = admin_port if variant == "with the sync" else low_port
+                port, master = (admin_port, admin) if variant == "with the sync" else (low_port, low)
                 probe_id += 1
                 _probe_ready(port, web_port, probe_token, probe_id, world)
                 stop, result, measured = threading.Event(), [], []
                 syncer = threading.Thread(target=lambda first=next_id, stop=stop, result=result, port=port:
                                           result.append(_sync_until(port, sync_token, stop, first, args.sync_clients)))
                 loader = threading.Thread(target=lambda measured=measured: measured.append(wrk(server, script, args)))
+                cpu_before, own_before, wall_before = workers_cpu_seconds(master), time.process_time(), time.monotonic()
                 if variant != "alone":
                     syncer.start()
                 try:
@@ -285,6 +300,10 @@ def _measure(engine: str, world: World, args: argparse.Namespace, logs: Path, sc
                     stop.set()
                     if variant != "alone":
                         syncer.join()
+                cpu_after, own_after, wall_after = workers_cpu_seconds(master), time.process_time(), time.monotonic()
+                if cpu_before is not None and cpu_after is not None:
+                    admin_cpu[variant].append((cpu_after - cpu_before) / (wall_after - wall_before))
+                client_cpu[variant].append((own_after - own_before) / (wall_after - wall_before))
                 if not measured:
                     raise SystemExit("bench: admin-load's wrk run failed (see above)")
                 runs[variant].append(measured[0])
@@ -301,7 +320,7 @@ def _measure(engine: str, world: World, args: argparse.Namespace, logs: Path, sc
                       f"load {_load():.1f}", file=sys.stderr)
         loads.append(_load())
         check_answers(server, world, sample=20)
-    return runs, synced, probes, loads
+    return runs, synced, probes, loads, admin_cpu, client_cpu
 
 
 def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
@@ -318,10 +337,10 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
           f"rotating order; medians. In each run a player is revoked mid-run and its old token tried until "
           f"0.5 s after effective_by (times after the revoke's answer).\n")
     print("| engine, run | auth req/s | p50 ms | p99 ms | errors | players synced/s | p99 vs alone "
-          "| p99 vs alone, paired | revoke answered ms | old token first refused ms | effective_by ms "
-          "| promise held |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for engine, (runs, synced, probes, _) in results.items():
+          "| p99 vs alone, paired | admin CPU, cores | clients' CPU, cores | revoke answered ms "
+          "| old token first refused ms | effective_by ms | promise held |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for engine, (runs, synced, probes, _, admin_cpu, client_cpu) in results.items():
         base = statistics.median(r.p99_ms for r in runs["alone"])
         for variant in VARIANTS:
             rs, ps = runs[variant], probes[variant]
@@ -333,6 +352,8 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
             print(f"| {engine}, {variant} | {statistics.median(r.rps for r in rs):,.0f} | "
                   f"{statistics.median(r.p50_ms for r in rs):.2f} | {p99:.2f} | {sum(r.errors for r in rs)} | "
                   f"{rate} | {p99 / base:.2f} | {paired:.2f} | "
+                  f"{statistics.median(admin_cpu[variant]) if admin_cpu[variant] else float('nan'):.2f} | "
+                  f"{statistics.median(client_cpu[variant]):.2f} | "
                   f"{statistics.median(p['answer_ms'] for p in ps):.0f} | "
                   f"{refused:.0f} (max {max(p['refused_ms'] for p in ps):.0f}) | "
                   f"{statistics.median(p['effective_ms'] for p in ps):.0f} | "
@@ -340,7 +361,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     print("\nEvery round (p99 ms; the load average of the machine at the round's start):\n")
     print("| engine | round | load | " + " | ".join(VARIANTS) + " | sync vs alone | low priority vs alone |")
     print("|---|---|---|---|---|---|---|---|")
-    for engine, (runs, _, _, loads) in results.items():
+    for engine, (runs, _, _, loads, _, _) in results.items():
         for n in range(args.rounds):
             alone, sync, low = (runs[v][n].p99_ms for v in VARIANTS)
             print(f"| {engine} | {n + 1} | {loads[n]:.1f} | {alone:.2f} | {sync:.2f} | {low:.2f} | "
