@@ -41,14 +41,14 @@ def start_gunicorn(
     env: dict, *args: str, port: int | None = None, bind: str | None = None, app: str = "authsvc.wsgi:application",
     workers: int | None = 2, preload: bool = False, config: str | os.PathLike | None = None,
     inherit_env: bool = True, cwd: str | os.PathLike | None = None, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    gunicorn: str | os.PathLike | None = None, new_session: bool = False,
+    gunicorn: str | os.PathLike | None = None, new_session: bool = False, prefix: tuple[str, ...] = (),
 ) -> subprocess.Popen:
     """gunicorn serving ``app`` on 127.0.0.1:``port`` (or ``bind``), with ``env`` over os.environ
     (``inherit_env=False``: over PATH only). ``workers=None`` leaves the count to the config file.
     Output is text on pipes unless given files. ``gunicorn`` names the executable (default:
     ``python -m gunicorn`` of this interpreter); ``new_session`` puts it in its own process group
-    (for ``stop``)."""
-    command = [str(gunicorn)] if gunicorn else [sys.executable, "-m", "gunicorn"]
+    (for ``stop``); ``prefix`` runs it through commands that exec it (``nice -n 10``)."""
+    command = [*prefix, *([str(gunicorn)] if gunicorn else [sys.executable, "-m", "gunicorn"])]
     if config is not None:
         command += ["--config", str(config)]
     if bind is not None or port is not None:

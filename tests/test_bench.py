@@ -249,19 +249,24 @@ def test_smoke_run_of_the_admin_sync_section_on_both_engines(pg_server_url):
 
 @pytest.mark.slow
 def test_smoke_run_of_the_admin_load_section():
-    """wrk on the game-facing service alone and while the admin service syncs players into the same store."""
+    """wrk on the game-facing service alone and while the admin service syncs players into the same store, at
+    normal and at the unit's low priority, with a revoke mid-run whose promise held."""
     if shutil.which("wrk") is None:
         skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench", "--only", "admin-load", "--players", "500", "--rounds", "1",
-         "--duration", "1", "--sync-clients", "1"],
+         "--duration", "1", "--sync-clients", "1", "--sync-engines", "sqlite"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     table = done.stdout.split("12. Authentication under admin load", 1)[1]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()
-            if line.startswith("| alone") or line.startswith("| with the sync")}
-    assert list(rows) == ["alone", "with the sync"], done.stdout
+            if line.startswith("| sqlite, ")}
+    assert list(rows) == ["sqlite, alone", "sqlite, with the sync", "sqlite, with the sync, admin at low priority"], \
+        done.stdout
     for cells in rows.values():
         assert float(cells[0].replace(",", "")) > 0 and cells[3] == "0", done.stdout  # req/s, no errors
-    assert float(rows["with the sync"][4].replace(",", "")) > 0, done.stdout  # players synced a second
+        assert cells[-1] == "yes (1 of 1)", done.stdout  # no authentication after effective_by took the old token
+    for label in ("sqlite, with the sync", "sqlite, with the sync, admin at low priority"):
+        assert float(rows[label][4].replace(",", "")) > 0, done.stdout  # players synced a second
+    assert "nice -n 10" in table, done.stdout  # the unit's Nice=, read from deploy/systemd

@@ -117,3 +117,35 @@ def test_the_admin_api_unit_runs_the_admin_app_on_a_group_restricted_socket(unit
                      service, re.M)
     for line in ("ListenStream=/run/authsvc-admin.sock", "SocketGroup=authsvc-admin", "SocketMode=0660"):
         assert re.search(rf"^{re.escape(line)}$", socket_unit, re.M), line
+
+
+def _settings(unit: str) -> dict[str, str]:
+    """The unit's Key=value lines (the last one of a key wins, as in systemd)."""
+    return dict(re.findall(r"^(\w+)=(.*)$", unit, re.M))
+
+
+def test_the_admin_api_yields_the_cpu_and_the_disk_to_authentication(units):
+    """docs/operations.md (section 19): the admin service runs at low priority, so a sync through
+    it takes what authentication leaves; the game-facing service keeps the defaults."""
+    admin = _settings((units / "authsvc-admin.service").read_text())
+    web = _settings((units / "authsvc.service").read_text())
+    assert 10 <= int(admin.get("Nice", "0")) <= 19
+    assert int(admin.get("CPUWeight", "100")) <= 20
+    assert admin.get("IOSchedulingClass") == "best-effort" and admin.get("IOSchedulingPriority") == "7"
+    # Authentication keeps the defaults: no lower priority, no heavier weight than the admin's.
+    assert int(web.get("Nice", "0")) == 0 and int(web.get("CPUWeight", "100")) >= 100
+    assert "IOSchedulingClass" not in web
+
+
+def test_verify_would_catch_a_priority_systemd_cannot_apply(units, tmp_path):
+    # test_verify_is_clean also proves the admin unit's Nice=, CPUWeight= and IOScheduling*= valid:
+    # the same unit with values out of range is not clean.
+    text = (units / "authsvc-admin.service").read_text()
+    for key, bad in (("Nice", "20"), ("CPUWeight", "0"), ("IOSchedulingPriority", "8")):
+        broken = re.sub(rf"^{key}=.*$", f"{key}={bad}", text, flags=re.M)
+        assert broken != text, key
+        for name in ("authsvc-admin.socket", "authsvc-admin.service"):
+            (tmp_path / name).write_text(broken if name.endswith(".service") else (units / name).read_text())
+        done = _analyze("verify", "./authsvc-admin.socket", "./authsvc-admin.service", cwd=tmp_path)
+        line = broken[:broken.index(f"\n{key}={bad}\n")].count("\n") + 2
+        assert f"authsvc-admin.service:{line}:" in done.stderr, (key, done.stderr)  # names the bad line

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync-players", type=int, default=1_000_000,
                         help="admin-sync section: players to sync (default 1,000,000)")
     parser.add_argument("--sync-engines", default="sqlite,postgresql",
-                        help="admin-sync section: engines (postgresql uses --pg) (default sqlite,postgresql)")
+                        help="admin-sync and admin-load sections: engines (postgresql uses --pg) "
+                             "(default sqlite,postgresql)")
     parser.add_argument("--sync-clients", type=int, default=4, help="admin-sync section: clients (default 4)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
     args = parser.parse_args(argv)

@@ -68,11 +68,12 @@ class Server:
 
 @contextlib.contextmanager
 def gunicorn(world: World, app: str, log: Path, *, bind: str, args: tuple[str, ...] = (),
-             env: dict | None = None) -> Iterator[subprocess.Popen]:
-    """gunicorn serving ``app``; the same flags for every app unless ``args`` adds some."""
+             env: dict | None = None, prefix: tuple[str, ...] = ()) -> Iterator[subprocess.Popen]:
+    """gunicorn serving ``app``; the same flags for every app unless ``args`` adds some; ``prefix``:
+    commands that exec it (``nice -n 10``)."""
     proc = start_gunicorn({**world.env, "PYTHONPATH": str(REPO), **(env or {})}, *args, bind=bind, app=app,
                           workers=None, gunicorn=VENV_BIN / "gunicorn", cwd=REPO, stdout=log.open("ab"),
-                          stderr=subprocess.STDOUT, new_session=True)
+                          stderr=subprocess.STDOUT, new_session=True, prefix=prefix)
     try:
         yield proc
     finally:

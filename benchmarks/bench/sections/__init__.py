@@ -68,6 +68,8 @@ SECTIONS: dict[str, Section] = {
     "admin-sync": Section(admin_sync.run, "an initial sync of --sync-players players (default 1,000,000) through the "
                           "admin API's POST /v1/players/batch under real gunicorn, 1,000 a call, into an empty "
                           "SQLite and PostgreSQL store: players per second", False),
-    "admin-load": Section(admin_load.run, "authentications' p50 and p99 under wrk on the SQLite store, alone against "
-                          "while the admin API syncs new players into the same store through its batch", True),
+    "admin-load": Section(admin_load.run, "authentications' p50 and p99 under wrk, alone against while the admin API "
+                          "syncs new players into the same store through its batch, at normal and at the shipped unit's "
+                          "low priority, on each engine of --sync-engines; and when a revoke issued mid-sync is first "
+                          "refused, against its effective_by", True),
 }

@@ -69,12 +69,12 @@ def _migrated(url: str, world: World) -> str:
     return url
 
 
-def _token(url: str, world: World) -> str:
+def _token(url: str, world: World, name: str = "bench-sync") -> str:
     from authsvc.admin import operations as ops
     from authsvc.settings import Settings
 
     with ops.admin_store(Settings.from_env({**world.env, "AUTHSVC_STORE": url})) as store:
-        _, token = ops.add_api_token(store, ops.Context(actor="cli:bench"), "bench-sync", ["players:write"])
+        _, token = ops.add_api_token(store, ops.Context(actor="cli:bench"), name, ["players:write"])
     return token
 
 
