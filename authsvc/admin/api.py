@@ -38,6 +38,7 @@ from authsvc.errors import (
     OperationPreconditionFailed,
     StoreUnavailable,
 )
+from authsvc.loglines import ROUTE_KEY
 from authsvc.loglines import request_id as logged_request_id
 from authsvc.settings import Settings
 from authsvc.store import open_store
@@ -101,11 +102,14 @@ class AdminApp:
 
     def handle(self, environ: dict, rid: str) -> Response:
         method = environ["REQUEST_METHOD"]
-        if environ.get("PATH_INFO") == OPENAPI_PATH:
+        path = environ.get("PATH_INFO", "")
+        # The access line's name of the request (authsvc/serving/access_log.py): a template, never the path.
+        environ[ROUTE_KEY] = OPENAPI_PATH if path == OPENAPI_PATH else routes.route_template(path)
+        if path == OPENAPI_PATH:
             if method not in ("GET", "HEAD"):
                 raise Problem(405, "method-not-allowed", f"{OPENAPI_PATH} answers GET, HEAD", headers=(("Allow", "GET, HEAD"),))
             return Response(200, self.openapi_document)
-        handler, scope, params = routes.match(environ.get("PATH_INFO", ""), "GET" if method == "HEAD" else method)
+        handler, scope, params = routes.match(path, "GET" if method == "HEAD" else method)
         token = self.authenticate(environ)
         wait = self.rate_limit.wait(token.name)
         if wait:

@@ -4,6 +4,8 @@ gunicorn's ``%(U)s`` is PATH_INFO, the decoded path: a client that percent-encod
 the "?" (``/api/authenticate.json%3Fapi_key=...``) puts its query string, api key
 and token included, in it. This logger gives ``%(U)s`` the app's route name instead
 (``/api/authenticate.json``, ``/healthz`` or ``<other>``, see authsvc.web.app.route_name),
+or the route template an app that names its own routes (the admin API) put in the
+environ under ``ROUTE_KEY`` (``/v1/players/{user_id}``, never the id; authsvc/loglines.py),
 and blanks the atoms that hold the raw request (``%(r)s``, ``%(q)s``, ``%(f)s`` and
 the environ atoms), so a format edited later cannot bring them back.
 
@@ -29,7 +31,7 @@ import logging
 
 from gunicorn.glogging import Logger
 
-from authsvc.loglines import request_id
+from authsvc.loglines import ROUTE_KEY, request_id
 from authsvc.web.app import PROBE_PATHS, route_name
 
 
@@ -100,7 +102,7 @@ class RouteLogger(Logger):
             k: v for k, v in super().atoms(resp, req, environ, request_time).items()
             if not (k.endswith("}e") or k.endswith("}i"))
         }
-        route = route_name(environ.get("PATH_INFO"))
+        route = environ.get(ROUTE_KEY) or route_name(environ.get("PATH_INFO"))
         atoms["U"] = route
         atoms["r"] = f"{atoms.get('m')} {route} {atoms.get('H')}"
         atoms["q"] = atoms["f"] = atoms["a"] = atoms["u"] = "-"
