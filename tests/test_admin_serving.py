@@ -1,6 +1,9 @@
 """The admin API's service under real gunicorn with the shipped config (deploy/gunicorn.conf.py, as
 authsvc-admin.service runs it): its access line names the admin route's template, never the path or
-query a client sent (docs/logs.md, "The admin API's access line"), on both worker classes.
+query a client sent (docs/logs.md, "The admin API's access line"); what gunicorn itself refuses (a
+request line or header it cannot read, a limit passed) is answered in the admin API's RFC 9457
+problem+json (docs/admin-api.md, "Errors"), on both worker classes, while the game-facing service
+under the same config keeps its own JSON (docs/api.md).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -168,3 +172,105 @@ def test_every_route_template_is_a_path_of_the_openapi_document():
     assert templates and templates <= paths
     assert routes.route_template("/v1/players/12") == "/v1/players/{user_id}"
     assert routes.route_template("/v1/players/12%3Fa") == routes.route_template("/v1/players/012") == "<other>"
+
+
+# -- what gunicorn itself refuses ------------------------------------------------------------------
+
+
+def raw_request(port: int, data: bytes, timeout: float = 10) -> tuple[int, dict, bytes]:
+    """Send ``data`` on a new connection; the answer's status, headers (lower-case names) and body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        buf = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not chunk:
+                break
+            buf += chunk
+            head, sep, body = buf.partition(b"\r\n\r\n")
+            if sep and re.search(rb"(?i)\r\ncontent-length: *(\d+)", head):
+                length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head).group(1))
+                if len(body) >= length:
+                    break
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0].startswith("HTTP/1."), f"no HTTP answer: {buf[:200]!r}"
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(lines[0].split()[1]), headers, body
+
+
+def refused_requests() -> dict[str, tuple[bytes, int]]:
+    """Requests gunicorn refuses before any app sees them (the shipped config's limits), and its status."""
+    host = b"Host: admin\r\n"
+    get = f"GET /v1/audit?{MARK}=1 HTTP/1.1\r\n".encode()
+    line_limit, field_limit, fields_limit = 8190, 16384, 16384  # deploy/gunicorn.conf.py
+    return {
+        "malformed request line": (f"GET /v1/audit?{MARK} HTTP/1.1 x\r\n".encode() + host + b"\r\n", 400),
+        "NUL in the request line": (f"GET /v1/audit?{MARK}\x00 HTTP/1.1\r\n".encode() + host + b"\r\n", 400),
+        "garbage": (b"\x16\x03\x01hello\r\n\r\n", 400),
+        "request line over the limit": (
+            f"GET /v1/audit?{MARK}=".encode() + b"p" * line_limit + b" HTTP/1.1\r\n" + host + b"\r\n", 414),
+        "header line over the limit": (get + host + f"X-{MARK}: ".encode() + b"p" * field_limit + b"\r\n\r\n", 431),
+        "too many header lines": (get + host + b"X-A: b\r\n" * (fields_limit + 1) + b"\r\n", 431),
+        "invalid header value": (get + host + f"X-A: {MARK}\x01\r\n\r\n".encode(), 400),
+        "space in a header name": (get + host + f"X {MARK}: b\r\n\r\n".encode(), 400),
+        "folded header line": (get + host + f"X-A: a\r\n  {MARK}\r\n\r\n".encode(), 400),
+        "unknown transfer coding": (b"POST /v1/games HTTP/1.1\r\n" + host + b"Transfer-Encoding: gzip\r\n\r\n", 400),
+        "unknown Expect": (get + host + b"Expect: 100-nope\r\n\r\n", 417),
+    }
+
+
+def test_what_gunicorn_refuses_is_an_admin_problem_json(admin):
+    failures = {}
+    for what, (data, status) in refused_requests().items():
+        try:
+            got, headers, body = raw_request(admin.port, data)
+            assert (got, headers.get("content-type")) == (status, PROBLEM_TYPE), (got, headers, body[:300])
+            problem = json.loads(body)
+            assert set(problem) == {"type", "title", "status", "detail"}, problem
+            assert problem["status"] == status and problem["type"].startswith("urn:authsvc:problem:"), problem
+            assert problem["title"] == http.client.responses[status], problem
+            assert headers["connection"] == "close" and headers["cache-control"] == "no-store", headers
+            assert headers["content-length"] == str(len(body)), headers
+            assert MARK.encode() not in body, body
+        except (AssertionError, OSError, ValueError) as e:
+            failures[what] = str(e)[:400]
+    assert not failures, json.dumps(failures, indent=1)
+    # The service still answers after them.
+    conn = http.client.HTTPConnection("127.0.0.1", admin.port, timeout=10)
+    conn.request("GET", "/openapi.json")
+    assert conn.getresponse().status == 200
+    conn.close()
+
+
+@pytest.mark.parametrize("worker_class", ["sync", "gthread"])
+def test_the_game_facing_service_still_refuses_in_its_own_json(world, worker_class):
+    """The same config serving the game-facing app: the same refusals, in docs/api.md's JSON."""
+    service = _serve(world.env, world.root, "authsvc.wsgi:application", worker_class)
+    try:
+        for what, (data, status) in refused_requests().items():
+            got, headers, body = raw_request(service.port, data)
+            assert (got, headers.get("content-type")) == (status, GAME_JSON_TYPE), (what, got, headers, body[:300])
+            assert set(json.loads(body)) == {"success", "error", "error_description"}, (what, body)
+    finally:
+        output = service.stop()
+    assert "Traceback" not in output, output
+
+
+def test_a_refusal_that_fails_falls_back_to_the_game_facing_json():
+    """An app's gunicorn_refusal that raises must not leave the client without an answer."""
+    from authsvc.serving.workers import app_refusal, json_error_response
+
+    def broken(status: int):
+        raise RuntimeError("broken")
+
+    answer = json_error_response(431, broken)
+    assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n")
+    assert answer.endswith(b'{"success":false,"error":431,"error_description":"Request header too large"}')
+    assert app_refusal(object()) is None and app_refusal(None) is None

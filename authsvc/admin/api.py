@@ -26,7 +26,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from importlib import resources
 
-from authsvc.admin import idempotency, routes
+from authsvc.admin import idempotency, problems, routes
 from authsvc.admin import operations as ops
 from authsvc.admin.problems import Problem, Request, Response, encode
 from authsvc.admin.ratelimit import RateLimit
@@ -82,6 +82,14 @@ class AdminApp:
         ]
         start_response(f"{response.status} {_phrase(response.status)}", headers)
         return [body if environ["REQUEST_METHOD"] != "HEAD" else b""]
+
+    def gunicorn_refusal(self, status: int) -> tuple[tuple[tuple[str, str], ...], bytes]:
+        """The answer to a request gunicorn refused before this app saw it (a request line or header it
+        cannot read, a limit passed): a problem+json like every admin error, for the worker to send
+        (authsvc/serving/workers.py). No request id: there is no request to name."""
+        body = encode(problems.refusal(status).body())
+        return (("Content-Type", "application/problem+json"), ("Cache-Control", "no-store"),
+                ("X-Content-Type-Options", "nosniff")), body
 
     def problem_for(self, error: Exception, rid: str) -> Problem:
         """The answer to an operation's typed error; a 500 for anything else, its traceback logged."""
