@@ -47,11 +47,12 @@ class Service:
         self.port = port
         self.log = log
 
-    def access_lines(self, count: int, timeout: float = 15) -> list[re.Match]:
-        """The first ``count`` access lines (gunicorn writes each after its answer is sent)."""
+    def access_lines(self, count: int, route: str | None = None, timeout: float = 15) -> list[re.Match]:
+        """The access lines (of ``route``), once there are ``count`` (gunicorn writes each after its answer)."""
         deadline = time.monotonic() + timeout
         while True:
-            lines = [m for line in self.log.read_text(errors="replace").splitlines() if (m := ACCESS.match(line))]
+            lines = [m for line in self.log.read_text(errors="replace").splitlines()
+                     if (m := ACCESS.match(line)) and route in (None, m["route"])]
             if len(lines) >= count or time.monotonic() > deadline:
                 return lines
 
@@ -163,6 +164,26 @@ def test_the_access_line_names_the_admin_route_template_never_the_path_or_query(
         line = m.string
         assert str(USER_ID) not in line, line
         assert MARK not in line.replace(f"rid=rid-{MARK}", ""), line  # only the request id, in its shape
+
+
+def test_the_access_line_holds_the_request_id_the_answer_and_the_audit_trail_hold(admin, world):
+    """Without an X-Request-Id (or with one not in the logged shape) the admin app makes one; the access
+    line holds that one, as the answer's header and the audit record do, not "-"."""
+    route = "/v1/players/{user_id}/revoke"
+    before = len(admin.access_lines(0, route))
+    ids = []
+    for sent in (None, "bad id with spaces", "web-tier.42"):
+        conn = http.client.HTTPConnection("127.0.0.1", admin.port, timeout=10)
+        headers = {"Authorization": f"Bearer {world.token}"} | ({"X-Request-Id": sent} if sent else {})
+        conn.request("POST", f"/v1/players/{USER_ID}/revoke", headers=headers)
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 200
+        ids.append(response.getheader("X-Request-Id"))
+        conn.close()
+    assert ids[2] == "web-tier.42" and re.fullmatch(r"[0-9a-f]{32}", ids[0]) and re.fullmatch(r"[0-9a-f]{32}", ids[1])
+    logged = [m.string.rpartition("rid=")[2].split()[0] for m in admin.access_lines(before + 3, route)[before:]]
+    assert sorted(logged) == sorted(ids)  # a gthread worker may write them out of order
 
 
 def test_every_route_template_is_a_path_of_the_openapi_document():

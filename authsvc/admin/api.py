@@ -38,7 +38,7 @@ from authsvc.errors import (
     OperationPreconditionFailed,
     StoreUnavailable,
 )
-from authsvc.loglines import ROUTE_KEY
+from authsvc.loglines import REQUEST_ID_KEY, ROUTE_KEY
 from authsvc.loglines import request_id as logged_request_id
 from authsvc.settings import Settings
 from authsvc.store import open_store
@@ -66,6 +66,7 @@ class AdminApp:
         rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))
         if rid == "-":
             rid = uuid.uuid4().hex
+        environ[REQUEST_ID_KEY] = rid  # the access line's rid= (authsvc/serving/access_log.py)
         try:
             response = self.handle(environ, rid)
         except Exception as e:  # the one error boundary

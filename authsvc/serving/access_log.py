@@ -16,7 +16,8 @@ host) must not write the line's fields with its headers (``X-Forwarded-For: 1.2.
 ``forwarded_allow_ips``, or the unix socket, as gunicorn itself decides), when it is
 one, else the connection's own address; the ``X-Forwarded-Proto`` atom is the scheme
 gunicorn took (it believes that header only from a trusted proxy); the ``X-Request-Id``
-atom is the request id in its documented shape, else "-" (authsvc/loglines.py); every
+atom is the request id in its documented shape, else "-" (authsvc/loglines.py), or the one
+an app answered with (the admin API's, ``REQUEST_ID_KEY``); every
 other request header atom, the user agent and the user are "-".
 
 A successful probe (``/healthz``, ``/readyz``: a load balancer or a monitoring system
@@ -31,7 +32,7 @@ import logging
 
 from gunicorn.glogging import Logger
 
-from authsvc.loglines import ROUTE_KEY, request_id
+from authsvc.loglines import REQUEST_ID_KEY, ROUTE_KEY, request_id
 from authsvc.web.app import PROBE_PATHS, route_name
 
 
@@ -108,5 +109,5 @@ class RouteLogger(Logger):
         atoms["q"] = atoms["f"] = atoms["a"] = atoms["u"] = "-"
         atoms["h"] = atoms["{x-forwarded-for}i"] = client_address(environ, tuple(self.cfg.forwarded_allow_ips))
         atoms["{x-forwarded-proto}i"] = environ.get("wsgi.url_scheme") or "-"
-        atoms["{x-request-id}i"] = request_id(environ.get("HTTP_X_REQUEST_ID"))
+        atoms["{x-request-id}i"] = request_id(environ.get(REQUEST_ID_KEY) or environ.get("HTTP_X_REQUEST_ID"))
         return atoms
