@@ -291,7 +291,8 @@ def test_a_refusal_that_fails_falls_back_to_the_game_facing_json():
     def broken(status: int):
         raise RuntimeError("broken")
 
-    answer = json_error_response(431, broken)
-    assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n")
-    assert answer.endswith(b'{"success":false,"error":431,"error_description":"Request header too large"}')
+    for refusal in (broken, lambda status: ((("X-Bad", "\u00e9"),), b"{}")):  # raises; or a header not ASCII
+        answer = json_error_response(431, refusal)
+        assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n")
+        assert answer.endswith(b'{"success":false,"error":431,"error_description":"Request header too large"}')
     assert app_refusal(object()) is None and app_refusal(None) is None

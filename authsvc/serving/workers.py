@@ -55,17 +55,20 @@ def json_error_response(status: int, refusal: Refusal | None = None) -> bytes:
     if status not in _ERRORS:
         status = 500 if status >= 500 else 400
     reason, description = _ERRORS[status]
-    headers: Sequence[tuple[str, str]] = BASE_HEADERS
-    body = json_bytes(error_object(status, description))
     if refusal is not None:
         try:
             headers, body = refusal(status)
+            return _answer(status, reason, headers, body)
         except Exception:
-            headers, body = BASE_HEADERS, json_bytes(error_object(status, description))
+            pass
+    return _answer(status, reason, BASE_HEADERS, json_bytes(error_object(status, description)))
+
+
+def _answer(status: int, reason: str, headers: Sequence[tuple[str, str]], body: bytes) -> bytes:
     head = [f"HTTP/1.1 {status} {reason}", "Connection: close"]
     head += [f"{name}: {value}" for name, value in headers]
     head.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + body
+    return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + bytes(body)
 
 
 def app_refusal(app) -> Refusal | None:
