@@ -32,6 +32,16 @@ from collections.abc import Callable
 # gunicorn directly, is "-": no space, quote or other text can end up in a line.
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
+# What gunicorn's access line calls a request (authsvc/serving/access_log.py, docs/logs.md): an app
+# may name its route in the request's environ under ROUTE_KEY, a template of its own routes
+# (the admin API: "/v1/players/{user_id}"), never a value of the path; without it, the game-facing
+# app's route names. No request header can set it (headers are HTTP_* keys).
+ROUTE_KEY = "authsvc.route"
+OTHER_ROUTE = "<other>"  # a path that is no route of the app
+# The request id an app answered with and recorded (the admin API makes one when the request has none
+# in the logged shape): the access line's rid= is that one, else the X-Request-Id header's.
+REQUEST_ID_KEY = "authsvc.request_id"
+
 
 def request_id(value: str | None) -> str:
     """``X-Request-Id`` as logged: itself in the documented shape, else "-"."""

@@ -49,7 +49,8 @@ bind = [_settings.bind]
 workers = _settings.workers
 threads = _settings.threads
 # gunicorn's own sync and gthread workers, whose error answers (a request gunicorn
-# cannot parse) are the service's JSON instead of HTML (authsvc/serving/workers.py).
+# cannot parse) are the service's JSON instead of HTML (authsvc/serving/workers.py):
+# the game-facing JSON, or the admin API's problem+json when it is the app served.
 # "sync" with threads > 1 is gthread, as gunicorn itself decides.
 _worker_kind = "gthread" if threads > 1 else _settings.worker_class
 worker_class = {

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from importlib import resources
 
-from authsvc.admin import idempotency, routes
+from authsvc.admin import idempotency, problems, routes
 from authsvc.admin import operations as ops
 from authsvc.admin.problems import Problem, Request, Response, encode
 from authsvc.admin.ratelimit import RateLimit
@@ -38,6 +38,7 @@ from authsvc.errors import (
     OperationPreconditionFailed,
     StoreUnavailable,
 )
+from authsvc.loglines import REQUEST_ID_KEY, ROUTE_KEY
 from authsvc.loglines import request_id as logged_request_id
 from authsvc.settings import Settings
 from authsvc.store import open_store
@@ -65,6 +66,7 @@ class AdminApp:
         rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))
         if rid == "-":
             rid = uuid.uuid4().hex
+        environ[REQUEST_ID_KEY] = rid  # the access line's rid= (authsvc/serving/access_log.py)
         try:
             response = self.handle(environ, rid)
         except Exception as e:  # the one error boundary
@@ -81,6 +83,14 @@ class AdminApp:
         ]
         start_response(f"{response.status} {_phrase(response.status)}", headers)
         return [body if environ["REQUEST_METHOD"] != "HEAD" else b""]
+
+    def gunicorn_refusal(self, status: int) -> tuple[tuple[tuple[str, str], ...], bytes]:
+        """The answer to a request gunicorn refused before this app saw it (a request line or header it
+        cannot read, a limit passed): a problem+json like every admin error, for the worker to send
+        (authsvc/serving/workers.py). No request id: there is no request to name."""
+        body = encode(problems.refusal(status).body())
+        return (("Content-Type", "application/problem+json"), ("Cache-Control", "no-store"),
+                ("X-Content-Type-Options", "nosniff")), body
 
     def problem_for(self, error: Exception, rid: str) -> Problem:
         """The answer to an operation's typed error; a 500 for anything else, its traceback logged."""
@@ -101,11 +111,14 @@ class AdminApp:
 
     def handle(self, environ: dict, rid: str) -> Response:
         method = environ["REQUEST_METHOD"]
-        if environ.get("PATH_INFO") == OPENAPI_PATH:
+        path = environ.get("PATH_INFO", "")
+        # The access line's name of the request (authsvc/serving/access_log.py): a template, never the path.
+        environ[ROUTE_KEY] = OPENAPI_PATH if path == OPENAPI_PATH else routes.route_template(path)
+        if path == OPENAPI_PATH:
             if method not in ("GET", "HEAD"):
                 raise Problem(405, "method-not-allowed", f"{OPENAPI_PATH} answers GET, HEAD", headers=(("Allow", "GET, HEAD"),))
             return Response(200, self.openapi_document)
-        handler, scope, params = routes.match(environ.get("PATH_INFO", ""), "GET" if method == "HEAD" else method)
+        handler, scope, params = routes.match(path, "GET" if method == "HEAD" else method)
         token = self.authenticate(environ)
         wait = self.rate_limit.wait(token.name)
         if wait:

@@ -39,6 +39,27 @@ class Problem(Exception):
         return obj
 
 
+# What gunicorn itself refuses, before the app sees a request (authsvc/serving/workers.py): the status
+# gunicorn chose, a type and a detail of the admin API's own (docs/admin-api.md, "Errors"), no request data.
+_REFUSALS = {
+    400: ("bad-request", "the server could not read the request: a malformed request line, header or framing"),
+    403: ("forbidden", "the server refuses requests of this connection"),
+    414: ("uri-too-long", "the request line is longer than the server reads"),
+    417: ("expectation-failed", "the only Expect the server knows is 100-continue"),
+    431: ("header-too-large", "a header line is longer, or there are more header lines, than the server reads"),
+    500: ("internal", "unexpected failure; the service's log has the error"),
+    501: ("not-implemented", "the server does not implement what the request asks for"),
+}
+
+
+def refusal(status: int) -> Problem:
+    """The problem for a request gunicorn refused with ``status`` (another status: 400, or 500 from 500 up)."""
+    if status not in _REFUSALS:
+        status = 500 if status >= 500 else 400
+    slug, detail = _REFUSALS[status]
+    return Problem(status, slug, detail)
+
+
 def invalid(field: str, detail: str) -> Problem:
     """422 naming one field (a JSON pointer into the body, or the path parameter's name)."""
     return Problem(422, "validation", f"{field}: {detail}", errors=[{"field": field, "detail": detail}])

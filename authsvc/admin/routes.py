@@ -8,6 +8,7 @@ engine.
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 import re
 import urllib.parse
@@ -18,6 +19,7 @@ from authsvc.admin import batch
 from authsvc.admin import operations as ops
 from authsvc.admin.problems import Problem, Request, Response, invalid
 from authsvc.admin.put_player import etag
+from authsvc.loglines import OTHER_ROUTE
 from authsvc.names import MAX_ID
 from authsvc.store.base import Game, Player
 
@@ -58,6 +60,25 @@ def match(path: str, method: str) -> tuple[Handler, str, dict]:
             raise Problem(404, "not-found", "no such resource: an id is at most 2^63-1")
         return handler, scope, params
     raise Problem(404, "not-found", "no such resource (the admin API's paths start with /v1)")
+
+
+_PARAMETER = re.compile(r"\(\?P<(\w+)>[^)]*\)")
+
+
+@functools.cache
+def template(pattern: re.Pattern) -> str:
+    """A route's pattern as the OpenAPI document's path: each named group as ``{name}``."""
+    return _PARAMETER.sub(r"{\1}", pattern.pattern)
+
+
+def route_template(path: str) -> str:
+    """What the access line calls ``path`` (docs/logs.md): its route's template (``/v1/players/{user_id}``,
+    whatever the method), or "<other>". Never a value of the path: a decoded path holds the query string
+    when a client percent-encodes the "?"."""
+    for pattern, _ in _ROUTES:
+        if pattern.fullmatch(path):
+            return template(pattern)
+    return OTHER_ROUTE
 
 
 def _response(status: int, obj: dict, headers: tuple[tuple[str, str], ...] = ()) -> Response:

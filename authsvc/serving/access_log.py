@@ -4,6 +4,8 @@ gunicorn's ``%(U)s`` is PATH_INFO, the decoded path: a client that percent-encod
 the "?" (``/api/authenticate.json%3Fapi_key=...``) puts its query string, api key
 and token included, in it. This logger gives ``%(U)s`` the app's route name instead
 (``/api/authenticate.json``, ``/healthz`` or ``<other>``, see authsvc.web.app.route_name),
+or the route template an app that names its own routes (the admin API) put in the
+environ under ``ROUTE_KEY`` (``/v1/players/{user_id}``, never the id; authsvc/loglines.py),
 and blanks the atoms that hold the raw request (``%(r)s``, ``%(q)s``, ``%(f)s`` and
 the environ atoms), so a format edited later cannot bring them back.
 
@@ -14,7 +16,8 @@ host) must not write the line's fields with its headers (``X-Forwarded-For: 1.2.
 ``forwarded_allow_ips``, or the unix socket, as gunicorn itself decides), when it is
 one, else the connection's own address; the ``X-Forwarded-Proto`` atom is the scheme
 gunicorn took (it believes that header only from a trusted proxy); the ``X-Request-Id``
-atom is the request id in its documented shape, else "-" (authsvc/loglines.py); every
+atom is the request id in its documented shape, else "-" (authsvc/loglines.py), or the one
+an app answered with (the admin API's, ``REQUEST_ID_KEY``); every
 other request header atom, the user agent and the user are "-".
 
 A successful probe (``/healthz``, ``/readyz``: a load balancer or a monitoring system
@@ -31,7 +34,7 @@ import logging
 
 from gunicorn.glogging import Logger
 
-from authsvc.loglines import request_id
+from authsvc.loglines import REQUEST_ID_KEY, ROUTE_KEY, request_id
 from authsvc.web.app import PROBE_PATHS, route_name
 
 
@@ -104,11 +107,11 @@ class RouteLogger(Logger):
             k: v for k, v in super().atoms(resp, req, environ, request_time).items()
             if not (k.endswith("}e") or k.endswith("}i"))
         }
-        route = route_name(environ.get("PATH_INFO"))
+        route = environ.get(ROUTE_KEY) or route_name(environ.get("PATH_INFO"))
         atoms["U"] = route
         atoms["r"] = f"{atoms.get('m')} {route} {atoms.get('H')}"
         atoms["q"] = atoms["f"] = atoms["a"] = atoms["u"] = "-"
         atoms["h"] = atoms["{x-forwarded-for}i"] = client_address(environ, tuple(self.cfg.forwarded_allow_ips))
         atoms["{x-forwarded-proto}i"] = environ.get("wsgi.url_scheme") or "-"
-        atoms["{x-request-id}i"] = request_id(environ.get("HTTP_X_REQUEST_ID"))
+        atoms["{x-request-id}i"] = request_id(environ.get(REQUEST_ID_KEY) or environ.get("HTTP_X_REQUEST_ID"))
         return atoms

@@ -1,11 +1,17 @@
 """gunicorn's sync and gthread workers, answering the requests gunicorn itself refuses
 (a request line or header it cannot parse, a limit passed) in the service's JSON shape
-instead of gunicorn's HTML page: every answer is ``{"success":false,"error":N,...}``
-(docs/api.md), through nginx or straight from gunicorn (scripts/serve).
+instead of gunicorn's HTML page: every answer of the game-facing service is
+``{"success":false,"error":N,...}`` (docs/api.md), through nginx or straight from
+gunicorn (scripts/serve).
 
-deploy/gunicorn.conf.py names these classes for ``worker_class`` "sync" and "gthread".
-Only the error page changes: gunicorn still decides the status and logs the error.
-The answer never holds request data (gunicorn's page quotes the bad line or header).
+deploy/gunicorn.conf.py names these classes for ``worker_class`` "sync" and "gthread",
+for both services: the one config serves the app named on gunicorn's command line.
+An app with its own error shape says so with a ``gunicorn_refusal(status)`` method,
+which gives the headers and body of its answer (the admin API: RFC 9457
+problem+json, authsvc/admin/api.py); the worker asks the app it loaded, so the
+answer is the served API's, whichever it is. Only the error page changes: gunicorn
+still decides the status and logs the error. The answer never holds request data
+(gunicorn's page quotes the bad line or header).
 
 They also send an answer's head and body in one write (gunicorn writes them
 apart): an app host that dies between the two would leave nginx with a status
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import types
+from collections.abc import Callable, Sequence
 
 from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 from gunicorn.workers.sync import SyncWorker as _SyncWorker
@@ -37,25 +44,48 @@ _ERRORS = {
 }
 
 
-def json_error_response(status: int) -> bytes:
-    """A complete HTTP/1.1 error answer that closes the connection, like gunicorn's own."""
+# An app's own answer to a refused request: its headers (Content-Type first) and body, for a status of _ERRORS.
+Refusal = Callable[[int], tuple[Sequence[tuple[str, str]], bytes]]
+
+
+def json_error_response(status: int, refusal: Refusal | None = None) -> bytes:
+    """A complete HTTP/1.1 error answer that closes the connection, like gunicorn's own: the
+    game-facing JSON, or ``refusal``'s answer (an app's own shape). A ``refusal`` that fails
+    gives the game-facing JSON rather than no answer."""
     if status not in _ERRORS:
         status = 500 if status >= 500 else 400
     reason, description = _ERRORS[status]
-    body = json_bytes(error_object(status, description))
+    if refusal is not None:
+        try:
+            headers, body = refusal(status)
+            return _answer(status, reason, headers, body)
+        except Exception:
+            pass
+    return _answer(status, reason, BASE_HEADERS, json_bytes(error_object(status, description)))
+
+
+def _answer(status: int, reason: str, headers: Sequence[tuple[str, str]], body: bytes) -> bytes:
     head = [f"HTTP/1.1 {status} {reason}", "Connection: close"]
-    head += [f"{name}: {value}" for name, value in BASE_HEADERS]
+    head += [f"{name}: {value}" for name, value in headers]
     head.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + body
+    return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + bytes(body)
+
+
+def app_refusal(app) -> Refusal | None:
+    """The served app's own answer to what gunicorn refuses (its ``gunicorn_refusal``), if it has one."""
+    refusal = getattr(app, "gunicorn_refusal", None)
+    return refusal if callable(refusal) else None
 
 
 class _JsonErrorSocket:
     """The client socket as ``Worker.handle_error`` sees it. Its one write is
     gunicorn's HTML error page (gunicorn.util.write_error); that is sent as the JSON
-    answer of the same status instead. Everything else goes to the real socket."""
+    answer of the same status instead (the app's own, with ``refusal``). Everything
+    else goes to the real socket."""
 
-    def __init__(self, sock):
+    def __init__(self, sock, refusal: Refusal | None = None):
         self._sock = sock
+        self._refusal = refusal
 
     def __getattr__(self, name):
         return getattr(self._sock, name)
@@ -65,7 +95,7 @@ class _JsonErrorSocket:
             status = int(bytes(data[:32]).split(b" ", 2)[1])
         except (IndexError, ValueError):
             status = 500
-        self._sock.sendall(json_error_response(status))
+        self._sock.sendall(json_error_response(status, self._refusal))
 
 
 class _OneWriteSocket:
@@ -149,7 +179,7 @@ class SyncWorker(_SyncWorker):
             sock.flush()
 
     def handle_error(self, req, client, addr, exc):
-        super().handle_error(req, _JsonErrorSocket(client), addr, exc)
+        super().handle_error(req, _JsonErrorSocket(client, app_refusal(getattr(self, "wsgi", None))), addr, exc)
 
 
 class ThreadWorker(_ThreadWorker):
@@ -169,4 +199,4 @@ class ThreadWorker(_ThreadWorker):
             sock.flush()
 
     def handle_error(self, req, client, addr, exc):
-        super().handle_error(req, _JsonErrorSocket(client), addr, exc)
+        super().handle_error(req, _JsonErrorSocket(client, app_refusal(getattr(self, "wsgi", None))), addr, exc)

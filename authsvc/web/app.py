@@ -39,7 +39,7 @@ from authsvc.errors import (
     StoreUnavailable,
     StoreUnreachable,
 )
-from authsvc.loglines import LineRecords, LogThrottle, request_id
+from authsvc.loglines import OTHER_ROUTE, LineRecords, LogThrottle, request_id
 from authsvc.settings import Settings
 from authsvc.store.base import Reader
 from authsvc.store.readers import open_reader
@@ -60,7 +60,6 @@ HEALTH_PATH = "/healthz"
 READY_PATH = "/readyz"
 METRICS_PATH = "/metrics"
 OPENAPI_PATH = "/openapi.json"
-OTHER_ROUTE = "<other>"
 RESULT_HEADER = "X-Authsvc-Result"
 ROUTE_PATHS = (AUTHENTICATE_PATH, HEALTH_PATH, READY_PATH, METRICS_PATH, OPENAPI_PATH)
 PROBE_PATHS = (HEALTH_PATH, READY_PATH)
