@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from benchmarks.bench.serve import (
@@ -27,10 +27,12 @@ from harness.processes import find_nginx, free_port, ipv6_loopback, nginx_main_c
 
 @contextlib.contextmanager
 def nginx_in_front(world: World, root: Path, sock: Path, *, overrides: dict[str, str] | None = None,
-                   worker_connections: int = 1024) -> Iterator[tuple[int, int, subprocess.Popen]]:
+                   worker_connections: int = 1024, worker_processes: str = "auto",
+                   site_edit: Callable[[str], str] | None = None) -> Iterator[tuple[int, int, subprocess.Popen]]:
     """The shipped nginx site rendered as scripts/install renders it, its rate, per-address and per-app-host
     limits out of the way (a throughput measurement); ``overrides`` replace placeholder values (the storm
-    section's UPSTREAM_MAX_CONNS)."""
+    section's UPSTREAM_MAX_CONNS); ``site_edit``, given the rendered site's text, returns the text to serve
+    instead (a reference the storm section measures against)."""
     import trustme
 
 
@@ -65,7 +67,9 @@ def nginx_in_front(world: World, root: Path, sock: Path, *, overrides: dict[str,
                    check=True, stdout=subprocess.DEVNULL, cwd=REPO)
     conf = root / "nginx.conf"
     site = root / "deploy" / "nginx" / "sites" / "authsvc.conf"
-    conf.write_text(nginx_main_conf(root, root / "logs", site, worker_processes="auto",
+    if site_edit is not None:
+        site.write_text(site_edit(site.read_text()))
+    conf.write_text(nginx_main_conf(root, root / "logs", site, worker_processes=worker_processes,
                                     worker_connections=worker_connections))
     proc = start_nginx(nginx, root, conf, root / "logs" / "nginx.out")
     try:
