@@ -199,6 +199,7 @@ class Storm:
     seconds: float
     log: dict[str, list[float]]  # nginx's access log: request times (ms) by status
     shed_by_nginx: int  # 503s no app host saw (addr= the upstream's name): their logged lines x 100
+    shed_by_app: int  # 503s an app host answered (AUTHSVC_MAX_QUEUE_WAIT; each logged)
     probes: list[tuple[int, float, bool]]  # (status or 0 for a failure, ms, the service's JSON 503 with Retry-After)
     cores: dict[str, tuple[float, float]]  # CPU used (cores): workers, nginx, wrk, at capacity and in the storm
     recovery_s: float | None = None
@@ -213,11 +214,29 @@ class Storm:
         return self.wrk["statuses"].get(status, 0)
 
 
-def cpu_seconds(gunicorn_proc: subprocess.Popen | None, nginx_proc: subprocess.Popen) -> dict[str, float]:
-    """CPU time so far of gunicorn's workers, nginx's workers and the children this process reaped (wrk)."""
+def cpu_seconds(gunicorn_proc: subprocess.Popen | None, nginx_proc: subprocess.Popen,
+                server_cpus: frozenset[int] | None = None) -> dict[str, float]:
+    """CPU time so far of gunicorn's workers, nginx's workers and the children this process reaped (wrk); and
+    the time the server's CPUs (all of them unpinned) were busy with anything (/proc/stat: other tenants,
+    the kernel's softirq work, the server itself)."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"workers": workers_cpu_seconds(gunicorn_proc) or 0.0, "nginx": workers_cpu_seconds(nginx_proc) or 0.0,
-            "wrk": children.ru_utime + children.ru_stime}
+            "wrk": children.ru_utime + children.ru_stime, **cpus_busy_seconds(server_cpus)}
+
+
+def cpus_busy_seconds(cpus: frozenset[int] | None) -> dict[str, float]:
+    """Seconds these CPUs (None: all) were not idle, and of it in softirq (loopback's network work), from
+    /proc/stat."""
+    busy = softirq = 0
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or (cpus is not None and int(name[3:]) not in cpus):
+            continue
+        values = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+        busy += sum(values) - values[3] - values[4]
+        softirq += values[6]
+    tick = os.sysconf("SC_CLK_TCK")
+    return {"busy": busy / tick, "softirq": softirq / tick}
 
 
 def cores(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
@@ -266,11 +285,12 @@ def probe(server: Server, paths: list[str], stop: threading.Event, out: list) ->
         out.append((answer.status, (time.perf_counter() - t0) * 1000, shed_ok))
 
 
-def read_access_log(path: Path, start: int) -> tuple[dict[str, list[float]], int]:
+def read_access_log(path: Path, start: int) -> tuple[dict[str, list[float]], int, int]:
     """Request times (ms) by status from byte ``start`` of nginx's access log (of nginx's own 503s, the one
-    in 100 logged); and the 503s no app host saw, each logged line standing for the N of its "sampled=1/N"."""
+    in 100 logged); the 503s no app host saw, each logged line standing for the N of its "sampled=1/N";
+    and the 503s of an app host (each logged)."""
     times: dict[str, list[float]] = {}
-    shed = 0
+    shed = by_app = 0
     with path.open("rb") as f:
         f.seek(start)
         for line in f.read().decode("ascii", "replace").splitlines():
@@ -279,7 +299,9 @@ def read_access_log(path: Path, start: int) -> tuple[dict[str, list[float]], int
                 times.setdefault(m.group(1), []).append(float(m.group(2)) * 1000)
                 if m.group(1) == "503" and m.group(3) == "authsvc_app":
                     shed += int(m.group(4) or 1)
-    return times, shed
+                elif m.group(1) == "503":
+                    by_app += 1
+    return times, shed, by_app
 
 
 def capacity(server: Server, script: Path, args: argparse.Namespace) -> tuple[float, int, list]:
@@ -390,21 +412,24 @@ def one_storm(world: World, args: argparse.Namespace, logs: Path, script: Path, 
         probes: list = []
         stop = threading.Event()
         prober = threading.Thread(target=probe, args=(server, world.paths(), stop, probes), daemon=True)
-        cpu0 = cpu_seconds(server.master, nginx)
+        cpu0 = cpu_seconds(server.master, nginx, pin.server if pin else None)
         prober.start()
         figures, seconds = storm_wrk(server, storm_script, args.storm_connections, args.storm_seconds,
                                      cap * args.storm_factor)
         storm_end = time.monotonic()
-        in_storm = cores(cpu0, cpu_seconds(server.master, nginx), seconds)
+        in_storm = cores(cpu0, cpu_seconds(server.master, nginx, pin.server if pin else None), seconds)
         stop.set()
         prober.join()
-        times, shed = read_access_log(access_log, start)
+        times, shed, by_app = read_access_log(access_log, start)
         recovered = recovery(server, storm_script, cap, storm_end)
-        cpu0, t0 = cpu_seconds(server.master, nginx), time.monotonic()
+        cpu0, t0 = cpu_seconds(server.master, nginx, pin.server if pin else None), time.monotonic()
         after = wrk(server, script, closed_loop(args, best_c))
-        at_capacity = cores(cpu0, cpu_seconds(server.master, nginx), time.monotonic() - t0)
+        at_capacity = cores(cpu0, cpu_seconds(server.master, nginx, pin.server if pin else None),
+                            time.monotonic() - t0)
+        for c in (at_capacity, in_storm):  # the server CPUs' time nobody of ours used (wrk's too, unpinned)
+            c["others"] = c["busy"] - c["softirq"] - c["workers"] - c["nginx"] - (0.0 if pin else c["wrk"])
         storm = Storm(server.label, cap_runs, cap, after.rps, figures, figures["duration_us"] / 1e6, times, shed,
-                      probes, {k: (at_capacity[k], in_storm[k]) for k in in_storm}, recovered)
+                      by_app, probes, {k: (at_capacity[k], in_storm[k]) for k in in_storm}, recovered)
         # Worker CPU per authentication served: does shedding make serving dearer?
         storm.worker_us = (after.worker_cpu_us or 0.0,
                            in_storm["workers"] * seconds / max(storm.count("200"), 1) * 1e6)
@@ -452,7 +477,8 @@ def print_storm(args: argparse.Namespace, storms: list[Storm], pin: Pinning | No
             f"{answered:,.0f} ({answered / s.capacity:.1f})", f"{served:,.0f}", f"{served / s.capacity:.3f}",
             f"{ms(pct(ok, 50))} / {ms(pct(ok, 99))} / {ms(max(ok, default=float('nan')))}",
             f"{s.count('503') / s.seconds:,.0f}",
-            f"{s.count('503') - w['bad_shed']:,} of {s.count('503'):,} (about {s.shed_by_nginx:,} by nginx)",
+            f"{s.count('503') - w['bad_shed']:,} of {s.count('503'):,} (by nginx about {s.shed_by_nginx:,}, "
+            f"by the app {s.shed_by_app:,})",
             f"{ms(pct(shed, 99))} / {ms(max(shed, default=float('nan')))}",
             ", ".join(f"{k}: {v}" for k, v in sorted(others.items())) or "none",
             str(w["connect"] + w["read"] + w["write"]), str(w["timeout"]), recovered,
@@ -462,7 +488,9 @@ def print_storm(args: argparse.Namespace, storms: list[Storm], pin: Pinning | No
           "each part used (cores, of the machine's 2) at capacity (the after run) and in the storm\n")
     head = ["nginx → gunicorn", "wrk p50 / p99 / max ms", "probes", "probe 200 p99 ms", "probe 503 p99 / max ms",
             "probe 503 JSON + Retry-After", "probe failures", "HTML answers", "workers cores", "nginx cores",
-            "wrk cores", "worker CPU µs per auth served"]
+            "wrk cores", "server CPUs busy (cores)", "of it softirq (network)",
+            "of it no process of the bench (other tenants)",
+            "worker CPU µs per auth served"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for s in storms:
@@ -474,7 +502,7 @@ def print_storm(args: argparse.Namespace, storms: list[Storm], pin: Pinning | No
             str(len(s.probes)), ms(pct(ok, 99)), f"{ms(pct(shed, 99))} / {ms(max(shed, default=float('nan')))}",
             f"{sum(good for status, _, good in s.probes if status == 503)} of {len(shed)}",
             str(sum(status == 0 for status, _, _ in s.probes)), str(w["html"]),
-            *(f"{s.cores[k][0]:.2f} → {s.cores[k][1]:.2f}" for k in ("workers", "nginx", "wrk")),
+            *(f"{s.cores[k][0]:.2f} → {s.cores[k][1]:.2f}" for k in ("workers", "nginx", "wrk", "busy", "softirq", "others")),
             f"{s.worker_us[0]:.0f} → {s.worker_us[1]:.0f}",
         ]
         print("| " + " | ".join(cells) + " |")
