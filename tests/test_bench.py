@@ -6,6 +6,7 @@ harness working (a smoke run with tiny settings) and its guard honest.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -276,3 +277,15 @@ def test_smoke_run_of_the_admin_load_section():
     for cells in rows.values():
         assert float(cells[0].replace(",", "")) > 0 and cells[3] == "0", done.stdout  # req/s, no errors
     assert float(rows["with the sync"][4].replace(",", "")) > 0, done.stdout  # players synced a second
+
+
+def test_the_storm_pins_client_and_server_apart_or_says_it_cannot(monkeypatch, capsys):
+    """Half the CPUs for wrk, the rest for nginx and gunicorn; with one CPU, unpinned and said so."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert storm.pinning("auto") == storm.Pinning(frozenset({0, 1}), frozenset({2, 3}))
+    assert storm.pinning("off") is None
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5, 1})
+    assert storm.pinning("auto") == storm.Pinning(frozenset({1}), frozenset({5}))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    assert storm.pinning("auto") is None
+    assert "only CPU 3 is available to this process: NOT pinned" in capsys.readouterr().err
