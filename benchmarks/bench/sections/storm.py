@@ -3,8 +3,9 @@
 First the capacity: the most req/s wrk gets with a p99 under 20 ms. Then a storm
 of ``--storm-factor`` times that from ``--storm-connections`` paced clients for
 ``--storm-seconds``, once per UPSTREAM_MAX_CONNS of ``--storm-max-conns`` (0: no
-limit, every request queues as before the limit existed; ``N:W`` runs the app with
-AUTHSVC_MAX_QUEUE_WAIT=W, else its default), then normal load again
+limit, every request queues, and past the app's bound is shed by the app; ``0:0``
+the site before both limits; ``N:W`` runs the app with AUTHSVC_MAX_QUEUE_WAIT=W,
+else its default), then normal load again
 until the p99 is back under 20 ms. Figures per answer status come from nginx's
 access log (every request of the storm; nginx's own 503s one in 100, each such line
 standing for 100), the client's view from wrk and from a probe opening a new
