@@ -19,7 +19,7 @@ import pytest
 
 from authsvc.admin.deploy import REQUESTS_PER_WORKER
 from benchmarks import bare, bench
-from benchmarks.bench.sections import SECTIONS
+from benchmarks.bench.sections import SECTIONS, storm
 from tests.support import skip_or_fail
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,22 +94,26 @@ def test_smoke_run_of_the_core_section():
 
 @pytest.mark.slow
 def test_smoke_run_of_the_storm_section():
-    """A tiny storm (200 clients for 2 s) through the shipped nginx site, with and without the upstream limit."""
+    """A tiny storm (200 clients for 2 s) through the shipped nginx site, with and without the upstream limit,
+    pinned as by default (wrk on one half of the CPUs, the server on the other); then nginx's CPU per shed 503,
+    the shipped site against one logging every shed answer."""
     if shutil.which("wrk") is None:
         skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
     if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
         skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench", "--only", "storm", "--players", "500", "--storm-connections", "200",
-         "--storm-seconds", "2", "--storm-capacity-seconds", "1"],
+         "--storm-seconds", "2", "--storm-capacity-seconds", "1", "--storm-shed-seconds", "1", "--rounds", "1"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     table = done.stdout.split("10. Login storm", 1)[1]
     rows = {line.split("|")[1].strip().split(" (")[0]: [c.strip() for c in line.split("|")[2:-1]]
             for line in table.split("The clients' view")[0].splitlines() if line.startswith("| UPSTREAM")}
-    shipped = REQUESTS_PER_WORKER * (os.cpu_count() or 1)
+    pin = storm.pinning("auto")
+    shipped = REQUESTS_PER_WORKER * storm.server_workers(pin)  # one worker per CPU the server runs on
     assert set(rows) == {f"UPSTREAM_MAX_CONNS={shipped}", "UPSTREAM_MAX_CONNS=0"}, done.stdout
+    assert ("Pinned: wrk, the probe and the bench on CPU" if pin else "Not pinned") in table, table
     for cells in rows.values():
         assert int(cells[2].replace(",", "")) > 0  # authentications served
         shed_ok, _, shed = cells[6].split(" (")[0].split(" ")[:3]
@@ -117,6 +121,14 @@ def test_smoke_run_of_the_storm_section():
     view = table.split("The clients' view")[1].split("The capacity search")[0]
     views = [line.split("|") for line in view.splitlines() if line.startswith("| UPSTREAM")]
     assert [cells[8].strip() for cells in views] == ["0", "0"]  # no HTML answer
+    cost = table.split("nginx's CPU per shed answer")[1]
+    costs = {line.split("|")[1].strip().split(":")[0]: [c.strip() for c in line.split("|")[2:-1]]
+             for line in cost.splitlines() if line.startswith("| ") and "---" not in line and "nginx site" not in line}
+    assert set(costs) == {"shipped", "every shed 503 logged (the site before)"}, cost
+    for cells in costs.values():
+        assert int(cells[0].replace(",", "")) > 0 and cells[4] == "0"  # shed answers, each the JSON 503
+    assert float(costs["shipped"][3]) < 100  # lines per 1,000 shed answers: one in 100 logged
+    assert float(costs["every shed 503 logged (the site before)"][3]) >= 999
 
 
 def test_the_sections_table_is_the_help_and_the_only_choices():
@@ -270,3 +282,15 @@ def test_smoke_run_of_the_admin_load_section():
     for label in ("sqlite, with the sync", "sqlite, with the sync, admin at low priority"):
         assert float(rows[label][4].replace(",", "")) > 0, done.stdout  # players synced a second
     assert "nice -n 10" in table, done.stdout  # the unit's Nice=, read from deploy/systemd
+
+
+def test_the_storm_pins_client_and_server_apart_or_says_it_cannot(monkeypatch, capsys):
+    """Half the CPUs for wrk, the rest for nginx and gunicorn; with one CPU, unpinned and said so."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert storm.pinning("auto") == storm.Pinning(frozenset({0, 1}), frozenset({2, 3}))
+    assert storm.pinning("off") is None
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5, 1})
+    assert storm.pinning("auto") == storm.Pinning(frozenset({1}), frozenset({5}))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    assert storm.pinning("auto") is None
+    assert "only CPU 3 is available to this process: NOT pinned" in capsys.readouterr().err

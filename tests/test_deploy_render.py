@@ -281,3 +281,11 @@ def test_upstream_max_conns_is_per_worker_and_never_limits_monitoring(rendered, 
     assert _max_conns(tmp_path / "set") == {"authsvc_app": ["50", "50"], "authsvc_monitor": ["", ""]}
     monitoring = (tmp_path / "set/nginx/sites/authsvc.conf").read_text().split("server_name _;")[-1]
     assert "proxy_pass http://authsvc_monitor;" in monitoring and "authsvc_app" not in monitoring
+
+
+def test_the_burst_let_through_at_once_is_never_zero():
+    """nginx refuses "delay=0": an app host of one slot (UPSTREAM_MAX_CONNS=1) must still render a
+    site nginx loads."""
+    from authsvc.admin.deploy import values_with_defaults
+
+    assert values_with_defaults({"UPSTREAM_MAX_CONNS": "1"})["RATE_DELAY"] == "1"

@@ -102,7 +102,8 @@ def values_with_defaults(given: dict[str, str]) -> dict[str, str]:
     if "RATE_DELAY" not in values:
         max_conns = int(values["UPSTREAM_MAX_CONNS"]) if values["UPSTREAM_MAX_CONNS"].isdigit() else 0
         burst = int(values["RATE_BURST"]) if values["RATE_BURST"].isdigit() else max_conns
-        values["RATE_DELAY"] = str(min(max_conns // 2, burst)) if max_conns else values["RATE_BURST"]
+        # At least 1: nginx refuses delay=0 (one slot per app host).
+        values["RATE_DELAY"] = str(max(1, min(max_conns // 2, burst))) if max_conns else values["RATE_BURST"]
     for name, value in values.items():
         # A list's items are separated by spaces; no item may hold nginx syntax either.
         items = value.split(" ") if is_list(name) else [value]

@@ -83,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
                              "(0: off; else its default) (default shipped,0)")
     parser.add_argument("--storm-capacity-seconds", type=int, default=4,
                         help="storm section: seconds per run of the capacity search (default 4)")
+    parser.add_argument("--storm-pin", choices=("auto", "off"), default="auto",
+                        help="storm section: 'auto' runs wrk on the first half of the CPUs and nginx and gunicorn "
+                             "on the rest (one each on two; unpinned, and said so, with one); 'off' shares them all "
+                             "(default auto)")
+    parser.add_argument("--storm-shed-seconds", type=int, default=5,
+                        help="storm section: seconds per wrk run measuring nginx's CPU per shed 503, 0 to skip "
+                             "(default 5)")
     parser.add_argument("--capacity-seconds", type=int, default=5,
                         help="seconds per wrk run of the capacity section (default 5: CPU per request settles fast)")
     parser.add_argument("--sync-players", type=int, default=1_000_000,

@@ -3,11 +3,27 @@
 First the capacity: the most req/s wrk gets with a p99 under 20 ms. Then a storm
 of ``--storm-factor`` times that from ``--storm-connections`` paced clients for
 ``--storm-seconds``, once per UPSTREAM_MAX_CONNS of ``--storm-max-conns`` (0: no
-limit, every request queues as before the limit existed; ``N:W`` runs the app with
-AUTHSVC_MAX_QUEUE_WAIT=W, else its default), then normal load again
+limit, every request queues, and past the app's bound is shed by the app; ``0:0``
+the site before both limits; ``N:W`` runs the app with AUTHSVC_MAX_QUEUE_WAIT=W,
+else its default), then normal load again
 until the p99 is back under 20 ms. Figures per answer status come from nginx's
-access log (every request of the storm), the client's view from wrk and from a
-probe opening a new connection every 50 ms.
+access log (every request of the storm; nginx's own 503s one in 100, each such line
+standing for 100), the client's view from wrk and from a probe opening a new
+connection every 50 ms.
+
+Pinned (``--storm-pin auto``, the default, when this process may run on 2 CPUs or
+more): the load generator (wrk, the probe, this process) on the first half of the
+CPUs, the server (nginx, gunicorn's master and workers: one worker per server CPU,
+UPSTREAM_MAX_CONNS as scripts/install renders it for them) on the rest, as
+``taskset -c`` would: on two cores, one each. The capacity and the storm are both
+measured that way, so the storm's served fraction is the server's, not wrk's share
+of the cores. With one CPU it says so and runs unpinned.
+
+Then nginx's CPU per shed answer: nginx in front of an app host that never answers
+(a unix socket nobody accepts on, UPSTREAM_MAX_CONNS=1 held by one request), so
+every other request is nginx's JSON 503; the shipped site against the same site
+logging every shed answer, in alternating rounds, from /proc (utime + stime of
+nginx's processes).
 """
 
 from __future__ import annotations
@@ -20,6 +36,8 @@ import json
 import os
 import re
 import resource
+import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -101,7 +119,75 @@ function done(summary, latency, _)
 end
 """
 
-ACCESS_LINE = re.compile(r'"\S+ \S+ \S+" (\d{3}) \d+ \d+ ([\d.]+) upstream=.*? addr="([^"]*)"')
+ACCESS_LINE = re.compile(r'"\S+ \S+ \S+" (\d{3}) \d+ \d+ ([\d.]+) upstream=.*? addr="([^"]*)".*?(?: sampled=1/(\d+))?$')
+SHED_CLASS = '"503:502:authsvc_app"    100;'  # the site's map line that logs nginx's shed 503s one in 100
+
+
+@dataclasses.dataclass(frozen=True)
+class Pinning:
+    """Which CPUs the load generator and the server may run on (sched_setaffinity, as taskset -c)."""
+
+    client: frozenset[int]
+    server: frozenset[int]
+
+    def describe(self) -> str:
+        return (f"wrk, the probe and the bench on CPU {cpu_list(self.client)}; nginx and gunicorn on CPU "
+                f"{cpu_list(self.server)} (as taskset -c)")
+
+
+def cpu_list(cpus: frozenset[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
+
+
+def pinning(mode: str) -> Pinning | None:
+    """The split of this process's CPUs (os.sched_getaffinity): the first half for the client, the rest for
+    the server; None when off or when there is only one."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if mode == "off":
+        return None
+    if len(cpus) < 2:
+        print(f"bench: storm: only CPU {cpus[0]} is available to this process: NOT pinned, wrk shares the "
+              f"server's core (served / capacity then measures the two together)", file=sys.stderr)
+        return None
+    half = len(cpus) // 2
+    return Pinning(frozenset(cpus[:half]), frozenset(cpus[half:]))
+
+
+@contextlib.contextmanager
+def on_cpus(cpus: frozenset[int] | None):
+    """This thread, and every process it starts meanwhile, on ``cpus`` (None: unchanged); restored after."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+    return out
+
+
+def check_pinned(pin: Pinning | None, *procs: subprocess.Popen) -> None:
+    """Every process of the server on the server's CPUs, or the run stops."""
+    if pin is None:
+        return
+    for proc in procs:
+        for pid in process_tree(proc.pid):
+            with contextlib.suppress(FileNotFoundError):
+                if frozenset(os.sched_getaffinity(pid)) != pin.server:
+                    raise SystemExit(f"bench: storm: process {pid} runs on CPU {cpu_list(frozenset(os.sched_getaffinity(pid)))}, "
+                                     f"not the server's {cpu_list(pin.server)}")
 
 
 @dataclasses.dataclass
@@ -113,7 +199,8 @@ class Storm:
     wrk: dict  # WRK_STORM's figures
     seconds: float
     log: dict[str, list[float]]  # nginx's access log: request times (ms) by status
-    shed_by_nginx: int  # 503s no app host saw (addr= the upstream's name)
+    shed_by_nginx: int  # 503s no app host saw (addr= the upstream's name): their logged lines x 100
+    shed_by_app: int  # 503s an app host answered (AUTHSVC_MAX_QUEUE_WAIT; each logged)
     probes: list[tuple[int, float, bool]]  # (status or 0 for a failure, ms, the service's JSON 503 with Retry-After)
     cores: dict[str, tuple[float, float]]  # CPU used (cores): workers, nginx, wrk, at capacity and in the storm
     recovery_s: float | None = None
@@ -128,11 +215,29 @@ class Storm:
         return self.wrk["statuses"].get(status, 0)
 
 
-def cpu_seconds(gunicorn_proc: subprocess.Popen | None, nginx_proc: subprocess.Popen) -> dict[str, float]:
-    """CPU time so far of gunicorn's workers, nginx's workers and the children this process reaped (wrk)."""
+def cpu_seconds(gunicorn_proc: subprocess.Popen | None, nginx_proc: subprocess.Popen,
+                server_cpus: frozenset[int] | None = None) -> dict[str, float]:
+    """CPU time so far of gunicorn's workers, nginx's workers and the children this process reaped (wrk); and
+    the time the server's CPUs (all of them unpinned) were busy with anything (/proc/stat: other tenants,
+    the kernel's softirq work, the server itself)."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"workers": workers_cpu_seconds(gunicorn_proc) or 0.0, "nginx": workers_cpu_seconds(nginx_proc) or 0.0,
-            "wrk": children.ru_utime + children.ru_stime}
+            "wrk": children.ru_utime + children.ru_stime, **cpus_busy_seconds(server_cpus)}
+
+
+def cpus_busy_seconds(cpus: frozenset[int] | None) -> dict[str, float]:
+    """Seconds these CPUs (None: all) were not idle, and of it in softirq (loopback's network work), from
+    /proc/stat."""
+    busy = softirq = 0
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or (cpus is not None and int(name[3:]) not in cpus):
+            continue
+        values = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+        busy += sum(values) - values[3] - values[4]
+        softirq += values[6]
+    tick = os.sysconf("SC_CLK_TCK")
+    return {"busy": busy / tick, "softirq": softirq / tick}
 
 
 def cores(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
@@ -146,10 +251,11 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
 
 
-def storm_wrk(server: Server, script: Path, connections: int, seconds: int, rate: float) -> tuple[dict, float]:
+def storm_wrk(server: Server, script: Path, connections: int, seconds: int, rate: float,
+              threads: int = 2) -> tuple[dict, float]:
     """wrk with paced clients offering about ``rate`` req/s; its figures and the wall time it ran."""
     mean_ms = connections / rate * 1000
-    command = ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--timeout", f"{CLIENT_TIMEOUT_S}s",
+    command = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", f"{CLIENT_TIMEOUT_S}s",
                "-H", f"Host: {server.host}", "-s", str(script), server.url + "/", "--", f"{mean_ms:.3f}"]
     t0 = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
@@ -180,18 +286,23 @@ def probe(server: Server, paths: list[str], stop: threading.Event, out: list) ->
         out.append((answer.status, (time.perf_counter() - t0) * 1000, shed_ok))
 
 
-def read_access_log(path: Path, start: int) -> tuple[dict[str, list[float]], int]:
-    """Request times (ms) by status from byte ``start`` of nginx's access log; and the 503s no app host saw."""
+def read_access_log(path: Path, start: int) -> tuple[dict[str, list[float]], int, int]:
+    """Request times (ms) by status from byte ``start`` of nginx's access log (of nginx's own 503s, the one
+    in 100 logged); the 503s no app host saw, each logged line standing for the N of its "sampled=1/N";
+    and the 503s of an app host (each logged)."""
     times: dict[str, list[float]] = {}
-    shed = 0
+    shed = by_app = 0
     with path.open("rb") as f:
         f.seek(start)
         for line in f.read().decode("ascii", "replace").splitlines():
             m = ACCESS_LINE.search(line)
             if m:
                 times.setdefault(m.group(1), []).append(float(m.group(2)) * 1000)
-                shed += m.group(1) == "503" and m.group(3) == "authsvc_app"
-    return times, shed
+                if m.group(1) == "503" and m.group(3) == "authsvc_app":
+                    shed += int(m.group(4) or 1)
+                elif m.group(1) == "503":
+                    by_app += 1
+    return times, shed, by_app
 
 
 def capacity(server: Server, script: Path, args: argparse.Namespace) -> tuple[float, int, list]:
@@ -224,29 +335,42 @@ def recovery(server: Server, script: Path, cap: float, storm_end: float) -> floa
     return None
 
 
+def server_workers(pin: Pinning | None) -> int:
+    """gunicorn's workers: gunicorn.conf.py's default, one per CPU, of the CPUs the server runs on."""
+    return len(pin.server) if pin else (os.cpu_count() or 1)
+
+
 @contextlib.contextmanager
-def stack(world: World, args: argparse.Namespace, logs: Path, max_conns: int, max_wait: float):
+def stack(world: World, args: argparse.Namespace, logs: Path, max_conns: int, max_wait: float,
+          pin: Pinning | None = None):
     """gunicorn with the shipped config on a unix socket (AUTHSVC_MAX_QUEUE_WAIT=max_wait), the shipped
-    site in front with this UPSTREAM_MAX_CONNS."""
+    site in front with this UPSTREAM_MAX_CONNS; both on the server's CPUs when pinned."""
     root = world.root / f"storm-{max_conns}-{max_wait:g}"
     sock = root / "authsvc.sock"
     root.mkdir(parents=True, exist_ok=True)
-    env = {"AUTHSVC_BIND": f"unix:{sock}", "STATE_DIRECTORY": str(world.root), "AUTHSVC_MAX_QUEUE_WAIT": str(max_wait)}
+    env = {"AUTHSVC_BIND": f"unix:{sock}", "STATE_DIRECTORY": str(world.root), "AUTHSVC_MAX_QUEUE_WAIT": str(max_wait),
+           "AUTHSVC_WORKERS": str(server_workers(pin))}
     args_ = ("--config", str(REPO / "deploy" / "gunicorn.conf.py"))
-    with gunicorn(world, APPS["authsvc"], logs / f"storm-{max_conns}-{max_wait:g}.log", bind=f"unix:{sock}", args=args_,
-                  env=env) as proc:
-        wait_for(sock.exists, "gunicorn (storm)", proc)
-        # nginx's connection table: each storm client, and each request proxied, holds one.
-        with nginx_in_front(world, root, sock, overrides={"UPSTREAM_MAX_CONNS": str(max_conns)},
-                            worker_connections=2 * args.storm_connections + 1024) as (_, http_port, nginx):
-            label = f"UPSTREAM_MAX_CONNS={max_conns}" + (" (no limit)" if max_conns == 0 else "")
-            label += f" (AUTHSVC_MAX_QUEUE_WAIT={max_wait:g}" + (": off)" if max_wait == 0 else ")")
-            server = Server(label, "endpoint", f"http://127.0.0.1:{http_port}", host=LEGACY_HOST, master=proc)
-            check_answers(server, world)
-            yield server, root / "logs" / "authsvc-access.log", nginx
-            check_answers(server, world, sample=20)
-        with contextlib.suppress(FileNotFoundError):
-            sock.unlink()
+    with contextlib.ExitStack() as servers:
+        with on_cpus(pin.server if pin else None):
+            proc = servers.enter_context(gunicorn(world, APPS["authsvc"], logs / f"storm-{max_conns}-{max_wait:g}.log",
+                                                  bind=f"unix:{sock}", args=args_, env=env))
+            wait_for(sock.exists, "gunicorn (storm)", proc)
+            # nginx's connection table: each storm client, and each request proxied, holds one.
+            _, http_port, nginx = servers.enter_context(nginx_in_front(
+                world, root, sock, overrides={"UPSTREAM_MAX_CONNS": str(max_conns)},
+                worker_connections=2 * args.storm_connections + 1024,
+                worker_processes=str(len(pin.server)) if pin else "auto"))
+        label = f"UPSTREAM_MAX_CONNS={max_conns}" + (" (no limit)" if max_conns == 0 else "")
+        label += f" (AUTHSVC_MAX_QUEUE_WAIT={max_wait:g}" + (": off)" if max_wait == 0 else ")")
+        server = Server(label, "endpoint", f"http://127.0.0.1:{http_port}", host=LEGACY_HOST, master=proc)
+        check_answers(server, world)
+        check_pinned(pin, proc, nginx)
+        yield server, root / "logs" / "authsvc-access.log", nginx
+        check_answers(server, world, sample=20)
+        check_pinned(pin, proc, nginx)
+    with contextlib.suppress(FileNotFoundError):
+        sock.unlink()
 
 
 def raise_open_files(needed: int) -> None:
@@ -263,42 +387,50 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     storm_script = world.root / "storm.lua"
     storm_script.write_text(STORM_SCRIPT % {"paths": ",\n".join(json.dumps(p) for p in world.paths()),
                                             "shed": json.dumps(SHED_BODY)})
-    shipped = REQUESTS_PER_WORKER * (os.cpu_count() or 1)  # authsvc/admin/deploy.py's default: the workers are the CPUs
+    pin = pinning(args.storm_pin)
+    # authsvc/admin/deploy.py's default: REQUESTS_PER_WORKER x the workers, one per (server) CPU
+    shipped = REQUESTS_PER_WORKER * server_workers(pin)
     rows = []
     for item in args.storm_max_conns.split(","):
         conns, _, wait = item.strip().partition(":")
         rows.append((shipped if conns == "shipped" else int(conns), float(wait) if wait else default("max_queue_wait")))
-    storms = [one_storm(world, args, logs, script, storm_script, n, w, n == shipped and w == default("max_queue_wait"))
-              for n, w in rows]
-    print_storm(args, storms)
+    with on_cpus(pin.client if pin else None):  # wrk and the probe: the client's CPUs
+        storms = [one_storm(world, args, logs, script, storm_script, n, w,
+                            n == shipped and w == default("max_queue_wait"), pin) for n, w in rows]
+        costs = shed_cost(world, args, pin) if args.storm_shed_seconds > 0 else []
+    print_storm(args, storms, pin)
+    print_shed_cost(args, costs)
 
 
 def one_storm(world: World, args: argparse.Namespace, logs: Path, script: Path, storm_script: Path,
-              max_conns: int, max_wait: float, shipped: bool) -> Storm:
+              max_conns: int, max_wait: float, shipped: bool, pin: Pinning | None = None) -> Storm:
     """On a fresh stack: the capacity, the storm (with a probe), the recovery, the capacity again."""
-    with stack(world, args, logs, max_conns, max_wait) as (server, access_log, nginx):
+    with stack(world, args, logs, max_conns, max_wait, pin) as (server, access_log, nginx):
         if shipped:
-            server.label += f" (shipped: {REQUESTS_PER_WORKER} x {os.cpu_count()} workers)"
+            server.label += f" (shipped: {REQUESTS_PER_WORKER} x {server_workers(pin)} workers)"
         cap, best_c, cap_runs = capacity(server, script, args)
         start = access_log.stat().st_size
         probes: list = []
         stop = threading.Event()
         prober = threading.Thread(target=probe, args=(server, world.paths(), stop, probes), daemon=True)
-        cpu0 = cpu_seconds(server.master, nginx)
+        cpu0 = cpu_seconds(server.master, nginx, pin.server if pin else None)
         prober.start()
         figures, seconds = storm_wrk(server, storm_script, args.storm_connections, args.storm_seconds,
                                      cap * args.storm_factor)
         storm_end = time.monotonic()
-        in_storm = cores(cpu0, cpu_seconds(server.master, nginx), seconds)
+        in_storm = cores(cpu0, cpu_seconds(server.master, nginx, pin.server if pin else None), seconds)
         stop.set()
         prober.join()
-        times, shed = read_access_log(access_log, start)
+        times, shed, by_app = read_access_log(access_log, start)
         recovered = recovery(server, storm_script, cap, storm_end)
-        cpu0, t0 = cpu_seconds(server.master, nginx), time.monotonic()
+        cpu0, t0 = cpu_seconds(server.master, nginx, pin.server if pin else None), time.monotonic()
         after = wrk(server, script, closed_loop(args, best_c))
-        at_capacity = cores(cpu0, cpu_seconds(server.master, nginx), time.monotonic() - t0)
+        at_capacity = cores(cpu0, cpu_seconds(server.master, nginx, pin.server if pin else None),
+                            time.monotonic() - t0)
+        for c in (at_capacity, in_storm):  # the server CPUs' time nobody of ours used (wrk's too, unpinned)
+            c["others"] = c["busy"] - c["softirq"] - c["workers"] - c["nginx"] - (0.0 if pin else c["wrk"])
         storm = Storm(server.label, cap_runs, cap, after.rps, figures, figures["duration_us"] / 1e6, times, shed,
-                      probes, {k: (at_capacity[k], in_storm[k]) for k in in_storm}, recovered)
+                      by_app, probes, {k: (at_capacity[k], in_storm[k]) for k in in_storm}, recovered)
         # Worker CPU per authentication served: does shedding make serving dearer?
         storm.worker_us = (after.worker_cpu_us or 0.0,
                            in_storm["workers"] * seconds / max(storm.count("200"), 1) * 1e6)
@@ -312,9 +444,15 @@ def ms(value: float) -> str:
     return "-" if value != value else f"{value:.1f}"  # NaN: nothing of that kind
 
 
-def print_storm(args: argparse.Namespace, storms: list[Storm]) -> None:
+def print_storm(args: argparse.Namespace, storms: list[Storm], pin: Pinning | None = None) -> None:
     print("\n10. Login storm: the shipped nginx site (legacy plain-HTTP host, rate and per-address limits raised "
           "out of the way) and gunicorn.conf.py (sync, one worker per CPU); a fresh stack per row\n")
+    if pin:
+        print(f"Pinned: {pin.describe()}; {server_workers(pin)} gunicorn worker(s) and nginx worker process(es), "
+              f"one per server CPU.\n")
+    else:
+        print(f"Not pinned (--storm-pin {args.storm_pin}, CPUs available: "
+              f"{cpu_list(frozenset(os.sched_getaffinity(0)))}): wrk, nginx and gunicorn share every core.\n")
     print(f"Capacity: the most req/s of closed-loop wrk (-c {', '.join(map(str, CAPACITY_CONNECTIONS))}, "
           f"{args.storm_capacity_seconds} s each, stopping at the first p99 over {P99_TARGET_MS:.0f} ms) with a p99 "
           f"under {P99_TARGET_MS:.0f} ms, measured before the storm and again after it (the same connections); "
@@ -340,7 +478,8 @@ def print_storm(args: argparse.Namespace, storms: list[Storm]) -> None:
             f"{answered:,.0f} ({answered / s.capacity:.1f})", f"{served:,.0f}", f"{served / s.capacity:.3f}",
             f"{ms(pct(ok, 50))} / {ms(pct(ok, 99))} / {ms(max(ok, default=float('nan')))}",
             f"{s.count('503') / s.seconds:,.0f}",
-            f"{s.count('503') - w['bad_shed']:,} of {s.count('503'):,} ({s.shed_by_nginx:,} by nginx)",
+            f"{s.count('503') - w['bad_shed']:,} of {s.count('503'):,} (by nginx about {s.shed_by_nginx:,}, "
+            f"by the app {s.shed_by_app:,})",
             f"{ms(pct(shed, 99))} / {ms(max(shed, default=float('nan')))}",
             ", ".join(f"{k}: {v}" for k, v in sorted(others.items())) or "none",
             str(w["connect"] + w["read"] + w["write"]), str(w["timeout"]), recovered,
@@ -350,7 +489,9 @@ def print_storm(args: argparse.Namespace, storms: list[Storm]) -> None:
           "each part used (cores, of the machine's 2) at capacity (the after run) and in the storm\n")
     head = ["nginx → gunicorn", "wrk p50 / p99 / max ms", "probes", "probe 200 p99 ms", "probe 503 p99 / max ms",
             "probe 503 JSON + Retry-After", "probe failures", "HTML answers", "workers cores", "nginx cores",
-            "wrk cores", "worker CPU µs per auth served"]
+            "wrk cores", "server CPUs busy (cores)", "of it softirq (network)",
+            "of it no process of the bench (other tenants)",
+            "worker CPU µs per auth served"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for s in storms:
@@ -362,7 +503,7 @@ def print_storm(args: argparse.Namespace, storms: list[Storm]) -> None:
             str(len(s.probes)), ms(pct(ok, 99)), f"{ms(pct(shed, 99))} / {ms(max(shed, default=float('nan')))}",
             f"{sum(good for status, _, good in s.probes if status == 503)} of {len(shed)}",
             str(sum(status == 0 for status, _, _ in s.probes)), str(w["html"]),
-            *(f"{s.cores[k][0]:.2f} → {s.cores[k][1]:.2f}" for k in ("workers", "nginx", "wrk")),
+            *(f"{s.cores[k][0]:.2f} → {s.cores[k][1]:.2f}" for k in ("workers", "nginx", "wrk", "busy", "softirq", "others")),
             f"{s.worker_us[0]:.0f} → {s.worker_us[1]:.0f}",
         ]
         print("| " + " | ".join(cells) + " |")
@@ -375,3 +516,101 @@ def print_storm(args: argparse.Namespace, storms: list[Storm]) -> None:
         print(f"| {s.label} | " + " | ".join(found.get(c, "-") for c in CAPACITY_CONNECTIONS) + " |")
     print("\nTargets: served ≥ 0.9 x capacity; successes' p99 ≤ 100 ms; every other answer the JSON 503 with "
           "Retry-After within 100 ms; no client timeout (BENCHMARKS.md, section 10).")
+
+
+@dataclasses.dataclass
+class ShedCost:
+    label: str
+    runs: list[tuple[int, float, int, int]] = dataclasses.field(default_factory=list)  # 503s, nginx CPU s, lines, bad
+
+    @property
+    def us(self) -> list[float]:
+        return [cpu / n * 1e6 for n, cpu, _, _ in self.runs if n]
+
+
+def every_shed_logged(root: Path) -> None:
+    """The rendered site with each shed 503 logged, as before it sampled them: the reference."""
+    site = root / "deploy" / "nginx" / "sites" / "authsvc.conf"
+    text = site.read_text()
+    if SHED_CLASS not in text:
+        raise SystemExit(f"bench: storm: the site's map has no line {SHED_CLASS!r}: update benchmarks/bench/sections/storm.py")
+    site.write_text(text.replace(SHED_CLASS, SHED_CLASS.replace("100;", "1;")))
+
+
+SHED_VARIANTS = [("shipped: shed 503s logged 1 in 100", None), ("every shed 503 logged (the site before)", every_shed_logged)]
+
+
+def shed_cost(world: World, args: argparse.Namespace, pin: Pinning | None) -> list[ShedCost]:
+    """nginx's CPU per shed 503: both sites up at once in front of an app host that never answers, wrk
+    (closed loop, keep-alive, the storm script checking every answer) on each in turn, ``args.rounds`` rounds."""
+    storm_script = world.root / "storm.lua"
+    rows = [ShedCost(label) for label, _ in SHED_VARIANTS]
+    with contextlib.ExitStack() as stacks:
+        servers = []
+        for k, (label, edit) in enumerate(SHED_VARIANTS):
+            root = world.root / f"storm-shed-{k}"
+            root.mkdir(parents=True, exist_ok=True)
+            sock = root / "silent.sock"
+            listener = stacks.enter_context(socket.socket(socket.AF_UNIX))
+            listener.bind(str(sock))
+            listener.listen(64)  # connections wait here unanswered: the app host is full at 1
+            overrides = {"UPSTREAM_MAX_CONNS": "1", "RATE_DELAY": "1000", "UPSTREAM_TIMEOUT": "600s"}
+            with on_cpus(pin.server if pin else None):
+                _, port, nginx = stacks.enter_context(nginx_in_front(
+                    world, root, sock, overrides=overrides, worker_processes=str(len(pin.server)) if pin else "auto",
+                    edit=edit))
+            check_pinned(pin, nginx)
+            held = stacks.enter_context(socket.create_connection(("127.0.0.1", port)))
+            held.sendall(f"GET {world.paths()[0]} HTTP/1.1\r\nHost: {LEGACY_HOST}\r\n\r\n".encode())
+            server = Server(label, "endpoint", f"http://127.0.0.1:{port}", host=LEGACY_HOST)
+            wait_for(lambda s=server: shed_once(s, world), f"nginx ({label}) shedding", nginx)
+            servers.append((server, nginx, root / "logs" / "authsvc-access.log"))
+        for _round in range(args.rounds):
+            for row, (server, nginx, log) in zip(rows, servers, strict=True):
+                lines0 = count_lines(log)
+                cpu0 = workers_cpu_seconds(nginx) or 0.0
+                figures, _ = storm_wrk(server, storm_script, 64, args.storm_shed_seconds, 1e9, threads=1)
+                cpu = (workers_cpu_seconds(nginx) or 0.0) - cpu0
+                time.sleep(0.2)  # the last lines
+                row.runs.append((figures["statuses"].get("503", 0), cpu, count_lines(log) - lines0,
+                                 figures["requests"] - (figures["statuses"].get("503", 0) - figures["bad_shed"])))
+                print(f"  shed cost: {row.label}: {row.us[-1]:.1f} µs of nginx CPU per shed 503", file=sys.stderr)
+    return rows
+
+
+def shed_once(server: Server, world: World) -> bool:
+    conn = http.client.HTTPConnection("127.0.0.1", int(server.url.rsplit(":", 1)[1]), timeout=5)
+    try:
+        conn.request("GET", world.paths()[1], headers={"Host": server.host or ""})
+        answer = conn.getresponse()
+        return answer.status == 503 and answer.read() == SHED_BODY.encode()
+    except OSError:  # admitted before the held request: it waited for the silent host
+        return False
+    finally:
+        conn.close()
+
+
+def count_lines(path: Path) -> int:
+    with path.open("rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+def print_shed_cost(args: argparse.Namespace, costs: list[ShedCost]) -> None:
+    if not costs:
+        return
+    print(f"\n   nginx's CPU per shed answer: the shipped site against the same site logging every shed 503, "
+          f"both in front of an app host that never answers (UPSTREAM_MAX_CONNS=1, held), wrk -t1 -c64 "
+          f"keep-alive for {args.storm_shed_seconds} s on each in turn, {args.rounds} rounds; nginx's CPU from "
+          f"/proc (utime + stime)\n")
+    head = ["nginx site", "shed 503s answered", "nginx CPU µs per shed 503: median (runs)", "vs every shed logged",
+            "access-log lines per 1,000 shed 503s", "answers not the JSON 503 with Retry-After"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    reference = statistics.median(costs[-1].us) if costs[-1].us else float("nan")
+    for c in costs:
+        answered = sum(n for n, _, _, _ in c.runs)
+        median = statistics.median(c.us) if c.us else float("nan")
+        cells = [c.label, f"{answered:,}", f"{median:.1f} ({', '.join(f'{u:.1f}' for u in c.us)})",
+                 f"{median / reference:.2f}", f"{sum(lines for _, _, lines, _ in c.runs) / max(answered, 1) * 1000:.1f}",
+                 str(sum(bad for _, _, _, bad in c.runs))]
+        print("| " + " | ".join(cells) + " |")
