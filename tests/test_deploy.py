@@ -467,7 +467,7 @@ NGINX_LINE = re.compile(
     r'^(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d) (?P<rid>[0-9a-f]{32}) (?P<address>\S+) "(?P<host>[^"]+)" '
     r'"(?P<request>[^"]+)" (?P<status>\d{3}) \d+ \d+ [\d.]+ upstream=(?P<upstream>.+?) addr="[^"]*" '
     r'result=(?P<result>\d{3}|-) reason=(?P<reason>[a-z_]+|-) game=(?P<game>\d+|none|-) user=(?P<user>\d+|-) '
-    r'"(?P<agent>[^"]*)"$'
+    r'"(?P<agent>[^"]*)"(?P<sampled> sampled=1/100)?$'
 )
 # A user id with spaces, quotes, a newline and forged fields: malformed, never echoed.
 CRAFTED_USER = "4242%20reason%3Dsuccess%20game%3D777%20user%3D777%22%0Aforged-user-text"
