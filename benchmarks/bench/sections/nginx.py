@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from benchmarks.bench.serve import (
@@ -27,10 +27,12 @@ from harness.processes import find_nginx, free_port, ipv6_loopback, nginx_main_c
 
 @contextlib.contextmanager
 def nginx_in_front(world: World, root: Path, sock: Path, *, overrides: dict[str, str] | None = None,
-                   worker_connections: int = 1024) -> Iterator[tuple[int, int, subprocess.Popen]]:
+                   worker_connections: int = 1024,
+                   edit: Callable[[Path], None] | None = None) -> Iterator[tuple[int, int, subprocess.Popen]]:
     """The shipped nginx site rendered as scripts/install renders it, its rate, per-address and per-app-host
     limits out of the way (a throughput measurement); ``overrides`` replace placeholder values (the storm
-    section's UPSTREAM_MAX_CONNS)."""
+    section's UPSTREAM_MAX_CONNS); ``edit`` is called with ``root`` once the files are rendered (the gap
+    section's variants of the proxy snippet)."""
     import trustme
 
 
@@ -63,6 +65,8 @@ def nginx_in_front(world: World, root: Path, sock: Path, *, overrides: dict[str,
     sets = [a for name, value in values.items() for a in ("--set", f"{name}={value}")]
     subprocess.run([sys.executable, "-m", "authsvc.admin.deploy", str(REPO / "deploy"), str(root / "deploy"), *sets],
                    check=True, stdout=subprocess.DEVNULL, cwd=REPO)
+    if edit is not None:
+        edit(root)
     conf = root / "nginx.conf"
     site = root / "deploy" / "nginx" / "sites" / "authsvc.conf"
     conf.write_text(nginx_main_conf(root, root / "logs", site, worker_processes="auto",
