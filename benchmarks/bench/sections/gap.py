@@ -32,6 +32,9 @@ from benchmarks.bench.world import APPS, REPO, VENV_BIN, World
 from harness.processes import free_port, stop
 
 NO_ACCESS_LOG = "accesslog = None\nlogconfig_dict['loggers']['gunicorn.access']['level'] = 'WARNING'\n"
+# The access log off as the one-record change turns it off: a logger that returns at once.
+SILENT_ACCESS_LOG = "logger_class = 'benchmarks.variants.SilentAccessLogger'\n"
+NO_AUTH_LINE = {"AUTHSVC_LOG_LEVEL": "WARNING"}
 PLAIN_FLAGS = ("--workers", "1", "--worker-class", "sync", "--preload", "--log-level", "warning")
 # What a game server's HTTP client sends besides Host (curl, requests, a Java client send a few such).
 CLIENT_HEADERS = {"User-Agent": "game-server/1.0", "Accept": "application/json", "Accept-Encoding": "gzip, deflate"}
@@ -65,6 +68,7 @@ PLAIN = "plain: gunicorn -w1 -k sync --preload, no nginx"
 SHIPPED = "shipped: nginx, deploy/gunicorn.conf.py"
 ONE_RECORD = "shipped, no gunicorn access log, no auth line"
 PG = ", PostgreSQL"
+ONE = dict(env=NO_AUTH_LINE, extra=SILENT_ACCESS_LOG)  # the shipped path once nginx's line is the one record
 CONFIGS = [
     Config(PLAIN, conf="plain", nginx=False),
     Config(SHIPPED),
@@ -76,20 +80,30 @@ CONFIGS = [
     Config("shipped, no --preload", extra="preload_app = False\n"),
     Config("shipped, metrics off", app="benchmarks.variants:authsvc_without_metrics"),
     Config("shipped, no redact filter", extra="logconfig_dict['loggers']['gunicorn.error'].pop('filters')\n"),
-    Config("shipped, gunicorn's access logger class", extra="logger_class = 'gunicorn.glogging.Logger'\n"),
-    Config("shipped, no gunicorn access log", extra=NO_ACCESS_LOG),
-    Config("shipped, no auth line", env={"AUTHSVC_LOG_LEVEL": "WARNING"}),
-    Config(ONE_RECORD, env={"AUTHSVC_LOG_LEVEL": "WARNING"}, extra=NO_ACCESS_LOG),
+    Config("shipped, gunicorn's access log at WARNING (atoms still built)", extra=NO_ACCESS_LOG),
+    Config("shipped, no gunicorn access log", extra=SILENT_ACCESS_LOG),
+    Config("shipped, no auth line", env=NO_AUTH_LINE),
     Config("shipped, gthread (2 threads, nginx keeps the connection)", env={"AUTHSVC_THREADS": "2"}),
+    # The shipped path once nginx's access line is the one record (no gunicorn access log, no auth line),
+    # and one thing changed against it each.
+    Config(ONE_RECORD, **ONE),
+    Config(ONE_RECORD + ", every client header forwarded", snippet=(FORWARD_ALL,), **ONE),
+    Config(ONE_RECORD + ", no X-Request-Id, X-Request-Start, X-Forwarded-*", snippet=NO_STAMPS, **ONE),
+    Config(ONE_RECORD + ", TCP instead of the unix socket", bind="tcp", **ONE),
+    Config(ONE_RECORD + ", gunicorn's own sync worker", env=NO_AUTH_LINE,
+           extra=SILENT_ACCESS_LOG + "worker_class = 'sync'\n"),
+    Config(ONE_RECORD + ", metrics off", app="benchmarks.variants:authsvc_without_metrics", **ONE),
+    Config(ONE_RECORD + ", no logconfig_dict", env=NO_AUTH_LINE, extra=SILENT_ACCESS_LOG + "logconfig_dict = {}\n"),
     # From the other end: plain's flags behind nginx.
     Config("plain's flags behind nginx (unix socket)", conf="plain"),
     # The bare app: what gunicorn and nginx cost alone.
     Config("bare app, plain", conf="plain", nginx=False, app=APPS["bare"]),
     Config("bare app, shipped", app=APPS["bare"]),
+    Config("bare app, shipped, no gunicorn access log", app=APPS["bare"], extra=SILENT_ACCESS_LOG),
     # The other engine.
     Config(PLAIN + PG, conf="plain", nginx=False, engine="postgresql"),
     Config(SHIPPED + PG, engine="postgresql"),
-    Config(ONE_RECORD + PG, env={"AUTHSVC_LOG_LEVEL": "WARNING"}, extra=NO_ACCESS_LOG, engine="postgresql"),
+    Config(ONE_RECORD + PG, engine="postgresql", **ONE),
 ]
 MARKER = """
 import binascii as _binascii
@@ -221,6 +235,8 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         plain, shipped = rows.get(PLAIN + suffix), rows.get(SHIPPED + suffix)
         if config.app == APPS["bare"]:
             plain, shipped = rows.get("bare app, plain"), rows.get("bare app, shipped")
+        elif config.label.startswith(ONE_RECORD) and not config.label.endswith(PG):
+            shipped = rows.get(ONE_RECORD)
         count = rows[config.label]
         vs_plain, vs_shipped = (f"{count / ref:.3f}" if ref else "-" for ref in (plain, shipped))
         print(f"| {config.label} | {count:,.0f} | {vs_plain} | {vs_shipped} |")
