@@ -51,7 +51,8 @@ class Config:
     """One row: ``conf`` "shipped" is deploy/gunicorn.conf.py (plus ``extra`` lines), "plain" gunicorn's
     flags PLAIN_FLAGS and nothing else; ``nginx`` False: the client talks to gunicorn over TCP;
     ``bind`` "unix" or "tcp" (behind nginx); ``snippet``: (old, new) replacements in the rendered
-    proxy snippet; ``engine`` "sqlite" or "postgresql" (the store of --pg)."""
+    proxy snippet; ``engine`` "sqlite" or "postgresql" (the store of --pg); ``client_headers`` False: the
+    client sends no header but Host (and http.client's Accept-Encoding: identity)."""
 
     label: str
     conf: str = "shipped"
@@ -62,6 +63,7 @@ class Config:
     bind: str = "unix"
     snippet: tuple = ()
     engine: str = "sqlite"
+    client_headers: bool = True  # False: the client sends Host only
 
 
 PLAIN = "plain: gunicorn -w1 -k sync --preload, no nginx"
@@ -94,6 +96,9 @@ CONFIGS = [
            extra=SILENT_ACCESS_LOG + "worker_class = 'sync'\n"),
     Config(ONE_RECORD + ", metrics off", app="benchmarks.variants:authsvc_without_metrics", **ONE),
     Config(ONE_RECORD + ", no logconfig_dict", env=NO_AUTH_LINE, extra=SILENT_ACCESS_LOG + "logconfig_dict = {}\n"),
+    # A client that sends no header of its own: plain parses fewer, the shipped path the same.
+    Config(PLAIN + ", a client sending Host only", conf="plain", nginx=False, client_headers=False),
+    Config(ONE_RECORD + ", a client sending Host only", client_headers=False, **ONE),
     # From the other end: plain's flags behind nginx.
     Config("plain's flags behind nginx (unix socket)", conf="plain"),
     # The bare app: what gunicorn and nginx cost alone.
@@ -127,11 +132,11 @@ def selected(configs: list[Config], wanted: str) -> list[Config]:
     return [c for i, c in enumerate(configs, 1) if any(t == str(i) or (not t.isdigit() and t in c.label) for t in texts)]
 
 
-def drive(port: int, paths: list[str], count: int, host: str | None) -> None:
+def drive(port: int, paths: list[str], count: int, host: str | None, client_headers: bool) -> None:
     """``count`` requests, one at a time, on one keep-alive connection (to nginx) or one each (to gunicorn),
-    with a game server's few headers."""
+    with a game server's few headers (``client_headers``) or none."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    headers = {**CLIENT_HEADERS, **({"Host": host} if host else {})}
+    headers = {**(CLIENT_HEADERS if client_headers else {}), **({"Host": host} if host else {})}
     try:
         for i in range(count):
             conn.request("GET", paths[i % len(paths)], headers=headers)
@@ -197,7 +202,7 @@ def instructions(world: World, args: argparse.Namespace, root: Path, config: Con
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"bench: gap: gunicorn ({config.label}) did not start; see {root / (slug + '.log')}")
                 time.sleep(0.2)
-            drive(client_port, world.paths(), args.gap_warm + args.gap_requests, host)
+            drive(client_port, world.paths(), args.gap_warm + args.gap_requests, host, config.client_headers)
             worker = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0]
         finally:
             stop(proc, timeout=120)
