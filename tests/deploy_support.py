@@ -128,7 +128,8 @@ def _run(cmd: list[str], env: dict) -> str:
 
 def start_stack(root: Path, *, values: dict | None = None, worker_connections: int = 128,
                 extra_app_hosts: int = 0, workers: int = 2, app_env: dict | None = None,
-                app_host_env: dict | None = None, admin: bool = False) -> Stack:
+                app_host_env: dict | None = None, admin: bool = False,
+                app: str = "authsvc.wsgi:application") -> Stack:
     """The stack in ``root``; ``values`` override placeholder values, ``worker_connections``
     sizes nginx's main config (tests/test_edge.py makes it small to reach exhaustion).
     ``extra_app_hosts`` more gunicorn instances serve the same store on 127.0.0.1 TCP
@@ -227,10 +228,11 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         "NOTIFY_SOCKET": str(root / "notify.sock"),
         "AUTHSVC_WORKERS": str(workers),
         "PYTHONDONTWRITEBYTECODE": "1",
+        **({"PYTHONPATH": str(REPO)} if app != "authsvc.wsgi:application" else {}),
         **(app_env or {}),
     }
     setenv = [arg for name, value in service_env.items() for arg in ("-E", f"{name}={value}")]
-    gunicorn_cmd = [str(VENV_BIN / "gunicorn"), "--config", str(rendered / "gunicorn.conf.py"), "authsvc.wsgi:application"]
+    gunicorn_cmd = [str(VENV_BIN / "gunicorn"), "--config", str(rendered / "gunicorn.conf.py"), app]
     gunicorn = subprocess.Popen(
         [activate, "-l", str(sock_path), *setenv, *gunicorn_cmd],
         stdout=open(logs / "gunicorn-access.log", "wb"),

@@ -285,6 +285,41 @@ def test_forwarded_headers_come_from_nginx_not_the_client(stack):
         assert "203.0.113.9" not in logs[name] and "spoofed-id" not in logs[name], name
 
 
+# What nginx passes on to gunicorn (deploy/nginx/snippets/authsvc-proxy.conf): the headers the app and
+# gunicorn read, nginx's own, and nothing of the client's.
+FORWARDED = {"HTTP_HOST", "HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_PROTO", "HTTP_X_REQUEST_ID", "HTTP_X_REQUEST_START"}
+
+
+def test_only_the_headers_the_app_reads_reach_gunicorn(tmp_path):
+    """A client's 40 headers (and its own X-Forwarded-*, Forwarded, X-Request-Start) never reach gunicorn, which
+    would parse and copy each; a form body arrives with its Content-Type and a Content-Length, a chunked one too."""
+    s = start_stack(tmp_path, workers=1, app="tests.headers_app:application")
+    try:
+        extra = {f"X-Client-{i}": f"value {i}" for i in range(34)}
+        extra.update({"User-Agent": "game-server/1.0", "Accept": "application/json", "Cookie": "a=b",
+                      "Forwarded": "for=203.0.113.9", "X-Forwarded-Host": "evil.example",
+                      "X-Request-Start": "t=1"})
+        assert len(extra) == 40
+        for scheme in ("http", "https"):
+            answer = s.request(scheme, "/api/authenticate.json?user_id=1", headers=extra)
+            assert answer.status == 200, answer.body
+            assert set(answer.json()["headers"]) == FORWARDED, answer.json()
+            form = b"user_id=1&api_key=k"
+            answer = s.request(scheme, "/api/authenticate.json", method="POST", body=form,
+                               headers={**extra, "Content-Type": "application/x-www-form-urlencoded"})
+            assert set(answer.json()["headers"]) == FORWARDED | {"CONTENT_TYPE", "CONTENT_LENGTH"}, answer.json()
+            assert answer.json()["body"] == form.decode()
+            assert answer.json()["content_type"] == "application/x-www-form-urlencoded"
+        chunked = b"7\r\nuser_id\r\n4\r\n=1&a\r\n0\r\n\r\n"
+        answer = s.request("http", "/api/authenticate.json", method="POST", body=chunked,
+                           headers={"Transfer-Encoding": "chunked", "Content-Type": "application/x-www-form-urlencoded"})
+        assert set(answer.json()["headers"]) == FORWARDED | {"CONTENT_TYPE", "CONTENT_LENGTH"}, answer.json()
+        assert answer.json()["body"] == "user_id=1&a"
+    finally:
+        stop(s.nginx)
+        stop(s.gunicorn)
+
+
 def _wait_for(stack, name: str, needles: list[str]) -> str:
     """The log's text once it holds every needle (access logs are written as requests end)."""
     deadline = time.monotonic() + 5

@@ -104,23 +104,29 @@ class _OneWriteSocket:
     first body bytes. Any other use of the socket, and the end of the request,
     send a held head first (an answer without a body, a HEAD, an error path)."""
 
+    __slots__ = ("_sock", "_head")
+
     def __init__(self, sock):
         self._sock = sock
-        self._head = b""
-        self._answered = False
+        self._head = None  # None: nothing written yet; then the head held, or b"" once sent
 
     def sendall(self, data) -> None:
-        data = bytes(data)
-        if not self._answered and data.startswith(b"HTTP/") and data.endswith(b"\r\n\r\n"):
-            self._answered, self._head = True, data
-            return
-        self._answered = True
-        head, self._head = self._head, b""
-        self._sock.sendall(head + data)
+        head = self._head
+        if head is None:
+            data = bytes(data)
+            if data.startswith(b"HTTP/") and data.endswith(b"\r\n\r\n"):
+                self._head = data
+                return
+            self._head = b""
+        elif head:
+            self._head = b""
+            data = head + data
+        self._sock.sendall(data)
 
     def flush(self) -> None:
-        if self._head:
-            head, self._head = self._head, b""
+        head = self._head
+        if head:
+            self._head = b""
             self._sock.sendall(head)
 
     def __getattr__(self, name):

@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap-warm", type=int, default=100, help="requests before the gap section counts (default 100)")
     parser.add_argument("--gap-requests", type=int, default=300,
                         help="requests the gap section counts, per configuration (default 300)")
+    parser.add_argument("--gap-rows", default="",
+                        help="gap section: only these rows: comma-separated numbers (from 1, as the table lists them) "
+                             "or texts found in their labels (default: every row)")
     parser.add_argument("--storm-connections", type=int, default=2000, help="storm section: clients (default 2,000)")
     parser.add_argument("--storm-seconds", type=int, default=30, help="storm section: storm length (default 30)")
     parser.add_argument("--storm-factor", type=float, default=4,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import http.client
 import os
 import re
@@ -25,29 +26,89 @@ import time
 from pathlib import Path
 
 from benchmarks.bench.sections.nginx import nginx_in_front
+from benchmarks.bench.sections.postgres import postgres_copy
 from benchmarks.bench.serve import LEGACY_HOST, port_open, unix_socket_open
 from benchmarks.bench.world import APPS, REPO, VENV_BIN, World
 from harness.processes import free_port, stop
 
 NO_ACCESS_LOG = "accesslog = None\nlogconfig_dict['loggers']['gunicorn.access']['level'] = 'WARNING'\n"
-SHIPPED, CORE = "shipped", "core"  # behind nginx with gunicorn.conf.py; section 1's flags over TCP
+# The access log off as the one-record change turns it off: a logger that returns at once.
+SILENT_ACCESS_LOG = "logger_class = 'benchmarks.variants.SilentAccessLogger'\n"
+NO_AUTH_LINE = {"AUTHSVC_LOG_LEVEL": "WARNING"}
+PLAIN_FLAGS = ("--workers", "1", "--worker-class", "sync", "--preload", "--log-level", "warning")
+# What a game server's HTTP client sends besides Host (curl, requests, a Java client send a few such).
+CLIENT_HEADERS = {"User-Agent": "game-server/1.0", "Accept": "application/json", "Accept-Encoding": "gzip, deflate"}
+# The shipped proxy snippet as it was: every client header passed on, nginx's own set on top.
+FORWARD_ALL = ("proxy_pass_request_headers off;", "proxy_pass_request_headers on;")
+# No request id, queue stamp or X-Forwarded-* headers (an empty value: nginx sends no such header).
+NO_STAMPS = tuple((f"proxy_set_header {name} {value};", "") for name, value in (
+    ("X-Forwarded-For", "$remote_addr"), ("X-Forwarded-Proto", "$scheme"), ("X-Request-Id", "$request_id"),
+    ('X-Request-Start', '"t=${msec}"')))
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One row: ``conf`` "shipped" is deploy/gunicorn.conf.py (plus ``extra`` lines), "plain" gunicorn's
+    flags PLAIN_FLAGS and nothing else; ``nginx`` False: the client talks to gunicorn over TCP;
+    ``bind`` "unix" or "tcp" (behind nginx); ``snippet``: (old, new) replacements in the rendered
+    proxy snippet; ``engine`` "sqlite" or "postgresql" (the store of --pg); ``client_headers`` False: the
+    client sends no header but Host (and http.client's Accept-Encoding: identity)."""
+
+    label: str
+    conf: str = "shipped"
+    app: str = APPS["authsvc"]
+    env: dict = dataclasses.field(default_factory=dict)
+    extra: str = ""
+    nginx: bool = True
+    bind: str = "unix"
+    snippet: tuple = ()
+    engine: str = "sqlite"
+    client_headers: bool = True  # False: the client sends Host only
+
+
+PLAIN = "plain: gunicorn -w1 -k sync --preload, no nginx"
+SHIPPED = "shipped: nginx, deploy/gunicorn.conf.py"
+ONE_RECORD = "shipped, no gunicorn access log, no auth line"
+PG = ", PostgreSQL"
+ONE = dict(env=NO_AUTH_LINE, extra=SILENT_ACCESS_LOG)  # the shipped path once nginx's line is the one record
 CONFIGS = [
-    # label, topology, app, environment, lines added to gunicorn.conf.py
-    ("bare", SHIPPED, APPS["bare"], {}, ""),
-    ("bare, with authsvc's 5 response headers", SHIPPED, "benchmarks.variants:bare_with_authsvc_headers", {}, ""),
-    ("authsvc", SHIPPED, APPS["authsvc"], {}, ""),
-    ("authsvc, auth line off (AUTHSVC_LOG_LEVEL=WARNING)", SHIPPED, APPS["authsvc"], {"AUTHSVC_LOG_LEVEL": "WARNING"}, ""),
-    # The shipped authsvc.toml's record: nginx's line only (BENCHMARKS.md, "One record per request").
-    ("authsvc, one record at the edge (access_record = edge)", SHIPPED, APPS["authsvc"],
-     {"AUTHSVC_ACCESS_RECORD": "edge"}, ""),
-    ("authsvc, metrics off", SHIPPED, "benchmarks.variants:authsvc_without_metrics", {}, ""),
-    ("authsvc, auth line and metrics off", SHIPPED, "benchmarks.variants:authsvc_without_metrics",
-     {"AUTHSVC_LOG_LEVEL": "WARNING"}, ""),
-    ("bare, no access log", SHIPPED, APPS["bare"], {}, NO_ACCESS_LOG),
-    ("bare, section 1's flags", CORE, APPS["bare"], {}, ""),
-    ("bare with authsvc's headers, section 1's flags", CORE, "benchmarks.variants:bare_with_authsvc_headers", {}, ""),
-    ("authsvc, section 1's flags", CORE, APPS["authsvc"], {}, ""),
-    ("authsvc, metrics off, section 1's flags", CORE, "benchmarks.variants:authsvc_without_metrics", {}, ""),
+    Config(PLAIN, conf="plain", nginx=False),
+    Config(SHIPPED),
+    # One thing changed against the shipped row each.
+    Config("shipped, every client header forwarded (as before)", snippet=(FORWARD_ALL,)),
+    Config("shipped, no X-Request-Id, X-Request-Start, X-Forwarded-*", snippet=NO_STAMPS),
+    Config("shipped, TCP instead of the unix socket", bind="tcp"),
+    Config("shipped, gunicorn's own sync worker", extra="worker_class = 'sync'\n"),
+    Config("shipped, no --preload", extra="preload_app = False\n"),
+    Config("shipped, metrics off", app="benchmarks.variants:authsvc_without_metrics"),
+    Config("shipped, no redact filter", extra="logconfig_dict['loggers']['gunicorn.error'].pop('filters')\n"),
+    Config("shipped, gunicorn's access log at WARNING (atoms still built)", extra=NO_ACCESS_LOG),
+    Config("shipped, no gunicorn access log", extra=SILENT_ACCESS_LOG),
+    Config("shipped, no auth line", env=NO_AUTH_LINE),
+    Config("shipped, gthread (2 threads, nginx keeps the connection)", env={"AUTHSVC_THREADS": "2"}),
+    # The shipped path once nginx's access line is the one record (no gunicorn access log, no auth line),
+    # and one thing changed against it each.
+    Config(ONE_RECORD, **ONE),
+    Config(ONE_RECORD + ", every client header forwarded", snippet=(FORWARD_ALL,), **ONE),
+    Config(ONE_RECORD + ", no X-Request-Id, X-Request-Start, X-Forwarded-*", snippet=NO_STAMPS, **ONE),
+    Config(ONE_RECORD + ", TCP instead of the unix socket", bind="tcp", **ONE),
+    Config(ONE_RECORD + ", gunicorn's own sync worker", env=NO_AUTH_LINE,
+           extra=SILENT_ACCESS_LOG + "worker_class = 'sync'\n"),
+    Config(ONE_RECORD + ", metrics off", app="benchmarks.variants:authsvc_without_metrics", **ONE),
+    Config(ONE_RECORD + ", no logconfig_dict", env=NO_AUTH_LINE, extra=SILENT_ACCESS_LOG + "logconfig_dict = {}\n"),
+    # A client that sends no header of its own: plain parses fewer, the shipped path the same.
+    Config(PLAIN + ", a client sending Host only", conf="plain", nginx=False, client_headers=False),
+    Config(ONE_RECORD + ", a client sending Host only", client_headers=False, **ONE),
+    # From the other end: plain's flags behind nginx.
+    Config("plain's flags behind nginx (unix socket)", conf="plain"),
+    # The bare app: what gunicorn and nginx cost alone.
+    Config("bare app, plain", conf="plain", nginx=False, app=APPS["bare"]),
+    Config("bare app, shipped", app=APPS["bare"]),
+    Config("bare app, shipped, no gunicorn access log", app=APPS["bare"], extra=SILENT_ACCESS_LOG),
+    # The other engine.
+    Config(PLAIN + PG, conf="plain", nginx=False, engine="postgresql"),
+    Config(SHIPPED + PG, engine="postgresql"),
+    Config(ONE_RECORD + PG, engine="postgresql", **ONE),
 ]
 MARKER = """
 import binascii as _binascii
@@ -62,12 +123,23 @@ def post_request(worker, req, environ, resp):
 """
 
 
-def drive(port: int, paths: list[str], count: int, host: str | None) -> None:
-    """``count`` requests, one at a time, on one keep-alive connection (to nginx) or one each (to gunicorn)."""
+def selected(configs: list[Config], wanted: str) -> list[Config]:
+    """The rows ``--gap-rows`` names: comma-separated row numbers (from 1, in CONFIGS' order) or texts found
+    in labels (none: every row)."""
+    texts = [t.strip() for t in wanted.split(",") if t.strip()]
+    if not texts:
+        return configs
+    return [c for i, c in enumerate(configs, 1) if any(t == str(i) or (not t.isdigit() and t in c.label) for t in texts)]
+
+
+def drive(port: int, paths: list[str], count: int, host: str | None, client_headers: bool) -> None:
+    """``count`` requests, one at a time, on one keep-alive connection (to nginx) or one each (to gunicorn),
+    with a game server's few headers (``client_headers``) or none."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    headers = {**(CLIENT_HEADERS if client_headers else {}), **({"Host": host} if host else {})}
     try:
         for i in range(count):
-            conn.request("GET", paths[i % len(paths)], headers={"Host": host} if host else {})
+            conn.request("GET", paths[i % len(paths)], headers=headers)
             response = conn.getresponse()
             body = response.read()
             if response.status != 200 or not body.startswith(b'{"success":true,'):
@@ -76,44 +148,66 @@ def drive(port: int, paths: list[str], count: int, host: str | None) -> None:
         conn.close()
 
 
-def instructions(world: World, args: argparse.Namespace, root: Path, http_port: int, sock: Path,
-                 config: tuple) -> float:
-    label, topology, app, env, extra = config
-    slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+def edit_snippet(site_root: Path, replacements: tuple) -> None:
+    """Replace text in the rendered proxy snippet; a text that is not there stops the run (a row that no
+    longer changes anything)."""
+    snippet = site_root / "deploy" / "nginx" / "snippets" / "authsvc-proxy.conf"
+    text = snippet.read_text()
+    for old, new in replacements:
+        if old not in text:
+            raise SystemExit(f"bench: gap: {old!r} is not in the shipped proxy snippet")
+        text = text.replace(old, new)
+    snippet.write_text(text)
+
+
+def instructions(world: World, args: argparse.Namespace, root: Path, config: Config, store: str) -> float:
+    """The instructions per request of the row's one worker, between the two markers."""
+    slug = re.sub(r"[^a-z0-9]+", "-", config.label.lower()).strip("-")[:60]
     conf = root / f"{slug}.conf.py"
+    sock = root / "authsvc.sock"
+    port = free_port()
+    bind = f"unix:{sock}" if config.nginx and config.bind == "unix" else f"127.0.0.1:{port}"
     marker = MARKER.format(first=args.gap_warm, last=args.gap_warm + args.gap_requests)
     command = [str(VENV_BIN / "python"), "-m", "gunicorn", "--no-control-socket", "--config", str(conf)]
-    environ = {**os.environ, **world.env, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "0", **env}
-    if topology == SHIPPED:
+    # The queue's wait is checked as shipped, against a bound no request under callgrind passes.
+    environ = {**os.environ, **world.env, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "0",
+               "AUTHSVC_MAX_QUEUE_WAIT": "60", "AUTHSVC_STORE": store, **config.env}
+    if config.conf == "shipped":
         shipped = REPO / "deploy" / "gunicorn.conf.py"
         conf.write_text(f"__file__ = {str(shipped)!r}\nexec(compile(open(__file__).read(), __file__, 'exec'))\n"
-                        f"timeout = 600\n{extra}{marker}")
-        environ.update(AUTHSVC_BIND=f"unix:{sock}", AUTHSVC_WORKERS="1", STATE_DIRECTORY=str(root))
-        port, host, ready = http_port, LEGACY_HOST, lambda: unix_socket_open(sock)
+                        f"timeout = 600\n{config.extra}{marker}")
+        environ.update(AUTHSVC_BIND=bind, AUTHSVC_WORKERS="1", STATE_DIRECTORY=str(root))
     else:
-        conf.write_text(f"timeout = 600\n{marker}")
-        port, host = free_port(), None
-        command += ["--workers", "1", "--worker-class", "sync", "--preload", "--log-level", "warning",
-                    "--bind", f"127.0.0.1:{port}"]
-        ready = lambda: port_open(port)  # noqa: E731
+        conf.write_text(f"timeout = 600\n{config.extra}{marker}")
+        command += [*PLAIN_FLAGS, "--bind", bind]
+    ready = (lambda: unix_socket_open(sock)) if bind.startswith("unix:") else (lambda: port_open(port))
     out = root / f"{slug}.%p.callgrind"
     command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-before=binascii_crc_hqx*",
-               *command, app]
-    with (root / f"{slug}.log").open("wb") as log:
-        proc = subprocess.Popen(command, env=environ, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while not ready():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"bench: gap: gunicorn ({label}) did not start; see {root / (slug + '.log')}")
-            time.sleep(0.2)
-        drive(port, world.paths(), args.gap_warm + args.gap_requests, host)
-        worker = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0]
-    finally:
-        stop(proc, timeout=120)
-        with contextlib.suppress(FileNotFoundError):
-            sock.unlink()
+               *command, config.app]
+    with contextlib.ExitStack() as stack:
+        if config.nginx:
+            upstream = {} if config.bind == "unix" else {"UPSTREAMS": bind}
+            _, http_port, _ = stack.enter_context(nginx_in_front(
+                world, root / f"nginx-{slug}", sock, overrides=upstream,
+                edit=lambda site: edit_snippet(site, config.snippet)))
+            client_port, host = http_port, LEGACY_HOST
+        else:
+            client_port, host = port, None
+        with (root / f"{slug}.log").open("wb") as log:
+            proc = subprocess.Popen(command, env=environ, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        try:
+            deadline = time.monotonic() + 600
+            while not ready():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"bench: gap: gunicorn ({config.label}) did not start; see {root / (slug + '.log')}")
+                time.sleep(0.2)
+            drive(client_port, world.paths(), args.gap_warm + args.gap_requests, host, config.client_headers)
+            worker = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0]
+        finally:
+            stop(proc, timeout=120)
+            with contextlib.suppress(FileNotFoundError):
+                sock.unlink()
     dump = Path(str(out).replace("%p", worker) + ".2")  # from the first marker to the second
     found = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.M)
     if not found:
@@ -126,24 +220,34 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         raise SystemExit("bench: the gap section needs valgrind (Debian: apt-get install valgrind)")
     root = world.root / "gap"
     root.mkdir(exist_ok=True)
-    sock = root / "authsvc.sock"
+    configs = selected(CONFIGS, args.gap_rows)
     rows: dict[str, float] = {}
-    with nginx_in_front(world, root / "nginx", sock) as (_, http_port, _proc):
-        for config in CONFIGS:
-            rows[config[0]] = instructions(world, args, root, http_port, sock, config)
-            print(f"  gap: {config[0]:<52} {rows[config[0]]:12,.0f} instructions/request", file=sys.stderr)
+    with contextlib.ExitStack() as stack:
+        stores = {"sqlite": world.env["AUTHSVC_STORE"]}
+        if any(c.engine == "postgresql" for c in configs):
+            stores["postgresql"] = stack.enter_context(postgres_copy(world, args.pg))
+        for config in configs:
+            rows[config.label] = instructions(world, args, root, config, stores[config.engine])
+            print(f"  gap: {config.label:<60} {rows[config.label]:12,.0f} instructions/request", file=sys.stderr,
+                  flush=True)
     print(f"\n2b. The shipped topology's gap: instructions per request of one worker under callgrind "
-          f"({args.gap_requests} sequential requests after {args.gap_warm}; user space only)\n")
-    print("| configuration | instructions per request | vs bare of its topology |")
-    print("|---|---|---|")
-    for label, topology, *_ in CONFIGS:
-        bare = rows["bare" if topology == SHIPPED else "bare, section 1's flags"]
-        print(f"| {label} | {rows[label]:,.0f} | {rows[label] / bare:.3f} |")
-    r, headers = rows, rows["bare, with authsvc's 5 response headers"]
-    print("\nWhat authsvc adds to the bare app behind nginx, by difference of rows: "
-          f"{r['authsvc'] - r['bare']:,.0f} instructions; the auth line "
-          f"{r['authsvc'] - r['authsvc, auth line off (AUTHSVC_LOG_LEVEL=WARNING)']:,.0f}, metrics "
-          f"{r['authsvc'] - r['authsvc, metrics off']:,.0f}, gunicorn's work on 3 more response headers "
-          f"{headers - r['bare']:,.0f}, the rest (the app's own work) "
-          f"{r['authsvc, auth line and metrics off'] - headers:,.0f}. "
-          f"gunicorn's access log (both apps): {r['bare'] - r['bare, no access log']:,.0f}.")
+          f"({args.gap_requests} sequential requests after {args.gap_warm}; user space only; "
+          f"{world.players:,} players)\n")
+    print("| configuration | instructions per request | vs plain of its engine | vs shipped of its engine |")
+    print("|---|---|---|---|")
+    for config in configs:
+        suffix = PG if config.engine == "postgresql" else ""
+        plain, shipped = rows.get(PLAIN + suffix), rows.get(SHIPPED + suffix)
+        if config.app == APPS["bare"]:
+            plain, shipped = rows.get("bare app, plain"), rows.get("bare app, shipped")
+        elif config.label.startswith(ONE_RECORD) and not config.label.endswith(PG):
+            shipped = rows.get(ONE_RECORD)
+        count = rows[config.label]
+        vs_plain, vs_shipped = (f"{count / ref:.3f}" if ref else "-" for ref in (plain, shipped))
+        print(f"| {config.label} | {count:,.0f} | {vs_plain} | {vs_shipped} |")
+    print()
+    for engine, suffix in (("SQLite", ""), ("PostgreSQL", PG)):
+        if PLAIN + suffix in rows and SHIPPED + suffix in rows:
+            print(f"{engine}: shipped / plain = {rows[SHIPPED + suffix] / rows[PLAIN + suffix]:.3f}"
+                  + (f"; without gunicorn's access log and the auth line "
+                     f"{rows[ONE_RECORD + suffix] / rows[PLAIN + suffix]:.3f}" if ONE_RECORD + suffix in rows else ""))

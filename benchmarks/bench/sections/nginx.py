@@ -32,8 +32,8 @@ def nginx_in_front(world: World, root: Path, sock: Path, *, overrides: dict[str,
     """The shipped nginx site rendered as scripts/install renders it, its rate, per-address and per-app-host
     limits out of the way (a throughput measurement); ``overrides`` replace placeholder values (the storm
     section's UPSTREAM_MAX_CONNS); ``edit`` is called with ``root`` once the files are rendered (the storm
-    section's reference site); ``worker_processes`` for nginx.conf (the storm section pins nginx to some
-    CPUs: nginx's "auto" counts them all)."""
+    section's reference site, the gap section's variants of the proxy snippet); ``worker_processes`` for
+    nginx.conf (the storm section pins nginx to some CPUs: nginx's "auto" counts them all)."""
     import trustme
 
 

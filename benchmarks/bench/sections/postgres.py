@@ -10,6 +10,7 @@ import subprocess
 import sys
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.bench.serve import Server, core_gunicorn_args, gunicorn, measure, port_open, print_table, wait_for
@@ -17,14 +18,15 @@ from benchmarks.bench.world import APPS, World
 from harness.processes import free_port
 
 
-def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
+@contextlib.contextmanager
+def postgres_copy(world: World, url: str) -> Iterator[str]:
+    """A temporary database on the server of ``url`` (--pg) holding the world's store; its URL, dropped after."""
     import psycopg
 
-    url = args.pg
     try:
         psycopg.connect(url, connect_timeout=5).close()
     except psycopg.Error as e:
-        raise SystemExit(f"bench: the postgres section needs a PostgreSQL server (--pg): {type(e).__name__}") from None
+        raise SystemExit(f"bench: PostgreSQL rows need a PostgreSQL server (--pg): {type(e).__name__}") from None
     database = "authsvc_bench_" + secrets.token_hex(4)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {database}")
@@ -38,6 +40,14 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         pg_env = {**os.environ, **world.env, "AUTHSVC_STORE": pg_url}
         subprocess.run([*cli, "init"], env=pg_env, check=True, stdout=subprocess.DEVNULL)
         subprocess.run([*cli, "import", str(export)], env=pg_env, check=True, stdout=subprocess.DEVNULL)
+        yield pg_url
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+
+
+def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
+    with postgres_copy(world, args.pg) as pg_url:
         servers = []
         with contextlib.ExitStack() as stack:
             # The third row: PostgreSQL with the worker count docs/operations.md advises for it
@@ -55,9 +65,6 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
                 wait_for(lambda port=port: port_open(port), f"gunicorn ({label})", proc)
                 servers.append(Server(label, "endpoint", f"http://127.0.0.1:{port}", master=proc))
             rows = measure(servers, world, script, args)
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
     print_table(
         f"3. PostgreSQL against SQLite, the same {world.players:,} players, through gunicorn "
         f"({args.workers} sync workers unless the row says otherwise, loopback TCP; PostgreSQL on this machine)",
