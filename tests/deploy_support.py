@@ -283,7 +283,15 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         while not sock_path.exists():
             assert gunicorn.poll() is None and time.monotonic() < deadline, "socket never appeared"
             time.sleep(0.05)
-        socket.socket(socket.AF_UNIX).connect(str(sock_path))
+        # The file appears at bind(), a moment before listen(): a connection then is refused.
+        while True:
+            try:
+                with socket.socket(socket.AF_UNIX) as first:
+                    first.connect(str(sock_path))
+                break
+            except ConnectionRefusedError:
+                assert gunicorn.poll() is None and time.monotonic() < deadline, "socket never listened"
+                time.sleep(0.05)
         ready = ""
         deadline = time.monotonic() + 30
         while "READY=1" not in ready:
