@@ -16,12 +16,16 @@ import gc
 import http.client
 import json
 import os
+import socket
 import sqlite3
+import ssl
 import struct
+import subprocess
 import sys
 import threading
 import time
 import urllib.parse
+from pathlib import Path
 
 import pytest
 import webtest
@@ -34,9 +38,10 @@ from authsvc.web.authenticate import MISSING_DESCRIPTION
 from harness.processes import free_port, start_gunicorn, wait_for_port
 
 __all__ = [
-    "ERROR_KEYS", "INVALID", "MISSING", "PATH", "STRICT", "FakeClock", "assert_contract_headers", "free_port", "get",
-    "get_text", "hold_write_lock", "kept_stopped", "make_testapp", "skip_or_fail", "start_gunicorn", "until_both_workers_counted",
-    "wait_for_port", "workers_that_authenticated",
+    "ERROR_KEYS", "INVALID", "MISSING", "PATH", "STRICT", "FakeClock", "admin_request", "assert_contract_headers",
+    "free_port", "get", "get_text", "hold_write_lock", "kept_stopped", "make_testapp", "raw_exchange", "raw_request",
+    "serve_gunicorn", "skip_or_fail", "start_gunicorn", "until_both_workers_counted", "wait_for_port",
+    "workers_that_authenticated",
 ]
 
 STRICT = os.environ.get("AUTHSVC_TEST_STRICT") == "1"
@@ -105,6 +110,80 @@ def get(port: int, params: dict, method: str = "GET") -> http.client.HTTPRespons
     response.body = response.read()  # type: ignore[attr-defined]
     conn.close()
     return response
+
+
+def serve_gunicorn(env: dict, *args: str, port: int, log_path: Path, **options) -> subprocess.Popen:
+    """gunicorn (harness.processes.start_gunicorn: ``env``, ``args`` and ``options``) on 127.0.0.1:``port``,
+    once it listens. Its output goes to ``log_path``, not a pipe: every request writes log lines, and a
+    pipe nobody reads until the end fills up and blocks the workers. If nothing listens in time, it is
+    killed and the test fails with that output."""
+    with log_path.open("wb") as log:
+        proc = start_gunicorn(env, *args, port=port, stdout=log, stderr=log, **options)
+    try:
+        wait_for_port(port)
+    except TimeoutError:
+        proc.kill()
+        proc.wait(timeout=20)
+        raise AssertionError("gunicorn did not start:\n" + log_path.read_text(errors="replace")) from None
+    return proc
+
+
+def admin_request(conn: http.client.HTTPConnection, method: str, path: str, token: str, body: dict | None = None,
+                  headers: dict | None = None) -> http.client.HTTPResponse:
+    """One admin API request on ``conn``: the bearer ``token``, ``headers``, ``body`` as JSON; its response
+    (not yet read)."""
+    headers = {"Authorization": f"Bearer {token}", **(headers or {})}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    conn.request(method, path, body=data, headers=headers)
+    return conn.getresponse()
+
+
+def raw_exchange(sock: socket.socket, data: bytes, timeout: float = 10) -> tuple[int, dict, bytes]:
+    """Send ``data``, read one answer (head, then Content-Length bytes or until close): its status,
+    headers (lower-case names) and body."""
+    sock.settimeout(timeout)
+    sock.sendall(data)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0].startswith("HTTP/1."), f"no HTTP answer: {buf[:200]!r}"
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", -1))
+    while length < 0 or len(body) < length:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not chunk:
+            break
+        body += chunk
+    return status, headers, body
+
+
+def raw_request(port: int, data: bytes, *, tls_host: str | None = None, ca_file=None,
+                source: str = "127.0.0.1") -> tuple[int, dict, bytes]:
+    """``data`` sent to 127.0.0.1:``port`` on a new connection (TLS with ``tls_host``, from ``source``):
+    raw_exchange's answer."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+    try:
+        if tls_host:
+            ctx = ssl.create_default_context(cafile=str(ca_file))
+            sock = ctx.wrap_socket(sock, server_hostname=tls_host)
+        return raw_exchange(sock, data)
+    finally:
+        sock.close()
 
 
 class FakeClock:

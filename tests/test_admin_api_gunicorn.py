@@ -21,7 +21,16 @@ import urllib.parse
 import pytest
 
 from authsvc.admin import operations as ops
-from tests.support import INVALID, PATH, free_port, start_gunicorn, store_sql, until_both_workers_counted, wait_for_port
+from tests.support import (
+    INVALID,
+    PATH,
+    admin_request,
+    free_port,
+    start_gunicorn,
+    store_sql,
+    until_both_workers_counted,
+    wait_for_port,
+)
 
 
 class UnixConnection(http.client.HTTPConnection):
@@ -37,13 +46,7 @@ class UnixConnection(http.client.HTTPConnection):
 
 def call(connect, method: str, path: str, token: str, body: dict | None = None) -> tuple[int, dict, dict]:
     conn = connect()
-    headers = {"Authorization": f"Bearer {token}"}
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    conn.request(method, path, body=data, headers=headers)
-    response = conn.getresponse()
+    response = admin_request(conn, method, path, token, body)
     payload = json.loads(response.read())
     conn.close()
     return response.status, dict(response.getheaders()), payload

@@ -34,7 +34,7 @@ from authsvc.names import check_game_name, check_username
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, new_api_key
-from tests.support import free_port, start_gunicorn, wait_for_port
+from tests.support import free_port, serve_gunicorn
 
 REPO = Path(__file__).resolve().parent.parent
 DOCUMENT = REPO / "authsvc" / "openapi" / "admin.json"
@@ -130,19 +130,9 @@ def live(request, tmp_path_factory):
     _, token = ops.add_api_token(store, ops.Context(actor="cli:test"), "schemathesis", ALL_SCOPES, None)
     store.close()
     port = free_port()
-    # Its output to a file, not a pipe: every request writes log lines, and a pipe nobody
-    # reads until the end fills up and blocks the workers.
     log_path = root / "gunicorn.log"
-    log = log_path.open("wb")
-    proc = start_gunicorn(env, "--graceful-timeout", "5", "--access-logfile", "-", port=port,
-                          app="authsvc.admin.wsgi:application", workers=2, stdout=log, stderr=log)
-    log.close()
-    try:
-        wait_for_port(port)
-    except TimeoutError:
-        proc.kill()
-        proc.wait(timeout=20)
-        raise AssertionError("gunicorn did not start:\n" + log_path.read_text(errors="replace")) from None
+    proc = serve_gunicorn(env, "--graceful-timeout", "5", "--access-logfile", "-", port=port, log_path=log_path,
+                          app="authsvc.admin.wsgi:application", workers=2)
     yield Live(f"http://127.0.0.1:{port}", token, game.id, 1001)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=20)

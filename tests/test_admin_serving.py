@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from authsvc.admin import routes
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, new_api_key
-from tests.support import free_port, start_gunicorn, wait_for_port
+from tests.support import admin_request, free_port, raw_request, serve_gunicorn
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "deploy" / "gunicorn.conf.py"
@@ -65,19 +64,11 @@ class Service:
 def _serve(env: dict, root: Path, app: str, worker_class: str) -> Service:
     port = free_port()
     log_path = root / f"gunicorn-{app.split(':')[0]}-{worker_class}.log"
-    log = log_path.open("wb")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("AUTHSVC_")}
     run_env = {**clean, **env, "AUTHSVC_WORKERS": "1", "AUTHSVC_WORKER_CLASS": worker_class,
                "AUTHSVC_THREADS": "2" if worker_class == "gthread" else "1"}
-    proc = start_gunicorn(run_env, "--graceful-timeout", "5", port=port, app=app, workers=None, config=CONF,
-                          inherit_env=False, stdout=log, stderr=log, cwd=root)
-    log.close()
-    try:
-        wait_for_port(port)
-    except TimeoutError:
-        proc.kill()
-        proc.wait(timeout=20)
-        raise AssertionError("gunicorn did not start:\n" + log_path.read_text(errors="replace")) from None
+    proc = serve_gunicorn(run_env, "--graceful-timeout", "5", port=port, log_path=log_path, app=app, workers=None,
+                          config=CONF, inherit_env=False, cwd=root)
     return Service(proc, port, log_path)
 
 
@@ -147,13 +138,8 @@ def test_the_access_line_names_the_admin_route_template_never_the_path_or_query(
     sent = _requests(world)
     for method, path, body, _ in sent:
         conn = http.client.HTTPConnection("127.0.0.1", admin.port, timeout=10)
-        headers = {"Authorization": f"Bearer {world.token}", "User-Agent": MARK, "X-Request-Id": f"rid-{MARK}"}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        conn.request(method, path, body=data, headers=headers)
-        response = conn.getresponse()
+        response = admin_request(conn, method, path, world.token, body,
+                                 {"User-Agent": MARK, "X-Request-Id": f"rid-{MARK}"})
         response.read()
         assert response.status < 500, (method, path, response.status)
         conn.close()
@@ -174,9 +160,8 @@ def test_the_access_line_holds_the_request_id_the_answer_and_the_audit_trail_hol
     ids = []
     for sent in (None, "bad id with spaces", "web-tier.42"):
         conn = http.client.HTTPConnection("127.0.0.1", admin.port, timeout=10)
-        headers = {"Authorization": f"Bearer {world.token}"} | ({"X-Request-Id": sent} if sent else {})
-        conn.request("POST", f"/v1/players/{USER_ID}/revoke", headers=headers)
-        response = conn.getresponse()
+        response = admin_request(conn, "POST", f"/v1/players/{USER_ID}/revoke", world.token,
+                                 headers={"X-Request-Id": sent} if sent else {})
         response.read()
         assert response.status == 200
         ids.append(response.getheader("X-Request-Id"))
@@ -196,34 +181,6 @@ def test_every_route_template_is_a_path_of_the_openapi_document():
 
 
 # -- what gunicorn itself refuses ------------------------------------------------------------------
-
-
-def raw_request(port: int, data: bytes, timeout: float = 10) -> tuple[int, dict, bytes]:
-    """Send ``data`` on a new connection; the answer's status, headers (lower-case names) and body."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        sock.sendall(data)
-        buf = b""
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except (ConnectionResetError, TimeoutError):
-                break
-            if not chunk:
-                break
-            buf += chunk
-            head, sep, body = buf.partition(b"\r\n\r\n")
-            if sep and re.search(rb"(?i)\r\ncontent-length: *(\d+)", head):
-                length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head).group(1))
-                if len(body) >= length:
-                    break
-    head, _, body = buf.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    assert lines[0].startswith("HTTP/1."), f"no HTTP answer: {buf[:200]!r}"
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return int(lines[0].split()[1]), headers, body
 
 
 def refused_requests() -> dict[str, tuple[bytes, int]]:

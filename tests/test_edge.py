@@ -16,7 +16,6 @@ import re
 import selectors
 import shutil
 import socket
-import ssl
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tests.deploy_support import API_HOST, LEGACY_HOST, REPO, VENV_BIN, find_nginx, start_stack, stop
-from tests.support import free_port, skip_or_fail, start_gunicorn, wait_for_port
+from tests.support import free_port, raw_exchange, raw_request, skip_or_fail, start_gunicorn, wait_for_port
 
 pytestmark = pytest.mark.slow
 
@@ -40,49 +39,7 @@ def stack(tmp_path_factory):
     stop(s.gunicorn)
 
 
-# -- raw HTTP ------------------------------------------------------------------------
-
-
-def raw_exchange(sock: socket.socket, data: bytes, timeout: float = 10) -> tuple[int, dict, bytes]:
-    """Send ``data``, read one answer (head, then Content-Length bytes or until close)."""
-    sock.settimeout(timeout)
-    sock.sendall(data)
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-    head, _, body = buf.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    assert lines[0].startswith("HTTP/1."), f"no HTTP answer: {buf[:200]!r}"
-    status = int(lines[0].split()[1])
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    length = int(headers.get("content-length", -1))
-    while length < 0 or len(body) < length:
-        try:
-            chunk = sock.recv(65536)
-        except (ConnectionResetError, TimeoutError):
-            break
-        if not chunk:
-            break
-        body += chunk
-    return status, headers, body
-
-
-def raw_request(port: int, data: bytes, *, tls_host: str | None = None, ca_file=None,
-                source: str = "127.0.0.1") -> tuple[int, dict, bytes]:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
-    try:
-        if tls_host:
-            ctx = ssl.create_default_context(cafile=str(ca_file))
-            sock = ctx.wrap_socket(sock, server_hostname=tls_host)
-        return raw_exchange(sock, data)
-    finally:
-        sock.close()
+# -- raw HTTP (tests.support.raw_request, raw_exchange) ------------------------------
 
 
 def assert_json_answer(answer: tuple[int, dict, bytes], what: str) -> None:

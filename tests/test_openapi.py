@@ -28,7 +28,7 @@ from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from authsvc.web.app import make_app, route_name
-from tests.support import free_port, start_gunicorn, wait_for_port
+from tests.support import free_port, serve_gunicorn
 
 REPO = Path(__file__).resolve().parent.parent
 DOCUMENT = REPO / "authsvc" / "openapi" / "authenticate.json"
@@ -99,18 +99,8 @@ def _serve(tmp_path_factory, error_status: str | None):
     store.close()
     credentials = {"user_id": "1001", "game_auth_token": token, "api_key": api_key}
     port = free_port()
-    # Its output to a file, not a pipe: every request writes log lines, and a pipe nobody
-    # reads until the end fills up and blocks the workers.
-    log = (root / "gunicorn.log").open("wb")
-    proc = start_gunicorn(env, "--graceful-timeout", "5", port=port, config=REPO / "deploy" / "gunicorn.conf.py",
-                          stdout=log, stderr=log)
-    log.close()
-    try:
-        wait_for_port(port)
-    except TimeoutError:
-        proc.kill()
-        proc.wait(timeout=20)
-        raise AssertionError("gunicorn did not start:\n" + (root / "gunicorn.log").read_text(errors="replace")) from None
+    proc = serve_gunicorn(env, "--graceful-timeout", "5", port=port, log_path=root / "gunicorn.log",
+                          config=REPO / "deploy" / "gunicorn.conf.py")
     return proc, port, credentials
 
 
