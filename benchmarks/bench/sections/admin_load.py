@@ -22,21 +22,19 @@ import contextlib
 import datetime
 import http.client
 import json
-import os
 import re
 import secrets
 import shutil
 import sqlite3
 import statistics
-import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.bench.sections.admin_sync import BATCH, _token
+from benchmarks.bench.sections.postgres import postgres_copy
 from benchmarks.bench.serve import (
     Run,
     Server,
@@ -218,30 +216,8 @@ def _engine_store(engine: str, world: World, args: argparse.Namespace) -> Iterat
             for suffix in ("", "-wal", "-shm"):
                 Path(str(path) + suffix).unlink(missing_ok=True)
         return
-    import psycopg
-
-    try:
-        psycopg.connect(args.pg, connect_timeout=5).close()
-    except psycopg.Error as e:
-        raise SystemExit(f"bench: admin-load on postgresql needs a PostgreSQL server (--pg): {type(e).__name__}") \
-            from None
-    database = "authsvc_bench_" + secrets.token_hex(4)
-    with psycopg.connect(args.pg, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {database}")
-    pg_url = urllib.parse.urlunsplit(urllib.parse.urlsplit(args.pg)._replace(path="/" + database))
-    try:
-        cli = [sys.executable, "-m", "authsvc.admin.command"]
-        export = world.root / "admin-load-export.jsonl"
-        subprocess.run([*cli, "export", str(export)], env={**os.environ, **world.env}, check=True,
-                       stdout=subprocess.DEVNULL)
-        pg_env = {**os.environ, **world.env, "AUTHSVC_STORE": pg_url}
-        subprocess.run([*cli, "init"], env=pg_env, check=True, stdout=subprocess.DEVNULL)
-        subprocess.run([*cli, "import", str(export)], env=pg_env, check=True, stdout=subprocess.DEVNULL)
-        export.unlink()
-        yield pg_url
-    finally:
-        with psycopg.connect(args.pg, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+    with postgres_copy(world, args.pg, "admin-load on postgresql") as url:
+        yield url
 
 
 def _measure(engine: str, world: World, args: argparse.Namespace, logs: Path, script: Path,

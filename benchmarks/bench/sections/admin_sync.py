@@ -20,10 +20,10 @@ import os
 import secrets
 import threading
 import time
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks.bench.sections.postgres import temporary_database
 from benchmarks.bench.serve import gunicorn, port_open, wait_for
 from benchmarks.bench.world import World
 from harness.processes import free_port
@@ -41,20 +41,8 @@ def _store(engine: str, world: World, args: argparse.Namespace) -> Iterator[str]
         for suffix in ("", "-wal", "-shm"):
             Path(str(path) + suffix).unlink(missing_ok=True)
         return
-    import psycopg
-
-    try:
-        psycopg.connect(args.pg, connect_timeout=5).close()
-    except psycopg.Error as e:
-        raise SystemExit(f"bench: admin-sync on postgresql needs a PostgreSQL server (--pg): {type(e).__name__}") from None
-    database = "authsvc_bench_" + secrets.token_hex(4)
-    with psycopg.connect(args.pg, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {database}")
-    try:
-        yield _migrated(urllib.parse.urlunsplit(urllib.parse.urlsplit(args.pg)._replace(path="/" + database)), world)
-    finally:
-        with psycopg.connect(args.pg, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+    with temporary_database(args.pg, "admin-sync on postgresql") as url:
+        yield _migrated(url, world)
 
 
 def _migrated(url: str, world: World) -> str:

@@ -19,19 +19,30 @@ from harness.processes import free_port
 
 
 @contextlib.contextmanager
-def postgres_copy(world: World, url: str) -> Iterator[str]:
-    """A temporary database on the server of ``url`` (--pg) holding the world's store; its URL, dropped after."""
+def temporary_database(url: str, what: str = "a PostgreSQL row") -> Iterator[str]:
+    """A new, empty database on the server of ``url`` (--pg); its URL, dropped after (its sessions ended).
+    ``what`` names the rows that need it when there is no server to reach."""
     import psycopg
 
     try:
         psycopg.connect(url, connect_timeout=5).close()
     except psycopg.Error as e:
-        raise SystemExit(f"bench: PostgreSQL rows need a PostgreSQL server (--pg): {type(e).__name__}") from None
+        raise SystemExit(f"bench: {what} needs a PostgreSQL server (--pg): {type(e).__name__}") from None
     database = "authsvc_bench_" + secrets.token_hex(4)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {database}")
-    pg_url = urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(path="/" + database))
     try:
+        yield urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(path="/" + database))
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+
+
+@contextlib.contextmanager
+def postgres_copy(world: World, url: str, what: str = "a PostgreSQL row") -> Iterator[str]:
+    """A temporary database (temporary_database) holding the world's store, copied with authsvc
+    export/init/import; its URL, dropped after."""
+    with temporary_database(url, what) as pg_url:
         cli = [sys.executable, "-m", "authsvc.admin.command"]
         export = world.root / "export.jsonl"
         export.unlink(missing_ok=True)
@@ -40,10 +51,8 @@ def postgres_copy(world: World, url: str) -> Iterator[str]:
         pg_env = {**os.environ, **world.env, "AUTHSVC_STORE": pg_url}
         subprocess.run([*cli, "init"], env=pg_env, check=True, stdout=subprocess.DEVNULL)
         subprocess.run([*cli, "import", str(export)], env=pg_env, check=True, stdout=subprocess.DEVNULL)
+        export.unlink()
         yield pg_url
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
 
 
 def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
