@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import http.client
 import os
 import re
@@ -154,7 +155,9 @@ def edit_snippet(site_root: Path, replacements: tuple) -> None:
 
 def instructions(world: World, args: argparse.Namespace, root: Path, config: Config, store: str) -> float:
     """The instructions per request of the row's one worker, between the two markers."""
-    slug = re.sub(r"[^a-z0-9]+", "-", config.label.lower()).strip("-")[:60]
+    # Unique per row (labels that share their first characters: the shipped row and its variants).
+    slug = (re.sub(r"[^a-z0-9]+", "-", config.label.lower()).strip("-")[:48] + "-"
+            + hashlib.sha1(config.label.encode()).hexdigest()[:8])
     conf = root / f"{slug}.conf.py"
     sock = root / "authsvc.sock"
     port = free_port()
