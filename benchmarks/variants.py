@@ -2,23 +2,14 @@
 
 Each row of that section changes one thing, so the difference of two rows is what
 that thing costs: the bare app with authsvc's response headers (what gunicorn does
-with three more headers), authsvc without its metrics, an access logger that logs nothing.
+with three more headers), authsvc without its metrics.
 """
 
-from authsvc.serving.access_log import RouteLogger
 from authsvc.web.http import BASE_HEADERS
 from benchmarks.bare import BODY
 
 # authsvc's headers for a success (authsvc/web/http.py respond, authsvc/web/app.py).
 AUTHSVC_HEADERS = [*BASE_HEADERS, ("Content-Length", str(len(BODY))), ("X-Authsvc-Result", "200")]
-
-
-class SilentAccessLogger(RouteLogger):
-    """authsvc's access logger returning at once, as with access_record = "edge" (nginx's line the one record):
-    gunicorn's access() would build every atom before its logger dropped the line."""
-
-    def access(self, resp, req, environ, request_time):
-        return
 
 
 def bare_with_authsvc_headers(environ, start_response):

@@ -69,6 +69,21 @@ def test_the_real_app_passes_the_checks(world):
 
 
 @pytest.mark.slow
+def test_the_shipped_path_runs_with_the_shipped_settings_file(world):
+    """The sections that run the shipped path (nginx, gap, capacity, storm) give gunicorn the shipped
+    authsvc.toml, as the unit does: access_record = "edge", nginx's line the one record; the world's store
+    and secret beat the file."""
+    import tomllib
+
+    from authsvc.settings import Settings
+    from benchmarks.bench.world import SHIPPED_ENV, SHIPPED_SETTINGS
+
+    shipped = tomllib.loads(SHIPPED_SETTINGS.read_text())
+    settings = Settings.from_env({**SHIPPED_ENV, **world.env})
+    assert settings.access_record == shipped["access_record"] == "edge"
+    assert settings.token_secrets[0] == world.secret
+
+
 def test_smoke_run_of_the_core_section():
     if shutil.which("wrk") is None:
         skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
@@ -206,6 +221,7 @@ def test_smoke_run_of_the_capacity_section():
         "SQLite, nginx (plain HTTP)": ("1001", "-"),
         "SQLite, nginx (HTTPS, kept alive)": ("1001", "-"),
         "PostgreSQL, direct, nginx (HTTPS, kept alive)": ("1101", "2"),
+        "PostgreSQL, pgbouncer (transaction, pool 1), nginx (HTTPS, kept alive)": ("1111", "1"),
     }
     assert list(rows) == list(expected), done.stdout
     for label, (parts, connections) in expected.items():

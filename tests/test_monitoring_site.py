@@ -87,6 +87,35 @@ def test_the_record_names_the_host(stack):
     assert stack.api_key not in log and stack.token not in log
 
 
+# What nginx's own headers are on the monitoring server: no X-Request-Start (a probe is never shed).
+MONITOR_FORWARDED = {"HTTP_HOST", "HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_PROTO", "HTTP_X_REQUEST_ID"}
+
+
+def test_only_the_headers_the_app_reads_reach_gunicorn_from_the_monitoring_server(tmp_path):
+    """A scraper's or a probe's 40 headers (its own X-Forwarded-*, Forwarded, X-Request-Start among them) never
+    reach gunicorn, as on the public hosts (tests/test_deploy.py): only nginx's own."""
+    s = start_stack(tmp_path, workers=1, app="tests.headers_app:application")
+    try:
+        extra = {f"X-Client-{i}": f"value {i}" for i in range(34)}
+        extra.update({"User-Agent": "Prometheus/2.45", "Accept": "text/plain", "Cookie": "a=b",
+                      "Forwarded": "for=203.0.113.9", "X-Forwarded-Host": "evil.example",
+                      "X-Request-Start": "t=1"})
+        assert len(extra) == 40
+        for path in ("/metrics", "/healthz", "/readyz"):
+            conn = http.client.HTTPConnection("127.0.0.1", s.metrics_port, timeout=10)
+            try:
+                conn.request("GET", path, headers=extra)
+                res = conn.getresponse()
+                body = res.read()
+            finally:
+                conn.close()
+            assert res.status == 200, (path, res.status, body)
+            assert set(json.loads(body)["headers"]) == MONITOR_FORWARDED, (path, body)
+    finally:
+        stop(s.nginx)
+        stop(s.gunicorn)
+
+
 # -- the monitoring server has the public hosts' connection limits and hides its version --
 
 

@@ -22,6 +22,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 PATH = "/api/authenticate.json"
 
+# The shipped settings file (access_record = "edge": behind nginx, nginx's access line is a request's one
+# record, gunicorn's access log and the app's auth line off). Every section that runs the shipped path
+# (deploy/gunicorn.conf.py behind the shipped nginx site) starts gunicorn with it, as the unit does;
+# the environment (the store, the secret, the workers) beats the file.
+SHIPPED_SETTINGS = REPO / "deploy" / "etc" / "authsvc.toml"
+SHIPPED_ENV = {"AUTHSVC_CONFIG": str(SHIPPED_SETTINGS)}
+
 VENV_BIN = Path(sys.executable).parent
 
 APPS = {

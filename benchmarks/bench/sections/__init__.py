@@ -39,11 +39,11 @@ SECTIONS: dict[str, Section] = {
                     "settings, wrk over loopback TCP; plus each app's in-process cost per call (the WSGI callable "
                     "called directly, no server)", True),
     "nginx": Section(nginx.run, "the shipped nginx site (legacy plain-HTTP host, and the HTTPS host) in front of the "
-                     "shipped gunicorn.conf.py on a unix socket: sync against gthread workers, nginx keeping "
+                     "shipped gunicorn.conf.py and authsvc.toml on a unix socket: sync against gthread workers, nginx keeping "
                      "upstream connections alive", True),
     "gap": Section(gap.run, "instructions per request of one worker under callgrind (valgrind), behind the "
                    "shipped nginx site and with section 1's flags: the bare app, authsvc, and rows that each "
-                   "change one thing (the auth line, metrics, response headers, the access log)", False),
+                   "change one thing (access_record = app's two lines, metrics, headers, the socket)", False),
     "postgres": Section(postgres.run, "authsvc on PostgreSQL (the same players, moved with authsvc export/import) "
                         "against authsvc on SQLite, through gunicorn", True),
     "scale": Section(scale.run, "in-process cost per authentication with 100,000 against 10,000,000 players "
@@ -61,7 +61,7 @@ SECTIONS: dict[str, Section] = {
                         "PostgreSQL, pgbouncer, nginx), from /proc: SQLite; a throwaway PostgreSQL directly, through "
                         "pgbouncer (transaction mode) and on a hot standby; SQLite behind the shipped nginx site; "
                         "and the authentications per second per core they imply (docs/scaling.md)", True),
-    "storm": Section(storm.run, "a login storm through the shipped nginx site and gunicorn.conf.py: the capacity "
+    "storm": Section(storm.run, "a login storm through the shipped nginx site, gunicorn.conf.py and authsvc.toml: the capacity "
                      "(most req/s with a p99 under 20 ms), then many times that from --storm-connections clients, "
                      "once per UPSTREAM_MAX_CONNS of --storm-max-conns (0: no limit), then normal load until the "
                      "p99 is back under 20 ms", True),

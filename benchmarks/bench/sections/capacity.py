@@ -7,8 +7,9 @@ section 9), and each row's ratio to the same run's SQLite workers steadier still
 One throwaway PostgreSQL primary (the world's players imported), a
 ``pg_basebackup -R`` hot standby of it and a pgbouncer in transaction mode
 (harness/pgserver.py); gunicorn on SQLite, on the primary directly, through
-pgbouncer, on the standby; the shipped nginx site in front of gunicorn.conf.py on
-SQLite, and on the primary (the deployed path). The per-core figures are upper
+pgbouncer, on the standby; the shipped nginx site in front of gunicorn.conf.py and
+the shipped authsvc.toml (access_record = "edge": nginx's line the one record) on
+SQLite, on the primary and through pgbouncer (the deployed paths). The per-core figures are upper
 bounds: 1e6 / (CPU µs per authentication) is what one core would serve if it did
 nothing else, with no idle time and none of the kernel's network work that
 /proc does not charge to these processes.
@@ -39,7 +40,7 @@ from benchmarks.bench.serve import (
     wait_for,
     wrk,
 )
-from benchmarks.bench.world import APPS, REPO, World
+from benchmarks.bench.world import APPS, REPO, SHIPPED_ENV, World
 from harness.pgserver import (
     Heartbeat,
     ThrowawayPgbouncer,
@@ -196,7 +197,8 @@ def staleness_check_cost(standby: ThrowawayStandby, world: World, calls: int, ro
 
 @dataclasses.dataclass
 class Fronted:
-    """The shipped nginx site in front of the shipped gunicorn.conf.py on a unix socket."""
+    """The shipped nginx site in front of the shipped gunicorn.conf.py and authsvc.toml (access_record = "edge")
+    on a unix socket."""
 
     root: Path
     https_port: int
@@ -222,7 +224,7 @@ def behind_nginx(stack: contextlib.ExitStack, world: World, logs: Path, name: st
     sock = root / "authsvc.sock"
     https_port, http_port, nginx_proc = stack.enter_context(nginx_in_front(world, root, sock))
     env = {"AUTHSVC_BIND": f"unix:{sock}", "AUTHSVC_WORKER_CLASS": "sync", "AUTHSVC_WORKERS": str(workers),
-           "AUTHSVC_THREADS": "1", "STATE_DIRECTORY": str(root), **store_env}
+           "AUTHSVC_THREADS": "1", "STATE_DIRECTORY": str(root), **SHIPPED_ENV, **store_env}
     proc = stack.enter_context(gunicorn(world, APPS["authsvc"], logs / f"capacity-nginx-{name}.log",
                                         bind=f"unix:{sock}", env=env,
                                         args=("--config", str(REPO / "deploy" / "gunicorn.conf.py"))))
@@ -282,12 +284,18 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
 
         sqlite_nginx = behind_nginx(stack, world, logs, "sqlite", {}, workers)
         pg_nginx = behind_nginx(stack, world, logs, "pg", {"AUTHSVC_STORE": web_url(primary, FRONTED_ROLE)}, workers)
+        pooled_nginx = behind_nginx(stack, world, logs, "pgbouncer", {"AUTHSVC_STORE": bouncer.url}, workers)
         configs += [
             Config(sqlite_nginx.http("SQLite, nginx (plain HTTP)"), sqlite_nginx.meters),
             Config(sqlite_nginx.https("SQLite, nginx (HTTPS, kept alive)"), sqlite_nginx.meters),
             Config(pg_nginx.https("PostgreSQL, direct, nginx (HTTPS, kept alive)"),
                    {**pg_nginx.meters, "postgres": lambda: tree_cpu_seconds(primary.postmaster_pid())},
                    web_connections(primary, FRONTED_ROLE)),
+            # The same pool as the pgbouncer row above (its role): the pool's server connections.
+            Config(pooled_nginx.https(f"PostgreSQL, pgbouncer (transaction, pool {pool_size}), nginx (HTTPS, kept alive)"),
+                   {**pooled_nginx.meters, "postgres": lambda: tree_cpu_seconds(primary.postmaster_pid()),
+                    "pgbouncer": lambda: tree_cpu_seconds(bouncer.proc.pid)},
+                   web_connections(primary, POOLED_ROLE)),
         ]
 
         for config in configs:

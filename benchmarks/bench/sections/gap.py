@@ -8,7 +8,10 @@ sequential requests; callgrind dumps its counts when the first and the last of
 those requests end (a post_request hook calls a marker function), so a row counts
 exactly those requests: the worker's Python, gunicorn, SQLite, OpenSSL, libc;
 not the kernel. Rows differ in one thing, so their differences say what each
-thing costs (BENCHMARKS.md, "The shipped topology's gap").
+thing costs (BENCHMARKS.md, "The shipped topology's gap"). The shipped rows run as
+the unit does: deploy/gunicorn.conf.py with the shipped settings file
+(deploy/etc/authsvc.toml: access_record = "edge", nginx's line the one record);
+the access_record = "app" rows say what gunicorn's access line and the auth line cost.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import http.client
 import os
 import re
@@ -28,12 +32,11 @@ from pathlib import Path
 from benchmarks.bench.sections.nginx import nginx_in_front
 from benchmarks.bench.sections.postgres import postgres_copy
 from benchmarks.bench.serve import LEGACY_HOST, port_open, unix_socket_open
-from benchmarks.bench.world import APPS, REPO, VENV_BIN, World
+from benchmarks.bench.world import APPS, REPO, SHIPPED_ENV, VENV_BIN, World
 from harness.processes import free_port, stop
 
-NO_ACCESS_LOG = "accesslog = None\nlogconfig_dict['loggers']['gunicorn.access']['level'] = 'WARNING'\n"
-# The access log off as the one-record change turns it off: a logger that returns at once.
-SILENT_ACCESS_LOG = "logger_class = 'benchmarks.variants.SilentAccessLogger'\n"
+# access_record = "app" (the default; gunicorn exposed without nginx): gunicorn's access line and the auth line.
+APP_RECORD = {"AUTHSVC_ACCESS_RECORD": "app"}
 NO_AUTH_LINE = {"AUTHSVC_LOG_LEVEL": "WARNING"}
 PLAIN_FLAGS = ("--workers", "1", "--worker-class", "sync", "--preload", "--log-level", "warning")
 # What a game server's HTTP client sends besides Host (curl, requests, a Java client send a few such).
@@ -67,13 +70,16 @@ class Config:
 
 
 PLAIN = "plain: gunicorn -w1 -k sync --preload, no nginx"
-SHIPPED = "shipped: nginx, deploy/gunicorn.conf.py"
-ONE_RECORD = "shipped, no gunicorn access log, no auth line"
+SHIPPED = "shipped: nginx, deploy/gunicorn.conf.py, deploy/etc/authsvc.toml (access_record = edge)"
+APP = "shipped with access_record = app: gunicorn's access line and the auth line"
 PG = ", PostgreSQL"
-ONE = dict(env=NO_AUTH_LINE, extra=SILENT_ACCESS_LOG)  # the shipped path once nginx's line is the one record
 CONFIGS = [
     Config(PLAIN, conf="plain", nginx=False),
     Config(SHIPPED),
+    # What access_record = "app" costs behind nginx: the two lines, then gunicorn's alone.
+    Config(APP, env=APP_RECORD),
+    Config("shipped with access_record = app, no auth line (gunicorn's access line alone)",
+           env={**APP_RECORD, **NO_AUTH_LINE}),
     # One thing changed against the shipped row each.
     Config("shipped, every client header forwarded (as before)", snippet=(FORWARD_ALL,)),
     Config("shipped, no X-Request-Id, X-Request-Start, X-Forwarded-*", snippet=NO_STAMPS),
@@ -82,33 +88,20 @@ CONFIGS = [
     Config("shipped, no --preload", extra="preload_app = False\n"),
     Config("shipped, metrics off", app="benchmarks.variants:authsvc_without_metrics"),
     Config("shipped, no redact filter", extra="logconfig_dict['loggers']['gunicorn.error'].pop('filters')\n"),
-    Config("shipped, gunicorn's access log at WARNING (atoms still built)", extra=NO_ACCESS_LOG),
-    Config("shipped, no gunicorn access log", extra=SILENT_ACCESS_LOG),
-    Config("shipped, no auth line", env=NO_AUTH_LINE),
+    Config("shipped, no logconfig_dict", extra="logconfig_dict = {}\n"),
     Config("shipped, gthread (2 threads, nginx keeps the connection)", env={"AUTHSVC_THREADS": "2"}),
-    # The shipped path once nginx's access line is the one record (no gunicorn access log, no auth line),
-    # and one thing changed against it each.
-    Config(ONE_RECORD, **ONE),
-    Config(ONE_RECORD + ", every client header forwarded", snippet=(FORWARD_ALL,), **ONE),
-    Config(ONE_RECORD + ", no X-Request-Id, X-Request-Start, X-Forwarded-*", snippet=NO_STAMPS, **ONE),
-    Config(ONE_RECORD + ", TCP instead of the unix socket", bind="tcp", **ONE),
-    Config(ONE_RECORD + ", gunicorn's own sync worker", env=NO_AUTH_LINE,
-           extra=SILENT_ACCESS_LOG + "worker_class = 'sync'\n"),
-    Config(ONE_RECORD + ", metrics off", app="benchmarks.variants:authsvc_without_metrics", **ONE),
-    Config(ONE_RECORD + ", no logconfig_dict", env=NO_AUTH_LINE, extra=SILENT_ACCESS_LOG + "logconfig_dict = {}\n"),
     # A client that sends no header of its own: plain parses fewer, the shipped path the same.
     Config(PLAIN + ", a client sending Host only", conf="plain", nginx=False, client_headers=False),
-    Config(ONE_RECORD + ", a client sending Host only", client_headers=False, **ONE),
+    Config(SHIPPED + ", a client sending Host only", client_headers=False),
     # From the other end: plain's flags behind nginx.
     Config("plain's flags behind nginx (unix socket)", conf="plain"),
     # The bare app: what gunicorn and nginx cost alone.
     Config("bare app, plain", conf="plain", nginx=False, app=APPS["bare"]),
     Config("bare app, shipped", app=APPS["bare"]),
-    Config("bare app, shipped, no gunicorn access log", app=APPS["bare"], extra=SILENT_ACCESS_LOG),
     # The other engine.
     Config(PLAIN + PG, conf="plain", nginx=False, engine="postgresql"),
     Config(SHIPPED + PG, engine="postgresql"),
-    Config(ONE_RECORD + PG, engine="postgresql", **ONE),
+    Config(APP + PG, engine="postgresql", env=APP_RECORD),
 ]
 MARKER = """
 import binascii as _binascii
@@ -162,7 +155,9 @@ def edit_snippet(site_root: Path, replacements: tuple) -> None:
 
 def instructions(world: World, args: argparse.Namespace, root: Path, config: Config, store: str) -> float:
     """The instructions per request of the row's one worker, between the two markers."""
-    slug = re.sub(r"[^a-z0-9]+", "-", config.label.lower()).strip("-")[:60]
+    # Unique per row (labels that share their first characters: the shipped row and its variants).
+    slug = (re.sub(r"[^a-z0-9]+", "-", config.label.lower()).strip("-")[:48] + "-"
+            + hashlib.sha1(config.label.encode()).hexdigest()[:8])
     conf = root / f"{slug}.conf.py"
     sock = root / "authsvc.sock"
     port = free_port()
@@ -176,7 +171,8 @@ def instructions(world: World, args: argparse.Namespace, root: Path, config: Con
         shipped = REPO / "deploy" / "gunicorn.conf.py"
         conf.write_text(f"__file__ = {str(shipped)!r}\nexec(compile(open(__file__).read(), __file__, 'exec'))\n"
                         f"timeout = 600\n{config.extra}{marker}")
-        environ.update(AUTHSVC_BIND=bind, AUTHSVC_WORKERS="1", STATE_DIRECTORY=str(root))
+        # As the unit starts it: the shipped settings file (access_record = "edge"); the row's env beats it.
+        environ.update(SHIPPED_ENV, AUTHSVC_BIND=bind, AUTHSVC_WORKERS="1", STATE_DIRECTORY=str(root))
     else:
         conf.write_text(f"timeout = 600\n{config.extra}{marker}")
         command += [*PLAIN_FLAGS, "--bind", bind]
@@ -240,8 +236,6 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         plain, shipped = rows.get(PLAIN + suffix), rows.get(SHIPPED + suffix)
         if config.app == APPS["bare"]:
             plain, shipped = rows.get("bare app, plain"), rows.get("bare app, shipped")
-        elif config.label.startswith(ONE_RECORD) and not config.label.endswith(PG):
-            shipped = rows.get(ONE_RECORD)
         count = rows[config.label]
         vs_plain, vs_shipped = (f"{count / ref:.3f}" if ref else "-" for ref in (plain, shipped))
         print(f"| {config.label} | {count:,.0f} | {vs_plain} | {vs_shipped} |")
@@ -249,5 +243,5 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     for engine, suffix in (("SQLite", ""), ("PostgreSQL", PG)):
         if PLAIN + suffix in rows and SHIPPED + suffix in rows:
             print(f"{engine}: shipped / plain = {rows[SHIPPED + suffix] / rows[PLAIN + suffix]:.3f}"
-                  + (f"; without gunicorn's access log and the auth line "
-                     f"{rows[ONE_RECORD + suffix] / rows[PLAIN + suffix]:.3f}" if ONE_RECORD + suffix in rows else ""))
+                  + (f"; with access_record = app {rows[APP + suffix] / rows[PLAIN + suffix]:.3f}"
+                     if APP + suffix in rows else ""))

@@ -1,4 +1,5 @@
-"""Section nginx: the shipped nginx site in front of the shipped gunicorn.conf.py, sync against gthread."""
+"""Section nginx: the shipped nginx site in front of the shipped gunicorn.conf.py and authsvc.toml (access_record =
+"edge": nginx's line the one record), sync against gthread."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from benchmarks.bench.serve import (
     unix_socket_open,
     wait_for,
 )
-from benchmarks.bench.world import APPS, REPO, World
+from benchmarks.bench.world import APPS, REPO, SHIPPED_ENV, World
 from harness.processes import find_nginx, free_port, ipv6_loopback, nginx_main_conf, start_nginx, stop
 
 
@@ -100,7 +101,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
             for label, kind, worker_class, workers, threads in NGINX_CONFIGS:
                 env = {"AUTHSVC_BIND": f"unix:{sock}", "AUTHSVC_WORKER_CLASS": worker_class,
                        "AUTHSVC_WORKERS": str(workers), "AUTHSVC_THREADS": str(threads),
-                       "STATE_DIRECTORY": str(world.root)}
+                       "STATE_DIRECTORY": str(world.root), **SHIPPED_ENV}
                 args_ = ("--config", str(REPO / "deploy" / "gunicorn.conf.py"))
                 with gunicorn(world, APPS[kind], logs / f"nginx-{kind}-{worker_class}-{workers}.log",
                               bind=f"unix:{sock}", args=args_, env=env) as proc:
@@ -116,7 +117,8 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
                     sock.unlink()
     rows, https_rows = list(rows.values()), list(https_rows.values())
     print_table(
-        f"2. Through the shipped nginx site (unix socket, upstream keep-alive) and gunicorn.conf.py, "
+        f"2. Through the shipped nginx site (unix socket, upstream keep-alive), gunicorn.conf.py and authsvc.toml "
+        f"(access_record = edge: nginx's line the one record), "
         f"legacy plain-HTTP host, wrk -t{args.threads} -c{args.connections} -d{args.duration}s",
         rows, rows[0],
     )

@@ -1,4 +1,4 @@
-"""Section storm: a login storm through the shipped nginx site and gunicorn.conf.py.
+"""Section storm: a login storm through the shipped nginx site, gunicorn.conf.py and authsvc.toml.
 
 First the capacity: the most req/s wrk gets with a p99 under 20 ms. Then a storm
 of ``--storm-factor`` times that from ``--storm-connections`` paced clients for
@@ -56,7 +56,7 @@ from benchmarks.bench.serve import (
     workers_cpu_seconds,
     wrk,
 )
-from benchmarks.bench.world import APPS, REPO, World
+from benchmarks.bench.world import APPS, REPO, SHIPPED_ENV, World
 
 P99_TARGET_MS = 20.0  # the capacity is the most req/s with a p99 under this, and recovery is reaching it again
 CAPACITY_CONNECTIONS = (2, 4, 8, 16, 32)
@@ -343,13 +343,14 @@ def server_workers(pin: Pinning | None) -> int:
 @contextlib.contextmanager
 def stack(world: World, args: argparse.Namespace, logs: Path, max_conns: int, max_wait: float,
           pin: Pinning | None = None):
-    """gunicorn with the shipped config on a unix socket (AUTHSVC_MAX_QUEUE_WAIT=max_wait), the shipped
+    """gunicorn with the shipped config and settings file (access_record = "edge") on a unix socket
+    (AUTHSVC_MAX_QUEUE_WAIT=max_wait), the shipped
     site in front with this UPSTREAM_MAX_CONNS; both on the server's CPUs when pinned."""
     root = world.root / f"storm-{max_conns}-{max_wait:g}"
     sock = root / "authsvc.sock"
     root.mkdir(parents=True, exist_ok=True)
     env = {"AUTHSVC_BIND": f"unix:{sock}", "STATE_DIRECTORY": str(world.root), "AUTHSVC_MAX_QUEUE_WAIT": str(max_wait),
-           "AUTHSVC_WORKERS": str(server_workers(pin))}
+           "AUTHSVC_WORKERS": str(server_workers(pin)), **SHIPPED_ENV}
     args_ = ("--config", str(REPO / "deploy" / "gunicorn.conf.py"))
     with contextlib.ExitStack() as servers:
         with on_cpus(pin.server if pin else None):
@@ -446,7 +447,8 @@ def ms(value: float) -> str:
 
 def print_storm(args: argparse.Namespace, storms: list[Storm], pin: Pinning | None = None) -> None:
     print("\n10. Login storm: the shipped nginx site (legacy plain-HTTP host, rate and per-address limits raised "
-          "out of the way) and gunicorn.conf.py (sync, one worker per CPU); a fresh stack per row\n")
+          "out of the way), gunicorn.conf.py (sync, one worker per CPU) and authsvc.toml (access_record = edge); "
+          "a fresh stack per row\n")
     if pin:
         print(f"Pinned: {pin.describe()}; {server_workers(pin)} gunicorn worker(s) and nginx worker process(es), "
               f"one per server CPU.\n")
