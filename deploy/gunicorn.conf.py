@@ -108,7 +108,7 @@ umask = 0o077
 # 403 for wrong credentials, though HTTP 200 on the wire; docs/logs.md).
 # Behind nginx (access_record = "edge") nginx's access line is a request's one record, and
 # this log is off: the gunicorn.access logger above INFO, so RouteLogger returns at once
-# (it cost a worker about 385,000 instructions a request, four times the app's own work on
+# (it cost a worker 385,000 to 394,000 instructions a request, four times the app's own work on
 # an authentication: BENCHMARKS.md, "One record per request").
 logger_class = "authsvc.serving.access_log.RouteLogger"
 access_log_format = (
