@@ -146,6 +146,33 @@ def test_smoke_run_of_the_storm_section():
     assert float(costs["every shed 503 logged (the site before)"][3]) >= 999
 
 
+@pytest.mark.slow
+def test_the_shed_cost_table_runs_alone_with_the_candidates():
+    """--storm-max-conns '' runs no storm, only nginx's CPU per shed 503; --storm-shed-variants all adds the
+    candidates for a cheaper shed answer (none shipped): each site's edit applies, nginx takes it, and every
+    answer is still the service's JSON 503 with Retry-After."""
+    if shutil.which("wrk") is None:
+        skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
+    if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
+        skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "storm", "--players", "500", "--storm-max-conns", "",
+         "--storm-shed-variants", "all", "--storm-shed-seconds", "1", "--rounds", "1"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "10. Login storm" not in done.stdout  # no storm ran
+    cost = done.stdout.split("nginx's CPU per shed answer")[1]
+    costs = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in cost.splitlines() if line.startswith("| ") and "---" not in line and "nginx site" not in line}
+    assert list(costs) == [label for label, _ in storm.SHED_VARIANTS + storm.SHED_CANDIDATES], cost
+    for cells in costs.values():
+        assert int(cells[0].replace(",", "")) > 0 and cells[4] == "0"  # shed answers, each the JSON 503
+    assert float(costs["candidate: limit_conn shed (logged 1 in 100)"][3]) < 100
+    assert float(costs["candidate: shed 503s not logged at all"][3]) == 0
+    assert float(costs["floor: return 503 in the API location, access_log off"][3]) == 0
+
+
 def test_the_sections_table_is_the_help_and_the_only_choices():
     """scripts/bench --help lists every section of the table; --only refuses any other name."""
     done = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--help"], capture_output=True, text=True,

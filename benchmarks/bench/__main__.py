@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storm-max-conns", default="shipped,0",
                         help="storm section: the UPSTREAM_MAX_CONNS values to storm: numbers, 0 for no limit, "
                              "'shipped' for the rendered default; N:W also sets AUTHSVC_MAX_QUEUE_WAIT=W "
-                             "(0: off; else its default) (default shipped,0)")
+                             "(0: off; else its default); '' for none: the shed-cost table alone (default shipped,0)")
     parser.add_argument("--storm-capacity-seconds", type=int, default=4,
                         help="storm section: seconds per run of the capacity search (default 4)")
     parser.add_argument("--storm-pin", choices=("auto", "off"), default="auto",
@@ -93,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storm-shed-seconds", type=int, default=5,
                         help="storm section: seconds per wrk run measuring nginx's CPU per shed 503, 0 to skip "
                              "(default 5)")
+    parser.add_argument("--storm-shed-variants", choices=("shipped", "all"), default="shipped",
+                        help="storm section: the sites of the shed-cost table: 'shipped' (the shipped site and the "
+                             "one logging every shed 503) or 'all' (also the candidates for a cheaper shed answer, "
+                             "none shipped) (default shipped)")
     parser.add_argument("--capacity-seconds", type=int, default=5,
                         help="seconds per wrk run of the capacity section (default 5: CPU per request settles fast)")
     parser.add_argument("--sync-players", type=int, default=1_000_000,

@@ -23,7 +23,9 @@ Then nginx's CPU per shed answer: nginx in front of an app host that never answe
 (a unix socket nobody accepts on, UPSTREAM_MAX_CONNS=1 held by one request), so
 every other request is nginx's JSON 503; the shipped site against the same site
 logging every shed answer, in alternating rounds, from /proc (utime + stime of
-nginx's processes).
+nginx's processes). ``--storm-shed-variants all`` adds candidates for a cheaper shed
+answer (SHED_CANDIDATES, none shipped), and ``--storm-max-conns ''`` runs that table
+alone, no storm.
 """
 
 from __future__ import annotations
@@ -392,7 +394,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     # authsvc/admin/deploy.py's default: REQUESTS_PER_WORKER x the workers, one per (server) CPU
     shipped = REQUESTS_PER_WORKER * server_workers(pin)
     rows = []
-    for item in args.storm_max_conns.split(","):
+    for item in filter(None, args.storm_max_conns.split(",")):  # "": no storm, the shed-cost table alone
         conns, _, wait = item.strip().partition(":")
         rows.append((shipped if conns == "shipped" else int(conns), float(wait) if wait else default("max_queue_wait")))
     with on_cpus(pin.client if pin else None):  # wrk and the probe: the client's CPUs
@@ -446,6 +448,8 @@ def ms(value: float) -> str:
 
 
 def print_storm(args: argparse.Namespace, storms: list[Storm], pin: Pinning | None = None) -> None:
+    if not storms:
+        return
     print("\n10. Login storm: the shipped nginx site (legacy plain-HTTP host, rate and per-address limits raised "
           "out of the way), gunicorn.conf.py (sync, one worker per CPU) and authsvc.toml (access_record = edge); "
           "a fresh stack per row\n")
@@ -539,17 +543,105 @@ def every_shed_logged(root: Path) -> None:
     site.write_text(text.replace(SHED_CLASS, SHED_CLASS.replace("100;", "1;")))
 
 
+def _sub(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    if old not in text:
+        raise SystemExit(f"bench: storm: {path.name} has no {old!r}: update benchmarks/bench/sections/storm.py")
+    path.write_text(text.replace(old, new, 1))
+
+
+SHED_CONN_ZONE = "limit_conn_zone $authsvc_client zone=authsvc_conn:10m;\n"
+
+
+def shed_by_limit_conn(root: Path) -> None:
+    """Candidate, not shipped: shed before the proxy module. One limit_conn count for the whole site (a zone keyed
+    by a constant), limit UPSTREAM_MAX_CONNS x app hosts (here 1 x 1, held), limit_conn_status 503 on the API
+    location, and nginx's own 503 given Retry-After (@authsvc_503; the app's 503s are never intercepted). A
+    location's limit_conn replaces the server's, so the per-address one is repeated there (and its status
+    becomes 503 too: limit_conn_status is one per location)."""
+    snippets = root / "deploy" / "nginx" / "snippets"
+    _sub(root / "deploy" / "nginx" / "sites" / "authsvc.conf", SHED_CONN_ZONE, SHED_CONN_ZONE +
+         "map $server_port $authsvc_everyone { default all; }\n"
+         "limit_conn_zone $authsvc_everyone zone=authsvc_shed:64k;\n")
+    per_address = re.search(r"^limit_conn authsvc_conn \d+;$", (snippets / "authsvc-limits.conf").read_text(), re.M)
+    if per_address is None:
+        raise SystemExit("bench: storm: authsvc-limits.conf has no per-address limit_conn: update storm.py")
+    _sub(snippets / "authsvc-proxy.conf", "proxy_pass http://authsvc_app;",
+         f"{per_address.group(0)}\nlimit_conn authsvc_shed 1;\nlimit_conn_status 503;\nproxy_pass http://authsvc_app;")
+    errors = snippets / "authsvc-json-errors.conf"
+    head = "location @authsvc_503 {\n    include " + str(snippets / "authsvc-json-headers.conf") + ";\n"
+    _sub(errors, head, head + "    add_header Retry-After 1 always;\n")
+
+
+def shed_by_limit_conn_unlogged(root: Path) -> None:
+    """The limit_conn candidate with its 503s logged one in 100 like the proxy path's (no upstream: "503::")."""
+    shed_by_limit_conn(root)
+    _sub(root / "deploy" / "nginx" / "sites" / "authsvc.conf", SHED_CLASS, SHED_CLASS + '\n    "503::"                  100;')
+
+
+def plain_sampling_keys(root: Path) -> None:
+    """The shipped path with the sampling map's regex keys dropped (only its exact keys): what the regexes cost."""
+    site = root / "deploy" / "nginx" / "sites" / "authsvc.conf"
+    _sub(site, '    "~^(429|444):"           100;\n', "")
+    _sub(site, '    "~^(400|408|414):-?:"    100;\n', "")
+
+
+def shed_unlogged(root: Path) -> None:
+    """The shipped path with no shed 503 logged at all: what the sampled access log costs."""
+    site = root / "deploy" / "nginx" / "sites" / "authsvc.conf"
+    _sub(site, '    "100:0"  0;\n', '    "100:0"  0;\n    "100:1"  0;\n')
+
+
+def fewer_proxy_headers(root: Path) -> None:
+    """The shipped path without the proxy_set_header lines that evaluate a variable (Content-Type, Host,
+    X-Forwarded-*, X-Request-Id, X-Request-Start): what building them costs on a shed answer. Not servable."""
+    proxy = root / "deploy" / "nginx" / "snippets" / "authsvc-proxy.conf"
+    text = proxy.read_text()
+    lines = [line for line in text.splitlines(keepends=True)
+             if not (line.startswith("proxy_set_header") and "$" in line)]
+    if len(lines) != len(text.splitlines()) - 6:
+        raise SystemExit("bench: storm: authsvc-proxy.conf's proxy_set_header lines changed: update storm.py")
+    proxy.write_text("".join(lines))
+
+
+def answer_without_proxy(root: Path) -> None:
+    """A floor, not a candidate: the API location answers the JSON 503 itself (return, in the rewrite phase:
+    before limit_req and the proxy module), every one logged."""
+    snippets = root / "deploy" / "nginx" / "snippets"
+    _sub(snippets / "authsvc-proxy.conf", "proxy_pass http://authsvc_app;",
+         f"include {snippets / 'authsvc-json-headers.conf'};\nadd_header Retry-After 1 always;\n"
+         f"return 503 '{SHED_BODY}';\nproxy_pass http://authsvc_app;")
+
+
+def answer_without_proxy_unlogged(root: Path) -> None:
+    """The floor with no access log in the API location: what nginx spends on any keep-alive answer at all."""
+    answer_without_proxy(root)
+    _sub(root / "deploy" / "nginx" / "snippets" / "authsvc-proxy.conf", "proxy_pass http://authsvc_app;",
+         "access_log off;\nproxy_pass http://authsvc_app;")
+
+
 SHED_VARIANTS = [("shipped: shed 503s logged 1 in 100", None), ("every shed 503 logged (the site before)", every_shed_logged)]
+# --storm-shed-variants all: candidates for a cheaper shed answer, measured, none shipped (BENCHMARKS.md, 10)
+SHED_CANDIDATES = [
+    ("candidate: sampling map without regex keys", plain_sampling_keys),
+    ("candidate: shed 503s not logged at all", shed_unlogged),
+    ("candidate: no variable proxy_set_header", fewer_proxy_headers),
+    ("candidate: limit_conn shed (every 503 logged)", shed_by_limit_conn),
+    ("candidate: limit_conn shed (logged 1 in 100)", shed_by_limit_conn_unlogged),
+    ("floor: return 503 in the API location (every 503 logged)", answer_without_proxy),
+    ("floor: return 503 in the API location, access_log off", answer_without_proxy_unlogged),
+]
 
 
 def shed_cost(world: World, args: argparse.Namespace, pin: Pinning | None) -> list[ShedCost]:
     """nginx's CPU per shed 503: both sites up at once in front of an app host that never answers, wrk
     (closed loop, keep-alive, the storm script checking every answer) on each in turn, ``args.rounds`` rounds."""
     storm_script = world.root / "storm.lua"
-    rows = [ShedCost(label) for label, _ in SHED_VARIANTS]
+    variants = SHED_VARIANTS + (SHED_CANDIDATES if args.storm_shed_variants == "all" else [])
+    rows = [ShedCost(label) for label, _ in variants]
     with contextlib.ExitStack() as stacks:
         servers = []
-        for k, (label, edit) in enumerate(SHED_VARIANTS):
+        for k, (label, edit) in enumerate(variants):
             root = world.root / f"storm-shed-{k}"
             root.mkdir(parents=True, exist_ok=True)
             sock = root / "silent.sock"
@@ -600,15 +692,16 @@ def count_lines(path: Path) -> int:
 def print_shed_cost(args: argparse.Namespace, costs: list[ShedCost]) -> None:
     if not costs:
         return
-    print(f"\n   nginx's CPU per shed answer: the shipped site against the same site logging every shed 503, "
-          f"both in front of an app host that never answers (UPSTREAM_MAX_CONNS=1, held), wrk -t1 -c64 "
+    others = " and the candidates for a cheaper shed answer (none shipped)" if len(costs) > len(SHED_VARIANTS) else ""
+    print(f"\n   nginx's CPU per shed answer: the shipped site against the same site logging every shed 503{others}, "
+          f"all in front of an app host that never answers (UPSTREAM_MAX_CONNS=1, held), wrk -t1 -c64 "
           f"keep-alive for {args.storm_shed_seconds} s on each in turn, {args.rounds} rounds; nginx's CPU from "
           f"/proc (utime + stime)\n")
     head = ["nginx site", "shed 503s answered", "nginx CPU µs per shed 503: median (runs)", "vs every shed logged",
             "access-log lines per 1,000 shed 503s", "answers not the JSON 503 with Retry-After"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    reference = statistics.median(costs[-1].us) if costs[-1].us else float("nan")
+    reference = statistics.median(costs[1].us) if costs[1].us else float("nan")  # every shed 503 logged
     for c in costs:
         answered = sum(n for n, _, _, _ in c.runs)
         median = statistics.median(c.us) if c.us else float("nan")
