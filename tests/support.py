@@ -344,3 +344,26 @@ def store_sql(store_url: str, statement: str, params: tuple = ()) -> list[tuple]
     with psycopg.connect(store_url, autocommit=True) as conn:
         cur = conn.execute(statement.replace("?", "%s"), params)
         return cur.fetchall() if cur.description else []
+
+
+def problem(response, status: int, slug: str) -> dict:
+    """A WebTest answer of the admin API: the RFC 9457 problem of that status and type, no traceback."""
+    assert response.status_int == status
+    assert response.headers["Content-Type"] == "application/problem+json"
+    body = response.json
+    assert body["type"] == f"urn:authsvc:problem:{slug}" and body["status"] == status
+    assert isinstance(body["title"], str) and isinstance(body["detail"], str)
+    assert "Traceback" not in response.text
+    return body
+
+
+def audit_rows(store_url: str) -> list[tuple]:
+    """The audit trail's rows, oldest first, read straight from either engine's store."""
+    statement = "SELECT actor, request_id, action, user_id, changes FROM audit ORDER BY id"
+    if store_url.startswith("sqlite://"):
+        with sqlite3.connect(store_url.removeprefix("sqlite://")) as conn:
+            return conn.execute(statement).fetchall()
+    import psycopg
+
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        return conn.execute(statement).fetchall()

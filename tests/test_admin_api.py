@@ -20,6 +20,7 @@ from authsvc.admin import operations as ops
 from authsvc.admin.api import AdminApp
 from authsvc.errors import StoreUnavailable
 from authsvc.tokens import mint_token
+from tests.support import audit_rows, problem
 
 ALL = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
 
@@ -35,27 +36,6 @@ def admin(world, settings):
 
     yield webtest.TestApp(app, lint=True), make_token
     app.store.close()
-
-
-def problem(response, status: int, slug: str) -> dict:
-    assert response.status_int == status
-    assert response.headers["Content-Type"] == "application/problem+json"
-    body = response.json
-    assert body["type"] == f"urn:authsvc:problem:{slug}" and body["status"] == status
-    assert isinstance(body["title"], str) and isinstance(body["detail"], str)
-    assert "Traceback" not in response.text
-    return body
-
-
-def audit_rows(store_url: str) -> list[tuple]:
-    statement = "SELECT actor, request_id, action, user_id, changes FROM audit ORDER BY id"
-    if store_url.startswith("sqlite://"):
-        with sqlite3.connect(store_url.removeprefix("sqlite://")) as conn:
-            return conn.execute(statement).fetchall()
-    import psycopg
-
-    with psycopg.connect(store_url, autocommit=True) as conn:
-        return conn.execute(statement).fetchall()
 
 
 # -- who may call --------------------------------------------------------------------------------

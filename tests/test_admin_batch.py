@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import sqlite3
 
 import pytest
 import webtest
@@ -17,29 +16,10 @@ from authsvc.admin import operations as ops
 from authsvc.admin.api import AdminApp
 from authsvc.settings import Settings
 from authsvc.store.audit import canonical
+from tests.support import audit_rows, problem
 
 BATCH = "/v1/players/batch"
 ALL = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
-
-
-def problem(response, status: int, slug: str) -> dict:
-    assert response.status_int == status
-    assert response.headers["Content-Type"] == "application/problem+json"
-    body = response.json
-    assert body["type"] == f"urn:authsvc:problem:{slug}" and body["status"] == status
-    assert "Traceback" not in response.text
-    return body
-
-
-def audit_rows(store_url: str) -> list[tuple]:
-    statement = "SELECT actor, request_id, action, user_id, changes FROM audit ORDER BY id"
-    if store_url.startswith("sqlite://"):
-        with sqlite3.connect(store_url.removeprefix("sqlite://")) as conn:
-            return conn.execute(statement).fetchall()
-    import psycopg
-
-    with psycopg.connect(store_url, autocommit=True) as conn:
-        return conn.execute(statement).fetchall()
 
 
 @pytest.fixture
