@@ -173,6 +173,44 @@ def test_the_shed_cost_table_runs_alone_with_the_candidates():
     assert float(costs["floor: return 503 in the API location, access_log off"][3]) == 0
 
 
+@pytest.mark.slow
+def test_a_storm_per_factor_and_the_experiments_options():
+    """--storm-factor 1,3 runs a storm per factor, each its own row; --storm-nginx-policy batch runs the storm's
+    nginx as SCHED_BATCH and says so in the row; --storm-shed-rate paces the shed-cost table's clients."""
+    if shutil.which("wrk") is None:
+        skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
+    if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
+        skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "storm", "--players", "500", "--storm-connections", "200",
+         "--storm-seconds", "2", "--storm-capacity-seconds", "1", "--storm-shed-seconds", "1", "--rounds", "1",
+         "--storm-max-conns", "shipped", "--storm-factor", "1,3", "--storm-nginx-policy", "batch",
+         "--storm-shed-rate", "2000"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = done.stdout.split("10. Login storm", 1)[1].split("The clients' view")[0]
+    labels = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| UPSTREAM")]
+    assert len(labels) == 2 and all("nginx SCHED_BATCH" in label for label in labels), table
+    assert [label.rsplit(", ", 1)[1] for label in labels] == ["1 x capacity", "3 x capacity"], labels
+    assert "offering 1, 3 x the capacity" in table
+    offered = [float(line.split("|")[3].split("(")[1].rstrip(") ")) for line in table.splitlines()
+               if line.startswith("| UPSTREAM")]
+    assert offered[1] > 2 * offered[0], offered  # answers/s as a multiple of the capacity: the storms differ
+    assert "paced clients offering 2,000 req/s in all" in done.stdout
+
+
+@pytest.mark.parametrize(("text", "factors"), [("4", [4.0]), ("1,1.5, 4", [1.0, 1.5, 4.0])])
+def test_storm_factors_read_one_or_a_list(text, factors):
+    assert storm.storm_factors(text) == factors
+
+
+@pytest.mark.parametrize("text", ["", "4,", "four", "0", "-1", "inf", "nan"])
+def test_storm_factors_refuse_what_is_not_a_positive_multiple(text):
+    with pytest.raises(SystemExit, match="--storm-factor"):
+        storm.storm_factors(text)
+
+
 def test_the_sections_table_is_the_help_and_the_only_choices():
     """scripts/bench --help lists every section of the table; --only refuses any other name."""
     done = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--help"], capture_output=True, text=True,

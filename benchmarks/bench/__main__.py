@@ -78,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
                              "or texts found in their labels (default: every row)")
     parser.add_argument("--storm-connections", type=int, default=2000, help="storm section: clients (default 2,000)")
     parser.add_argument("--storm-seconds", type=int, default=30, help="storm section: storm length (default 30)")
-    parser.add_argument("--storm-factor", type=float, default=4,
-                        help="storm section: offered load as a multiple of the capacity (default 4)")
+    parser.add_argument("--storm-factor", default="4",
+                        help="storm section: offered load as a multiple of the capacity; comma-separated for one "
+                             "storm per factor on each --storm-max-conns value (default 4)")
     parser.add_argument("--storm-max-conns", default="shipped,0",
                         help="storm section: the UPSTREAM_MAX_CONNS values to storm: numbers, 0 for no limit, "
                              "'shipped' for the rendered default; N:W also sets AUTHSVC_MAX_QUEUE_WAIT=W "
@@ -93,6 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storm-shed-seconds", type=int, default=5,
                         help="storm section: seconds per wrk run measuring nginx's CPU per shed 503, 0 to skip "
                              "(default 5)")
+    parser.add_argument("--storm-shed-rate", type=float, default=0,
+                        help="storm section: the shed-cost table's clients: 0 back to back (each client's next "
+                             "request as soon as its answer arrives), or paced clients offering this many req/s in "
+                             "all, as the storm's do (default 0)")
+    parser.add_argument("--storm-nginx-policy", choices=("other", "batch"), default="other",
+                        help="storm section: the scheduling policy of the storm's nginx: 'other' (the default, as "
+                             "systemd starts it) or 'batch' (SCHED_BATCH: its wakeups never preempt the worker) "
+                             "(default other)")
     parser.add_argument("--storm-shed-variants", choices=("shipped", "all"), default="shipped",
                         help="storm section: the sites of the shed-cost table: 'shipped' (the shipped site and the "
                              "one logging every shed 503) or 'all' (also the candidates for a cheaper shed answer, "

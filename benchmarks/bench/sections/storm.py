@@ -1,7 +1,8 @@
 """Section storm: a login storm through the shipped nginx site, gunicorn.conf.py and authsvc.toml.
 
 First the capacity: the most req/s wrk gets with a p99 under 20 ms. Then a storm
-of ``--storm-factor`` times that from ``--storm-connections`` paced clients for
+of ``--storm-factor`` times that (a list: one storm per factor) from
+``--storm-connections`` paced clients for
 ``--storm-seconds``, once per UPSTREAM_MAX_CONNS of ``--storm-max-conns`` (0: no
 limit, every request queues, and past the app's bound is shed by the app; ``0:0``
 the site before both limits; ``N:W`` runs the app with AUTHSVC_MAX_QUEUE_WAIT=W,
@@ -23,9 +24,13 @@ Then nginx's CPU per shed answer: nginx in front of an app host that never answe
 (a unix socket nobody accepts on, UPSTREAM_MAX_CONNS=1 held by one request), so
 every other request is nginx's JSON 503; the shipped site against the same site
 logging every shed answer, in alternating rounds, from /proc (utime + stime of
-nginx's processes). ``--storm-shed-variants all`` adds candidates for a cheaper shed
+nginx's processes), with clients sending back to back or, ``--storm-shed-rate N``,
+paced as the storm's are (each request then wakes nginx on its own).
+``--storm-shed-variants all`` adds candidates for a cheaper shed
 answer (SHED_CANDIDATES, none shipped), and ``--storm-max-conns ''`` runs that table
-alone, no storm.
+alone, no storm. ``--storm-nginx-policy batch`` runs the storm's nginx as SCHED_BATCH
+(its wakeups never preempt the worker on their shared core): an experiment, not
+something shipped.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ NORMAL_CONNECTIONS = 50
 RECOVERY_SLICE_S = 1
 RECOVERY_LIMIT_S = 30
 CLIENT_TIMEOUT_S = 2  # wrk's default: a client that waits longer gives up (a timeout)
+SHED_CLIENTS = 64  # wrk's connections in the shed-cost table
 SHED_BODY = '{"success":false,"error":503,"error_description":"Service temporarily unavailable, try again"}'
 
 # Paced clients: after each answer a client waits a random time (mean: the first
@@ -195,6 +201,7 @@ def check_pinned(pin: Pinning | None, *procs: subprocess.Popen) -> None:
 @dataclasses.dataclass
 class Storm:
     label: str
+    factor: float  # the offered load: this x the capacity measured before the storm
     cap_runs: list  # the capacity search before the storm: (wrk connections, Run)
     capacity_before: float
     capacity_after: float  # the best search load again, after the storm and the recovery
@@ -364,8 +371,14 @@ def stack(world: World, args: argparse.Namespace, logs: Path, max_conns: int, ma
                 world, root, sock, overrides={"UPSTREAM_MAX_CONNS": str(max_conns)},
                 worker_connections=2 * args.storm_connections + 1024,
                 worker_processes=str(len(pin.server)) if pin else "auto"))
+        if args.storm_nginx_policy == "batch":
+            for pid in process_tree(nginx.pid):
+                os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
+                if os.sched_getscheduler(pid) != os.SCHED_BATCH:
+                    raise SystemExit(f"bench: storm: nginx process {pid} is not SCHED_BATCH")
         label = f"UPSTREAM_MAX_CONNS={max_conns}" + (" (no limit)" if max_conns == 0 else "")
         label += f" (AUTHSVC_MAX_QUEUE_WAIT={max_wait:g}" + (": off)" if max_wait == 0 else ")")
+        label += ", nginx SCHED_BATCH" if args.storm_nginx_policy == "batch" else ""
         server = Server(label, "endpoint", f"http://127.0.0.1:{http_port}", host=LEGACY_HOST, master=proc)
         check_answers(server, world)
         check_pinned(pin, proc, nginx)
@@ -399,18 +412,33 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         rows.append((shipped if conns == "shipped" else int(conns), float(wait) if wait else default("max_queue_wait")))
     with on_cpus(pin.client if pin else None):  # wrk and the probe: the client's CPUs
         storms = [one_storm(world, args, logs, script, storm_script, n, w,
-                            n == shipped and w == default("max_queue_wait"), pin) for n, w in rows]
+                            n == shipped and w == default("max_queue_wait"), pin, factor)
+                  for n, w in rows for factor in storm_factors(args.storm_factor)]
         costs = shed_cost(world, args, pin) if args.storm_shed_seconds > 0 else []
     print_storm(args, storms, pin)
     print_shed_cost(args, costs)
 
 
+def storm_factors(text: str) -> list[float]:
+    """--storm-factor: one or more multiples of the capacity, comma-separated, each above 0."""
+    try:
+        factors = [float(item) for item in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"bench: --storm-factor: not a number or a comma-separated list of numbers: {text!r}") from None
+    if not all(0 < f < float("inf") for f in factors):
+        raise SystemExit(f"bench: --storm-factor: each factor must be above 0: {text!r}")
+    return factors
+
+
 def one_storm(world: World, args: argparse.Namespace, logs: Path, script: Path, storm_script: Path,
-              max_conns: int, max_wait: float, shipped: bool, pin: Pinning | None = None) -> Storm:
+              max_conns: int, max_wait: float, shipped: bool, pin: Pinning | None = None,
+              factor: float = 4.0) -> Storm:
     """On a fresh stack: the capacity, the storm (with a probe), the recovery, the capacity again."""
     with stack(world, args, logs, max_conns, max_wait, pin) as (server, access_log, nginx):
         if shipped:
             server.label += f" (shipped: {REQUESTS_PER_WORKER} x {server_workers(pin)} workers)"
+        if len(storm_factors(args.storm_factor)) > 1:
+            server.label += f", {factor:g} x capacity"
         cap, best_c, cap_runs = capacity(server, script, args)
         start = access_log.stat().st_size
         probes: list = []
@@ -419,7 +447,7 @@ def one_storm(world: World, args: argparse.Namespace, logs: Path, script: Path, 
         cpu0 = cpu_seconds(server.master, nginx, pin.server if pin else None)
         prober.start()
         figures, seconds = storm_wrk(server, storm_script, args.storm_connections, args.storm_seconds,
-                                     cap * args.storm_factor)
+                                     cap * factor)
         storm_end = time.monotonic()
         in_storm = cores(cpu0, cpu_seconds(server.master, nginx, pin.server if pin else None), seconds)
         stop.set()
@@ -432,7 +460,7 @@ def one_storm(world: World, args: argparse.Namespace, logs: Path, script: Path, 
                             time.monotonic() - t0)
         for c in (at_capacity, in_storm):  # the server CPUs' time nobody of ours used (wrk's too, unpinned)
             c["others"] = c["busy"] - c["softirq"] - c["workers"] - c["nginx"] - (0.0 if pin else c["wrk"])
-        storm = Storm(server.label, cap_runs, cap, after.rps, figures, figures["duration_us"] / 1e6, times, shed,
+        storm = Storm(server.label, factor, cap_runs, cap, after.rps, figures, figures["duration_us"] / 1e6, times, shed,
                       by_app, probes, {k: (at_capacity[k], in_storm[k]) for k in in_storm}, recovered)
         # Worker CPU per authentication served: does shedding make serving dearer?
         storm.worker_us = (after.worker_cpu_us or 0.0,
@@ -463,7 +491,8 @@ def print_storm(args: argparse.Namespace, storms: list[Storm], pin: Pinning | No
           f"{args.storm_capacity_seconds} s each, stopping at the first p99 over {P99_TARGET_MS:.0f} ms) with a p99 "
           f"under {P99_TARGET_MS:.0f} ms, measured before the storm and again after it (the same connections); "
           f"the row's capacity is their mean. Storm: {args.storm_connections} paced clients offering "
-          f"{args.storm_factor:g} x the capacity for {args.storm_seconds} s, client timeout {CLIENT_TIMEOUT_S} s; "
+          f"{args.storm_factor.replace(',', ', ')} x the capacity for {args.storm_seconds} s, "
+          f"client timeout {CLIENT_TIMEOUT_S} s; "
           f"then {NORMAL_SHARE:g} x capacity in {RECOVERY_SLICE_S} s runs until one has a p99 under "
           f"{P99_TARGET_MS:.0f} ms.\n")
     head = ["nginx → gunicorn", "capacity req/s: before / after", "answers/s (x capacity)", "served auth/s",
@@ -663,13 +692,20 @@ def shed_cost(world: World, args: argparse.Namespace, pin: Pinning | None) -> li
             for row, (server, nginx, log) in zip(rows, servers, strict=True):
                 lines0 = count_lines(log)
                 cpu0 = workers_cpu_seconds(nginx) or 0.0
-                figures, _ = storm_wrk(server, storm_script, 64, args.storm_shed_seconds, 1e9, threads=1)
+                figures, _ = storm_wrk(server, storm_script, SHED_CLIENTS, args.storm_shed_seconds,
+                                       args.storm_shed_rate or 1e9, threads=1)
                 cpu = (workers_cpu_seconds(nginx) or 0.0) - cpu0
                 time.sleep(0.2)  # the last lines
                 row.runs.append((figures["statuses"].get("503", 0), cpu, count_lines(log) - lines0,
                                  figures["requests"] - (figures["statuses"].get("503", 0) - figures["bad_shed"])))
                 print(f"  shed cost: {row.label}: {row.us[-1]:.1f} µs of nginx CPU per shed 503", file=sys.stderr)
     return rows
+
+
+def shed_clients(args: argparse.Namespace) -> str:
+    if args.storm_shed_rate:
+        return f"paced clients offering {args.storm_shed_rate:,.0f} req/s in all (as the storm's)"
+    return "each client's next request as soon as its answer arrives"
 
 
 def shed_once(server: Server, world: World) -> bool:
@@ -694,9 +730,9 @@ def print_shed_cost(args: argparse.Namespace, costs: list[ShedCost]) -> None:
         return
     others = " and the candidates for a cheaper shed answer (none shipped)" if len(costs) > len(SHED_VARIANTS) else ""
     print(f"\n   nginx's CPU per shed answer: the shipped site against the same site logging every shed 503{others}, "
-          f"all in front of an app host that never answers (UPSTREAM_MAX_CONNS=1, held), wrk -t1 -c64 "
-          f"keep-alive for {args.storm_shed_seconds} s on each in turn, {args.rounds} rounds; nginx's CPU from "
-          f"/proc (utime + stime)\n")
+          f"all in front of an app host that never answers (UPSTREAM_MAX_CONNS=1, held), wrk -t1 -c{SHED_CLIENTS} "
+          f"keep-alive, {shed_clients(args)}, for {args.storm_shed_seconds} s on each in turn, {args.rounds} rounds; "
+          f"nginx's CPU from /proc (utime + stime)\n")
     head = ["nginx site", "shed 503s answered", "nginx CPU µs per shed 503: median (runs)", "vs every shed logged",
             "access-log lines per 1,000 shed 503s", "answers not the JSON 503 with Retry-After"]
     print("| " + " | ".join(head) + " |")
