@@ -107,21 +107,25 @@ def test_smoke_run_of_the_core_section():
     assert "Targets: authsvc/bare" in done.stdout
 
 
+def run_storm_section(*options: str) -> subprocess.CompletedProcess:
+    """scripts/bench --only storm with a tiny store, one round and these options; it must succeed."""
+    if shutil.which("wrk") is None:
+        skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
+    if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
+        skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--only", "storm", "--players", "500",
+                           "--rounds", "1", *options], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
 @pytest.mark.slow
 def test_smoke_run_of_the_storm_section():
     """A tiny storm (200 clients for 2 s) through the shipped nginx site, with and without the upstream limit,
     pinned as by default (wrk on one half of the CPUs, the server on the other); then nginx's CPU per shed 503,
     the shipped site against one logging every shed answer."""
-    if shutil.which("wrk") is None:
-        skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
-    if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
-        skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", "--only", "storm", "--players", "500", "--storm-connections", "200",
-         "--storm-seconds", "2", "--storm-capacity-seconds", "1", "--storm-shed-seconds", "1", "--rounds", "1"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_storm_section("--storm-connections", "200", "--storm-seconds", "2", "--storm-capacity-seconds", "1",
+                             "--storm-shed-seconds", "1")
     table = done.stdout.split("10. Login storm", 1)[1]
     rows = {line.split("|")[1].strip().split(" (")[0]: [c.strip() for c in line.split("|")[2:-1]]
             for line in table.split("The clients' view")[0].splitlines() if line.startswith("| UPSTREAM")}
@@ -151,16 +155,7 @@ def test_the_shed_cost_table_runs_alone_with_the_candidates():
     """--storm-max-conns '' runs no storm, only nginx's CPU per shed 503; --storm-shed-variants all adds the
     candidates for a cheaper shed answer (none shipped): each site's edit applies, nginx takes it, and every
     answer is still the service's JSON 503 with Retry-After."""
-    if shutil.which("wrk") is None:
-        skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
-    if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
-        skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", "--only", "storm", "--players", "500", "--storm-max-conns", "",
-         "--storm-shed-variants", "all", "--storm-shed-seconds", "1", "--rounds", "1"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_storm_section("--storm-max-conns", "", "--storm-shed-variants", "all", "--storm-shed-seconds", "1")
     assert "10. Login storm" not in done.stdout  # no storm ran
     cost = done.stdout.split("nginx's CPU per shed answer")[1]
     costs = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
@@ -177,18 +172,9 @@ def test_the_shed_cost_table_runs_alone_with_the_candidates():
 def test_a_storm_per_factor_and_the_experiments_options():
     """--storm-factor 1,3 runs a storm per factor, each its own row; --storm-nginx-policy batch runs the storm's
     nginx as SCHED_BATCH and says so in the row; --storm-shed-rate paces the shed-cost table's clients."""
-    if shutil.which("wrk") is None:
-        skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
-    if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
-        skip_or_fail("nginx is not installed (Debian: apt-get install nginx)")
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", "--only", "storm", "--players", "500", "--storm-connections", "200",
-         "--storm-seconds", "2", "--storm-capacity-seconds", "1", "--storm-shed-seconds", "1", "--rounds", "1",
-         "--storm-max-conns", "shipped", "--storm-factor", "1,3", "--storm-nginx-policy", "batch",
-         "--storm-shed-rate", "2000"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_storm_section("--storm-connections", "200", "--storm-seconds", "2", "--storm-capacity-seconds", "1",
+                             "--storm-shed-seconds", "1", "--storm-max-conns", "shipped", "--storm-factor", "1,3",
+                             "--storm-nginx-policy", "batch", "--storm-shed-rate", "2000")
     table = done.stdout.split("10. Login storm", 1)[1].split("The clients' view")[0]
     labels = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| UPSTREAM")]
     assert len(labels) == 2 and all("nginx SCHED_BATCH" in label for label in labels), table
