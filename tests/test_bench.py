@@ -162,10 +162,10 @@ def test_the_shed_cost_table_runs_alone_with_the_candidates():
              for line in cost.splitlines() if line.startswith("| ") and "---" not in line and "nginx site" not in line}
     assert list(costs) == [label for label, _ in storm.SHED_VARIANTS + storm.SHED_CANDIDATES], cost
     for cells in costs.values():
-        assert int(cells[0].replace(",", "")) > 0 and cells[4] == "0"  # shed answers, each the JSON 503
-    assert float(costs["candidate: limit_conn shed (logged 1 in 100)"][3]) < 100
-    assert float(costs["candidate: shed 503s not logged at all"][3]) == 0
-    assert float(costs["floor: return 503 in the API location, access_log off"][3]) == 0
+        assert int(cells[0].replace(",", "")) > 0 and cells[4] == "0", cost  # shed answers, each the JSON 503
+    assert float(costs["candidate: limit_conn shed (logged 1 in 100)"][3]) < 100, cost
+    assert float(costs["candidate: shed 503s not logged at all"][3]) == 0, cost
+    assert float(costs["floor: return 503 in the API location, access_log off"][3]) == 0, cost
 
 
 @pytest.mark.slow
