@@ -120,6 +120,15 @@ class Stack:
             return set()
 
 
+def forty_client_headers(user_agent: str, accept: str) -> dict[str, str]:
+    """40 headers a client might send, its own X-Forwarded-*, Forwarded and X-Request-Start among them: none
+    of them may reach gunicorn through nginx."""
+    headers = {f"X-Client-{i}": f"value {i}" for i in range(34)}
+    headers.update({"User-Agent": user_agent, "Accept": accept, "Cookie": "a=b", "Forwarded": "for=203.0.113.9",
+                    "X-Forwarded-Host": "evil.example", "X-Request-Start": "t=1"})
+    return headers
+
+
 def _run(cmd: list[str], env: dict) -> str:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, f"{cmd[:4]} failed: {done.stderr}"

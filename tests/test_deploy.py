@@ -22,7 +22,7 @@ import time
 import pytest
 
 from authsvc.web.authenticate import REASONS
-from tests.deploy_support import ADMIN_HOST, API_HOST, LEGACY_HOST, REPO, start_stack, stop
+from tests.deploy_support import ADMIN_HOST, API_HOST, LEGACY_HOST, REPO, forty_client_headers, start_stack, stop
 
 pytestmark = pytest.mark.slow
 
@@ -295,10 +295,7 @@ def test_only_the_headers_the_app_reads_reach_gunicorn(tmp_path):
     would parse and copy each; a form body arrives with its Content-Type and a Content-Length, a chunked one too."""
     s = start_stack(tmp_path, workers=1, app="tests.headers_app:application")
     try:
-        extra = {f"X-Client-{i}": f"value {i}" for i in range(34)}
-        extra.update({"User-Agent": "game-server/1.0", "Accept": "application/json", "Cookie": "a=b",
-                      "Forwarded": "for=203.0.113.9", "X-Forwarded-Host": "evil.example",
-                      "X-Request-Start": "t=1"})
+        extra = forty_client_headers("game-server/1.0", "application/json")
         assert len(extra) == 40
         for scheme in ("http", "https"):
             answer = s.request(scheme, "/api/authenticate.json?user_id=1", headers=extra)

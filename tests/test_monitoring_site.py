@@ -14,7 +14,7 @@ import time
 import pytest
 
 from harness.processes import stop
-from tests.deploy_support import start_stack
+from tests.deploy_support import forty_client_headers, start_stack
 from tests.support import skip_or_fail
 
 NOT_FOUND = {"success": False, "error": 404, "error_description": "Not found"}
@@ -96,10 +96,7 @@ def test_only_the_headers_the_app_reads_reach_gunicorn_from_the_monitoring_serve
     reach gunicorn, as on the public hosts (tests/test_deploy.py): only nginx's own."""
     s = start_stack(tmp_path, workers=1, app="tests.headers_app:application")
     try:
-        extra = {f"X-Client-{i}": f"value {i}" for i in range(34)}
-        extra.update({"User-Agent": "Prometheus/2.45", "Accept": "text/plain", "Cookie": "a=b",
-                      "Forwarded": "for=203.0.113.9", "X-Forwarded-Host": "evil.example",
-                      "X-Request-Start": "t=1"})
+        extra = forty_client_headers("Prometheus/2.45", "text/plain")
         assert len(extra) == 40
         for path in ("/metrics", "/healthz", "/readyz"):
             conn = http.client.HTTPConnection("127.0.0.1", s.metrics_port, timeout=10)
