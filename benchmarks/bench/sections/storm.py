@@ -410,10 +410,11 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     for item in filter(None, args.storm_max_conns.split(",")):  # "": no storm, the shed-cost table alone
         conns, _, wait = item.strip().partition(":")
         rows.append((shipped if conns == "shipped" else int(conns), float(wait) if wait else default("max_queue_wait")))
+    factors = storm_factors(args.storm_factor)
     with on_cpus(pin.client if pin else None):  # wrk and the probe: the client's CPUs
         storms = [one_storm(world, args, logs, script, storm_script, n, w,
-                            n == shipped and w == default("max_queue_wait"), pin, factor)
-                  for n, w in rows for factor in storm_factors(args.storm_factor)]
+                            n == shipped and w == default("max_queue_wait"), pin, factor, len(factors) > 1)
+                  for n, w in rows for factor in factors]
         costs = shed_cost(world, args, pin) if args.storm_shed_seconds > 0 else []
     print_storm(args, storms, pin)
     print_shed_cost(args, costs)
@@ -432,12 +433,12 @@ def storm_factors(text: str) -> list[float]:
 
 def one_storm(world: World, args: argparse.Namespace, logs: Path, script: Path, storm_script: Path,
               max_conns: int, max_wait: float, shipped: bool, pin: Pinning | None = None,
-              factor: float = 4.0) -> Storm:
+              factor: float = 4.0, name_factor: bool = False) -> Storm:
     """On a fresh stack: the capacity, the storm (with a probe), the recovery, the capacity again."""
     with stack(world, args, logs, max_conns, max_wait, pin) as (server, access_log, nginx):
         if shipped:
             server.label += f" (shipped: {REQUESTS_PER_WORKER} x {server_workers(pin)} workers)"
-        if len(storm_factors(args.storm_factor)) > 1:
+        if name_factor:  # several storm sizes: each row says its own
             server.label += f", {factor:g} x capacity"
         cap, best_c, cap_runs = capacity(server, script, args)
         start = access_log.stat().st_size
