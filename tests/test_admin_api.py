@@ -20,7 +20,7 @@ from authsvc.admin import operations as ops
 from authsvc.admin.api import AdminApp
 from authsvc.errors import StoreUnavailable
 from authsvc.tokens import mint_token
-from tests.support import audit_rows, problem
+from tests.support import audit_rows, problem, store_sql
 
 ALL = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
 
@@ -157,9 +157,8 @@ def test_a_player_unchanged_since_the_upgrade_has_updated_at_null_and_its_old_et
 
     app, make_token = admin
     headers = make_token("web")
-    with world.store.admin_transaction() as conn:  # as the previous release left it: no updated_at
-        conn.execute("INSERT INTO players (user_id, username, epoch, enabled) VALUES (7, 'dora', 2, "
-                     + ("true)" if world.store.pg else "1)"))
+    # As the previous release left it: no updated_at.
+    store_sql(store_url, "INSERT INTO players (user_id, username, epoch, enabled) VALUES (7, 'dora', 2, ?)", (True,))
     r = app.get("/v1/players/7", headers=headers)
     assert r.json == {"user_id": 7, "username": "dora", "enabled": True, "epoch": 2, "updated_at": None}
     old_etag = '"' + hashlib.sha256(b"7:dora:1:2").hexdigest()[:32] + '"'
@@ -256,12 +255,10 @@ def test_bad_requests_get_their_own_statuses(admin, settings):
 class FailingStore:
     """A store whose every call fails as the error boundary's test needs (the real ones are tested above)."""
 
-    pg = False
-
     def __init__(self, error: Exception):
         self.error = error
 
-    def admin_transaction(self):
+    def api_token_by_digest(self, token_digest: str):
         raise self.error
 
     def close(self):

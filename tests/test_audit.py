@@ -143,7 +143,7 @@ REFUSED = [
     (["game", "rotate-key", "999"], "no game 999"),
     (["game", "rotate-key", "1", "--old-key-ttl", "999999999999"], "--old-key-ttl must be from 0"),
     (["player", "rename", "42", " zoe"], "must not be empty or start or end with white space"),
-    (["token", "issue", "--game", "1", "--user", "999"], "no player 999"),
+    (["token", "issue", "--game", "1", "--user", "999"], "no enabled player 999"),
 ]
 
 
@@ -350,12 +350,12 @@ def test_no_secret_reaches_any_record(world, store_url, tmp_path, secret_file, m
     out = json.loads(world("game", "rotate-key", "1", "--json")[1])
     secrets.append(out["api_key"])
     secrets.append(world("token", "issue", "--game", "1", "--user", "42")[1].strip())
+    secrets.append(world("token", "issue", "--game", "2", "--user", "42")[1].strip())
     path = tmp_path / "p.csv"
     path.write_text("7,grace\n")
     for argv in (["player", "import", str(path)], ["player", "rename", "42", "x"], ["player", "revoke", "42"],
                  ["player", "disable", "42"], ["game", "disable", "2"], ["audit", "prune", "--before", "1h"]):
         assert world(*argv)[0] == 0
-    secrets.append(world("token", "issue", "--game", "2", "--user", "42")[1].strip())
     digests = [row[0] for row in sql(store_url, "SELECT digest FROM api_keys")]
     assert len(digests) == 3
     everything = json.dumps(sql(store_url, "SELECT * FROM audit")) + json.dumps(sql(store_url, "SELECT * FROM audit_chain"))

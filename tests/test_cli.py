@@ -177,6 +177,19 @@ def test_token_issue_mints_the_current_token(initialised, settings):
     assert initialised("token", "issue", "--game", "1", "--user", "43")[0] == 1
 
 
+def test_token_issue_refuses_what_the_admin_api_refuses(initialised):
+    """One rule for both front doors (the operations layer's mint): a disabled player or game gets no token."""
+    initialised("game", "add", "Chess")
+    initialised("player", "add", "42", "alice")
+    initialised("player", "disable", "42")
+    code, out, err = initialised("token", "issue", "--game", "1", "--user", "42")
+    assert (code, out) == (1, "") and err == "authsvc: error: no enabled player 42\n"
+    initialised("player", "enable", "42")
+    initialised("game", "disable", "1")
+    code, out, err = initialised("token", "issue", "--game", "1", "--user", "42")
+    assert (code, out) == (1, "") and err == "authsvc: error: no enabled game 1\n"
+
+
 def test_token_issue_without_a_secret_says_so(initialised, monkeypatch, tmp_path):
     monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(tmp_path / "absent"))
     code, _, err = initialised("token", "issue", "--game", "1", "--user", "42")

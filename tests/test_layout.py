@@ -1,4 +1,4 @@
-"""The package's shape: no module over 400 lines, no import circle, the wings and their arrows.
+"""The package's shape: no import circle, the wings and their arrows.
 
 Imports are read from each module's source (ast), wherever they stand: an import
 inside a function is how a circle hides (the engine imported lazily by
@@ -22,7 +22,6 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "authsvc"
-MAX_LINES = 400
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -103,11 +102,6 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_module_is_longer_than_400_lines():
-    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"split these along a real seam (README.md, layout): {long}"
-
-
 def test_no_import_circle_among_authsvc_modules():
     modules = _modules()
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
@@ -124,7 +118,7 @@ CORE = {"authsvc", "authsvc.settings", "authsvc.tokens", "authsvc.names", "auths
 # Old paths kept for one release (README.md, "Layout"): each imports its new path and nothing else.
 ALIASES = {"authsvc.wsgi": "authsvc.web.wsgi", "authsvc.cli": "authsvc.admin.command"}
 WINGS = ("web", "admin", "serving", "store")
-WRITERS = {"authsvc.store.sqlite", "authsvc.store.postgres"}
+WRITERS = {"authsvc.store.sqlite", "authsvc.store.postgres", "authsvc.store.writes"}
 NEVER = {  # wing -> the wings it may not import
     "web": {"admin", "serving"},
     "serving": {"admin"},

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sqlite3
 
 import pytest
 
@@ -102,11 +103,14 @@ def test_migrating_a_store_of_the_previous_version_keeps_every_row_and_adds_upda
         assert store.migrate() == (0, len(current) - 1)
         rows = [(i, f"user{i}", i % 3, i % 5 != 0) for i in range(1, 3_001)]
         sql = "INSERT INTO players (user_id, username, epoch, enabled) VALUES (?, ?, ?, ?)"
-        with store.admin_transaction() as conn:
-            if store.pg:
-                conn.cursor().executemany(sql.replace("?", "%s"), rows)
-            else:
+        if empty_url.startswith("sqlite://"):
+            with sqlite3.connect(empty_url.removeprefix("sqlite://"), isolation_level=None) as conn:
                 conn.executemany(sql, [(u, n, e, int(f)) for u, n, e, f in rows])
+        else:
+            import psycopg
+
+            with psycopg.connect(empty_url, autocommit=True) as conn:
+                conn.cursor().executemany(sql.replace("?", "%s"), rows)
         with pytest.raises(ConfigError, match=f"schema version {len(current) - 1}, this release needs"):
             store.check()
         monkeypatch.setattr(engine, "MIGRATIONS", current)

@@ -6,12 +6,8 @@ invalid item gets its own problem naming its fields (``/players/3/username``) an
 are written anyway, like Kratos' and Firebase's batch imports. The valid items are written in ONE
 transaction with ONE audit record (``player.batch``: the counts and the SHA-256 of the canonical
 request body, as ``player import`` records its file's), and only the rows that change are written:
-
-- SQLite: the current rows read and the changed ones written by one executemany, under the write
-  lock (BEGIN IMMEDIATE) from the read to the commit, so each item's status is exact;
-- PostgreSQL: the current rows read ``FOR UPDATE`` (in user id order, so two batches do not
-  deadlock), then one ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO UPDATE``, whose
-  RETURNING says which rows it inserted (a player another writer added meanwhile is "updated").
+the current rows are read under the writer lock (store/writes.py) and the changed ones written in
+one statement, so each item's status is exact (authsvc/admin/operations.py's batch_players).
 
 ``dry_run`` reads the same rows and answers the same statuses, writing nothing and no record.
 A batch that changes nothing writes no record either, as a PUT that changes nothing.
@@ -20,36 +16,17 @@ A batch that changes nothing writes no record either, as a PUT that changes noth
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import cast
 
 from authsvc.admin.problems import Problem, invalid
 from authsvc.errors import OperationInvalid
 from authsvc.names import MAX_ID, check_username
-from authsvc.store import audit as trail
-from authsvc.store.audit import Audit
-from authsvc.store.base import Store
 
 MAX_ITEMS = 1000
 # Any batch of 1,000 valid players fits, even 255-character names sent as \\u escapes (12 bytes a
 # character outside the BMP): the route's body cap instead of AUTHSVC_MAX_BODY_BYTES.
 MAX_BYTES = 4 << 20
 STATUSES = ("created", "updated", "unchanged", "error")
-
-SQLITE_CURRENT = "SELECT user_id, username, enabled FROM players WHERE user_id IN (SELECT value FROM json_each(?))"
-# A row written gets the batch's audit record time as its updated_at_ms; a row left as it is keeps its own.
-SQLITE_UPSERT = ("INSERT INTO players (user_id, username, enabled, updated_at_ms) VALUES (?, ?, ?, ?) "
-                 "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, enabled = excluded.enabled, "
-                 "updated_at_ms = excluded.updated_at_ms")
-PG_CURRENT = "SELECT user_id, username, enabled FROM players WHERE user_id = ANY(%s::bigint[]) ORDER BY user_id"
-PG_UPSERT = """
-INSERT INTO players (user_id, username, enabled, updated_at_ms)
-SELECT *, %s::bigint FROM unnest(%s::bigint[], %s::text[], %s::boolean[])
-ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username, enabled = EXCLUDED.enabled,
-    updated_at_ms = EXCLUDED.updated_at_ms
-WHERE (players.username, players.enabled) IS DISTINCT FROM (EXCLUDED.username, EXCLUDED.enabled)
-RETURNING user_id, xmax = 0
-"""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,34 +90,8 @@ def _error(index: int, user_id: int | None, faults: list[tuple[str, str]]) -> di
     return {"index": index, "user_id": user_id, "status": "error", "error": problem.body()}
 
 
-def apply(store: Store, audit: Audit, items: list[Item], dry_run: bool, invalid_count: int) -> dict[int, str]:
-    """Each item's status by user id (created, updated, unchanged); written unless ``dry_run``."""
-    pg = store.pg
-    ids = [item.user_id for item in items]
-    with store.admin_transaction() as conn:
-        if pg:
-            rows = conn.execute(PG_CURRENT + ("" if dry_run else " FOR UPDATE"), (ids,)).fetchall()
-        else:
-            rows = conn.execute(SQLITE_CURRENT, (json.dumps(ids),)).fetchall()
-        current = {row[0]: (row[1], bool(row[2])) for row in rows}
-        status = {item.user_id: _status(current.get(item.user_id), item) for item in items}
-        changed = [item for item in items if status[item.user_id] != "unchanged"]
-        if dry_run or not changed:
-            return status
-        if pg:
-            done = dict(conn.execute(PG_UPSERT, (audit.at_ms, [i.user_id for i in changed],
-                                                 [i.username for i in changed], [i.enabled for i in changed])).fetchall())
-            for item in changed:
-                inserted = done.get(item.user_id)
-                status[item.user_id] = "unchanged" if inserted is None else "created" if inserted else "updated"
-        else:
-            conn.executemany(SQLITE_UPSERT, [(i.user_id, i.username, int(i.enabled), audit.at_ms) for i in changed])
-        counts = {name: sum(1 for s in status.values() if s == name) for name in STATUSES[:3]}
-        trail.append(conn, pg, audit, "player.batch", after=counts | {"error": invalid_count})
-    return status
-
-
-def _status(current: tuple[str, bool] | None, item: Item) -> str:
+def status_of(current: tuple[str, bool] | None, item: Item) -> str:
+    """What writing ``item`` over the player as it is (None: none) does."""
     if current is None:
         return "created"
     return "unchanged" if current == (item.username, item.enabled) else "updated"

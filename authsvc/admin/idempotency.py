@@ -3,9 +3,14 @@
 The first request with a key (per API token) runs and its answer is kept 24 hours
 (table idempotency_keys, store/api_tables.py); the same key with the same method,
 path and body gets that answer again, with ``Idempotent-Replayed: true``, and
-changes nothing and writes no audit record; with another body, 422. While the
-first is still running, the same key gets 409 (try again shortly). An answer
+changes nothing and writes no audit record; with another body, 422. An answer
 of 500 or 503 is not kept: the retry runs afresh.
+
+Exactly once, as Stripe does it: the lookup of the key, the change, its audit record and
+the kept answer are ONE write transaction (store/writes.py). A process killed anywhere in
+it leaves no trace, and the retry runs; one that committed left its answer, and the retry
+replays it. A retry sent while the first still runs waits for the writer lock, then
+replays the first's answer: there is no "still running" state to wait out.
 
 Secrets are never kept. A minted ``game_auth_token`` is kept as its game, player and
 epoch, and made again on a replay: it is the same token (docs/tokens.md), as long
@@ -13,9 +18,6 @@ as the token secret was not rotated meanwhile. A new api key cannot be made
 again, so the answer to ``POST /v1/games`` and ``POST /v1/games/{id}/keys`` is
 kept without it, and a replay is 409 naming the game: the key was shown once;
 rotate it if the first answer was lost.
-
-The change and the kept answer are two transactions: a process killed between
-them leaves the key "running"; after ABANDONED_AFTER seconds a retry runs again.
 """
 
 from __future__ import annotations
@@ -34,14 +36,8 @@ if TYPE_CHECKING:
     from authsvc.admin.problems import Request
 
 WINDOW = 86400  # seconds a key's answer is kept
-ABANDONED_AFTER = 60  # seconds after which a key still "running" is taken to have lost its request
-RUNNING = 0  # the status column while the first request runs
+RUNNING = 0  # the status the release before wrote while a request ran: no answer, the retry runs
 PROBLEM = "application/problem+json"
-
-
-def _sql(text: str, pg: bool) -> str:
-    return text.replace("?", "%s") if pg else text
-
 
 def check_key(key: str) -> str:
     if not (1 <= len(key) <= 255 and key.isascii() and key.isprintable()):
@@ -52,50 +48,6 @@ def check_key(key: str) -> str:
 def request_hash(req: Request) -> str:
     text = canonical([req.method, req.environ.get("PATH_INFO", ""), req.body])
     return hashlib.sha256(text.encode("ascii")).hexdigest()
-
-
-def running() -> Problem:
-    return Problem(409, "idempotency-key-running", "the first request with this Idempotency-Key is still running; "
-                   "try again shortly", headers=(("Retry-After", "1"),))
-
-
-def _begin(app: AdminApp, token: str, key: str, digest: str, now: int) -> dict | None:
-    """None: run the request (the key is now "running"); else the kept answer."""
-    store = app.store
-    pg = store.pg
-    with store.admin_transaction() as conn:
-        conn.execute(_sql("DELETE FROM idempotency_keys WHERE created_at < ?", pg), (now - WINDOW,))
-        row = conn.execute(
-            _sql("SELECT request_hash, status, body, created_at FROM idempotency_keys WHERE token_name = ? AND key = ?"
-                 + (" FOR UPDATE" if pg else ""), pg), (token, key),
-        ).fetchone()
-        if row is None:
-            cur = conn.execute(_sql("INSERT INTO idempotency_keys (token_name, key, request_hash, created_at, status) "
-                                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", pg), (token, key, digest, now, RUNNING))
-            if cur.rowcount == 1:
-                return None
-            raise running()  # the same key, inserted by a request running at the same time (PostgreSQL)
-        if row[0] != digest:
-            raise Problem(422, "idempotency-key-reused",
-                          "this Idempotency-Key was used with another request (method, path or body) in the last 24 h")
-        if row[1] == RUNNING:
-            if now - row[3] < ABANDONED_AFTER:
-                raise running()
-            conn.execute(_sql("UPDATE idempotency_keys SET created_at = ? WHERE token_name = ? AND key = ?", pg),
-                         (now, token, key))
-            return None
-        return json.loads(row[2])
-
-
-def _finish(app: AdminApp, token: str, key: str, kept: dict | None) -> None:
-    """Keep the answer, or (None) forget the key: the retry runs afresh."""
-    pg = app.store.pg
-    with app.store.admin_transaction() as conn:
-        if kept is None:
-            conn.execute(_sql("DELETE FROM idempotency_keys WHERE token_name = ? AND key = ?", pg), (token, key))
-        else:
-            conn.execute(_sql("UPDATE idempotency_keys SET status = ?, body = ? WHERE token_name = ? AND key = ?", pg),
-                         (kept["status"], canonical(kept), token, key))
 
 
 def _kept(response: Response) -> dict:
@@ -125,21 +77,29 @@ def _replay(app: AdminApp, kept: dict) -> Response:
 
 
 def run(app: AdminApp, req: Request, key: str, call: Callable[[], Response]) -> Response:
-    """The request once per key: the first answer, kept, or that answer again."""
+    """The request once per key: the first answer, kept, or that answer again; one transaction either way."""
     check_key(key)
-    token, now = req.token_name, req.ctx.now()
-    kept = _begin(app, token, key, request_hash(req), now)
-    if kept is not None:
-        return _replay(app, kept)
-    try:
-        response = call()
-    except Exception as e:  # an operation's typed error is an answer too: kept, unless a 5xx
-        p = e if isinstance(e, Problem) else app.problem_for(e, req.ctx.request_id or "-")
-        answer = {"status": p.status, "obj": p.body(), "kind": "plain", "content_type": PROBLEM}
+    token, now, digest = req.token_name, req.ctx.now(), request_hash(req)
+    refused: Problem | None = None
+    with app.store.write(req.ctx.audit()) as tx:
+        found = tx.kept_answer(token, key, now - WINDOW)
+        if found is not None and found[1] != RUNNING:
+            if found[0] != digest:
+                raise Problem(422, "idempotency-key-reused", "this Idempotency-Key was used with another request "
+                              "(method, path or body) in the last 24 h")
+            return _replay(app, json.loads(found[2] or "{}"))
         try:
-            _finish(app, token, key, None if p.status >= 500 else answer)
-        except Exception:  # the store is down: the key is freed after ABANDONED_AFTER
-            pass
-        raise p from None
-    _finish(app, token, key, _kept(response))
+            with tx.savepoint():  # the call's own writes, undone if it is refused
+                response = call()
+        except Exception as e:  # an operation's typed error is an answer too: kept, unless a 5xx
+            refused = e if isinstance(e, Problem) else app.problem_for(e, req.ctx.request_id or "-")
+            if refused.status >= 500:
+                raise refused from None  # nothing kept: the retry runs afresh
+            answer = {"status": refused.status, "obj": refused.body(), "kind": "plain", "content_type": PROBLEM}
+            tx.keep_answer(token, key, digest, now, refused.status, canonical(answer))
+        else:
+            kept = _kept(response)
+            tx.keep_answer(token, key, digest, now, response.status, canonical(kept))
+    if refused is not None:
+        raise refused from None
     return response

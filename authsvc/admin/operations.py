@@ -6,10 +6,10 @@ function validates its input once (authsvc/names.py's rules, the TTL cap here),
 takes a ``Context`` (who acts, which request, a clock) and raises only typed
 errors: OperationNotFound, OperationConflict, OperationInvalid (authsvc/errors.py;
 all CommandErrors, so the command prints one line and exits 1) and the store's
-StoreLocked / StoreUnavailable / ConfigError. Every change writes one audit record
-in its own transaction (authsvc/store/audit.py): the store methods get the
-context's ``Audit``. Secrets made here (a new api key, a token) are returned to the
-caller to show once, never recorded.
+StoreLocked / StoreUnavailable / ConfigError. Every write is one transaction of the
+store (``store.write``, authsvc/store/writes.py), its audit record inside it: what a
+write reads to decide (If-Match, a mint's epoch) is what it acts on. Secrets made here
+(a new api key, a token) are returned to the caller to show once, never recorded.
 
 Minting a token changes nothing, but hands out a credential: it is recorded too,
 as ``token.mint`` with the game, the player and the epoch (never the token), so
@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 
 from authsvc.admin import api_tokens, batch, transfer
-from authsvc.admin import put_player as put_player_sql
 from authsvc.admin.players_import import import_rows
+from authsvc.admin.put_player import matches
 from authsvc.errors import (
     ConfigError,
     OperationConflict,
@@ -67,7 +67,7 @@ class Context:
 
     def audit(self, **detail) -> Audit:
         """The store's Audit for one write; ``detail``: non-secret facts for the record (a file's SHA-256)."""
-        return Audit(self.actor, self.request_id, round(self.clock() * 1000), tuple(sorted(detail.items())))
+        return Audit(self.actor, self.request_id, None, tuple(sorted(detail.items())), self.clock)
 
 
 def command_context() -> Context:
@@ -204,17 +204,20 @@ def import_players(
 
 
 def mint(store: Store, ctx: Context, secret: bytes, game_id: int, user_id: int) -> tuple[str, Player]:
-    """The token the service accepts now for this game and player, and the player; recorded as token.mint."""
-    game = store.get_game(check_game_id(game_id))
-    player = store.get_player(check_user_id(user_id))
-    if game is None:
-        raise OperationNotFound(f"no game {game_id}")
-    if player is None:
-        raise OperationNotFound(f"no player {user_id}")
-    token = mint_token(secret, game.id, player.user_id, player.epoch)
-    store.note("token.mint", audit=ctx.audit(), game_id=game.id, user_id=player.user_id,
-               after={"epoch": player.epoch})
-    return token, player
+    """The token the service accepts now for this enabled game and enabled player, and the player;
+    recorded as token.mint. The epoch is read under the writer lock and recorded in the same
+    transaction, so no revoke falls between: the token is never of an epoch revoked before the answer."""
+    check_game_id(game_id)
+    check_user_id(user_id)
+    with store.write(ctx.audit()) as tx:
+        game = tx.game(game_id)
+        player = tx.player(user_id)
+        if game is None or not game.enabled:
+            raise OperationNotFound(f"no enabled game {game_id}")
+        if player is None or not player.enabled:
+            raise OperationNotFound(f"no enabled player {user_id}")
+        tx.record("token.mint", game_id=game.id, user_id=player.user_id, after={"epoch": player.epoch})
+    return mint_token(secret, game.id, player.user_id, player.epoch), player
 
 
 # -- whole stores ---------------------------------------------------------------------------
@@ -300,34 +303,33 @@ def add_api_token(
     chosen = check_api_token_request(name, scopes, expires_in)
     token = api_tokens.new_token()
     now = ctx.now()
-    with store.admin_transaction() as conn:
-        row = api_tokens.insert(conn, store.pg, ctx.audit(), name, api_tokens.digest(token), chosen, now,
-                                None if expires_in is None else now + expires_in)
+    with store.write(ctx.audit()) as tx:
+        row = tx.add_api_token(name, api_tokens.digest(token), chosen, now,
+                               None if expires_in is None else now + expires_in)
     if row is None:
         raise OperationConflict(f"an api token named {name!r} exists (names are never reused)")
     return row, token
 
 
 def list_api_tokens(store: Store) -> list[api_tokens.ApiToken]:
-    with store.admin_transaction() as conn:
-        return api_tokens.select_all(conn, store.pg)
+    return store.api_tokens()
 
 
 def revoke_api_token(store: Store, ctx: Context, name: str) -> api_tokens.ApiToken:
     """The token stops working at once: the admin API looks every request's token up in the store."""
-    with store.admin_transaction() as conn:
-        row = api_tokens.revoke(conn, store.pg, ctx.audit(), name, ctx.now())
+    with store.write(ctx.audit()) as tx:
+        row = tx.revoke_api_token(name, ctx.now())
     if row is None:
         raise OperationNotFound(f"no api token {name!r}")
     return row
 
 
 def api_token_for(store: Store, token: str, now: int) -> api_tokens.ApiToken | None:
-    """The live token row a bearer token stands for, else None (unknown, expired or revoked: all the same 401)."""
+    """The live token row a bearer token stands for, else None (unknown, expired or revoked: all the same 401).
+    A read: it never waits for a writer (an import holding the writer lock)."""
     if not api_tokens.well_formed(token):
         return None
-    with store.admin_transaction() as conn:
-        row = api_tokens.by_digest(conn, store.pg, api_tokens.digest(token))
+    row = store.api_token_by_digest(api_tokens.digest(token))
     return row if row is not None and row.live(now) else None
 
 
@@ -335,18 +337,36 @@ def put_player(
     store: Store, ctx: Context, user_id: int, username: str, enabled: bool = True, if_match: str | None = None
 ) -> tuple[Player, bool]:
     """Create or update a player (the admin API's PUT): (player, created). If-Match makes it conditional:
-    OperationPreconditionFailed when it names no current version (authsvc/admin/put_player.py)."""
+    OperationPreconditionFailed when it names no current version (authsvc/admin/put_player.py). The
+    check and the change are one transaction: of two signups of one new player, one creates it and the
+    other finds it. A PUT that changes nothing writes nothing: the answer is the player as it was."""
     check_user_id(user_id)
     username = check_username(username)
-    try:
-        return put_player_sql.put(store, ctx.audit(), user_id, username, bool(enabled), if_match)
-    except put_player_sql.PreconditionFailed:
-        raise OperationPreconditionFailed(f"player {user_id} is not at the version If-Match names") from None
+    enabled = bool(enabled)
+    with store.write(ctx.audit()) as tx:
+        current = tx.player(user_id)
+        if not matches(if_match, current):
+            raise OperationPreconditionFailed(f"player {user_id} is not at the version If-Match names")
+        if current is None:
+            return tx.add_player(user_id, username, enabled), True
+        if username != current.username:
+            tx.rename_player(user_id, username)
+        if enabled != current.enabled:
+            tx.set_player_enabled(user_id, enabled)
+        return tx.player(user_id) or current, False
 
 
 def batch_players(store: Store, ctx: Context, items: list[batch.Item], dry_run: bool, invalid: int,
                   body: dict) -> dict[int, str]:
     """Create or update many players (the admin API's batch): each one's status by user id. One
-    transaction and one audit record (the counts, the SHA-256 of the canonical body); none on a dry run."""
+    transaction and one audit record (the counts, the SHA-256 of the canonical body); none on a dry
+    run, nor when nothing changes."""
     audit = ctx.audit(body_sha256=hashlib.sha256(canonical(body).encode("ascii")).hexdigest())
-    return batch.apply(store, audit, items, dry_run, invalid)
+    with store.write(audit) as tx:
+        current = tx.players_now([item.user_id for item in items])
+        status = {item.user_id: batch.status_of(current.get(item.user_id), item) for item in items}
+        changed = [(i.user_id, i.username, i.enabled) for i in items if status[i.user_id] != "unchanged"]
+        if not dry_run and changed:
+            counts = {name: sum(1 for s in status.values() if s == name) for name in batch.STATUSES[:3]}
+            tx.write_players(changed, "player.batch", counts | {"error": invalid})
+    return status

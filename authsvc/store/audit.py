@@ -1,10 +1,12 @@
 """The audit trail in the store: one hash-chained record per change (docs/admin.md, "The audit trail").
 
-Every write method of both engines takes an ``Audit`` (who, which request, when),
+Every write (store/writes.py) takes an ``Audit`` (who, which request, which clock),
 reads the target's non-secret state before the change, makes the change, and
 appends one record in the SAME transaction: a failed write leaves no record, a
 committed one always has one. The SQL here runs on a sqlite3 or a psycopg
-connection alike (``pg`` says which: placeholders, row locks).
+connection alike, spelled by the engine's dialect (store/dialect.py). A record's time
+is read once the write holds the writer lock, and never before its predecessor's:
+along the chain, time never runs backwards.
 
 The chain: each record's ``hash`` is the SHA-256 (hex) of the canonical JSON of
 its other columns, ``prev_hash`` included; ``prev_hash`` is the hash of the
@@ -22,8 +24,11 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from authsvc.store.dialect import Dialect
 
 GENESIS = "0" * 64
 COLUMNS = ("id", "at_ms", "actor", "request_id", "action", "game_id", "user_id", "changes", "prev_hash", "hash")
@@ -85,17 +90,24 @@ UNATTRIBUTED = "unattributed"  # the actor of a write made without an Audit (tes
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Audit:
-    """Who makes a write and when; ``detail``: non-secret facts only the caller knows (a file's SHA-256)."""
+    """Who makes a write and by which clock; ``detail``: non-secret facts only the caller knows (a file's SHA-256).
+
+    ``at_ms`` None (the operations layer's): the write reads ``clock`` once it holds the writer lock.
+    A fixed ``at_ms`` (fixtures that seed a store) is used as it is, but never before the chain's head."""
 
     actor: str
     request_id: str | None
-    at_ms: int
+    at_ms: int | None = None
     detail: tuple[tuple[str, Any], ...] = ()
+    clock: Callable[[], float] = time.time
+
+    def now_ms(self) -> int:
+        return self.at_ms if self.at_ms is not None else round(self.clock() * 1000)
 
 
 def unattributed() -> Audit:
     """What a write made without an Audit records: the trail is never skipped, only unattributed."""
-    return Audit(UNATTRIBUTED, None, round(time.time() * 1000))
+    return Audit(UNATTRIBUTED, None)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -139,77 +151,58 @@ def record_hash(fields: dict) -> str:
     return hashlib.sha256(canonical(fields).encode("ascii")).hexdigest()
 
 
-def _sql(text: str, pg: bool) -> str:
-    return text.replace("?", "%s") if pg else text
-
-
-def game_state(conn, pg: bool, game_id: int) -> dict | None:
+def game_state(conn, d: Dialect, game_id: int) -> dict | None:
     """A game's non-secret fields (name, enabled, key count, keys that never expire); None if no such game."""
-    row = conn.execute(
-        _sql("SELECT name, enabled FROM games WHERE id = ?" + (" FOR UPDATE" if pg else ""), pg), (game_id,)
-    ).fetchone()
+    row = conn.execute(d.sql("SELECT name, enabled FROM games WHERE id = ?"), (game_id,)).fetchone()
     if row is None:
         return None
     keys, never = conn.execute(
-        _sql("SELECT count(*), count(*) - count(expires_at) FROM api_keys WHERE game_id = ?", pg), (game_id,)
+        d.sql("SELECT count(*), count(*) - count(expires_at) FROM api_keys WHERE game_id = ?"), (game_id,)
     ).fetchone()
     return {"name": row[0], "enabled": bool(row[1]), "keys": keys, "keys_never_expiring": never}
 
 
-def player_state(conn, pg: bool, user_id: int) -> dict | None:
+def player_state(conn, d: Dialect, user_id: int) -> dict | None:
     """A player's username, enabled flag and credential epoch; None if no such player."""
-    row = conn.execute(
-        _sql("SELECT username, enabled, epoch FROM players WHERE user_id = ?" + (" FOR UPDATE" if pg else ""), pg),
-        (user_id,),
-    ).fetchone()
+    row = conn.execute(d.sql("SELECT username, enabled, epoch FROM players WHERE user_id = ?"), (user_id,)).fetchone()
     return None if row is None else {"username": row[0], "enabled": bool(row[1]), "epoch": row[2]}
 
 
-def read_chain(conn, pg: bool, lock: bool = False) -> Chain:
-    row = conn.execute(
-        "SELECT anchor_id, anchor_hash, head_id, head_hash FROM audit_chain WHERE id = 1"
-        + (" FOR UPDATE" if lock and pg else "")
-    ).fetchone()
+def read_chain(conn, d: Dialect) -> Chain:
+    row = conn.execute("SELECT anchor_id, anchor_hash, head_id, head_hash FROM audit_chain WHERE id = 1").fetchone()
     return Chain(*row)
 
 
+def head_time(conn, d: Dialect, head_id: int) -> int:
+    """The head record's time (0 with no record): a new record is never dated before it."""
+    row = conn.execute(d.sql("SELECT at_ms FROM audit WHERE id = ?"), (head_id,)).fetchone()
+    return 0 if row is None else row[0]
+
+
 def append(
-    conn, pg: bool, audit: Audit, action: str, *, game_id: int | None = None, user_id: int | None = None,
-    before: dict | None = None, after: dict | None = None,
+    conn, d: Dialect, audit: Audit, at_ms: int, action: str, *, game_id: int | None = None,
+    user_id: int | None = None, before: dict | None = None, after: dict | None = None,
 ) -> Record:
     """Append one record after the chain's head, in the caller's transaction, and move the head.
 
-    On PostgreSQL the head row is locked (FOR UPDATE) until the transaction ends, so
-    appends are serialized; it is taken last, after the change's own row locks, so a
-    long import holds it only for its last moment. SQLite's BEGIN IMMEDIATE already is.
-    """
-    chain = read_chain(conn, pg, lock=True)
+    The caller holds the writer lock (store/writes.py), so no other append runs meanwhile."""
+    chain = read_chain(conn, d)
     changes = canonical({"before": before or {}, "after": (after or {}) | dict(audit.detail)})
     fields: dict[str, Any] = {
-        "id": chain.head_id + 1, "at_ms": audit.at_ms, "actor": audit.actor, "request_id": audit.request_id,
+        "id": chain.head_id + 1, "at_ms": at_ms, "actor": audit.actor, "request_id": audit.request_id,
         "action": action, "game_id": game_id, "user_id": user_id, "changes": changes, "prev_hash": chain.head_hash,
     }
     record = Record(**fields, hash=record_hash(fields))
     conn.execute(
-        _sql(f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})", pg),
+        d.sql(f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"),
         dataclasses.astuple(record),
     )
-    conn.execute(_sql("UPDATE audit_chain SET head_id = ?, head_hash = ? WHERE id = 1", pg), (record.id, record.hash))
+    conn.execute(d.sql("UPDATE audit_chain SET head_id = ?, head_hash = ? WHERE id = 1"), (record.id, record.hash))
     return record
 
 
-def change(
-    conn, pg: bool, audit: Audit | None, action: str, before: dict, *,
-    game_id: int | None = None, user_id: int | None = None, extra: dict | None = None,
-) -> Record:
-    """The record of a change to one game or player: ``before`` and its state now, read in this transaction."""
-    after = game_state(conn, pg, game_id) if game_id is not None else player_state(conn, pg, user_id or 0)
-    return append(conn, pg, audit or unattributed(), action, game_id=game_id, user_id=user_id,
-                  before=before, after=(after or {}) | (extra or {}))
-
-
 def select(
-    conn, pg: bool, *, since_ms: int | None = None, user_id: int | None = None, game_id: int | None = None,
+    conn, d: Dialect, *, since_ms: int | None = None, user_id: int | None = None, game_id: int | None = None,
     action: str | None = None, actor: str | None = None, limit: int = 100, before_id: int | None = None,
 ) -> list[Record]:
     """Records matching every filter given, newest first; ``before_id``: older than that record (a page's cursor)."""
@@ -220,16 +213,16 @@ def select(
             where.append(f"{column} {op} ?")
             args.append(value)
     sql = f"SELECT {', '.join(COLUMNS)} FROM audit" + (" WHERE " + " AND ".join(where) if where else "")
-    rows = conn.execute(_sql(sql + " ORDER BY id DESC LIMIT ?", pg), (*args, limit)).fetchall()
+    rows = conn.execute(d.sql(sql + " ORDER BY id DESC LIMIT ?"), (*args, limit)).fetchall()
     return [Record(*row) for row in rows]
 
 
-def walk(conn, pg: bool, batch: int = 10_000) -> Iterator[Record]:
+def walk(conn, d: Dialect, batch: int = 10_000) -> Iterator[Record]:
     """Every record, oldest first, in batches (the caller holds one snapshot)."""
     last = -1
     while True:
         rows = conn.execute(
-            _sql(f"SELECT {', '.join(COLUMNS)} FROM audit WHERE id > ? ORDER BY id LIMIT ?", pg), (last, batch)
+            d.sql(f"SELECT {', '.join(COLUMNS)} FROM audit WHERE id > ? ORDER BY id LIMIT ?"), (last, batch)
         ).fetchall()
         for row in rows:
             yield Record(*row)
@@ -238,22 +231,22 @@ def walk(conn, pg: bool, batch: int = 10_000) -> Iterator[Record]:
         last = rows[-1][0]
 
 
-def prune(conn, pg: bool, audit: Audit, before_ms: int) -> Record:
+def prune(conn, d: Dialect, audit: Audit, at_ms: int, before_ms: int) -> Record:
     """Delete the oldest records up to the first one at or after ``before_ms``; the last deleted one
     becomes the anchor, and the prune itself is recorded (its record names the anchor)."""
-    chain = read_chain(conn, pg, lock=True)
-    first_kept = conn.execute(_sql("SELECT min(id) FROM audit WHERE at_ms >= ?", pg), (before_ms,)).fetchone()[0]
+    chain = read_chain(conn, d)
+    first_kept = conn.execute(d.sql("SELECT min(id) FROM audit WHERE at_ms >= ?"), (before_ms,)).fetchone()[0]
     cut = chain.head_id if first_kept is None else first_kept - 1
     anchor_id, anchor_hash = chain.anchor_id, chain.anchor_hash
     pruned = 0
     if cut > chain.anchor_id:
-        row = conn.execute(_sql("SELECT hash FROM audit WHERE id = ?", pg), (cut,)).fetchone()
+        row = conn.execute(d.sql("SELECT hash FROM audit WHERE id = ?"), (cut,)).fetchone()
         if row is not None:
             anchor_id, anchor_hash = cut, row[0]
-            pruned = conn.execute(_sql("DELETE FROM audit WHERE id <= ?", pg), (cut,)).rowcount
+            pruned = conn.execute(d.sql("DELETE FROM audit WHERE id <= ?"), (cut,)).rowcount
             conn.execute(
-                _sql("UPDATE audit_chain SET anchor_id = ?, anchor_hash = ? WHERE id = 1", pg), (anchor_id, anchor_hash)
+                d.sql("UPDATE audit_chain SET anchor_id = ?, anchor_hash = ? WHERE id = 1"), (anchor_id, anchor_hash)
             )
     before = {"anchor_id": chain.anchor_id, "anchor_hash": chain.anchor_hash}
     after = {"anchor_id": anchor_id, "anchor_hash": anchor_hash, "pruned": pruned, "before_ms": before_ms}
-    return append(conn, pg, audit, "audit.prune", before=before, after=after)
+    return append(conn, d, audit, at_ms, "audit.prune", before=before, after=after)

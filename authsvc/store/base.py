@@ -8,10 +8,12 @@ the same contract tests (tests/test_store_contract.py). A Reader (``credentials`
 method that writes, so the web process holds no object that can.
 ``SQLiteStore.backup`` (``authsvc backup``) exists on SQLite only.
 
-The audit trail (store/audit.py). Every write method takes the keyword audit, an Audit
-(actor, request id, time), and writes one audit record in the same transaction
-as its change: a failed write writes none. The keyword has a default, so test
-fixtures and benchmarks that seed a store stay short, but the trail is never
+Writes. ``Store.write(audit)`` opens one write transaction (store/writes.py's Tx, the
+only place the admin side's statements are written); every write method below is one
+such transaction, and a write made while one is open on the thread joins it. Each
+change writes one audit record (store/audit.py) in its transaction: a failed write
+writes none. The keyword audit, an Audit (actor, request id, clock), has a default, so
+test fixtures and benchmarks that seed a store stay short, but the trail is never
 skipped: a write without one is recorded with the actor "unattributed". The
 operations layer (authsvc/admin/operations.py) always passes one.
 
@@ -34,10 +36,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from authsvc.store.audit import Audit, Chain, Record
+    from authsvc.store.writes import Tx
 
 
 class Credentials(NamedTuple):
@@ -83,6 +87,24 @@ class Player:
     updated_at_ms: int | None = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApiToken:
+    """An admin API bearer token's row (authsvc/admin/api_tokens.py): never the token, never its digest."""
+
+    name: str
+    scopes: tuple[str, ...]
+    created_at: int
+    expires_at: int | None
+    revoked_at: int | None
+
+    def live(self, now: int) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+    def as_json(self) -> dict:
+        return {"name": self.name, "scopes": list(self.scopes), "created_at": self.created_at,
+                "expires_at": self.expires_at, "revoked_at": self.revoked_at}
+
+
 # How long an admin write waits for a lock another session holds (a long `player import`,
 # another admin) before StoreLocked: SQLite's busy timeout, PostgreSQL's lock_timeout.
 # Long, because `player revoke` is the password-change path and should go through
@@ -126,37 +148,50 @@ class Store(Reader):
         """Apply pending migrations; returns (version before, version after)."""
 
     @abc.abstractmethod
-    def add_game(self, name: str, key_digest: str, now: int, *, audit: Audit | None = None) -> Game: ...
+    def write(self, audit: Audit | None = None) -> AbstractContextManager[Tx]:
+        """``with store.write(audit) as tx``: one write transaction, committed at the end, rolled back
+        on any exception; inside another on the same thread, that one (store/writes.py)."""
+
+    def add_game(self, name: str, key_digest: str, now: int, *, audit: Audit | None = None) -> Game:
+        """Raise Conflict if the name or the digest is taken."""
+        with self.write(audit) as tx:
+            return tx.add_game(name, key_digest, now)
 
     @abc.abstractmethod
     def get_game(self, game_id: int) -> Game | None: ...
 
-    @abc.abstractmethod
     def set_game_enabled(self, game_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
         """False if there is no such game."""
+        with self.write(audit) as tx:
+            return tx.set_game_enabled(game_id, enabled)
 
-    @abc.abstractmethod
     def add_api_key(
         self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None, *, audit: Audit | None = None
     ) -> bool:
         """Add a key; keys of the game with no expiry, or a later one, expire at ``old_keys_expire_at``."""
+        with self.write(audit) as tx:
+            return tx.add_api_key(game_id, key_digest, now, old_keys_expire_at)
 
     @abc.abstractmethod
     def get_player(self, user_id: int) -> Player | None: ...
 
-    @abc.abstractmethod
     def add_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> Player:
         """Raise Conflict if the player exists."""
+        with self.write(audit) as tx:
+            return tx.add_player(user_id, username)
 
-    @abc.abstractmethod
-    def rename_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> bool: ...
+    def rename_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> bool:
+        with self.write(audit) as tx:
+            return tx.rename_player(user_id, username)
 
-    @abc.abstractmethod
-    def set_player_enabled(self, user_id: int, enabled: bool, *, audit: Audit | None = None) -> bool: ...
+    def set_player_enabled(self, user_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
+        with self.write(audit) as tx:
+            return tx.set_player_enabled(user_id, enabled)
 
-    @abc.abstractmethod
     def revoke_player(self, user_id: int, *, audit: Audit | None = None) -> int | None:
         """Bump the credential epoch; returns the new epoch, None if no such player."""
+        with self.write(audit) as tx:
+            return tx.revoke_player(user_id)
 
     @abc.abstractmethod
     def upsert_players(
@@ -168,17 +203,20 @@ class Store(Reader):
         If ``rows`` raises part-way, nothing is written. One audit record for the batch.
         """
 
-    # -- SQL kept outside the engines (the admin API's tables: authsvc/admin/api_tokens.py) -------
-    pg: bool = False  # the dialect flag store/audit.py's helpers take
+    # -- the admin API's bearer tokens (reads; the writes are Tx's) ---------------------------
+    @abc.abstractmethod
+    def api_tokens(self) -> list[ApiToken]:
+        """Every token's row, by name."""
 
     @abc.abstractmethod
-    def admin_transaction(self):
-        """``with store.admin_transaction() as conn``: one write transaction, the engine's errors mapped."""
+    def api_token_by_digest(self, token_digest: str) -> ApiToken | None:
+        """The row of the token with this digest: a read, never waiting for a writer."""
 
     # -- the audit trail (store/audit.py) -------------------------------------------------
-    @abc.abstractmethod
     def note(self, action: str, *, audit: Audit, game_id=None, user_id=None, after: dict | None = None) -> Record:
         """Append a record of an event that changes no row (a token minted)."""
+        with self.write(audit) as tx:
+            return tx.record(action, game_id=game_id, user_id=user_id, after=after)
 
     @abc.abstractmethod
     def audit_records(self, **filters) -> list[Record]:
@@ -188,9 +226,10 @@ class Store(Reader):
     def audit_walk(self) -> Iterator[Chain | Record]:
         """The audit_chain row, then every record oldest first, from one snapshot."""
 
-    @abc.abstractmethod
     def audit_prune(self, before_ms: int, *, audit: Audit) -> Record:
         """Delete the records before ``before_ms`` (a prefix of the chain), keep the anchor, record the prune."""
+        with self.write(audit) as tx:
+            return tx.prune_audit(before_ms)
 
     # -- moving between stores (authsvc export / import, authsvc/admin/transfer.py) ---------
     @abc.abstractmethod

@@ -8,7 +8,7 @@ PostgresReader in store/postgres_reader.py, which PostgresStore extends.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -18,8 +18,9 @@ from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
 from authsvc.store import audit as trail
 from authsvc.store import base
 from authsvc.store.audit import Audit, Chain, Record
-from authsvc.store.base import ApiKey, Conflict, Game, NotEmpty, Player, Store
+from authsvc.store.base import ApiToken, Conflict, Game, NotEmpty, Player, Store
 from authsvc.store.common import BATCH, batches, redact_url, select_games
+from authsvc.store.dialect import Dialect
 from authsvc.store.postgres_reader import (
     COLLATE_C,
     CREDENTIALS_SQL,
@@ -36,6 +37,7 @@ from authsvc.store.postgres_schema import (
     MIGRATIONS,
     VERSION_TABLE_SQL,
 )
+from authsvc.store.writes import _TOKEN_COLUMNS, Tx, api_token
 
 __all__ = [
     "ADMIN_GRANTS_SQL", "ADMIN_ROLE", "CREDENTIALS_SQL", "HEARTBEAT_GRANTS_SQL", "HEARTBEAT_ROLE", "MIGRATION_LOCK",
@@ -67,6 +69,41 @@ SELECT DISTINCT ON (user_id) user_id, username, %s::bigint FROM players_import O
 ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username, updated_at_ms = EXCLUDED.updated_at_ms
 WHERE players.username <> EXCLUDED.username
 """
+
+
+# Many players in one statement: their rows as arrays, unnested (store/dialect.py's write_players).
+WRITE_PLAYERS_SQL = """
+INSERT INTO players (user_id, username, enabled, updated_at_ms)
+SELECT *, %s::bigint FROM unnest(%s::bigint[], %s::text[], %s::boolean[])
+ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username, enabled = EXCLUDED.enabled,
+    updated_at_ms = EXCLUDED.updated_at_ms
+"""
+
+
+class PostgresDialect(Dialect):
+    name = "postgresql"
+    WRITER_LOCK = Dialect.WRITER_LOCK + " FOR UPDATE"
+
+    def sql(self, text: str) -> str:
+        return text.replace("?", "%s")
+
+    @contextlib.contextmanager
+    def savepoint(self, conn: Any) -> Iterator[None]:
+        with conn.transaction():
+            yield
+
+    def insert_game(self, conn: Any, name: str, now: int) -> int:
+        return _value(conn.execute("INSERT INTO games (name, created_at) VALUES (%s, %s) RETURNING id", (name, now)))
+
+    def current_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
+        return conn.execute("SELECT user_id, username, enabled FROM players WHERE user_id = ANY(%s::bigint[])",
+                            (list(user_ids),)).fetchall()
+
+    def write_players(self, conn: Any, rows: Sequence[tuple[int, str, bool]], at_ms: int) -> None:
+        conn.execute(WRITE_PLAYERS_SQL, (at_ms, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]))
+
+
+POSTGRES = PostgresDialect()
 
 
 class PostgresStore(PostgresReader, Store):
@@ -109,13 +146,20 @@ class PostgresStore(PostgresReader, Store):
             self._drop()
             raise StoreUnavailable(f"{where}: {_reason(e, self._secrets)}") from None
 
-    pg = True  # store/audit.py's dialect flag, for SQL kept outside the engine
-
     @contextlib.contextmanager
-    def admin_transaction(self) -> Iterator[psycopg.Connection]:
-        """A write transaction for SQL kept outside the engine (authsvc/admin/api_tokens.py), errors mapped."""
+    def write(self, audit: Audit | None = None) -> Iterator[Tx]:
+        """One transaction (the writer lock is its first statement: store/writes.py), psycopg's errors
+        mapped as ``_admin`` maps them. Inside an open write on this thread: that one."""
+        open_tx = getattr(self._local, "tx", None)
+        if open_tx is not None:
+            yield open_tx.joined(audit)
+            return
         with self._admin() as conn:
-            yield conn
+            self._local.tx = Tx(conn, POSTGRES, audit or trail.unattributed(), collate=COLLATE_C)
+            try:
+                yield self._local.tx
+            finally:
+                self._local.tx = None
 
     # -- admin ----------------------------------------------------------------------
     def migrate(self) -> tuple[int, int]:
@@ -147,21 +191,6 @@ class PostgresStore(PostgresReader, Store):
             conn.execute(ADMIN_GRANTS_SQL)
         return before, len(MIGRATIONS)
 
-    def add_game(self, name: str, key_digest: str, now: int, *, audit: Audit | None = None) -> Game:
-        try:
-            with self._admin() as conn:
-                game_id = _value(conn.execute(
-                    "INSERT INTO games (name, created_at) VALUES (%s, %s) RETURNING id", (name, now)
-                ))
-                conn.execute(
-                    "INSERT INTO api_keys (digest, game_id, created_at) VALUES (%s, %s, %s)",
-                    (key_digest, game_id, now),
-                )
-                trail.change(conn, True, audit, "game.add", {}, game_id=game_id)
-        except psycopg.errors.UniqueViolation as e:
-            raise _conflict(e, name=name) from None
-        return Game(game_id, name, True, now, (ApiKey(key_digest, now, None),))
-
     def _games(self, conn: psycopg.Connection, where: str = "", args: tuple = ()) -> list[Game]:
         return select_games(conn, where, args, COLLATE_C)
 
@@ -174,37 +203,6 @@ class PostgresStore(PostgresReader, Store):
         with self._admin() as conn:  # one snapshot for games and keys
             return self._games(conn)
 
-    def set_game_enabled(self, game_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
-        with self._admin() as conn:
-            if (before := trail.game_state(conn, True, game_id)) is None:
-                return False
-            conn.execute("UPDATE games SET enabled = %s WHERE id = %s", (enabled, game_id))
-            trail.change(conn, True, audit, "game.enable" if enabled else "game.disable", before, game_id=game_id)
-        return True
-
-    def add_api_key(
-        self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None, *, audit: Audit | None = None
-    ) -> bool:
-        try:
-            with self._admin() as conn:
-                if (before := trail.game_state(conn, True, game_id)) is None:  # the game's row locked
-                    return False
-                if old_keys_expire_at is not None:
-                    conn.execute(
-                        "UPDATE api_keys SET expires_at = %s "
-                        "WHERE game_id = %s AND (expires_at IS NULL OR expires_at > %s)",
-                        (old_keys_expire_at, game_id, old_keys_expire_at),
-                    )
-                conn.execute(
-                    "INSERT INTO api_keys (digest, game_id, created_at) VALUES (%s, %s, %s)",
-                    (key_digest, game_id, now),
-                )
-                trail.change(conn, True, audit, "game.rotate_key", before, game_id=game_id,
-                             extra={"old_keys_expire_at": old_keys_expire_at})
-        except psycopg.errors.UniqueViolation as e:
-            raise _conflict(e) from None
-        return True
-
     def get_player(self, user_id: int) -> Player | None:
         with self._admin(transaction=False) as conn:
             row = conn.execute(
@@ -212,54 +210,15 @@ class PostgresStore(PostgresReader, Store):
             ).fetchone()
         return Player(*row) if row else None
 
-    def add_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> Player:
-        audit = audit or trail.unattributed()
-        try:
-            with self._admin() as conn:
-                conn.execute("INSERT INTO players (user_id, username, updated_at_ms) VALUES (%s, %s, %s)",
-                             (user_id, username, audit.at_ms))
-                trail.change(conn, True, audit, "player.add", {}, user_id=user_id)
-        except psycopg.errors.UniqueViolation:
-            raise Conflict(f"player {user_id} exists") from None
-        return Player(user_id, username, 0, True, audit.at_ms)
-
-    def _player_change(self, user_id: int, action: str, sql: str, args: dict, audit: Audit | None) -> dict | None:
-        """One UPDATE of a player (its row locked first) and its record; the state after, None if no such player.
-
-        ``sql`` sets updated_at_ms to ``%(at)s``, the record's time, in a row it changes (its WHERE
-        leaves out a row that would stay as it is: the same name, the same flag)."""
-        audit = audit or trail.unattributed()
-        with self._admin() as conn:
-            if (before := trail.player_state(conn, True, user_id)) is None:
-                return None
-            conn.execute(sql, args | {"at": audit.at_ms, "id": user_id})
-            trail.change(conn, True, audit, action, before, user_id=user_id)
-            return trail.player_state(conn, True, user_id)
-
-    def rename_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> bool:
-        sql = ("UPDATE players SET username = %(name)s, updated_at_ms = %(at)s "
-               "WHERE user_id = %(id)s AND username <> %(name)s")
-        return self._player_change(user_id, "player.rename", sql, {"name": username}, audit) is not None
-
-    def set_player_enabled(self, user_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
-        sql = ("UPDATE players SET enabled = %(on)s, updated_at_ms = %(at)s "
-               "WHERE user_id = %(id)s AND enabled <> %(on)s")
-        action = f"player.{'en' if enabled else 'dis'}able"
-        return self._player_change(user_id, action, sql, {"on": enabled}, audit) is not None
-
-    def revoke_player(self, user_id: int, *, audit: Audit | None = None) -> int | None:
-        sql = "UPDATE players SET epoch = epoch + 1, updated_at_ms = %(at)s WHERE user_id = %(id)s"
-        after = self._player_change(user_id, "player.revoke", sql, {}, audit)
-        return after["epoch"] if after else None
-
     def upsert_players(
         self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None,
         *, audit: Audit | None = None,
     ) -> int:
         """COPY into a temporary table, then one INSERT ... ON CONFLICT; the last row of a user id wins."""
-        audit = audit or trail.unattributed()
         count = 0
-        with self._admin() as conn:
+        with self.write(audit) as tx:
+            conn = tx.conn
+            # Into a temporary table before the writer lock: other writes wait only for the upsert.
             conn.execute(
                 "CREATE TEMPORARY TABLE players_import (n bigint, user_id bigint, username text) ON COMMIT DROP"
             )
@@ -272,31 +231,34 @@ class PostgresStore(PostgresReader, Store):
                         progress(count)
             try:
                 with conn.transaction():
-                    conn.execute(UPSERT_SQL, (audit.at_ms,))
+                    conn.execute(UPSERT_SQL, (tx.at_ms,))
             except psycopg.errors.CheckViolation:
                 raise Conflict("user ids must be from 1 to 2^63-1") from None
-            trail.append(conn, True, audit, "player.import", after={"rows": count})
+            tx.record("player.import", after={"rows": count})
         return count
 
-    # -- the audit trail (store/audit.py) ----------------------------------------------
-    def note(self, action: str, *, audit: Audit, game_id=None, user_id=None, after: dict | None = None) -> Record:
-        """A record of an event that changes no row (a token minted), in a transaction of its own."""
-        with self._admin() as conn:
-            return trail.append(conn, True, audit, action, game_id=game_id, user_id=user_id, after=after)
+    # -- the admin API's bearer tokens ----------------------------------------------------
+    def api_tokens(self) -> list[ApiToken]:
+        with self._admin(transaction=False) as conn:
+            rows = conn.execute(f"SELECT {_TOKEN_COLUMNS} FROM api_tokens ORDER BY name").fetchall()
+        return [api_token(row) for row in rows]
 
+    def api_token_by_digest(self, token_digest: str) -> ApiToken | None:
+        """One autocommit read: it never waits for a writer."""
+        with self._admin(transaction=False) as conn:
+            row = conn.execute(f"SELECT {_TOKEN_COLUMNS} FROM api_tokens WHERE digest = %s", (token_digest,)).fetchone()
+        return None if row is None else api_token(row)
+
+    # -- the audit trail (store/audit.py) ----------------------------------------------
     def audit_records(self, **filters) -> list[Record]:
         with self._admin(transaction=False) as conn:
-            return trail.select(conn, True, **filters)
+            return trail.select(conn, POSTGRES, **filters)
 
     def audit_walk(self) -> Iterator[Chain | Record]:
         """The chain row, then every record oldest first, from one snapshot."""
         with self._admin(mode="ISOLATION LEVEL REPEATABLE READ, READ ONLY") as conn:
-            yield trail.read_chain(conn, True)
-            yield from trail.walk(conn, True)
-
-    def audit_prune(self, before_ms: int, *, audit: Audit) -> Record:
-        with self._admin() as conn:
-            return trail.prune(conn, True, audit, before_ms)
+            yield trail.read_chain(conn, POSTGRES)
+            yield from trail.walk(conn, POSTGRES)
 
     def heartbeat_connections(self) -> None:
         """Before the first heartbeat: a dead network noticed within seconds (the kernel's default is
@@ -341,7 +303,9 @@ class PostgresStore(PostgresReader, Store):
         n_games = n_players = 0
         top = game_id_high_water
         try:
-            with self._admin() as conn:
+            with self.write(audit) as tx:
+                conn = tx.conn
+                tx.locked()
                 conn.execute("LOCK TABLE games, api_keys, players IN EXCLUSIVE MODE")
                 if _value(conn.execute("SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players)")):
                     raise NotEmpty("the store already holds games or players")
@@ -368,7 +332,7 @@ class PostgresStore(PostgresReader, Store):
                         if progress:
                             progress(n_players)
                 after = {"games": n_games, "players": n_players}
-                trail.append(conn, True, audit or trail.unattributed(), "store.import", after=after)
+                tx.record("store.import", after=after)
         except psycopg.errors.IntegrityError as e:
             raise _conflict(e) from None
         return n_games, n_players

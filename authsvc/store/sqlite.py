@@ -16,12 +16,14 @@ from collections.abc import Callable, Iterable, Iterator
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store import audit as trail
 from authsvc.store import base
-from authsvc.store.api_tables import API_TABLES, SQLiteTransactions
+from authsvc.store.api_tables import API_TABLES
 from authsvc.store.audit import Audit, Chain, Record
-from authsvc.store.base import ApiKey, Conflict, Game, NotEmpty, Player, Store
+from authsvc.store.base import ApiToken, Conflict, Game, NotEmpty, Player, Store
 from authsvc.store.common import batches, select_games
+from authsvc.store.dialect import SQLITE
 from authsvc.store.sqlite_errors import store_error as _store_error
 from authsvc.store.sqlite_reader import CREDENTIALS_SQL, PLAYER_SQL, SQLiteReader, path_from_url
+from authsvc.store.writes import _TOKEN_COLUMNS, Tx, api_token
 
 __all__ = ["CREDENTIALS_SQL", "PLAYER_SQL", "MIGRATIONS", "WAL_LIMIT_BYTES", "SQLiteStore", "path_from_url"]
 
@@ -82,7 +84,7 @@ def _mapped(method):
     return wrapper
 
 
-class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
+class SQLiteStore(SQLiteReader, Store):
     """A reader (store/sqlite_reader.py) that also writes: what the admin command opens."""
 
     def _open(self) -> sqlite3.Connection:
@@ -151,17 +153,24 @@ class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
                     os.remove(leftover)
             raise ConfigError(f"backup to {target} failed: {e}") from None
 
-    @_mapped
-    def add_game(self, name: str, key_digest: str, now: int, *, audit: Audit | None = None) -> Game:
-        with self._write() as conn:
-            try:
-                cur = conn.execute("INSERT INTO games (name, created_at) VALUES (?, ?)", (name, now))
-            except sqlite3.IntegrityError:
-                raise Conflict(f"a game named {name!r} exists") from None
-            game_id = cur.lastrowid
-            self._insert_key(conn, key_digest, game_id, now)
-            trail.change(conn, False, audit, "game.add", {}, game_id=game_id)
-        return Game(game_id, name, True, now, (ApiKey(key_digest, now, None),))
+    @contextlib.contextmanager
+    def write(self, audit: Audit | None = None) -> Iterator[Tx]:
+        """BEGIN IMMEDIATE (the writer lock: store/writes.py) ... COMMIT, ROLLBACK on any exception;
+        sqlite3's errors become the store's. Inside an open write on this thread: that one."""
+        open_tx = getattr(self._local, "tx", None)
+        if open_tx is not None:
+            yield open_tx.joined(audit)
+            return
+        try:
+            with self._write() as conn:
+                self._local.tx = Tx(conn, SQLITE, audit or trail.unattributed())
+                try:
+                    yield self._local.tx
+                finally:
+                    self._local.tx = None
+        except sqlite3.Error as e:
+            self._drop()
+            raise _store_error(e, self.path) from None
 
     def _games(self, where: str = "", args: tuple = ()) -> list[Game]:
         with self._held() as conn:
@@ -177,42 +186,6 @@ class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
         return self._games()
 
     @_mapped
-    def set_game_enabled(self, game_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
-        with self._write() as conn:
-            if (before := trail.game_state(conn, False, game_id)) is None:
-                return False
-            conn.execute("UPDATE games SET enabled = ? WHERE id = ?", (int(enabled), game_id))
-            trail.change(conn, False, audit, "game.enable" if enabled else "game.disable", before, game_id=game_id)
-        return True
-
-    @_mapped
-    def add_api_key(
-        self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None, *, audit: Audit | None = None
-    ) -> bool:
-        with self._write() as conn:
-            if (before := trail.game_state(conn, False, game_id)) is None:
-                return False
-            if old_keys_expire_at is not None:
-                conn.execute(
-                    "UPDATE api_keys SET expires_at = ? WHERE game_id = ? AND (expires_at IS NULL OR expires_at > ?)",
-                    (old_keys_expire_at, game_id, old_keys_expire_at),
-                )
-            self._insert_key(conn, key_digest, game_id, now)
-            trail.change(conn, False, audit, "game.rotate_key", before, game_id=game_id,
-                        extra={"old_keys_expire_at": old_keys_expire_at})
-        return True
-
-    @staticmethod
-    def _insert_key(conn: sqlite3.Connection, digest: str, game_id: int, now: int, expires_at=None) -> None:
-        try:
-            conn.execute(
-                "INSERT INTO api_keys (digest, game_id, created_at, expires_at) VALUES (?, ?, ?, ?)",
-                (digest, game_id, now, expires_at),
-            )
-        except sqlite3.IntegrityError:
-            raise Conflict("that api key digest is already in use") from None
-
-    @_mapped
     def get_player(self, user_id: int) -> Player | None:
         row = self._conn().execute(
             "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players WHERE user_id = ?", (user_id,)
@@ -220,80 +193,44 @@ class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
         return Player(row[0], row[1], row[2], bool(row[3]), row[4]) if row else None
 
     @_mapped
-    def add_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> Player:
-        audit = audit or trail.unattributed()
-        with self._write() as conn:
-            try:
-                conn.execute("INSERT INTO players (user_id, username, updated_at_ms) VALUES (?, ?, ?)",
-                             (user_id, username, audit.at_ms))
-            except sqlite3.IntegrityError:
-                raise Conflict(f"player {user_id} exists") from None
-            trail.change(conn, False, audit, "player.add", {}, user_id=user_id)
-        return Player(user_id, username, 0, True, audit.at_ms)
-
-    def _player_change(self, user_id: int, action: str, sql: str, args: tuple, audit: Audit | None) -> dict | None:
-        """One UPDATE of a player and its record; the state after, None if no such player.
-
-        ``sql`` sets updated_at_ms to its first parameter, the record's time, in a row it changes
-        (its WHERE leaves out a row that would stay as it is: the same name, the same flag)."""
-        audit = audit or trail.unattributed()
-        with self._write() as conn:
-            if (before := trail.player_state(conn, False, user_id)) is None:
-                return None
-            conn.execute(sql, (audit.at_ms, *args))
-            trail.change(conn, False, audit, action, before, user_id=user_id)
-            return trail.player_state(conn, False, user_id)
-
-    @_mapped
-    def rename_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> bool:
-        sql = "UPDATE players SET username = ?2, updated_at_ms = ?1 WHERE user_id = ?3 AND username <> ?2"
-        return self._player_change(user_id, "player.rename", sql, (username, user_id), audit) is not None
-
-    @_mapped
-    def set_player_enabled(self, user_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
-        sql = "UPDATE players SET enabled = ?2, updated_at_ms = ?1 WHERE user_id = ?3 AND enabled <> ?2"
-        action = f"player.{'en' if enabled else 'dis'}able"
-        return self._player_change(user_id, action, sql, (int(enabled), user_id), audit) is not None
-
-    @_mapped
-    def revoke_player(self, user_id: int, *, audit: Audit | None = None) -> int | None:
-        sql = "UPDATE players SET epoch = epoch + 1, updated_at_ms = ? WHERE user_id = ?"
-        after = self._player_change(user_id, "player.revoke", sql, (user_id,), audit)
-        return after["epoch"] if after else None
-
-    @_mapped
     def upsert_players(
         self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None,
         *, audit: Audit | None = None,
     ) -> int:
-        audit = audit or trail.unattributed()
-        # The record's time as a literal (an int), so the rows go to executemany as they come; a row
-        # whose name is already the one given is left as it is, its updated_at_ms with it.
-        sql = (
-            f"INSERT INTO players (user_id, username, updated_at_ms) VALUES (?, ?, {audit.at_ms:d}) "
-            "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, updated_at_ms = excluded.updated_at_ms "
-            "WHERE players.username <> excluded.username"
-        )
         count = 0
-        with self._write() as conn:
+        with self.write(audit) as tx:
+            # The record's time as a literal (an int), so the rows go to executemany as they come; a row
+            # whose name is already the one given is left as it is, its updated_at_ms with it.
+            sql = (
+                f"INSERT INTO players (user_id, username, updated_at_ms) VALUES (?, ?, {tx.at_ms:d}) "
+                "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, "
+                "updated_at_ms = excluded.updated_at_ms WHERE players.username <> excluded.username"
+            )
             for batch in batches(rows):
-                conn.executemany(sql, batch)
+                tx.conn.executemany(sql, batch)
                 count += len(batch)
                 if progress:
                     progress(count)
-            trail.append(conn, False, audit, "player.import", after={"rows": count})
+            tx.record("player.import", after={"rows": count})
         return count
+
+    # -- the admin API's bearer tokens ----------------------------------------------------
+    @_mapped
+    def api_tokens(self) -> list[ApiToken]:
+        rows = self._conn().execute(f"SELECT {_TOKEN_COLUMNS} FROM api_tokens ORDER BY name").fetchall()
+        return [api_token(row) for row in rows]
+
+    @_mapped
+    def api_token_by_digest(self, token_digest: str) -> ApiToken | None:
+        """Outside any transaction (an autocommit read): it never waits for a writer."""
+        row = self._conn().execute(f"SELECT {_TOKEN_COLUMNS} FROM api_tokens WHERE digest = ?",
+                                   (token_digest,)).fetchone()
+        return None if row is None else api_token(row)
 
     # -- the audit trail (store/audit.py) ----------------------------------------------
     @_mapped
-    def note(self, action: str, *, audit: Audit, game_id=None, user_id=None, after: dict | None = None) -> Record:
-        """A record of an event that changes no row (a token minted), in a transaction of its own."""
-        with self._write() as conn:
-            return trail.append(conn, False, audit, action, game_id=game_id, user_id=user_id, after=after)
-
-    @_mapped
     def audit_records(self, **filters) -> list[Record]:
-        return trail.select(self._conn(), False, **filters)
+        return trail.select(self._conn(), SQLITE, **filters)
 
     def audit_walk(self) -> Iterator[Chain | Record]:
         """The chain row, then every record oldest first, from one snapshot."""
@@ -301,18 +238,13 @@ class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
             conn = self._conn()
             conn.execute("BEGIN")
             try:
-                yield trail.read_chain(conn, False)
-                yield from trail.walk(conn, False)
+                yield trail.read_chain(conn, SQLITE)
+                yield from trail.walk(conn, SQLITE)
             finally:
                 conn.execute("COMMIT")
         except sqlite3.Error as e:
             self._drop()
             raise _store_error(e, self.path) from None
-
-    @_mapped
-    def audit_prune(self, before_ms: int, *, audit: Audit) -> Record:
-        with self._write() as conn:
-            return trail.prune(conn, False, audit, before_ms)
 
     # -- moving between stores --------------------------------------------------------
     @_mapped
@@ -351,7 +283,9 @@ class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
     ) -> tuple[int, int]:
         n_games = n_players = 0
         top = game_id_high_water
-        with self._write() as conn:
+        with self.write(audit) as tx:
+            conn = tx.conn
+            tx.locked()
             if conn.execute("SELECT EXISTS (SELECT 1 FROM games) OR EXISTS (SELECT 1 FROM players)").fetchone()[0]:
                 raise NotEmpty("the store already holds games or players")
             for game in games:
@@ -363,7 +297,11 @@ class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
                 except sqlite3.IntegrityError:
                     raise Conflict("two games have the same id or name") from None
                 for key in game.keys:
-                    self._insert_key(conn, key.digest, game.id, key.created_at, key.expires_at)
+                    try:
+                        conn.execute("INSERT INTO api_keys (digest, game_id, created_at, expires_at) VALUES (?, ?, ?, ?)",
+                                     (key.digest, game.id, key.created_at, key.expires_at))
+                    except sqlite3.IntegrityError:
+                        raise Conflict("that api key digest is already in use") from None
                 n_games += 1
                 top = max(top, game.id)
             # AUTOINCREMENT keeps its high-water mark here: ids are never handed out twice.
@@ -380,7 +318,7 @@ class SQLiteStore(SQLiteTransactions, SQLiteReader, Store):
                 if progress:
                     progress(n_players)
             after = {"games": n_games, "players": n_players}
-            trail.append(conn, False, audit or trail.unattributed(), "store.import", after=after)
+            tx.record("store.import", after=after)
         return n_games, n_players
 
 

@@ -1,0 +1,80 @@
+"""What differs between the engines' SQL, in one object each: placeholders, flags, savepoints, bulk writes.
+
+The statements of a write (store/writes.py) and of the audit trail (store/audit.py) are written
+once, with ``?`` placeholders, and run on either engine through its dialect. What cannot be
+written once (a game's new id, a many-row upsert) is a method here. SQLite's dialect lives here;
+PostgreSQL's in store/postgres.py, which alone imports psycopg.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+
+class Dialect:
+    """One engine's spelling of the store's statements."""
+
+    name = ""
+    # Taken by every write before its first statement (store/writes.py): the audit chain's one row,
+    # so writers run one at a time, in the order their records take along the chain.
+    WRITER_LOCK = "SELECT head_id, head_hash FROM audit_chain WHERE id = 1"
+
+    def sql(self, text: str) -> str:
+        return text
+
+    def flag(self, value: bool) -> Any:
+        return value
+
+    @contextlib.contextmanager
+    def savepoint(self, conn: Any) -> Iterator[None]:
+        raise NotImplementedError
+
+    def insert_game(self, conn: Any, name: str, now: int) -> int:
+        raise NotImplementedError
+
+    def current_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
+        """(user_id, username, enabled) of those of ``user_ids`` that exist."""
+        raise NotImplementedError
+
+    def write_players(self, conn: Any, rows: Sequence[tuple[int, str, bool]], at_ms: int) -> None:
+        """Insert or overwrite (user_id, username, enabled) rows, each stamped ``at_ms``."""
+        raise NotImplementedError
+
+
+class SQLiteDialect(Dialect):
+    name = "sqlite"
+
+    def flag(self, value: bool) -> int:
+        return int(value)
+
+    @contextlib.contextmanager
+    def savepoint(self, conn: Any) -> Iterator[None]:
+        conn.execute("SAVEPOINT part")
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK TO part")
+            conn.execute("RELEASE part")
+            raise
+        conn.execute("RELEASE part")
+
+    def insert_game(self, conn: Any, name: str, now: int) -> int:
+        return conn.execute("INSERT INTO games (name, created_at) VALUES (?, ?)", (name, now)).lastrowid
+
+    def current_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
+        return conn.execute("SELECT user_id, username, enabled FROM players WHERE user_id IN "
+                            "(SELECT value FROM json_each(?))", (json.dumps(list(user_ids)),)).fetchall()
+
+    def write_players(self, conn: Any, rows: Sequence[tuple[int, str, bool]], at_ms: int) -> None:
+        conn.executemany(
+            "INSERT INTO players (user_id, username, enabled, updated_at_ms) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, enabled = excluded.enabled, "
+            "updated_at_ms = excluded.updated_at_ms",
+            [(user_id, username, int(enabled), at_ms) for user_id, username, enabled in rows],
+        )
+
+
+SQLITE = SQLiteDialect()

@@ -1,0 +1,235 @@
+"""One write transaction (``Tx``): every statement the admin side writes, on either engine.
+
+``store.write(audit)`` (store/base.py) opens one and hands it out; a write called while one is
+open on the same thread joins it, so the admin API's Idempotency-Key record, the change and the
+change's audit record commit together or not at all (authsvc/admin/idempotency.py).
+
+The writer lock. A transaction's first statement takes the audit chain's row (SQLite: BEGIN
+IMMEDIATE takes the file's; PostgreSQL: ``FOR UPDATE``), before any other row, so writers run
+one at a time and can never deadlock; what one reads it may act on (a signup that finds no
+player inserts one no other writer is inserting; a mint reads an epoch no revoke moves before
+it commits). Only then is the time read (the audit's clock), and never earlier than the head
+record's: along the chain, time never runs backwards, and ``updated_at`` with it.
+
+Rules are not here: a method does what it is told and says what it found (None for no such
+row, Conflict for a taken name); the operations layer (authsvc/admin/operations.py) decides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from authsvc.store import audit as trail
+from authsvc.store.audit import Audit, Record
+from authsvc.store.base import ApiKey, ApiToken, Conflict, Game, Player
+from authsvc.store.common import select_games
+from authsvc.store.dialect import Dialect
+
+_PLAYER = "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players WHERE user_id = ?"
+_TOKEN_COLUMNS = "name, scopes, created_at, expires_at, revoked_at"
+
+
+def api_token(row: Sequence) -> ApiToken:
+    return ApiToken(row[0], tuple(row[1].split()), row[2], row[3], row[4])
+
+
+class _Lock:
+    """The writer lock's state, shared by a transaction and the writes that join it."""
+
+    def __init__(self) -> None:
+        self.at_ms: int | None = None
+
+
+class Tx:
+    """One write transaction on ``conn``; ``audit`` names who acts (each joined write may name its own)."""
+
+    def __init__(self, conn: Any, dialect: Dialect, audit: Audit, lock: _Lock | None = None, collate: str = ""):
+        self.conn = conn
+        self.d = dialect
+        self.audit = audit
+        self._lock = lock or _Lock()
+        self._collate = collate
+
+    def joined(self, audit: Audit | None) -> Tx:
+        """This transaction, for a write nested in it (its own audit, the same lock and time)."""
+        return Tx(self.conn, self.d, audit or self.audit, self._lock, self._collate)
+
+    def _sql(self, text: str, args: tuple = ()) -> Any:
+        return self.conn.execute(self.d.sql(text), args)
+
+    @property
+    def at_ms(self) -> int:
+        """The transaction's time, read once it holds the writer lock (taken here on first use)."""
+        if self._lock.at_ms is None:
+            head_id, _ = self.conn.execute(self.d.WRITER_LOCK).fetchone()
+            self._lock.at_ms = max(self.audit.now_ms(), trail.head_time(self.conn, self.d, head_id))
+        return self._lock.at_ms
+
+    def locked(self) -> None:
+        """Take the writer lock now (before a read whose answer the write will act on)."""
+        _ = self.at_ms
+
+    def savepoint(self):
+        """``with tx.savepoint():`` the statements inside undone if it raises; the transaction goes on."""
+        self.locked()
+        return self.d.savepoint(self.conn)
+
+    def record(self, action: str, *, game_id: int | None = None, user_id: int | None = None,
+               before: dict | None = None, after: dict | None = None) -> Record:
+        """One audit record of this write (an event that changes no row, too: a token minted)."""
+        return trail.append(self.conn, self.d, self.audit, self.at_ms, action, game_id=game_id, user_id=user_id,
+                            before=before, after=after)
+
+    def prune_audit(self, before_ms: int) -> Record:
+        """Delete the records before ``before_ms`` (store/audit.py's prune) and record the prune."""
+        return trail.prune(self.conn, self.d, self.audit, self.at_ms, before_ms)
+
+    def _player_record(self, action: str, user_id: int, before: dict) -> Record:
+        return self.record(action, user_id=user_id, before=before, after=trail.player_state(self.conn, self.d, user_id))
+
+    def _game_record(self, action: str, game_id: int, before: dict, extra: dict | None = None) -> Record:
+        after = (trail.game_state(self.conn, self.d, game_id) or {}) | (extra or {})
+        return self.record(action, game_id=game_id, before=before, after=after)
+
+    # -- players ------------------------------------------------------------------------------
+    def player(self, user_id: int) -> Player | None:
+        self.locked()
+        row = self._sql(_PLAYER, (user_id,)).fetchone()
+        return None if row is None else Player(row[0], row[1], row[2], bool(row[3]), row[4])
+
+    def add_player(self, user_id: int, username: str, enabled: bool = True) -> Player:
+        """Raise Conflict if the player exists."""
+        if self.player(user_id) is not None:
+            raise Conflict(f"player {user_id} exists")
+        self._sql("INSERT INTO players (user_id, username, enabled, updated_at_ms) VALUES (?, ?, ?, ?)",
+                  (user_id, username, self.d.flag(enabled), self.at_ms))
+        self.record("player.add", user_id=user_id, before={}, after=trail.player_state(self.conn, self.d, user_id))
+        return Player(user_id, username, 0, enabled, self.at_ms)
+
+    def _change_player(self, user_id: int, action: str, sql: str, args: tuple) -> dict | None:
+        """One UPDATE of a player and its record; the state after, None if no such player. ``sql`` sets
+        updated_at_ms to its first parameter; its WHERE leaves out a row that would stay as it is."""
+        self.locked()
+        if (before := trail.player_state(self.conn, self.d, user_id)) is None:
+            return None
+        self._sql(sql, (self.at_ms, *args))
+        self._player_record(action, user_id, before)
+        return trail.player_state(self.conn, self.d, user_id)
+
+    def rename_player(self, user_id: int, username: str) -> bool:
+        sql = "UPDATE players SET updated_at_ms = ?, username = ? WHERE user_id = ? AND username <> ?"
+        return self._change_player(user_id, "player.rename", sql, (username, user_id, username)) is not None
+
+    def set_player_enabled(self, user_id: int, enabled: bool) -> bool:
+        sql = "UPDATE players SET updated_at_ms = ?, enabled = ? WHERE user_id = ? AND enabled <> ?"
+        flag = self.d.flag(enabled)
+        action = f"player.{'en' if enabled else 'dis'}able"
+        return self._change_player(user_id, action, sql, (flag, user_id, flag)) is not None
+
+    def revoke_player(self, user_id: int) -> int | None:
+        """Bump the credential epoch; the new epoch, None if no such player."""
+        after = self._change_player(user_id, "player.revoke",
+                                    "UPDATE players SET updated_at_ms = ?, epoch = epoch + 1 WHERE user_id = ?",
+                                    (user_id,))
+        return None if after is None else after["epoch"]
+
+    def players_now(self, user_ids: Sequence[int]) -> dict[int, tuple[str, bool]]:
+        """{user id: (username, enabled)} of those of ``user_ids`` that exist."""
+        self.locked()
+        return {row[0]: (row[1], bool(row[2])) for row in self.d.current_players(self.conn, user_ids)}
+
+    def write_players(self, rows: Sequence[tuple[int, str, bool]], action: str, after: dict) -> Record:
+        """Insert or overwrite many players, stamped with this write's time, and one record for them all."""
+        self.d.write_players(self.conn, rows, self.at_ms)
+        return self.record(action, after=after)
+
+    # -- games and their keys -------------------------------------------------------------------
+    def game(self, game_id: int) -> Game | None:
+        self.locked()
+        found = select_games(self.conn, self.d.sql("WHERE id = ?"), (game_id,), self._collate)
+        return found[0] if found else None
+
+    def add_game(self, name: str, key_digest: str, now: int) -> Game:
+        """A game and its first key; Conflict if the name (or, by chance, the digest) is taken."""
+        self.locked()
+        if self._sql("SELECT 1 FROM games WHERE name = ?", (name,)).fetchone() is not None:
+            raise Conflict(f"a game named {name!r} exists")
+        self._check_digest(key_digest)
+        game_id = self.d.insert_game(self.conn, name, now)
+        self._insert_key(key_digest, game_id, now)
+        self._game_record("game.add", game_id, {})
+        return Game(game_id, name, True, now, (ApiKey(key_digest, now, None),))
+
+    def _check_digest(self, key_digest: str) -> None:
+        if self._sql("SELECT 1 FROM api_keys WHERE digest = ?", (key_digest,)).fetchone() is not None:
+            raise Conflict("that api key digest is already in use")
+
+    def _insert_key(self, key_digest: str, game_id: int, now: int, expires_at: int | None = None) -> None:
+        self._sql("INSERT INTO api_keys (digest, game_id, created_at, expires_at) VALUES (?, ?, ?, ?)",
+                  (key_digest, game_id, now, expires_at))
+
+    def set_game_enabled(self, game_id: int, enabled: bool) -> bool:
+        self.locked()
+        if (before := trail.game_state(self.conn, self.d, game_id)) is None:
+            return False
+        self._sql("UPDATE games SET enabled = ? WHERE id = ?", (self.d.flag(enabled), game_id))
+        self._game_record("game.enable" if enabled else "game.disable", game_id, before)
+        return True
+
+    def add_api_key(self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None) -> bool:
+        """A new key; the game's keys with no expiry, or a later one, expire at ``old_keys_expire_at``."""
+        self.locked()
+        if (before := trail.game_state(self.conn, self.d, game_id)) is None:
+            return False
+        self._check_digest(key_digest)
+        if old_keys_expire_at is not None:
+            self._sql("UPDATE api_keys SET expires_at = ? WHERE game_id = ? AND (expires_at IS NULL OR expires_at > ?)",
+                      (old_keys_expire_at, game_id, old_keys_expire_at))
+        self._insert_key(key_digest, game_id, now)
+        self._game_record("game.rotate_key", game_id, before, {"old_keys_expire_at": old_keys_expire_at})
+        return True
+
+    # -- the admin API's bearer tokens ------------------------------------------------------------
+    def add_api_token(self, name: str, token_digest: str, scopes: tuple[str, ...], now: int,
+                      expires_at: int | None) -> ApiToken | None:
+        """The new token's row and its record (name, scopes, expiry: never the digest); None if the name is taken."""
+        self.locked()
+        taken = self._sql("SELECT 1 FROM api_tokens WHERE name = ? OR digest = ?", (name, token_digest)).fetchone()
+        if taken is not None:
+            return None
+        self._sql("INSERT INTO api_tokens (name, digest, scopes, created_at, expires_at) VALUES (?, ?, ?, ?, ?)",
+                  (name, token_digest, " ".join(scopes), now, expires_at))
+        self.record("api_token.add", after={"name": name, "scopes": list(scopes), "expires_at": expires_at})
+        return ApiToken(name, scopes, now, expires_at, None)
+
+    def revoke_api_token(self, name: str, now: int) -> ApiToken | None:
+        """Mark the token revoked (once: a second revoke changes nothing and writes no record); None if no such name."""
+        self.locked()
+        row = self._sql(f"SELECT {_TOKEN_COLUMNS} FROM api_tokens WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            return None
+        token = api_token(row)
+        if token.revoked_at is not None:
+            return token
+        self._sql("UPDATE api_tokens SET revoked_at = ? WHERE name = ?", (now, name))
+        self.record("api_token.revoke", before={"name": name, "revoked_at": None},
+                    after={"name": name, "revoked_at": now})
+        return dataclasses.replace(token, revoked_at=now)
+
+    # -- Idempotency-Key records -------------------------------------------------------------------
+    def kept_answer(self, token_name: str, key: str, kept_since: int) -> tuple[str, int, str | None] | None:
+        """(request hash, status, answer) kept for this token's key, None if none; forgets keys older than
+        ``kept_since`` first."""
+        self.locked()
+        self._sql("DELETE FROM idempotency_keys WHERE created_at < ?", (kept_since,))
+        row = self._sql("SELECT request_hash, status, body FROM idempotency_keys WHERE token_name = ? AND key = ?",
+                        (token_name, key)).fetchone()
+        return None if row is None else (row[0], row[1], row[2])
+
+    def keep_answer(self, token_name: str, key: str, request_hash: str, now: int, status: int, body: str) -> None:
+        """Keep the answer to this token's key (replacing a row a release before left "running")."""
+        self._sql("DELETE FROM idempotency_keys WHERE token_name = ? AND key = ?", (token_name, key))
+        self._sql("INSERT INTO idempotency_keys (token_name, key, request_hash, created_at, status, body) "
+                  "VALUES (?, ?, ?, ?, ?, ?)", (token_name, key, request_hash, now, status, body))
