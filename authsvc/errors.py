@@ -1,12 +1,52 @@
-"""Typed errors, mapped to JSON answers in one place (app.py).
+"""The one error model: every refusal and failure the service names, as one hierarchy.
 
-Each HTTP error knows its status and the text a client sees; nothing here ever
-carries a request value, so no secret can leak through an error message.
+Each class is one meaning, with the HTTP status it stands for and a short ``slug``; an error
+carries a ``detail`` worded for no front door in particular, and, for bad input, the ``field``
+at fault. Each front door maps them once:
+
+- the game-facing endpoint (authsvc/web/app.py): ``{"success": false, "error": status,
+  "error_description": detail}``; the web path's own errors keep their wire texts as the
+  classes' default details ("Not found", "Bad request", ...);
+- the admin API (authsvc/admin/api.py, ``problem_for``): an RFC 9457 problem of that status
+  and slug, ``field`` as the body's JSON pointer (``/old_key_ttl``);
+- the admin command (authsvc/admin/command.py): one line on stderr and exit 1, ``field`` as
+  its option (``--old-key-ttl``).
+
+Nothing here carries a request value unless the code that raises it put it there, and no
+code puts a secret into one.
 """
 
+from __future__ import annotations
 
-class ConfigError(Exception):
+
+class Error(Exception):
+    """The base of every error the service names; ``status`` and ``slug`` say which meaning it is."""
+
+    status = 500
+    slug = "internal"
+    detail = "Internal server error"
+    headers: tuple[tuple[str, str], ...] = ()  # a class may set its own (a shed 503's Retry-After)
+
+    def __init__(self, detail: str | None = None, *, field: str | None = None,
+                 headers: tuple[tuple[str, str], ...] = (), extra: dict | None = None,
+                 errors: list[dict] | None = None):
+        super().__init__(detail or self.detail)
+        if detail:
+            self.detail = detail
+        self.field = field  # the input at fault: a body field's JSON pointer, a query or header name
+        if headers:
+            self.headers = headers
+        self.extra = extra or {}
+        self.errors = errors  # several fields at fault, as the admin API lists them
+
+
+# -- the store and the settings: the service cannot answer (503) -------------------------------
+
+
+class ConfigError(Error):
     """Settings, secret or store unusable at start-up: the process must not serve."""
+
+    status, slug = 503, "unavailable"
 
 
 class StoreUnreachable(ConfigError):
@@ -14,8 +54,10 @@ class StoreUnreachable(ConfigError):
     start-up, tolerated in a gunicorn worker that boots during an outage (docs/stores.md, "Outages")."""
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailable(Error):
     """The store cannot answer right now (down, missing, unreadable): HTTP 503, one line for the admin."""
+
+    status, slug = 503, "unavailable"
 
 
 class StoreLocked(StoreUnavailable):
@@ -26,72 +68,84 @@ class StoreFull(StoreUnavailable):
     """The disk (or the database's quota) is full: the write was rolled back."""
 
 
-class CommandError(Exception):
-    """Bad input or a failed precondition in the admin command: one line on stderr, exit 1."""
+class ServiceUnavailable(Error):
+    """Not now (shed, not ready); the game-facing wire text is the default detail."""
+
+    status, slug = 503, "unavailable"
+    detail = "Service temporarily unavailable, try again"
 
 
-class OperationError(CommandError):
-    """A write or read of the operations layer (authsvc/admin/operations.py) refused, in one line.
-
-    The command prints it and exits 1; the admin API will answer each subclass with
-    its own HTTP status. A store that is locked or down raises StoreLocked or
-    StoreUnavailable (above), which both front doors map as well.
-    """
+# -- the request or the command's input: refused (4xx) -----------------------------------------
 
 
-class OperationNotFound(OperationError):
-    """No such game or player (API: 404)."""
+class BadRequest(Error):
+    """A request that cannot be read at all (broken body, framing)."""
+
+    status, slug, detail = 400, "bad-request", "Bad request"
 
 
-class OperationConflict(OperationError):
-    """The write would break a uniqueness rule, or the store is not empty (API: 409)."""
+class CommandError(BadRequest):
+    """The admin command's own input (a file it cannot read, an option out of range): one line, exit 1."""
 
 
-class OperationPreconditionFailed(OperationError):
-    """A conditional write (the admin API's If-Match) found the target changed meanwhile (API: 412)."""
+class Unauthorized(Error):
+    status, slug = 401, "unauthorized"
 
 
-class OperationInvalid(OperationError):
-    """Input that breaks a rule: a name, a user id, a TTL, a file's rows (API: 422)."""
+class Forbidden(Error):
+    status, slug = 403, "forbidden"
 
 
-class HTTPError(Exception):
-    status = 500
-    description = "Internal server error"
-    headers: tuple[tuple[str, str], ...] = ()
+class NotFound(Error):
+    """No such game, player, token or path."""
 
-    def __init__(self, description: str | None = None):
-        super().__init__(description or self.description)
-        if description:
-            self.description = description
+    status, slug, detail = 404, "not-found", "Not found"
 
 
-class NotFound(HTTPError):
-    status = 404
-    description = "Not found"
+class MethodNotAllowed(Error):
+    status, slug, detail = 405, "method-not-allowed", "Method not allowed"
+
+    def __init__(self, allowed: tuple[str, ...], detail: str | None = None):
+        super().__init__(detail, headers=(("Allow", ", ".join(allowed)),))
 
 
-class MethodNotAllowed(HTTPError):
-    status = 405
-    description = "Method not allowed"
+class Conflict(Error):
+    """The write would break a uniqueness rule, or the store is not empty."""
 
-    def __init__(self, allowed: tuple[str, ...]):
-        super().__init__()
-        self.headers = (("Allow", ", ".join(allowed)),)
+    status, slug = 409, "conflict"
 
 
-class BadRequest(HTTPError):
-    """A request the service cannot read at all (broken body); error 400."""
+class SecretNotKept(Conflict):
+    """A replayed request whose answer held a secret shown once (authsvc/admin/idempotency.py)."""
 
-    status = 400
-    description = "Bad request"
-
-
-class PayloadTooLarge(HTTPError):
-    status = 413
-    description = "Request body too large"
+    slug = "idempotency-secret-not-kept"
 
 
-class ServiceUnavailable(HTTPError):
-    status = 503
-    description = "Service temporarily unavailable, try again"
+class PreconditionFailed(Error):
+    """A conditional write (If-Match) found the target changed meanwhile."""
+
+    status, slug = 412, "precondition-failed"
+
+
+class PayloadTooLarge(Error):
+    status, slug, detail = 413, "too-large", "Request body too large"
+
+
+class UnsupportedMediaType(Error):
+    status, slug = 415, "unsupported-media-type"
+
+
+class Invalid(Error):
+    """Input that breaks a rule: a name, an id, a TTL, a file's rows; ``field`` names it if one does."""
+
+    status, slug = 422, "validation"
+
+
+class KeyReused(Error):
+    """An Idempotency-Key sent again with another request."""
+
+    status, slug = 422, "idempotency-key-reused"
+
+
+class TooManyRequests(Error):
+    status, slug = 429, "too-many-requests"

@@ -8,14 +8,14 @@ in. New names may not hold them; names stored before that rule are printed with
 each such character escaped. JSON output escapes them by itself.
 
 The rules for new names and ids live here, shared by the admin command, the
-operations layer and the player import: each raises OperationInvalid.
+operations layer and the player import: each raises Invalid.
 """
 
 from __future__ import annotations
 
 import unicodedata
 
-from authsvc.errors import OperationInvalid
+from authsvc.errors import Invalid
 
 HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
@@ -40,15 +40,15 @@ def check_visible(what: str, name: str) -> None:
     """Refuse a new name holding a character that is invisible or reorders text."""
     found = hidden_character(name)
     if found:
-        raise OperationInvalid(f"{what} must not contain control, format or separator characters ({found})")
+        raise Invalid(f"{what} must not contain control, format or separator characters ({found})")
 
 
 def check_username(name: str) -> str:
     check_visible("username", name)
     if not name.strip() or name != name.strip():
-        raise OperationInvalid("username must not be empty or start or end with white space")
+        raise Invalid("username must not be empty or start or end with white space")
     if len(name) > MAX_USERNAME:
-        raise OperationInvalid(f"username must be at most {MAX_USERNAME} characters")
+        raise Invalid(f"username must be at most {MAX_USERNAME} characters")
     return name
 
 
@@ -57,20 +57,20 @@ def check_game_name(name: str) -> str:
     check_visible("game name", name)
     name = name.strip()
     if not name or len(name) > MAX_GAME_NAME:
-        raise OperationInvalid(f"game name must be 1 to {MAX_GAME_NAME} printable characters")
+        raise Invalid(f"game name must be 1 to {MAX_GAME_NAME} printable characters")
     return name
 
 
 def check_user_id(user_id: int) -> int:
     """The user-id rule of docs/api.md: a whole number from 1 to 2^63-1."""
     if type(user_id) is not int or not 1 <= user_id <= MAX_ID:
-        raise OperationInvalid(f"user id must be a whole number from 1 to 2^63-1, got {user_id!r}")
+        raise Invalid(f"user id must be a whole number from 1 to 2^63-1, got {user_id!r}")
     return user_id
 
 
 def check_game_id(game_id: int) -> int:
     if type(game_id) is not int or not 1 <= game_id <= MAX_ID:
-        raise OperationInvalid(f"game id must be a positive whole number, got {game_id!r}")
+        raise Invalid(f"game id must be a positive whole number, got {game_id!r}")
     return game_id
 
 

@@ -12,7 +12,7 @@ import secrets
 import uuid
 from typing import TYPE_CHECKING
 
-from authsvc.errors import OperationNotFound
+from authsvc.errors import NotFound
 
 if TYPE_CHECKING:
     from authsvc.store.base import Player, Store
@@ -29,14 +29,14 @@ def current_token(store: Store, secret: bytes, game_id: int, user_id: int) -> tu
     """The token the service accepts now for this game and player (their current epoch), and the player.
 
     The one place the admin side mints from the store: ``authsvc token issue`` and
-    ``authsvc check``. OperationNotFound (authsvc/errors.py) names a game or player the store lacks.
+    ``authsvc check``. NotFound (authsvc/errors.py) names a game or player the store lacks.
     """
     game = store.get_game(game_id)
     player = store.get_player(user_id)
     if game is None:
-        raise OperationNotFound(f"no game {game_id}")
+        raise NotFound(f"no game {game_id}")
     if player is None:
-        raise OperationNotFound(f"no player {user_id}")
+        raise NotFound(f"no player {user_id}")
     return mint_token(secret, game.id, player.user_id, player.epoch), player
 
 

@@ -29,7 +29,7 @@ from openapi_spec_validator import validate
 
 from authsvc.admin import operations as ops
 from authsvc.admin.api import AdminApp
-from authsvc.errors import OperationInvalid
+from authsvc.errors import Invalid
 from authsvc.names import check_game_name, check_username
 from authsvc.settings import Settings
 from authsvc.store import open_store
@@ -369,7 +369,7 @@ def test_the_documents_names_rule_is_the_services():
     def accepts(check, name: str) -> bool:
         try:
             check(name)
-        except OperationInvalid:
+        except Invalid:
             return False
         return True
 

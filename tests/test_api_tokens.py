@@ -20,7 +20,7 @@ from authsvc import cli
 from authsvc.admin import api_tokens
 from authsvc.admin import operations as ops
 from authsvc.admin.api import AdminApp
-from authsvc.errors import OperationConflict, OperationInvalid, OperationNotFound
+from authsvc.errors import Conflict, Invalid, NotFound
 from authsvc.settings import Settings
 from tests.support import store_sql
 
@@ -62,7 +62,7 @@ def test_names_are_never_reused_and_bad_input_is_refused(run, store_url):
     assert run("api-token", "add", "a", "--scope", "games:read")[0] == 1  # not even once revoked
     assert run("api-token", "add", "b", "--scope", "root")[0] == 2  # argparse: not a scope
     code, _, err = run("api-token", "add", "b")
-    assert code == 1 and "give one --scope or more" in err
+    assert code == 1 and "--scope must be given once or more, from: players:read" in err
     code, _, err = run("api-token", "add", "b c", "--scope", "games:read")
     assert code == 1 and "a token name is 1 to 64" in err
     code, _, err = run("api-token", "add", "b", "--scope", "games:read", "--expires-in", "0")
@@ -109,11 +109,11 @@ def test_operations_raise_typed_errors(run, settings):
     ctx = ops.Context(actor="api:test")
     with ops.admin_store(settings) as store:
         ops.add_api_token(store, ctx, "x", ["audit:read"])
-        with pytest.raises(OperationConflict):
+        with pytest.raises(Conflict):
             ops.add_api_token(store, ctx, "x", ["audit:read"])
-        with pytest.raises(OperationInvalid):
+        with pytest.raises(Invalid):
             ops.add_api_token(store, ctx, "y", ["audit:write"])
-        with pytest.raises(OperationNotFound):
+        with pytest.raises(NotFound):
             ops.revoke_api_token(store, ctx, "y")
 
 

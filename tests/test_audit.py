@@ -412,31 +412,31 @@ def test_the_admin_role_may_only_read_and_append_and_the_web_role_not_read(own_p
 
 def test_operations_raise_typed_errors_and_record_the_context(world, store_url, settings):
     from authsvc.admin import operations as ops
-    from authsvc.errors import CommandError, OperationConflict, OperationInvalid, OperationNotFound
+    from authsvc.errors import Conflict, Error, Invalid, NotFound
 
     ctx = ops.Context(actor="api:provisioning", request_id="req-7", clock=lambda: 1_800_000_000.25)
     with ops.admin_store(settings) as store:
         for call, error in [
-            (lambda: ops.revoke_player(store, ctx, 999), OperationNotFound),
-            (lambda: ops.set_game_enabled(store, ctx, 999, False), OperationNotFound),
-            (lambda: ops.add_player(store, ctx, 42, "x"), OperationConflict),
-            (lambda: ops.add_game(store, ctx, "Chess"), OperationConflict),
-            (lambda: ops.add_player(store, ctx, 0, "x"), OperationInvalid),
-            (lambda: ops.add_player(store, ctx, 2**63, "x"), OperationInvalid),
-            (lambda: ops.rename_player(store, ctx, 42, "a\u200bb"), OperationInvalid),
-            (lambda: ops.rotate_game_key(store, ctx, 1, -1), OperationInvalid),
-            (lambda: ops.import_players(store, ctx, b"1,ok\nx,bad\n"), OperationInvalid),
+            (lambda: ops.revoke_player(store, ctx, 999), NotFound),
+            (lambda: ops.set_game_enabled(store, ctx, 999, False), NotFound),
+            (lambda: ops.add_player(store, ctx, 42, "x"), Conflict),
+            (lambda: ops.add_game(store, ctx, "Chess"), Conflict),
+            (lambda: ops.add_player(store, ctx, 0, "x"), Invalid),
+            (lambda: ops.add_player(store, ctx, 2**63, "x"), Invalid),
+            (lambda: ops.rename_player(store, ctx, 42, "a\u200bb"), Invalid),
+            (lambda: ops.rotate_game_key(store, ctx, 1, -1), Invalid),
+            (lambda: ops.import_players(store, ctx, b"1,ok\nx,bad\n"), Invalid),
         ]:
             with pytest.raises(error) as raised:
                 call()
-            assert isinstance(raised.value, CommandError)  # the command prints it in one line, exit 1
+            assert isinstance(raised.value, Error)  # the command prints it in one line, exit 1
         start = head(store_url)
         assert ops.revoke_player(store, ctx, 42) == 1
     (record,) = new_records(store_url, start)
     assert (record.actor, record.request_id, record.at_ms) == ("api:provisioning", "req-7", 1_800_000_000_250)
-    with pytest.raises(OperationInvalid):
+    with pytest.raises(Invalid):
         ops.Context(actor="api:x\n")
-    with pytest.raises(OperationInvalid):
+    with pytest.raises(Invalid):
         ops.Context(actor="api:x", request_id="r" * 201)
 
 

@@ -15,7 +15,7 @@ import wsgiref.simple_server
 import pytest
 
 from authsvc.admin import check
-from authsvc.errors import CommandError
+from authsvc.errors import NotFound
 from authsvc.web.app import make_app
 
 pytestmark = pytest.mark.engine("sqlite")  # the checker is engine-blind; the store only feeds player_token
@@ -194,10 +194,10 @@ def test_player_token_is_the_one_the_app_accepts(world, serve):
 
 
 def test_player_token_for_an_unknown_game_or_player(world):
-    # The one minting helper (authsvc.tokens.current_token) says so as a CommandError: one line, exit 1.
-    with pytest.raises(CommandError, match="no game 999"):
+    # The one minting helper (authsvc.tokens.current_token) says so as a NotFound: one line, exit 1.
+    with pytest.raises(NotFound, match="no game 999"):
         check.player_token(world.settings, 999, world.user_id)
-    with pytest.raises(CommandError, match="no player 4243"):
+    with pytest.raises(NotFound, match="no player 4243"):
         check.player_token(world.settings, world.game_id, 4243)
 
 

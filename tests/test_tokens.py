@@ -99,12 +99,12 @@ def test_new_token_secret_is_256_bits_of_hex():
 
 
 def test_current_token_names_what_is_missing_with_the_core_error(world, admin_store):
-    """tokens.py is core: a missing game or player is the typed OperationNotFound of authsvc/errors.py,
+    """tokens.py is core: a missing game or player is the typed NotFound of authsvc/errors.py,
     which the command prints as one line and the admin API answers with 404."""
-    from authsvc.errors import OperationNotFound
+    from authsvc.errors import NotFound
     from authsvc.tokens import current_token
 
-    with pytest.raises(OperationNotFound, match="^no game 999999$"):
+    with pytest.raises(NotFound, match="^no game 999999$"):
         current_token(admin_store, b"s" * 32, 999999, world.user_id)
-    with pytest.raises(OperationNotFound, match="^no player 999999$"):
+    with pytest.raises(NotFound, match="^no player 999999$"):
         current_token(admin_store, b"s" * 32, world.game_id, 999999)

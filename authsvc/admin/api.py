@@ -31,12 +31,17 @@ from authsvc.admin import operations as ops
 from authsvc.admin.problems import Problem, Request, Response, encode
 from authsvc.admin.ratelimit import RateLimit
 from authsvc.errors import (
+    BadRequest,
     ConfigError,
-    OperationConflict,
-    OperationInvalid,
-    OperationNotFound,
-    OperationPreconditionFailed,
+    Error,
+    Forbidden,
+    Invalid,
+    MethodNotAllowed,
+    PayloadTooLarge,
     StoreUnavailable,
+    TooManyRequests,
+    Unauthorized,
+    UnsupportedMediaType,
 )
 from authsvc.loglines import REQUEST_ID_KEY, ROUTE_KEY
 from authsvc.loglines import request_id as logged_request_id
@@ -70,7 +75,7 @@ class AdminApp:
         try:
             response = self.handle(environ, rid)
         except Exception as e:  # the one error boundary
-            p = e if isinstance(e, Problem) else self.problem_for(e, rid)
+            p = self.problem_for(e, rid)
             response = Response(p.status, p.body(), p.headers, content_type="application/problem+json")
         body = encode(response.obj)
         headers = [
@@ -93,19 +98,13 @@ class AdminApp:
                 ("X-Content-Type-Options", "nosniff")), body
 
     def problem_for(self, error: Exception, rid: str) -> Problem:
-        """The answer to an operation's typed error; a 500 for anything else, its traceback logged."""
-        if isinstance(error, OperationNotFound):
-            return Problem(404, "not-found", str(error))
-        if isinstance(error, OperationConflict):
-            return Problem(409, "conflict", str(error))
-        if isinstance(error, OperationPreconditionFailed):
-            return Problem(412, "precondition-failed", str(error))
-        if isinstance(error, OperationInvalid):
-            return Problem(422, "validation", str(error), errors=[{"field": "", "detail": str(error)}])
+        """The one mapping of errors to problems (authsvc/errors.py); a 500 for anything else, its traceback logged."""
         if isinstance(error, (StoreUnavailable, ConfigError)):
             log.warning("admin API: store unavailable (request %s): %s", rid, str(error).splitlines()[0])
             return Problem(503, "unavailable", "the store cannot answer right now; try again",
                            headers=(("Retry-After", RETRY_AFTER),))
+        if isinstance(error, Error):
+            return problems.from_error(error)
         log.error("admin API: unexpected %s (request %s)", type(error).__name__, rid, exc_info=error)
         return Problem(500, "internal", "unexpected failure; the request id names it in the service's log")
 
@@ -116,17 +115,17 @@ class AdminApp:
         environ[ROUTE_KEY] = OPENAPI_PATH if path == OPENAPI_PATH else routes.route_template(path)
         if path == OPENAPI_PATH:
             if method not in ("GET", "HEAD"):
-                raise Problem(405, "method-not-allowed", f"{OPENAPI_PATH} answers GET, HEAD", headers=(("Allow", "GET, HEAD"),))
+                raise MethodNotAllowed(("GET", "HEAD"), f"{OPENAPI_PATH} answers GET, HEAD")
             return Response(200, self.openapi_document)
         handler, scope, params = routes.match(path, "GET" if method == "HEAD" else method)
         token = self.authenticate(environ)
         wait = self.rate_limit.wait(token.name)
         if wait:
-            raise Problem(429, "too-many-requests", f"this api token is over its rate of {self.settings.admin_rate:g} "
+            raise TooManyRequests(f"this api token is over its rate of {self.settings.admin_rate:g} "
                           "requests a second; try again after Retry-After seconds",
                           headers=(("Retry-After", str(max(1, math.ceil(wait)))),))
         if scope not in token.scopes:
-            raise Problem(403, "forbidden", f"this api token lacks the scope {scope}")
+            raise Forbidden(f"this api token lacks the scope {scope}")
         body = self.read_body(environ, getattr(handler, "max_body_bytes", self.settings.max_body_bytes))
         ctx = ops.Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock)
         request = Request(environ, params, body, ctx, token.name)
@@ -136,7 +135,7 @@ class AdminApp:
         return handler(self, request)
 
     def authenticate(self, environ: dict):
-        unauthorized = Problem(401, "unauthorized", "give a live admin api token: Authorization: Bearer <token>",
+        unauthorized = Unauthorized("give a live admin api token: Authorization: Bearer <token>",
                                headers=(("WWW-Authenticate", 'Bearer realm="authsvc-admin"'),))
         m = _BEARER.fullmatch(environ.get("HTTP_AUTHORIZATION", ""))
         if m is None:
@@ -150,22 +149,22 @@ class AdminApp:
         """The JSON object body, None without one; 413 over the cap (the route's), 415 not JSON, 400 unreadable."""
         length_text = environ.get("CONTENT_LENGTH") or "0"
         if not length_text.isdigit():
-            raise Problem(400, "bad-request", "Content-Length must be a whole number")
+            raise BadRequest("Content-Length must be a whole number")
         length = int(length_text)
         if length > cap:
-            raise Problem(413, "too-large", f"a body here is at most {cap} bytes")
+            raise PayloadTooLarge(f"a body here is at most {cap} bytes")
         if length == 0:
             return None
         if not _JSON_TYPE.fullmatch(environ.get("CONTENT_TYPE", "")):
-            raise Problem(415, "unsupported-media-type", "a body must be JSON: Content-Type: application/json",
+            raise UnsupportedMediaType("a body must be JSON: Content-Type: application/json",
                           headers=(("Accept", "application/json"),))
         raw = environ["wsgi.input"].read(length)
         try:
             obj = json.loads(raw.decode("utf-8"), parse_float=json_number)
         except (UnicodeDecodeError, ValueError, RecursionError):
-            raise Problem(400, "bad-request", "the body is not valid UTF-8 JSON") from None
+            raise BadRequest("the body is not valid UTF-8 JSON") from None
         if not isinstance(obj, dict):
-            raise Problem(422, "validation", "the body must be a JSON object",
+            raise Invalid("the body must be a JSON object",
                           errors=[{"field": "", "detail": "must be a JSON object"}])
         return obj
 

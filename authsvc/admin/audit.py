@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable
 
 from authsvc.admin import operations
-from authsvc.errors import OperationInvalid
+from authsvc.errors import Invalid
 from authsvc.names import MAX_ID, shown
 from authsvc.store.audit import Chain, Record
 
@@ -33,7 +33,7 @@ def parse_time(text: str, now_ms: int) -> int:
     try:
         when = datetime.datetime.fromisoformat(text.strip())
     except ValueError:
-        raise OperationInvalid(
+        raise Invalid(
             f"a time must be a date or date and time (2026-11-01, 2026-11-01T12:00:00Z) or a span ago "
             f"(30d, 12h, 90m), got {text!r}"
         ) from None
@@ -167,7 +167,7 @@ def cmd_audit_prune(args, settings):
     elif settings.audit_retention_days:
         before_ms = now_ms - settings.audit_retention_days * DAY_MS
     else:
-        raise OperationInvalid(
+        raise Invalid(
             "give --before TIME, or set AUTHSVC_AUDIT_RETENTION_DAYS (docs/configuration.md); nothing was pruned"
         )
     with operations.admin_store(settings) as store:

@@ -19,7 +19,7 @@ import dataclasses
 from typing import cast
 
 from authsvc.admin.problems import Problem, invalid
-from authsvc.errors import OperationInvalid
+from authsvc.errors import Invalid
 from authsvc.names import MAX_ID, check_username
 
 MAX_ITEMS = 1000
@@ -75,7 +75,7 @@ def _item(index: int, raw: object) -> tuple[Item | None, list[tuple[str, str]]]:
     else:
         try:
             check_username(username)
-        except OperationInvalid as e:  # the names rule, in the command's words
+        except Invalid as e:  # the names rule, in the command's words
             faults.append((f"{where}/username", str(e)))
     if type(enabled) is not bool:
         faults.append((f"{where}/enabled", "must be true or false"))

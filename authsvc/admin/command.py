@@ -27,7 +27,7 @@ from authsvc.admin import api_token_cmd, audit
 from authsvc.admin import operations as ops
 from authsvc.admin.operations import MAX_OLD_KEY_TTL
 from authsvc.admin.players_import import ProgressBar
-from authsvc.errors import CommandError, ConfigError, StoreUnavailable
+from authsvc.errors import CommandError, Error
 from authsvc.names import check_game_name, check_username, shown
 from authsvc.settings import Settings
 from authsvc.store import redact_url
@@ -319,13 +319,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _line(error: Error) -> str:
+    """An error as the command says it: its first line, bad input as the option at fault (``--old-key-ttl must be
+    from 0 ...``: the body field ``/old_key_ttl`` of the admin API is the option ``--old-key-ttl`` here)."""
+    detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if error.field and error.field.startswith("/"):
+        return f"--{error.field[1:].replace('_', '-')} {detail}"
+    return detail
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env(require_secret=False)
         status, obj, text = args.func(args, settings)
-    except (CommandError, ConfigError, StoreUnavailable) as e:
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    except Error as e:  # the one mapping of errors to the command's line and exit code (authsvc/errors.py)
+        message = _line(e)
         if args.json:
             print(json.dumps({"error": message}))
         print(f"authsvc: error: {message}", file=sys.stderr)

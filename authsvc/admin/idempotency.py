@@ -27,7 +27,9 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from authsvc.admin.problems import Problem, Response, invalid
+from authsvc.admin.problems import Response, invalid
+from authsvc.admin.problems import from_error as problem_for
+from authsvc.errors import Error, KeyReused, SecretNotKept
 from authsvc.store.audit import canonical
 from authsvc.tokens import mint_token
 
@@ -69,10 +71,9 @@ def _replay(app: AdminApp, kept: dict) -> Response:
         secret = app.settings.token_secrets[0]
         obj = obj | {"game_auth_token": mint_token(secret, obj["game_id"], obj["user_id"], obj["epoch"])}
     elif kept["kind"] == "key":
-        raise Problem(409, "idempotency-secret-not-kept",
-                      f"the first request with this Idempotency-Key already made game {obj['game_id']}'s key, "
-                      "shown once and not kept; rotate the key if that answer was lost",
-                      headers=replayed, extra={"game_id": obj["game_id"]})
+        raise SecretNotKept(f"the first request with this Idempotency-Key already made game {obj['game_id']}'s key, "
+                            "shown once and not kept; rotate the key if that answer was lost",
+                            headers=replayed, extra={"game_id": obj["game_id"]})
     return Response(kept["status"], obj, replayed, content_type=kept["content_type"])
 
 
@@ -80,26 +81,26 @@ def run(app: AdminApp, req: Request, key: str, call: Callable[[], Response]) -> 
     """The request once per key: the first answer, kept, or that answer again; one transaction either way."""
     check_key(key)
     token, now, digest = req.token_name, req.ctx.now(), request_hash(req)
-    refused: Problem | None = None
+    refused: Error | None = None
     with app.store.write(req.ctx.audit()) as tx:
         found = tx.kept_answer(token, key, now - WINDOW)
         if found is not None and found[1] != RUNNING:
             if found[0] != digest:
-                raise Problem(422, "idempotency-key-reused", "this Idempotency-Key was used with another request "
-                              "(method, path or body) in the last 24 h")
+                raise KeyReused("this Idempotency-Key was used with another request (method, path or body) "
+                                "in the last 24 h")
             return _replay(app, json.loads(found[2] or "{}"))
         try:
             with tx.savepoint():  # the call's own writes, undone if it is refused
                 response = call()
-        except Exception as e:  # an operation's typed error is an answer too: kept, unless a 5xx
-            refused = e if isinstance(e, Problem) else app.problem_for(e, req.ctx.request_id or "-")
-            if refused.status >= 500:
-                raise refused from None  # nothing kept: the retry runs afresh
-            answer = {"status": refused.status, "obj": refused.body(), "kind": "plain", "content_type": PROBLEM}
-            tx.keep_answer(token, key, digest, now, refused.status, canonical(answer))
+        except Error as e:  # a refusal is an answer too: kept, unless a 5xx (anything else: nothing kept)
+            if e.status >= 500:
+                raise
+            p = problem_for(e)
+            answer = {"status": p.status, "obj": p.body(), "kind": "plain", "content_type": PROBLEM}
+            tx.keep_answer(token, key, digest, now, p.status, canonical(answer))
+            refused = e
         else:
-            kept = _kept(response)
-            tx.keep_answer(token, key, digest, now, response.status, canonical(kept))
+            tx.keep_answer(token, key, digest, now, response.status, canonical(_kept(response)))
     if refused is not None:
-        raise refused from None
+        raise refused
     return response

@@ -4,9 +4,9 @@ The admin command (authsvc/admin/command.py) parses arguments, calls one of thes
 the result; the admin API will do the same over HTTP (docs/admin.md). Each
 function validates its input once (authsvc/names.py's rules, the TTL cap here),
 takes a ``Context`` (who acts, which request, a clock) and raises only typed
-errors: OperationNotFound, OperationConflict, OperationInvalid (authsvc/errors.py;
-all CommandErrors, so the command prints one line and exits 1) and the store's
-StoreLocked / StoreUnavailable / ConfigError. Every write is one transaction of the
+errors of authsvc/errors.py, worded for neither front door (NotFound, Conflict,
+PreconditionFailed, Invalid naming its ``field``), and the store's StoreLocked /
+StoreUnavailable / ConfigError; each front door maps them once. Every write is one transaction of the
 store (``store.write``, authsvc/store/writes.py), its audit record inside it: what a
 write reads to decide (If-Match, a mint's epoch) is what it acts on. Secrets made here
 (a new api key, a token) are returned to the caller to show once, never recorded.
@@ -30,16 +30,16 @@ from authsvc.admin.players_import import import_rows
 from authsvc.admin.put_player import matches
 from authsvc.errors import (
     ConfigError,
-    OperationConflict,
-    OperationInvalid,
-    OperationNotFound,
-    OperationPreconditionFailed,
+    Conflict,
+    Invalid,
+    NotFound,
+    PreconditionFailed,
 )
 from authsvc.names import check_game_id, check_game_name, check_user_id, check_username
 from authsvc.settings import Settings, admin_actor
-from authsvc.store import open_store
+from authsvc.store import base, open_store
 from authsvc.store.audit import Audit, Record, canonical
-from authsvc.store.base import Conflict, Game, Player, Store
+from authsvc.store.base import Game, Player, Store
 from authsvc.store.sqlite import SQLiteStore
 from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
 
@@ -58,9 +58,9 @@ class Context:
 
     def __post_init__(self) -> None:
         if not self.actor or not self.actor.isprintable():
-            raise OperationInvalid("the actor must be a non-empty printable name")
+            raise Invalid("the actor must be a non-empty printable name")
         if self.request_id is not None and (not self.request_id.isprintable() or len(self.request_id) > MAX_REQUEST_ID):
-            raise OperationInvalid(f"a request id must be at most {MAX_REQUEST_ID} printable characters")
+            raise Invalid(f"a request id must be at most {MAX_REQUEST_ID} printable characters")
 
     def now(self) -> int:
         return int(self.clock())
@@ -104,8 +104,8 @@ def add_game(store: Store, ctx: Context, name: str) -> tuple[Game, str]:
     api_key = new_api_key()
     try:
         game = store.add_game(name, api_key_digest(api_key), ctx.now(), audit=ctx.audit())
-    except Conflict as e:
-        raise OperationConflict(str(e)) from None
+    except base.Conflict as e:
+        raise Conflict(str(e)) from None
     return game, api_key
 
 
@@ -115,12 +115,12 @@ def list_games(store: Store) -> list[Game]:
 
 def set_game_enabled(store: Store, ctx: Context, game_id: int, enabled: bool) -> None:
     if not store.set_game_enabled(check_game_id(game_id), enabled, audit=ctx.audit()):
-        raise OperationNotFound(f"no game {game_id}")
+        raise NotFound(f"no game {game_id}")
 
 
 def check_old_key_ttl(old_key_ttl: int) -> None:
     if type(old_key_ttl) is not int or not 0 <= old_key_ttl <= MAX_OLD_KEY_TTL:
-        raise OperationInvalid(f"--old-key-ttl must be from 0 to {MAX_OLD_KEY_TTL} seconds (ten years)")
+        raise Invalid(f"must be from 0 to {MAX_OLD_KEY_TTL} seconds (ten years)", field="/old_key_ttl")
 
 
 def rotate_game_key(store: Store, ctx: Context, game_id: int, old_key_ttl: int) -> tuple[str, int]:
@@ -132,10 +132,10 @@ def rotate_game_key(store: Store, ctx: Context, game_id: int, old_key_ttl: int) 
     expires_at = now + old_key_ttl
     try:
         added = store.add_api_key(game_id, api_key_digest(api_key), now, expires_at, audit=ctx.audit())
-    except Conflict as e:
-        raise OperationConflict(str(e)) from None
+    except base.Conflict as e:
+        raise Conflict(str(e)) from None
     if not added:
-        raise OperationNotFound(f"no game {game_id}")
+        raise NotFound(f"no game {game_id}")
     return api_key, expires_at
 
 
@@ -147,8 +147,8 @@ def add_player(store: Store, ctx: Context, user_id: int, username: str) -> Playe
     username = check_username(username)
     try:
         return store.add_player(user_id, username, audit=ctx.audit())
-    except Conflict as e:
-        raise OperationConflict(str(e)) from None
+    except base.Conflict as e:
+        raise Conflict(str(e)) from None
 
 
 def updated_at(player: Player) -> str | None:
@@ -163,7 +163,7 @@ def updated_at(player: Player) -> str | None:
 def get_player(store: Store, user_id: int) -> Player:
     player = store.get_player(check_user_id(user_id))
     if player is None:
-        raise OperationNotFound(f"no player {user_id}")
+        raise NotFound(f"no player {user_id}")
     return player
 
 
@@ -171,20 +171,20 @@ def rename_player(store: Store, ctx: Context, user_id: int, username: str) -> st
     check_user_id(user_id)
     username = check_username(username)
     if not store.rename_player(user_id, username, audit=ctx.audit()):
-        raise OperationNotFound(f"no player {user_id}")
+        raise NotFound(f"no player {user_id}")
     return username
 
 
 def set_player_enabled(store: Store, ctx: Context, user_id: int, enabled: bool) -> None:
     if not store.set_player_enabled(check_user_id(user_id), enabled, audit=ctx.audit()):
-        raise OperationNotFound(f"no player {user_id}")
+        raise NotFound(f"no player {user_id}")
 
 
 def revoke_player(store: Store, ctx: Context, user_id: int) -> int:
     """Bump the player's credential epoch (every token stops working); returns the new epoch."""
     epoch = store.revoke_player(check_user_id(user_id), audit=ctx.audit())
     if epoch is None:
-        raise OperationNotFound(f"no player {user_id}")
+        raise NotFound(f"no player {user_id}")
     return epoch
 
 
@@ -192,12 +192,12 @@ def import_players(
     store: Store, ctx: Context, data: bytes, progress: Callable[[int], None] | None = None
 ) -> int:
     """Insert or rename players from a CSV or JSON-lines file's bytes, all or nothing; one audit record
-    for the batch (its row count and the file's SHA-256). A bad row raises OperationInvalid (RowError)."""
+    for the batch (its row count and the file's SHA-256). A bad row raises Invalid (RowError)."""
     audit = ctx.audit(file_sha256=hashlib.sha256(data).hexdigest())
     try:
         return store.upsert_players(import_rows(data), progress=progress, audit=audit)
-    except Conflict as e:
-        raise OperationInvalid(str(e)) from None
+    except base.Conflict as e:
+        raise Invalid(str(e)) from None
 
 
 # -- tokens ---------------------------------------------------------------------------------
@@ -213,9 +213,9 @@ def mint(store: Store, ctx: Context, secret: bytes, game_id: int, user_id: int) 
         game = tx.game(game_id)
         player = tx.player(user_id)
         if game is None or not game.enabled:
-            raise OperationNotFound(f"no enabled game {game_id}")
+            raise NotFound(f"no enabled game {game_id}")
         if player is None or not player.enabled:
-            raise OperationNotFound(f"no enabled player {user_id}")
+            raise NotFound(f"no enabled player {user_id}")
         tx.record("token.mint", game_id=game.id, user_id=player.user_id, after={"epoch": player.epoch})
     return mint_token(secret, game.id, player.user_id, player.epoch), player
 
@@ -228,7 +228,7 @@ def export_store(store: Store, path: str) -> tuple[int, int]:
     try:
         return transfer.export_store(store, path)
     except transfer.TransferError as e:
-        raise OperationInvalid(str(e)) from None
+        raise Invalid(str(e)) from None
 
 
 def import_store(store: Store, ctx: Context, path: str) -> tuple[int, int]:
@@ -241,7 +241,7 @@ def import_store(store: Store, ctx: Context, path: str) -> tuple[int, int]:
     try:
         return transfer.import_store(store, path, audit=ctx.audit(file_sha256=sha256))
     except transfer.TransferError as e:
-        raise OperationInvalid(str(e)) from None
+        raise Invalid(str(e)) from None
 
 
 def initialize(settings: Settings) -> tuple[int, int, bool]:
@@ -267,7 +267,7 @@ def initialize(settings: Settings) -> tuple[int, int, bool]:
 def backup(store: Store, path: str) -> None:
     """``authsvc backup``: a SQLite store copied to a new file (a read: no audit record; the copy holds the trail)."""
     if not isinstance(store, SQLiteStore):
-        raise OperationInvalid("backup copies a SQLite store; back up PostgreSQL with pg_dump (docs/operations.md)")
+        raise Invalid("backup copies a SQLite store; back up PostgreSQL with pg_dump (docs/operations.md)")
     store.backup(path)
 
 
@@ -277,7 +277,7 @@ def backup(store: Store, path: str) -> None:
 def audit_prune(store: Store, ctx: Context, before_ms: int) -> Record:
     """Delete the records older than ``before_ms``; the prune's own record names the new anchor."""
     if before_ms > round(ctx.clock() * 1000):
-        raise OperationInvalid("--before must not be in the future")
+        raise Invalid("must not be in the future", field="/before")
     return store.audit_prune(before_ms, audit=ctx.audit())
 
 
@@ -287,12 +287,12 @@ def audit_prune(store: Store, ctx: Context, before_ms: int) -> Record:
 def check_api_token_request(name: str, scopes: list[str], expires_in: int | None) -> tuple[str, ...]:
     """The rules of ``api-token add``, checked before the store is opened; returns the scopes, sorted, once each."""
     if not isinstance(name, str) or not api_tokens.NAME.fullmatch(name):
-        raise OperationInvalid("a token name is 1 to 64 ASCII letters, digits, '.', '_' or '-'")
+        raise Invalid("a token name is 1 to 64 ASCII letters, digits, '.', '_' or '-'")
     unknown = sorted(set(scopes) - set(api_tokens.SCOPES))
     if unknown or not scopes:
-        raise OperationInvalid(f"give one --scope or more, from: {', '.join(api_tokens.SCOPES)}")
+        raise Invalid(f"must be given once or more, from: {', '.join(api_tokens.SCOPES)}", field="/scope")
     if expires_in is not None and (type(expires_in) is not int or not 1 <= expires_in <= MAX_OLD_KEY_TTL):
-        raise OperationInvalid(f"--expires-in must be from 1 to {MAX_OLD_KEY_TTL} seconds (ten years)")
+        raise Invalid(f"must be from 1 to {MAX_OLD_KEY_TTL} seconds (ten years)", field="/expires_in")
     return tuple(s for s in api_tokens.SCOPES if s in scopes)
 
 
@@ -307,7 +307,7 @@ def add_api_token(
         row = tx.add_api_token(name, api_tokens.digest(token), chosen, now,
                                None if expires_in is None else now + expires_in)
     if row is None:
-        raise OperationConflict(f"an api token named {name!r} exists (names are never reused)")
+        raise Conflict(f"an api token named {name!r} exists (names are never reused)")
     return row, token
 
 
@@ -320,7 +320,7 @@ def revoke_api_token(store: Store, ctx: Context, name: str) -> api_tokens.ApiTok
     with store.write(ctx.audit()) as tx:
         row = tx.revoke_api_token(name, ctx.now())
     if row is None:
-        raise OperationNotFound(f"no api token {name!r}")
+        raise NotFound(f"no api token {name!r}")
     return row
 
 
@@ -337,7 +337,7 @@ def put_player(
     store: Store, ctx: Context, user_id: int, username: str, enabled: bool = True, if_match: str | None = None
 ) -> tuple[Player, bool]:
     """Create or update a player (the admin API's PUT): (player, created). If-Match makes it conditional:
-    OperationPreconditionFailed when it names no current version (authsvc/admin/put_player.py). The
+    PreconditionFailed when it names no current version (authsvc/admin/put_player.py). The
     check and the change are one transaction: of two signups of one new player, one creates it and the
     other finds it. A PUT that changes nothing writes nothing: the answer is the player as it was."""
     check_user_id(user_id)
@@ -346,7 +346,7 @@ def put_player(
     with store.write(ctx.audit()) as tx:
         current = tx.player(user_id)
         if not matches(if_match, current):
-            raise OperationPreconditionFailed(f"player {user_id} is not at the version If-Match names")
+            raise PreconditionFailed(f"player {user_id} is not at the version If-Match names")
         if current is None:
             return tx.add_player(user_id, username, enabled), True
         if username != current.username:

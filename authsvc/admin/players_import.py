@@ -13,14 +13,14 @@ import sys
 import time
 from collections.abc import Iterator
 
-from authsvc.errors import CommandError, OperationInvalid
+from authsvc.errors import Invalid
 from authsvc.names import MAX_USERNAME, check_username, check_visible
 from authsvc.web.authenticate import parse_user_id
 
 __all__ = ["MAX_USERNAME", "ProgressBar", "RowError", "check_username", "check_visible", "import_rows"]
 
 
-class RowError(OperationInvalid):
+class RowError(Invalid):
     pass
 
 
@@ -44,7 +44,7 @@ def _row(line_no: int, raw_user_id, username) -> tuple[int, str]:
         raise RowError(f"line {line_no}: username must be a string")
     try:
         return user_id, check_username(username)
-    except CommandError as e:
+    except Invalid as e:
         raise RowError(f"line {line_no}: {e}") from None
 
 

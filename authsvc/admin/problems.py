@@ -2,7 +2,8 @@
 
 Unlike the game-facing endpoint (docs/api.md), whose 200-for-errors serves old game
 clients, the admin API answers with real HTTP statuses (docs/admin-api.md,
-"Errors"). A Problem carries only text the service wrote, never a request value:
+"Errors"). A Problem is the answer to one error of authsvc/errors.py (``from_error``, the
+admin API's one mapping); it carries only text the service wrote, never a request value:
 no token, key or body can come back in an error.
 """
 
@@ -12,18 +13,19 @@ import json
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
+from authsvc.errors import Error, Invalid
+
 if TYPE_CHECKING:
     from authsvc.admin.operations import Context
 
 TYPE_BASE = "urn:authsvc:problem:"  # each type names a section of docs/admin-api.md, "Errors"
 
 
-class Problem(Exception):
+class Problem:
     """An error answer: status, a short type slug, a detail for people; ``errors``: the fields at fault."""
 
     def __init__(self, status: int, slug: str, detail: str, *, errors: list[dict] | None = None,
                  headers: tuple[tuple[str, str], ...] = (), extra: dict | None = None):
-        super().__init__(detail)
         self.status = status
         self.slug = slug
         self.detail = detail
@@ -60,9 +62,21 @@ def refusal(status: int) -> Problem:
     return Problem(status, slug, detail)
 
 
-def invalid(field: str, detail: str) -> Problem:
-    """422 naming one field (a JSON pointer into the body, or the path parameter's name)."""
-    return Problem(422, "validation", f"{field}: {detail}", errors=[{"field": field, "detail": detail}])
+def from_error(error: Error) -> Problem:
+    """The problem for one of the service's errors: its status and slug; bad input names its field
+    (``/old_key_ttl: must be ...``, and ``errors`` lists it) or, naming none, is listed with field ""."""
+    if isinstance(error, Invalid) and error.errors is None:
+        field = error.field or ""
+        detail = f"{field}: {error.detail}" if field else error.detail
+        return Problem(error.status, error.slug, detail, errors=[{"field": field, "detail": error.detail}],
+                       headers=error.headers, extra=error.extra)
+    return Problem(error.status, error.slug, error.detail, errors=error.errors, headers=error.headers,
+                   extra=error.extra)
+
+
+def invalid(field: str, detail: str) -> Invalid:
+    """422 naming one field (a JSON pointer into the body, or a query parameter's or header's name)."""
+    return Invalid(detail, field=field)
 
 
 def encode(obj: dict) -> bytes:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from authsvc.admin import batch
 from authsvc.admin import operations as ops
-from authsvc.admin.problems import Problem, Request, Response, invalid
+from authsvc.admin.problems import Request, Response, invalid
 from authsvc.admin.put_player import etag
+from authsvc.errors import BadRequest, MethodNotAllowed, NotFound, ServiceUnavailable
 from authsvc.loglines import OTHER_ROUTE
 from authsvc.names import MAX_ID
 from authsvc.store.base import Game, Player
@@ -52,14 +53,13 @@ def match(path: str, method: str) -> tuple[Handler, str, dict]:
             continue
         if method not in methods:
             allowed = sorted(methods) + (["HEAD"] if "GET" in methods else [])
-            raise Problem(405, "method-not-allowed", f"{path} answers {', '.join(allowed)}",
-                          headers=(("Allow", ", ".join(allowed)),))
+            raise MethodNotAllowed(tuple(allowed), f"{path} answers {', '.join(allowed)}")
         handler, scope = methods[method]
         params = {name: int(value) for name, value in m.groupdict().items()}
         if any(value > MAX_ID for value in params.values()):
-            raise Problem(404, "not-found", "no such resource: an id is at most 2^63-1")
+            raise NotFound("no such resource: an id is at most 2^63-1")
         return handler, scope, params
-    raise Problem(404, "not-found", "no such resource (the admin API's paths start with /v1)")
+    raise NotFound("no such resource (the admin API's paths start with /v1)")
 
 
 _PARAMETER = re.compile(r"\(\?P<(\w+)>[^)]*\)")
@@ -170,8 +170,8 @@ def mint(app: AdminApp, req: Request) -> Response:
     if not 1 <= user_id <= MAX_ID:
         raise invalid("/user_id", "must be a whole number from 1 to 2^63-1")
     if not app.settings.token_secrets:
-        raise Problem(503, "unavailable", "this admin service has no token secret to mint with",
-                      headers=(("Retry-After", "60"),))
+        raise ServiceUnavailable("this admin service has no token secret to mint with",
+                                 headers=(("Retry-After", "60"),))
     token, player = ops.mint(app.store, req.ctx, app.settings.token_secrets[0], game_id, user_id)
     return _response(200, {"game_id": game_id, "user_id": user_id, "game_auth_token": token, "epoch": player.epoch})
 
@@ -192,7 +192,7 @@ def add_game(app: AdminApp, req: Request) -> Response:
 def get_game(app: AdminApp, req: Request) -> Response:
     game = app.store.get_game(req.params["game_id"])
     if game is None:
-        raise Problem(404, "not-found", f"no game {req.params['game_id']}")
+        raise NotFound(f"no game {req.params['game_id']}")
     return _response(200, game_json(game))
 
 
@@ -207,8 +207,6 @@ def patch_game(app: AdminApp, req: Request) -> Response:
 def rotate_key(app: AdminApp, req: Request) -> Response:
     """A new key, once; the game's older keys expire ``old_key_ttl`` seconds from now (default one day)."""
     ttl = field(req.body, "old_key_ttl", int, required=False, default=86400)
-    if not 0 <= ttl <= ops.MAX_OLD_KEY_TTL:
-        raise invalid("/old_key_ttl", f"must be from 0 to {ops.MAX_OLD_KEY_TTL} seconds (ten years)")
     api_key, expires_at = ops.rotate_game_key(app.store, req.ctx, req.params["game_id"], ttl)
     return _response(201, {"game_id": req.params["game_id"], "api_key": api_key, "old_keys_expire_at": expires_at})
 
@@ -225,7 +223,7 @@ def audit(app: AdminApp, req: Request) -> Response:
     try:
         query = dict(urllib.parse.parse_qsl(req.query, keep_blank_values=True, errors="strict"))
     except UnicodeDecodeError:
-        raise Problem(400, "bad-request", "the query string is not valid UTF-8") from None
+        raise BadRequest("the query string is not valid UTF-8") from None
     filters: dict[str, Any] = {}
     for name, value in query.items():
         if name in ("after", "limit", "player", "game"):

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from authsvc.errors import (
     ConfigError,
-    HTTPError,
+    Error,
     MethodNotAllowed,
     NotFound,
     ServiceUnavailable,
@@ -156,14 +156,14 @@ class App:
                 result = 200
             else:
                 raise NotFound()
-        except HTTPError as http_error:
-            body, extra_headers = json_bytes(error_object(http_error.status, http_error.description)), http_error.headers
-            result = http_error.status
-            shed = isinstance(http_error, WaitedTooLong)
         except StoreUnavailable:
             self.store_unavailable(path)
             unavailable = ServiceUnavailable()
-            result, body = unavailable.status, json_bytes(error_object(unavailable.status, unavailable.description))
+            result, body = unavailable.status, json_bytes(error_object(unavailable.status, unavailable.detail))
+        except Error as error:  # the one mapping of errors to this door's JSON (authsvc/errors.py)
+            body, extra_headers = json_bytes(error_object(error.status, error.detail)), error.headers
+            result = error.status
+            shed = isinstance(error, WaitedTooLong)
         except Exception as e:
             self.unhandled(e, method, path)
             result, body = 500, json_bytes(error_object(500, "Internal server error"))
@@ -235,7 +235,7 @@ class App:
         except StoreUnavailable:
             self.observe(environ, start, STORE_UNAVAILABLE, None, None)
             raise
-        except HTTPError:  # a body that cannot be read, too large, or too many parameters
+        except Error:  # a body that cannot be read, too large, or too many parameters
             self.observe(environ, start, MALFORMED, None, None)
             raise
         self.observe(environ, start, result.reason, result.game_id, result.user_id)
