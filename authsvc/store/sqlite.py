@@ -207,7 +207,7 @@ class SQLiteStore(SQLiteReader, Store):
                 "updated_at_ms = excluded.updated_at_ms WHERE players.username <> excluded.username"
             )
             for batch in batches(rows):
-                tx.conn.executemany(sql, batch)
+                tx._conn.executemany(sql, batch)
                 count += len(batch)
                 if progress:
                     progress(count)
@@ -284,7 +284,7 @@ class SQLiteStore(SQLiteReader, Store):
         n_games = n_players = 0
         top = game_id_high_water
         with self.write(audit) as tx:
-            conn = tx.conn
+            conn = tx._conn
             tx.locked()
             if conn.execute("SELECT EXISTS (SELECT 1 FROM games) OR EXISTS (SELECT 1 FROM players)").fetchone()[0]:
                 raise NotEmpty("the store already holds games or players")
@@ -326,13 +326,13 @@ class _Transaction:
     """``with store._write() as conn``: COMMIT on success, ROLLBACK on any exception."""
 
     def __init__(self, conn: sqlite3.Connection):
-        self.conn = conn
+        self._conn = conn
 
     def __enter__(self) -> sqlite3.Connection:
-        return self.conn
+        return self._conn
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if not exc_type:
-            self.conn.execute("COMMIT")
-        elif self.conn.in_transaction:  # SQLITE_FULL and friends roll back by themselves
-            self.conn.execute("ROLLBACK")
+            self._conn.execute("COMMIT")
+        elif self._conn.in_transaction:  # SQLITE_FULL and friends roll back by themselves
+            self._conn.execute("ROLLBACK")

@@ -43,10 +43,13 @@ class _Lock:
 
 
 class Tx:
-    """One write transaction on ``conn``; ``audit`` names who acts (each joined write may name its own)."""
+    """One write transaction on ``conn``; ``audit`` names who acts (each joined write may name its own).
+
+    The connection stays inside the store: the admin side calls these methods, never SQL. The
+    engines' own bulk writes (an import's COPY) use ``_conn`` from their modules, in this package."""
 
     def __init__(self, conn: Any, dialect: Dialect, audit: Audit, lock: _Lock | None = None, collate: str = ""):
-        self.conn = conn
+        self._conn = conn
         self.d = dialect
         self.audit = audit
         self._lock = lock or _Lock()
@@ -54,17 +57,17 @@ class Tx:
 
     def joined(self, audit: Audit | None) -> Tx:
         """This transaction, for a write nested in it (its own audit, the same lock and time)."""
-        return Tx(self.conn, self.d, audit or self.audit, self._lock, self._collate)
+        return Tx(self._conn, self.d, audit or self.audit, self._lock, self._collate)
 
     def _sql(self, text: str, args: tuple = ()) -> Any:
-        return self.conn.execute(self.d.sql(text), args)
+        return self._conn.execute(self.d.sql(text), args)
 
     @property
     def at_ms(self) -> int:
         """The transaction's time, read once it holds the writer lock (taken here on first use)."""
         if self._lock.at_ms is None:
-            head_id, _ = self.conn.execute(self.d.WRITER_LOCK).fetchone()
-            self._lock.at_ms = max(self.audit.now_ms(), trail.head_time(self.conn, self.d, head_id))
+            head_id, _ = self._conn.execute(self.d.WRITER_LOCK).fetchone()
+            self._lock.at_ms = max(self.audit.now_ms(), trail.head_time(self._conn, self.d, head_id))
         return self._lock.at_ms
 
     def locked(self) -> None:
@@ -74,23 +77,23 @@ class Tx:
     def savepoint(self):
         """``with tx.savepoint():`` the statements inside undone if it raises; the transaction goes on."""
         self.locked()
-        return self.d.savepoint(self.conn)
+        return self.d.savepoint(self._conn)
 
     def record(self, action: str, *, game_id: int | None = None, user_id: int | None = None,
                before: dict | None = None, after: dict | None = None) -> Record:
         """One audit record of this write (an event that changes no row, too: a token minted)."""
-        return trail.append(self.conn, self.d, self.audit, self.at_ms, action, game_id=game_id, user_id=user_id,
+        return trail.append(self._conn, self.d, self.audit, self.at_ms, action, game_id=game_id, user_id=user_id,
                             before=before, after=after)
 
     def prune_audit(self, before_ms: int) -> Record:
         """Delete the records before ``before_ms`` (store/audit.py's prune) and record the prune."""
-        return trail.prune(self.conn, self.d, self.audit, self.at_ms, before_ms)
+        return trail.prune(self._conn, self.d, self.audit, self.at_ms, before_ms)
 
     def _player_record(self, action: str, user_id: int, before: dict) -> Record:
-        return self.record(action, user_id=user_id, before=before, after=trail.player_state(self.conn, self.d, user_id))
+        return self.record(action, user_id=user_id, before=before, after=trail.player_state(self._conn, self.d, user_id))
 
     def _game_record(self, action: str, game_id: int, before: dict, extra: dict | None = None) -> Record:
-        after = (trail.game_state(self.conn, self.d, game_id) or {}) | (extra or {})
+        after = (trail.game_state(self._conn, self.d, game_id) or {}) | (extra or {})
         return self.record(action, game_id=game_id, before=before, after=after)
 
     # -- players ------------------------------------------------------------------------------
@@ -105,18 +108,18 @@ class Tx:
             raise Conflict(f"player {user_id} exists")
         self._sql("INSERT INTO players (user_id, username, enabled, updated_at_ms) VALUES (?, ?, ?, ?)",
                   (user_id, username, self.d.flag(enabled), self.at_ms))
-        self.record("player.add", user_id=user_id, before={}, after=trail.player_state(self.conn, self.d, user_id))
+        self.record("player.add", user_id=user_id, before={}, after=trail.player_state(self._conn, self.d, user_id))
         return Player(user_id, username, 0, enabled, self.at_ms)
 
     def _change_player(self, user_id: int, action: str, sql: str, args: tuple) -> dict | None:
         """One UPDATE of a player and its record; the state after, None if no such player. ``sql`` sets
         updated_at_ms to its first parameter; its WHERE leaves out a row that would stay as it is."""
         self.locked()
-        if (before := trail.player_state(self.conn, self.d, user_id)) is None:
+        if (before := trail.player_state(self._conn, self.d, user_id)) is None:
             return None
         self._sql(sql, (self.at_ms, *args))
         self._player_record(action, user_id, before)
-        return trail.player_state(self.conn, self.d, user_id)
+        return trail.player_state(self._conn, self.d, user_id)
 
     def rename_player(self, user_id: int, username: str) -> bool:
         sql = "UPDATE players SET updated_at_ms = ?, username = ? WHERE user_id = ? AND username <> ?"
@@ -138,17 +141,17 @@ class Tx:
     def players_now(self, user_ids: Sequence[int]) -> dict[int, tuple[str, bool]]:
         """{user id: (username, enabled)} of those of ``user_ids`` that exist."""
         self.locked()
-        return {row[0]: (row[1], bool(row[2])) for row in self.d.current_players(self.conn, user_ids)}
+        return {row[0]: (row[1], bool(row[2])) for row in self.d.current_players(self._conn, user_ids)}
 
     def write_players(self, rows: Sequence[tuple[int, str, bool]], action: str, after: dict) -> Record:
         """Insert or overwrite many players, stamped with this write's time, and one record for them all."""
-        self.d.write_players(self.conn, rows, self.at_ms)
+        self.d.write_players(self._conn, rows, self.at_ms)
         return self.record(action, after=after)
 
     # -- games and their keys -------------------------------------------------------------------
     def game(self, game_id: int) -> Game | None:
         self.locked()
-        found = select_games(self.conn, self.d.sql("WHERE id = ?"), (game_id,), self._collate)
+        found = select_games(self._conn, self.d.sql("WHERE id = ?"), (game_id,), self._collate)
         return found[0] if found else None
 
     def add_game(self, name: str, key_digest: str, now: int) -> Game:
@@ -157,7 +160,7 @@ class Tx:
         if self._sql("SELECT 1 FROM games WHERE name = ?", (name,)).fetchone() is not None:
             raise Conflict(f"a game named {name!r} exists")
         self._check_digest(key_digest)
-        game_id = self.d.insert_game(self.conn, name, now)
+        game_id = self.d.insert_game(self._conn, name, now)
         self._insert_key(key_digest, game_id, now)
         self._game_record("game.add", game_id, {})
         return Game(game_id, name, True, now, (ApiKey(key_digest, now, None),))
@@ -172,7 +175,7 @@ class Tx:
 
     def set_game_enabled(self, game_id: int, enabled: bool) -> bool:
         self.locked()
-        if (before := trail.game_state(self.conn, self.d, game_id)) is None:
+        if (before := trail.game_state(self._conn, self.d, game_id)) is None:
             return False
         self._sql("UPDATE games SET enabled = ? WHERE id = ?", (self.d.flag(enabled), game_id))
         self._game_record("game.enable" if enabled else "game.disable", game_id, before)
@@ -181,7 +184,7 @@ class Tx:
     def add_api_key(self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None) -> bool:
         """A new key; the game's keys with no expiry, or a later one, expire at ``old_keys_expire_at``."""
         self.locked()
-        if (before := trail.game_state(self.conn, self.d, game_id)) is None:
+        if (before := trail.game_state(self._conn, self.d, game_id)) is None:
             return False
         self._check_digest(key_digest)
         if old_keys_expire_at is not None:
