@@ -1,4 +1,4 @@
-"""One write, one transaction (docs/admin-api.md, "Writes"): what each admin write promises at its edges.
+"""One write, one transaction (docs/admin-api.md, "Retries and Idempotency-Key"): each admin write at its edges.
 
 Each test here reproduces a finding made from outside against the release before, where the
 Idempotency-Key record, the change and its audit record were separate transactions: a retried
