@@ -11,7 +11,7 @@
 
 Every subcommand takes ``--json`` (one JSON object on stdout). Bad input gives a
 one-line message on stderr and exit 1 (exit 2 for a malformed command line).
-The web process never writes; this command is the store's only writer. This
+The web process never writes; this command and the admin API are the store's writers. This
 module parses arguments and prints; every write and its audit record go through
 the operations layer (authsvc/admin/operations.py).
 """

@@ -1,6 +1,6 @@
-"""The embedded store: one SQLite file in WAL mode; this module is the admin command's side.
+"""The embedded store: one SQLite file in WAL mode; this module is the admin side.
 
-The admin command opens the file read-write and is the only writer; the web
+The admin side (the command, the admin API) opens the file read-write and writes; the web
 process's read path (read-only connections, snapshots, a replaced file) is
 SQLiteReader in store/sqlite_reader.py, which SQLiteStore extends.
 """
