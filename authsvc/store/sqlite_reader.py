@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store.base import Credentials, Game, Reader
 from authsvc.store.common import ThreadConnections, select_games
+from authsvc.store.sqlite_url import path_from_url as path_from_url  # re-exported: store/sqlite.py imports it here
 
 log = logging.getLogger("authsvc.store")
 
@@ -82,34 +83,6 @@ def _identities(path: str) -> tuple[tuple[int, int], tuple[int, int] | None, tup
         except FileNotFoundError:
             wal_shm.append(None)
     return _identity(path), wal_shm[0], wal_shm[1]
-
-
-def path_from_url(url: str) -> str:
-    """The file named by a ``sqlite://PATH`` store URL: the one parser for the admin command and the web process.
-
-    Everything after ``sqlite://`` is the path, taken literally (no %-decoding, no
-    query string or fragment), so ``sqlite:///var/x.db`` is absolute and
-    ``sqlite://var/x.db`` relative to the working directory. SQLAlchemy's
-    ``sqlite:////var/x.db`` is absolute too: two or more leading slashes are one.
-    Anything else raises ConfigError with one line (docs/configuration.md).
-    """
-    scheme, sep, path = url.partition("://")
-    if scheme.lower() != "sqlite" or not sep:
-        raise ConfigError(_bad_url("it does not start with sqlite://"))
-    if path.startswith("//"):
-        path = "/" + path.lstrip("/")
-    if os.path.basename(path) in ("", ".", ".."):
-        raise ConfigError(_bad_url("it names no file after sqlite://"))
-    if "\0" in path:
-        raise ConfigError(_bad_url("the path holds a NUL character"))
-    return path
-
-
-def _bad_url(reason: str) -> str:
-    return (
-        f"AUTHSVC_STORE is not a usable sqlite:// URL: {reason}; write sqlite:///absolute/path.db "
-        "or sqlite://relative/path.db (docs/configuration.md)"
-    )
 
 
 class _Snapshot:
