@@ -12,6 +12,8 @@ lookup of the player: together more than half of the store's cost
 (BENCHMARKS.md). An answer then reflects the store as it was at most
 ``max_staleness`` seconds earlier (AUTHSVC_MAX_STALENESS, default 1 s, at most
 1 s; docs/stores.md). With 0, every authentication is one query of its own.
+``fresh_credentials`` starts a new snapshot at once: asked for a token minted
+after a change the snapshot predates (web/authenticate.py).
 An idle worker ends its snapshot too: a thread per process ends any snapshot
 older than the bound, since a checkpoint cannot pass an open read transaction
 and the -wal file would grow with every admin write ("The -wal file").
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -326,6 +329,12 @@ class SQLiteReader(ThreadConnections, Reader):
         except (sqlite3.Error, OSError):
             self._drop()  # reopen on the next request: the file may come back
             raise StoreUnavailable("sqlite store unreadable") from None
+
+    def fresh_credentials(self, key_digest: str, user_id: int) -> Credentials | None:
+        snapshot = getattr(self._local, "snapshot", None)  # None: no snapshot (or none yet), a read of the latest
+        if snapshot is not None:
+            snapshot.taken_at = -math.inf  # too old: credentials() starts a new one under its lock (the reaper may first)
+        return self.credentials(key_digest, user_id)
 
     @contextlib.contextmanager
     def _held(self) -> Iterator[sqlite3.Connection]:
