@@ -23,7 +23,8 @@ import pytest
 from authsvc.errors import StoreUnavailable
 from authsvc.settings import Settings
 from authsvc.store import open_store
-from authsvc.tokens import api_key_digest
+from authsvc.tokens import api_key_digest, mint_token
+from authsvc.web.authenticate import Authenticator
 from tests.pgserver import Heartbeat, primary_with_standby
 from tests.support import free_port, skip_or_fail, wait_for_port
 
@@ -132,6 +133,36 @@ def test_a_standby_never_answers_from_beyond_the_bound(servers, world):
     time.sleep(2.5)
     for _ in range(10):
         assert reader.credentials(digest, bob.user_id).epoch == bob.epoch
+
+
+def test_a_token_minted_after_a_signup_is_accepted_once_the_standby_has_replayed_it(servers, world):
+    """What a web process on a standby cannot close (docs/stores.md, "Bounded staleness"): a token minted
+    after a signup on the primary is refused while the standby has not replayed the signup (403 within
+    the bound, 503 past it), never accepted; once replayed, at once, as the token of a revoke after it."""
+    primary, standby = servers
+    admin, reader, heartbeat, game, alice, bob = world
+    secret = b"standby-test-secret"
+    authenticate = Authenticator(reader, (secret,))
+
+    def reason(epoch: int) -> str:
+        params = {"user_id": "1003", "game_auth_token": mint_token(secret, game.id, 1003, epoch), "api_key": KEY}
+        try:
+            return authenticate(params).reason
+        except StoreUnavailable:
+            return "store_unavailable"
+
+    _sql(standby.url, "SELECT pg_wal_replay_pause()")
+    try:
+        admin.add_player(1003, "carol")
+        assert reason(0) in ("unknown_player", "store_unavailable")
+    finally:
+        _sql(standby.url, "SELECT pg_wal_replay_resume()")
+    _wait_replayed(primary, standby)
+    _until_answers(reader, heartbeat, 1003)
+    assert reason(0) == "success"
+    admin.revoke_player(1003)
+    _wait_replayed(primary, standby)
+    assert reason(1) == "success"
 
 
 def test_a_standby_cut_off_from_the_primary_answers_503(servers, world):

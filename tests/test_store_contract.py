@@ -384,6 +384,25 @@ def test_credentials_in_one_call(admin_store, reader):
     assert reader.credentials(digest(2), 42) == Credentials(g.id, False, None, "alice", 1, False)
 
 
+@pytest.mark.parametrize("max_staleness", [1.0, 0.0])
+def test_fresh_credentials_read_the_latest_commit(admin_store, settings, max_staleness):
+    """Whatever the bound (SQLite's snapshot kept up to 1 s), the commit just made, and the reads after
+    it agree (SQLite's snapshot renewed)."""
+    reader = open_store(settings.store, readonly=True, settings=dataclasses.replace(settings, max_staleness=max_staleness))
+    try:
+        g = admin_store.add_game("Chess", digest(1), NOW)
+        admin_store.add_player(42, "alice")
+        assert reader.credentials(digest(1), 42) == Credentials(g.id, True, None, "alice", 0, True)
+        admin_store.revoke_player(42)
+        admin_store.add_player(43, "bob")
+        assert reader.fresh_credentials(digest(1), 42) == Credentials(g.id, True, None, "alice", 1, True)
+        assert reader.credentials(digest(1), 43) == Credentials(g.id, True, None, "bob", 0, True)
+        assert reader.fresh_credentials(digest(99), 42) is None  # no such key
+        assert reader.fresh_credentials(digest(1), 44).username is None
+    finally:
+        reader.close()
+
+
 def test_the_reader_cannot_write(admin_store, reader):
     admin_store.add_player(1, "one")
     reader.credentials(digest(1), 1)  # opens its connection

@@ -4,8 +4,8 @@ Both engines implement it (SQLiteReader and PostgresReader in sqlite_reader.py a
 postgres_reader.py, which the web process opens through store/readers.py; SQLiteStore
 and PostgresStore in sqlite.py and postgres.py extend them with the writes) and pass
 the same contract tests (tests/test_store_contract.py). A Reader (``credentials``,
-``check``, ``close``, ``list_games``; on SQLite also ``journal_mode_warning``) has no
-method that writes, so the web process holds no object that can.
+``fresh_credentials``, ``check``, ``close``, ``list_games``; on SQLite also
+``journal_mode_warning``) has no method that writes, so the web process holds no object that can.
 ``SQLiteStore.backup`` (``authsvc backup``) exists on SQLite only.
 
 Writes. ``Store.write(audit)`` opens one write transaction (store/writes.py's Tx, the
@@ -125,7 +125,18 @@ class Reader(abc.ABC):
 
     @abc.abstractmethod
     def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
-        """The game of this key and the player ``user_id`` in one query; None if no such key."""
+        """The game of this key and the player ``user_id`` in one query; None if no such key.
+
+        The answer may be up to AUTHSVC_MAX_STALENESS old (SQLite's snapshot, a hot standby's replay;
+        docs/stores.md, "Bounded staleness")."""
+
+    @abc.abstractmethod
+    def fresh_credentials(self, key_digest: str, user_id: int) -> Credentials | None:
+        """``credentials`` read from the latest commit the reader can reach, whatever the age of the data
+        ``credentials`` answers from (SQLite: a new snapshot, kept for the next reads).
+
+        The authenticator asks for it only when a token is of the epoch a change newer than that data
+        would give, to accept a token minted right after a revoke or signup (web/authenticate.py)."""
 
     @abc.abstractmethod
     def check(self) -> None:

@@ -257,6 +257,12 @@ class PostgresReader(ThreadConnections, Reader):
         )
         return None if game_id is None else found
 
+    def fresh_credentials(self, key_digest: str, user_id: int) -> Credentials | None:
+        """``credentials`` again: on a primary every read is of the latest commit already; on a hot standby
+        it is what the standby has replayed by now, the latest within reach (the web process holds no
+        connection to the primary; docs/stores.md, "Bounded staleness")."""
+        return self.credentials(key_digest, user_id)
+
     def _log_failure(self, error: psycopg.Error) -> None:
         """One line per FAILURE_WARNING_INTERVAL per process (docs/logs.md, "Floods"): an outage fails
         every request, each of which is in the access log anyway."""

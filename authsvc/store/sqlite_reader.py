@@ -12,6 +12,8 @@ lookup of the player: together more than half of the store's cost
 (BENCHMARKS.md). An answer then reflects the store as it was at most
 ``max_staleness`` seconds earlier (AUTHSVC_MAX_STALENESS, default 1 s, at most
 1 s; docs/stores.md). With 0, every authentication is one query of its own.
+``fresh_credentials`` starts a new snapshot at once: asked for a token minted
+after a change the snapshot predates (web/authenticate.py).
 An idle worker ends its snapshot too: a thread per process ends any snapshot
 older than the bound, since a checkpoint cannot pass an open read transaction
 and the -wal file would grow with every admin write ("The -wal file").
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -38,6 +41,7 @@ from collections.abc import Callable, Iterator
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store.base import Credentials, Game, Reader
 from authsvc.store.common import ThreadConnections, select_games
+from authsvc.store.sqlite_url import path_from_url as path_from_url  # re-exported: store/sqlite.py imports it here
 
 log = logging.getLogger("authsvc.store")
 
@@ -82,34 +86,6 @@ def _identities(path: str) -> tuple[tuple[int, int], tuple[int, int] | None, tup
         except FileNotFoundError:
             wal_shm.append(None)
     return _identity(path), wal_shm[0], wal_shm[1]
-
-
-def path_from_url(url: str) -> str:
-    """The file named by a ``sqlite://PATH`` store URL: the one parser for the admin command and the web process.
-
-    Everything after ``sqlite://`` is the path, taken literally (no %-decoding, no
-    query string or fragment), so ``sqlite:///var/x.db`` is absolute and
-    ``sqlite://var/x.db`` relative to the working directory. SQLAlchemy's
-    ``sqlite:////var/x.db`` is absolute too: two or more leading slashes are one.
-    Anything else raises ConfigError with one line (docs/configuration.md).
-    """
-    scheme, sep, path = url.partition("://")
-    if scheme.lower() != "sqlite" or not sep:
-        raise ConfigError(_bad_url("it does not start with sqlite://"))
-    if path.startswith("//"):
-        path = "/" + path.lstrip("/")
-    if os.path.basename(path) in ("", ".", ".."):
-        raise ConfigError(_bad_url("it names no file after sqlite://"))
-    if "\0" in path:
-        raise ConfigError(_bad_url("the path holds a NUL character"))
-    return path
-
-
-def _bad_url(reason: str) -> str:
-    return (
-        f"AUTHSVC_STORE is not a usable sqlite:// URL: {reason}; write sqlite:///absolute/path.db "
-        "or sqlite://relative/path.db (docs/configuration.md)"
-    )
 
 
 class _Snapshot:
@@ -353,6 +329,12 @@ class SQLiteReader(ThreadConnections, Reader):
         except (sqlite3.Error, OSError):
             self._drop()  # reopen on the next request: the file may come back
             raise StoreUnavailable("sqlite store unreadable") from None
+
+    def fresh_credentials(self, key_digest: str, user_id: int) -> Credentials | None:
+        snapshot = getattr(self._local, "snapshot", None)  # None: no snapshot (or none yet), a read of the latest
+        if snapshot is not None:
+            snapshot.taken_at = -math.inf  # too old: credentials() starts a new one under its lock (the reaper may first)
+        return self.credentials(key_digest, user_id)
 
     @contextlib.contextmanager
     def _held(self) -> Iterator[sqlite3.Connection]:

@@ -4,7 +4,10 @@ Rules (docs/api.md): any parameter missing or empty -> 400; anything present but
 wrong -> 403; all three right -> the player. The store is asked once, and does
 the same work whether or not the key and the player exist (docs/stores.md); the
 token HMAC is computed either way, so the time of a 403 tells neither
-(tests/test_equal_work.py).
+(tests/test_equal_work.py). A refusal also computes the token of the next epoch,
+either way; only a token that matches it (minted after a change the store's answer
+predates) has the store asked again, for the latest commit (docs/stores.md,
+"A token minted after a change").
 
 Every answer also carries an internal reason (SUCCESS, UNKNOWN_KEY, ...) for the
 logs and metrics (docs/logs.md), never for the client: it is read off the one
@@ -113,8 +116,8 @@ class Authenticator:
         # Comparisons only (no call but the clock, as before, for a key with an expiry),
         # so the work stays the same for any key and player (tests/test_equal_work.py).
         if not game_id:  # ids start at 1: 0 is the placeholder of an unknown key
-            return Result(403, FORBIDDEN_BODY, UNKNOWN_KEY, None, user_id)
-        if expires_at is not None and expires_at <= self.clock():
+            reason = UNKNOWN_KEY
+        elif expires_at is not None and expires_at <= self.clock():
             reason = EXPIRED_KEY
         elif not game_enabled:
             reason = GAME_DISABLED
@@ -124,4 +127,32 @@ class Authenticator:
             reason = self.player_reasons[username is None, not player_enabled, not token_ok]
             if reason is SUCCESS and username is not None:
                 return Result(None, success_bytes(user_id, username), SUCCESS, game_id, user_id)
-        return Result(403, FORBIDDEN_BODY, reason, game_id, user_id)
+        # Refused. Was the token minted after a change the store's answer predates (a snapshot up to
+        # AUTHSVC_MAX_STALENESS old)? The epoch the next change gives: a revoke's e + 1, a signup's 0
+        # (a missing player's placeholder epoch is 0). One MAC more on every refusal after the store,
+        # whatever the key and player, so its time still tells neither; none on success.
+        ahead = epoch + (username is not None)
+        if self.tokens.matches(game_id, user_id, ahead, token) and game_id:
+            return self.look_again(api_key, user_id, ahead)
+        return Result(403, FORBIDDEN_BODY, reason, game_id or None, user_id)
+
+    def look_again(self, api_key: str, user_id: int, epoch: int) -> Result:
+        """The answer from the latest commit (``fresh_credentials``) for a token of ``epoch``: accepted if
+        the player is there, enabled, at that epoch, with the key usable. Only a token minted with a secret
+        leads here (one the service's own would accept a moment later, or a secret holder's ahead of any
+        change), so bad tokens make no extra store work. The lookahead is one epoch: a token of e + 2 (two
+        revokes since the data) waits, as every other change does, for the bound."""
+        game_id, game_enabled, expires_at, username, now_epoch, player_enabled = (
+            self.store.fresh_credentials(api_key_digest(api_key), user_id) or NOTHING_FOUND
+        )
+        if not game_id:
+            reason = UNKNOWN_KEY
+        elif expires_at is not None and expires_at <= self.clock():
+            reason = EXPIRED_KEY
+        elif not game_enabled:
+            reason = GAME_DISABLED
+        else:
+            reason = self.player_reasons[username is None, not player_enabled, now_epoch != epoch]
+            if reason is SUCCESS and username is not None:
+                return Result(None, success_bytes(user_id, username), SUCCESS, game_id, user_id)
+        return Result(403, FORBIDDEN_BODY, reason, game_id or None, user_id)
