@@ -17,7 +17,7 @@ import time
 
 from flask import Flask, jsonify, request
 
-from authsvc.store.sqlite import CREDENTIALS_SQL  # the very query authsvc sends without a snapshot
+from authsvc.store.sqlite.store import CREDENTIALS_SQL  # the very query authsvc sends without a snapshot
 from benchmarks.common import app_from_env
 
 MISSING = "user_id, game_auth_token, and api_key are required parameters"

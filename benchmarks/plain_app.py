@@ -15,7 +15,7 @@ import sqlite3
 import time
 import urllib.parse
 
-from authsvc.store.sqlite import CREDENTIALS_SQL  # the very query authsvc sends without a snapshot
+from authsvc.store.sqlite.store import CREDENTIALS_SQL  # the very query authsvc sends without a snapshot
 from benchmarks.common import app_from_env
 
 MISSING = "user_id, game_auth_token, and api_key are required parameters"

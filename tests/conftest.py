@@ -117,7 +117,7 @@ class PgDatabases:
 
     def create(self, migrate: bool = True, owner: str | None = None) -> str:
         """A new empty database (migrated unless told not to); returns its URL."""
-        from authsvc.store.postgres import PostgresStore
+        from authsvc.store.postgres.store import PostgresStore
 
         name = "authsvc_test_" + secrets.token_hex(6)
         self.conn.execute(f"CREATE DATABASE {name}" + (f" OWNER {owner}" if owner else ""))

@@ -442,7 +442,7 @@ def test_operations_raise_typed_errors_and_record_the_context(world, store_url, 
 
 @pytest.mark.engine("sqlite")
 def test_init_adds_the_trail_to_a_version_1_sqlite_store_and_keeps_its_data(run, store_url):
-    from authsvc.store.sqlite import MIGRATIONS
+    from authsvc.store.sqlite.store import MIGRATIONS
 
     path = store_url.removeprefix("sqlite://")
     with sqlite3.connect(path, isolation_level=None) as conn:  # the schema as the previous release left it

@@ -2,7 +2,7 @@
 
 gunicorn's worker methods (authsvc/serving/workers.py), prometheus_client's multiprocess
 files (authsvc/web/metrics_values.py, which falls back to the public API when they are not as
-it expects) and psycopg's libpq layer (authsvc/store/postgres_reader.py) can change in a
+it expects) and psycopg's libpq layer (authsvc/store/postgres/reader.py) can change in a
 release. Each runtime dependency in pyproject.toml therefore has an upper bound: the newest
 release the suite has passed with; raising it is a change that runs the suite (.ci/run runs
 it on the newest Python too). The versions installed here must be within the bounds, or

@@ -8,7 +8,7 @@ import re
 
 from authsvc.admin import command as cli
 from authsvc.store import base
-from authsvc.store.sqlite import SQLiteStore
+from authsvc.store.sqlite.store import SQLiteStore
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 

@@ -30,7 +30,8 @@ import urllib.parse
 
 import pytest
 
-from authsvc.store import open_store, sqlite
+from authsvc.store import open_store
+from authsvc.store.sqlite import store as sqlite
 from authsvc.tokens import api_key_digest, new_api_key
 from authsvc.web.app import make_app
 from authsvc.web.authenticate import EXPIRED_KEY, GAME_DISABLED, PLAYER_DISABLED, UNKNOWN_KEY, UNKNOWN_PLAYER, Authenticator
@@ -178,7 +179,7 @@ def test_sqlite_each_query_returns_one_row_for_any_key_and_player(world):
 
 def production_statements() -> dict[str, bytes]:
     """The statements the web process prepares: on a primary, and on a standby or behind a pooler."""
-    from authsvc.store.postgres_reader import CREDENTIALS_SQL_PQ, STANDBY_SQL_PQ  # psycopg: only here
+    from authsvc.store.postgres.reader import CREDENTIALS_SQL_PQ, STANDBY_SQL_PQ  # psycopg: only here
 
     return {"credentials": CREDENTIALS_SQL_PQ, "standby": STANDBY_SQL_PQ}
 
@@ -257,7 +258,7 @@ def test_postgresql_the_same_calls_and_instructions_for_any_player(world, settin
     primary, the standby statement prepared (a standby), or sent unnamed (behind a pooler). The server is
     a primary, so the standby statement's freshness column is 0 and every path answers. The statement
     that ran is checked by name and text in pg_prepared_statements (none is prepared behind a pooler)."""
-    from authsvc.store.postgres_reader import CREDENTIALS_STATEMENT, STANDBY_STATEMENT
+    from authsvc.store.postgres.reader import CREDENTIALS_STATEMENT, STANDBY_STATEMENT
 
     reader = open_store(settings.store, readonly=True, settings=settings)
     try:

@@ -17,7 +17,7 @@ from authsvc.admin.command import main
 from authsvc.errors import ConfigError, StoreUnreachable
 from authsvc.settings import Settings
 from authsvc.store import open_store
-from authsvc.store.postgres import MIGRATIONS, VERSION_TABLE_SQL
+from authsvc.store.postgres.store import MIGRATIONS, VERSION_TABLE_SQL
 from authsvc.web.app import make_app
 from tests.pgserver import Heartbeat, primary_with_standby
 from tests.support import free_port, kept_stopped

@@ -118,7 +118,7 @@ CORE = {"authsvc", "authsvc.settings", "authsvc.tokens", "authsvc.names", "auths
 # Old paths kept for one release (README.md, "Layout"): each imports its new path and nothing else.
 ALIASES = {"authsvc.wsgi": "authsvc.web.wsgi", "authsvc.cli": "authsvc.admin.command"}
 WINGS = ("web", "admin", "serving", "store")
-WRITERS = {"authsvc.store.sqlite", "authsvc.store.postgres", "authsvc.store.writes"}
+WRITERS = {"authsvc.store.sqlite.store", "authsvc.store.postgres.store", "authsvc.store.writes"}
 NEVER = {  # wing -> the wings it may not import
     "web": {"admin", "serving"},
     "serving": {"admin"},
@@ -182,7 +182,7 @@ def test_the_web_path_reaches_no_store_that_writes_and_no_admin_module():
     web = {name for name in modules if wing(name) == "web"} | {"authsvc.wsgi"}
     reached = reached_on_import(web, modules)
     assert not reached & WRITERS
-    assert {"authsvc.store.sqlite_reader", "authsvc.store.postgres_reader"} <= reached, "the import reader is broken"
+    assert {"authsvc.store.sqlite.reader", "authsvc.store.postgres.reader"} <= reached, "the import reader is broken"
     assert not {name for name in reached if wing(name) == "admin"}
 
 

@@ -22,7 +22,7 @@ import webtest
 from authsvc.admin import operations as ops
 from authsvc.admin.api import AdminApp
 from authsvc.store.base import Reader
-from authsvc.store.sqlite import SQLiteStore
+from authsvc.store.sqlite.store import SQLiteStore
 from authsvc.tokens import mint_token
 from authsvc.web.app import App, make_app
 from tests.support import FakeClock, free_port, get, profile, start_gunicorn, until_both_workers_counted, wait_for_port

@@ -21,7 +21,7 @@ from authsvc.admin.command import main
 from authsvc.errors import ConfigError
 from authsvc.settings import Settings
 from authsvc.store import open_store
-from authsvc.store.postgres import MIGRATION_LOCK, MIGRATIONS
+from authsvc.store.postgres.store import MIGRATION_LOCK, MIGRATIONS
 from authsvc.tokens import api_key_digest
 from tests.pgserver import Heartbeat, ThrowawayPostgres, find_bin_dir
 from tests.support import make_testapp, skip_or_fail

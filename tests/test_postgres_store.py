@@ -112,7 +112,8 @@ def test_the_updated_at_step_waits_briefly_for_a_long_read_of_players_then_fails
     after MIGRATION_LOCK_WAIT with nothing changed, and a second run after the read goes through."""
     import psycopg
 
-    from authsvc.store import base, postgres
+    from authsvc.store import base
+    from authsvc.store.postgres import store as postgres
 
     monkeypatch.setattr(base, "ADMIN_LOCK_WAIT", 120.0)  # the admin command's own wait: not the one that ends it
     url = pg_databases.create(migrate=False)

@@ -17,7 +17,7 @@ import pytest
 import webtest
 
 from authsvc.store import open_store
-from authsvc.store.sqlite import MIGRATIONS
+from authsvc.store.sqlite.store import MIGRATIONS
 from authsvc.web.app import SCHEMA_CHECK_INTERVAL, App
 from tests.support import free_port, start_gunicorn, wait_for_port
 

@@ -1,5 +1,5 @@
 """The SQLite reader's snapshot connection is never used by two threads at once
-(authsvc/store/sqlite_reader.py, ``_Snapshot``).
+(authsvc/store/sqlite/reader.py, ``_Snapshot``).
 
 Each request thread has its own connection, but the reaper thread of each worker
 ends an idle snapshot with a COMMIT on that connection. The schema check of
@@ -22,7 +22,7 @@ import urllib.parse
 
 import pytest
 
-from authsvc.store.sqlite import SQLiteStore
+from authsvc.store.sqlite.store import SQLiteStore
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from tests.support import PATH, free_port, get_text, skip_or_fail, start_gunicorn, wait_for_port
 

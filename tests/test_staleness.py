@@ -18,7 +18,7 @@ import time
 import pytest
 import webtest
 
-from authsvc.store.sqlite import SQLiteStore
+from authsvc.store.sqlite.store import SQLiteStore
 from authsvc.tokens import api_key_digest, new_api_key
 from authsvc.web.app import App, make_app
 from tests.support import INVALID, FakeClock, free_port, get, start_gunicorn, until_both_workers_counted, wait_for_port

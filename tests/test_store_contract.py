@@ -95,7 +95,7 @@ def test_migrating_a_store_of_the_previous_version_keeps_every_row_and_adds_upda
     import importlib
 
     engine = importlib.import_module(
-        "authsvc.store.sqlite" if empty_url.startswith("sqlite://") else "authsvc.store.postgres")
+        "authsvc.store.sqlite.store" if empty_url.startswith("sqlite://") else "authsvc.store.postgres.store")
     current = engine.MIGRATIONS
     monkeypatch.setattr(engine, "MIGRATIONS", current[:-1])  # the previous release's migrate()
     store = open_store(empty_url, readonly=False, settings=settings)
@@ -498,7 +498,7 @@ def test_load_refuses_a_store_that_holds_anything(admin_store):
 
 
 def test_the_sqlite_service_imports_no_psycopg(tmp_path):
-    """The core stays standard-library only: psycopg is imported by postgres.py alone, when chosen."""
+    """The core stays standard-library only: psycopg is imported by postgres/store.py alone, when chosen."""
     import subprocess
     import sys
 

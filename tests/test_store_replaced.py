@@ -21,7 +21,7 @@ import time
 import pytest
 
 from authsvc.errors import StoreUnavailable
-from authsvc.store.sqlite import SQLiteStore
+from authsvc.store.sqlite.store import SQLiteStore
 from authsvc.tokens import api_key_digest
 from tests.support import INVALID, FakeClock, free_port, get, start_gunicorn, wait_for_port
 

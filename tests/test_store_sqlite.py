@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 import webtest
 
-from authsvc.store.sqlite import SQLiteStore, path_from_url
+from authsvc.store.sqlite.store import SQLiteStore, path_from_url
 from authsvc.web.app import make_app
 
 pytestmark = pytest.mark.engine("sqlite")

@@ -18,7 +18,7 @@ from authsvc.admin import command as cli
 from authsvc.errors import ConfigError
 from authsvc.settings import Settings
 from authsvc.store import redact_url
-from authsvc.store.sqlite import path_from_url
+from authsvc.store.sqlite.store import path_from_url
 from authsvc.web.app import make_app
 from tests.support import free_port, skip_or_fail, start_gunicorn, wait_for_port
 
@@ -274,7 +274,7 @@ def test_the_heartbeats_banner_holds_no_password(pg_databases, tmp_path):
 def test_libpq_error_texts_are_masked_of_every_secret():
     """Should libpq ever quote a secret in an error, the store's message masks it as the URL's."""
     try:
-        from authsvc.store.postgres_reader import PostgresReader, _reason
+        from authsvc.store.postgres.reader import PostgresReader, _reason
     except ImportError:
         skip_or_fail("psycopg is not installed (pip install -e '.[postgres]')")
     password, key_password = secrets.token_hex(8), secrets.token_hex(8)

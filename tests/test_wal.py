@@ -16,7 +16,7 @@ import time
 import pytest
 
 from authsvc.store import open_store
-from authsvc.store.sqlite import WAL_LIMIT_BYTES, SQLiteStore
+from authsvc.store.sqlite.store import WAL_LIMIT_BYTES, SQLiteStore
 from tests.support import free_port, get, start_gunicorn, wait_for_port
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

@@ -40,7 +40,7 @@ from authsvc.settings import Settings, admin_actor
 from authsvc.store import base, open_store
 from authsvc.store.audit import Audit, Record, canonical
 from authsvc.store.base import Game, Player, Store
-from authsvc.store.sqlite import SQLiteStore
+from authsvc.store.sqlite.store import SQLiteStore
 from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
 
 # Keys retired by rotate-key expire within ten years: now + TTL stays a 64-bit number on both engines.

@@ -14,14 +14,14 @@ def open_store(url: str, *, readonly: bool, settings=None) -> Store:
     """``sqlite://PATH`` or ``postgresql://...``; the engine module is imported only when chosen."""
     scheme = url.split(":", 1)[0].lower()
     if scheme == "sqlite":
-        from authsvc.store.sqlite import SQLiteStore
+        from authsvc.store.sqlite.store import SQLiteStore
 
         # Without settings, the declared default (authsvc/settings.py): one number, not two.
         staleness = settings.max_staleness if settings is not None else default("max_staleness")
         return SQLiteStore(url, readonly=readonly, max_staleness=staleness)
     if scheme in ("postgresql", "postgres"):
         try:
-            from authsvc.store.postgres import PostgresStore
+            from authsvc.store.postgres.store import PostgresStore
         except ImportError as e:
             raise ConfigError(f"the PostgreSQL store needs the 'postgres' extra: {e}") from None
         return PostgresStore(url, readonly=readonly, settings=settings)

@@ -8,7 +8,7 @@ writing again; an answer that held a secret is not kept (authsvc/admin/idempoten
 answer is written in the transaction of the write it answers (store/writes.py); ``status`` 0
 ("running") is what the release before wrote while a request ran, and is read as no answer.
 
-The web process's roles get no grant on either (store/postgres_schema.py grants the
+The web process's roles get no grant on either (store/postgres/schema.py grants the
 admin role). The SQL runs on both engines: the column types below are spelled so
 that SQLite and PostgreSQL read them alike (text, bigint).
 """

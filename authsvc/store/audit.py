@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 GENESIS = "0" * 64
 COLUMNS = ("id", "at_ms", "actor", "request_id", "action", "game_id", "user_id", "changes", "prev_hash", "hash")
-# The tables, each engine's migration (store/sqlite.py, store/postgres.py). The ids are given by
+# The tables, each engine's migration (store/sqlite/store.py, store/postgres/store.py). The ids are given by
 # append(), never by the database: the hash covers the id, so it must be known before the INSERT.
 SQLITE_TABLES = f"""
     CREATE TABLE audit (
@@ -59,7 +59,7 @@ SQLITE_TABLES = f"""
     INSERT INTO audit_chain VALUES (1, 0, '{GENESIS}', 0, '{GENESIS}');
 """
 # PostgreSQL: the web process's roles get no grant at all; the admin role (deploy/postgres/roles.sql)
-# may only read and append (`authsvc init` grants it: postgres.py's ADMIN_GRANTS_SQL). {reader}: READER_ROLE.
+# may only read and append (`authsvc init` grants it: postgres/store.py's ADMIN_GRANTS_SQL). {reader}: READER_ROLE.
 POSTGRES_TABLES = f"""
 CREATE TABLE audit (
     id         bigint PRIMARY KEY,

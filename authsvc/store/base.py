@@ -1,8 +1,8 @@
 """The Store contract, in two: Reader, what the web process reads, and Store, what the admin side writes.
 
-Both engines implement it (SQLiteReader and PostgresReader in sqlite_reader.py and
-postgres_reader.py, which the web process opens through store/readers.py; SQLiteStore
-and PostgresStore in sqlite.py and postgres.py extend them with the writes) and pass
+Both engines implement it (SQLiteReader and PostgresReader in sqlite/reader.py and
+postgres/reader.py, which the web process opens through store/readers.py; SQLiteStore
+and PostgresStore in sqlite/store.py and postgres/store.py extend them with the writes) and pass
 the same contract tests (tests/test_store_contract.py). A Reader (``credentials``,
 ``fresh_credentials``, ``check``, ``close``, ``list_games``; on SQLite also
 ``journal_mode_warning``) has no method that writes, so the web process holds no object that can.

@@ -3,7 +3,7 @@
 The statements of a write (store/writes.py) and of the audit trail (store/audit.py) are written
 once, with ``?`` placeholders, and run on either engine through its dialect. What cannot be
 written once (a game's new id, a many-row upsert) is a method here. SQLite's dialect lives here;
-PostgreSQL's in store/postgres.py, which alone imports psycopg.
+PostgreSQL's in store/postgres/store.py, which alone imports psycopg.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from authsvc.loglines import OTHER_ROUTE, LineRecords, LogThrottle, request_id
 from authsvc.settings import Settings
 from authsvc.store.base import Reader
 from authsvc.store.readers import open_reader
-from authsvc.store.sqlite_reader import SQLiteReader
+from authsvc.store.sqlite.reader import SQLiteReader
 from authsvc.web.authenticate import MALFORMED, STORE_UNAVAILABLE, WAITED_TOO_LONG, Authenticator
 from authsvc.web.http import error_object, json_bytes, request_params, respond
 from authsvc.web.queueing import WaitedTooLong, waited_too_long

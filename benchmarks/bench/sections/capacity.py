@@ -173,7 +173,7 @@ def staleness_check_cost(standby: ThrowawayStandby, world: World, calls: int, ro
     (medians of alternating rounds of ``calls`` prepared queries on one connection, as the web process sends them)."""
     import psycopg
 
-    from authsvc.store.postgres_reader import CREDENTIALS_SQL_PQ, STANDBY_SQL_PQ
+    from authsvc.store.postgres.reader import CREDENTIALS_SQL_PQ, STANDBY_SQL_PQ
     from authsvc.tokens import api_key_digest
 
     digest = api_key_digest(world.api_key).encode("ascii")

@@ -1,4 +1,4 @@
-"""The SQLite store's read path: what the web process runs (the admin side: store/sqlite.py).
+"""The SQLite store's read path: what the web process runs (the admin side: store/sqlite/store.py).
 
 The web process opens the file read-only (``mode=ro`` plus ``query_only``), one
 connection per thread of each worker process, opened lazily after fork.
@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store.base import Credentials, Game, Reader
 from authsvc.store.common import ThreadConnections, select_games
-from authsvc.store.sqlite_url import path_from_url as path_from_url  # re-exported: store/sqlite.py imports it here
+from authsvc.store.sqlite.url import path_from_url
 
 log = logging.getLogger("authsvc.store")
 

@@ -2,7 +2,7 @@
 
 The admin command connects as the owner role and writes in transactions; the
 web process's read path (a read-only role, one prepared query per request) is
-PostgresReader in store/postgres_reader.py, which PostgresStore extends.
+PostgresReader in store/postgres/reader.py, which PostgresStore extends.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiToken, Conflict, Game, NotEmpty, Player, Store
 from authsvc.store.common import BATCH, batches, redact_url, select_games
 from authsvc.store.dialect import Dialect
-from authsvc.store.postgres_reader import (
+from authsvc.store.postgres.reader import (
     COLLATE_C,
     CREDENTIALS_SQL,
     PostgresReader,
     _reason,
 )
-from authsvc.store.postgres_schema import (
+from authsvc.store.postgres.schema import (
     ADMIN_GRANTS_SQL,
     ADMIN_ROLE,
     HEARTBEAT_GRANTS_SQL,
@@ -107,7 +107,7 @@ POSTGRES = PostgresDialect()
 
 
 class PostgresStore(PostgresReader, Store):
-    """A reader (store/postgres_reader.py) that also writes: what the admin command opens."""
+    """A reader (store/postgres/reader.py) that also writes: what the admin command opens."""
 
     @contextlib.contextmanager
     def _admin(self, transaction: bool = True, mode: str | None = None) -> Iterator[psycopg.Connection]:

@@ -1,4 +1,4 @@
-"""The PostgreSQL store's read path: what the web process runs (the admin side: store/postgres.py).
+"""The PostgreSQL store's read path: what the web process runs (the admin side: store/postgres/store.py).
 
 The web process connects as a read-only role (docs/stores.md): one persistent
 autocommit connection per thread of each worker process, opened lazily after
@@ -11,7 +11,7 @@ the server's or the kernel's), and after a connect or a reply that timed out the
 process answers 503 at once for a while instead of queueing requests behind the
 next wait (docs/stores.md, "Outages").
 
-Only this module and store/postgres.py import psycopg (the ``authsvc[postgres]`` extra).
+Only this module and store/postgres/store.py import psycopg (the ``authsvc[postgres]`` extra).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ READER_ROLE = "authsvc_reader"
 SCHEMA_VERSION = 5  # len(postgres.MIGRATIONS): the version this release reads
 COLLATE_C = ' COLLATE "C"'  # key digests in SQLite's (byte) order, whatever the database's collation
 
-# SQLite's query (store/sqlite_reader.py): one row always, every lookup made whether or not
+# SQLite's query (store/sqlite/reader.py): one row always, every lookup made whether or not
 # the key and the player exist, so the time of an answer tells neither. No key: game_id NULL.
 # A missing player reads as a placeholder username (decoded like a real one) and epoch 0;
 # its ``enabled`` is NULL, which is how the reader tells it is missing.

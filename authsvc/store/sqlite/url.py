@@ -1,6 +1,6 @@
 """The ``sqlite://PATH`` store URL and the file it names: the one parser for the admin command and the web process.
 
-store/sqlite_reader.py re-exports it (store/sqlite.py imports it from there).
+store/sqlite/reader.py re-exports it (store/sqlite/store.py imports it from there).
 """
 
 from __future__ import annotations

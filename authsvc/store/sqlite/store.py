@@ -2,7 +2,7 @@
 
 The admin side (the command, the admin API) opens the file read-write and writes; the web
 process's read path (read-only connections, snapshots, a replaced file) is
-SQLiteReader in store/sqlite_reader.py, which SQLiteStore extends.
+SQLiteReader in store/sqlite/reader.py, which SQLiteStore extends.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiToken, Conflict, Game, NotEmpty, Player, Store
 from authsvc.store.common import batches, select_games
 from authsvc.store.dialect import SQLITE
-from authsvc.store.sqlite_errors import store_error as _store_error
-from authsvc.store.sqlite_reader import CREDENTIALS_SQL, PLAYER_SQL, SQLiteReader, path_from_url
+from authsvc.store.sqlite.errors import store_error as _store_error
+from authsvc.store.sqlite.reader import CREDENTIALS_SQL, PLAYER_SQL, SQLiteReader
+from authsvc.store.sqlite.url import path_from_url
 from authsvc.store.writes import _TOKEN_COLUMNS, Tx, api_token
 
 __all__ = ["CREDENTIALS_SQL", "PLAYER_SQL", "MIGRATIONS", "WAL_LIMIT_BYTES", "SQLiteStore", "path_from_url"]
@@ -85,7 +86,7 @@ def _mapped(method):
 
 
 class SQLiteStore(SQLiteReader, Store):
-    """A reader (store/sqlite_reader.py) that also writes: what the admin command opens."""
+    """A reader (store/sqlite/reader.py) that also writes: what the admin command opens."""
 
     def _open(self) -> sqlite3.Connection:
         if self.readonly:

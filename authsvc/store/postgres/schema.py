@@ -1,10 +1,10 @@
-"""The PostgreSQL store's schema: its migrations and the grants `authsvc init` gives (store/postgres.py runs them)."""
+"""The PostgreSQL store's schema: its migrations and the grants `authsvc init` gives (store/postgres/store.py runs them)."""
 
 from __future__ import annotations
 
 from authsvc.store import audit as trail
 from authsvc.store.api_tables import API_TABLES
-from authsvc.store.postgres_reader import READER_ROLE
+from authsvc.store.postgres.reader import READER_ROLE
 
 # pg_advisory_xact_lock key: one `authsvc init` at a time. Any role allowed to call the advisory lock
 # functions could take this key and hold `authsvc init` off, so deploy/postgres/privileges.sql lets
