@@ -1,8 +1,9 @@
 """Shared fixtures: throwaway secrets and stores, a provisioned game and player, WebTest apps.
 
 Every test that uses ``store_url`` (and so ``env``, ``settings``, ``admin_store``,
-``world``, ``app``) runs twice: on SQLite and on PostgreSQL. A test that is about
-one engine says so in one way only, the ``engine`` marker::
+``world``, ``app``) runs twice, on SQLite and on PostgreSQL, in the store, integration
+and system tiers; in the functional tier, on SQLite (tests/tiers.py). A test that is
+about one engine says so in one way only, the ``engine`` marker::
 
     @pytest.mark.engine("sqlite")          # one test
     pytestmark = pytest.mark.engine("postgresql")  # a whole module
@@ -42,6 +43,7 @@ from authsvc.store import open_store, redact_url
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from tests import pgserver
 from tests.support import make_testapp, skip_or_fail
+from tests.tiers import BOTH_ENGINES, ORDER, tier_of
 
 ENGINES = ("sqlite", "postgresql")
 
@@ -166,14 +168,28 @@ def _empty_pg(conn) -> None:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "engine(name): run this test on one store engine only ('sqlite' or 'postgresql')")
+    for tier in ORDER:
+        config.addinivalue_line("markers", f"{tier}: the {tier} tier (tests/tiers.py)")
+
+
+def pytest_collection_modifyitems(items):
+    """Mark each test with its module's tier (tests/tiers.py), so ``-m unit`` and friends select tiers."""
+    for item in items:
+        tier = tier_of(item.path.stem)
+        if tier is not None:
+            item.add_marker(tier)
 
 
 def pytest_generate_tests(metafunc):
-    """Run each test that uses ``store_url`` on every engine, or on the one its ``engine`` marker names."""
+    """Run each test that uses ``store_url`` on the engine its ``engine`` marker names, else on both in the
+    tiers about engines (tests/tiers.py) and on SQLite in the functional tier, whose front doors are engine-blind."""
     if "store_url" not in metafunc.fixturenames:
         return
     marker = metafunc.definition.get_closest_marker("engine")
-    engines = ENGINES if marker is None else marker.args
+    if marker is not None:
+        engines = marker.args
+    else:
+        engines = ENGINES if tier_of(metafunc.definition.path.stem) in BOTH_ENGINES else ("sqlite",)
     unknown = set(engines) - set(ENGINES)
     if unknown:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: unknown engine {sorted(unknown)}; known: {ENGINES}")

@@ -101,7 +101,7 @@ def test_an_auth_line_makes_fewer_calls_than_logging_s_own_path():
     logger, out = _logger("cost", CachedTimeFormatter(FORMAT, DATEFMT))
     records = LineRecords(logger, logging.INFO, __file__)
     logger.handle(records.make("auth warm-up"))
-    for _ in range(3):  # the cached time is made anew once a second: a line that crosses into a new
+    for _ in range(20):  # the cached time is made anew once a second: a line that crosses into a new
         # second calls localtime and strftime once, as it should; the next line cannot cross again
         ours = profile(lambda: logger.handle(records.make("auth rid=- reason=success")))
         if not {"localtime", "strftime"} & set(ours):

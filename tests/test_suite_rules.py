@@ -106,3 +106,13 @@ def test_the_skip_rule_sees_every_form(tmp_path):
         "from pytest import skip", "pytest.mark.skipif", "pytest.mark.skip", "pytest.skip", "pytest.importorskip",
         "pytest.xfail",
     ]
+
+
+def test_every_test_module_stands_in_one_tier():
+    """A new module must say which tier it is (tests/tiers.py): --quick and the serial phase depend on it."""
+    from tests.tiers import TIERS
+
+    placed = [name for modules in TIERS.values() for name in modules]
+    assert len(placed) == len(set(placed)), "a module in two tiers"
+    assert sorted(path.stem for path in TEST_MODULES if path.stem not in placed) == []
+    assert sorted(set(placed) - {path.stem for path in TEST_MODULES}) == []
