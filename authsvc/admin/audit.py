@@ -4,21 +4,28 @@ The records and the chain are written by the store (authsvc/store/audit.py); thi
 module walks the chain to name the first record that was altered, removed or
 inserted, prints records one a line (names as docs/admin.md shows them), and
 parses the TIME of ``--since`` and ``--before`` (docs/admin.md, "The audit trail").
+It also sends the command's head lines (the chain's head after each committed write,
+store/audit.py's HEAD_LOG) to the journal: ``heads_logged``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
+import logging
+import logging.handlers
+import os
 import re
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 
 from authsvc.admin import operations
 from authsvc.errors import Invalid
 from authsvc.names import MAX_ID, shown
-from authsvc.store.audit import Chain, Record
+from authsvc.store.audit import HEAD_LOG, Chain, Record
 
 DAY_MS = 86_400_000
 _AGO = re.compile(r"(\d{1,6})([dhm])")
@@ -44,6 +51,45 @@ def parse_time(text: str, now_ms: int) -> int:
 
 def utc(ms: int) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+# -- the command's head lines -------------------------------------------------------------------
+
+JOURNAL_SOCKET = "/dev/log"  # syslog's socket: journald reads it on a systemd host
+
+
+class _Journal(logging.handlers.SysLogHandler):
+    """syslog's socket, as ``authsvc``; a line the journal did not take goes to stderr, never lost silently."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def heads_logged() -> Iterator[None]:
+    """While the command runs, its head lines (``authsvc.audit: head id=N hash=H``, docs/logs.md) go to the
+    journal through syslog's socket where there is one (any systemd host, also under sudo), else to stderr:
+    the command's own log (a container's, a test's). The admin API's go to gunicorn's error log instead
+    (deploy/gunicorn.conf.py). Nothing else of the command is logged."""
+    handler: logging.Handler
+    if os.path.exists(JOURNAL_SOCKET):
+        handler = _Journal(JOURNAL_SOCKET)
+        handler.ident = "authsvc: "
+        handler.append_nul = False
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    level, propagate = HEAD_LOG.level, HEAD_LOG.propagate
+    HEAD_LOG.addHandler(handler)
+    HEAD_LOG.setLevel(logging.INFO)
+    HEAD_LOG.propagate = False
+    try:
+        yield
+    finally:
+        HEAD_LOG.removeHandler(handler)
+        HEAD_LOG.setLevel(level)
+        HEAD_LOG.propagate = propagate
+        handler.close()
 
 
 # -- verify ---------------------------------------------------------------------------------

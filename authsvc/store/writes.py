@@ -40,6 +40,7 @@ class _Lock:
 
     def __init__(self) -> None:
         self.at_ms: int | None = None
+        self.appended = False  # a record was appended (the head moved): the head is logged after COMMIT
 
 
 class Tx:
@@ -74,6 +75,15 @@ class Tx:
         """Take the writer lock now (before a read whose answer the write will act on)."""
         _ = self.at_ms
 
+    def head(self) -> tuple[int, str] | None:
+        """(id, hash) of the chain's head as this transaction commits it, if it appended a record; None if
+        it appended none. Read from the chain's row just before the COMMIT: a record a savepoint undid is
+        not the head. The engines' write() logs it once the COMMIT returned (store/audit.py, log_head)."""
+        if not self._lock.appended:
+            return None
+        chain = trail.read_chain(self._conn, self.d)
+        return chain.head_id, chain.head_hash
+
     def savepoint(self):
         """``with tx.savepoint():`` the statements inside undone if it raises; the transaction goes on."""
         self.locked()
@@ -82,11 +92,13 @@ class Tx:
     def record(self, action: str, *, game_id: int | None = None, user_id: int | None = None,
                before: dict | None = None, after: dict | None = None) -> Record:
         """One audit record of this write (an event that changes no row, too: a token minted)."""
+        self._lock.appended = True
         return trail.append(self._conn, self.d, self.audit, self.at_ms, action, game_id=game_id, user_id=user_id,
                             before=before, after=after)
 
     def prune_audit(self, before_ms: int) -> Record:
         """Delete the records before ``before_ms`` (store/audit.py's prune) and record the prune."""
+        self._lock.appended = True
         return trail.prune(self._conn, self.d, self.audit, self.at_ms, before_ms)
 
     def _player_record(self, action: str, user_id: int, before: dict) -> Record:
