@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from authsvc.admin import operations as ops
+from authsvc.errors import Invalid
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.store.audit import COLUMNS, Record, canonical, record_hash
@@ -113,6 +115,31 @@ def test_each_committed_write_logs_its_new_head_once_and_nothing_else_does(world
     assert [line for line in err.splitlines() if "authsvc.audit" in line] == [
         f"authsvc.audit: head id=5 hash={record.hash}"]
     assert record.hash not in out
+
+
+def test_a_record_a_savepoint_undid_logs_no_head_and_a_joined_write_logs_once(admin_store, caplog):
+    """The head is read as the transaction commits it: a record undone by a savepoint (the admin API's
+    refused call under an Idempotency-Key) is no head; writes joined in one transaction are one line."""
+    caplog.set_level(logging.INFO, logger="authsvc.audit")
+    admin_store.add_player(42, "carol")  # record 1
+    caplog.clear()
+    with admin_store.write() as tx:
+        try:
+            with tx.savepoint():
+                tx.rename_player(42, "mallory")  # record 2, undone
+                raise Invalid("refused")
+        except Invalid:
+            pass
+    assert caplog.messages == []
+    with admin_store.write() as tx:
+        tx.revoke_player(42)
+        admin_store.set_player_enabled(42, False)  # joins the open write
+    (head,) = records_of(admin_store)[-1:]
+    assert caplog.messages == [f"head id=3 hash={head.hash}"] and head.id == 3
+
+
+def records_of(store) -> list[Record]:
+    return list(reversed(store.audit_records(limit=10)))
 
 
 def test_the_command_sends_its_head_line_to_the_journal_where_there_is_one(world, store_url, monkeypatch, tmp_path):

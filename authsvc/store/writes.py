@@ -40,7 +40,8 @@ class _Lock:
 
     def __init__(self) -> None:
         self.at_ms: int | None = None
-        self.appended = False  # a record was appended (the head moved): the head is logged after COMMIT
+        self.head_id: int | None = None  # the chain's head when the lock was taken
+        self.appended = False  # a record was appended: the head, if it moved, is logged after COMMIT
 
 
 class Tx:
@@ -68,6 +69,7 @@ class Tx:
         """The transaction's time, read once it holds the writer lock (taken here on first use)."""
         if self._lock.at_ms is None:
             head_id, _ = self._conn.execute(self.d.WRITER_LOCK).fetchone()
+            self._lock.head_id = head_id
             self._lock.at_ms = max(self.audit.now_ms(), trail.head_time(self._conn, self.d, head_id))
         return self._lock.at_ms
 
@@ -76,13 +78,13 @@ class Tx:
         _ = self.at_ms
 
     def head(self) -> tuple[int, str] | None:
-        """(id, hash) of the chain's head as this transaction commits it, if it appended a record; None if
-        it appended none. Read from the chain's row just before the COMMIT: a record a savepoint undid is
-        not the head. The engines' write() logs it once the COMMIT returned (store/audit.py, log_head)."""
+        """(id, hash) of the chain's head as this transaction commits it, if its records moved it; None if
+        it appended none, or a savepoint undid them. Read from the chain's row just before the COMMIT; the
+        engines' write() logs it once the COMMIT returned (store/audit.py, log_head)."""
         if not self._lock.appended:
             return None
         chain = trail.read_chain(self._conn, self.d)
-        return chain.head_id, chain.head_hash
+        return None if chain.head_id == self._lock.head_id else (chain.head_id, chain.head_hash)
 
     def savepoint(self):
         """``with tx.savepoint():`` the statements inside undone if it raises; the transaction goes on."""
