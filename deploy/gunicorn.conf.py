@@ -148,6 +148,10 @@ logconfig_dict = {
             "handlers": ["error"],
             "propagate": False,
         },
+        # The admin API's head lines: the audit chain's head after each committed write (docs/logs.md,
+        # "The audit head line"), what `authsvc audit verify --anchor` checks the chain against. At
+        # INFO whatever log_level says: a line not written leaves its records unanchored.
+        "authsvc.audit": {"level": "INFO", "handlers": ["error"], "propagate": False},
     },
 }
 

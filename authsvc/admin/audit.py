@@ -4,21 +4,28 @@ The records and the chain are written by the store (authsvc/store/audit.py); thi
 module walks the chain to name the first record that was altered, removed or
 inserted, prints records one a line (names as docs/admin.md shows them), and
 parses the TIME of ``--since`` and ``--before`` (docs/admin.md, "The audit trail").
+It also sends the command's head lines (the chain's head after each committed write,
+store/audit.py's HEAD_LOG) to the journal: ``heads_logged``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
+import logging
+import logging.handlers
+import os
 import re
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 
 from authsvc.admin import operations
 from authsvc.errors import Invalid
 from authsvc.names import MAX_ID, shown
-from authsvc.store.audit import Chain, Record
+from authsvc.store.audit import HEAD_LOG, Chain, Record
 
 DAY_MS = 86_400_000
 _AGO = re.compile(r"(\d{1,6})([dhm])")
@@ -46,6 +53,45 @@ def utc(ms: int) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+# -- the command's head lines -------------------------------------------------------------------
+
+JOURNAL_SOCKET = "/dev/log"  # syslog's socket: journald reads it on a systemd host
+
+
+class _Journal(logging.handlers.SysLogHandler):
+    """syslog's socket, as ``authsvc``; a line the journal did not take goes to stderr, never lost silently."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def heads_logged() -> Iterator[None]:
+    """While the command runs, its head lines (``authsvc.audit: head id=N hash=H``, docs/logs.md) go to the
+    journal through syslog's socket where there is one (any systemd host, also under sudo), else to stderr:
+    the command's own log (a container's, a test's). The admin API's go to gunicorn's error log instead
+    (deploy/gunicorn.conf.py). Nothing else of the command is logged."""
+    handler: logging.Handler
+    if os.path.exists(JOURNAL_SOCKET):
+        handler = _Journal(JOURNAL_SOCKET)
+        handler.ident = "authsvc: "
+        handler.append_nul = False
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    level, propagate = HEAD_LOG.level, HEAD_LOG.propagate
+    HEAD_LOG.addHandler(handler)
+    HEAD_LOG.setLevel(logging.INFO)
+    HEAD_LOG.propagate = False
+    try:
+        yield
+    finally:
+        HEAD_LOG.removeHandler(handler)
+        HEAD_LOG.setLevel(level)
+        HEAD_LOG.propagate = propagate
+        handler.close()
+
+
 # -- verify ---------------------------------------------------------------------------------
 
 
@@ -59,8 +105,42 @@ class Verdict:
     record_id: int | None = None
 
 
-def verify(items: Iterable[Chain | Record]) -> Verdict:
-    """Walk the chain (the audit_chain row, then the records oldest first) to its head."""
+# A head line as store/audit.py logs it (HEAD_LOG, HEAD_LINE), after whatever the log put before it: gunicorn's
+# prefix (time, process, level), journalctl's (time, host, "authsvc[PID]:"), or nothing (journalctl -o cat).
+_LOGGED = re.compile(rf"(?:^|\s){re.escape(HEAD_LOG.name)}: (.*)")
+_HEAD = re.compile(r"head id=([1-9][0-9]{0,18}) hash=([0-9a-f]{64})")
+
+
+def read_heads(path: str) -> dict[int, set[str]]:
+    """The heads a log anchors, {record id: its hashes} (one, unless the chain was written twice from there):
+    from each line of the logger ``authsvc.audit``; every other line is skipped. Invalid for a line of that
+    logger that is not a head line as authsvc writes it, and for a file without one."""
+    heads: dict[int, set[str]] = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                if (logged := _LOGGED.search(line)) is None:
+                    continue
+                head = _HEAD.fullmatch(logged[1].rstrip())
+                if head is None or int(head[1]) > MAX_ID:
+                    raise Invalid(
+                        f"{path} line {number}: not a head line as authsvc writes it ('{HEAD_LOG.name}: head id=N "
+                        f"hash=H', N from 1 to 2^63-1, H 64 lower-case hex digits): {shown(line.strip()[:200])!r}"
+                    )
+                heads.setdefault(int(head[1]), set()).add(head[2])
+    except OSError as e:
+        raise Invalid(f"cannot read the anchor file {path}: {e.strerror}") from None
+    if not heads:
+        raise Invalid(f"{path} holds no head line ('{HEAD_LOG.name}: head id=N hash=H'): give the log of the "
+                      "admin command and the admin API (docs/admin.md, \"Anchoring the head in the journal\")")
+    return heads
+
+
+def verify(items: Iterable[Chain | Record], anchors: dict[int, set[str]] | None = None) -> Verdict:
+    """Walk the chain (the audit_chain row, then the records oldest first) to its head; with ``anchors``
+    (read_heads), also check that the chain holds each head the log anchors after the chain's start, the
+    newest one included: nothing was cut from the end, even with the head row moved to match."""
+    anchors = anchors or {}
     it = iter(items)
     chain = next(it)
     if not isinstance(chain, Chain):
@@ -86,6 +166,8 @@ def verify(items: Iterable[Chain | Record]) -> Verdict:
         if r.prev_hash != prev:
             return bad(r.id, f"record {r.id} does not follow record {r.id - 1}: one of them was altered, "
                              f"or record {r.id} was inserted out of order")
+        if (logged := anchors.get(r.id)) is not None and logged != {r.hash}:
+            return bad(r.id, _not_anchored(r.id, logged))
         if r.action == "audit.prune":
             last_prune = r
         prev, expected, count = r.hash, r.id + 1, count + 1
@@ -99,7 +181,27 @@ def verify(items: Iterable[Chain | Record]) -> Verdict:
         if (named.get("anchor_id"), named.get("anchor_hash")) != (chain.anchor_id, chain.anchor_hash):
             return bad(chain.anchor_id + 1, f"the chain starts after record {chain.anchor_id}, "
                                             "but no prune record names that start")
+    if anchors:
+        newest, first_cut = max(anchors), chain.head_id + 1
+        if newest > chain.head_id:
+            gone = f"record {newest} was" if newest == first_cut else f"records {first_cut} to {newest} were"
+            return bad(first_cut, f"{gone} cut from the end of the chain: the log anchors record {newest}, "
+                                  f"the chain ends at record {chain.head_id}")
+        if newest <= chain.anchor_id:
+            return bad(newest, f"the log's newest head, record {newest}, is not in the chain: it starts after "
+                               f"record {chain.anchor_id} (a prune the log does not show, or a log older than the "
+                               "last prune: give the log up to now)")
+        if (logged := anchors.get(chain.anchor_id)) is not None and logged != {chain.anchor_hash}:
+            return bad(chain.anchor_id, _not_anchored(chain.anchor_id, logged) + " (the record the chain starts after)")
     return Verdict(count, chain.anchor_id + 1, chain.head_id, chain.head_hash)
+
+
+def _not_anchored(record_id: int, logged: set[str]) -> str:
+    if len(logged) > 1:
+        return (f"the log anchors {len(logged)} different records {record_id}: the chain was cut and written "
+                f"again from there (a restored backup?), or the file holds the logs of two stores")
+    return (f"record {record_id} is not the record the log anchored (another hash): it was rewritten, or the "
+            f"chain was cut and written again from there")
 
 
 # -- the subcommands ------------------------------------------------------------------------
@@ -151,12 +253,32 @@ def cmd_audit(args, settings):
 
 
 def cmd_audit_verify(args, settings):
+    anchors = read_heads(args.anchor) if args.anchor else None  # before the store is opened
     with operations.admin_store(settings) as store:
-        verdict = verify(store.audit_walk())
+        verdict = verify(store.audit_walk(), anchors)
     obj = dataclasses.asdict(verdict) | {"intact": verdict.problem is None}
+    if anchors:
+        newest = max(anchors)
+        obj["anchor"] = {"heads": len(anchors), "newest_id": newest, "after_newest": max(0, verdict.head_id - newest)}
     if verdict.problem:
         return 1, obj, f"audit chain broken: {verdict.problem}"
-    return 0, obj, f"{verdict.records} records, chain intact from id {verdict.first_id}"
+    text = f"{verdict.records} records, chain intact from id {verdict.first_id}"
+    if anchors:
+        text += _anchored(anchors, verdict, obj["anchor"])
+    return 0, obj, text
+
+
+def _anchored(anchors: dict[int, set[str]], verdict: Verdict, summary: dict) -> str:
+    """What an intact chain and the log's heads show: ``; it holds the 4 heads the log anchors (...)``."""
+    pruned = sum(1 for record_id in anchors if record_id < verdict.first_id)
+    held = len(anchors) - pruned
+    notes = [f"{pruned} before it were pruned"] if pruned else []
+    notes.append(f"the newest: record {summary['newest_id']}")
+    if (later := summary["after_newest"]) > 0:
+        notes[-1] += f"; {later} record{'s' if later > 1 else ''} after it {'are' if later > 1 else 'is'} " \
+                     "newer than the log"
+    return (f"; it holds the {held} head{'s' if held > 1 else ''} the log anchors"
+            f"{' after its start' if pruned else ''} ({'; '.join(notes)})")
 
 
 def cmd_audit_prune(args, settings):
@@ -196,7 +318,13 @@ def add_parsers(top, common, parser_class) -> None:
     p.add_argument("--json", dest="json_lines", action="store_true", help="one JSON object a line (JSON lines)")
     sub = p.add_subparsers(dest="audit_command", required=False, metavar="ACTION", parser_class=parser_class)
     text = "check the hash chain; names the first record altered, removed or inserted (exit 1)"
-    sub.add_parser("verify", parents=[common], help=text, description=text).set_defaults(func=cmd_audit_verify)
+    verify_parser = sub.add_parser("verify", parents=[common], help=text, description=text)
+    verify_parser.set_defaults(func=cmd_audit_verify)
+    verify_parser.add_argument(
+        "--anchor", metavar="FILE",
+        help="a log of the chain's heads (journalctl -u authsvc-admin -o cat; journalctl -t authsvc -o cat): "
+             "the chain must hold each head logged since its start, so nothing was cut from its end",
+    )
     text = "delete the records older than TIME (default: AUTHSVC_AUDIT_RETENTION_DAYS); the chain stays verifiable"
     prune = sub.add_parser("prune", parents=[common], help=text, description=text)
     prune.set_defaults(func=cmd_audit_prune)

@@ -332,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env(require_secret=False)
-        status, obj, text = args.func(args, settings)
+        with audit.heads_logged():  # each committed write's new chain head, to the journal
+            status, obj, text = args.func(args, settings)
     except Error as e:  # the one mapping of errors to the command's line and exit code (authsvc/errors.py)
         message = _line(e)
         if args.json:

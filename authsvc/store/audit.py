@@ -13,7 +13,10 @@ its other columns, ``prev_hash`` included; ``prev_hash`` is the hash of the
 record before, or the anchor's. The one-row ``audit_chain`` table holds the
 anchor (the last record ``authsvc audit prune`` removed; id 0 and 64 zeros when
 nothing was pruned) and the head (the last record written), so a record removed
-from the end shows as well as one removed from the middle. Never a key, token,
+from the end shows as well as one removed from the middle. The head is also kept outside
+the store: each committed write that appended records logs the new head's id and hash, one
+line through the logger ``authsvc.audit`` (``log_head``; docs/logs.md, "The audit head line"),
+which ``authsvc audit verify --anchor`` checks the chain against. Never a key, token,
 secret or digest of one goes into a record: only ids, usernames, game names,
 flags, epochs, key counts and expiry times, counts, and an import file's SHA-256.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -85,6 +89,10 @@ CREATE TABLE audit_chain (
 INSERT INTO audit_chain VALUES (1, 0, '{GENESIS}', 0, '{GENESIS}');
 REVOKE ALL ON audit, audit_chain FROM PUBLIC;
 """
+# The chain's head after each committed write that appended records (store/writes.py's Tx.head(), logged
+# by the engines' write() once the COMMIT returned): what `authsvc audit verify --anchor` reads back.
+HEAD_LOG = logging.getLogger("authsvc.audit")
+HEAD_LINE = "head id={id} hash={hash}"
 UNATTRIBUTED = "unattributed"  # the actor of a write made without an Audit (test fixtures, benchmarks)
 
 
@@ -171,6 +179,12 @@ def player_state(conn, d: Dialect, user_id: int) -> dict | None:
 def read_chain(conn, d: Dialect) -> Chain:
     row = conn.execute("SELECT anchor_id, anchor_hash, head_id, head_hash FROM audit_chain WHERE id = 1").fetchone()
     return Chain(*row)
+
+
+def log_head(head: tuple[int, str] | None) -> None:
+    """The head line of a committed write (None: it appended no record, and logs nothing)."""
+    if head is not None:
+        HEAD_LOG.info(HEAD_LINE.format(id=head[0], hash=head[1]))
 
 
 def head_time(conn, d: Dialect, head_id: int) -> int:

@@ -40,6 +40,8 @@ class _Lock:
 
     def __init__(self) -> None:
         self.at_ms: int | None = None
+        self.head_id: int | None = None  # the chain's head when the lock was taken
+        self.appended = False  # a record was appended: the head, if it moved, is logged after COMMIT
 
 
 class Tx:
@@ -67,12 +69,22 @@ class Tx:
         """The transaction's time, read once it holds the writer lock (taken here on first use)."""
         if self._lock.at_ms is None:
             head_id, _ = self._conn.execute(self.d.WRITER_LOCK).fetchone()
+            self._lock.head_id = head_id
             self._lock.at_ms = max(self.audit.now_ms(), trail.head_time(self._conn, self.d, head_id))
         return self._lock.at_ms
 
     def locked(self) -> None:
         """Take the writer lock now (before a read whose answer the write will act on)."""
         _ = self.at_ms
+
+    def head(self) -> tuple[int, str] | None:
+        """(id, hash) of the chain's head as this transaction commits it, if its records moved it; None if
+        it appended none, or a savepoint undid them. Read from the chain's row just before the COMMIT; the
+        engines' write() logs it once the COMMIT returned (store/audit.py, log_head)."""
+        if not self._lock.appended:
+            return None
+        chain = trail.read_chain(self._conn, self.d)
+        return None if chain.head_id == self._lock.head_id else (chain.head_id, chain.head_hash)
 
     def savepoint(self):
         """``with tx.savepoint():`` the statements inside undone if it raises; the transaction goes on."""
@@ -82,11 +94,13 @@ class Tx:
     def record(self, action: str, *, game_id: int | None = None, user_id: int | None = None,
                before: dict | None = None, after: dict | None = None) -> Record:
         """One audit record of this write (an event that changes no row, too: a token minted)."""
+        self._lock.appended = True
         return trail.append(self._conn, self.d, self.audit, self.at_ms, action, game_id=game_id, user_id=user_id,
                             before=before, after=after)
 
     def prune_audit(self, before_ms: int) -> Record:
         """Delete the records before ``before_ms`` (store/audit.py's prune) and record the prune."""
+        self._lock.appended = True
         return trail.prune(self._conn, self.d, self.audit, self.at_ms, before_ms)
 
     def _player_record(self, action: str, user_id: int, before: dict) -> Record:

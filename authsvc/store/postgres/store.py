@@ -149,17 +149,20 @@ class PostgresStore(PostgresReader, Store):
     @contextlib.contextmanager
     def write(self, audit: Audit | None = None) -> Iterator[Tx]:
         """One transaction (the writer lock is its first statement: store/writes.py), psycopg's errors
-        mapped as ``_admin`` maps them. Inside an open write on this thread: that one."""
+        mapped as ``_admin`` maps them. Inside an open write on this thread: that one. After the COMMIT,
+        the chain's new head is logged if the write appended records (store/audit.py, log_head)."""
         open_tx = getattr(self._local, "tx", None)
         if open_tx is not None:
             yield open_tx.joined(audit)
             return
         with self._admin() as conn:
-            self._local.tx = Tx(conn, POSTGRES, audit or trail.unattributed(), collate=COLLATE_C)
+            tx = self._local.tx = Tx(conn, POSTGRES, audit or trail.unattributed(), collate=COLLATE_C)
             try:
-                yield self._local.tx
+                yield tx
+                head = tx.head()
             finally:
                 self._local.tx = None
+        trail.log_head(head)  # committed: a rolled-back write never gets here
 
     # -- admin ----------------------------------------------------------------------
     def migrate(self) -> tuple[int, int]:

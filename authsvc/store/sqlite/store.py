@@ -157,21 +157,24 @@ class SQLiteStore(SQLiteReader, Store):
     @contextlib.contextmanager
     def write(self, audit: Audit | None = None) -> Iterator[Tx]:
         """BEGIN IMMEDIATE (the writer lock: store/writes.py) ... COMMIT, ROLLBACK on any exception;
-        sqlite3's errors become the store's. Inside an open write on this thread: that one."""
+        sqlite3's errors become the store's. Inside an open write on this thread: that one. After the
+        COMMIT, the chain's new head is logged if the write appended records (store/audit.py, log_head)."""
         open_tx = getattr(self._local, "tx", None)
         if open_tx is not None:
             yield open_tx.joined(audit)
             return
         try:
             with self._write() as conn:
-                self._local.tx = Tx(conn, SQLITE, audit or trail.unattributed())
+                tx = self._local.tx = Tx(conn, SQLITE, audit or trail.unattributed())
                 try:
-                    yield self._local.tx
+                    yield tx
+                    head = tx.head()
                 finally:
                     self._local.tx = None
         except sqlite3.Error as e:
             self._drop()
             raise _store_error(e, self.path) from None
+        trail.log_head(head)  # committed: a rolled-back write never gets here
 
     def _games(self, where: str = "", args: tuple = ()) -> list[Game]:
         with self._held() as conn:
