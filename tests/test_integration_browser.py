@@ -146,7 +146,9 @@ def test_the_whole_loop_in_a_real_browser(browser, loop, tmp_path):
         assert game_accounts(loop["game_db"]) == [alice]
 
         # The password changes in another tab while this one's game holds the old token: its next call is
-        # refused (403) and the game asks for a reload; after the reload it logs in again.
+        # refused (403) and the game asks for a reload. The game's own Reload button asks the platform page
+        # for a fresh token (authsvc-platform.js's refresh), and the player is logged in again, no loop:
+        # the next coin counts, no reload asked.
         other = context.new_page()
         other.goto(loop["platform_url"])
         other.fill("#password input[name=new_password]", "a brand new password")
@@ -157,9 +159,14 @@ def test_the_whole_loop_in_a_real_browser(browser, loop, tmp_path):
         expect(status).to_contain_text("Please reload the page", timeout=WAIT_MS)
         expect(game.locator("#reload")).to_be_visible()
         shot("reload-asked")
-        page.reload()
+        game.locator("#reload button").click()
         expect(status).to_have_text("Welcome back, alice (logged in)", timeout=WAIT_MS)
+        expect(game.locator("#reload")).to_be_hidden()
         expect(game.locator("#coins")).to_have_text("1")
+        game.locator("#play").click()
+        expect(status).to_have_text("A coin!", timeout=WAIT_MS)
+        expect(game.locator("#coins")).to_have_text("2")
+        shot("reloaded")
 
         # Sign out on the platform: the game shows the account-required message again.
         page.click("#signout button")
@@ -231,18 +238,27 @@ def test_the_interface_drops_messages_from_another_origin(browser, loop):
                       [forged, loop["platform_url"].rstrip("/")])
         assert game.evaluate("window.seen") == [666]  # the control: the same message from the right place counts
 
-        # The platform's half: a hello from another origin, or from another window, gets no answer.
-        hello = """([origin, own]) => { var frame = document.getElementById("game").contentWindow;
+        # The platform's half: a hello or a refresh from another origin, or from another window, gets no answer,
+        # and a refresh from there asks the platform's server for nothing (the page's fetch calls are counted: a
+        # refresh taken would call it before the genuine hello's answer arrives).
+        page.evaluate("""() => { window.fetches = 0; var fetch = window.fetch;
+            window.fetch = function () { window.fetches++; return fetch.apply(this, arguments); }; }""")
+        post = """([type, origin, own]) => { var frame = document.getElementById("game").contentWindow;
             window.dispatchEvent(new MessageEvent("message",
-                {data: {type: "authsvc:hello"}, origin: origin, source: own ? window : frame})); }"""
-        page.evaluate(hello, ["http://evil.example", False])
-        page.evaluate(hello, [game_origin, True])
-        page.evaluate(hello, [game_origin, False])  # the genuine one: answered, after any answer to the two above
+                {data: {type: type}, origin: origin, source: own ? window : frame})); }"""
+        for kind in ("authsvc:hello", "authsvc:refresh"):
+            page.evaluate(post, [kind, "http://evil.example", False])
+            page.evaluate(post, [kind, game_origin, True])
+        page.evaluate(post, ["authsvc:hello", game_origin, False])  # the genuine one: answered, after any answer above
         game.wait_for_function("window.seen.length >= 2", timeout=WAIT_MS)
-        page.evaluate(hello, [game_origin, False])
+        page.evaluate(post, ["authsvc:hello", game_origin, False])
         game.wait_for_function("window.seen.length >= 3", timeout=WAIT_MS)
         seen = game.evaluate("window.seen")
         assert seen[1:] == [seen[1], seen[1]] and len(seen) == 3 and seen[1] != 666, seen
+        assert page.evaluate("window.fetches") == 0
+        page.evaluate(post, ["authsvc:refresh", game_origin, False])  # the control: a genuine refresh asks, and answers
+        game.wait_for_function("window.seen.length >= 4", timeout=WAIT_MS)
+        assert page.evaluate("window.fetches") == 1 and game.evaluate("window.seen")[3] == seen[1]
     finally:
         context.close()
 

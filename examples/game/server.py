@@ -8,7 +8,8 @@ here and never sent to a browser. Then, on the game's own SQLite users:
 - the first visit creates an account holding the platform user id and username;
 - later visits look it up by platform user id;
 - a player who had a game account of the game's own (name and password) may link it instead;
-- authsvc's 403 (the player changed their password since the page loaded) asks for a reload;
+- authsvc's 403 (the player changed their password since the page loaded) asks for a reload, and
+  the Reload button asks the platform page for a fresh token (authsvc-platform.js's refresh);
 - a 503 or no answer is "try again shortly", never a logout.
 
 Stdlib only; ``python -m examples.game --help``.
@@ -179,7 +180,7 @@ PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>Demo game</tit
 <form id="link"><p>Played here before the platform? Link your game account:
   <input id="link-name" placeholder="game username"> <input id="link-password" type="password" placeholder="game password">
   <button>Link</button></p></form>
-<p id="reload"><button onclick="location.reload()">Reload</button></p>
+<p id="reload"><button>Reload</button></p>
 <script src="{platform_script}"></script>
 <script>
 "use strict";
@@ -219,6 +220,16 @@ function guest() {
   show("guest", true); show("playing", false); show("link", false);
 }
 document.getElementById("play").onclick = function () { call("/api/play"); };
+// Reload: the platform page mints a fresh token and pushes it (reloading this frame alone would get the
+// token the platform page holds, the one just refused, again).
+document.querySelector("#reload button").onclick = function () {
+  say("Signing in again ...");
+  show("reload", false);
+  AuthsvcPlatform.refresh({platformOrigin: platformOrigin}).then(function (p) {
+    player = p;
+    if (!p) guest(); else call("/api/login");
+  }, function () { say("The platform did not answer: reload the page.", true); show("reload", true); });
+};
 document.getElementById("link").onsubmit = function (e) {
   e.preventDefault();
   call("/api/link", {name: document.getElementById("link-name").value, password: document.getElementById("link-password").value});

@@ -1,9 +1,11 @@
 """The demo platform web tier (docs/integrating.md): sign up, sign in, change a password, and a page
-that embeds one game in an iframe and hands it the player's token through examples/clients/authsvc-platform.js.
+that embeds one game in an iframe and hands it the player's token through examples/clients/authsvc-platform.js
+(and a new one when the game asks: POST /token, after a password change refused the old one).
 
 Its own tiny SQLite store holds demo accounts (scrypt password hashes) and sessions. It talks to
 authsvc's admin API only (docs/admin-api.md): PUT /v1/players/{id} at signup, POST
-/v1/players/{id}/revoke at a password change, POST /v1/tokens when the page embeds the game. The
+/v1/players/{id}/revoke at a password change, POST /v1/tokens when the page embeds the game (and at
+the game's refresh). The
 admin bearer token stays on this server; the page gets the player's token for this one game.
 Stdlib only; run by ``python -m examples.platform --help``.
 """
@@ -79,6 +81,12 @@ class Platform:
         user = self.session_user(environ)
         if method == "GET" and path == "/":
             return self.page(start_response, user)
+        if method == "POST" and path == "/token":  # the page's refresh (authsvc-platform.js): a new token, as JSON
+            player, error = self.mint(user)
+            if error:
+                return respond(start_response, "503 Service Unavailable", json.dumps({"error": error}).encode(),
+                               "application/json")
+            return respond(start_response, "200 OK", json.dumps({"player": player}).encode(), "application/json")
         if method == "POST" and path in ("/signup", "/signin", "/signout", "/password"):
             form = read_form(environ)
             error, cookie = getattr(self, path[1:])(form, user)
@@ -152,15 +160,19 @@ class Platform:
         self.db.execute("DELETE FROM sessions WHERE user_id = ?", (user[0],))  # sign out everywhere, then in here
         return None, self.new_session(user[0])
 
+    def mint(self, user) -> tuple[dict | None, str | None]:
+        """(the player the game gets: its token for this game, minted now; or None for a guest), or an error."""
+        if user is None:
+            return None, None
+        try:
+            minted = self.admin.call("POST", "/v1/tokens", {"game_id": self.game_id, "user_id": user[0]})
+        except (urllib.error.URLError, OSError):
+            return None, "The game cannot be started right now; try again shortly."
+        return {"user_id": user[0], "username": user[1], "game_auth_token": minted["game_auth_token"]}, None
+
     def page(self, start_response, user, error: str | None = None):
-        player = None
-        if user is not None:
-            try:
-                minted = self.admin.call("POST", "/v1/tokens", {"game_id": self.game_id, "user_id": user[0]})
-                player = {"user_id": user[0], "username": user[1], "game_auth_token": minted["game_auth_token"]}
-            except (urllib.error.URLError, OSError):
-                error = error or "The game cannot be started right now; try again shortly."
-        body = render(user, player, error, self.game_url, self.game_origin)
+        player, mint_error = self.mint(user)
+        body = render(user, player, error or mint_error, self.game_url, self.game_origin)
         return respond(start_response, "200 OK", body.encode(), "text/html; charset=utf-8",
                        [("Content-Security-Policy", "frame-ancestors 'none'")])
 
@@ -188,6 +200,18 @@ def render(user, player, error, game_url, game_origin) -> str:
 <h2>Play</h2><iframe id="game" src="{e(game_url)}" title="game"></iframe>
 <script>
 var config = {config};
+// The game's refresh (its token was refused: a new password): this server mints a new token for the
+// player signed in now. If another player signed in or out in another tab, the whole page follows.
+config.refresh = function () {{
+  return fetch("/token", {{method: "POST"}}).then(function (r) {{
+    if (!r.ok) throw new Error("no new token");
+    return r.json();
+  }}).then(function (answer) {{
+    var now = answer.player && answer.player.user_id, before = config.player && config.player.user_id;
+    if (now !== before) {{ location.reload(); return new Promise(function () {{}}); }}
+    return answer.player;
+  }});
+}};
 AuthsvcPlatform.host(document.getElementById("game"), config);
 </script></body></html>"""
 
