@@ -1,8 +1,8 @@
 """A game developer's whole loop (docs/integrating.md), as a player meets it, in headless Chromium.
 
-Real processes on loopback: authsvc's game-facing gunicorn and its admin API gunicorn (one SQLite
-store, a game and an admin API token made with the real ``authsvc`` command), the demo platform
-(examples/platform/) and the reference game server (examples/game/). The browser is the OS's
+Real processes on loopback (tests/demo_support.py): authsvc's game-facing gunicorn and its admin API
+gunicorn (one SQLite store, a game and an admin API token made with the real ``authsvc`` command), the
+demo platform (examples/platform/) and the reference game server (examples/game/). The browser is the OS's
 Chromium (Debian: apt-get install chromium), driven by Playwright; .ci/run installs it. Each step
 leaves a screenshot in the test's tmp_path, named in the failure message.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import sqlite3
@@ -22,26 +21,14 @@ from pathlib import Path
 import pytest
 
 from harness.processes import stop
-from tests.support import free_port, get_text, skip_or_fail, start_gunicorn, wait_for_port
+from tests.demo_support import demo_loop
+from tests.support import free_port, get_text, skip_or_fail
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 WAIT_MS = 20_000  # a bound for each step on a loaded machine, not a timing assertion
 
 pytestmark = pytest.mark.slow
-
-
-def authsvc(env: dict, *args: str) -> dict:
-    """The real ``authsvc`` command (installed beside this interpreter), its --json answer."""
-    command = shutil.which("authsvc", path=str(Path(sys.executable).parent)) or "authsvc"
-    out = subprocess.run([command, *args, "--json"], env={**os.environ, **env}, capture_output=True, text=True,
-                         check=True, timeout=60)
-    return json.loads(out.stdout)
-
-
-def serve_example(module: str, log: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @pytest.fixture
@@ -60,39 +47,9 @@ def browser():
 
 @pytest.fixture
 def loop(tmp_path, secret_file):
-    """The four servers; yields their ports, secrets and processes, stops them all after."""
-    env = {"AUTHSVC_STORE": "sqlite://" + str(tmp_path / "authsvc.db"), "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
-           "AUTHSVC_MAX_STALENESS": "0"}
-    authsvc(env, "init")
-    game = authsvc(env, "game", "add", "Demo Game")
-    admin_token = authsvc(env, "api-token", "add", "demo-platform", "--scope", "players:write", "--scope", "tokens:mint")
-    (tmp_path / "api-key").write_text(game["api_key"])
-    (tmp_path / "admin-token").write_text(admin_token["token"])
-    ports = {name: free_port() for name in ("web", "admin", "platform", "game")}
-    procs: dict[str, subprocess.Popen] = {}
-    try:
-        procs["web"] = start_gunicorn(env, port=ports["web"], workers=1, new_session=True,
-                                      stdout=(tmp_path / "web.log").open("wb"), stderr=subprocess.STDOUT)
-        procs["admin"] = start_gunicorn(env, port=ports["admin"], app="authsvc.admin.wsgi:application", workers=1,
-                                        new_session=True, stdout=(tmp_path / "admin.log").open("wb"),
-                                        stderr=subprocess.STDOUT)
-        platform_url = f"http://127.0.0.1:{ports['platform']}/"
-        procs["platform"] = serve_example(
-            "examples.platform", tmp_path / "platform.log", "--port", str(ports["platform"]),
-            "--db", str(tmp_path / "platform.db"), "--admin-url", f"http://127.0.0.1:{ports['admin']}",
-            "--admin-token-file", str(tmp_path / "admin-token"), "--game-id", str(game["game_id"]),
-            "--game-url", f"http://127.0.0.1:{ports['game']}/play")
-        procs["game"] = serve_example(
-            "examples.game", tmp_path / "game.log", "--db", str(tmp_path / "game.db"), "serve", "--port", str(ports["game"]),
-            "--authsvc-url", f"http://127.0.0.1:{ports['web']}", "--api-key-file", str(tmp_path / "api-key"),
-            "--platform-url", platform_url)
-        for port in ports.values():
-            wait_for_port(port, timeout=30)
-        yield {"platform_url": platform_url, "procs": procs, "secrets": [game["api_key"], admin_token["token"]],
-               "game_db": tmp_path / "game.db"}
-    finally:
-        for proc in procs.values():
-            stop(proc)
+    """The four servers (tests/demo_support.py), stopped after the test."""
+    with demo_loop(tmp_path, secret_file) as servers:
+        yield servers
 
 
 def game_accounts(db: Path) -> list[tuple]:
