@@ -9,20 +9,24 @@ leaves a screenshot in the test's tmp_path, named in the failure message.
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from harness.processes import stop
 from tests.demo_support import demo_loop
-from tests.support import free_port, get_text, skip_or_fail
+from tests.support import free_port, get_text, skip_or_fail, wait_for_port
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -108,6 +112,7 @@ def test_the_whole_loop_in_a_real_browser(browser, loop, tmp_path):
         # the next coin counts, no reload asked.
         other = context.new_page()
         other.goto(loop["platform_url"])
+        other.fill("#password input[name=current_password]", "correct horse alice")
         other.fill("#password input[name=new_password]", "a brand new password")
         other.click("#password button")
         expect(other.locator("#me")).to_contain_text("alice", timeout=WAIT_MS)
@@ -218,6 +223,99 @@ def test_the_interface_drops_messages_from_another_origin(browser, loop):
         assert page.evaluate("window.fetches") == 1 and game.evaluate("window.seen")[3] == seen[1]
     finally:
         context.close()
+
+
+def attack_page(action: str, fields: dict[str, str], how: str, plant_cookie: str = "") -> str:
+    """A page of another origin that posts the platform's form ``action`` with ``fields`` as soon as it loads:
+    as a form (the browser navigates to the answer) or by a no-cors fetch (the title says "sent" when it
+    went); ``plant_cookie`` first sets that cookie from the page, which the browser sends to every port."""
+    script = f"document.cookie = {json.dumps(plant_cookie + '; path=/')};" if plant_cookie else ""
+    if how == "form":
+        inputs = "".join(f'<input name="{html.escape(k)}" value="{html.escape(v)}">' for k, v in fields.items())
+        return (f'<!doctype html><form id="f" method="post" action="{html.escape(action)}">{inputs}</form>'
+                f'<script>{script} document.getElementById("f").submit();</script>')
+    return (f"<!doctype html><script>{script} fetch({json.dumps(action)}, {{method: 'POST', mode: 'no-cors', "
+            "credentials: 'include', headers: {'Content-Type': 'application/x-www-form-urlencoded'}, "
+            f"body: {json.dumps(urllib.parse.urlencode(fields))}}}).finally(() => {{ document.title = 'sent'; }});"
+            "</script>")
+
+
+def test_a_page_on_another_port_neither_changes_the_password_nor_signs_the_player_in(browser, loop, tmp_path):
+    """Cross-site request forgery from the same host, another port (one site to the browser: SameSite=Lax
+    sends the platform's cookie along): a page there posts the password change to a signed-in player's
+    browser, and the sign-in with the attacker's own account to a signed-out one (login CSRF), each as a
+    form and as a fetch; one sign-in first plants a cookie of its own (cookies do not tell ports apart)
+    with the form token the attacker fetched for it, which only the Origin check stops. Each is refused:
+    the password and the session stand, nobody is signed in."""
+    from playwright.sync_api import expect
+
+    platform = loop["platform_url"].rstrip("/")
+    attacker_dir, attacker_port = tmp_path / "attacker", free_port()
+    attacker_dir.mkdir()
+    # The attacker's own pre-session cookie and the form token the platform's page gives it (none before tokens).
+    planted = "demo_platform_session=" + "a" * 43
+    request = urllib.request.Request(platform + "/", headers={"Cookie": planted})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        found = re.search(r'name="csrf" value="([^"]*)"', response.read().decode())
+    token = {"csrf": found.group(1)} if found else {}
+    mallory = {"username": "mallory", "password": "correct horse mallory"}
+    pages = {
+        "password-form": attack_page(platform + "/password", {"current_password": "a guess",
+                                                               "new_password": "mallory was here"}, "form"),
+        "password-fetch": attack_page(platform + "/password", {"current_password": "a guess",
+                                                                "new_password": "mallory was here"}, "fetch"),
+        "signin-form": attack_page(platform + "/signin", mallory, "form"),
+        "signin-fetch": attack_page(platform + "/signin", mallory, "fetch"),
+        "signin-planted": attack_page(platform + "/signin", mallory | token, "form", plant_cookie=planted),
+    }
+    for name, text in pages.items():
+        (attacker_dir / f"{name}.html").write_text(text)
+    attacker = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory",
+                                 str(attacker_dir), str(attacker_port)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    context = browser.new_context()
+    try:
+        wait_for_port(attacker_port, timeout=30)
+
+        def attack(page, name: str) -> None:
+            page.goto(f"http://127.0.0.1:{attacker_port}/{name}.html")
+            if name.endswith("fetch"):
+                page.wait_for_function("document.title === 'sent'", timeout=WAIT_MS)
+            else:
+                page.wait_for_url(platform + "/**", timeout=WAIT_MS)
+
+        def password_hash(username: str) -> bytes:
+            with sqlite3.connect(loop["platform_db"]) as conn:
+                return conn.execute("SELECT hash FROM accounts WHERE username = ?", (username,)).fetchone()[0]
+
+        for username in ("mallory", "victim"):  # the attacker's account (signed out after); the victim's, signed in
+            page = context.new_page()
+            page.goto(loop["platform_url"])
+            page.fill("#signup input[name=username]", username)
+            page.fill("#signup input[name=password]", "correct horse " + username)
+            page.click("#signup button")
+            expect(page.locator("#me")).to_contain_text(username, timeout=WAIT_MS)
+            if username == "mallory":
+                page.click("#signout button")
+                expect(page.locator("#signup")).to_be_visible(timeout=WAIT_MS)
+        before = password_hash("victim")
+        for name in ("password-form", "password-fetch"):
+            attack(page, name)
+            assert password_hash("victim") == before, name
+            page.goto(loop["platform_url"])
+            expect(page.locator("#me")).to_contain_text("victim", timeout=WAIT_MS)  # the session stands too
+        context.close()
+
+        context = browser.new_context()  # a signed-out browser, never at the platform yet: no cookie of its own
+        page = context.new_page()
+        for name in ("signin-planted", "signin-form", "signin-fetch"):
+            attack(page, name)
+            page.goto(loop["platform_url"])
+            expect(page.locator("#signin")).to_be_visible(timeout=WAIT_MS)
+            assert page.locator("#me").count() == 0, name
+    finally:
+        context.close()
+        stop(attacker)
 
 
 def test_the_demo_command_serves_the_loop(tmp_path):
