@@ -225,6 +225,44 @@ def test_the_interface_drops_messages_from_another_origin(browser, loop):
         context.close()
 
 
+def test_a_password_change_in_another_browser_ends_at_the_sign_in_not_in_a_loop(browser, loop):
+    """A password change signs the player out everywhere else: the game's Reload then finds nobody signed in
+    on the platform (the page follows, signed out; the game shows the guest message), and signing in again
+    logs the game in."""
+    from playwright.sync_api import expect
+
+    here, elsewhere = browser.new_context(), browser.new_context()
+    try:
+        page = here.new_page()
+        status = page.frame_locator("#game").locator("#status")
+        page.goto(loop["platform_url"])
+        page.fill("#signup input[name=username]", "dave")
+        page.fill("#signup input[name=password]", "correct horse dave")
+        page.click("#signup button")
+        expect(status).to_have_text("New account created: dave", timeout=WAIT_MS)
+        other = elsewhere.new_page()
+        other.goto(loop["platform_url"])
+        other.fill("#signin input[name=username]", "dave")
+        other.fill("#signin input[name=password]", "correct horse dave")
+        other.click("#signin button")
+        other.fill("#password input[name=current_password]", "correct horse dave")
+        other.fill("#password input[name=new_password]", "a brand new password")
+        other.click("#password button")
+        expect(other.locator("#me")).to_contain_text("dave", timeout=WAIT_MS)
+        page.frame_locator("#game").locator("#play").click()
+        expect(status).to_contain_text("Please reload the page", timeout=WAIT_MS)
+        page.frame_locator("#game").locator("#reload button").click()
+        expect(page.locator("#signin")).to_be_visible(timeout=WAIT_MS)
+        expect(page.frame_locator("#game").locator("#guest")).to_contain_text("An account is required", timeout=WAIT_MS)
+        page.fill("#signin input[name=username]", "dave")
+        page.fill("#signin input[name=password]", "a brand new password")
+        page.click("#signin button")
+        expect(status).to_have_text("Welcome back, dave (logged in)", timeout=WAIT_MS)
+    finally:
+        here.close()
+        elsewhere.close()
+
+
 def attack_page(action: str, fields: dict[str, str], how: str, plant_cookie: str = "") -> str:
     """A page of another origin that posts the platform's form ``action`` with ``fields`` as soon as it loads:
     as a form (the browser navigates to the answer) or by a no-cors fetch (the title says "sent" when it
