@@ -94,8 +94,8 @@ class Platform:
             return respond(start_response, "403 Forbidden", b"Refused: a POST must come from this platform's own pages.\n",
                            "text/plain; charset=utf-8")
         if method == "POST" and path == "/token":  # the page's refresh (authsvc-platform.js): a new token, as JSON
-            # No form token here: this changes nothing, and only the platform's own pages can read the answer
-            # (no CORS); the page's forms' token comes with it, as a password change elsewhere made a new session.
+            # No form token here: this changes nothing a player sees, and only the platform's own pages can read
+            # the answer (no CORS); the forms' token comes with it, as a password change elsewhere made a new session.
             player, error = self.mint(user)
             if error:
                 return respond(start_response, "503 Service Unavailable", json.dumps({"error": error}).encode(),
