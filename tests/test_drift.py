@@ -63,3 +63,27 @@ def test_the_service_unit_names_the_admin_command_where_install_puts_it():
     unit = (REPO / "deploy/systemd/authsvc.service").read_text()
     assert installed[0] in unit
     assert "@APP_DIR@/bin/authsvc" not in unit  # no such file is installed
+
+
+def test_the_ports_and_files_a_new_user_is_told_of_are_the_scripts_own():
+    """README's example of another port for scripts/serve (and its admin API on the next one) collides with
+    nothing scripts/serve or scripts/demo use; docs/admin-api.md's clients and its schemathesis line default to
+    scripts/serve's admin API, what a README reader runs first; docs/integrating.md says where scripts/demo
+    keeps the game's api key."""
+    from examples.demo import PORTS
+
+    serve = (REPO / "scripts/serve").read_text()
+    web = int(re.search(r"^port=\$\{PORT:-(\d+)\}$", serve, re.M).group(1))
+    assert "admin_port=${ADMIN_PORT:-$((port + 1))}" in serve
+    used = {web, web + 1, *PORTS.values()}
+    readme = (REPO / "README.md").read_text()
+    (example,) = re.findall(r"`PORT=(\d+) scripts/serve`", readme)
+    assert {int(example), int(example) + 1}.isdisjoint(used), (example, used)
+    admin_api = (REPO / "docs/admin-api.md").read_text()
+    defaults = re.findall(r"AUTHSVC_ADMIN_URL\W[^\n]*?http://127\.0\.0\.1:(\d+)", admin_api)
+    schemathesis = re.findall(r"st run authsvc/openapi/admin\.json --url http://127\.0\.0\.1:(\d+)", admin_api)
+    assert len(defaults) >= 3 and len(schemathesis) == 1  # the three clients (and the prose on them)
+    assert {int(port) for port in defaults + schemathesis} == {web + 1}
+    demo = (REPO / "examples/demo.py").read_text()
+    assert 'REPO / "var" / "demo-loop"' in demo and '(var / "api-key").write_text(game["api_key"])' in demo
+    assert "`var/demo-loop/api-key`" in (REPO / "docs/integrating.md").read_text()

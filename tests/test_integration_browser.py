@@ -1,47 +1,38 @@
 """A game developer's whole loop (docs/integrating.md), as a player meets it, in headless Chromium.
 
-Real processes on loopback: authsvc's game-facing gunicorn and its admin API gunicorn (one SQLite
-store, a game and an admin API token made with the real ``authsvc`` command), the demo platform
-(examples/platform/) and the reference game server (examples/game/). The browser is the OS's
+Real processes on loopback (tests/demo_support.py): authsvc's game-facing gunicorn and its admin API
+gunicorn (one SQLite store, a game and an admin API token made with the real ``authsvc`` command), the
+demo platform (examples/platform/) and the reference game server (examples/game/). The browser is the OS's
 Chromium (Debian: apt-get install chromium), driven by Playwright; .ci/run installs it. Each step
 leaves a screenshot in the test's tmp_path, named in the failure message.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
-import shutil
+import re
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from harness.processes import stop
-from tests.support import free_port, get_text, skip_or_fail, start_gunicorn, wait_for_port
+from tests.demo_support import demo_loop
+from tests.support import free_port, get_text, skip_or_fail, wait_for_port
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 WAIT_MS = 20_000  # a bound for each step on a loaded machine, not a timing assertion
 
 pytestmark = pytest.mark.slow
-
-
-def authsvc(env: dict, *args: str) -> dict:
-    """The real ``authsvc`` command (installed beside this interpreter), its --json answer."""
-    command = shutil.which("authsvc", path=str(Path(sys.executable).parent)) or "authsvc"
-    out = subprocess.run([command, *args, "--json"], env={**os.environ, **env}, capture_output=True, text=True,
-                         check=True, timeout=60)
-    return json.loads(out.stdout)
-
-
-def serve_example(module: str, log: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @pytest.fixture
@@ -60,39 +51,9 @@ def browser():
 
 @pytest.fixture
 def loop(tmp_path, secret_file):
-    """The four servers; yields their ports, secrets and processes, stops them all after."""
-    env = {"AUTHSVC_STORE": "sqlite://" + str(tmp_path / "authsvc.db"), "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
-           "AUTHSVC_MAX_STALENESS": "0"}
-    authsvc(env, "init")
-    game = authsvc(env, "game", "add", "Demo Game")
-    admin_token = authsvc(env, "api-token", "add", "demo-platform", "--scope", "players:write", "--scope", "tokens:mint")
-    (tmp_path / "api-key").write_text(game["api_key"])
-    (tmp_path / "admin-token").write_text(admin_token["token"])
-    ports = {name: free_port() for name in ("web", "admin", "platform", "game")}
-    procs: dict[str, subprocess.Popen] = {}
-    try:
-        procs["web"] = start_gunicorn(env, port=ports["web"], workers=1, new_session=True,
-                                      stdout=(tmp_path / "web.log").open("wb"), stderr=subprocess.STDOUT)
-        procs["admin"] = start_gunicorn(env, port=ports["admin"], app="authsvc.admin.wsgi:application", workers=1,
-                                        new_session=True, stdout=(tmp_path / "admin.log").open("wb"),
-                                        stderr=subprocess.STDOUT)
-        platform_url = f"http://127.0.0.1:{ports['platform']}/"
-        procs["platform"] = serve_example(
-            "examples.platform", tmp_path / "platform.log", "--port", str(ports["platform"]),
-            "--db", str(tmp_path / "platform.db"), "--admin-url", f"http://127.0.0.1:{ports['admin']}",
-            "--admin-token-file", str(tmp_path / "admin-token"), "--game-id", str(game["game_id"]),
-            "--game-url", f"http://127.0.0.1:{ports['game']}/play")
-        procs["game"] = serve_example(
-            "examples.game", tmp_path / "game.log", "--db", str(tmp_path / "game.db"), "serve", "--port", str(ports["game"]),
-            "--authsvc-url", f"http://127.0.0.1:{ports['web']}", "--api-key-file", str(tmp_path / "api-key"),
-            "--platform-url", platform_url)
-        for port in ports.values():
-            wait_for_port(port, timeout=30)
-        yield {"platform_url": platform_url, "procs": procs, "secrets": [game["api_key"], admin_token["token"]],
-               "game_db": tmp_path / "game.db"}
-    finally:
-        for proc in procs.values():
-            stop(proc)
+    """The four servers (tests/demo_support.py), stopped after the test."""
+    with demo_loop(tmp_path, secret_file) as servers:
+        yield servers
 
 
 def game_accounts(db: Path) -> list[tuple]:
@@ -146,9 +107,12 @@ def test_the_whole_loop_in_a_real_browser(browser, loop, tmp_path):
         assert game_accounts(loop["game_db"]) == [alice]
 
         # The password changes in another tab while this one's game holds the old token: its next call is
-        # refused (403) and the game asks for a reload; after the reload it logs in again.
+        # refused (403) and the game asks for a reload. The game's own Reload button asks the platform page
+        # for a fresh token (authsvc-platform.js's refresh), and the player is logged in again, no loop:
+        # the next coin counts, no reload asked.
         other = context.new_page()
         other.goto(loop["platform_url"])
+        other.fill("#password input[name=current_password]", "correct horse alice")
         other.fill("#password input[name=new_password]", "a brand new password")
         other.click("#password button")
         expect(other.locator("#me")).to_contain_text("alice", timeout=WAIT_MS)
@@ -157,9 +121,14 @@ def test_the_whole_loop_in_a_real_browser(browser, loop, tmp_path):
         expect(status).to_contain_text("Please reload the page", timeout=WAIT_MS)
         expect(game.locator("#reload")).to_be_visible()
         shot("reload-asked")
-        page.reload()
+        game.locator("#reload button").click()
         expect(status).to_have_text("Welcome back, alice (logged in)", timeout=WAIT_MS)
+        expect(game.locator("#reload")).to_be_hidden()
         expect(game.locator("#coins")).to_have_text("1")
+        game.locator("#play").click()
+        expect(status).to_have_text("A coin!", timeout=WAIT_MS)
+        expect(game.locator("#coins")).to_have_text("2")
+        shot("reloaded")
 
         # Sign out on the platform: the game shows the account-required message again.
         page.click("#signout button")
@@ -231,20 +200,160 @@ def test_the_interface_drops_messages_from_another_origin(browser, loop):
                       [forged, loop["platform_url"].rstrip("/")])
         assert game.evaluate("window.seen") == [666]  # the control: the same message from the right place counts
 
-        # The platform's half: a hello from another origin, or from another window, gets no answer.
-        hello = """([origin, own]) => { var frame = document.getElementById("game").contentWindow;
+        # The platform's half: a hello or a refresh from another origin, or from another window, gets no answer,
+        # and a refresh from there asks the platform's server for nothing (the page's fetch calls are counted: a
+        # refresh taken would call it before the genuine hello's answer arrives).
+        page.evaluate("""() => { window.fetches = 0; var fetch = window.fetch;
+            window.fetch = function () { window.fetches++; return fetch.apply(this, arguments); }; }""")
+        post = """([type, origin, own]) => { var frame = document.getElementById("game").contentWindow;
             window.dispatchEvent(new MessageEvent("message",
-                {data: {type: "authsvc:hello"}, origin: origin, source: own ? window : frame})); }"""
-        page.evaluate(hello, ["http://evil.example", False])
-        page.evaluate(hello, [game_origin, True])
-        page.evaluate(hello, [game_origin, False])  # the genuine one: answered, after any answer to the two above
+                {data: {type: type}, origin: origin, source: own ? window : frame})); }"""
+        for kind in ("authsvc:hello", "authsvc:refresh"):
+            page.evaluate(post, [kind, "http://evil.example", False])
+            page.evaluate(post, [kind, game_origin, True])
+        page.evaluate(post, ["authsvc:hello", game_origin, False])  # the genuine one: answered, after any answer above
         game.wait_for_function("window.seen.length >= 2", timeout=WAIT_MS)
-        page.evaluate(hello, [game_origin, False])
+        page.evaluate(post, ["authsvc:hello", game_origin, False])
         game.wait_for_function("window.seen.length >= 3", timeout=WAIT_MS)
         seen = game.evaluate("window.seen")
         assert seen[1:] == [seen[1], seen[1]] and len(seen) == 3 and seen[1] != 666, seen
+        assert page.evaluate("window.fetches") == 0
+        page.evaluate(post, ["authsvc:refresh", game_origin, False])  # the control: a genuine refresh asks, and answers
+        game.wait_for_function("window.seen.length >= 4", timeout=WAIT_MS)
+        assert page.evaluate("window.fetches") == 1 and game.evaluate("window.seen")[3] == seen[1]
     finally:
         context.close()
+
+
+def test_a_password_change_in_another_browser_ends_at_the_sign_in_not_in_a_loop(browser, loop):
+    """A password change signs the player out everywhere else: the game's Reload then finds nobody signed in
+    on the platform (the page follows, signed out; the game shows the guest message), and signing in again
+    logs the game in."""
+    from playwright.sync_api import expect
+
+    here, elsewhere = browser.new_context(), browser.new_context()
+    try:
+        page = here.new_page()
+        status = page.frame_locator("#game").locator("#status")
+        page.goto(loop["platform_url"])
+        page.fill("#signup input[name=username]", "dave")
+        page.fill("#signup input[name=password]", "correct horse dave")
+        page.click("#signup button")
+        expect(status).to_have_text("New account created: dave", timeout=WAIT_MS)
+        other = elsewhere.new_page()
+        other.goto(loop["platform_url"])
+        other.fill("#signin input[name=username]", "dave")
+        other.fill("#signin input[name=password]", "correct horse dave")
+        other.click("#signin button")
+        other.fill("#password input[name=current_password]", "correct horse dave")
+        other.fill("#password input[name=new_password]", "a brand new password")
+        other.click("#password button")
+        expect(other.locator("#me")).to_contain_text("dave", timeout=WAIT_MS)
+        page.frame_locator("#game").locator("#play").click()
+        expect(status).to_contain_text("Please reload the page", timeout=WAIT_MS)
+        page.frame_locator("#game").locator("#reload button").click()
+        expect(page.locator("#signin")).to_be_visible(timeout=WAIT_MS)
+        expect(page.frame_locator("#game").locator("#guest")).to_contain_text("An account is required", timeout=WAIT_MS)
+        page.fill("#signin input[name=username]", "dave")
+        page.fill("#signin input[name=password]", "a brand new password")
+        page.click("#signin button")
+        expect(status).to_have_text("Welcome back, dave (logged in)", timeout=WAIT_MS)
+    finally:
+        here.close()
+        elsewhere.close()
+
+
+def attack_page(action: str, fields: dict[str, str], how: str, plant_cookie: str = "") -> str:
+    """A page of another origin that posts the platform's form ``action`` with ``fields`` as soon as it loads:
+    as a form (the browser navigates to the answer) or by a no-cors fetch (the title says "sent" when it
+    went); ``plant_cookie`` first sets that cookie from the page, which the browser sends to every port."""
+    script = f"document.cookie = {json.dumps(plant_cookie + '; path=/')};" if plant_cookie else ""
+    if how == "form":
+        inputs = "".join(f'<input name="{html.escape(k)}" value="{html.escape(v)}">' for k, v in fields.items())
+        return (f'<!doctype html><form id="f" method="post" action="{html.escape(action)}">{inputs}</form>'
+                f'<script>{script} document.getElementById("f").submit();</script>')
+    return (f"<!doctype html><script>{script} fetch({json.dumps(action)}, {{method: 'POST', mode: 'no-cors', "
+            "credentials: 'include', headers: {'Content-Type': 'application/x-www-form-urlencoded'}, "
+            f"body: {json.dumps(urllib.parse.urlencode(fields))}}}).finally(() => {{ document.title = 'sent'; }});"
+            "</script>")
+
+
+def test_a_page_on_another_port_neither_changes_the_password_nor_signs_the_player_in(browser, loop, tmp_path):
+    """Cross-site request forgery from the same host, another port (one site to the browser: SameSite=Lax
+    sends the platform's cookie along): a page there posts the password change to a signed-in player's
+    browser, and the sign-in with the attacker's own account to a signed-out one (login CSRF), each as a
+    form and as a fetch; one sign-in first plants a cookie of its own (cookies do not tell ports apart)
+    with the form token the attacker fetched for it, which only the Origin check stops. Each is refused:
+    the password and the session stand, nobody is signed in."""
+    from playwright.sync_api import expect
+
+    platform = loop["platform_url"].rstrip("/")
+    attacker_dir, attacker_port = tmp_path / "attacker", free_port()
+    attacker_dir.mkdir()
+    # The attacker's own pre-session cookie and the form token the platform's page gives it (none before tokens).
+    planted = "demo_platform_session=" + "a" * 43
+    request = urllib.request.Request(platform + "/", headers={"Cookie": planted})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        found = re.search(r'name="csrf" value="([^"]*)"', response.read().decode())
+    token = {"csrf": found.group(1)} if found else {}
+    mallory = {"username": "mallory", "password": "correct horse mallory"}
+    pages = {
+        "password-form": attack_page(platform + "/password", {"current_password": "a guess",
+                                                               "new_password": "mallory was here"}, "form"),
+        "password-fetch": attack_page(platform + "/password", {"current_password": "a guess",
+                                                                "new_password": "mallory was here"}, "fetch"),
+        "signin-form": attack_page(platform + "/signin", mallory, "form"),
+        "signin-fetch": attack_page(platform + "/signin", mallory, "fetch"),
+        "signin-planted": attack_page(platform + "/signin", mallory | token, "form", plant_cookie=planted),
+    }
+    for name, text in pages.items():
+        (attacker_dir / f"{name}.html").write_text(text)
+    attacker = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory",
+                                 str(attacker_dir), str(attacker_port)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    context = browser.new_context()
+    try:
+        wait_for_port(attacker_port, timeout=30)
+
+        def attack(page, name: str) -> None:
+            page.goto(f"http://127.0.0.1:{attacker_port}/{name}.html")
+            if name.endswith("fetch"):
+                page.wait_for_function("document.title === 'sent'", timeout=WAIT_MS)
+            else:
+                page.wait_for_url(platform + "/**", timeout=WAIT_MS)
+
+        def password_hash(username: str) -> bytes:
+            with sqlite3.connect(loop["platform_db"]) as conn:
+                return conn.execute("SELECT hash FROM accounts WHERE username = ?", (username,)).fetchone()[0]
+
+        for username in ("mallory", "victim"):  # the attacker's account (signed out after); the victim's, signed in
+            page = context.new_page()
+            page.goto(loop["platform_url"])
+            page.fill("#signup input[name=username]", username)
+            page.fill("#signup input[name=password]", "correct horse " + username)
+            page.click("#signup button")
+            expect(page.locator("#me")).to_contain_text(username, timeout=WAIT_MS)
+            if username == "mallory":
+                page.click("#signout button")
+                expect(page.locator("#signup")).to_be_visible(timeout=WAIT_MS)
+        before = password_hash("victim")
+        for name in ("password-form", "password-fetch"):
+            attack(page, name)
+            assert password_hash("victim") == before, name
+            page.goto(loop["platform_url"])
+            expect(page.locator("#me")).to_contain_text("victim", timeout=WAIT_MS)  # the session stands too
+        context.close()
+
+        context = browser.new_context()  # a signed-out browser, never at the platform yet: no cookie of its own
+        page = context.new_page()
+        for name in ("signin-planted", "signin-form", "signin-fetch"):
+            attack(page, name)
+            page.goto(loop["platform_url"])
+            expect(page.locator("#signin")).to_be_visible(timeout=WAIT_MS)
+            assert page.locator("#me").count() == 0, name
+    finally:
+        context.close()
+        stop(attacker)
 
 
 def test_the_demo_command_serves_the_loop(tmp_path):

@@ -7,8 +7,11 @@ here and never sent to a browser. Then, on the game's own SQLite users:
 
 - the first visit creates an account holding the platform user id and username;
 - later visits look it up by platform user id;
-- a player who had a game account of the game's own (name and password) may link it instead;
-- authsvc's 403 (the player changed their password since the page loaded) asks for a reload;
+- a player who had a game account of the game's own (name and password) may link it instead: a
+  password guess each time, so a few attempts per player and per account in a window (then 429 with
+  Retry-After), and the slow password hash runs outside the server's one lock;
+- authsvc's 403 (the player changed their password since the page loaded) asks for a reload, and
+  the Reload button asks the platform page for a fresh token (authsvc-platform.js's refresh);
 - a 503 or no answer is "try again shortly", never a logout.
 
 Stdlib only; ``python -m examples.game --help``.
@@ -17,14 +20,17 @@ Stdlib only; ``python -m examples.game --help``.
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import hmac
 import html
 import json
+import math
 import secrets
 import sqlite3
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -40,6 +46,42 @@ CREATE TABLE IF NOT EXISTS accounts (id INTEGER PRIMARY KEY, name TEXT UNIQUE NO
 
 def password_hash(password: str, salt: bytes) -> bytes:
     return hashlib.scrypt(password.encode(), salt=salt, n=2**14, r=8, p=1)
+
+
+class Attempts:
+    """At most ``limits[kind]`` attempts per key of that kind in any ``window`` seconds (a sliding window).
+
+    ``take(keys)`` counts one attempt against every key at once, or none if any of them is at its limit;
+    it answers 0, or the seconds until the fullest key frees a place. Memory is bounded: at most
+    ``max_keys`` keys are kept; when that many hold attempts still in their window, a new key is
+    refused (for a window) rather than an old one forgotten, which would let a guesser start afresh.
+    """
+
+    def __init__(self, limits: dict[str, int], window: float, max_keys: int = 100_000, clock=time.monotonic):
+        self.limits, self.window, self.max_keys, self.clock = limits, window, max_keys, clock
+        self.seen: dict[tuple, collections.deque] = {}
+        self.lock = threading.Lock()
+
+    def take(self, keys: list[tuple[str, object]]) -> float:
+        with self.lock:
+            now = self.clock()
+            wait = 0.0
+            for key in keys:
+                times = self.seen.get(key)
+                while times and times[0] <= now - self.window:
+                    times.popleft()
+                if times is not None and len(times) >= self.limits[key[0]]:
+                    wait = max(wait, times[0] + self.window - now)
+            if wait:
+                return wait
+            new = [key for key in keys if key not in self.seen]
+            if new and len(self.seen) + len(new) > self.max_keys:
+                self.seen = {k: t for k, t in self.seen.items() if t and t[-1] > now - self.window}
+                if len(self.seen) + len(new) > self.max_keys:
+                    return self.window
+            for key in keys:
+                self.seen.setdefault(key, collections.deque()).append(now)
+            return 0.0
 
 
 def authenticate(authsvc_url: str, api_key: str, user_id, token) -> tuple[str, str | None]:
@@ -58,13 +100,20 @@ def authenticate(authsvc_url: str, api_key: str, user_id, token) -> tuple[str, s
 
 
 class Game:
-    def __init__(self, db_path: str, authsvc_url: str, api_key: str, platform_url: str):
+    def __init__(self, db_path: str, authsvc_url: str, api_key: str, platform_url: str,
+                 link_attempts: Attempts | None = None):
         self.db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
         self.db.executescript(SCHEMA)
         self.authsvc_url, self.api_key, self.platform_url = authsvc_url, api_key, platform_url.rstrip("/")
         parts = urllib.parse.urlsplit(platform_url)
         self.platform_origin = f"{parts.scheme}://{parts.netloc}"
         self.lock = threading.Lock()  # one request at a time on the one SQLite connection: a demo
+        # Link attempts: 5 per platform player and 10 per game account in 5 minutes, unless told otherwise.
+        self.link_attempts = link_attempts or Attempts({"player": 5, "account": 10}, window=300)
+        self.hashing = threading.BoundedSemaphore(4)  # password hashes at once (16 MiB of memory each)
+        # A name no account holds is checked against this, as long as a real one: the time tells nothing.
+        salt = secrets.token_bytes(16)
+        self.no_account = (salt, password_hash(secrets.token_hex(16), salt))
 
     def __call__(self, environ, start_response):
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/")
@@ -85,10 +134,16 @@ class Game:
             status, username = authenticate(self.authsvc_url, self.api_key, user_id, token)
             if status != "ok":
                 return self.json(start_response, {"status": status})
+            if path == "/api/link":  # takes the lock itself, not while it hashes
+                return self.link(start_response, user_id, request)
             with self.lock:
                 answer = getattr(self, path.rpartition("/")[2])(user_id, username, request)
             return self.json(start_response, answer)
         return respond(start_response, "404 Not Found", b"not found", "text/plain")
+
+    def account_locked(self, user_id: int) -> dict | None:
+        with self.lock:
+            return self.account(user_id)
 
     def account(self, user_id: int) -> dict | None:
         row = self.db.execute("SELECT name, coins FROM accounts WHERE platform_user_id = ?", (user_id,)).fetchone()
@@ -108,19 +163,40 @@ class Game:
         self.db.execute("UPDATE accounts SET coins = coins + 1 WHERE platform_user_id = ?", (user_id,))
         return {"status": "played", "account": self.account(user_id)}
 
-    def link(self, user_id: int, username: str, request: dict) -> dict:
-        row = self.db.execute("SELECT id, salt, hash, platform_user_id FROM accounts WHERE name = ? AND hash IS NOT NULL",
-                              (str(request.get("name", "")),)).fetchone()
-        if row is None or not hmac.compare_digest(password_hash(str(request.get("password", "")), row[1]), row[2]):
-            return {"status": "link-refused", "account": self.account(user_id)}
-        if row[3] not in (None, user_id):
-            return {"status": "link-refused", "account": self.account(user_id)}
-        self.db.execute("BEGIN IMMEDIATE")
-        # The account made for this player on the first visit (no password of its own) gives way.
-        self.db.execute("DELETE FROM accounts WHERE platform_user_id = ? AND hash IS NULL", (user_id,))
-        self.db.execute("UPDATE accounts SET platform_user_id = ? WHERE id = ?", (user_id, row[0]))
-        self.db.execute("COMMIT")
-        return {"status": "linked", "account": self.account(user_id)}
+    def link(self, start_response, user_id: int, request: dict):
+        """A player proves a game account of the game's own with its name and password: a password guess each
+        time, so limited per player and per account (429 with Retry-After), and hashed outside the lock."""
+        name, password = str(request.get("name", "")), str(request.get("password", ""))
+        account_key = hashlib.sha256(name.encode("utf-8", "replace")).digest()  # bounded memory, whatever the name
+        wait = self.link_attempts.take([("player", user_id), ("account", account_key)])
+        if wait:
+            retry_after = str(max(1, math.ceil(wait)))
+            return respond(start_response, "429 Too Many Requests",
+                           json.dumps({"status": "too-many-attempts", "retry_after": int(retry_after)}).encode(),
+                           "application/json", [("Retry-After", retry_after)])
+        try:
+            name.encode(), password.encode()
+        except UnicodeEncodeError:  # JSON may hold a lone surrogate; no account's name or password does
+            return self.json(start_response, {"status": "link-refused", "account": self.account_locked(user_id)})
+        with self.lock:
+            row = self.db.execute("SELECT id, salt, hash, platform_user_id FROM accounts WHERE name = ? AND hash IS NOT NULL",
+                                  (name,)).fetchone()
+        salt, expected = (row[1], row[2]) if row else self.no_account
+        with self.hashing:
+            matches = hmac.compare_digest(password_hash(password, salt), expected)
+        with self.lock:
+            if row is None or not matches or row[3] not in (None, user_id):
+                return self.json(start_response, {"status": "link-refused", "account": self.account(user_id)})
+            self.db.execute("BEGIN IMMEDIATE")
+            # The account made for this player on the first visit (no password of its own) gives way.
+            self.db.execute("DELETE FROM accounts WHERE platform_user_id = ? AND hash IS NULL", (user_id,))
+            # Only the account checked, with the password checked, still free: it may have changed while hashing.
+            linked = self.db.execute("UPDATE accounts SET platform_user_id = ? WHERE id = ? AND hash = ? AND "
+                                     "(platform_user_id IS NULL OR platform_user_id = ?)",
+                                     (user_id, row[0], row[2], user_id)).rowcount
+            self.db.execute("COMMIT" if linked else "ROLLBACK")
+            answer = {"status": "linked" if linked else "link-refused", "account": self.account(user_id)}
+        return self.json(start_response, answer)
 
     def json(self, start_response, answer: dict):
         return respond(start_response, "200 OK", json.dumps(answer).encode(), "application/json")
@@ -154,6 +230,11 @@ def main(argv=None) -> None:
     serve.add_argument("--authsvc-url", default="http://127.0.0.1:8000", help="authsvc's game-facing service")
     serve.add_argument("--api-key-file", required=True, help="file holding the game's api key (authsvc game add)")
     serve.add_argument("--platform-url", default="http://127.0.0.1:8100/", help="the platform that embeds the game")
+    serve.add_argument("--link-attempts-per-player", type=int, default=5, metavar="N",
+                       help="link attempts (password guesses) a platform player may make in a window (default 5)")
+    serve.add_argument("--link-attempts-per-account", type=int, default=10, metavar="N",
+                       help="link attempts on one game account in a window, by all players (default 10)")
+    serve.add_argument("--link-window", type=float, default=300, metavar="SECONDS", help="the window (default 300)")
     add = sub.add_parser("add-account", help="add one of the game's own accounts (the password is read from stdin)")
     add.add_argument("name")
     args = parser.parse_args(argv)
@@ -161,7 +242,9 @@ def main(argv=None) -> None:
         add_account(args.db, args.name, sys.stdin.readline().strip())
         return
     api_key = Path(args.api_key_file).read_text().strip()
-    app = Game(args.db, args.authsvc_url, api_key, args.platform_url)
+    attempts = Attempts({"player": args.link_attempts_per_player, "account": args.link_attempts_per_account},
+                        window=args.link_window)
+    app = Game(args.db, args.authsvc_url, api_key, args.platform_url, attempts)
     with make_server("127.0.0.1", args.port, app, server_class=ThreadingServer) as server:
         print(f"demo game on http://127.0.0.1:{args.port}/play", flush=True)
         server.serve_forever()
@@ -179,7 +262,7 @@ PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>Demo game</tit
 <form id="link"><p>Played here before the platform? Link your game account:
   <input id="link-name" placeholder="game username"> <input id="link-password" type="password" placeholder="game password">
   <button>Link</button></p></form>
-<p id="reload"><button onclick="location.reload()">Reload</button></p>
+<p id="reload"><button>Reload</button></p>
 <script src="{platform_script}"></script>
 <script>
 "use strict";
@@ -207,6 +290,7 @@ function handle(a) {
   else if (a.status === "welcome") say("Welcome back, " + a.account.name + " (logged in)");
   else if (a.status === "linked") { say("Linked: you play as " + a.account.name); show("link", false); }
   else if (a.status === "link-refused") say("That game username and password do not match.", true);
+  else if (a.status === "too-many-attempts") say("Too many tries: try again in " + a.retry_after + " s.", true);
   else if (a.status === "played") say("A coin!");
   else if (a.status === "reload") {
     say("Your platform sign-in has changed (a new password?). Please reload the page.", true);
@@ -219,6 +303,16 @@ function guest() {
   show("guest", true); show("playing", false); show("link", false);
 }
 document.getElementById("play").onclick = function () { call("/api/play"); };
+// Reload: the platform page mints a fresh token and pushes it (reloading this frame alone would get the
+// token the platform page holds, the one just refused, again).
+document.querySelector("#reload button").onclick = function () {
+  say("Signing in again ...");
+  show("reload", false);
+  AuthsvcPlatform.refresh({platformOrigin: platformOrigin}).then(function (p) {
+    player = p;
+    if (!p) guest(); else call("/api/login");
+  }, function () { say("The platform did not answer: reload the page.", true); show("reload", true); });
+};
 document.getElementById("link").onsubmit = function (e) {
   e.preventDefault();
   call("/api/link", {name: document.getElementById("link-name").value, password: document.getElementById("link-password").value});

@@ -1,10 +1,16 @@
 """The demo platform web tier (docs/integrating.md): sign up, sign in, change a password, and a page
-that embeds one game in an iframe and hands it the player's token through examples/clients/authsvc-platform.js.
+that embeds one game in an iframe and hands it the player's token through examples/clients/authsvc-platform.js
+(and a new one when the game asks: POST /token, after a password change refused the old one).
 
 Its own tiny SQLite store holds demo accounts (scrypt password hashes) and sessions. It talks to
 authsvc's admin API only (docs/admin-api.md): PUT /v1/players/{id} at signup, POST
-/v1/players/{id}/revoke at a password change, POST /v1/tokens when the page embeds the game. The
+/v1/players/{id}/revoke at a password change, POST /v1/tokens when the page embeds the game (and at
+the game's refresh). The
 admin bearer token stays on this server; the page gets the player's token for this one game.
+
+Every POST must come from this platform's own pages: its Origin header must be the platform's origin
+(``--origin``), and every form carries a token tied to the browser's session cookie (an HMAC of it under a
+key kept in the database), checked before anything runs; a password change needs the current password.
 Stdlib only; run by ``python -m examples.platform --help``.
 """
 
@@ -33,6 +39,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS accounts (user_id INTEGER PRIMARY KEY, username TEXT UNIQUE NOT NULL,
                                      salt BLOB NOT NULL, hash BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, user_id INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS keys (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 """
 FIRST_USER_ID = 1001
 
@@ -60,10 +67,12 @@ class AdminApi:
 
 
 class Platform:
-    def __init__(self, db_path: str, admin: AdminApi, game_id: int, game_url: str):
+    def __init__(self, db_path: str, admin: AdminApi, game_id: int, game_url: str, origin: str):
         self.db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
         self.db.executescript(SCHEMA)
-        self.admin, self.game_id, self.game_url = admin, game_id, game_url
+        self.db.execute("INSERT OR IGNORE INTO keys VALUES ('csrf', ?)", (secrets.token_bytes(32),))
+        (self.csrf_key,) = self.db.execute("SELECT value FROM keys WHERE name = 'csrf'").fetchone()
+        self.admin, self.game_id, self.game_url, self.origin = admin, game_id, game_url, origin
         parts = urllib.parse.urlsplit(game_url)
         self.game_origin = f"{parts.scheme}://{parts.netloc}"
         self.lock = threading.Lock()  # one request at a time on the one SQLite connection: a demo
@@ -78,29 +87,60 @@ class Platform:
             return respond(start_response, "200 OK", CLIENT_JS.read_bytes(), "text/javascript; charset=utf-8")
         user = self.session_user(environ)
         if method == "GET" and path == "/":
-            return self.page(start_response, user)
+            return self.page(start_response, environ, user)
+        if method == "POST" and environ.get("HTTP_ORIGIN") != self.origin:
+            # Another site's page (another port of this host too: one site to the browser, which sends the
+            # session cookie along) may post here; browsers send Origin with every POST, and it cannot be forged.
+            return respond(start_response, "403 Forbidden", b"Refused: a POST must come from this platform's own pages.\n",
+                           "text/plain; charset=utf-8")
+        if method == "POST" and path == "/token":  # the page's refresh (authsvc-platform.js): a new token, as JSON
+            # No form token here: this changes nothing a player sees, and only the platform's own pages can read
+            # the answer (no CORS); the forms' token comes with it, as a password change elsewhere made a new session.
+            player, error = self.mint(user)
+            if error:
+                return respond(start_response, "503 Service Unavailable", json.dumps({"error": error}).encode(),
+                               "application/json")
+            sid = self.cookie_value(environ)
+            answer = {"player": player, "csrf": self.csrf_token(sid) if sid else None}
+            return respond(start_response, "200 OK", json.dumps(answer).encode(), "application/json")
         if method == "POST" and path in ("/signup", "/signin", "/signout", "/password"):
             form = read_form(environ)
+            sid = self.cookie_value(environ)
+            if sid is None or not hmac.compare_digest(form.get("csrf", "").encode(), self.csrf_token(sid).encode()):
+                return self.page(start_response, environ, user, "This page was out of date (a sign-in or sign-out in "
+                                 "another tab?): try again.", "403 Forbidden")
             error, cookie = getattr(self, path[1:])(form, user)
             if error:
-                return self.page(start_response, user, error)
+                return self.page(start_response, environ, user, error)
             headers = [("Location", "/")] + ([("Set-Cookie", cookie)] if cookie else [])
             start_response("303 See Other", headers + [("Content-Length", "0")])
             return [b""]
         return respond(start_response, "404 Not Found", b"not found", "text/plain")
 
+    @staticmethod
+    def cookie_value(environ) -> str | None:
+        """The session cookie: a signed-in player's session id, or the random id a signed-out browser got."""
+        jar = http.cookies.SimpleCookie(environ.get("HTTP_COOKIE", ""))
+        return jar[COOKIE].value if COOKIE in jar else None
+
+    def csrf_token(self, sid: str) -> str:
+        """The token each form carries: bound to the session cookie, so it changes with every sign-in and sign-out."""
+        return hmac.new(self.csrf_key, b"csrf:" + sid.encode(), hashlib.sha256).hexdigest()
+
     def session_user(self, environ) -> tuple[int, str, str] | None:
         """(user id, username, session id) of the signed-in player, or None."""
-        jar = http.cookies.SimpleCookie(environ.get("HTTP_COOKIE", ""))
-        if COOKIE not in jar:
+        sid = self.cookie_value(environ)
+        if sid is None:
             return None
         row = self.db.execute("SELECT a.user_id, a.username, s.id FROM sessions s JOIN accounts a USING (user_id) WHERE s.id = ?",
-                              (jar[COOKIE].value,)).fetchone()
+                              (sid,)).fetchone()
         return (row[0], row[1], row[2]) if row else None
 
-    def new_session(self, user_id: int) -> str:
+    def new_session(self, user_id: int | None) -> str:
+        """A new session cookie: a signed-in one (a row), or for None a signed-out browser's (no row, a form token)."""
         sid = secrets.token_urlsafe(32)
-        self.db.execute("INSERT INTO sessions VALUES (?, ?)", (sid, user_id))
+        if user_id is not None:
+            self.db.execute("INSERT INTO sessions VALUES (?, ?)", (sid, user_id))
         return f"{COOKIE}={sid}; Path=/; HttpOnly; SameSite=Lax"
 
     def signup(self, form, user):
@@ -140,9 +180,14 @@ class Platform:
         return None, f"{COOKIE}=; Path=/; Max-Age=0"
 
     def password(self, form, user):
+        if user is None:
+            return "Sign in first.", None
+        salt, hashed = self.db.execute("SELECT salt, hash FROM accounts WHERE user_id = ?", (user[0],)).fetchone()
+        if not hmac.compare_digest(password_hash(form.get("current_password", ""), salt), hashed):
+            return "The current password is wrong.", None
         new = form.get("new_password", "")
-        if user is None or len(new) < 8:
-            return "Sign in, and pick a password of at least 8 characters.", None
+        if len(new) < 8:
+            return "Pick a new password of at least 8 characters.", None
         try:
             self.admin.call("POST", f"/v1/players/{user[0]}/revoke")  # every token of the player stops working
         except (urllib.error.URLError, OSError):
@@ -152,33 +197,44 @@ class Platform:
         self.db.execute("DELETE FROM sessions WHERE user_id = ?", (user[0],))  # sign out everywhere, then in here
         return None, self.new_session(user[0])
 
-    def page(self, start_response, user, error: str | None = None):
-        player = None
-        if user is not None:
-            try:
-                minted = self.admin.call("POST", "/v1/tokens", {"game_id": self.game_id, "user_id": user[0]})
-                player = {"user_id": user[0], "username": user[1], "game_auth_token": minted["game_auth_token"]}
-            except (urllib.error.URLError, OSError):
-                error = error or "The game cannot be started right now; try again shortly."
-        body = render(user, player, error, self.game_url, self.game_origin)
-        return respond(start_response, "200 OK", body.encode(), "text/html; charset=utf-8",
-                       [("Content-Security-Policy", "frame-ancestors 'none'")])
+    def mint(self, user) -> tuple[dict | None, str | None]:
+        """(the player the game gets: its token for this game, minted now; or None for a guest), or an error."""
+        if user is None:
+            return None, None
+        try:
+            minted = self.admin.call("POST", "/v1/tokens", {"game_id": self.game_id, "user_id": user[0]})
+        except (urllib.error.URLError, OSError):
+            return None, "The game cannot be started right now; try again shortly."
+        return {"user_id": user[0], "username": user[1], "game_auth_token": minted["game_auth_token"]}, None
+
+    def page(self, start_response, environ, user, error: str | None = None, status: str = "200 OK"):
+        headers = [("Content-Security-Policy", "frame-ancestors 'none'")]
+        sid = self.cookie_value(environ)
+        if sid is None:  # a browser's first visit (or after a sign-out): a cookie for its forms' token
+            cookie = self.new_session(None)
+            headers.append(("Set-Cookie", cookie))
+            sid = cookie.partition("=")[2].partition(";")[0]
+        player, mint_error = self.mint(user)
+        body = render(user, player, error or mint_error, self.game_url, self.game_origin, self.csrf_token(sid))
+        return respond(start_response, status, body.encode(), "text/html; charset=utf-8", headers)
 
 
-def render(user, player, error, game_url, game_origin) -> str:
+def render(user, player, error, game_url, game_origin, csrf: str) -> str:
     e = html.escape
+    token = f'<input type="hidden" name="csrf" value="{e(csrf)}">'
     if user is None:
-        account = """<h2>Sign up</h2><form method="post" action="/signup" id="signup">
+        account = f"""<h2>Sign up</h2><form method="post" action="/signup" id="signup">{token}
 <input name="username" placeholder="username"> <input name="password" type="password" placeholder="password">
 <button>Sign up</button></form>
-<h2>Sign in</h2><form method="post" action="/signin" id="signin">
+<h2>Sign in</h2><form method="post" action="/signin" id="signin">{token}
 <input name="username" placeholder="username"> <input name="password" type="password" placeholder="password">
 <button>Sign in</button></form>"""
     else:
         account = f"""<p id="me">Signed in as <b>{e(user[1])}</b> (user {user[0]})</p>
-<form method="post" action="/signout" id="signout"><button>Sign out</button></form>
-<form method="post" action="/password" id="password"><input name="new_password" type="password"
- placeholder="new password"> <button>Change password</button></form>"""
+<form method="post" action="/signout" id="signout">{token}<button>Sign out</button></form>
+<form method="post" action="/password" id="password">{token}<input name="current_password" type="password"
+ placeholder="current password"> <input name="new_password" type="password" placeholder="new password">
+ <button>Change password</button></form>"""
     # The page's script: what this player's game gets, nothing more (json.dumps, then no "</" can end the script).
     config = json.dumps({"gameOrigin": game_origin, "player": player}).replace("</", "<\\/")
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Demo platform</title>
@@ -188,6 +244,19 @@ def render(user, player, error, game_url, game_origin) -> str:
 <h2>Play</h2><iframe id="game" src="{e(game_url)}" title="game"></iframe>
 <script>
 var config = {config};
+// The game's refresh (its token was refused: a new password): this server mints a new token for the
+// player signed in now. If another player signed in or out in another tab, the whole page follows.
+config.refresh = function () {{
+  return fetch("/token", {{method: "POST"}}).then(function (r) {{
+    if (!r.ok) throw new Error("no new token");
+    return r.json();
+  }}).then(function (answer) {{
+    document.querySelectorAll("input[name=csrf]").forEach(function (input) {{ input.value = answer.csrf; }});
+    var now = answer.player && answer.player.user_id, before = config.player && config.player.user_id;
+    if (now !== before) {{ location.reload(); return new Promise(function () {{}}); }}
+    return answer.player;
+  }});
+}};
 AuthsvcPlatform.host(document.getElementById("game"), config);
 </script></body></html>"""
 
@@ -213,6 +282,8 @@ class ThreadingServer(ThreadingMixIn, WSGIServer):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m examples.platform", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--origin", help="the origin the platform's pages are served from, exactly "
+                                         "(default http://127.0.0.1:PORT); a POST from any other is refused")
     parser.add_argument("--db", default="var/demo-platform.db")
     parser.add_argument("--admin-url", default="http://127.0.0.1:8081", help="authsvc's admin API")
     parser.add_argument("--admin-token-file", required=True, help="file holding the admin API bearer token")
@@ -220,7 +291,8 @@ def main(argv=None) -> None:
     parser.add_argument("--game-url", default="http://127.0.0.1:8200/play", help="the game page the iframe shows")
     args = parser.parse_args(argv)
     token = Path(args.admin_token_file).read_text().strip()
-    app = Platform(args.db, AdminApi(args.admin_url, token), args.game_id, args.game_url)
+    origin = args.origin or f"http://127.0.0.1:{args.port}"
+    app = Platform(args.db, AdminApi(args.admin_url, token), args.game_id, args.game_url, origin.rstrip("/"))
     with make_server("127.0.0.1", args.port, app, server_class=ThreadingServer) as server:
         print(f"demo platform on http://127.0.0.1:{args.port}/", flush=True)
         server.serve_forever()
