@@ -40,7 +40,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_upstream_keepalive", "test_worker_boot",
     ),
     "system": (
-        "test_app_failover", "test_bench", "test_install", "test_primary_failover", "test_scale", "test_standby",
+        "test_app_failover", "test_bench", "test_examples", "test_install", "test_primary_failover", "test_scale", "test_standby",
         "test_storm", "test_store_network", "test_store_outage", "test_write_history",
     ),
 }
