@@ -115,8 +115,8 @@ def test_the_circle_finder_finds_a_circle():
 
 
 CORE = {"authsvc", "authsvc.settings", "authsvc.tokens", "authsvc.names", "authsvc.errors", "authsvc.loglines"}
-# Old paths kept for one release (README.md, "Layout"): each imports its new path and nothing else.
-ALIASES = {"authsvc.wsgi": "authsvc.web.wsgi", "authsvc.cli": "authsvc.admin.command"}
+# Old paths kept (README.md, "Layout"): each imports its new path and nothing else.
+ALIASES = {"authsvc.wsgi": "authsvc.web.wsgi"}
 WINGS = ("web", "admin", "serving", "store")
 WRITERS = {"authsvc.store.sqlite.store", "authsvc.store.postgres.store", "authsvc.store.writes"}
 NEVER = {  # wing -> the wings it may not import
@@ -211,11 +211,9 @@ def test_the_web_process_holds_no_store_that_can_write(env, world):
     subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True, timeout=120)
 
 
-def test_the_old_entry_paths_still_work():
-    """`python -m authsvc.cli` (an alias for one release) runs the command; the console script names its new path."""
+def test_the_console_script_names_the_command():
+    """`authsvc` (the console script) runs authsvc/admin/command.py's main."""
     import tomllib
 
-    done = subprocess.run([sys.executable, "-m", "authsvc.cli", "--help"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stdout.startswith("usage: authsvc"), done.stderr
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["authsvc"] == "authsvc.admin.command:main"

@@ -188,6 +188,3 @@ def openapi_document() -> dict:
 def _phrase(status: int) -> str:
     return HTTPStatus(status).phrase
 
-
-def make_admin_app(settings: Settings) -> AdminApp:
-    return AdminApp(settings)

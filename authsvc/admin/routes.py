@@ -81,10 +81,6 @@ def route_template(path: str) -> str:
     return OTHER_ROUTE
 
 
-def _response(status: int, obj: dict, headers: tuple[tuple[str, str], ...] = ()) -> Response:
-    return Response(status, obj, headers)
-
-
 def utc(seconds: float) -> str:
     """RFC 3339 UTC with milliseconds, rounded up: a promise is never stated earlier than it holds."""
     ms = math.ceil(seconds * 1000)
@@ -123,7 +119,7 @@ PLAYER = rf"/v1/players/(?P<user_id>{_ID[1:-1]})"
 @route(PLAYER, "GET", "players:read")
 def get_player(app: AdminApp, req: Request) -> Response:
     player = ops.get_player(app.store, req.params["user_id"])
-    return _response(200, player_json(player), (("ETag", etag(player)),))
+    return Response(200, player_json(player), (("ETag", etag(player)),))
 
 
 @route(PLAYER, "PUT", "players:write")
@@ -132,7 +128,7 @@ def put_player(app: AdminApp, req: Request) -> Response:
     enabled = field(req.body, "enabled", bool, required=False, default=True)
     player, created = ops.put_player(app.store, req.ctx, req.params["user_id"], username, enabled,
                                      req.header("If-Match"))
-    return _response(201 if created else 200, player_json(player), (("ETag", etag(player)),))
+    return Response(201 if created else 200, player_json(player), (("ETag", etag(player)),))
 
 
 @route(PLAYER + "/revoke", "POST", "players:write")
@@ -140,7 +136,7 @@ def revoke_player(app: AdminApp, req: Request) -> Response:
     """effective_by: the commit's time plus the staleness bound, by when no web process accepts an older token."""
     epoch = ops.revoke_player(app.store, req.ctx, req.params["user_id"])
     effective_by = utc(req.ctx.clock() + app.settings.max_staleness)
-    return _response(200, {"user_id": req.params["user_id"], "epoch": epoch, "effective_by": effective_by})
+    return Response(200, {"user_id": req.params["user_id"], "epoch": epoch, "effective_by": effective_by})
 
 
 @route(r"/v1/players/batch", "POST", "players:write")
@@ -152,7 +148,7 @@ def batch_players(app: AdminApp, req: Request) -> Response:
     answer: dict[str, Any] = {"dry_run": dry_run, "counts": counts, "results": results}
     if not dry_run:
         answer["effective_by"] = utc(req.ctx.clock() + app.settings.max_staleness)
-    return _response(200, answer)
+    return Response(200, answer)
 
 
 batch_players.max_body_bytes = batch.MAX_BYTES  # the route's own body cap
@@ -173,7 +169,7 @@ def mint(app: AdminApp, req: Request) -> Response:
         raise ServiceUnavailable("this admin service has no token secret to mint with",
                                  headers=(("Retry-After", "60"),))
     token, player = ops.mint(app.store, req.ctx, app.settings.token_secrets[0], game_id, user_id)
-    return _response(200, {"game_id": game_id, "user_id": user_id, "game_auth_token": token, "epoch": player.epoch})
+    return Response(200, {"game_id": game_id, "user_id": user_id, "game_auth_token": token, "epoch": player.epoch})
 
 
 # -- games ---------------------------------------------------------------------------------------
@@ -185,7 +181,7 @@ GAME = rf"/v1/games/(?P<game_id>{_ID[1:-1]})"
 def add_game(app: AdminApp, req: Request) -> Response:
     """The api key is in this answer only (docs/admin-api.md, "Games")."""
     game, api_key = ops.add_game(app.store, req.ctx, field(req.body, "name", str))
-    return _response(201, game_json(game) | {"api_key": api_key})
+    return Response(201, game_json(game) | {"api_key": api_key})
 
 
 @route(GAME, "GET", "games:read")
@@ -193,7 +189,7 @@ def get_game(app: AdminApp, req: Request) -> Response:
     game = app.store.get_game(req.params["game_id"])
     if game is None:
         raise NotFound(f"no game {req.params['game_id']}")
-    return _response(200, game_json(game))
+    return Response(200, game_json(game))
 
 
 @route(GAME, "PATCH", "games:write")
@@ -208,7 +204,7 @@ def rotate_key(app: AdminApp, req: Request) -> Response:
     """A new key, once; the game's older keys expire ``old_key_ttl`` seconds from now (default one day)."""
     ttl = field(req.body, "old_key_ttl", int, required=False, default=86400)
     api_key, expires_at = ops.rotate_game_key(app.store, req.ctx, req.params["game_id"], ttl)
-    return _response(201, {"game_id": req.params["game_id"], "api_key": api_key, "old_keys_expire_at": expires_at})
+    return Response(201, {"game_id": req.params["game_id"], "api_key": api_key, "old_keys_expire_at": expires_at})
 
 
 # -- the audit trail -----------------------------------------------------------------------------
@@ -243,4 +239,4 @@ def audit(app: AdminApp, req: Request) -> Response:
     limit = filters.setdefault("limit", 100)
     records = app.store.audit_records(**filters)
     next_cursor = str(records[-1].id) if len(records) == limit else None
-    return _response(200, {"records": [r.as_json() for r in records], "next": next_cursor})
+    return Response(200, {"records": [r.as_json() for r in records], "next": next_cursor})

@@ -64,7 +64,6 @@ class Result(NamedTuple):
 FORBIDDEN_BODY = json_bytes(error_object(403, INVALID_DESCRIPTION))
 MISSING = Result(400, json_bytes(error_object(400, MISSING_DESCRIPTION)), MISSING_PARAMETERS)
 MALFORMED_RESULT = Result(403, FORBIDDEN_BODY, MALFORMED)
-FORBIDDEN = MALFORMED_RESULT  # the 403 answer (kept for callers that only need the code and body)
 NOTHING_FOUND = Credentials(game_id=0, game_enabled=False, key_expires_at=None, username=None, epoch=0,
                             player_enabled=False)
 
