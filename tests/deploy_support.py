@@ -120,6 +120,17 @@ class Stack:
             return set()
 
 
+def wait_for_log(stack, name: str, needles: list[str]) -> str:
+    """The log's text once it holds every needle (access logs are written as requests end); at most 5 s."""
+    deadline = time.monotonic() + 5
+    while True:
+        text = (stack.logs / name).read_text()
+        if all(n in text for n in needles):
+            return text
+        assert time.monotonic() < deadline, f"{needles} not in {name}"
+        time.sleep(0.05)
+
+
 def forty_client_headers(user_agent: str, accept: str) -> dict[str, str]:
     """40 headers a client might send, its own X-Forwarded-*, Forwarded and X-Request-Start among them: none
     of them may reach gunicorn through nginx."""

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from authsvc.web.authenticate import REASONS
-from tests.deploy_support import ADMIN_HOST, API_HOST, LEGACY_HOST, REPO, forty_client_headers, start_stack, stop
+from tests.deploy_support import ADMIN_HOST, API_HOST, LEGACY_HOST, REPO, forty_client_headers, start_stack, stop, wait_for_log
 
 pytestmark = pytest.mark.slow
 
@@ -275,7 +275,7 @@ def test_forwarded_headers_come_from_nginx_not_the_client(stack):
     spoof = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https", "X-Request-Id": "spoofed-id"}
     for scheme in ("http", "https"):
         stack.request(scheme, stack.api_query(), headers={**spoof, "User-Agent": f"forwarded-{scheme}"})
-    nginx_log = _wait_for(stack, "authsvc-access.log", ['"forwarded-http"', '"forwarded-https"'])
+    nginx_log = wait_for_log(stack, "authsvc-access.log", ['"forwarded-http"', '"forwarded-https"'])
     for scheme in ("http", "https"):
         [line] = _lines_with(nginx_log, f'"forwarded-{scheme}"')
         assert re.match(r"^\S+ [0-9a-f]{32} 127\.0\.0\.1 ", line), line
@@ -315,17 +315,6 @@ def test_only_the_headers_the_app_reads_reach_gunicorn(tmp_path):
     finally:
         stop(s.nginx)
         stop(s.gunicorn)
-
-
-def _wait_for(stack, name: str, needles: list[str]) -> str:
-    """The log's text once it holds every needle (access logs are written as requests end)."""
-    deadline = time.monotonic() + 5
-    while True:
-        text = (stack.logs / name).read_text()
-        if all(n in text for n in needles):
-            return text
-        assert time.monotonic() < deadline, f"{needles} not in {name}"
-        time.sleep(0.05)
 
 
 def test_nginx_limits_answer_in_json(stack):
@@ -477,7 +466,7 @@ def test_access_logs_name_the_route_never_a_decoded_path(stack):
         stack, f"GET {encoded} HTTP/1.1\r\nHost: x\r\nX-Request-Id: encoded-direct\r\nConnection: close\r\n\r\n".encode()
     )
     assert direct.startswith(b"HTTP/1.1 404 "), direct[:100]
-    nginx_log = _wait_for(stack, "authsvc-access.log", ['"encoded-https"', '"encoded-http"'])
+    nginx_log = wait_for_log(stack, "authsvc-access.log", ['"encoded-https"', '"encoded-http"'])
     for ua in ("encoded-https", "encoded-http"):
         [line] = _lines_with(nginx_log, f'"{ua}"')
         assert '"GET <other> HTTP/1.1"' in line, line
@@ -487,7 +476,7 @@ def test_access_logs_name_the_route_never_a_decoded_path(stack):
     assert gunicorn_log == "", gunicorn_log[-2000:]
     # The known paths keep their name.
     stack.request("https", stack.api_query(), headers={"User-Agent": "route-known"})
-    nginx_log = _wait_for(stack, "authsvc-access.log", ['"route-known"'])
+    nginx_log = wait_for_log(stack, "authsvc-access.log", ['"route-known"'])
     assert '"GET /api/authenticate.json HTTP/1.1" 200 ' in _lines_with(nginx_log, '"route-known"')[0]
     for text in (nginx_log, gunicorn_log):
         assert stack.api_key not in text and stack.token not in text and "api_key=" not in text
@@ -526,7 +515,7 @@ def test_one_authentication_behind_nginx_is_one_line_of_nginx_and_the_header_nev
             assert answer.status == 200, (scheme, name)
             assert "X-Authsvc-Result" not in answer.headers, answer.headers
     needles = [f'"record-{n}-{s}"' for n in cases for s in ("https", "http")]
-    nginx_log = _wait_for(stack, "authsvc-access.log", needles)
+    nginx_log = wait_for_log(stack, "authsvc-access.log", needles)
     rids = []
     for scheme in ("https", "http"):
         for name, (_, record) in cases.items():
@@ -550,7 +539,7 @@ def test_one_authentication_behind_nginx_is_one_line_of_nginx_and_the_header_nev
         assert bad_token not in text and "9e258f6c-a232-442b-8d2d-f22da9c19d49" not in text, name
     # nginx's own answers have no upstream record.
     stack.request("https", "/admin", headers={"User-Agent": "result-none"})
-    [line] = _lines_with(_wait_for(stack, "authsvc-access.log", ['"result-none"']), '"result-none"')
+    [line] = _lines_with(wait_for_log(stack, "authsvc-access.log", ['"result-none"']), '"result-none"')
     assert " 404 " in line and " result=- reason=- game=- user=- " in line, line
 
 
@@ -613,7 +602,7 @@ def test_an_unparsable_request_line_is_logged_without_its_text(stack):
         while sock.recv(65536):
             pass
     _unix_exchange(stack, line + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
-    log = _wait_for(stack, "gunicorn-error.log", ["invalid request line (text withheld)"])
+    log = wait_for_log(stack, "gunicorn-error.log", ["invalid request line (text withheld)"])
     assert len(_lines_with(log, "invalid request line (text withheld)")) >= 2, log[-2000:]
     for secret in (stack.api_key, stack.token):
         assert secret not in log
@@ -668,7 +657,7 @@ def test_unreadable_store_is_a_503_from_the_app_logged_without_the_query(own_sta
         _error_shape(answer, 503)
         assert answer.json()["error_description"] == "Service temporarily unavailable, try again"
         assert "X-Authsvc-Result" not in answer.headers, answer.headers  # the app's own 503: stripped too
-    log = _wait_for(stack, "gunicorn-error.log", ["[WARNING] authsvc: store unavailable on /api/authenticate.json"])
+    log = wait_for_log(stack, "gunicorn-error.log", ["[WARNING] authsvc: store unavailable on /api/authenticate.json"])
     access = (stack.logs / "authsvc-access.log").read_text()
     assert "upstream=503" in access  # the app's answer, passed through
     assert " result=503 reason=store_unavailable game=none user=- " in access, access[-2000:]
@@ -693,7 +682,7 @@ def test_502_is_json_then_no_log_holds_a_secret(own_stack):
     assert stack.request("https", encoded).status == 404
     assert stack.request("http", encoded).status == 301
 
-    access = _wait_for(stack, "authsvc-access.log", [" 502 ", " 404 "])
+    access = wait_for_log(stack, "authsvc-access.log", [" 502 ", " 404 "])
     for status in (" 200 ", " 301 ", " 404 ", " 405 ", " 502 "):
         assert status in access, f"this test should have logged a{status}answer"
     assert "GET /api/authenticate.json HTTP/1.1" in access and "GET <other> HTTP/1.1" in access

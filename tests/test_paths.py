@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import pytest
 
-from tests.deploy_support import API_HOST, start_stack, stop
+from tests.deploy_support import API_HOST, start_stack, stop, wait_for_log
 
 pytestmark = pytest.mark.slow
 
@@ -28,17 +27,6 @@ def stack(tmp_path_factory):
     yield s
     stop(s.nginx)
     stop(s.gunicorn)
-
-
-def _wait_for(stack, name: str, needles: list[str]) -> str:
-    """The log's text once it holds every needle (access logs are written as requests end)."""
-    deadline = time.monotonic() + 5
-    while True:
-        text = (stack.logs / name).read_text()
-        if all(n in text for n in needles):
-            return text
-        assert time.monotonic() < deadline, f"{needles} not in {name}"
-        time.sleep(0.05)
 
 
 def _unix_get(stack, target: str, request_id: str) -> bytes:
@@ -72,7 +60,7 @@ def test_api_path_with_extra_slashes_answers_like_the_api_path(stack, scheme, pa
         scheme, path, method="POST", body=query.encode(), headers={"Content-Type": "application/x-www-form-urlencoded"}
     )
     assert form.status == 200 and form.json() == success, (form.status, form.body[:200])
-    nginx_log = _wait_for(stack, "authsvc-access.log", [f'"{tag}-get"', f'"{tag}-post"'])
+    nginx_log = wait_for_log(stack, "authsvc-access.log", [f'"{tag}-get"', f'"{tag}-post"'])
     for method in ("get", "post"):
         [line] = [line for line in nginx_log.splitlines() if f'"{tag}-{method}"' in line]
         assert f'"{method.upper()} {API_PATH} HTTP/1.1" 200 ' in line, line
@@ -92,7 +80,7 @@ def test_nginx_limits_name_the_api_route_for_the_trailing_slash(stack, scheme):
         headers={"Content-Type": "application/x-www-form-urlencoded", "User-Agent": tag},
     )
     assert answer.status == 413
-    log = _wait_for(stack, "authsvc-access.log", [f'"{tag}"'])
+    log = wait_for_log(stack, "authsvc-access.log", [f'"{tag}"'])
     [line] = [line for line in log.splitlines() if f'"{tag}"' in line]
     assert f'"POST {API_PATH} HTTP/1.1" 413 ' in line, line
 
