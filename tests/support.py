@@ -34,7 +34,6 @@ from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from authsvc.web.app import make_app
-from authsvc.web.authenticate import MISSING_DESCRIPTION
 from harness.processes import free_port, start_gunicorn, wait_for_port
 
 __all__ = [
@@ -79,8 +78,11 @@ def hold_write_lock(url: str, user_id: int):
 
 PATH = "/api/authenticate.json"
 ERROR_KEYS = {"success", "error", "error_description"}
-INVALID = {"success": False, "error": 403, "error_description": "Invalid credentials"}
-MISSING = {"success": False, "error": 400, "error_description": MISSING_DESCRIPTION}
+# The wire's two texts, written here once as the tests expect them (never the code's own constants).
+INVALID_TEXT = "Invalid credentials"
+MISSING_TEXT = "user_id, game_auth_token, and api_key are required parameters"
+INVALID = {"success": False, "error": 403, "error_description": INVALID_TEXT}
+MISSING = {"success": False, "error": 400, "error_description": MISSING_TEXT}
 
 
 def make_testapp(settings: Settings, **overrides) -> webtest.TestApp:

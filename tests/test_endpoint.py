@@ -13,12 +13,10 @@ import pytest
 import webtest
 
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from authsvc.web.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
-from tests.support import ERROR_KEYS, PATH, assert_contract_headers, make_testapp
+from tests.support import ERROR_KEYS, INVALID, MISSING, PATH, assert_contract_headers, make_testapp
 
 SUCCESS_KEYS = {"success", "user_id", "username"}
-MISSING = {"success": False, "error": 400, "error_description": MISSING_DESCRIPTION}
-FORBIDDEN = {"success": False, "error": 403, "error_description": INVALID_DESCRIPTION}
+FORBIDDEN = INVALID
 
 
 def ok(world, username=None):

@@ -23,9 +23,10 @@ from hypothesis import settings as hsettings
 
 from authsvc.tokens import api_key_digest
 from authsvc.web.app import make_app
-from authsvc.web.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
 from authsvc.web.http import INVALID, parse_body, parse_json_object
 from harness.hostile_bodies import curl_form, many_parts, nested_multipart, worst_bodies
+from tests.support import INVALID as INVALID_ANSWER
+from tests.support import MISSING_TEXT
 
 PATH = "/api/authenticate.json"
 ERROR_KEYS = {"success", "error", "error_description"}
@@ -89,7 +90,7 @@ def test_probe_multipart_bodies_get_a_400_for_bounded_work(wsgi_app, world):
     assert call(wsgi_app, environ_for(*plain)) == ("200 OK", b'{"success":true,"user_id":4242,"username":"alice"}')
     status, body = call(wsgi_app, environ_for(*nested))
     assert status == "200 OK" and json.loads(body) == {"success": False, "error": 400,
-                                                        "error_description": MISSING_DESCRIPTION}
+                                                        "error_description": MISSING_TEXT}
     status, body = call(wsgi_app, environ_for(*many))
     assert status == "200 OK" and json.loads(body) == {
         "success": False, "error": 400, "error_description": f"Request body has more than {MAX_PARTS} multipart parts"}
@@ -107,7 +108,7 @@ def test_probe_multipart_bodies_through_webtest(app, world):
         return response.json
 
     assert post(*nested_multipart(world.params())) == {"success": False, "error": 400,
-                                                       "error_description": MISSING_DESCRIPTION}
+                                                       "error_description": MISSING_TEXT}
     assert post(*many_parts()) == {"success": False, "error": 400,
                                    "error_description": f"Request body has more than {MAX_PARTS} multipart parts"}
 
@@ -219,7 +220,7 @@ def test_parts_past_the_per_part_caps_are_skipped_unread():
 def test_json_value_with_a_lone_surrogate_is_invalid_credentials(app, world, field):
     body = json.dumps(dict(world.params(), **{field: "x\ud800"}))  # json.dumps writes it as \ud800
     r = app.post(PATH, body, content_type="application/json")
-    assert r.json == {"success": False, "error": 403, "error_description": INVALID_DESCRIPTION}
+    assert r.json == INVALID_ANSWER
 
 
 def test_json_lone_surrogates_parse_as_invalid_and_the_digest_is_total():

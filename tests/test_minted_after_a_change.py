@@ -25,10 +25,10 @@ from authsvc.store.base import Reader
 from authsvc.store.sqlite.store import SQLiteStore
 from authsvc.tokens import mint_token
 from authsvc.web.app import App, make_app
-from tests.support import FakeClock, free_port, get, profile, start_gunicorn, until_both_workers_counted, wait_for_port
+from tests.support import INVALID, FakeClock, free_port, get, profile, start_gunicorn, until_both_workers_counted, wait_for_port
 
 PATH = "/api/authenticate.json"
-REFUSED = {"success": False, "error": 403, "error_description": "Invalid credentials"}
+REFUSED = INVALID
 NEWBIE = 777
 
 

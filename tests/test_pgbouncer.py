@@ -21,13 +21,12 @@ import urllib.parse
 import pytest
 
 from authsvc.tokens import api_key_digest
-from authsvc.web.authenticate import MISSING_DESCRIPTION
 from tests.pgserver import ThrowawayPgbouncer, find_pgbouncer
-from tests.support import INVALID, PATH, make_testapp, skip_or_fail, wait_for_port
+from tests.support import INVALID, MISSING_TEXT, PATH, make_testapp, skip_or_fail, wait_for_port
 
 pytestmark = pytest.mark.engine("postgresql")
 
-MISSING = {"success": False, "error": 400, "error_description": MISSING_DESCRIPTION}
+MISSING = {"success": False, "error": 400, "error_description": MISSING_TEXT}
 FORBIDDEN = INVALID
 
 

@@ -16,10 +16,9 @@ import webtest
 
 from authsvc.admin import operations as ops
 from authsvc.admin.api import AdminApp
+from tests.support import INVALID
 
 pytestmark = pytest.mark.engine("postgresql")
-
-INVALID = {"success": False, "error": 403, "error_description": "Invalid credentials"}
 
 
 def test_the_game_facing_endpoint_on_postgresql(app, world):
