@@ -108,8 +108,8 @@ umask = 0o077
 # 403 for wrong credentials, though HTTP 200 on the wire; docs/logs.md).
 # Behind nginx (access_record = "edge") nginx's access line is a request's one record, and
 # this log is off: the gunicorn.access logger above INFO, so RouteLogger returns at once
-# (it cost a worker 385,000 to 394,000 instructions a request, four times the app's own work on
-# an authentication: BENCHMARKS.md, "One record per request").
+# (it costs a worker 396,185 instructions a request: BENCHMARKS.md, "The shipped path against
+# plain", rows 4 - 2).
 logger_class = "authsvc.serving.access_log.RouteLogger"
 access_log_format = (
     '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms '

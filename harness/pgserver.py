@@ -154,7 +154,7 @@ class ThrowawayPgbouncer:
     It runs as docs/stores.md ("pgbouncer") tells operators to: ``ignore_startup_parameters = options``,
     the web role's statement timeout and read-only default set on the role. ``repoint()`` edits its ini
     and reloads it (SIGHUP), as an operator does in a failover; the failover timeouts are the ones
-    docs/operations.md recommends. Under root it runs as ``user`` (the server's): it refuses root."""
+    docs/stores.md ("pgbouncer") recommends. Under root it runs as ``user`` (the server's): it refuses root."""
 
     def __init__(self, binary: str, role: str, target_port: int, user: str | None, *, dbname: str = "postgres",
                  host: str = "127.0.0.1", pool_size: int = 2, max_client_conn: int = 20):

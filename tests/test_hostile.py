@@ -3,7 +3,7 @@
 The bodies are harness/hostile_bodies.py's: the probe's multipart ones (email.parser
 spent ~200 ms and ~100 ms on them) and the costliest found since for multipart,
 form and JSON. Their work is compared by counting the Python and C function
-calls a request makes (deterministic), not by timing it (BENCHMARKS.md section 7
+calls a request makes (deterministic), not by timing it (BENCHMARKS.md section 6
 times them). The property test calls
 the WSGI callable directly with environs no server would build, so it covers what
 any WSGI server might pass through; tests/test_gunicorn.py sends the probe's
@@ -116,7 +116,7 @@ def test_probe_multipart_bodies_through_webtest(app, world):
 @pytest.mark.engine("sqlite")
 def test_every_costly_body_gets_a_400_for_bounded_work(wsgi_app, world):
     """Each body of harness/hostile_bodies.py (multipart, form, JSON): a 400, and at most 3 times
-    the function calls of a form curl -F sends (BENCHMARKS.md section 7 has their timings)."""
+    the function calls of a form curl -F sends (BENCHMARKS.md section 6 has their timings)."""
     reference = calls_made(lambda: call(wsgi_app, environ_for(*curl_form(world.params()))))
     for label, body, content_type in worst_bodies(world.params()):
         status, answer = call(wsgi_app, environ_for(body, content_type))

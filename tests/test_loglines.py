@@ -95,7 +95,7 @@ def test_the_cached_time_text_is_logging_s_own():
 
 def test_an_auth_line_makes_fewer_calls_than_logging_s_own_path():
     """A count, not a time, against logging's own path (makeRecord, a Formatter: 54 calls a line on
-    3.11, BENCHMARKS.md) measured here, in this interpreter: what both share (Logger.handle, the
+    3.11) measured here, in this interpreter: what both share (Logger.handle, the
     handler, the stream) is CPython's and may grow in any release. Ours adds its few calls and drops
     the record's and the time's: two os.path calls, getpid, localtime and strftime."""
     logger, out = _logger("cost", CachedTimeFormatter(FORMAT, DATEFMT))

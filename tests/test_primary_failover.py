@@ -34,7 +34,7 @@ from tests.support import INVALID, PATH, free_port, skip_or_fail, start_gunicorn
 WEB_ROLE = "authsvc_web"
 OK = {"success": True, "user_id": 77, "username": "carol"}
 UNAVAILABLE = {"success": False, "error": 503, "error_description": "Service temporarily unavailable, try again"}
-RECOVERY_LIMIT = 60  # seconds: a hang, not a figure; the measured figures are in docs/operations.md
+RECOVERY_LIMIT = 60  # seconds: a hang, not a figure; the figures are what -s prints (_report)
 
 
 @dataclasses.dataclass
@@ -240,7 +240,8 @@ def _after_failover(cluster: Cluster, port: int, traffic: Traffic) -> None:
 
 
 def _report(variant: str, traffic: Traffic, stopped: float, promoted: float, **extra: float) -> dict:
-    """The figures for docs/operations.md: seconds from the primary's stop (the promotion's start, ...)
+    """The figures printed with -s (docs/operations.md, "PostgreSQL primary failover"): seconds from the
+    primary's stop (the promotion's start, ...)
     to the first answer after which every answer was correct; 0 if none was wrong or 503 after it."""
     recovered = traffic.recovered_at()
     events = {"s_stop_to_recovery": stopped, "s_promotion_to_recovery": promoted, **extra}

@@ -118,7 +118,7 @@ def test_a_storm_past_the_queue_is_answered_503_at_once_and_served_after(stack):
 def test_shed_answers_are_logged_one_in_100_each_still_the_json_503(tmp_path):
     """A login storm is thousands of nginx's 503s a second: each one logged cost nginx a
     write and most of its CPU per shed answer past the answer itself (BENCHMARKS.md section
-    10). 1,000 answers shed while the only worker is stopped (SIGSTOP) and the host's
+    9). 1,000 answers shed while the only worker is stopped (SIGSTOP) and the host's
     max_conns is held: every one the service's JSON 503 with Retry-After, about 10 of them
     in the access log (one in 100, at random), each line saying it stands for 100; the
     requests the host served are each logged."""

@@ -72,7 +72,7 @@ FROM_SETTINGS = {"MAX_BODY_BYTES": "max_body_bytes"}
 # (40 x the time per request) stays far below AUTHSVC_MAX_QUEUE_WAIT, the app's shed of
 # a request that waited too long (authsvc/web/queueing.py), which costs a worker as much as
 # serving it: a deeper queue makes every request wait past it and throughput collapses
-# (BENCHMARKS.md, section 10).
+# (BENCHMARKS.md, "Login storm").
 REQUESTS_PER_WORKER = 40
 
 

@@ -8,7 +8,7 @@ real credential.
 
 All of it runs before any credential is checked, so every parser's work is
 linear in its input and capped (parameters, parts, lengths): the costliest body
-of 16 KiB costs a few times a plain form (docs/api.md; BENCHMARKS.md section 7).
+of 16 KiB costs a few times a plain form (docs/api.md; BENCHMARKS.md section 6).
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ def _decode(text: str, longest: int) -> str | _Invalid:
 def unquote_to_bytes(raw: bytes) -> bytes:
     """urllib.parse.unquote_to_bytes for bytes whose every '%' starts a valid escape, in C.
 
-    urllib's loops in Python over each '%' (16 KiB of escapes: ~0.7 ms, BENCHMARKS.md
-    section 7). Quoted-printable writes a byte as "=XX" where we have "%XX", so with
+    urllib's loops in Python over each '%' (16 KiB of escapes: ~0.7 ms in
+    `scripts/bench --only bodies` of 2026-11-23; this: BENCHMARKS.md section 6).
+    Quoted-printable writes a byte as "=XX" where we have "%XX", so with
     each '=' first written as "=3D", binascii's decoder does the same work in C;
     every '=' is then followed by two hex digits, so none is a soft line break.
     tests/test_http.py checks it against urllib's for arbitrary input.
@@ -94,7 +95,8 @@ def parse_urlencoded(text: str) -> dict[str, str | _Invalid]:
 
 # The endpoint reads three parameters. More than MAX_PARAMS in the query string or
 # in a form or JSON body is a 400 before any is decoded: a 16 KiB body of 8,000
-# parameters cost ~60 times a plain form (BENCHMARKS.md section 7; docs/api.md).
+# parameters cost ~60 times a plain form without the cap (`scripts/bench --only bodies`,
+# 2026-11-23; with it: BENCHMARKS.md section 6; docs/api.md).
 MAX_PARAMS = 16
 _TOO_MANY_PARAMS = f"Request has more than {MAX_PARAMS} parameters"
 MAX_JSON_CONTAINERS = 16  # arrays and objects in a JSON body, '[' and '{' counted

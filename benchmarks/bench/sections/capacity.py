@@ -3,7 +3,7 @@
 On a shared machine req/s says more about the neighbours than about authsvc; the
 CPU time a process spent, read from /proc before and after each wrk run and
 divided by the authentications served, is steadier (not immune: BENCHMARKS.md
-section 9), and each row's ratio to the same run's SQLite workers steadier still.
+section 8), and each row's ratio to the same run's SQLite workers steadier still.
 One throwaway PostgreSQL primary (the world's players imported), a
 ``pg_basebackup -R`` hot standby of it and a pgbouncer in transaction mode
 (harness/pgserver.py); gunicorn on SQLite, on the primary directly, through

@@ -8,7 +8,7 @@ sequential requests; callgrind dumps its counts when the first and the last of
 those requests end (a post_request hook calls a marker function), so a row counts
 exactly those requests: the worker's Python, gunicorn, SQLite, OpenSSL, libc;
 not the kernel. Rows differ in one thing, so their differences say what each
-thing costs (BENCHMARKS.md, "The shipped topology's gap"). The shipped rows run as
+thing costs (BENCHMARKS.md, "The shipped path against plain"). The shipped rows run as
 the unit does: deploy/gunicorn.conf.py with the shipped settings file
 (deploy/etc/authsvc.toml: access_record = "edge", nginx's line the one record);
 the access_record = "app" rows say what gunicorn's access line and the auth line cost.

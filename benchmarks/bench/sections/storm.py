@@ -551,7 +551,7 @@ def print_storm(args: argparse.Namespace, storms: list[Storm], pin: Pinning | No
                  for c, run in s.cap_runs}
         print(f"| {s.label} | " + " | ".join(found.get(c, "-") for c in CAPACITY_CONNECTIONS) + " |")
     print("\nTargets: served ≥ 0.9 x capacity; successes' p99 ≤ 100 ms; every other answer the JSON 503 with "
-          "Retry-After within 100 ms; no client timeout (BENCHMARKS.md, section 10).")
+          "Retry-After within 100 ms; no client timeout (BENCHMARKS.md, section 9).")
 
 
 @dataclasses.dataclass
@@ -651,7 +651,7 @@ def answer_without_proxy_unlogged(root: Path) -> None:
 
 
 SHED_VARIANTS = [("shipped: shed 503s logged 1 in 100", None), ("every shed 503 logged (the site before)", every_shed_logged)]
-# --storm-shed-variants all: candidates for a cheaper shed answer, measured, none shipped (BENCHMARKS.md, 10)
+# --storm-shed-variants all: candidates for a cheaper shed answer, measured, none shipped (BENCHMARKS.md, "Login storm")
 SHED_CANDIDATES = [
     ("candidate: sampling map without regex keys", plain_sampling_keys),
     ("candidate: shed 503s not logged at all", shed_unlogged),
