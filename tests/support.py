@@ -16,6 +16,7 @@ import gc
 import http.client
 import json
 import os
+import shutil
 import socket
 import sqlite3
 import ssl
@@ -40,11 +41,12 @@ from harness.processes import free_port, start_gunicorn, wait_for_port
 __all__ = [
     "ERROR_KEYS", "INVALID", "MISSING", "PATH", "STRICT", "FakeClock", "admin_request", "assert_contract_headers",
     "free_port", "get", "get_text", "hold_write_lock", "kept_stopped", "make_testapp", "raw_exchange", "raw_request",
-    "serve_gunicorn", "skip_or_fail", "start_gunicorn", "until_both_workers_counted", "wait_for_port",
+    "node_tool", "serve_gunicorn", "skip_or_fail", "start_gunicorn", "until_both_workers_counted", "wait_for_port",
     "workers_that_authenticated",
 ]
 
 STRICT = os.environ.get("AUTHSVC_TEST_STRICT") == "1"
+NODE_MODULES = Path(__file__).resolve().parent.parent / "node_modules"
 
 
 def skip_or_fail(reason: str):
@@ -52,6 +54,18 @@ def skip_or_fail(reason: str):
     if STRICT:
         pytest.fail(f"required in CI (AUTHSVC_TEST_STRICT=1): {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def node_tool(name: str) -> tuple[str, Path]:
+    """(node, the path of ``name`` under node_modules/): a package of package.json, pinned in
+    package-lock.json and installed by scripts/test (npm ci), or skip_or_fail saying what is missing."""
+    node = shutil.which("node")
+    if node is None:
+        skip_or_fail("node is not installed (.ci/run installs nodejs and npm)")
+    path = NODE_MODULES / name
+    if not path.exists():
+        skip_or_fail(f"node_modules/{name} is missing: scripts/test installs package-lock.json's packages (npm ci)")
+    return node, path
 
 
 def hold_write_lock(url: str, user_id: int):
