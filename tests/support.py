@@ -39,10 +39,10 @@ from authsvc.web.authenticate import MISSING_DESCRIPTION
 from harness.processes import free_port, start_gunicorn, wait_for_port
 
 __all__ = [
-    "ERROR_KEYS", "INVALID", "MISSING", "PATH", "STRICT", "FakeClock", "admin_request", "assert_contract_headers",
-    "free_port", "get", "get_text", "hold_write_lock", "kept_stopped", "make_testapp", "raw_exchange", "raw_request",
-    "node_tool", "serve_gunicorn", "skip_or_fail", "start_gunicorn", "until_both_workers_counted", "wait_for_port",
-    "workers_that_authenticated",
+    "ERROR_KEYS", "INVALID", "MISSING", "NODE_MODULES", "PATH", "STRICT", "FakeClock", "admin_request",
+    "assert_contract_headers", "free_port", "get", "get_text", "hold_write_lock", "kept_stopped", "make_testapp",
+    "node_tool", "raw_exchange", "raw_request", "schemathesis_check", "serve_gunicorn", "skip_or_fail", "start_gunicorn",
+    "until_both_workers_counted", "wait_for_port", "workers_that_authenticated",
 ]
 
 STRICT = os.environ.get("AUTHSVC_TEST_STRICT") == "1"
@@ -66,6 +66,15 @@ def node_tool(name: str) -> tuple[str, Path]:
     if not path.exists():
         skip_or_fail(f"node_modules/{name} is missing: scripts/test installs package-lock.json's packages (npm ci)")
     return node, path
+
+
+def schemathesis_check(name: str):
+    """A built-in schemathesis check, by the name its reports use (to exclude it from one call)."""
+    from schemathesis.checks import CHECKS, load_all_checks
+
+    load_all_checks()
+    (check,) = CHECKS.get_by_names([name])
+    return check
 
 
 def hold_write_lock(url: str, user_id: int):
