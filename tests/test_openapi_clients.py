@@ -15,11 +15,16 @@ tests go through skip_or_fail (failures under AUTHSVC_TEST_STRICT=1, as in CI).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import jsonschema
+import pytest
+import webtest
 
+from authsvc.admin import operations as ops
+from authsvc.admin.api import AdminApp
 from authsvc.errors import Invalid
 from authsvc.names import check_game_name, check_username
 from tests.support import NODE_MODULES, node_tool
@@ -95,6 +100,40 @@ def test_names_agree_in_the_checker_the_document_in_python_and_ajv(tmp_path):
     assert not differ, differ
 
 
+# Audit cursors: the service's rule is a whole number from 1 to 2^63-1, ASCII digits, no sign, no
+# leading zero (authsvc/admin/routes.py); each pattern alternative's edge on both sides.
+CURSORS = [
+    "1", "9", "10", "123", "999999999999999999", "1000000000000000000", "8999999999999999999",
+    "9199999999999999999", "9223372036854775799", "9223372036854775806", "9223372036854775807",
+    "0", "07", "-1", "+1", "1.0", "1e3", "", " 1", "12\n", "\u0661\u0662", "9223372036854775808", "9223372036854775810",
+    "9223372036854775900", "9300000000000000000", "10000000000000000000", "99999999999999999999",
+]
+
+
+@pytest.mark.engine("sqlite")
+def test_the_audit_cursor_agrees_in_the_service_python_and_ajv(tmp_path, settings, admin_store):
+    """AuditPage.next and the after parameter are one schema, AuditCursor: a string, as the service
+    answers next. Its pattern takes what GET /v1/audit takes as after, in Python and in Ajv."""
+    node, _ = node_tool("ajv")
+    schema = _schemas()["AuditCursor"]
+    _, token = ops.add_api_token(admin_store, ops.Context(actor="cli:test"), "auditor", ["audit:read"])
+    app = webtest.TestApp(AdminApp(settings), lint=True)
+    try:
+        taken = [app.get("/v1/audit", {"after": value}, headers={"Authorization": f"Bearer {token}"},
+                         expect_errors=True).status_int == 200 for value in CURSORS]
+    finally:
+        app.app.store.close()
+    assert {True, False} == set(taken) and all(status for status in taken[:11])
+    (tmp_path / "ajv.js").write_text(AJV_DRIVER)
+    done = subprocess.run([node, "ajv.js"], cwd=tmp_path, env={"NODE_PATH": str(NODE_MODULES)}, capture_output=True,
+                          text=True, timeout=60,
+                          input=json.dumps({"schemas": {"AuditCursor": schema}, "cases": [["AuditCursor", c] for c in CURSORS]}))
+    assert done.returncode == 0, done.stderr
+    in_python = [jsonschema.Draft202012Validator(schema).is_valid(value) for value in CURSORS]
+    in_ajv = json.loads(done.stdout)
+    assert in_python == taken == in_ajv, list(zip(CURSORS, taken, in_python, in_ajv, strict=True))
+
+
 AJV_SWEEP = """
 const Ajv2020 = require("ajv/dist/2020");
 const input = JSON.parse(require("fs").readFileSync(0, "utf8"));
@@ -140,3 +179,58 @@ def test_every_character_alone_and_inside_a_name_agrees_in_ajv(tmp_path):
             differ += [(name, form, f"U+{code:04X}") for code in range(0x110000)
                        if not 0xD800 <= code <= 0xDFFF and (code in in_ajv) != _accepts(check, make(chr(code)))]
     assert not differ, differ[:20]
+
+
+CLIENT = REPO / "examples" / "clients" / "admin-client.ts"
+# Beside the example client: what a web tier writes with it, and what the document refuses, each
+# marked @ts-expect-error, so a document that lets one through (Batch.players typed unknown[], the
+# audit cursor a number) fails the type check as surely as one that refuses good code.
+USES = """
+import type { components } from "./admin-api";
+import { AdminClient } from "./admin-client";
+
+declare const client: AdminClient;
+// A batch item and a player without `enabled` (left out: true).
+const item: components["schemas"]["BatchPlayer"] = { user_id: 42, username: "alice" };
+const player: components["schemas"]["PlayerPut"] = { username: "alice" };
+
+export async function sync(): Promise<void> {
+  await client.batchPlayers([item, { user_id: 43, username: "bob", enabled: false }]);
+  await client.putPlayer(42, player);
+  await client.rotateGameKey(1);
+  const page = await client.audit({ limit: 10, player: 42 });
+  if (page.next !== null) await client.audit({ after: page.next });
+  // @ts-expect-error a batch item's username is a string
+  await client.batchPlayers([{ user_id: 44, username: 7 }]);
+  // @ts-expect-error a batch item names its user_id
+  await client.batchPlayers([{ username: "carol" }]);
+  // @ts-expect-error a player has a username
+  await client.putPlayer(45, { enabled: false });
+  // @ts-expect-error the audit cursor is a string: an id above 2^53 does not fit a number
+  await client.audit({ after: 12 });
+  // @ts-expect-error /v1/audit has no such filter
+  await client.audit({ colour: "red" });
+}
+"""
+
+
+def test_the_typescript_client_type_checks_against_types_generated_from_the_document(tmp_path):
+    """openapi-typescript (its default options) makes the types from the document; tsc --strict checks the
+    example web-tier client (examples/clients/admin-client.ts, a method per admin operation) and USES
+    against them. Run outside the repository: openapi-typescript reads the redocly.yaml where it runs, and
+    the repository's writes each API's types into build/ (redocly.yaml)."""
+    node, generator = node_tool("openapi-typescript")
+    _, typescript = node_tool("typescript")
+    document = json.loads(DOCUMENT.read_text(encoding="utf-8"))
+    # Each method of the client names the operation it calls ("(GET /v1/players/{user_id})"): one for each.
+    operations = {f"{method.upper()} {path}" for path, item in document["paths"].items() for method in item}
+    assert {name for name in operations if not re.search(re.escape(f"({name}") + "[);:]", CLIENT.read_text())} == set()
+    done = subprocess.run([node, str(generator / "bin" / "cli.js"), str(DOCUMENT), "-o", "admin-api.d.ts"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+    (tmp_path / "admin-client.ts").write_text(CLIENT.read_text())
+    (tmp_path / "uses.ts").write_text(USES)
+    done = subprocess.run([node, str(typescript / "bin" / "tsc"), "--noEmit", "--strict", "--target", "es2022",
+                           "--module", "es2022", "--moduleResolution", "bundler", "--lib", "es2022,dom",
+                           "admin-client.ts", "uses.ts"], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
