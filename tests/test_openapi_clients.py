@@ -6,7 +6,8 @@ The names rule (authsvc/names.py) is in the document as patterns. JSON Schema 20
 ECMA-262 regular expressions with the ``u`` flag, as Ajv (JavaScript's validator) compiles them by
 default; Python's ``re`` reads them too (jsonschema and schemathesis use it). Here the same names go
 through the service's checker, the document's schemas in Python (jsonschema) and in Node (Ajv), and
-all three must agree.
+all three must agree; so do audit cursors. openapi-typescript generates types from the document, and
+the example TypeScript client (examples/clients/admin-client.ts) type-checks against them and runs.
 
 The Node packages come from package-lock.json (scripts/test runs npm ci); without node or them, these
 tests go through skip_or_fail (failures under AUTHSVC_TEST_STRICT=1, as in CI).
@@ -27,10 +28,11 @@ from authsvc.admin import operations as ops
 from authsvc.admin.api import AdminApp
 from authsvc.errors import Invalid
 from authsvc.names import check_game_name, check_username
-from tests.support import NODE_MODULES, node_tool
+from tests.support import NODE_MODULES, free_port, node_tool, serve_gunicorn
 
 REPO = Path(__file__).resolve().parent.parent
 DOCUMENT = REPO / "authsvc" / "openapi" / "admin.json"
+ALL_SCOPES = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
 
 # Valid and invalid by the rules of authsvc/names.py: letters of several scripts, characters outside
 # the BMP, white space inside and at either end (visible and not), each hidden category (Cc, Cf, Cs,
@@ -214,6 +216,13 @@ export async function sync(): Promise<void> {
 """
 
 
+def _generate_types(node: str, generator: Path, where: Path) -> None:
+    """admin-api.d.ts in ``where``: openapi-typescript's types of the document, with its default options."""
+    done = subprocess.run([node, str(generator / "bin" / "cli.js"), str(DOCUMENT), "-o", "admin-api.d.ts"],
+                          cwd=where, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+
+
 def test_the_typescript_client_type_checks_against_types_generated_from_the_document(tmp_path):
     """openapi-typescript (its default options) makes the types from the document; tsc --strict checks the
     example web-tier client (examples/clients/admin-client.ts, a method per admin operation) and USES
@@ -225,12 +234,100 @@ def test_the_typescript_client_type_checks_against_types_generated_from_the_docu
     # Each method of the client names the operation it calls ("(GET /v1/players/{user_id})"): one for each.
     operations = {f"{method.upper()} {path}" for path, item in document["paths"].items() for method in item}
     assert {name for name in operations if not re.search(re.escape(f"({name}") + "[);:]", CLIENT.read_text())} == set()
-    done = subprocess.run([node, str(generator / "bin" / "cli.js"), str(DOCUMENT), "-o", "admin-api.d.ts"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr + done.stdout
+    _generate_types(node, generator, tmp_path)
     (tmp_path / "admin-client.ts").write_text(CLIENT.read_text())
     (tmp_path / "uses.ts").write_text(USES)
     done = subprocess.run([node, str(typescript / "bin" / "tsc"), "--noEmit", "--strict", "--target", "es2022",
                            "--module", "es2022", "--moduleResolution", "bundler", "--lib", "es2022,dom",
                            "admin-client.ts", "uses.ts"], cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# Every method of the example client once, against the live service: what the type check cannot see
+# (a HEAD's answer has no body, a 404 and a 412 come back as AdminError, the cursor goes from page to page).
+DRIVER = """
+import { AdminClient, AdminError } from "./admin-client";
+
+declare const process: { env: Record<string, string | undefined>; exitCode: number };
+const print = (step: string, value: unknown) => console.log(JSON.stringify({ step, value }));
+
+async function main(): Promise<void> {
+  const client = new AdminClient(process.env.AUTHSVC_ADMIN_URL ?? "", process.env.AUTHSVC_ADMIN_TOKEN ?? "");
+  const signup = await client.putPlayer(777, { username: "newbie" });
+  print("putPlayer", signup);
+  print("playerEtag", await client.playerEtag(777));
+  print("getPlayer", await client.getPlayer(777));
+  print("rename", await client.putPlayer(777, { username: "veteran", enabled: true }, signup.etag));
+  try {
+    await client.putPlayer(777, { username: "again" }, signup.etag);
+    print("stale rename", "no error");
+  } catch (error) {
+    if (!(error instanceof AdminError)) throw error;
+    print("stale rename", { status: error.status, type: error.problem.type });
+  }
+  print("revokePlayer", await client.revokePlayer(777));
+  print("batchPlayers", await client.batchPlayers([{ user_id: 778, username: "bob" }, { user_id: 779, username: " bad" }], true));
+  const game = await client.addGame("TypeScript Chess");
+  print("addGame", game);
+  print("getGame", await client.getGame(game.game_id));
+  print("gameExists", [await client.gameExists(game.game_id), await client.gameExists(game.game_id + 1000)]);
+  print("setGameEnabled", [(await client.setGameEnabled(game.game_id, false)).enabled,
+                           (await client.setGameEnabled(game.game_id, true)).enabled]);
+  print("mintToken", await client.mintToken(game.game_id, 777));
+  print("rotateGameKey", await client.rotateGameKey(game.game_id, 60));
+  print("audit", await client.audit({ limit: 2 }));
+  const actions: string[] = [];
+  for await (const record of client.auditRecords({ player: 777, limit: 1 })) actions.push(record.action);
+  print("auditRecords", actions);
+  print("canReadAudit", await client.canReadAudit());
+  print("document", (await client.document()).openapi);
+  print("documentLength", await client.documentLength());
+}
+
+main().catch((error) => { console.error(String(error)); process.exitCode = 1; });
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.engine("sqlite")
+def test_the_typescript_client_calls_every_operation_of_the_live_service(tmp_path, env, admin_store):
+    """The example client, compiled by tsc against the generated types, calls each operation of the admin
+    API under a real gunicorn on loopback (DRIVER), with a token holding every scope."""
+    node, generator = node_tool("openapi-typescript")
+    _, typescript = node_tool("typescript")
+    _generate_types(node, generator, tmp_path)
+    (tmp_path / "admin-client.ts").write_text(CLIENT.read_text())
+    (tmp_path / "driver.ts").write_text(DRIVER)
+    done = subprocess.run([node, str(typescript / "bin" / "tsc"), "--strict", "--target", "es2022", "--module", "commonjs",
+                           "--moduleResolution", "node10", "--lib", "es2022,dom", "--outDir", "out",
+                           "admin-client.ts", "driver.ts"], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, token = ops.add_api_token(admin_store, ops.Context(actor="cli:test"), "web-tier", ALL_SCOPES)
+    port = free_port()
+    server = serve_gunicorn(env | {"AUTHSVC_ADMIN_RATE": "0"}, port=port, log_path=tmp_path / "gunicorn.log",
+                            app="authsvc.admin.wsgi:application", workers=1)
+    try:
+        done = subprocess.run([node, "out/driver.js"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                              env={"AUTHSVC_ADMIN_URL": f"http://127.0.0.1:{port}", "AUTHSVC_ADMIN_TOKEN": token})
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert token not in done.stdout + done.stderr
+    steps = {line["step"]: line["value"] for line in map(json.loads, done.stdout.splitlines())}
+    signup = steps["putPlayer"]
+    assert signup["created"] is True and signup["username"] == "newbie" and signup["etag"] == steps["playerEtag"]
+    assert steps["getPlayer"]["etag"] == signup["etag"]
+    assert steps["rename"]["created"] is False and steps["rename"]["etag"] != signup["etag"]
+    assert steps["stale rename"] == {"status": 412, "type": "urn:authsvc:problem:precondition-failed"}
+    assert steps["revokePlayer"]["epoch"] == 1
+    assert [r["status"] for r in steps["batchPlayers"]["results"]] == ["created", "error"]
+    game_id = steps["addGame"]["game_id"]
+    assert steps["getGame"]["name"] == "TypeScript Chess" and "api_key" not in steps["getGame"]
+    assert steps["gameExists"] == [True, False] and steps["setGameEnabled"] == [False, True]
+    assert steps["mintToken"]["game_id"] == game_id and steps["mintToken"]["epoch"] == 1
+    assert steps["rotateGameKey"]["api_key"] != steps["addGame"]["api_key"]
+    assert len(steps["audit"]["records"]) == 2 and isinstance(steps["audit"]["next"], str)
+    assert steps["auditRecords"] == ["token.mint", "player.revoke", "player.rename", "player.add"]
+    assert steps["canReadAudit"] is True and steps["document"].startswith("3.1.")
+    assert steps["documentLength"] > 0

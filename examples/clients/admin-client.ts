@@ -6,7 +6,8 @@
  *
  * No package at run time: the global fetch and crypto of Node 20 or a browser-like runtime (the web
  * tier's server, never a player's browser: the API token must not reach one). tests/test_openapi_clients.py
- * type-checks it (tsc --strict --noEmit) against the repository's document.
+ * type-checks it (tsc --strict --noEmit) against the repository's document, and runs each method against
+ * the admin API under gunicorn.
  *
  * Ids are numbers: user and game ids above 2^53 do not fit one (keep them under it). The audit
  * cursor is a string for that reason (AuditCursor).
