@@ -16,6 +16,7 @@ import gc
 import http.client
 import json
 import os
+import shutil
 import socket
 import sqlite3
 import ssl
@@ -37,13 +38,14 @@ from authsvc.web.app import make_app
 from harness.processes import free_port, start_gunicorn, wait_for_port
 
 __all__ = [
-    "ERROR_KEYS", "INVALID", "MISSING", "PATH", "STRICT", "FakeClock", "admin_request", "assert_contract_headers",
-    "free_port", "get", "get_text", "hold_write_lock", "kept_stopped", "make_testapp", "raw_exchange", "raw_request",
-    "serve_gunicorn", "skip_or_fail", "start_gunicorn", "until_both_workers_counted", "wait_for_port",
-    "workers_that_authenticated",
+    "ERROR_KEYS", "INVALID", "MISSING", "NODE_MODULES", "PATH", "STRICT", "FakeClock", "admin_request",
+    "assert_contract_headers", "free_port", "get", "get_text", "hold_write_lock", "kept_stopped", "make_testapp",
+    "node_tool", "raw_exchange", "raw_request", "schemathesis_check", "serve_gunicorn", "skip_or_fail", "start_gunicorn",
+    "until_both_workers_counted", "wait_for_port", "workers_that_authenticated",
 ]
 
 STRICT = os.environ.get("AUTHSVC_TEST_STRICT") == "1"
+NODE_MODULES = Path(__file__).resolve().parent.parent / "node_modules"
 
 
 def skip_or_fail(reason: str):
@@ -51,6 +53,27 @@ def skip_or_fail(reason: str):
     if STRICT:
         pytest.fail(f"required in CI (AUTHSVC_TEST_STRICT=1): {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def node_tool(name: str) -> tuple[str, Path]:
+    """(node, the path of ``name`` under node_modules/): a package of package.json, pinned in
+    package-lock.json and installed by scripts/test (npm ci), or skip_or_fail saying what is missing."""
+    node = shutil.which("node")
+    if node is None:
+        skip_or_fail("node is not installed (.ci/run installs nodejs and npm)")
+    path = NODE_MODULES / name
+    if not path.exists():
+        skip_or_fail(f"node_modules/{name} is missing: scripts/test installs package-lock.json's packages (npm ci)")
+    return node, path
+
+
+def schemathesis_check(name: str):
+    """A built-in schemathesis check, by the name its reports use (to exclude it from one call)."""
+    from schemathesis.checks import CHECKS, load_all_checks
+
+    load_all_checks()
+    (check,) = CHECKS.get_by_names([name])
+    return check
 
 
 def hold_write_lock(url: str, user_id: int):
