@@ -81,7 +81,7 @@ def test_the_ports_and_files_a_new_user_is_told_of_are_the_scripts_own():
     assert {int(example), int(example) + 1}.isdisjoint(used), (example, used)
     admin_api = (REPO / "docs/admin-api.md").read_text()
     defaults = re.findall(r"AUTHSVC_ADMIN_URL\W[^\n]*?http://127\.0\.0\.1:(\d+)", admin_api)
-    schemathesis = re.findall(r"st run authsvc/openapi/admin\.json --url http://127\.0\.0\.1:(\d+)", admin_api)
+    schemathesis = re.findall(r"schemathesis run http://127\.0\.0\.1:(\d+)/openapi\.json", admin_api)
     assert len(defaults) >= 3 and len(schemathesis) == 1  # the three clients (and the prose on them)
     assert {int(port) for port in defaults + schemathesis} == {web + 1}
     demo = (REPO / "examples/demo.py").read_text()
