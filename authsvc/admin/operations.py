@@ -202,7 +202,8 @@ def delete_player(store: Store, ctx: Context, user_id: int, if_match: str | None
             raise NotFound(f"no player {user_id}")
         if not matches(if_match, current):
             raise PreconditionFailed(f"player {user_id} is not at the version If-Match names")
-        return tx.delete_player(user_id) or 0
+        epoch = tx.delete_player(user_id)
+    return current.epoch if epoch is None else epoch
 
 
 def import_players(
