@@ -241,9 +241,9 @@ def test_bad_requests_get_their_own_statuses(admin, settings):
                     expect_errors=True), 415, "unsupported-media-type")
     big = {"username": "x" * settings.max_body_bytes}
     problem(app.put_json("/v1/players/7", big, headers=headers, expect_errors=True), 413, "too-large")
-    r = app.delete("/v1/players/7", headers=headers, expect_errors=True)
+    r = app.post("/v1/players/7", headers=headers, expect_errors=True)
     problem(r, 405, "method-not-allowed")
-    assert r.headers["Allow"] == "GET, PUT, HEAD"
+    assert r.headers["Allow"] == "DELETE, GET, PUT, HEAD"
     problem(app.get("/v1/nothing", headers=headers, expect_errors=True), 404, "not-found")
     r = app.get("/v1/players/4242", headers=headers | {"X-Request-Id": "not a logged shape"})
     assert re.fullmatch(r"[0-9a-f]{32}", r.headers["X-Request-Id"])

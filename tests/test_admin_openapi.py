@@ -154,7 +154,7 @@ def _schema():
     schema.config.generation.update(deterministic=True, database="none")
     # positive_data_acceptance stays on, with one status more than its default list: 412 is the
     # answer to a well-formed If-Match naming a version the player is not at, and which version is
-    # current is state the generator cannot know (only PUT /v1/players/{user_id} reads If-Match).
+    # current is state the generator cannot know (PUT and DELETE /v1/players/{user_id} read If-Match).
     acceptance = schema.config.checks.positive_data_acceptance
     acceptance.expected_statuses = [*acceptance.expected_statuses, "412"]
     return schema
@@ -219,6 +219,15 @@ def test_each_success_matches_the_document(live):
          body={"username": "lost"}, media_type="application/json")
     send("/v1/players/{user_id}", "PUT", 201, path_parameters={"user_id": 2002}, body={"username": "second"},
          media_type="application/json")
+    deleted = send("/v1/players/{user_id}", "DELETE", 200, path_parameters={"user_id": 2002},
+                   headers={"Idempotency-Key": "success-delete"})
+    again = send("/v1/players/{user_id}", "DELETE", 200, path_parameters={"user_id": 2002},
+                 headers={"Idempotency-Key": "success-delete"})
+    assert again.json() == deleted.json() and again.headers["idempotent-replayed"] == ["true"]
+    send("/v1/players/{user_id}", "DELETE", 404, path_parameters={"user_id": 2002})
+    send("/v1/players/{user_id}", "PUT", 201, path_parameters={"user_id": 2002}, body={"username": "second"},
+         media_type="application/json")
+    send("/v1/players/{user_id}", "DELETE", 412, path_parameters={"user_id": 2002}, headers={"If-Match": etag})
     first = send("/v1/players/{user_id}/revoke", "POST", 200, path_parameters=player,
                  headers={"Idempotency-Key": "success-revoke"})
     again = send("/v1/players/{user_id}/revoke", "POST", 200, path_parameters=player,
@@ -268,7 +277,8 @@ STATEFUL_RUNS = 2  # seeds 1 and 2: the same scenarios each time, but for schema
 LINKED = {
     "games": {"POST /v1/games", "GET /v1/games/{game_id}", "PATCH /v1/games/{game_id}",
               "POST /v1/games/{game_id}/keys"},
-    "players": {"PUT /v1/players/{user_id}", "GET /v1/players/{user_id}", "POST /v1/players/{user_id}/revoke"},
+    "players": {"PUT /v1/players/{user_id}", "GET /v1/players/{user_id}", "POST /v1/players/{user_id}/revoke",
+                "DELETE /v1/players/{user_id}"},
 }
 
 def _stateful_schema():

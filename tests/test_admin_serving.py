@@ -127,7 +127,8 @@ def _requests(world: World) -> list[tuple[str, str, dict | None, str]]:
         ("POST", f"/v1/games/{game}/keys", {"old_key_ttl": 0}, "/v1/games/{game_id}/keys"),
         ("GET", f"/v1/audit?actor={MARK}&player={user}", None, "/v1/audit"),
         ("GET", f"/openapi.json?{MARK}", None, "/openapi.json"),
-        ("DELETE", f"/v1/players/{user}", None, "/v1/players/{user_id}"),  # 405: the route, another method
+        ("DELETE", f"/v1/players/{user + 1}?{MARK}", None, "/v1/players/{user_id}"),  # the batch's player
+        ("POST", f"/v1/players/{user}", None, "/v1/players/{user_id}"),  # 405: the route, another method
         ("GET", f"/v1/players/{user}%3F{MARK}=1", None, "<other>"),  # the "?" encoded: 404, never the path
         ("GET", f"/v1/players/{user}/{MARK}", None, "<other>"),
         ("GET", f"/{MARK}", None, "<other>"),

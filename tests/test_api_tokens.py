@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import webtest
 
-from authsvc.admin import command as cli
 from authsvc.admin import api_tokens
+from authsvc.admin import command as cli
 from authsvc.admin import operations as ops
 from authsvc.admin.api import AdminApp
 from authsvc.errors import Conflict, Invalid, NotFound

@@ -48,7 +48,9 @@ sql = store_sql
 
 
 def records(store_url: str) -> list[Record]:
-    return [Record(*row) for row in sql(store_url, f"SELECT {', '.join(COLUMNS)} FROM audit ORDER BY id")]
+    """The records as stored, each with the clear values kept beside it (a player's are sealed in the chain)."""
+    names = "(SELECT n.names FROM audit_names AS n WHERE n.record_id = audit.id)"
+    return [Record(*row) for row in sql(store_url, f"SELECT {', '.join(COLUMNS)}, {names} FROM audit ORDER BY id")]
 
 
 def new_records(store_url: str, since: int) -> list[Record]:
@@ -60,7 +62,8 @@ def head(store_url: str) -> int:
 
 
 def changes(record: Record) -> tuple[dict, dict]:
-    c = json.loads(record.changes)
+    """Its before and after as the trail shows them: a sealed username as the name kept beside the record."""
+    c = record.shown_changes()
     return c["before"], c["after"]
 
 

@@ -73,9 +73,11 @@ def logged(path: Path) -> list[tuple[int, str]]:
 
 
 def cut_tail(store_url: str, keep: int) -> None:
-    """What the chain alone cannot show: the records after ``keep`` deleted, the head row moved to ``keep``."""
+    """What the chain alone cannot show: the records after ``keep`` deleted (and the names kept beside
+    them), the head row moved to ``keep``."""
     (last,) = [r for r in records(store_url) if r.id == keep]
     sql(store_url, "DELETE FROM audit WHERE id > ?", (keep,))
+    sql(store_url, "DELETE FROM audit_names WHERE record_id > ?", (keep,))
     sql(store_url, "UPDATE audit_chain SET head_id = ?, head_hash = ?", (keep, last.hash))
 
 

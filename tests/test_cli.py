@@ -274,7 +274,7 @@ COMMANDS = {
          "heartbeat"],
     ("api-token",): ["add", "list", "revoke"],
     ("game",): ["add", "list", "enable", "disable", "rotate-key"],
-    ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "import"],
+    ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "delete", "import"],
     ("token",): ["issue"],
     ("audit",): ["verify", "prune"],
 }
@@ -512,7 +512,7 @@ def run_on(monkeypatch, capsys, secret_file):
 
 STORE_COMMANDS = [
     ("init",), ("game", "list"), ("game", "add", "Chess"), ("player", "show", "42"), ("player", "add", "42", "alice"),
-    ("player", "revoke", "42"), ("token", "issue", "--game", "1", "--user", "42"),
+    ("player", "revoke", "42"), ("player", "delete", "42"), ("token", "issue", "--game", "1", "--user", "42"),
 ]
 
 

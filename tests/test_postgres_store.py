@@ -118,10 +118,10 @@ def test_the_updated_at_step_waits_briefly_for_a_long_read_of_players_then_fails
     monkeypatch.setattr(base, "ADMIN_LOCK_WAIT", 120.0)  # the admin command's own wait: not the one that ends it
     url = pg_databases.create(migrate=False)
     current = postgres.MIGRATIONS
-    monkeypatch.setattr(postgres, "MIGRATIONS", current[:-1])  # the previous release's schema
+    monkeypatch.setattr(postgres, "MIGRATIONS", current[:4])  # the schema before migration 5
     store = open_store(url, readonly=False)
     try:
-        assert store.migrate() == (0, len(current) - 1)
+        assert store.migrate() == (0, 4)
         monkeypatch.setattr(postgres, "MIGRATIONS", current)
         with psycopg.connect(url) as dump:  # a transaction left open, as pg_dump's is
             dump.execute("SELECT count(*) FROM players")
@@ -130,7 +130,7 @@ def test_the_updated_at_step_waits_briefly_for_a_long_read_of_players_then_fails
                 store.migrate()
             assert time.monotonic() - started < 60  # MIGRATION_LOCK_WAIT (2 s), far below the admin's 120 s
             dump.rollback()
-        assert store.migrate() == (len(current) - 1, len(current))
+        assert store.migrate() == (4, len(current))
         store.add_player(5, "bob")
         assert store.get_player(5).updated_at_ms is not None
     finally:

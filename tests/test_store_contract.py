@@ -89,18 +89,20 @@ def test_check_refuses_an_unmigrated_store_and_accepts_a_migrated_one(empty_url,
 def test_migrating_a_store_of_the_previous_version_keeps_every_row_and_adds_updated_at(
     empty_url, settings, monkeypatch
 ):
-    """The last migration (SQLite 3 -> 4, PostgreSQL 4 -> 5) on a store the previous release made and
-    filled: every player comes through as it was, with updated_at null (when it last changed is not
-    known), the web process's reader accepts the store, and the next change stamps the row."""
+    """The migrations from the one that adds updated_at (SQLite 3 -> 4, PostgreSQL 4 -> 5) on, on a store
+    a release before them made and filled: every player comes through as it was, with updated_at null
+    (when it last changed is not known), the web process's reader accepts the store, and the next
+    change stamps the row."""
     import importlib
 
-    engine = importlib.import_module(
-        "authsvc.store.sqlite.store" if empty_url.startswith("sqlite://") else "authsvc.store.postgres.store")
+    sqlite = empty_url.startswith("sqlite://")
+    engine = importlib.import_module("authsvc.store.sqlite.store" if sqlite else "authsvc.store.postgres.store")
     current = engine.MIGRATIONS
-    monkeypatch.setattr(engine, "MIGRATIONS", current[:-1])  # the previous release's migrate()
+    before = 3 if sqlite else 4  # the version before updated_at
+    monkeypatch.setattr(engine, "MIGRATIONS", current[:before])  # that release's migrate()
     store = open_store(empty_url, readonly=False, settings=settings)
     try:
-        assert store.migrate() == (0, len(current) - 1)
+        assert store.migrate() == (0, before)
         rows = [(i, f"user{i}", i % 3, i % 5 != 0) for i in range(1, 3_001)]
         sql = "INSERT INTO players (user_id, username, epoch, enabled) VALUES (?, ?, ?, ?)"
         if empty_url.startswith("sqlite://"):
@@ -111,10 +113,10 @@ def test_migrating_a_store_of_the_previous_version_keeps_every_row_and_adds_upda
 
             with psycopg.connect(empty_url, autocommit=True) as conn:
                 conn.cursor().executemany(sql.replace("?", "%s"), rows)
-        with pytest.raises(ConfigError, match=f"schema version {len(current) - 1}, this release needs"):
+        with pytest.raises(ConfigError, match=f"schema version {before}, this release needs"):
             store.check()
         monkeypatch.setattr(engine, "MIGRATIONS", current)
-        assert store.migrate() == (len(current) - 1, len(current))
+        assert store.migrate() == (before, len(current))
         store.check()
         players = [p for p in store.dump() if isinstance(p, Player)]
         assert players == [Player(*row, updated_at_ms=None) for row in rows]

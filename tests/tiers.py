@@ -29,9 +29,9 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_reasons", "test_sqlite_faults", "test_staleness", "test_store_sqlite", "test_store_urls", "test_wsgi",
     ),
     "store": (
-        "test_admin_batch", "test_api_tokens", "test_audit", "test_audit_anchor", "test_postgres_deploy", "test_postgres_store",
-        "test_snapshot_lock", "test_store_contract", "test_store_replaced", "test_transfer", "test_wal",
-        "test_write_path",
+        "test_admin_batch", "test_api_tokens", "test_audit", "test_audit_anchor", "test_erasure",
+        "test_postgres_deploy", "test_postgres_store", "test_snapshot_lock", "test_store_contract",
+        "test_store_replaced", "test_transfer", "test_wal", "test_write_path",
     ),
     "integration": (
         "test_admin_api_examples", "test_admin_api_gunicorn", "test_admin_serving", "test_deploy",
@@ -41,8 +41,9 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_worker_boot",
     ),
     "system": (
-        "test_app_failover", "test_bench", "test_examples", "test_install", "test_primary_failover", "test_scale", "test_standby",
-        "test_storm", "test_store_network", "test_store_outage", "test_write_history",
+        "test_app_failover", "test_bench", "test_examples", "test_install", "test_primary_failover",
+        "test_scale", "test_standby", "test_store_network", "test_store_outage", "test_storm",
+        "test_write_history",
     ),
 }
 ORDER = tuple(TIERS)

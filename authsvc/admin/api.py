@@ -130,7 +130,7 @@ class AdminApp:
         ctx = ops.Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock)
         request = Request(environ, params, body, ctx, token.name)
         key = environ.get("HTTP_IDEMPOTENCY_KEY")
-        if method == "POST" and key is not None:
+        if method in ("POST", "DELETE") and key is not None:
             return idempotency.run(self, request, key, lambda: handler(self, request))
         return handler(self, request)
 

@@ -6,6 +6,12 @@ inserted, prints records one a line (names as docs/admin.md shows them), and
 parses the TIME of ``--since`` and ``--before`` (docs/admin.md, "The audit trail").
 It also sends the command's head lines (the chain's head after each committed write,
 store/audit.py's HEAD_LOG) to the journal: ``heads_logged``.
+
+Verify also checks what is kept beside the chain (docs/admin.md, "Erasure"): each
+username kept in clear must be the one its record's digest seals under the player's key;
+sealed names may be gone only for a player whose deletion a later record holds; and a
+record written before sealing whose names a deletion erased must be, as it now is, what
+that deletion's record lists.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from authsvc.admin import operations
 from authsvc.errors import Invalid
 from authsvc.names import MAX_ID, shown
-from authsvc.store.audit import HEAD_LOG, Chain, Record
+from authsvc.store.audit import ERASED, HEAD_LOG, PERSONAL, Chain, Record, seal
 
 DAY_MS = 86_400_000
 _AGO = re.compile(r"(\d{1,6})([dhm])")
@@ -147,6 +153,9 @@ def verify(items: Iterable[Chain | Record], anchors: dict[int, set[str]] | None 
         raise TypeError("verify() takes the audit_chain row first (Store.audit_walk)")
     expected, prev, count = chain.anchor_id + 1, chain.anchor_hash, 0
     last_prune: Record | None = None
+    erased: dict[int, tuple[str, int, int | None]] = {}  # record id -> (its hash now, erased by, user id)
+    unnamed: dict[int, int] = {}  # user id -> the first record whose sealed names are gone, awaiting its deletion
+    beside: tuple[int, str] | None = None  # the first problem of what is kept beside the chain: named last
 
     def bad(record_id: int, problem: str) -> Verdict:
         return Verdict(count, chain.anchor_id + 1, chain.head_id, chain.head_hash, problem, record_id)
@@ -161,15 +170,37 @@ def verify(items: Iterable[Chain | Record], anchors: dict[int, set[str]] | None 
         if r.id > expected:
             gone = f"record {expected} was" if r.id == expected + 1 else f"records {expected} to {r.id - 1} were"
             return bad(expected, f"{gone} removed")
-        if r.computed_hash() != r.hash:
+        if r.erased_by is None and r.computed_hash() != r.hash:
             return bad(r.id, f"record {r.id} was altered: its hash does not match its content")
+        if r.erased_by is not None:  # its names erased since: the deletion's record must list it as it is now
+            if r.erased_by <= r.id:
+                return bad(r.id, f"record {r.id} was altered: it names no later deletion that erased it")
+            erased[r.id] = (r.computed_hash(), r.erased_by, r.user_id)
         if r.prev_hash != prev:
             return bad(r.id, f"record {r.id} does not follow record {r.id - 1}: one of them was altered, "
                              f"or record {r.id} was inserted out of order")
         if (logged := anchors.get(r.id)) is not None and logged != {r.hash}:
             return bad(r.id, _not_anchored(r.id, logged))
+        if beside is None and (problem := _names_problem(r, unnamed)):
+            beside = (r.id, problem)
         if r.action == "audit.prune":
             last_prune = r
+        if r.action == "player.delete":
+            listed = json.loads(r.changes).get("after", {}).get("records_erased", {})
+            confirmed = set()
+            for record_id, (now, by, user_id) in sorted(erased.items()):
+                if by == r.id:
+                    if listed.get(str(record_id)) != now or user_id != r.user_id:
+                        return bad(record_id, f"record {record_id} was altered: it is not as the deletion that "
+                                              f"erased its names (record {r.id}) left it")
+                    confirmed.add(str(record_id))
+                    del erased[record_id]
+            back = sorted(int(i) for i in set(listed) - confirmed if int(i) > chain.anchor_id)
+            if back:
+                return bad(back[0], f"record {back[0]} was altered: it holds again what the deletion of "
+                                    f"player {r.user_id} (record {r.id}) erased")
+            if r.user_id is not None:
+                unnamed.pop(r.user_id, None)
         prev, expected, count = r.hash, r.id + 1, count + 1
     if expected <= chain.head_id:
         gone = f"record {expected} was" if expected == chain.head_id else f"records {expected} to {chain.head_id} were"
@@ -181,6 +212,15 @@ def verify(items: Iterable[Chain | Record], anchors: dict[int, set[str]] | None 
         if (named.get("anchor_id"), named.get("anchor_hash")) != (chain.anchor_id, chain.anchor_hash):
             return bad(chain.anchor_id + 1, f"the chain starts after record {chain.anchor_id}, "
                                             "but no prune record names that start")
+    # The chain holds; then what is kept beside it, the first record at fault named.
+    problems = [(record_id, f"record {record_id} was altered: no deletion erased its names (record {by} is not one)")
+                for record_id, (_, by, _) in erased.items()]
+    problems += [(record_id, f"record {record_id}: the names kept beside it were removed, but player {user_id} "
+                             "was not deleted after it") for user_id, record_id in unnamed.items()]
+    if beside is not None:
+        problems.append(beside)
+    if problems:
+        return bad(*min(problems))
     if anchors:
         newest, first_cut = max(anchors), chain.head_id + 1
         if newest > chain.head_id:
@@ -204,12 +244,42 @@ def _not_anchored(record_id: int, logged: set[str]) -> str:
             f"chain was cut and written again from there")
 
 
+def _names_problem(r: Record, unnamed: dict[int, int]) -> str | None:
+    """What is wrong with the values kept beside ``r`` (None: nothing). Sealed names with none kept are
+    noted in ``unnamed`` (they must be the names of a player deleted later)."""
+    changes = json.loads(r.changes)
+    clear = json.loads(r.names) if r.names else None
+    sealed = []
+    for side, values in sorted(changes.items()):
+        for name, value in sorted(values.items()) if isinstance(values, dict) else ():
+            if name not in PERSONAL:
+                continue
+            if r.erased_by is not None and value != ERASED:
+                return f"record {r.id} was altered: its names were erased, but its {name} ({side}) is not"
+            if isinstance(value, dict) and isinstance(value.get("hmac"), str):
+                sealed.append((side, name, value["hmac"]))
+    if clear is not None and not sealed:
+        return f"record {r.id}: names are kept beside it, but it seals none"
+    if not sealed:
+        return None
+    if clear is None:
+        if r.user_id is not None:
+            unnamed.setdefault(r.user_id, r.id)
+        return None
+    if r.key is None:
+        return f"record {r.id}: its names are kept, but player {r.user_id}'s key is gone"
+    for side, name, digest in sealed:
+        value = clear.get(side, {}).get(name)
+        if not isinstance(value, str) or seal(r.key, name, value)["hmac"] != digest:
+            return f"record {r.id}: the {name} ({side}) kept beside it is not the one its hash covers (changed by hand?)"
+    return None
+
+
 # -- the subcommands ------------------------------------------------------------------------
 
 
-def _describe(changes: str) -> str:
+def _describe(c: dict) -> str:
     """``key: before -> after`` for each field that changed; ``key=value`` for a new one."""
-    c = json.loads(changes)
     before, after = c.get("before", {}), c.get("after", {})
     parts = []
     for key in sorted(set(before) | set(after)):
@@ -218,10 +288,14 @@ def _describe(changes: str) -> str:
             parts.append(f"{key}={_value(key, new)}")
         elif old != new:
             parts.append(f"{key}: {_value(key, old)} -> {_value(key, new)}")
+        elif old == ERASED:  # whether it changed is erased with it
+            parts.append(f"{key}: {_value(key, old)}")
     return ", ".join(parts) or "no field changed"
 
 
 def _value(key: str, value) -> str:
+    if value == ERASED:  # a deleted player's name (docs/admin.md, "Erasure")
+        return "<erased>"
     if isinstance(value, str):
         return shown(value)
     if key.endswith("_at") and type(value) is int:  # unix seconds (a key's expiry)
@@ -233,7 +307,7 @@ def line(r: Record) -> str:
     target = " ".join(t for t in (f"game {r.game_id}" if r.game_id is not None else "",
                                   f"player {r.user_id}" if r.user_id is not None else "") if t) or "-"
     request = f" [request {shown(r.request_id)}]" if r.request_id else ""
-    return f"{r.id:>6}  {utc(r.at_ms)}  {shown(r.actor)}{request}  {r.action}  {target}  {_describe(r.changes)}"
+    return f"{r.id:>6}  {utc(r.at_ms)}  {shown(r.actor)}{request}  {r.action}  {target}  {_describe(r.shown_changes())}"
 
 
 def cmd_audit(args, settings):

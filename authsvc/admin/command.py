@@ -2,7 +2,7 @@
 
     init
     game add | list | enable | disable | rotate-key
-    player add | show | rename | enable | disable | revoke | import
+    player add | show | rename | enable | disable | revoke | delete | import
     token issue
     api-token add | list | revoke
     audit [filters] | verify | prune
@@ -173,6 +173,13 @@ def cmd_player_revoke(args, settings):
     return 0, {"user_id": args.user_id, "epoch": epoch}, text
 
 
+def cmd_player_delete(args, settings):
+    with _store(settings) as store:
+        ops.delete_player(store, ops.command_context(), args.user_id)
+    text = f"player {args.user_id} deleted: every token refused, its names erased from the store and the audit trail"
+    return 0, {"user_id": args.user_id, "deleted": True}, text
+
+
 def cmd_player_import(args, settings):
     try:
         f = open(args.file, "rb")
@@ -281,6 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     for action in ("enable", "disable"):
         leaf(player, action, cmd_player_enable, f"{action} a player").add_argument("user_id", type=user_id_arg)
     leaf(player, "revoke", cmd_player_revoke, "revoke every token of a player (password change)").add_argument(
+        "user_id", type=user_id_arg
+    )
+    leaf(player, "delete", cmd_player_delete, "delete a player: every token refused, its names erased").add_argument(
         "user_id", type=user_id_arg
     )
     leaf(player, "import", cmd_player_import, "insert or rename players from CSV or JSON lines").add_argument(

@@ -1,4 +1,4 @@
-"""``Idempotency-Key`` on the admin API's POSTs (docs/admin-api.md, "Retries and Idempotency-Key").
+"""``Idempotency-Key`` on the admin API's POSTs and DELETEs (docs/admin-api.md, "Retries and Idempotency-Key").
 
 The first request with a key (per API token) runs and its answer is kept 24 hours
 (table idempotency_keys, store/api_tables.py); the same key with the same method,

@@ -188,6 +188,24 @@ def revoke_player(store: Store, ctx: Context, user_id: int) -> int:
     return epoch
 
 
+def delete_player(store: Store, ctx: Context, user_id: int, if_match: str | None = None) -> int:
+    """Delete the player and erase its names (docs/admin.md, "Erasure"); returns the epoch it had.
+
+    NotFound if there is no such player (If-Match or not: RFC 9110 ignores a precondition of a request
+    that would fail without it); PreconditionFailed if If-Match names no current version. Every token of
+    the player is refused from then on, and the same id signed up again starts past that epoch. One
+    transaction (store/writes.py's delete_player): what else a deletion writes later joins it."""
+    check_user_id(user_id)
+    with store.write(ctx.audit()) as tx:
+        current = tx.player(user_id)
+        if current is None:
+            raise NotFound(f"no player {user_id}")
+        if not matches(if_match, current):
+            raise PreconditionFailed(f"player {user_id} is not at the version If-Match names")
+        epoch = tx.delete_player(user_id)
+    return current.epoch if epoch is None else epoch
+
+
 def import_players(
     store: Store, ctx: Context, data: bytes, progress: Callable[[int], None] | None = None
 ) -> int:

@@ -139,6 +139,14 @@ def revoke_player(app: AdminApp, req: Request) -> Response:
     return Response(200, {"user_id": req.params["user_id"], "epoch": epoch, "effective_by": effective_by})
 
 
+@route(PLAYER, "DELETE", "players:write")
+def delete_player(app: AdminApp, req: Request) -> Response:
+    """The player and its names go (docs/admin-api.md, "Deleting a player"); effective_by as a revoke's."""
+    ops.delete_player(app.store, req.ctx, req.params["user_id"], req.header("If-Match"))
+    effective_by = utc(req.ctx.clock() + app.settings.max_staleness)
+    return Response(200, {"user_id": req.params["user_id"], "deleted": True, "effective_by": effective_by})
+
+
 @route(r"/v1/players/batch", "POST", "players:write")
 def batch_players(app: AdminApp, req: Request) -> Response:
     """Up to 1,000 players, a result each; the valid ones written in one transaction (authsvc/admin/batch.py)."""

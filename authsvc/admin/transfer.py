@@ -6,14 +6,18 @@ The file, one JSON object a line (docs/stores.md):
     {"type": "game", "id": 1, "name": "...", "enabled": true, "created_at": T,
      "keys": [{"digest": "<sha256 hex>", "created_at": T, "expires_at": T or null}]}
     {"type": "player", "user_id": 42, "username": "...", "epoch": 0, "enabled": true, "updated_at_ms": T or null}
+    {"type": "deleted_player", "user_id": 43, "epoch": 2}
     {"type": "end", "games": G, "players": P, "sha256": "<hex of every line above>"}
 
 Game ids and credential epochs are kept, so tokens (HMAC over
 "<game id>:<user id>:<epoch>") and api keys (stored as digests) work after the
 move, given the same token secret file. A player's ``updated_at_ms`` (unix milliseconds,
 null when not known) is kept too; a file of an earlier release has none, and its players
-come in with null, as the schema step that added it left them. The end line makes a truncated or edited
-file fail the import, and the import writes everything or nothing.
+come in with null, as the schema step that added it left them. A deleted player is its id and the
+epoch it had, no name (docs/admin.md, "Erasure"): moved with the store, so the same id signed up again
+on the new one still starts past it. A file of an earlier release has none; a release before this one
+refuses a file that has some (an unexpected line), rather than losing them. The end line makes a truncated
+or edited file fail the import, and the import writes everything or nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from authsvc.store.audit import Audit
-from authsvc.store.base import ApiKey, Conflict, Game, NotEmpty, Player, Store
+from authsvc.store.base import ApiKey, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
 
 FORMAT = "authsvc-export"
 VERSION = 1
@@ -70,6 +74,8 @@ def write_export(store: Store, out: BinaryIO) -> tuple[int, int]:
             keys = [{"digest": k.digest, "created_at": k.created_at, "expires_at": k.expires_at} for k in item.keys]
             emit({"type": "game", "id": item.id, "name": item.name, "enabled": item.enabled,
                   "created_at": item.created_at, "keys": keys})
+        elif isinstance(item, DeletedPlayer):
+            emit({"type": "deleted_player", "user_id": item.user_id, "epoch": item.epoch})
         else:
             players += 1
             emit({"type": "player", "user_id": item.user_id, "username": item.username,
@@ -184,7 +190,7 @@ class _Reader:
         self.pending = obj
         return games
 
-    def players(self) -> Iterator[Player]:
+    def players(self) -> Iterator[Player | DeletedPlayer]:
         obj, last = self.pending, 0
         while obj is not None and obj.get("type") == "player":
             player = Player(self._int(obj, "user_id", 1), self._str(obj, "username"),
@@ -195,6 +201,14 @@ class _Reader:
             last = player.user_id
             self.count["player"] += 1
             yield player
+            obj = self._next()
+        last = 0
+        while obj is not None and obj.get("type") == "deleted_player":
+            deleted = DeletedPlayer(self._int(obj, "user_id", 1), self._int(obj, "epoch", 0))
+            if deleted.user_id <= last:
+                raise self.error("deleted players must come in increasing user_id order, each once")
+            last = deleted.user_id
+            yield deleted
             obj = self._next()
         self._end(obj)
 

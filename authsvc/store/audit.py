@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -93,6 +95,72 @@ REVOKE ALL ON audit, audit_chain FROM PUBLIC;
 # by the engines' write() once the COMMIT returned): what `authsvc audit verify --anchor` reads back.
 HEAD_LOG = logging.getLogger("authsvc.audit")
 HEAD_LINE = "head id={id} hash={hash}"
+
+# Sealing (docs/admin.md, "Erasure"), a later migration of each engine: the players' keys, the clear
+# values beside the records, and the mark of a record written before sealing and erased since.
+SQLITE_SEALING = """
+    CREATE TABLE player_keys (
+        user_id INTEGER PRIMARY KEY,
+        key     TEXT NOT NULL
+    );
+    CREATE TABLE audit_names (
+        record_id INTEGER PRIMARY KEY,
+        user_id   INTEGER NOT NULL,
+        names     TEXT NOT NULL
+    );
+    CREATE INDEX audit_names_user_id ON audit_names (user_id);
+    ALTER TABLE audit ADD COLUMN erased_by INTEGER
+"""
+# PostgreSQL: the admin role may read and append the trail, never change a record; the one change an
+# erasure makes to a record written before sealing goes through this function, which the owner owns
+# and the admin role may only call: it replaces the record's usernames by {"erased": true} and
+# nothing else, in a record of a player whose deletion the chain already holds.
+POSTGRES_SEALING = """
+CREATE TABLE player_keys (
+    user_id bigint PRIMARY KEY,
+    key     text NOT NULL
+);
+CREATE TABLE audit_names (
+    record_id bigint PRIMARY KEY,
+    user_id   bigint NOT NULL,
+    names     text NOT NULL
+);
+CREATE INDEX audit_names_user_id ON audit_names (user_id);
+ALTER TABLE audit ADD COLUMN erased_by bigint;
+REVOKE ALL ON player_keys, audit_names FROM PUBLIC;
+CREATE FUNCTION authsvc_erase_names(record bigint, erased text, by_record bigint) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    old text;
+    player bigint;
+    expected jsonb;
+    side text;
+BEGIN
+    SELECT a.changes, a.user_id INTO old, player FROM audit AS a WHERE a.id = record AND a.erased_by IS NULL
+        FOR UPDATE;
+    IF NOT FOUND OR player IS NULL THEN
+        RAISE EXCEPTION 'audit record % is not a record of a player that was never erased', record;
+    END IF;
+    IF NOT EXISTS (SELECT FROM audit AS d WHERE d.id = by_record AND d.id > record AND d.action = 'player.delete'
+                   AND d.user_id = player) THEN
+        RAISE EXCEPTION 'audit record % is not a later player.delete of player %', by_record, player;
+    END IF;
+    expected := old::jsonb;
+    FOREACH side IN ARRAY ARRAY['before', 'after'] LOOP
+        IF jsonb_typeof(expected #> ARRAY[side, 'username']) = 'string' THEN
+            expected := jsonb_set(expected, ARRAY[side, 'username'], '{"erased": true}');
+        END IF;
+    END LOOP;
+    IF expected = old::jsonb OR expected IS DISTINCT FROM erased::jsonb THEN
+        RAISE EXCEPTION 'the new changes of audit record % differ from it by more than its usernames', record;
+    END IF;
+    UPDATE audit SET changes = erased, erased_by = by_record WHERE id = record;
+END
+$$;
+REVOKE ALL ON FUNCTION authsvc_erase_names(bigint, text, bigint) FROM PUBLIC;
+"""
+PERSONAL = ("username",)  # a player's fields that name a person: sealed in the chain, erased with the player
+ERASED = {"erased": True}  # what a personal value shows as (and a clear one becomes) once its player is deleted
 UNATTRIBUTED = "unattributed"  # the actor of a write made without an Audit (test fixtures, benchmarks)
 
 
@@ -130,14 +198,32 @@ class Record:
     changes: str  # canonical JSON {"before": {...}, "after": {...}}, hashed as this text
     prev_hash: str
     hash: str
+    # Beside the chain, covered by no hash: the clear values of the sealed fields (canonical JSON
+    # {"before": {...}, "after": {...}}; None: none, or erased), the deletion that erased a record
+    # written before sealing, and (Store.audit_walk only) the player's key, for verify.
+    names: str | None = None
+    erased_by: int | None = None
+    key: str | None = dataclasses.field(default=None, repr=False)
 
     def computed_hash(self) -> str:
         return record_hash({name: getattr(self, name) for name in COLUMNS if name != "hash"})
 
+    def shown_changes(self) -> dict:
+        """``changes`` as it is shown: each sealed value as its clear value while it is kept, else ERASED."""
+        changes = json.loads(self.changes)
+        clear = json.loads(self.names) if self.names else {}
+        for side, values in changes.items():
+            if not isinstance(values, dict):
+                continue
+            for name, value in values.items():
+                if name in PERSONAL and isinstance(value, dict) and "hmac" in value:
+                    values[name] = clear.get(side, {}).get(name, ERASED)
+        return changes
+
     def as_json(self) -> dict:
-        """The record for ``authsvc audit --json``: its columns, ``changes`` as an object."""
-        obj = dataclasses.asdict(self)
-        obj["changes"] = json.loads(self.changes)
+        """The record for ``authsvc audit --json``: its columns, ``changes`` as shown (shown_changes)."""
+        obj = {name: getattr(self, name) for name in COLUMNS}
+        obj["changes"] = self.shown_changes()
         return obj
 
 
@@ -176,6 +262,27 @@ def player_state(conn, d: Dialect, user_id: int) -> dict | None:
     return None if row is None else {"username": row[0], "enabled": bool(row[1]), "epoch": row[2]}
 
 
+def new_key() -> str:
+    """A player's sealing key: 32 random bytes, hex."""
+    return os.urandom(32).hex()
+
+
+def seal(key: str, name: str, value: str) -> dict:
+    """A personal value as the chain holds it: its HMAC-SHA256 under the player's key (the field's name in it)."""
+    message = f"{name}\0{value}".encode("utf-8", "surrogatepass")
+    return {"hmac": hmac.new(bytes.fromhex(key), message, hashlib.sha256).hexdigest()}
+
+
+def sealed(key: str, state: dict | None) -> tuple[dict, dict]:
+    """``state`` with each personal value sealed, and those values in clear: (for the chain, for audit_names)."""
+    out, clear = dict(state or {}), {}
+    for name in PERSONAL:
+        if isinstance(out.get(name), str):
+            clear[name] = out[name]
+            out[name] = seal(key, name, out[name])
+    return out, clear
+
+
 def read_chain(conn, d: Dialect) -> Chain:
     row = conn.execute("SELECT anchor_id, anchor_hash, head_id, head_hash FROM audit_chain WHERE id = 1").fetchone()
     return Chain(*row)
@@ -195,9 +302,10 @@ def head_time(conn, d: Dialect, head_id: int) -> int:
 
 def append(
     conn, d: Dialect, audit: Audit, at_ms: int, action: str, *, game_id: int | None = None,
-    user_id: int | None = None, before: dict | None = None, after: dict | None = None,
+    user_id: int | None = None, before: dict | None = None, after: dict | None = None, names: dict | None = None,
 ) -> Record:
     """Append one record after the chain's head, in the caller's transaction, and move the head.
+    ``names``: the clear values of what ``before`` and ``after`` hold sealed, kept in audit_names.
 
     The caller holds the writer lock (store/writes.py), so no other append runs meanwhile."""
     chain = read_chain(conn, d)
@@ -209,10 +317,41 @@ def append(
     record = Record(**fields, hash=record_hash(fields))
     conn.execute(
         d.sql(f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"),
-        dataclasses.astuple(record),
+        tuple(getattr(record, name) for name in COLUMNS),
     )
     conn.execute(d.sql("UPDATE audit_chain SET head_id = ?, head_hash = ? WHERE id = 1"), (record.id, record.hash))
+    if names and any(names.values()):
+        kept = canonical(names)
+        conn.execute(d.sql("INSERT INTO audit_names (record_id, user_id, names) VALUES (?, ?, ?)"),
+                     (record.id, user_id, kept))
+        record = dataclasses.replace(record, names=kept)
     return record
+
+
+def erase_clear_names(conn, d: Dialect, user_id: int) -> list[tuple[int, str, str]]:
+    """The records of ``user_id`` written before sealing that hold a personal value in clear: each as
+    (id, its changes with every such value ERASED, the hash of the record with those changes)."""
+    like = " OR ".join("changes LIKE ?" for _ in PERSONAL)
+    rows = conn.execute(
+        d.sql(f"SELECT {', '.join(COLUMNS)} FROM audit WHERE user_id = ? AND erased_by IS NULL AND ({like}) ORDER BY id"),
+        (user_id, *(f'%"{name}":"%' for name in PERSONAL)),
+    ).fetchall()
+    erased = []
+    for row in rows:
+        record = Record(*row)
+        changes = json.loads(record.changes)
+        for values in changes.values():
+            for name in PERSONAL:
+                if isinstance(values, dict) and isinstance(values.get(name), str):
+                    values[name] = ERASED
+        text = canonical(changes)
+        if text != record.changes:
+            erased.append((record.id, text, dataclasses.replace(record, changes=text).computed_hash()))
+    return erased
+
+
+_SELECTED = ", ".join(f"a.{name}" for name in COLUMNS) + ", n.names, a.erased_by"
+_FROM = "FROM audit AS a LEFT JOIN audit_names AS n ON n.record_id = a.id"
 
 
 def select(
@@ -224,19 +363,20 @@ def select(
     for column, op, value in (("at_ms", ">=", since_ms), ("user_id", "=", user_id), ("game_id", "=", game_id),
                               ("action", "=", action), ("actor", "=", actor), ("id", "<", before_id)):
         if value is not None:
-            where.append(f"{column} {op} ?")
+            where.append(f"a.{column} {op} ?")
             args.append(value)
-    sql = f"SELECT {', '.join(COLUMNS)} FROM audit" + (" WHERE " + " AND ".join(where) if where else "")
-    rows = conn.execute(d.sql(sql + " ORDER BY id DESC LIMIT ?"), (*args, limit)).fetchall()
+    sql = f"SELECT {_SELECTED} {_FROM}" + (" WHERE " + " AND ".join(where) if where else "")
+    rows = conn.execute(d.sql(sql + " ORDER BY a.id DESC LIMIT ?"), (*args, limit)).fetchall()
     return [Record(*row) for row in rows]
 
 
 def walk(conn, d: Dialect, batch: int = 10_000) -> Iterator[Record]:
-    """Every record, oldest first, in batches (the caller holds one snapshot)."""
+    """Every record, oldest first, with its player's key, in batches (the caller holds one snapshot)."""
     last = -1
     while True:
         rows = conn.execute(
-            d.sql(f"SELECT {', '.join(COLUMNS)} FROM audit WHERE id > ? ORDER BY id LIMIT ?"), (last, batch)
+            d.sql(f"SELECT {_SELECTED}, k.key {_FROM} LEFT JOIN player_keys AS k ON k.user_id = a.user_id "
+                  "WHERE a.id > ? ORDER BY a.id LIMIT ?"), (last, batch)
         ).fetchall()
         for row in rows:
             yield Record(*row)
@@ -258,6 +398,7 @@ def prune(conn, d: Dialect, audit: Audit, at_ms: int, before_ms: int) -> Record:
         if row is not None:
             anchor_id, anchor_hash = cut, row[0]
             pruned = conn.execute(d.sql("DELETE FROM audit WHERE id <= ?"), (cut,)).rowcount
+            conn.execute(d.sql("DELETE FROM audit_names WHERE record_id <= ?"), (cut,))
             conn.execute(
                 d.sql("UPDATE audit_chain SET anchor_id = ?, anchor_hash = ? WHERE id = 1"), (anchor_id, anchor_hash)
             )

@@ -88,6 +88,16 @@ class Player:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class DeletedPlayer:
+    """What is kept of a deleted player (table deleted_players): its id and the credential epoch it had,
+    no name. The same id signed up again starts at ``epoch + 1``: no token of the deleted player, of any
+    epoch, authenticates again (store/writes.py's continue_epochs)."""
+
+    user_id: int
+    epoch: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ApiToken:
     """An admin API bearer token's row (authsvc/admin/api_tokens.py): never the token, never its digest."""
 
@@ -204,6 +214,12 @@ class Store(Reader):
         with self.write(audit) as tx:
             return tx.revoke_player(user_id)
 
+    def delete_player(self, user_id: int, *, audit: Audit | None = None) -> int | None:
+        """Delete the player and erase its names (store/writes.py's delete_player); returns the epoch it had,
+        None if no such player."""
+        with self.write(audit) as tx:
+            return tx.delete_player(user_id)
+
     @abc.abstractmethod
     def upsert_players(
         self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None,
@@ -248,20 +264,23 @@ class Store(Reader):
         """The highest game id ever handed out (0 if none), so a moved store never reuses one."""
 
     @abc.abstractmethod
-    def dump(self) -> Iterator[Game | Player]:
-        """Every game (with its keys) by id, then every player by user_id, from one snapshot."""
+    def dump(self) -> Iterator[Game | Player | DeletedPlayer]:
+        """Every game (with its keys) by id, then every player by user_id, then every deleted player by
+        user_id, from one snapshot."""
 
     @abc.abstractmethod
     def load(
         self,
         games: Iterable[Game],
-        players: Iterable[Player],
+        players: Iterable[Player | DeletedPlayer],
         game_id_high_water: int,
         progress: Callable[[int], None] | None = None,
         *, audit: Audit | None = None,
     ) -> tuple[int, int]:
-        """Write games (ids kept) and players (epochs kept) into an empty store, in one transaction.
+        """Write games (ids kept) and players (epochs kept), then deleted players, into an empty store, in
+        one transaction.
 
-        Returns (games, players) written. Raises NotEmpty if the store holds any
-        game or player; if an iterator raises part-way, nothing is written.
+        Returns (games, players) written. Raises NotEmpty if the store holds any game, player or
+        deleted player; Conflict if an id is both a player and a deleted one; if an iterator raises
+        part-way, nothing is written.
         """

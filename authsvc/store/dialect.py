@@ -43,6 +43,15 @@ class Dialect:
         """Insert or overwrite (user_id, username, enabled) rows, each stamped ``at_ms``."""
         raise NotImplementedError
 
+    def deleted_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
+        """(user_id, epoch) of those of ``user_ids`` that were deleted (table deleted_players)."""
+        raise NotImplementedError
+
+    def erase_names(self, conn: Any, record_id: int, changes: str, by_record: int) -> None:
+        """Put ``changes`` (its usernames erased) into record ``record_id`` written before sealing, marked
+        erased by the deletion's record ``by_record`` (store/audit.py)."""
+        raise NotImplementedError
+
 
 class SQLiteDialect(Dialect):
     name = "sqlite"
@@ -75,6 +84,13 @@ class SQLiteDialect(Dialect):
             "updated_at_ms = excluded.updated_at_ms",
             [(user_id, username, int(enabled), at_ms) for user_id, username, enabled in rows],
         )
+
+    def deleted_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
+        return conn.execute("SELECT user_id, epoch FROM deleted_players WHERE user_id IN "
+                            "(SELECT value FROM json_each(?))", (json.dumps(list(user_ids)),)).fetchall()
+
+    def erase_names(self, conn: Any, record_id: int, changes: str, by_record: int) -> None:
+        conn.execute("UPDATE audit SET changes = ?, erased_by = ? WHERE id = ?", (changes, by_record, record_id))
 
 
 SQLITE = SQLiteDialect()

@@ -13,6 +13,10 @@ record's: along the chain, time never runs backwards, and ``updated_at`` with it
 
 Rules are not here: a method does what it is told and says what it found (None for no such
 row, Conflict for a taken name); the operations layer (authsvc/admin/operations.py) decides.
+
+A player's records are sealed (store/audit.py): its username goes into the chain as a keyed
+digest under the player's own key, the clear value beside the record. ``delete_player`` is one
+method, so whatever else a deletion must write later joins its transaction.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class _Lock:
         self.at_ms: int | None = None
         self.head_id: int | None = None  # the chain's head when the lock was taken
         self.appended = False  # a record was appended: the head, if it moved, is logged after COMMIT
+        self.erased = False  # a player was deleted: the store clears what that freed once it commits
 
 
 class Tx:
@@ -86,25 +91,46 @@ class Tx:
         chain = trail.read_chain(self._conn, self.d)
         return None if chain.head_id == self._lock.head_id else (chain.head_id, chain.head_hash)
 
+    @property
+    def erased(self) -> bool:
+        """Whether this transaction deleted a player: its store then clears, once it commits, the space
+        the deletion freed (SQLite: the -wal file; store/sqlite.py)."""
+        return self._lock.erased
+
     def savepoint(self):
         """``with tx.savepoint():`` the statements inside undone if it raises; the transaction goes on."""
         self.locked()
         return self.d.savepoint(self._conn)
 
     def record(self, action: str, *, game_id: int | None = None, user_id: int | None = None,
-               before: dict | None = None, after: dict | None = None) -> Record:
-        """One audit record of this write (an event that changes no row, too: a token minted)."""
+               before: dict | None = None, after: dict | None = None, names: dict | None = None) -> Record:
+        """One audit record of this write (an event that changes no row, too: a token minted); ``names``:
+        the clear values of what ``before`` and ``after`` hold sealed (store/audit.py)."""
         self._lock.appended = True
         return trail.append(self._conn, self.d, self.audit, self.at_ms, action, game_id=game_id, user_id=user_id,
-                            before=before, after=after)
+                            before=before, after=after, names=names)
 
     def prune_audit(self, before_ms: int) -> Record:
         """Delete the records before ``before_ms`` (store/audit.py's prune) and record the prune."""
         self._lock.appended = True
         return trail.prune(self._conn, self.d, self.audit, self.at_ms, before_ms)
 
+    def _player_key(self, user_id: int) -> str:
+        """The player's sealing key, made on its first sealed record."""
+        row = self._sql("SELECT key FROM player_keys WHERE user_id = ?", (user_id,)).fetchone()
+        if row is not None:
+            return row[0]
+        key = trail.new_key()
+        self._sql("INSERT INTO player_keys (user_id, key) VALUES (?, ?)", (user_id, key))
+        return key
+
     def _player_record(self, action: str, user_id: int, before: dict) -> Record:
-        return self.record(action, user_id=user_id, before=before, after=trail.player_state(self._conn, self.d, user_id))
+        """The record of a change to a player: its state before and after, the username sealed."""
+        key = self._player_key(user_id)
+        sealed_before, clear_before = trail.sealed(key, before)
+        sealed_after, clear_after = trail.sealed(key, trail.player_state(self._conn, self.d, user_id))
+        return self.record(action, user_id=user_id, before=sealed_before, after=sealed_after,
+                           names={"before": clear_before, "after": clear_after})
 
     def _game_record(self, action: str, game_id: int, before: dict, extra: dict | None = None) -> Record:
         after = (trail.game_state(self._conn, self.d, game_id) or {}) | (extra or {})
@@ -117,13 +143,53 @@ class Tx:
         return None if row is None else Player(row[0], row[1], row[2], bool(row[3]), row[4])
 
     def add_player(self, user_id: int, username: str, enabled: bool = True) -> Player:
-        """Raise Conflict if the player exists."""
+        """Raise Conflict if the player exists. A deleted id's epoch continues (continue_epochs)."""
         if self.player(user_id) is not None:
             raise Conflict(f"player {user_id} exists")
         self._sql("INSERT INTO players (user_id, username, enabled, updated_at_ms) VALUES (?, ?, ?, ?)",
                   (user_id, username, self.d.flag(enabled), self.at_ms))
-        self.record("player.add", user_id=user_id, before={}, after=trail.player_state(self._conn, self.d, user_id))
-        return Player(user_id, username, 0, enabled, self.at_ms)
+        self.continue_epochs([user_id])
+        self._player_record("player.add", user_id, {})
+        return self.player(user_id) or Player(user_id, username, 0, enabled, self.at_ms)
+
+    def continue_epochs(self, user_ids: Sequence[int] | None = None) -> None:
+        """Of the players just written (``user_ids``; None: any), those whose id was deleted before: each
+        one's credential epoch starts past the deleted player's (its row in deleted_players, which goes),
+        so no token the deleted player ever had authenticates again. The one place every signup path
+        calls (add_player, the batch, ``player import``); ``authsvc import`` brings both tables as they were."""
+        if user_ids is None:
+            found = self._sql("SELECT d.user_id, d.epoch FROM deleted_players AS d "
+                              "JOIN players AS p ON p.user_id = d.user_id").fetchall()
+        else:
+            found = self.d.deleted_players(self._conn, user_ids)
+        for user_id, epoch in found:
+            self._sql("UPDATE players SET epoch = ? WHERE user_id = ?", (epoch + 1, user_id))
+            self._sql("DELETE FROM deleted_players WHERE user_id = ?", (user_id,))
+
+    def delete_player(self, user_id: int) -> int | None:
+        """Delete the player and erase its names; the epoch it had, None if no such player.
+
+        Its row goes, its id and epoch stay (deleted_players, no name); its sealing key and the clear
+        values kept beside its records go, so the chain keeps only digests no one can test a guess
+        against; its records written before sealing have their names replaced (store/audit.py's
+        erase_clear_names), each listed with its new hash in this deletion's own record. Once the
+        transaction commits, the store clears the space this freed (``erased``)."""
+        self.locked()
+        if (before := trail.player_state(self._conn, self.d, user_id)) is None:
+            return None
+        clear = trail.erase_clear_names(self._conn, self.d, user_id)
+        names = self._sql("DELETE FROM audit_names WHERE user_id = ?", (user_id,)).rowcount
+        self._sql("DELETE FROM player_keys WHERE user_id = ?", (user_id,))
+        self._sql("DELETE FROM players WHERE user_id = ?", (user_id,))
+        self._sql("DELETE FROM deleted_players WHERE user_id = ?", (user_id,))
+        self._sql("INSERT INTO deleted_players (user_id, epoch) VALUES (?, ?)", (user_id, before["epoch"]))
+        record = self.record("player.delete", user_id=user_id,
+                             before={"enabled": before["enabled"], "epoch": before["epoch"]},
+                             after={"names_erased": names, "records_erased": {str(i): h for i, _, h in clear}})
+        for record_id, changes, _ in clear:
+            self.d.erase_names(self._conn, record_id, changes, record.id)
+        self._lock.erased = True
+        return before["epoch"]
 
     def _change_player(self, user_id: int, action: str, sql: str, args: tuple) -> dict | None:
         """One UPDATE of a player and its record; the state after, None if no such player. ``sql`` sets
@@ -160,6 +226,7 @@ class Tx:
     def write_players(self, rows: Sequence[tuple[int, str, bool]], action: str, after: dict) -> Record:
         """Insert or overwrite many players, stamped with this write's time, and one record for them all."""
         self.d.write_players(self._conn, rows, self.at_ms)
+        self.continue_epochs([row[0] for row in rows])
         return self.record(action, after=after)
 
     # -- games and their keys -------------------------------------------------------------------

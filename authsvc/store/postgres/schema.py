@@ -78,6 +78,21 @@ MIGRATIONS: list[str] = [
     REVOKE SELECT ON players FROM {READER_ROLE};
     GRANT SELECT (user_id, username, epoch, enabled) ON players TO {READER_ROLE};
     """,
+    # 6: deleting players (docs/admin.md, "Erasure"). A deleted player's id and last credential epoch,
+    # no name: the same id signed up again starts past it (store/writes.py's continue_epochs). And the
+    # audit trail's sealing (store/audit.py): each player's key, the clear values beside the records,
+    # the mark of a record written before sealing whose names a deletion erased, and the one function
+    # through which the admin role makes that change. New tables and a column without a default: no
+    # row is rewritten; the ALTER TABLE of audit (which no authentication reads) waits for its lock
+    # at most MIGRATION_LOCK_WAIT. No grant to the reader role.
+    f"""
+    SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';
+    CREATE TABLE deleted_players (
+        user_id bigint PRIMARY KEY CHECK (user_id > 0),
+        epoch   bigint NOT NULL
+    );
+    REVOKE ALL ON deleted_players FROM PUBLIC;
+    """ + trail.POSTGRES_SEALING,
 ]
 
 # `authsvc heartbeat`'s own role (deploy/postgres/roles.sql), if the DBA made it: the heartbeat row
@@ -99,7 +114,9 @@ $$
 # The everyday admin command's role (deploy/postgres/roles.sql), if the DBA made it: the tables'
 # rows and the games' id sequence, but of the audit trail only reading and appending (and moving
 # the chain's head), never changing or deleting a record: that is the owner's, through
-# `authsvc audit prune` (docs/stores.md, "PostgreSQL roles"). Granted on every `authsvc init`.
+# `authsvc audit prune` (docs/stores.md, "PostgreSQL roles"). A player's deletion drops its key and
+# its names kept beside the records, and erases the names of its records written before sealing only
+# through authsvc_erase_names (store/audit.py). Granted on every `authsvc init`.
 ADMIN_ROLE = "authsvc_admin"
 ADMIN_GRANTS_SQL = f"""
 DO $$
@@ -107,6 +124,9 @@ BEGIN
     IF EXISTS (SELECT FROM pg_roles WHERE rolname = '{ADMIN_ROLE}') THEN
         GRANT SELECT ON authsvc_schema TO {ADMIN_ROLE};
         GRANT SELECT, INSERT, UPDATE ON games, api_keys, players TO {ADMIN_ROLE};
+        GRANT DELETE ON players TO {ADMIN_ROLE};
+        GRANT SELECT, INSERT, DELETE ON deleted_players, player_keys, audit_names TO {ADMIN_ROLE};
+        GRANT EXECUTE ON FUNCTION authsvc_erase_names(bigint, text, bigint) TO {ADMIN_ROLE};
         GRANT SELECT, USAGE, UPDATE ON SEQUENCE games_id_seq TO {ADMIN_ROLE};
         GRANT SELECT, INSERT ON audit TO {ADMIN_ROLE};
         GRANT SELECT, UPDATE (head_id, head_hash) ON audit_chain TO {ADMIN_ROLE};

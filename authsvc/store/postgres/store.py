@@ -8,6 +8,7 @@ PostgresReader in store/postgres/reader.py, which PostgresStore extends.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
 from authsvc.store import audit as trail
 from authsvc.store import base
 from authsvc.store.audit import Audit, Chain, Record
-from authsvc.store.base import ApiToken, Conflict, Game, NotEmpty, Player, Store
+from authsvc.store.base import ApiToken, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
 from authsvc.store.common import BATCH, batches, redact_url, select_games
 from authsvc.store.dialect import Dialect
 from authsvc.store.postgres.reader import (
@@ -101,6 +102,14 @@ class PostgresDialect(Dialect):
 
     def write_players(self, conn: Any, rows: Sequence[tuple[int, str, bool]], at_ms: int) -> None:
         conn.execute(WRITE_PLAYERS_SQL, (at_ms, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]))
+
+    def deleted_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
+        return conn.execute("SELECT user_id, epoch FROM deleted_players WHERE user_id = ANY(%s::bigint[])",
+                            (list(user_ids),)).fetchall()
+
+    def erase_names(self, conn: Any, record_id: int, changes: str, by_record: int) -> None:
+        # The admin role may not change a record: the owner's function does this one change, checked.
+        conn.execute("SELECT authsvc_erase_names(%s, %s, %s)", (record_id, changes, by_record))
 
 
 POSTGRES = PostgresDialect()
@@ -237,6 +246,7 @@ class PostgresStore(PostgresReader, Store):
                     conn.execute(UPSERT_SQL, (tx.at_ms,))
             except psycopg.errors.CheckViolation:
                 raise Conflict("user ids must be from 1 to 2^63-1") from None
+            tx.continue_epochs()
             tx.record("player.import", after={"rows": count})
         return count
 
@@ -286,7 +296,7 @@ class PostgresStore(PostgresReader, Store):
                 "coalesce((SELECT max(id) FROM games), 0))"
             ))
 
-    def dump(self) -> Iterator[Game | Player]:
+    def dump(self) -> Iterator[Game | Player | DeletedPlayer]:
         with self._admin(mode="ISOLATION LEVEL REPEATABLE READ, READ ONLY") as conn:
             yield from self._games(conn)
             with conn.cursor(name="authsvc_dump") as cur:
@@ -294,11 +304,16 @@ class PostgresStore(PostgresReader, Store):
                 cur.execute("SELECT user_id, username, epoch, enabled, updated_at_ms FROM players ORDER BY user_id")
                 for row in cur:
                     yield Player(*row)
+            with conn.cursor(name="authsvc_dump_deleted") as cur:
+                cur.itersize = BATCH
+                cur.execute("SELECT user_id, epoch FROM deleted_players ORDER BY user_id")
+                for row in cur:
+                    yield DeletedPlayer(*row)
 
     def load(
         self,
         games: Iterable[Game],
-        players: Iterable[Player],
+        players: Iterable[Player | DeletedPlayer],
         game_id_high_water: int,
         progress: Callable[[int], None] | None = None,
         *, audit: Audit | None = None,
@@ -309,8 +324,9 @@ class PostgresStore(PostgresReader, Store):
             with self.write(audit) as tx:
                 conn = tx._conn
                 tx.locked()
-                conn.execute("LOCK TABLE games, api_keys, players IN EXCLUSIVE MODE")
-                if _value(conn.execute("SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players)")):
+                conn.execute("LOCK TABLE games, api_keys, players, deleted_players IN EXCLUSIVE MODE")
+                if _value(conn.execute("SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players) "
+                                       "OR EXISTS (SELECT FROM deleted_players)")):
                     raise NotEmpty("the store already holds games or players")
                 for game in games:
                     conn.execute(
@@ -327,13 +343,30 @@ class PostgresStore(PostgresReader, Store):
                 if top > 0:
                     conn.execute("SELECT setval(pg_get_serial_sequence('games', 'id'), %s)", (top,))
                 columns = "user_id, username, epoch, enabled, updated_at_ms"
+                # After the players (dump's order), the deleted players: written in batches of their own.
+                deleted: list[Player | DeletedPlayer] = []
+                rest = iter(players)
                 with conn.cursor().copy(f"COPY players ({columns}) FROM STDIN") as copy:
-                    for batch in batches(players):
+                    for batch in batches(rest):
                         for p in batch:
-                            copy.write_row((p.user_id, p.username, p.epoch, p.enabled, p.updated_at_ms))
-                        n_players += len(batch)
+                            if isinstance(p, DeletedPlayer) or deleted:
+                                deleted.append(p)
+                            else:
+                                copy.write_row((p.user_id, p.username, p.epoch, p.enabled, p.updated_at_ms))
+                                n_players += 1
                         if progress:
                             progress(n_players)
+                        if deleted:
+                            break
+                for chunk in itertools.chain([deleted], batches(rest)):
+                    rows = [(p.user_id, p.epoch) for p in chunk if isinstance(p, DeletedPlayer)]
+                    if len(rows) < len(chunk):
+                        raise Conflict("the players must come before the deleted players")
+                    if rows:
+                        conn.cursor().executemany("INSERT INTO deleted_players (user_id, epoch) VALUES (%s, %s)", rows)
+                if _value(conn.execute("SELECT EXISTS (SELECT FROM deleted_players AS d JOIN players AS p "
+                                       "ON p.user_id = d.user_id)")):
+                    raise Conflict("a player appears both as a player and as a deleted one")
                 after = {"games": n_games, "players": n_players}
                 tx.record("store.import", after=after)
         except psycopg.errors.IntegrityError as e:
@@ -347,7 +380,7 @@ def _conflict(error: psycopg.errors.IntegrityError, name: str | None = None) -> 
         return Conflict(f"a game named {name!r} exists" if name else "two games have the same name")
     if constraint == "api_keys_pkey":
         return Conflict("that api key digest is already in use")
-    if constraint == "players_pkey":
+    if constraint in ("players_pkey", "deleted_players_pkey"):
         return Conflict("a player appears twice")
     if constraint == "games_pkey":
         return Conflict("a game id appears twice")

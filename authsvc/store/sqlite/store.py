@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 from authsvc.errors import ConfigError, StoreUnavailable
@@ -18,13 +20,15 @@ from authsvc.store import audit as trail
 from authsvc.store import base
 from authsvc.store.api_tables import API_TABLES
 from authsvc.store.audit import Audit, Chain, Record
-from authsvc.store.base import ApiToken, Conflict, Game, NotEmpty, Player, Store
+from authsvc.store.base import ApiToken, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
 from authsvc.store.common import batches, select_games
 from authsvc.store.dialect import SQLITE
 from authsvc.store.sqlite.errors import store_error as _store_error
 from authsvc.store.sqlite.reader import CREDENTIALS_SQL, PLAYER_SQL, SQLiteReader
 from authsvc.store.sqlite.url import path_from_url
 from authsvc.store.writes import _TOKEN_COLUMNS, Tx, api_token
+
+log = logging.getLogger("authsvc.store")
 
 __all__ = ["CREDENTIALS_SQL", "PLAYER_SQL", "MIGRATIONS", "WAL_LIMIT_BYTES", "SQLiteStore", "path_from_url"]
 
@@ -33,6 +37,10 @@ __all__ = ["CREDENTIALS_SQL", "PLAYER_SQL", "MIGRATIONS", "WAL_LIMIT_BYTES", "SQ
 # 2 x AUTHSVC_MAX_STALENESS (at most 2 s), so an admin command waits that long at most.
 WAL_LIMIT_BYTES = 4 << 20
 WAL_TRUNCATE_WAIT = 3.0
+# How long, after a write that deleted a player, the admin side waits for the readers' snapshots to let
+# the -wal file go (docs/stores.md, "Erasure"): they do within 2 x AUTHSVC_MAX_STALENESS (at most 2 s);
+# the answer follows, so the names leave the files within 10 s of it.
+ERASE_WAIT = 8.0
 
 MIGRATIONS: list[str] = [
     # 1: games, their api keys (SHA-256 digests), players.
@@ -65,6 +73,17 @@ MIGRATIONS: list[str] = [
     # the rows already there: when they last changed is not known. A change of the schema only (no row
     # is rewritten, however many players); the web path's queries never read it.
     "ALTER TABLE players ADD COLUMN updated_at_ms INTEGER",
+    # 5: deleting players (docs/admin.md, "Erasure"). A deleted player's id and last credential epoch,
+    # no name: the same id signed up again starts past it (store/writes.py's continue_epochs). And the
+    # audit trail's sealing: each player's key, the clear values beside the records, the mark of a
+    # record written before sealing whose names a deletion erased (store/audit.py). New tables and a
+    # column without a default: no row is rewritten.
+    """
+    CREATE TABLE deleted_players (
+        user_id INTEGER PRIMARY KEY CHECK (user_id > 0),
+        epoch   INTEGER NOT NULL
+    );
+    """ + trail.SQLITE_SEALING,
 ]
 
 
@@ -95,6 +114,9 @@ class SQLiteStore(SQLiteReader, Store):
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES:d}")  # cut back when the WAL restarts
         conn.execute("PRAGMA busy_timeout = 2000")
+        # What a write deletes or overwrites is zeroed in its page, and a freed page is zeroed: a deleted
+        # player's name (or a renamed one's old name) is not left in the file's free space (docs/stores.md).
+        conn.execute("PRAGMA secure_delete = ON")
         return conn
 
     def close(self) -> None:
@@ -118,6 +140,33 @@ class SQLiteStore(SQLiteReader, Store):
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # a reader still in a snapshot: it stays as it is
         except (OSError, sqlite3.Error):
             pass  # no -wal file, or the store is failing: the next admin command tries again
+
+    def _erase_wal(self) -> None:
+        """After a write that deleted a player: checkpoint and empty the -wal file, whose older frames still
+        hold the pages as they were before (the names). The main file then has the pages as they are now,
+        the deleted content zeroed (secure_delete). A checkpoint cannot pass a reader still in a snapshot
+        of those frames: wait up to ERASE_WAIT for the web workers to let theirs go (docs/stores.md)."""
+        conn = self._conn()
+        deadline = time.monotonic() + ERASE_WAIT
+        try:
+            while True:
+                wait = max(deadline - time.monotonic(), 0.0)
+                conn.execute(f"PRAGMA busy_timeout = {round(wait * 1000):d}")
+                busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                if not busy:
+                    return
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+            log.warning("sqlite store %s: a reader held a snapshot for %g s after a player's deletion; its -wal "
+                        "file still holds what the deletion erased until the next checkpoint (docs/stores.md)",
+                        self.path, ERASE_WAIT)
+        except sqlite3.Error as e:
+            log.warning("sqlite store %s: the checkpoint after a player's deletion failed (%s); its -wal file "
+                        "still holds what the deletion erased until the next checkpoint (docs/stores.md)", self.path, e)
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("PRAGMA busy_timeout = 2000")  # as _open left it
 
     # -- admin ----------------------------------------------------------------------
     def _write(self):
@@ -175,6 +224,8 @@ class SQLiteStore(SQLiteReader, Store):
             self._drop()
             raise _store_error(e, self.path) from None
         trail.log_head(head)  # committed: a rolled-back write never gets here
+        if tx.erased:  # committed: what the deletion freed leaves the -wal file too
+            self._erase_wal()
 
     def _games(self, where: str = "", args: tuple = ()) -> list[Game]:
         with self._held() as conn:
@@ -215,6 +266,7 @@ class SQLiteStore(SQLiteReader, Store):
                 count += len(batch)
                 if progress:
                     progress(count)
+            tx.continue_epochs()
             tx.record("player.import", after={"rows": count})
         return count
 
@@ -260,7 +312,7 @@ class SQLiteStore(SQLiteReader, Store):
         ).fetchone()
         return row[0]
 
-    def dump(self) -> Iterator[Game | Player]:
+    def dump(self) -> Iterator[Game | Player | DeletedPlayer]:
         try:
             conn = self._conn()
             conn.execute("BEGIN")  # one read snapshot for games and players
@@ -270,6 +322,8 @@ class SQLiteStore(SQLiteReader, Store):
                     "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players ORDER BY user_id")
                 for user_id, username, epoch, enabled, updated_at_ms in cur:
                     yield Player(user_id, username, epoch, bool(enabled), updated_at_ms)
+                for user_id, epoch in conn.execute("SELECT user_id, epoch FROM deleted_players ORDER BY user_id"):
+                    yield DeletedPlayer(user_id, epoch)
             finally:
                 conn.execute("COMMIT")
         except sqlite3.Error as e:
@@ -280,7 +334,7 @@ class SQLiteStore(SQLiteReader, Store):
     def load(
         self,
         games: Iterable[Game],
-        players: Iterable[Player],
+        players: Iterable[Player | DeletedPlayer],
         game_id_high_water: int,
         progress: Callable[[int], None] | None = None,
         *, audit: Audit | None = None,
@@ -290,7 +344,8 @@ class SQLiteStore(SQLiteReader, Store):
         with self.write(audit) as tx:
             conn = tx._conn
             tx.locked()
-            if conn.execute("SELECT EXISTS (SELECT 1 FROM games) OR EXISTS (SELECT 1 FROM players)").fetchone()[0]:
+            if conn.execute("SELECT EXISTS (SELECT 1 FROM games) OR EXISTS (SELECT 1 FROM players) "
+                            "OR EXISTS (SELECT 1 FROM deleted_players)").fetchone()[0]:
                 raise NotEmpty("the store already holds games or players")
             for game in games:
                 try:
@@ -313,14 +368,20 @@ class SQLiteStore(SQLiteReader, Store):
                 conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('games', ?)", (top,))
             sql = "INSERT INTO players (user_id, username, epoch, enabled, updated_at_ms) VALUES (?, ?, ?, ?, ?)"
             for batch in batches(players):
+                alive = [p for p in batch if isinstance(p, Player)]
                 try:
                     conn.executemany(
-                        sql, [(p.user_id, p.username, p.epoch, int(p.enabled), p.updated_at_ms) for p in batch])
+                        sql, [(p.user_id, p.username, p.epoch, int(p.enabled), p.updated_at_ms) for p in alive])
+                    conn.executemany("INSERT INTO deleted_players (user_id, epoch) VALUES (?, ?)",
+                                     [(p.user_id, p.epoch) for p in batch if isinstance(p, DeletedPlayer)])
                 except sqlite3.IntegrityError:
                     raise Conflict("a player appears twice") from None
-                n_players += len(batch)
+                n_players += len(alive)
                 if progress:
                     progress(n_players)
+            if conn.execute("SELECT EXISTS (SELECT 1 FROM deleted_players AS d JOIN players AS p "
+                            "ON p.user_id = d.user_id)").fetchone()[0]:
+                raise Conflict("a player appears both as a player and as a deleted one")
             after = {"games": n_games, "players": n_players}
             tx.record("store.import", after=after)
         return n_games, n_players
