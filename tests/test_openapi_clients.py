@@ -282,6 +282,7 @@ async function main(): Promise<void> {
   print("canReadAudit", await client.canReadAudit());
   print("document", (await client.document()).openapi);
   print("documentLength", await client.documentLength());
+  print("deletePlayer", await client.deletePlayer(777));
 }
 
 main().catch((error) => { console.error(String(error)); process.exitCode = 1; });
@@ -328,6 +329,7 @@ def test_the_typescript_client_calls_every_operation_of_the_live_service(tmp_pat
     assert steps["mintToken"]["game_id"] == game_id and steps["mintToken"]["epoch"] == 1
     assert steps["rotateGameKey"]["api_key"] != steps["addGame"]["api_key"]
     assert len(steps["audit"]["records"]) == 2 and isinstance(steps["audit"]["next"], str)
+    assert steps["deletePlayer"]["user_id"] == 777 and steps["deletePlayer"]["deleted"] is True
     assert steps["auditRecords"] == ["token.mint", "player.revoke", "player.rename", "player.add"]
     assert steps["canReadAudit"] is True and steps["document"].startswith("3.1.")
     assert steps["documentLength"] > 0

@@ -20,6 +20,7 @@ export type PlayerPut = Schemas["PlayerPut"];
 export type BatchPlayer = Schemas["BatchPlayer"];
 export type BatchResult = Schemas["BatchResult"];
 export type Revoked = Schemas["Revoked"];
+export type Deleted = Schemas["Deleted"];
 export type Minted = Schemas["Minted"];
 export type Game = Schemas["Game"];
 export type NewGame = Schemas["NewGame"];
@@ -70,6 +71,13 @@ export class AdminClient {
   /** Every token of the player stops working (POST /v1/players/{user_id}/revoke). */
   async revokePlayer(userId: number): Promise<Revoked> {
     return this.json<Revoked>("POST", `/v1/players/${userId}/revoke`);
+  }
+
+  /** The player goes, its names erased (DELETE /v1/players/{user_id}); with ifMatch, only if nobody
+   * changed it since (412 otherwise). Its tokens are refused from effective_by on. */
+  async deletePlayer(userId: number, ifMatch?: string): Promise<Deleted> {
+    const headers: Record<string, string> = ifMatch === undefined ? {} : { "If-Match": ifMatch };
+    return (await (await this.send("DELETE", `/v1/players/${userId}`, { headers })).json()) as Deleted;
   }
 
   /** Up to 1,000 players at once (POST /v1/players/batch): a result per item. */
@@ -169,14 +177,14 @@ export class AdminClient {
     return (await (await this.send(method, path, options)).json()) as T;
   }
 
-  /** The answer of a success; an AdminError otherwise. A POST carries an Idempotency-Key, the same on
+  /** The answer of a success; an AdminError otherwise. A POST or DELETE carries an Idempotency-Key, the same on
    * each try; a 429 or 503 is tried again after its Retry-After, twice at most. */
   private async send(
     method: string, path: string, options: { body?: unknown; query?: Query; headers?: Record<string, string> } = {},
   ): Promise<Response> {
     const headers: Record<string, string> = { Authorization: `Bearer ${this.token}`, ...options.headers };
     if (options.body !== undefined) headers["Content-Type"] = "application/json";
-    if (method === "POST") headers["Idempotency-Key"] = crypto.randomUUID();
+    if (method === "POST" || method === "DELETE") headers["Idempotency-Key"] = crypto.randomUUID();
     const url = new URL(path, this.baseUrl);
     for (const [name, value] of Object.entries(options.query ?? {})) {
       if (value !== undefined) url.searchParams.set(name, String(value));
