@@ -27,13 +27,12 @@ from collections.abc import Callable
 
 from authsvc.admin import api_tokens, batch, transfer
 from authsvc.admin.players_import import import_rows
-from authsvc.admin.put_player import matches
+from authsvc.admin.put_player import Condition, check_if_match
 from authsvc.errors import (
     ConfigError,
     Conflict,
     Invalid,
     NotFound,
-    PreconditionFailed,
 )
 from authsvc.names import check_game_id, check_game_name, check_user_id, check_username
 from authsvc.settings import Settings, admin_actor
@@ -334,10 +333,11 @@ def api_token_for(store: Store, token: str, now: int) -> api_tokens.ApiToken | N
 
 
 def put_player(
-    store: Store, ctx: Context, user_id: int, username: str, enabled: bool = True, if_match: str | None = None
+    store: Store, ctx: Context, user_id: int, username: str, enabled: bool = True, if_match: Condition | None = None
 ) -> tuple[Player, bool]:
-    """Create or update a player (the admin API's PUT): (player, created). If-Match makes it conditional:
-    PreconditionFailed when it names no current version (authsvc/admin/put_player.py). The
+    """Create or update a player (the admin API's PUT): (player, created). If-Match (as
+    authsvc/admin/put_player.py reads it) makes it conditional: PreconditionFailed when it names no
+    current version. The
     check and the change are one transaction: of two signups of one new player, one creates it and the
     other finds it. A PUT that changes nothing writes nothing: the answer is the player as it was."""
     check_user_id(user_id)
@@ -345,8 +345,7 @@ def put_player(
     enabled = bool(enabled)
     with store.write(ctx.audit()) as tx:
         current = tx.player(user_id)
-        if not matches(if_match, current):
-            raise PreconditionFailed(f"player {user_id} is not at the version If-Match names")
+        check_if_match(if_match, user_id, current)
         if current is None:
             return tx.add_player(user_id, username, enabled), True
         if username != current.username:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from authsvc.admin import batch
 from authsvc.admin import operations as ops
 from authsvc.admin.problems import Request, Response, invalid
-from authsvc.admin.put_player import etag
+from authsvc.admin.put_player import condition, etag
 from authsvc.errors import BadRequest, MethodNotAllowed, NotFound, ServiceUnavailable
 from authsvc.loglines import OTHER_ROUTE
 from authsvc.names import MAX_ID
@@ -131,7 +131,7 @@ def put_player(app: AdminApp, req: Request) -> Response:
     username = field(req.body, "username", str)
     enabled = field(req.body, "enabled", bool, required=False, default=True)
     player, created = ops.put_player(app.store, req.ctx, req.params["user_id"], username, enabled,
-                                     req.header("If-Match"))
+                                     condition("If-Match", req.header("If-Match")))
     return _response(201 if created else 200, player_json(player), (("ETag", etag(player)),))
 
 
