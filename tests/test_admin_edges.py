@@ -1,8 +1,8 @@
 """The admin API's HTTP edges through WebTest, on both engines (docs/admin-api.md): conditional PUTs
-as RFC 9110 has them (If-Match compares strongly).
+as RFC 9110 has them (If-Match compares strongly, If-None-Match: * for a create-only signup).
 
 Each test reproduces a finding made from outside against the release before: a weak ETag
-accepted by If-Match.
+accepted by If-Match, If-None-Match ignored (a signup on a taken id renamed that player).
 """
 
 from __future__ import annotations
@@ -71,3 +71,71 @@ def test_conditions_are_read_as_rfc_9110_writes_them():
     assert condition("If-Match", ', "a,b",,').tags == ('"a,b"',)  # empty list elements are ignored (RFC 9110 5.6.1)
     for bad in ("abc", '"a" "b"', '*, "a"', "", ",", 'W/ "a"', 'w/"a"', '"a"b', '"a b"'):
         assert condition("If-None-Match", bad) == Condition("If-None-Match", None), bad  # unreadable: 412
+
+
+# -- If-None-Match: * (the create-only signup) --------------------------------------------------
+
+
+def test_if_none_match_star_creates_the_player_or_answers_412_and_changes_nothing(admin, world, store_url):
+    app, make_token = admin
+    headers = make_token("web") | {"If-None-Match": "*"}
+    r = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers)
+    assert r.status_int == 201 and r.json["username"] == "dora"
+    tag = r.headers["ETag"]
+    for user_id, name in ((7, "mallory"), (4242, "mallory")):  # just made, and one made long ago
+        r = app.put_json(f"/v1/players/{user_id}", {"username": name}, headers=headers, expect_errors=True)
+        assert problem(r, 412, "precondition-failed")["detail"] == f"player {user_id} exists (If-None-Match: *)"
+    assert app.get("/v1/players/7", headers=headers).json["username"] == "dora"
+    assert app.get("/v1/players/4242", headers=headers).json["username"] == "alice"
+    assert [action for _, _, action, _ in records(store_url, 7)] == ["player.add"]
+    assert [action for _, _, action, _ in records(store_url, 4242)] == ["player.add"]  # the world's own
+    # A list of tags: 412 if one names the current version (the weak comparison, as RFC 9110 has it here)
+    for sent in (tag, "W/" + tag, f'"0", {tag}'):
+        r = app.put_json("/v1/players/7", {"username": "eve"}, headers=headers | {"If-None-Match": sent},
+                         expect_errors=True)
+        assert problem(r, 412, "precondition-failed")["detail"] == "player 7 is at a version If-None-Match names"
+    r = app.put_json("/v1/players/7", {"username": "eve"}, headers=headers | {"If-None-Match": '"0"'})
+    assert r.status_int == 200 and r.json["username"] == "eve"
+    r = app.put_json("/v1/players/8", {"username": "x"}, headers=headers | {"If-None-Match": "nope"},
+                     expect_errors=True)
+    assert problem(r, 412, "precondition-failed")["detail"] == (
+        'If-None-Match is neither * nor a list of quoted entity tags ("...", W/"...")')
+    assert app.get("/v1/players/8", headers=headers, expect_errors=True).status_int == 404
+
+
+@pytest.mark.engine("postgresql")
+def test_two_create_only_signups_of_one_id_at_once_one_201_one_412(world, settings):
+    """The check and the insert are one transaction: of two signups of one new id with If-None-Match: *
+    at the same moment (two platform accounts given one id), one creates it, the other gets 412 and
+    never renames it; 20 such pairs."""
+    import threading
+
+    from authsvc.admin.put_player import condition
+    from authsvc.errors import PreconditionFailed
+
+    stores = [ops.admin_store(settings).__enter__() for _ in range(2)]
+    results: list = []
+    try:
+        for user_id in range(5000, 5020):
+            gate = threading.Barrier(2)
+
+            def signup(store, name, user_id=user_id, gate=gate):
+                gate.wait(5)
+                try:
+                    ops.put_player(store, ops.Context(actor="api:web"), user_id, name,
+                                   if_none_match=condition("If-None-Match", "*"))
+                    results.append("created")
+                except PreconditionFailed:
+                    results.append("412")
+
+            pair = [threading.Thread(target=signup, args=(s, f"p{i}")) for i, s in enumerate(stores)]
+            for t in pair:
+                t.start()
+            for t in pair:
+                t.join(10)
+        names = {stores[0].get_player(user_id).username for user_id in range(5000, 5020)}
+    finally:
+        for store in stores:
+            store.close()
+    assert sorted(results) == ["412"] * 20 + ["created"] * 20
+    assert names <= {"p0", "p1"}

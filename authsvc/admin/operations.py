@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from authsvc.admin import api_tokens, batch, transfer
 from authsvc.admin.players_import import import_rows
-from authsvc.admin.put_player import Condition, check_if_match
+from authsvc.admin.put_player import Condition, check_if_match, check_if_none_match
 from authsvc.errors import (
     ConfigError,
     Conflict,
@@ -333,19 +333,22 @@ def api_token_for(store: Store, token: str, now: int) -> api_tokens.ApiToken | N
 
 
 def put_player(
-    store: Store, ctx: Context, user_id: int, username: str, enabled: bool = True, if_match: Condition | None = None
+    store: Store, ctx: Context, user_id: int, username: str, enabled: bool = True,
+    if_match: Condition | None = None, if_none_match: Condition | None = None,
 ) -> tuple[Player, bool]:
-    """Create or update a player (the admin API's PUT): (player, created). If-Match (as
-    authsvc/admin/put_player.py reads it) makes it conditional: PreconditionFailed when it names no
-    current version. The
-    check and the change are one transaction: of two signups of one new player, one creates it and the
-    other finds it. A PUT that changes nothing writes nothing: the answer is the player as it was."""
+    """Create or update a player (the admin API's PUT): (player, created). If-Match and If-None-Match (as
+    authsvc/admin/put_player.py reads them) make it conditional: PreconditionFailed when If-Match names
+    no current version, or when the player exists and If-None-Match is ``*`` (the create-only signup)
+    or names its version. The checks and the change are one transaction: of two signups of one new
+    player, one creates it and the other finds it (or, create-only, gets PreconditionFailed). A PUT
+    that changes nothing writes nothing: the answer is the player as it was."""
     check_user_id(user_id)
     username = check_username(username)
     enabled = bool(enabled)
     with store.write(ctx.audit()) as tx:
         current = tx.player(user_id)
-        check_if_match(if_match, user_id, current)
+        check_if_match(if_match, user_id, current)  # RFC 9110 13.2.2: If-Match first
+        check_if_none_match(if_none_match, user_id, current)
         if current is None:
             return tx.add_player(user_id, username, enabled), True
         if username != current.username:

@@ -69,3 +69,18 @@ def check_if_match(cond: Condition | None, user_id: int, player: Player | None) 
     if player is None or not (cond.any or etag(player) in cond.tags):
         raise PreconditionFailed(f"player {user_id} is not at the version If-Match names")
 
+
+
+def check_if_none_match(cond: Condition | None, user_id: int, player: Player | None) -> None:
+    """RFC 9110 If-None-Match: ``*`` holds when there is no player (the create-only signup), a list when no
+    tag names its version by the weak comparison; else PreconditionFailed."""
+    if cond is None:
+        return
+    if cond.tags is None:
+        raise _unreadable(cond)
+    if player is None:
+        return
+    if cond.any:
+        raise PreconditionFailed(f"player {user_id} exists (If-None-Match: *)")
+    if etag(player) in {tag.removeprefix("W/") for tag in cond.tags}:
+        raise PreconditionFailed(f"player {user_id} is at a version If-None-Match names")

@@ -131,7 +131,8 @@ def put_player(app: AdminApp, req: Request) -> Response:
     username = field(req.body, "username", str)
     enabled = field(req.body, "enabled", bool, required=False, default=True)
     player, created = ops.put_player(app.store, req.ctx, req.params["user_id"], username, enabled,
-                                     condition("If-Match", req.header("If-Match")))
+                                     condition("If-Match", req.header("If-Match")),
+                                     condition("If-None-Match", req.header("If-None-Match")))
     return _response(201 if created else 200, player_json(player), (("ETag", etag(player)),))
 
 
