@@ -1,13 +1,16 @@
 """The admin API's HTTP edges through WebTest, on both engines (docs/admin-api.md): conditional PUTs
-as RFC 9110 has them (If-Match compares strongly, If-None-Match: * for a create-only signup).
+as RFC 9110 has them (If-Match compares strongly, If-None-Match: * for a create-only signup),
+and whose request id the audit trail records.
 
 Each test reproduces a finding made from outside against the release before: a weak ETag
-accepted by If-Match, If-None-Match ignored (a signup on a taken id renamed that player).
+accepted by If-Match, If-None-Match ignored (a signup on a taken id renamed that player), a
+client's X-Request-Id recorded as the request's id (two writes by different tokens shared one).
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import webtest
@@ -139,3 +142,29 @@ def test_two_create_only_signups_of_one_id_at_once_one_201_one_412(world, settin
             store.close()
     assert sorted(results) == ["412"] * 20 + ["created"] * 20
     assert names <= {"p0", "p1"}
+
+
+# -- the audit trail's request id ---------------------------------------------------------------
+
+
+def test_the_audit_record_holds_the_servers_request_id_and_the_clients_beside_it(admin, world, store_url):
+    """Two writes by two tokens, both sent with X-Request-Id: shared-1: each record holds the id the
+    server made for its request (the answer's X-Request-Id), never the client's; the client's, in the
+    logged shape only, is kept as changes.after.client_request_id."""
+    app, make_token = admin
+    web, other = make_token("web"), make_token("other")
+    answers = [app.put_json(f"/v1/players/{user_id}", {"username": f"p{user_id}"},
+                            headers=headers | {"X-Request-Id": "shared-1"})
+               for user_id, headers in ((9, web), (10, other))]
+    ids = [r.headers["X-Request-Id"] for r in answers]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", rid) for rid in ids) and ids[0] != ids[1], ids
+    for user_id, rid, actor in ((9, ids[0], "api:web"), (10, ids[1], "api:other")):
+        [(got_actor, got_rid, action, changes)] = records(store_url, user_id)
+        assert (got_actor, got_rid, action) == (actor, rid, "player.add")
+        assert changes["after"]["client_request_id"] == "shared-1"
+    r = app.put_json("/v1/players/11", {"username": "p11"}, headers=web | {"X-Request-Id": "not the logged shape"})
+    [(_, rid, _, changes)] = records(store_url, 11)
+    assert rid == r.headers["X-Request-Id"] and "client_request_id" not in changes["after"]
+    r = app.put_json("/v1/players/12", {"username": "p12"}, headers=web)
+    [(_, rid, _, changes)] = records(store_url, 12)
+    assert rid == r.headers["X-Request-Id"] and "client_request_id" not in changes["after"]

@@ -68,10 +68,11 @@ class AdminApp:
         self.openapi_document = openapi_document()
 
     def __call__(self, environ: dict, start_response):
-        rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))
-        if rid == "-":
-            rid = uuid.uuid4().hex
-        environ[REQUEST_ID_KEY] = rid  # the access line's rid= (authsvc/serving/access_log.py)
+        # The request's id is the service's own, for every request: the answer's X-Request-Id, the access
+        # line's rid= (authsvc/serving/access_log.py) and every audit record it writes. A client's
+        # X-Request-Id names nothing here (two callers may send one); it is kept beside it (handle).
+        rid = uuid.uuid4().hex
+        environ[REQUEST_ID_KEY] = rid
         try:
             response = self.handle(environ, rid)
         except Exception as e:  # the one error boundary
@@ -127,7 +128,9 @@ class AdminApp:
         if scope not in token.scopes:
             raise Forbidden(f"this api token lacks the scope {scope}")
         body = self.read_body(environ, getattr(handler, "max_body_bytes", self.settings.max_body_bytes))
-        ctx = ops.Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock)
+        client_rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))  # in the logged shape, else "-"
+        ctx = ops.Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock,
+                          client_request_id=None if client_rid == "-" else client_rid)
         request = Request(environ, params, body, ctx, token.name)
         key = environ.get("HTTP_IDEMPOTENCY_KEY")
         if method == "POST" and key is not None:

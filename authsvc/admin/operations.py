@@ -49,23 +49,29 @@ MAX_REQUEST_ID = 200  # characters
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-    """Who acts (``cli:<login>``, later ``api:<token name>``), for which request, and the clock to stamp with."""
+    """Who acts (``cli:<login>``, ``api:<token name>``), for which request (the service's id, and the id the
+    client sent, if any: kept beside it in each record), and the clock to stamp with."""
 
     actor: str
     request_id: str | None = None
     clock: Callable[[], float] = time.time
+    client_request_id: str | None = None
 
     def __post_init__(self) -> None:
         if not self.actor or not self.actor.isprintable():
             raise Invalid("the actor must be a non-empty printable name")
-        if self.request_id is not None and (not self.request_id.isprintable() or len(self.request_id) > MAX_REQUEST_ID):
-            raise Invalid(f"a request id must be at most {MAX_REQUEST_ID} printable characters")
+        for rid in (self.request_id, self.client_request_id):
+            if rid is not None and (not rid.isprintable() or len(rid) > MAX_REQUEST_ID):
+                raise Invalid(f"a request id must be at most {MAX_REQUEST_ID} printable characters")
 
     def now(self) -> int:
         return int(self.clock())
 
     def audit(self, **detail) -> Audit:
-        """The store's Audit for one write; ``detail``: non-secret facts for the record (a file's SHA-256)."""
+        """The store's Audit for one write; ``detail``: non-secret facts for the record (a file's SHA-256),
+        and the client's request id."""
+        if self.client_request_id is not None:
+            detail["client_request_id"] = self.client_request_id
         return Audit(self.actor, self.request_id, None, tuple(sorted(detail.items())), self.clock)
 
 
