@@ -1,10 +1,12 @@
 """The admin API's HTTP edges through WebTest, on both engines (docs/admin-api.md): conditional PUTs
 as RFC 9110 has them (If-Match compares strongly, If-None-Match: * for a create-only signup),
-and whose request id the audit trail records.
+the shape of a body (how deep, how many values), and whose request id the audit trail records.
 
 Each test reproduces a finding made from outside against the release before: a weak ETag
 accepted by If-Match, If-None-Match ignored (a signup on a taken id renamed that player), a
-client's X-Request-Id recorded as the request's id (two writes by different tokens shared one).
+body nested ~945 deep answered 500, a dry-run batch of a million tiny values cost a worker a
+second, a client's X-Request-Id recorded as the request's id (two writes by different tokens
+shared one).
 """
 
 from __future__ import annotations
@@ -142,6 +144,80 @@ def test_two_create_only_signups_of_one_id_at_once_one_201_one_412(world, settin
             store.close()
     assert sorted(results) == ["412"] * 20 + ["created"] * 20
     assert names <= {"p0", "p1"}
+
+
+# -- a body nested too deep ----------------------------------------------------------------------
+
+
+def test_a_body_nested_too_deep_is_400_never_500(admin):
+    """The body is hashed (Idempotency-Key, a batch's body_sha256) by a recursive encoder: nested a
+    little less deep than the interpreter's recursion limit (~985 under gunicorn), it was read and
+    then failed there, a 500. The reader refuses any body nested deeper than 32, whatever the route;
+    the depths swept cover that window wherever the caller's stack stands."""
+    app, make_token = admin
+    headers = make_token("web") | {"Content-Type": "application/json"}
+    failures = {}
+    for depth in (33, 100, *range(900, 1000)):
+        junk = "[" * depth + "]" * depth
+        bodies = {
+            "/v1/players/batch": f'{{"players": [{{"user_id": 8, "username": "x"}}], "junk": {junk}}}',
+            "/v1/tokens": f'{{"game_id": 1, "user_id": 4242, "junk": {junk}}}',
+        }
+        for path, body in bodies.items():
+            if len(body) > 16384 and path == "/v1/tokens":
+                continue  # over the route's body cap: 413 first
+            for key in ({"Idempotency-Key": f"deep-{depth}-{path}"}, {}):
+                r = app.post(path, body.encode(), headers=headers | key, expect_errors=True)
+                detail = r.json.get("detail") if r.status_int >= 400 else None
+                if (r.status_int, detail) != (400, "the body is nested deeper than 32"):
+                    failures.setdefault(f"{r.status_int} {detail}", []).append(f"{path} {depth}{' key' * bool(key)}")
+    assert not failures, "; ".join(f"{len(where)} x {answer[:60]} ({', '.join(where[:2])})" for answer, where in failures.items())
+
+
+def test_a_body_32_deep_is_read(admin):
+    app, make_token = admin
+    headers = make_token("web") | {"Content-Type": "application/json"}
+    junk = "[" * 31 + "]" * 31  # in the body's object: 32 deep
+    r = app.put("/v1/players/7", f'{{"username": "dora", "junk": {junk}}}'.encode(), headers=headers)
+    assert r.status_int == 201
+
+
+def test_a_body_of_more_values_than_the_reader_takes_is_413(admin, world):
+    """A dry-run batch padded with a million tiny values (within the 4 MiB cap) cost a worker about a second
+    to parse and hash; the reader counts the values first, on the raw bytes: 413 above 20,000."""
+    app, make_token = admin
+    headers = make_token("web") | {"Content-Type": "application/json"}
+    players = [{"user_id": 10 + n, "username": f"p{n}"} for n in range(1000)]
+    padded = {
+        "floats": ",".join(["1.5"] * 900_000),
+        "empty arrays": ",".join(["[]"] * 1_000_000),
+        "strings": ",".join(['""'] * 1_000_000),
+    }
+    for what, junk in padded.items():
+        body = json.dumps({"players": players, "dry_run": True})[:-1] + f', "junk": [{junk}]}}'
+        assert len(body) <= 4 << 20
+        r = app.post("/v1/players/batch", body.encode(), headers=headers, expect_errors=True)
+        assert problem(r, 413, "too-large")["detail"] == "a body here holds at most 20,000 JSON values", what
+    # 1,000 players of 19 fields each is 20,000 values, read; commas and brackets inside strings do not count
+    wide = [p | {f"f{k}": 0 for k in range(16)} for p in players]
+    wide[0]["username"] = 'a,[{"\\' * 30
+    body = json.dumps({"players": wide, "dry_run": True})
+    r = app.post("/v1/players/batch", body.encode(), headers=headers)
+    assert r.json["counts"] == {"created": 1000, "updated": 0, "unchanged": 0, "error": 0}
+
+
+def test_the_shape_is_counted_without_what_strings_hold():
+    from authsvc.admin.body import check_shape
+    from authsvc.errors import BadRequest, PayloadTooLarge
+
+    check_shape(b'{"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[", "b": "\\\\", "c": "\\"["}')
+    check_shape(b'["' + b"," * 100_000 + b'"]')  # one string of commas: two values
+    with pytest.raises(BadRequest, match="^the body is nested deeper than 32$"):
+        check_shape(b'{"a": "\\\\"' + b"[" * 32 + b"]" * 32 + b"}")  # the string ends before the brackets
+    with pytest.raises(BadRequest, match="^the body is not valid UTF-8 JSON$"):
+        check_shape(b"[" + b"]" * 100_000)  # no JSON, and no walk over all of it
+    with pytest.raises(PayloadTooLarge):
+        check_shape(b"[" + b'"",' * 40_001 + b'""]')
 
 
 # -- the audit trail's request id ---------------------------------------------------------------
