@@ -147,9 +147,9 @@ def test_the_access_line_names_the_admin_route_template_never_the_path_or_query(
     # In any order: a gthread worker may write a line after the next request's line
     assert sorted((m["method"], m["route"]) for m in lines) == sorted((method, route) for method, _, _, route in sent)
     for m in lines:
-        line = m.string
+        line = re.sub(r" rid=[0-9a-f]{32} ", " ", m.string)  # the service's own id: random hex, which may hold 7731
         assert str(USER_ID) not in line, line
-        assert MARK not in line.replace(f"rid=rid-{MARK}", ""), line  # only the request id, in its shape
+        assert MARK not in line, line
 
 
 def test_the_access_line_holds_the_request_id_the_answer_and_the_audit_trail_hold(admin, world):

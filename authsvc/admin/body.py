@@ -1,8 +1,9 @@
-"""A request's JSON body, read once and bounded before it is parsed (docs/admin-api.md, "Errors", "Bodies").
+"""A request's JSON body, read once and bounded before it is parsed (docs/admin-api.md, "Request bodies").
 
 - Framing: ``Content-Length``, or ``Transfer-Encoding: chunked`` (gunicorn hands the app the body
   dechunked), the game-facing endpoint's rule (authsvc/web/http.py). A body that cannot be read (cut
-  short, broken framing) is 400: a write never runs on a body it did not read.
+  short, broken framing, too slow: authsvc/serving/slow_clients.py) is 400: a write never runs on a
+  body it did not read.
 - Size: the route's cap, 413; a chunked body is read to the cap and one byte more, never further.
 - Shape, on the raw bytes before parsing: nested at most ``MAX_DEPTH`` deep (400), at most
   ``MAX_VALUES`` JSON values (413). The parser and the body's hashing (Idempotency-Key, a batch's
@@ -62,7 +63,7 @@ def _raw(environ: dict, cap: int) -> bytes:
     except BadRequest as e:
         if "Content-Length" in e.detail:
             raise BadRequest("Content-Length must be a whole number") from None
-        raise BadRequest("the body could not be read: cut short, or its chunked framing is broken") from None
+        raise BadRequest("the body could not be read: cut short, too slow, or its chunked framing is broken") from None
 
 
 def check_shape(raw: bytes) -> None:
