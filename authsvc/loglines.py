@@ -38,8 +38,8 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # app's route names. No request header can set it (headers are HTTP_* keys).
 ROUTE_KEY = "authsvc.route"
 OTHER_ROUTE = "<other>"  # a path that is no route of the app
-# The request id an app answered with and recorded (the admin API makes one when the request has none
-# in the logged shape): the access line's rid= is that one, else the X-Request-Id header's.
+# The request id an app answered with and recorded (the admin API makes its own for every request): the
+# access line's rid= is that one, else the X-Request-Id header's.
 REQUEST_ID_KEY = "authsvc.request_id"
 
 

@@ -39,6 +39,7 @@ async function expectError(step, call) {
 (async () => {
   const player = await client.signup(GAME_USER, "newbie");
   print("signup", player);
+  await expectError("taken signup", () => client.signup(GAME_USER, "other"));
   print("rename", await client.rename(GAME_USER, "veteran", true, player.etag));
   await expectError("stale rename", () => client.rename(GAME_USER, "again", true, player.etag));
   print("ban", await client.ban(GAME_USER, "veteran"));
@@ -68,6 +69,7 @@ def expect_error(step, call):
 
 player = signup(GAME_USER, "newbie")
 show("signup", player)
+expect_error("taken signup", lambda: signup(GAME_USER, "other"))
 show("rename", rename(GAME_USER, "veteran", etag=player["etag"]))
 expect_error("stale rename", lambda: rename(GAME_USER, "again", etag=player["etag"]))
 show("ban", ban(GAME_USER, "veteran"))
@@ -103,6 +105,7 @@ function expectError(string $step, callable $call): void
 
 $player = signup(GAME_USER, 'newbie');
 show('signup', $player);
+expectError('taken signup', fn () => signup(GAME_USER, 'other'));
 show('rename', rename(GAME_USER, 'veteran', true, $player['etag']));
 expectError('stale rename', fn () => rename(GAME_USER, 'again', true, $player['etag']));
 show('ban', ban(GAME_USER, 'veteran'));
@@ -172,6 +175,8 @@ def run_client(command: list[str], workdir: Path, url: str, token: str, quiet: b
 def assert_the_calls_went_through(steps: dict, game_id: int) -> None:
     assert steps["signup"]["user_id"] == 777 and steps["signup"]["username"] == "newbie"
     assert steps["signup"]["epoch"] == 0 and steps["signup"]["etag"]
+    taken = steps["taken signup"]  # If-None-Match: *, the id taken: 412, nothing renamed
+    assert taken["isAdminError"] and taken["status"] == 412 and taken["detail"] == "player 777 exists (If-None-Match: *)"
     assert steps["rename"]["username"] == "veteran" and steps["rename"]["etag"] != steps["signup"]["etag"]
     stale = steps["stale rename"]  # If-Match with the first ETag: 412, read as problem+json
     assert stale["isAdminError"] and stale["status"] == 412
@@ -233,7 +238,7 @@ def test_the_clients_wait_out_retry_after_and_try_again(language, live_admin, tm
         (tmp_path / "admin-client.js").write_text(examples()["admin-client.js"])
         (tmp_path / "driver.js").write_text(
             'const c = require("./admin-client.js");\n'
-            '(async () => { await c.signup(5, "first"); console.log(JSON.stringify(await c.signup(5, "second"))); })()'
+            '(async () => { await c.signup(5, "first"); console.log(JSON.stringify(await c.rename(5, "second"))); })()'
             '.catch((error) => { console.error(String(error)); process.exit(1); });\n')
         command = [shutil.which("node") or "node", "driver.js"]
     elif language == "php":
@@ -241,13 +246,13 @@ def test_the_clients_wait_out_retry_after_and_try_again(language, live_admin, tm
         (tmp_path / "admin-client.php").write_text(examples()["admin-client.php"])
         (tmp_path / "driver.php").write_text(
             "<?php\nrequire __DIR__ . '/admin-client.php';\n"
-            "Authsvc\\Admin\\signup(5, 'first');\necho json_encode(Authsvc\\Admin\\signup(5, 'second'));\n")
+            "Authsvc\\Admin\\signup(5, 'first');\necho json_encode(Authsvc\\Admin\\rename(5, 'second'));\n")
         command = [*php, "driver.php"]
     else:
         (tmp_path / "admin_client.py").write_text(examples()["admin_client.py"])
         (tmp_path / "driver.py").write_text(
-            'import json\nfrom admin_client import signup\n'
-            'signup(5, "first")\nprint(json.dumps(signup(5, "second")))\n')
+            'import json\nfrom admin_client import rename, signup\n'
+            'signup(5, "first")\nprint(json.dumps(rename(5, "second")))\n')
         command = [sys.executable, "driver.py"]
     url, token, _, server = live_admin(AUTHSVC_ADMIN_RATE="1", AUTHSVC_ADMIN_BURST="1")
     env = {"PATH": "/usr/bin:/bin", "AUTHSVC_ADMIN_URL": url, "AUTHSVC_ADMIN_TOKEN": token}

@@ -77,14 +77,14 @@ def test_one_audit_record_per_batch_with_its_counts_and_the_body_digest(admin, w
     body = {"players": [{"user_id": n, "username": f"p{n}"} for n in range(1, 301)]
             + [{"user_id": 4242, "username": "alice2"}, {"user_id": 0, "username": "zero"}]}
     before = len(audit_rows(store_url))
-    app.post_json(BATCH, body, headers=headers | {"X-Request-Id": "sync-2"})
+    r = app.post_json(BATCH, body, headers=headers | {"X-Request-Id": "sync-2"})
     rows = audit_rows(store_url)[before:]
     assert len(rows) == 1
     actor, rid, action, user_id, changes = rows[0]
-    assert (actor, rid, action, user_id) == ("api:sync", "sync-2", "player.batch", None)
+    assert (actor, rid, action, user_id) == ("api:sync", r.headers["X-Request-Id"], "player.batch", None)
     digest = hashlib.sha256(canonical(body).encode("ascii")).hexdigest()
     assert json.loads(changes)["after"] == {"created": 300, "updated": 1, "unchanged": 0, "error": 1,
-                                            "body_sha256": digest}
+                                            "body_sha256": digest, "client_request_id": "sync-2"}
 
 
 def test_a_batch_stamps_the_rows_it_writes_with_its_record_time_and_leaves_the_others(admin, world, store_url):

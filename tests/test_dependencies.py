@@ -63,6 +63,8 @@ def test_the_installed_gunicorn_s_workers_are_the_familiar_ones(name):
     worker = _worker(getattr(gunicorn_workers, name))
     assert gunicorn_workers.familiar(getattr(gunicorn_workers, name).__bases__[0])
     assert "handle_request" not in vars(worker) and "handle_error" not in vars(worker)  # the JSON ones
+    # gthread's slow-client handling (authsvc/serving/slow_clients.py) is on too
+    assert not {"enqueue_req", "murder_pending", "handle", "_keepalive_after"} & set(vars(worker))
 
 
 @pytest.mark.parametrize("name", ["SyncWorker", "ThreadWorker"])

@@ -261,7 +261,11 @@ def test_the_optional_admin_server_proxies_to_the_admin_api_for_allowed_addresse
         # Neither nginx log holds the token.
         logs = "".join(s.log_texts().values())
         assert s.admin_token not in logs and s.admin_token.split("_", 1)[1] not in logs
-        assert '"GET /v1/players/{user_id} HTTP/1.1" 200' in (s.logs / "authsvc-admin-access.log").read_text()
+        admin_lines = (s.logs / "authsvc-admin-access.log").read_text()
+        assert '"GET /v1/players/{user_id} HTTP/1.1" 200' in admin_lines
+        # nginx's line names the admin API's own request id, the one its answer and audit records hold
+        assert re.fullmatch(r"[0-9a-f]{32}", player.headers["X-Request-Id"])
+        assert f" app_rid={player.headers['X-Request-Id']}\n" in admin_lines, admin_lines
     finally:
         stop(s.nginx)
         stop(s.gunicorn)

@@ -23,10 +23,11 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_settings", "test_suite_rules", "test_tokens",
     ),
     "functional": (
-        "test_admin_api", "test_admin_openapi", "test_backup", "test_boundary", "test_check", "test_cli",
-        "test_endpoint", "test_equal_work", "test_explain", "test_hostile", "test_metrics",
-        "test_minted_after_a_change", "test_openapi", "test_postgres_smoke", "test_probes", "test_queueing",
-        "test_reasons", "test_sqlite_faults", "test_staleness", "test_store_sqlite", "test_store_urls", "test_wsgi",
+        "test_admin_api", "test_admin_edges", "test_admin_openapi", "test_backup", "test_boundary",
+        "test_check", "test_cli", "test_endpoint", "test_equal_work", "test_explain", "test_hostile",
+        "test_metrics", "test_minted_after_a_change", "test_openapi", "test_postgres_smoke", "test_probes",
+        "test_queueing", "test_reasons", "test_sqlite_faults", "test_staleness", "test_store_sqlite",
+        "test_store_urls", "test_wsgi",
     ),
     "store": (
         "test_admin_batch", "test_api_tokens", "test_audit", "test_audit_anchor", "test_erasure",
@@ -41,9 +42,9 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_worker_boot",
     ),
     "system": (
-        "test_app_failover", "test_bench", "test_examples", "test_install", "test_primary_failover",
-        "test_scale", "test_standby", "test_store_network", "test_store_outage", "test_storm",
-        "test_write_history",
+        "test_admin_slow_clients", "test_app_failover", "test_bench", "test_examples", "test_install",
+        "test_primary_failover", "test_scale", "test_standby", "test_store_network", "test_store_outage",
+        "test_storm", "test_write_history",
     ),
 }
 ORDER = tuple(TIERS)

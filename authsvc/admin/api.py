@@ -15,7 +15,6 @@ answered without a token: it holds nothing the repository does not.
 
 from __future__ import annotations
 
-import decimal
 import json
 import logging
 import math
@@ -28,20 +27,17 @@ from importlib import resources
 
 from authsvc.admin import idempotency, problems, routes
 from authsvc.admin import operations as ops
+from authsvc.admin.body import read as read_body
 from authsvc.admin.problems import Problem, Request, Response, encode
 from authsvc.admin.ratelimit import RateLimit
 from authsvc.errors import (
-    BadRequest,
     ConfigError,
     Error,
     Forbidden,
-    Invalid,
     MethodNotAllowed,
-    PayloadTooLarge,
     StoreUnavailable,
     TooManyRequests,
     Unauthorized,
-    UnsupportedMediaType,
 )
 from authsvc.loglines import REQUEST_ID_KEY, ROUTE_KEY
 from authsvc.loglines import request_id as logged_request_id
@@ -53,7 +49,6 @@ log = logging.getLogger("authsvc.admin")
 
 RETRY_AFTER = "2"  # seconds; a store outage or a lock held by an import
 _BEARER = re.compile(r"Bearer +(\S+) *", re.IGNORECASE)
-_JSON_TYPE = re.compile(r"application/json *(;.*)?", re.IGNORECASE)
 OPENAPI_PATH = "/openapi.json"
 
 
@@ -68,10 +63,11 @@ class AdminApp:
         self.openapi_document = openapi_document()
 
     def __call__(self, environ: dict, start_response):
-        rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))
-        if rid == "-":
-            rid = uuid.uuid4().hex
-        environ[REQUEST_ID_KEY] = rid  # the access line's rid= (authsvc/serving/access_log.py)
+        # The request's id is the service's own, for every request: the answer's X-Request-Id, the access
+        # line's rid= (authsvc/serving/access_log.py) and every audit record it writes. A client's
+        # X-Request-Id names nothing here (two callers may send one); it is kept beside it (handle).
+        rid = uuid.uuid4().hex
+        environ[REQUEST_ID_KEY] = rid
         try:
             response = self.handle(environ, rid)
         except Exception as e:  # the one error boundary
@@ -126,8 +122,10 @@ class AdminApp:
                           headers=(("Retry-After", str(max(1, math.ceil(wait)))),))
         if scope not in token.scopes:
             raise Forbidden(f"this api token lacks the scope {scope}")
-        body = self.read_body(environ, getattr(handler, "max_body_bytes", self.settings.max_body_bytes))
-        ctx = ops.Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock)
+        body = read_body(environ, getattr(handler, "max_body_bytes", self.settings.max_body_bytes))
+        client_rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))  # in the logged shape, else "-"
+        ctx = ops.Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock,
+                          client_request_id=None if client_rid == "-" else client_rid)
         request = Request(environ, params, body, ctx, token.name)
         key = environ.get("HTTP_IDEMPOTENCY_KEY")
         if method in ("POST", "DELETE") and key is not None:
@@ -144,39 +142,6 @@ class AdminApp:
         if token is None:
             raise unauthorized
         return token
-
-    def read_body(self, environ: dict, cap: int) -> dict | None:
-        """The JSON object body, None without one; 413 over the cap (the route's), 415 not JSON, 400 unreadable."""
-        length_text = environ.get("CONTENT_LENGTH") or "0"
-        if not length_text.isdigit():
-            raise BadRequest("Content-Length must be a whole number")
-        length = int(length_text)
-        if length > cap:
-            raise PayloadTooLarge(f"a body here is at most {cap} bytes")
-        if length == 0:
-            return None
-        if not _JSON_TYPE.fullmatch(environ.get("CONTENT_TYPE", "")):
-            raise UnsupportedMediaType("a body must be JSON: Content-Type: application/json",
-                          headers=(("Accept", "application/json"),))
-        raw = environ["wsgi.input"].read(length)
-        try:
-            obj = json.loads(raw.decode("utf-8"), parse_float=json_number)
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise BadRequest("the body is not valid UTF-8 JSON") from None
-        if not isinstance(obj, dict):
-            raise Invalid("the body must be a JSON object",
-                          errors=[{"field": "", "detail": "must be a JSON object"}])
-        return obj
-
-
-def json_number(text: str) -> int | float:
-    """A JSON number written with a fraction or exponent (``7.0``, ``7e0``): the whole number it names, read
-    exactly, when it is one (JSON has one number type, and JSON Schema, the OpenAPI document's, calls
-    it an integer); else a float. The exponent is bounded first, so ``1e999999999`` costs nothing."""
-    number = decimal.Decimal(text)
-    if abs(number.adjusted()) <= 20 and number == number.to_integral_value():
-        return int(number)
-    return float(text)
 
 
 def openapi_document() -> dict:

@@ -27,13 +27,12 @@ from collections.abc import Callable
 
 from authsvc.admin import api_tokens, batch, transfer
 from authsvc.admin.players_import import import_rows
-from authsvc.admin.put_player import matches
+from authsvc.admin.put_player import Condition, check_if_match, check_if_none_match
 from authsvc.errors import (
     ConfigError,
     Conflict,
     Invalid,
     NotFound,
-    PreconditionFailed,
 )
 from authsvc.names import check_game_id, check_game_name, check_user_id, check_username
 from authsvc.settings import Settings, admin_actor
@@ -50,23 +49,29 @@ MAX_REQUEST_ID = 200  # characters
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-    """Who acts (``cli:<login>``, later ``api:<token name>``), for which request, and the clock to stamp with."""
+    """Who acts (``cli:<login>``, ``api:<token name>``), for which request (the service's id, and the id the
+    client sent, if any: kept beside it in each record), and the clock to stamp with."""
 
     actor: str
     request_id: str | None = None
     clock: Callable[[], float] = time.time
+    client_request_id: str | None = None
 
     def __post_init__(self) -> None:
         if not self.actor or not self.actor.isprintable():
             raise Invalid("the actor must be a non-empty printable name")
-        if self.request_id is not None and (not self.request_id.isprintable() or len(self.request_id) > MAX_REQUEST_ID):
-            raise Invalid(f"a request id must be at most {MAX_REQUEST_ID} printable characters")
+        for rid in (self.request_id, self.client_request_id):
+            if rid is not None and (not rid.isprintable() or len(rid) > MAX_REQUEST_ID):
+                raise Invalid(f"a request id must be at most {MAX_REQUEST_ID} printable characters")
 
     def now(self) -> int:
         return int(self.clock())
 
     def audit(self, **detail) -> Audit:
-        """The store's Audit for one write; ``detail``: non-secret facts for the record (a file's SHA-256)."""
+        """The store's Audit for one write; ``detail``: non-secret facts for the record (a file's SHA-256),
+        and the client's request id."""
+        if self.client_request_id is not None:
+            detail["client_request_id"] = self.client_request_id
         return Audit(self.actor, self.request_id, None, tuple(sorted(detail.items())), self.clock)
 
 
@@ -188,7 +193,7 @@ def revoke_player(store: Store, ctx: Context, user_id: int) -> int:
     return epoch
 
 
-def delete_player(store: Store, ctx: Context, user_id: int, if_match: str | None = None) -> int:
+def delete_player(store: Store, ctx: Context, user_id: int, if_match: Condition | None = None) -> int:
     """Delete the player and erase its names (docs/admin.md, "Erasure"); returns the epoch it had.
 
     NotFound if there is no such player (If-Match or not: RFC 9110 ignores a precondition of a request
@@ -200,8 +205,7 @@ def delete_player(store: Store, ctx: Context, user_id: int, if_match: str | None
         current = tx.player(user_id)
         if current is None:
             raise NotFound(f"no player {user_id}")
-        if not matches(if_match, current):
-            raise PreconditionFailed(f"player {user_id} is not at the version If-Match names")
+        check_if_match(if_match, user_id, current)
         epoch = tx.delete_player(user_id)
     return current.epoch if epoch is None else epoch
 
@@ -352,19 +356,22 @@ def api_token_for(store: Store, token: str, now: int) -> api_tokens.ApiToken | N
 
 
 def put_player(
-    store: Store, ctx: Context, user_id: int, username: str, enabled: bool = True, if_match: str | None = None
+    store: Store, ctx: Context, user_id: int, username: str, enabled: bool = True,
+    if_match: Condition | None = None, if_none_match: Condition | None = None,
 ) -> tuple[Player, bool]:
-    """Create or update a player (the admin API's PUT): (player, created). If-Match makes it conditional:
-    PreconditionFailed when it names no current version (authsvc/admin/put_player.py). The
-    check and the change are one transaction: of two signups of one new player, one creates it and the
-    other finds it. A PUT that changes nothing writes nothing: the answer is the player as it was."""
+    """Create or update a player (the admin API's PUT): (player, created). If-Match and If-None-Match (as
+    authsvc/admin/put_player.py reads them) make it conditional: PreconditionFailed when If-Match names
+    no current version, or when the player exists and If-None-Match is ``*`` (the create-only signup)
+    or names its version. The checks and the change are one transaction: of two signups of one new
+    player, one creates it and the other finds it (or, create-only, gets PreconditionFailed). A PUT
+    that changes nothing writes nothing: the answer is the player as it was."""
     check_user_id(user_id)
     username = check_username(username)
     enabled = bool(enabled)
     with store.write(ctx.audit()) as tx:
         current = tx.player(user_id)
-        if not matches(if_match, current):
-            raise PreconditionFailed(f"player {user_id} is not at the version If-Match names")
+        check_if_match(if_match, user_id, current)  # RFC 9110 13.2.2: If-Match first
+        check_if_none_match(if_none_match, user_id, current)
         if current is None:
             return tx.add_player(user_id, username, enabled), True
         if username != current.username:

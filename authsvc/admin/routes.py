@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from authsvc.admin import batch
 from authsvc.admin import operations as ops
 from authsvc.admin.problems import Request, Response, invalid
-from authsvc.admin.put_player import etag
+from authsvc.admin.put_player import condition, etag
 from authsvc.errors import BadRequest, MethodNotAllowed, NotFound, ServiceUnavailable
 from authsvc.loglines import OTHER_ROUTE
 from authsvc.names import MAX_ID
@@ -127,7 +127,8 @@ def put_player(app: AdminApp, req: Request) -> Response:
     username = field(req.body, "username", str)
     enabled = field(req.body, "enabled", bool, required=False, default=True)
     player, created = ops.put_player(app.store, req.ctx, req.params["user_id"], username, enabled,
-                                     req.header("If-Match"))
+                                     condition("If-Match", req.header("If-Match")),
+                                     condition("If-None-Match", req.header("If-None-Match")))
     return Response(201 if created else 200, player_json(player), (("ETag", etag(player)),))
 
 
@@ -142,7 +143,7 @@ def revoke_player(app: AdminApp, req: Request) -> Response:
 @route(PLAYER, "DELETE", "players:write")
 def delete_player(app: AdminApp, req: Request) -> Response:
     """The player and its names go (docs/admin-api.md, "Deleting a player"); effective_by as a revoke's."""
-    ops.delete_player(app.store, req.ctx, req.params["user_id"], req.header("If-Match"))
+    ops.delete_player(app.store, req.ctx, req.params["user_id"], condition("If-Match", req.header("If-Match")))
     effective_by = utc(req.ctx.clock() + app.settings.max_staleness)
     return Response(200, {"user_id": req.params["user_id"], "deleted": True, "effective_by": effective_by})
 

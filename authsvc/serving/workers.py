@@ -26,9 +26,12 @@ import inspect
 import types
 from collections.abc import Callable, Sequence
 
+from gunicorn.http.errors import NoMoreData
 from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 from gunicorn.workers.sync import SyncWorker as _SyncWorker
 
+from authsvc.serving import slow_clients
+from authsvc.serving.slow_clients import SlowClients
 from authsvc.web.http import BASE_HEADERS, error_object, json_bytes
 
 # What gunicorn's handle_error can answer, in the words nginx's JSON errors use
@@ -140,14 +143,21 @@ _ERROR_ARGS = ("self", "req", "client", "addr", "exc")
 _OVERRIDDEN: dict[str, dict[type, tuple[str, ...]]] = {
     "handle_request": {_SyncWorker: ("self", "listener", "req", "client", "addr"), _ThreadWorker: ("self", "req", "conn")},
     "handle_error": {_SyncWorker: _ERROR_ARGS, _ThreadWorker: _ERROR_ARGS},
+    # authsvc/serving/slow_clients.py's
+    "enqueue_req": {_ThreadWorker: ("self", "conn")},
+    "murder_pending": {_ThreadWorker: ("self",)},
+    "handle": {_ThreadWorker: ("self", "conn")},
+    "_keepalive_after": {_ThreadWorker: ("self", "conn", "keepalive")},
 }
 
 
 def familiar(base: type) -> bool:
-    """Whether gunicorn's worker class ``base`` still has the methods overridden here, with their arguments."""
+    """Whether gunicorn's worker class ``base`` still has the methods overridden here, with their arguments
+    (and, for gthread, the connection class slow_clients.py knows)."""
     try:
         return all(tuple(inspect.signature(getattr(base, name)).parameters) == kinds[base]
-                   for name, kinds in _OVERRIDDEN.items())
+                   for name, kinds in _OVERRIDDEN.items() if base in kinds) and (
+            base is not _ThreadWorker or slow_clients.familiar())
     except (AttributeError, TypeError, ValueError):
         return False
 
@@ -159,8 +169,8 @@ def _fall_back_if_unfamiliar(worker, base: type) -> None:
         return
     worker.log.warning("gunicorn %s's workers are not the ones authsvc/serving/workers.py knows: "
                        "serving with gunicorn's own (its error pages are HTML)", _gunicorn_version())
-    for name in _OVERRIDDEN:
-        if (original := getattr(base, name, None)) is not None:
+    for name, kinds in _OVERRIDDEN.items():
+        if base in kinds and (original := getattr(base, name, None)) is not None:
             setattr(worker, name, types.MethodType(original, worker))
 
 
@@ -189,11 +199,46 @@ class SyncWorker(_SyncWorker):
 
 
 class ThreadWorker(_ThreadWorker):
-    """gunicorn's gthread worker; its error answers in JSON, its answers in one write."""
+    """gunicorn's gthread worker; its error answers in JSON, its answers in one write, and no thread held by a
+    slow or idle client (authsvc/serving/slow_clients.py)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.slow_clients = SlowClients(self, super().enqueue_req)
         _fall_back_if_unfamiliar(self, _ThreadWorker)
+
+    def enqueue_req(self, conn):
+        """A connection goes to a thread with its request's head in hand; until then the poller waits for it."""
+        if not self.slow_clients.take(conn):
+            super().enqueue_req(conn)
+
+    def murder_pending(self):
+        super().murder_pending()
+        self.slow_clients.sweep()
+
+    def handle(self, conn):
+        """In the thread: the rest of the request (head past the cap, body) read within READ_TIMEOUT."""
+        reading = self.slow_clients.reading(conn)
+        if reading is None:
+            return super().handle(conn)
+        unreader = conn.parser.unreader
+        sock, unreader.sock = unreader.sock, reading
+        try:
+            return super().handle(conn)
+        finally:
+            unreader.sock = sock
+
+    def _keepalive_after(self, conn, keepalive):
+        """A body the app did not read (it refused the request first) is dropped with the connection unless it
+        is in hand already: gunicorn waited up to 5 s in the thread for a client that may never send it."""
+        reading = conn.parser.unreader.sock if conn.parser is not None else None
+        if not keepalive or not isinstance(reading, slow_clients.Deadline):
+            return super()._keepalive_after(conn, keepalive)
+        reading.deadline = 0.0  # no read from the socket: only what is in hand
+        try:
+            return bool(conn.parser.finish_body())
+        except NoMoreData:
+            return False
 
     def handle_request(self, req, conn):
         client = conn.sock
