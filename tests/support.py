@@ -76,17 +76,22 @@ def schemathesis_check(name: str):
     return check
 
 
-def hold_write_lock(url: str, user_id: int):
-    """Another session that holds a write lock on the store (as a long import does); returns release()."""
+def hold_write_lock(url: str, user_id: int | None):
+    """Another session that holds a write lock on the store (as a long import does); returns release().
+    On PostgreSQL the player's row, or with no user id the writer lock (the audit chain's row,
+    authsvc/store/writes.py); on SQLite the file's write lock either way."""
     if url.startswith("sqlite://"):
         conn = sqlite3.connect(url.removeprefix("sqlite://"), isolation_level=None, check_same_thread=False)
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("UPDATE players SET username = username WHERE user_id = ?", (user_id,))
+        conn.execute("UPDATE players SET username = username WHERE user_id = ?", (user_id or 0,))
     else:
         import psycopg
 
         conn = psycopg.connect(url)
-        conn.execute("SELECT 1 FROM players WHERE user_id = %s FOR UPDATE", (user_id,))
+        if user_id is None:
+            conn.execute("SELECT 1 FROM audit_chain FOR UPDATE")
+        else:
+            conn.execute("SELECT 1 FROM players WHERE user_id = %s FOR UPDATE", (user_id,))
     # Bounded even if the waiting side never gives up (before the lock wait existed, PostgreSQL waited forever).
     timer = threading.Timer(10, conn.rollback)
     timer.start()

@@ -33,25 +33,6 @@ def admin(world, settings):
     app.store.close()
 
 
-def hold_writer_lock(url: str):
-    """Another session that holds the writer lock (the audit chain's row; SQLite's write lock); returns release()."""
-    if url.startswith("sqlite://"):
-        return hold_write_lock(url, 0)
-    import psycopg
-
-    conn = psycopg.connect(url)
-    conn.execute("SELECT 1 FROM audit_chain FOR UPDATE")
-    timer = threading.Timer(10, conn.rollback)
-    timer.start()
-
-    def release():
-        timer.cancel()
-        conn.rollback()
-        conn.close()
-
-    return release
-
-
 def actions(store_url: str, user_id: int) -> list[str]:
     return [row[0] for row in store_sql(store_url, "SELECT action FROM audit WHERE user_id = ? ORDER BY id", (user_id,))]
 
@@ -147,7 +128,7 @@ def test_a_write_is_stamped_when_it_holds_the_lock_and_never_before_the_chain_he
     head = store_sql(store_url, "SELECT max(at_ms) FROM audit")[0][0]
     now = [head / 1000 + 5]
     ctx = ops.Context(actor="cli:test", clock=lambda: now[0])
-    release = hold_writer_lock(store_url)
+    release = hold_write_lock(store_url, None)  # the writer lock itself
     done = threading.Thread(target=ops.rename_player, args=(world.store, ctx, world.user_id, "waited"))
     done.start()
     time.sleep(0.5)  # the rename is waiting for the lock
