@@ -2,9 +2,11 @@
 
 Run by gunicorn as its own service (authsvc/admin/wsgi.py) with the admin store
 settings: it writes, so the game-facing process, which never writes, never serves
-it. Every request: route (404, 405), read the body (413, 415, 400), find the
-bearer token (401) and its scope (403), then one operation of the operations
-layer (authsvc/admin/operations.py) with the actor ``api:<token name>``. One
+it. Every request gets an id of the service's own. Then: route (404, 405), find the
+bearer token (401), the token's limits (429, authsvc/admin/ratelimit.py: a rate where
+a body counts by its size, one large body at a time) and its scope (403), read the body
+(authsvc/admin/body.py: 413, 415, 400), then one operation of the operations layer
+(authsvc/admin/operations.py) with the actor ``api:<token name>``. One
 error boundary (``__call__``) turns every failure into an RFC 9457 problem
 (authsvc/admin/problems.py): a store that cannot answer is a 503 with
 Retry-After, anything unexpected a 500 with an opaque body, its traceback in the
