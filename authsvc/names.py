@@ -25,6 +25,8 @@ def hidden_character(name: str) -> str | None:
 
     Names the code point, never the character itself, so the error line cannot lie either.
     """
+    if name.isprintable():  # no hidden character: each of their categories is one str.isprintable refuses
+        return None
     for position, char in enumerate(name, start=1):
         if unicodedata.category(char) in HIDDEN_CATEGORIES:
             return f"U+{ord(char):04X} at position {position}"

@@ -2,9 +2,11 @@
 
 Run by gunicorn as its own service (authsvc/admin/wsgi.py) with the admin store
 settings: it writes, so the game-facing process, which never writes, never serves
-it. Every request: route (404, 405), read the body (413, 415, 400), find the
-bearer token (401) and its scope (403), then one operation of the operations
-layer (authsvc/admin/operations.py) with the actor ``api:<token name>``. One
+it. Every request gets an id of the service's own. Then: route (404, 405), find the
+bearer token (401), the token's limits (429, authsvc/admin/ratelimit.py: a rate where
+a body counts by its size, one large body at a time) and its scope (403), read the body
+(authsvc/admin/body.py: 413, 415, 400), then one operation of the operations layer
+(authsvc/admin/operations.py) with the actor ``api:<token name>``. One
 error boundary (``__call__``) turns every failure into an RFC 9457 problem
 (authsvc/admin/problems.py): a store that cannot answer is a 503 with
 Retry-After, anything unexpected a 500 with an opaque body, its traceback in the
@@ -25,11 +27,11 @@ from collections.abc import Callable
 from http import HTTPStatus
 from importlib import resources
 
+from authsvc.admin import body as bodies
 from authsvc.admin import idempotency, problems, routes
 from authsvc.admin import operations as ops
-from authsvc.admin.body import read as read_body
 from authsvc.admin.problems import Problem, Request, Response, encode
-from authsvc.admin.ratelimit import RateLimit
+from authsvc.admin.ratelimit import BODY_UNIT, RateLimit, body_cost
 from authsvc.errors import (
     ConfigError,
     Error,
@@ -115,22 +117,35 @@ class AdminApp:
             return Response(200, self.openapi_document)
         handler, scope, params = routes.match(path, "GET" if method == "HEAD" else method)
         token = self.authenticate(environ)
-        wait = self.rate_limit.wait(token.name)
+        size = bodies.declared(environ)  # None: chunked, known once read
+        wait = self.rate_limit.wait(token.name, 1 + body_cost(size or 0))
         if wait:
             raise TooManyRequests(f"this api token is over its rate of {self.settings.admin_rate:g} "
-                          "requests a second; try again after Retry-After seconds",
-                          headers=(("Retry-After", str(max(1, math.ceil(wait)))),))
+                                  "requests a second (a body counts one more for each 64 KiB); try again after "
+                                  "Retry-After seconds", headers=(("Retry-After", str(max(1, math.ceil(wait)))),))
         if scope not in token.scopes:
             raise Forbidden(f"this api token lacks the scope {scope}")
-        body = read_body(environ, getattr(handler, "max_body_bytes", self.settings.max_body_bytes))
-        client_rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))  # in the logged shape, else "-"
-        ctx = ops.Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock,
-                          client_request_id=None if client_rid == "-" else client_rid)
-        request = Request(environ, params, body, ctx, token.name)
-        key = environ.get("HTTP_IDEMPOTENCY_KEY")
-        if method in ("POST", "DELETE") and key is not None:
-            return idempotency.run(self, request, key, lambda: handler(self, request))
-        return handler(self, request)
+        large = size is None or size > BODY_UNIT
+        if large and not self.rate_limit.hold_large(token.name):
+            raise TooManyRequests("this api token has another large body in flight (over 64 KiB, or chunked): "
+                                  "send them one at a time; try again after Retry-After seconds",
+                                  headers=(("Retry-After", "1"),))
+        try:
+            raw = bodies.read_raw(environ, getattr(handler, "max_body_bytes", self.settings.max_body_bytes))
+            if size is None:
+                self.rate_limit.charge(token.name, body_cost(len(raw)))
+            body = bodies.parse(raw, environ)
+            client_rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))  # in the logged shape, else "-"
+            ctx = ops.Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock,
+                              client_request_id=None if client_rid == "-" else client_rid)
+            request = Request(environ, params, body, ctx, token.name)
+            key = environ.get("HTTP_IDEMPOTENCY_KEY")
+            if method in ("POST", "DELETE") and key is not None:
+                return idempotency.run(self, request, key, lambda: handler(self, request))
+            return handler(self, request)
+        finally:
+            if large:
+                self.rate_limit.release_large(token.name)
 
     def authenticate(self, environ: dict):
         unauthorized = Unauthorized("give a live admin api token: Authorization: Bearer <token>",

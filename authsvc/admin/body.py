@@ -34,10 +34,31 @@ _BRACKETS = bytes.maketrans(b"[]{}", b"\x02\x00\x02\x00")  # an opening bracket 
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
-def read(environ: dict, cap: int) -> dict | None:
-    """The JSON object body, None without one; 413 over ``cap`` or ``MAX_VALUES``, 415 not JSON, 400 unreadable,
-    nested deeper than ``MAX_DEPTH`` or not JSON."""
-    raw = _raw(environ, cap)
+def declared(environ: dict) -> int | None:
+    """The body's length as the request states it (0 for none, or for a length that is not one: reading
+    refuses it), None for a chunked body, whose length is known only once read."""
+    length = environ.get("CONTENT_LENGTH") or ""
+    if length:
+        return int(length) if length.isascii() and length.isdigit() and len(length) <= 18 else 0
+    return None if environ.get("HTTP_TRANSFER_ENCODING") else 0
+
+
+def read_raw(environ: dict, cap: int) -> bytes:
+    """The body's bytes by the game-facing endpoint's framing rule (authsvc/web/http.py, one for both front
+    doors), its refusals in the admin API's words: 413 over ``cap``, 400 unreadable."""
+    try:
+        return http.read_body(environ, cap)
+    except PayloadTooLarge:
+        raise PayloadTooLarge(f"a body here is at most {cap} bytes") from None
+    except BadRequest as e:
+        if "Content-Length" in e.detail:
+            raise BadRequest("Content-Length must be a whole number") from None
+        raise BadRequest("the body could not be read: cut short, too slow, or its chunked framing is broken") from None
+
+
+def parse(raw: bytes, environ: dict) -> dict | None:
+    """The JSON object ``raw`` holds, None for no body; 415 not JSON, 413 over MAX_VALUES, 400 nested deeper
+    than MAX_DEPTH or not JSON, 422 not an object."""
     if not raw:
         return None
     if not _JSON_TYPE.fullmatch(environ.get("CONTENT_TYPE", "")):
@@ -51,19 +72,6 @@ def read(environ: dict, cap: int) -> dict | None:
     if not isinstance(obj, dict):
         raise Invalid("the body must be a JSON object", errors=[{"field": "", "detail": "must be a JSON object"}])
     return obj
-
-
-def _raw(environ: dict, cap: int) -> bytes:
-    """The body's bytes by the game-facing endpoint's framing rule (authsvc/web/http.py, one for both front
-    doors), its refusals in the admin API's words."""
-    try:
-        return http.read_body(environ, cap)
-    except PayloadTooLarge:
-        raise PayloadTooLarge(f"a body here is at most {cap} bytes") from None
-    except BadRequest as e:
-        if "Content-Length" in e.detail:
-            raise BadRequest("Content-Length must be a whole number") from None
-        raise BadRequest("the body could not be read: cut short, too slow, or its chunked framing is broken") from None
 
 
 def check_shape(raw: bytes) -> None:

@@ -29,7 +29,6 @@ gunicorn's own behaviour when they change. A TLS or HTTP/2 connection keeps guni
 
 from __future__ import annotations
 
-import collections
 import functools
 import inspect
 import re
@@ -115,8 +114,10 @@ class SlowClients:
     def __init__(self, worker, enqueue):
         self.worker = worker
         self.enqueue = enqueue  # gunicorn's: the connection to a pool thread
-        self.gathering: collections.deque = collections.deque()  # (deadline, connection), oldest first
-        self.closing: collections.deque = collections.deque()
+        # connection -> deadline, oldest first (one timeout for all: the order they came in); a connection
+        # leaves at once when done, so nothing stays held here for the rest of its timeout
+        self.gathering: dict = {}
+        self.closing: dict = {}
 
     def plain(self, conn) -> bool:
         """HTTP/1 in the clear: TLS and HTTP/2 connections keep gunicorn's own handling."""
@@ -132,11 +133,9 @@ class SlowClients:
         if in_hand(conn.parser.unreader.buf.getvalue()):  # pipelined: the next request already came
             conn.data_ready = True
             return False
-        deadline = time.monotonic() + HEAD_TIMEOUT
-        conn.authsvc_head_by = deadline
         conn.sock.setblocking(False)
         self.worker.poller.register(conn.sock, selectors.EVENT_READ, functools.partial(self._read, conn))
-        self.gathering.append((deadline, conn))
+        self.gathering[conn] = time.monotonic() + HEAD_TIMEOUT
         return True
 
     def _read(self, conn, _sock) -> None:
@@ -161,14 +160,14 @@ class SlowClients:
                 pass
         if ready:
             self.worker.poller.unregister(conn.sock)
-            conn.authsvc_head_by = None
+            del self.gathering[conn]
             conn.authsvc_continued = False
             conn.data_ready = True
             self.enqueue(conn)
 
     def _drop(self, conn) -> None:
-        """A connection whose head did not come: closed, no answer (there is no request to answer)."""
-        conn.authsvc_head_by = None
+        """A connection whose request did not come: closed, no answer (there is no request to answer)."""
+        self.gathering.pop(conn, None)
         try:
             self.worker.poller.unregister(conn.sock)
         except (KeyError, ValueError, OSError):
@@ -189,7 +188,7 @@ class SlowClients:
         except (OSError, ValueError, KeyError):
             util.close(conn.sock)
             return
-        self.closing.append((time.monotonic() + CLOSE_LINGER, conn))
+        self.closing[conn] = time.monotonic() + CLOSE_LINGER
 
     def _drain(self, conn, _sock) -> None:
         try:
@@ -203,6 +202,7 @@ class SlowClients:
             self._closed(conn)
 
     def _closed(self, conn) -> None:
+        self.closing.pop(conn, None)
         try:
             self.worker.poller.unregister(conn.sock)
         except (KeyError, ValueError, OSError):
@@ -213,18 +213,16 @@ class SlowClients:
         """Drop the heads past their deadline and end the lingering closes past theirs (all of them
         once the worker stops: no request has begun on a connection still gathering)."""
         now = time.monotonic() if self.worker.alive else float("inf")
-        while self.gathering and self.gathering[0][0] <= now:
-            deadline, conn = self.gathering.popleft()
-            if getattr(conn, "authsvc_head_by", None) == deadline:  # still waiting for this head
-                self._drop(conn)
-        while self.closing and self.closing[0][0] <= now:
-            _, conn = self.closing.popleft()
-            if conn.sock.fileno() != -1:
-                self._closed(conn)
+        for waiting, end in ((self.gathering, self._drop), (self.closing, self._closed)):
+            while waiting:
+                conn, deadline = next(iter(waiting.items()))
+                if deadline > now:
+                    break
+                end(conn)
 
     def reading(self, conn) -> Deadline | None:
         """In the thread: the parser's socket bounded by READ_TIMEOUT, for the request it starts; None for a
         connection this class did not take."""
-        if conn.parser is None or not hasattr(conn, "authsvc_head_by"):
+        if conn.parser is None or not self.plain(conn):
             return None
         return Deadline(conn.parser.unreader.sock, time.monotonic() + READ_TIMEOUT)

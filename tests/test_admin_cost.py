@@ -1,0 +1,285 @@
+"""What one API token's bodies may cost the others (docs/admin-api.md, "Rate limit"): a body counts
+one more unit of the rate for each 64 KiB, and a token has one large body (over 64 KiB, or chunked)
+in flight at a time; then, under real gunicorn as the docs run it, another token's GETs while one
+token sends the costliest bodies it may.
+
+The finding, against the release before: the rate limit counted requests, so one players:write
+token sending 12 dry-run batches of 3.9 MB in 10 s (far under 50 a second) pushed another token's
+GET from 2 ms to 3.8 s. The mechanism is tested exactly (a fake clock, a slot held); the
+measurement prints its figures (pytest -s) and asserts a generous bound only, since the suite
+shares a small machine with other work: docs/admin-api.md has the figures of a quiet run.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import webtest
+
+from authsvc.admin import operations as ops
+from authsvc.admin.api import AdminApp
+from authsvc.admin.ratelimit import RateLimit
+from authsvc.settings import Settings
+from authsvc.store import open_store
+from tests.support import FakeClock, free_port, problem, start_gunicorn, wait_for_port
+
+REPO = Path(__file__).resolve().parent.parent
+CONF = REPO / "deploy" / "gunicorn.conf.py"
+ADMIN_TOML = REPO / "deploy" / "etc" / "admin.toml"
+BATCH = "/v1/players/batch"
+
+
+def costliest_batch(first_id: int = 1_000_000) -> bytes:
+    """A dry-run batch as costly as the reader lets through: 1,000 players of 255 characters outside the
+    BMP (each written as two \\u escapes), a string of escapes to the 4 MiB cap; ~50 ms of a worker's CPU."""
+    players = [{"user_id": first_id + n, "username": "\U0001F600" * 255} for n in range(1000)]
+    body = json.dumps({"players": players, "dry_run": True})
+    room = (4 << 20) - len(body) - 20
+    return (body[:-1] + ', "pad": "' + "\\u00e9" * (room // 6) + '"}').encode()
+
+
+@pytest.fixture
+def admin(world, settings):
+    """(WebTest app, make_token(name) -> headers, the fake clock of its rate limit: 50 a second, bursts of 100)."""
+    app = AdminApp(settings)
+    clock = FakeClock()
+    app.rate_limit = RateLimit(50, 100, clock=clock)
+
+    def make_token(name: str) -> dict:
+        _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), name, ["players:write"])
+        return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    yield webtest.TestApp(app, lint=True), make_token, clock
+    app.store.close()
+
+
+@pytest.mark.engine("sqlite")
+def test_a_body_counts_one_more_unit_of_the_rate_for_each_64_kib(admin):
+    app, make_token, clock = admin
+    web = make_token("web")
+    body = costliest_batch()
+    assert 1 + len(body) // 65536 == 64  # its cost: a bucket of 100 holds one such call, not two
+    assert app.post(BATCH, body, headers=web).status_int == 200
+    r = app.post(BATCH, body, headers=web, expect_errors=True)
+    assert problem(r, 429, "too-many-requests")["detail"] == (
+        "this api token is over its rate of 50 requests a second (a body counts one more for each 64 KiB); "
+        "try again after Retry-After seconds")
+    assert r.headers["Retry-After"] == "1"  # (64 - 36) / 50 = 0.56 s, in whole seconds
+    for _ in range(36):  # the 36 units left still serve 36 small calls
+        assert app.put_json("/v1/players/7", {"username": "small"}, headers=web).status_int in (200, 201)
+    assert app.put_json("/v1/players/7", {"username": "small"}, headers=web, expect_errors=True).status_int == 429
+    clock.now += 1.3  # 64 units at 50 a second: 1.28 s
+    assert app.post(BATCH, body, headers=web).status_int == 200
+    other = make_token("other")  # a bucket of its own
+    assert app.post(BATCH, body, headers=other).status_int == 200
+
+
+@pytest.mark.engine("sqlite")
+def test_a_token_has_one_large_body_in_flight_at_a_time(admin):
+    app, make_token, _ = admin
+    web, other = make_token("web"), make_token("other")
+    body = json.dumps({"players": [{"user_id": n, "username": "p" * 80} for n in range(1, 1001)],
+                       "dry_run": True}).encode()
+    assert len(body) > 65536  # large
+    assert app.app.rate_limit.hold_large("web")  # as a request of web's reading its large body would
+    r = app.post(BATCH, body, headers=web, expect_errors=True)
+    assert problem(r, 429, "too-many-requests")["detail"] == (
+        "this api token has another large body in flight (over 64 KiB, or chunked): send them one at a time; "
+        "try again after Retry-After seconds")
+    assert r.headers["Retry-After"] == "1"
+    assert app.put_json("/v1/players/7", {"username": "small"}, headers=web).status_int == 201  # small: no slot
+    assert app.post(BATCH, body, headers=other).status_int == 200  # another token's slot
+    app.app.rate_limit.release_large("web")
+    assert app.post(BATCH, body, headers=web).status_int == 200
+    assert app.post(BATCH, body, headers=web).status_int == 200  # each request gives the slot back
+
+
+def test_a_chunked_body_pays_for_its_length_once_read():
+    clock = FakeClock()
+    limit = RateLimit(50, 100, clock=clock)
+    assert limit.wait("web", 1) == 0  # a chunked request is let in at one unit
+    limit.charge("web", 64)  # its 4 MiB, once read
+    assert limit.wait("web", 1) == 0 and limit.wait("web", 35) == pytest.approx(1 / 50)  # 34 left
+    limit.charge("web", 1000)  # never more than a full bucket: 34 - 100
+    assert limit.wait("web", 1) == pytest.approx(67 / 50)
+
+
+def test_a_printable_name_is_checked_at_once_and_the_names_rule_is_unchanged():
+    """A batch of 1,000 names of 255 characters cost 17 ms of Python per call to check character by
+    character; str.isprintable answers first for a name that holds no hidden character. It refuses every
+    character of the hidden categories, so the rule is the same: checked here for every code point."""
+    import unicodedata
+
+    from authsvc.names import HIDDEN_CATEGORIES, hidden_character
+
+    hidden = [c for c in map(chr, range(0x110000)) if unicodedata.category(c) in HIDDEN_CATEGORIES]
+    assert hidden and not any(c.isprintable() for c in hidden)
+    assert hidden_character("\U0001F600" * 255) is None
+    assert hidden_character("a\u00a0b\u202e") == "U+202E at position 4"  # a space that is no hidden one, then one
+
+
+# -- under gunicorn ---------------------------------------------------------------------------------
+
+
+class Service:
+    def __init__(self, proc, port: int, tokens: dict[str, str], log: Path):
+        self.proc = proc
+        self.port = port
+        self.tokens = tokens
+        self.log = log
+
+
+def _serve(root: Path, workers: str | None = None) -> Service:
+    """The admin API with the shipped config and admin.toml (2 gthread workers of 4 threads; ``workers``
+    overrides the count), rate limit as shipped, on TCP loopback; two tokens of players:read and
+    players:write, ``cost`` and ``other``, and the player 7."""
+    secret = root / "token-secret"
+    secret.write_text(os.urandom(32).hex() + "\n")
+    secret.chmod(0o600)
+    env = {"AUTHSVC_CONFIG": str(ADMIN_TOML), "AUTHSVC_STORE": "sqlite://" + str(root / "authsvc.db"),
+           "AUTHSVC_TOKEN_SECRET_FILE": str(secret), "STATE_DIRECTORY": str(root)}
+    if workers:
+        env["AUTHSVC_WORKERS"] = workers
+    settings = Settings.from_env(env)
+    store = open_store(settings.store, readonly=False, settings=settings)
+    store.migrate()
+    store.add_player(7, "patient")
+    tokens = {name: ops.add_api_token(store, ops.Context(actor="cli:test"), name,
+                                      ["players:read", "players:write"])[1] for name in ("cost", "other")}
+    store.close()
+    port = free_port()
+    log = root / "gunicorn.log"
+    with log.open("wb") as out:
+        proc = start_gunicorn(env, "--graceful-timeout", "5", port=port, app="authsvc.admin.wsgi:application",
+                              workers=None, config=CONF, inherit_env=False, cwd=root, stdout=out, stderr=out)
+    wait_for_port(port)
+    return Service(proc, port, tokens, log)
+
+
+def _stop(service: Service) -> str:
+    service.proc.terminate()
+    service.proc.wait(timeout=30)
+    output = service.log.read_text(errors="replace")
+    assert "Traceback" not in output, output
+    assert not any(token in output for token in service.tokens.values())
+    return output
+
+
+def _call(port: int, token: str, method: str, path: str, body: bytes | None = None,
+          headers: dict | None = None) -> tuple[int, dict, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers={"Authorization": f"Bearer {token}",
+                                                       "Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.engine("sqlite")
+def test_under_gunicorn_a_second_large_body_of_one_token_waits_for_the_first(tmp_path):
+    """One worker: the token's first large body half sent (its thread reading it), its second large one
+    is 429 with Retry-After: 1, also chunked; another token's is served, and so is the token's small call."""
+    service = _serve(tmp_path, workers="1")
+    try:
+        body = json.dumps({"players": [{"user_id": n, "username": "p" * 80} for n in range(1, 1001)],
+                           "dry_run": True}).encode()
+        first = socket.create_connection(("127.0.0.1", service.port), timeout=30)
+        first.sendall(f"POST {BATCH} HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer {service.tokens['cost']}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                      + body[:70_000])
+        time.sleep(0.5)  # its head, and more than 64 KiB: a thread reads the rest
+        status, headers, answer = _call(service.port, service.tokens["cost"], "POST", BATCH, body)
+        assert (status, headers["Retry-After"]) == (429, "1"), answer
+        assert json.loads(answer)["detail"].startswith("this api token has another large body in flight")
+        chunked = f"POST {BATCH} HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer {service.tokens['cost']}\r\n" \
+                  "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", service.port), timeout=30) as sock:
+            sock.sendall(chunked.encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+            assert sock.recv(65536).startswith(b"HTTP/1.1 429 Too Many Requests\r\n")
+        assert _call(service.port, service.tokens["other"], "POST", BATCH, body)[0] == 200
+        assert _call(service.port, service.tokens["cost"], "GET", "/v1/players/7")[0] == 200
+        first.sendall(body[70_000:])
+        first.settimeout(30)
+        assert first.recv(65536).startswith(b"HTTP/1.1 200 OK\r\n")
+        first.close()
+        assert _call(service.port, service.tokens["cost"], "POST", BATCH, body)[0] == 200
+    finally:
+        _stop(service)
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def _gets(service: Service, seconds: float, statuses: list) -> list[float]:
+    """Another token's GETs, one every 30 ms (under its rate) on a new connection each, for ``seconds``."""
+    times = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        started = time.monotonic()
+        status, _, _ = _call(service.port, service.tokens["other"], "GET", "/v1/players/7")
+        times.append(time.monotonic() - started)
+        statuses.append(status)
+        time.sleep(0.03)
+    return times
+
+
+@pytest.mark.engine("sqlite")
+def test_the_costliest_bodies_of_one_token_barely_move_another_tokens_p99(tmp_path):
+    """As the docs run it (2 gthread workers, the shipped rate limit): another token's GET p50/p99 for 6 s
+    alone, then for 6 s while 4 threads of one token send the costliest dry-run batches the reader lets
+    through, each as soon as the last is answered or its Retry-After has passed (unique Idempotency-Keys).
+    The figures are printed; the bounds asserted are generous, for a shared 2-core machine that runs the
+    clients too, whose load moves a p99 of ~185 samples by itself: p50 at most 2 x alone + 5 ms, p99
+    under 250 ms. The release before took both from milliseconds to seconds."""
+    service = _serve(tmp_path)
+    body = costliest_batch()
+    stop = threading.Event()
+    costly: list[int | str] = []
+    served: list[int] = []
+
+    def send_costly(n: int):
+        sent = 0
+        while not stop.is_set():
+            sent += 1
+            try:
+                status, headers, _ = _call(service.port, service.tokens["cost"], "POST", BATCH, body,
+                                           {"Idempotency-Key": f"cost-{n}-{sent}"})
+            except (OSError, http.client.HTTPException):  # refused before its body was all sent: cut off
+                status, headers = 429, {"Retry-After": "1"}
+            costly.append(status)
+            if status == 429:
+                stop.wait(int(headers["Retry-After"]))
+
+    try:
+        alone = _gets(service, 6, served)
+        senders = [threading.Thread(target=send_costly, args=(n,), daemon=True) for n in range(4)]
+        for sender in senders:
+            sender.start()
+        time.sleep(0.5)
+        during = _gets(service, 6, served)
+    finally:
+        stop.set()
+        for sender in senders:
+            sender.join(60)
+        _stop(service)
+    figures = {name: (statistics.median(times) * 1000, _percentile(times, 0.99) * 1000, len(times))
+               for name, times in (("alone", alone), ("during", during))}
+    print(f"\nanother token's GET, ms: alone p50 {figures['alone'][0]:.1f} p99 {figures['alone'][1]:.1f} "
+          f"(n={figures['alone'][2]}); while one token sends 4.2 MB batches: p50 {figures['during'][0]:.1f} "
+          f"p99 {figures['during'][1]:.1f} (n={figures['during'][2]}); the costly token's answers: "
+          f"{ {status: costly.count(status) for status in set(costly)} }")
+    assert set(served) == {200}
+    assert 200 in costly and 429 in costly  # it was served, and held back
+    assert figures["during"][0] <= 2 * figures["alone"][0] + 5 and figures["during"][1] < 250, figures
