@@ -42,9 +42,9 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_worker_boot",
     ),
     "system": (
-        "test_admin_slow_clients", "test_app_failover", "test_bench", "test_examples", "test_install",
-        "test_primary_failover", "test_scale", "test_standby", "test_store_network", "test_store_outage",
-        "test_storm", "test_write_history",
+        "test_admin_cost", "test_admin_slow_clients", "test_app_failover", "test_bench", "test_examples",
+        "test_install", "test_primary_failover", "test_scale", "test_standby", "test_store_network",
+        "test_store_outage", "test_storm", "test_write_history",
     ),
 }
 ORDER = tuple(TIERS)
