@@ -26,8 +26,8 @@ of acknowledged keys (those retried during the load first) is sent again: each m
 replay of its first answer.
 
 How a record is tied to the write that made it, exactly (no guessing from counts): every API attempt
-sends its own ``X-Request-Id``, ``<write>.<attempt>``; the service keeps a request id of that shape as
-it is and each audit record holds it. The ``Idempotency-Key`` is the write's id itself, under the
+sends its own ``X-Request-Id``, ``<write>.<attempt>``; each audit record keeps it beside the server's
+own request id, as ``client_request_id``. The ``Idempotency-Key`` is the write's id itself, under the
 writer's own API token. Each command run has ``SUDO_USER=<write>``, so its record's actor is
 ``cli:<write>``. Every name written (PUT, batch item, rename) is one never used before, so an
 acknowledged write must have changed the store at one of its attempts: it has exactly one record.
@@ -478,6 +478,9 @@ def read_history(url: str) -> tuple[list[dict], dict[int, int]]:
                for row in rows]
     for record in records:
         record["changes"] = json.loads(record["changes"])
+        # Each attempt's own id travels as the client's X-Request-Id, which the record keeps beside the
+        # server's request id as client_request_id (docs/admin-api.md): that is what ties it to a write.
+        record["request_id"] = record["changes"].get("after", {}).get("client_request_id") or record["request_id"]
         record["write"] = (record["request_id"] or "").rpartition(".")[0] if record["actor"].startswith("api:") \
             else record["actor"].removeprefix("cli:")
     epochs = dict(store_sql(url, "SELECT user_id, epoch FROM players"))
