@@ -8,13 +8,14 @@ PostgreSQL's in store/postgres/store.py, which alone imports psycopg.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 
-class Dialect:
+class Dialect(abc.ABC):
     """One engine's spelling of the store's statements."""
 
     name = ""
@@ -28,29 +29,30 @@ class Dialect:
     def flag(self, value: bool) -> Any:
         return value
 
-    @contextlib.contextmanager
-    def savepoint(self, conn: Any) -> Iterator[None]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def savepoint(self, conn: Any) -> contextlib.AbstractContextManager[None]:
+        """``with d.savepoint(conn):`` the statements inside undone if it raises."""
 
+    @abc.abstractmethod
     def insert_game(self, conn: Any, name: str, now: int) -> int:
-        raise NotImplementedError
+        """The new game's id."""
 
+    @abc.abstractmethod
     def current_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
         """(user_id, username, enabled) of those of ``user_ids`` that exist."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def write_players(self, conn: Any, rows: Sequence[tuple[int, str, bool]], at_ms: int) -> None:
         """Insert or overwrite (user_id, username, enabled) rows, each stamped ``at_ms``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def deleted_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
         """(user_id, epoch) of those of ``user_ids`` that were deleted (table deleted_players)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def erase_names(self, conn: Any, record_id: int, changes: str, by_record: int) -> None:
         """Put ``changes`` (its usernames erased) into record ``record_id`` written before sealing, marked
         erased by the deletion's record ``by_record`` (store/audit.py)."""
-        raise NotImplementedError
 
 
 class SQLiteDialect(Dialect):
