@@ -43,7 +43,7 @@ from authsvc.store import open_store, redact_url
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from tests import pgserver
 from tests.support import make_testapp, skip_or_fail
-from tests.tiers import BOTH_ENGINES, ORDER, tier_of
+from tests.tiers import BOTH_ENGINES, LANES, ORDER, system_lane, tier_of
 
 ENGINES = ("sqlite", "postgresql")
 
@@ -171,14 +171,19 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "engine(name): run this test on one store engine only ('sqlite' or 'postgresql')")
     for tier in ORDER:
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (tests/tiers.py)")
+    for lane in LANES:
+        config.addinivalue_line("markers", f"lane_{lane}: the system tier's {lane} lane (tests/tiers.py)")
 
 
 def pytest_collection_modifyitems(items):
-    """Mark each test with its module's tier (tests/tiers.py), so ``-m unit`` and friends select tiers."""
+    """Mark each test with its module's tier (tests/tiers.py), so ``-m unit`` and friends select tiers, and a
+    system-tier test with its lane."""
     for item in items:
         tier = tier_of(item.path.stem)
         if tier is not None:
             item.add_marker(tier)
+        if tier == "system":
+            item.add_marker(f"lane_{system_lane(item.path.stem)}")
 
 
 def pytest_generate_tests(metafunc):

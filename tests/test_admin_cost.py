@@ -1,13 +1,12 @@
 """What one API token's bodies may cost the others (docs/admin-api.md, "Rate limit"): a body counts
 one more unit of the rate for each 64 KiB, and a token has one large body (over 64 KiB, or chunked)
-in flight at a time; then, under real gunicorn as the docs run it, another token's GETs while one
-token sends the costliest bodies it may.
+in flight at a time, under WebTest and under real gunicorn as the docs run it. What the costliest bodies
+of one token cost another token's GETs is measured by ``scripts/bench --only admin-cost`` (BENCHMARKS.md),
+not here: a latency tail on a shared machine is a benchmark's figure, not a test's.
 
 The finding, against the release before: the rate limit counted requests, so one players:write
 token sending 12 dry-run batches of 3.9 MB in 10 s (far under 50 a second) pushed another token's
-GET from 2 ms to 3.8 s. The mechanism is tested exactly (a fake clock, a slot held); the
-measurement prints its figures (pytest -s) and asserts a generous bound only, since the suite
-shares a small machine with other work: docs/admin-api.md has the figures of a quiet run.
+GET from 2 ms to 3.8 s. The mechanism is tested exactly (a fake clock, a slot held).
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ import http.client
 import json
 import os
 import socket
-import statistics
-import threading
 import time
 from pathlib import Path
 
@@ -29,21 +26,13 @@ from authsvc.admin.api import AdminApp
 from authsvc.admin.ratelimit import RateLimit
 from authsvc.settings import Settings
 from authsvc.store import open_store
+from harness.hostile_bodies import costliest_batch
 from tests.support import FakeClock, free_port, problem, start_gunicorn, wait_for_port
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "deploy" / "gunicorn.conf.py"
 ADMIN_TOML = REPO / "deploy" / "etc" / "admin.toml"
 BATCH = "/v1/players/batch"
-
-
-def costliest_batch(first_id: int = 1_000_000) -> bytes:
-    """A dry-run batch as costly as the reader lets through: 1,000 players of 255 characters outside the
-    BMP (each written as two \\u escapes), a string of escapes to the 4 MiB cap; ~50 ms of a worker's CPU."""
-    players = [{"user_id": first_id + n, "username": "\U0001F600" * 255} for n in range(1000)]
-    body = json.dumps({"players": players, "dry_run": True})
-    room = (4 << 20) - len(body) - 20
-    return (body[:-1] + ', "pad": "' + "\\u00e9" * (room // 6) + '"}').encode()
 
 
 @pytest.fixture
@@ -215,71 +204,3 @@ def test_under_gunicorn_a_second_large_body_of_one_token_waits_for_the_first(tmp
         assert _call(service.port, service.tokens["cost"], "POST", BATCH, body)[0] == 200
     finally:
         _stop(service)
-
-
-def _percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
-
-
-def _gets(service: Service, seconds: float, statuses: list) -> list[float]:
-    """Another token's GETs, one every 30 ms (under its rate) on a new connection each, for ``seconds``."""
-    times = []
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        started = time.monotonic()
-        status, _, _ = _call(service.port, service.tokens["other"], "GET", "/v1/players/7")
-        times.append(time.monotonic() - started)
-        statuses.append(status)
-        time.sleep(0.03)
-    return times
-
-
-@pytest.mark.engine("sqlite")
-def test_the_costliest_bodies_of_one_token_barely_move_another_tokens_p99(tmp_path):
-    """As the docs run it (2 gthread workers, the shipped rate limit): another token's GET p50/p99 for 6 s
-    alone, then for 6 s while 4 threads of one token send the costliest dry-run batches the reader lets
-    through, each as soon as the last is answered or its Retry-After has passed (unique Idempotency-Keys).
-    The figures are printed; the bounds asserted are generous, for a shared 2-core machine that runs the
-    clients too, whose load moves a p99 of ~185 samples by itself: p50 at most 2 x alone + 5 ms, p99
-    under 250 ms. The release before took both from milliseconds to seconds."""
-    service = _serve(tmp_path)
-    body = costliest_batch()
-    stop = threading.Event()
-    costly: list[int | str] = []
-    served: list[int] = []
-
-    def send_costly(n: int):
-        sent = 0
-        while not stop.is_set():
-            sent += 1
-            try:
-                status, headers, _ = _call(service.port, service.tokens["cost"], "POST", BATCH, body,
-                                           {"Idempotency-Key": f"cost-{n}-{sent}"})
-            except (OSError, http.client.HTTPException):  # refused before its body was all sent: cut off
-                status, headers = 429, {"Retry-After": "1"}
-            costly.append(status)
-            if status == 429:
-                stop.wait(int(headers["Retry-After"]))
-
-    try:
-        alone = _gets(service, 6, served)
-        senders = [threading.Thread(target=send_costly, args=(n,), daemon=True) for n in range(4)]
-        for sender in senders:
-            sender.start()
-        time.sleep(0.5)
-        during = _gets(service, 6, served)
-    finally:
-        stop.set()
-        for sender in senders:
-            sender.join(60)
-        _stop(service)
-    figures = {name: (statistics.median(times) * 1000, _percentile(times, 0.99) * 1000, len(times))
-               for name, times in (("alone", alone), ("during", during))}
-    print(f"\nanother token's GET, ms: alone p50 {figures['alone'][0]:.1f} p99 {figures['alone'][1]:.1f} "
-          f"(n={figures['alone'][2]}); while one token sends 4.2 MB batches: p50 {figures['during'][0]:.1f} "
-          f"p99 {figures['during'][1]:.1f} (n={figures['during'][2]}); the costly token's answers: "
-          f"{ {status: costly.count(status) for status in set(costly)} }")
-    assert set(served) == {200}
-    assert 200 in costly and 429 in costly  # it was served, and held back
-    assert figures["during"][0] <= 2 * figures["alone"][0] + 5 and figures["during"][1] < 250, figures

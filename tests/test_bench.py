@@ -206,7 +206,7 @@ def test_the_sections_table_is_the_help_and_the_only_choices():
     listed = [line.split()[0] for line in done.stdout.split("sections:\n", 1)[1].splitlines() if line.startswith("  ")
               and not line.startswith("   ")]
     assert listed == list(SECTIONS) == ["core", "nginx", "gap", "postgres", "scale", "profile", "cold", "bodies",
-                                       "metrics", "capacity", "storm", "admin-sync", "admin-load"]
+                                       "metrics", "capacity", "storm", "admin-sync", "admin-load", "admin-cost"]
     refused = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--only", "core,warp"], capture_output=True,
                              text=True, timeout=60, cwd=REPO)
     assert refused.returncode == 2 and "unknown section(s): warp" in refused.stderr
@@ -350,6 +350,24 @@ def test_smoke_run_of_the_admin_load_section():
     for label in ("sqlite, with the sync", "sqlite, with the sync, admin at low priority"):
         assert float(rows[label][4].replace(",", "")) > 0, done.stdout  # players synced a second
     assert "nice -n 10" in table, done.stdout  # the unit's Nice=, read from deploy/systemd
+
+
+def test_smoke_run_of_the_admin_cost_section():
+    """Another token's GETs alone and beside the costliest bodies of one token, under the admin service as
+    shipped: every GET answered, the costly token both served and held back, the ratio row printed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "admin-cost", "--players", "100", "--cost-rounds", "1"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = done.stdout.split("## admin-cost", 1)[1]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| another")}
+    assert list(rows) == ["alone", "during", "during / alone"], done.stdout
+    assert int(rows["alone"][2]) > 10 and int(rows["during"][2]) > 10, done.stdout  # GETs in each half
+    assert float(rows["during / alone"][1]) > 0, done.stdout
+    answers = table.split("the costly token's answers: ", 1)[1].split(";", 1)[0]
+    assert "200:" in answers and "429:" in answers, done.stdout  # served, and held back by its rate
 
 
 def test_the_storm_pins_client_and_server_apart_or_says_it_cannot(monkeypatch, capsys):

@@ -6,12 +6,14 @@
   each door (tests/test_postgres_smoke.py) instead of a second copy of every file.
 - store: the store contract, each engine's own behaviour, and what runs engine-specific SQL through
   a front door (the write path, the audit chain, the batch, export/import, API tokens): on both engines.
-- integration: real gunicorn, nginx, PostgreSQL servers of their own, Chromium, on loopback.
-- system: network faults, failover, storms, the install, the history under kill -9, benchmarks'
-  harness: they need the machine to themselves, so they run after the others, one at a time.
+- integration: real gunicorn, nginx, PostgreSQL servers of their own (a failover among them), Chromium,
+  the install, the bench's sections at their smallest, on loopback.
+- system: what bounds a time or drives a load: network faults, an app host killed, storms, slow
+  clients, a standby's staleness, the history under kill -9: they run after the others, in two lanes
+  (``SYSTEM_LANES``): the network faults beside the rest, each lane one test at a time.
 
 ``scripts/test --quick`` runs unit and functional; ``scripts/test`` runs the first four in parallel
-(pytest-xdist), then system serially. A new test module must be placed here (tests/test_suite_rules.py).
+(pytest-xdist), then system in its two lanes. A new test module must be placed here (tests/test_suite_rules.py).
 """
 
 from __future__ import annotations
@@ -35,21 +37,31 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_store_replaced", "test_transfer", "test_wal", "test_write_path",
     ),
     "integration": (
-        "test_admin_api_examples", "test_admin_api_gunicorn", "test_admin_serving", "test_deploy",
-        "test_edge", "test_forged_log_fields", "test_gunicorn", "test_heartbeat", "test_integration_browser",
-        "test_logs", "test_monitoring_site", "test_openapi_clients", "test_paths", "test_pgbouncer",
-        "test_prometheus", "test_schemathesis_run", "test_serve", "test_systemd", "test_upstream_keepalive",
-        "test_worker_boot",
+        "test_admin_api_examples", "test_admin_api_gunicorn", "test_admin_cost", "test_admin_serving",
+        "test_bench", "test_deploy", "test_edge", "test_forged_log_fields", "test_gunicorn", "test_heartbeat",
+        "test_install", "test_integration_browser", "test_logs", "test_monitoring_site",
+        "test_openapi_clients", "test_paths", "test_pgbouncer", "test_primary_failover", "test_prometheus",
+        "test_scale", "test_schemathesis_run", "test_serve", "test_store_outage", "test_systemd",
+        "test_upstream_keepalive", "test_worker_boot",
     ),
     "system": (
-        "test_admin_cost", "test_admin_slow_clients", "test_app_failover", "test_bench", "test_examples",
-        "test_install", "test_primary_failover", "test_scale", "test_standby", "test_store_network",
-        "test_store_outage", "test_storm", "test_write_history",
+        "test_admin_slow_clients", "test_app_failover", "test_examples", "test_standby", "test_store_network",
+        "test_storm", "test_write_history",
     ),
 }
 ORDER = tuple(TIERS)
+# The system tier runs in two lanes side by side, each one test at a time (scripts/test: pytest -m
+# "system and lane_NAME"): the network faults, which mostly wait on cuts and bounds, in one; what drives
+# a load or kills processes in the other.
+SYSTEM_LANES: dict[str, tuple[str, ...]] = {"network": ("test_store_network", "test_standby")}
+LANES = ("network", "load")  # "load": every other system-tier module
 # The tiers whose tests run on both engines unless an ``engine`` marker pins one; elsewhere SQLite.
 BOTH_ENGINES = ("store", "integration", "system")
+
+
+def system_lane(module: str) -> str:
+    """The lane of a system-tier module (its mark: lane_network or lane_load)."""
+    return next((lane for lane, modules in SYSTEM_LANES.items() if module in modules), "load")
 
 
 def tier_of(module: str) -> str | None:

@@ -6,6 +6,12 @@ admin service's environment: its ``AUTHSVC_STORE`` names the admin store setting
 read-only role. The store must exist at this release's schema version and the
 token secret must be readable (``POST /v1/tokens`` mints with it): otherwise one
 line on stderr and gunicorn's "app failed to load" exit status, 4.
+
+Its workers hand the GIL over every 0.5 ms instead of Python's 5 ms: a worker's threads share one GIL,
+and a thread parsing a caller's 4 MiB batch otherwise holds a small call of another caller's up to
+5 ms at each step it waits for the GIL (docs/admin-api.md, "Rate limit"). ``scripts/bench --only
+admin-cost``, two runs each on 2026-11-27: another token's GET p99 beside the costliest bodies went
+from 1.81 and 1.73 x its p99 alone (5 ms) to 1.06 and 0.83 x (0.5 ms).
 """
 
 import sys
@@ -15,6 +21,7 @@ from authsvc.errors import ConfigError
 from authsvc.settings import Settings
 
 APP_LOAD_ERROR = 4  # gunicorn.arbiter.Arbiter.APP_LOAD_ERROR
+SWITCH_INTERVAL = 0.0005  # seconds: the GIL's hand-over interval in the admin service (above)
 
 
 def __getattr__(name: str):
@@ -22,6 +29,7 @@ def __getattr__(name: str):
         try:
             app = AdminApp(Settings.from_env())
             app.store.check()
+            sys.setswitchinterval(SWITCH_INTERVAL)
             return app
         except ConfigError as e:
             print(f"authsvc-admin: error: {e}", file=sys.stderr, flush=True)

@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync-engines", default="sqlite,postgresql",
                         help="admin-sync and admin-load sections: engines (postgresql uses --pg) "
                              "(default sqlite,postgresql)")
+    parser.add_argument("--cost-rounds", type=int, default=20,
+                        help="admin-cost section: alternating rounds of 1.5 s alone and 1.5 s beside the costly token "
+                             "(default 20)")
     parser.add_argument("--sync-clients", type=int, default=4, help="admin-sync section: clients (default 4)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
     args = parser.parse_args(argv)

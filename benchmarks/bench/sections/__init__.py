@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Callable
 
 from benchmarks.bench.sections import (
+    admin_cost,
     admin_load,
     admin_sync,
     bodies,
@@ -72,4 +73,7 @@ SECTIONS: dict[str, Section] = {
                           "syncs new players into the same store through its batch, at normal and at the shipped unit's "
                           "low priority, on each engine of --sync-engines; and when a revoke issued mid-sync is first "
                           "refused, against its effective_by", True),
+    "admin-cost": Section(admin_cost.run, "another API token's GET p50 and p99, alone against while one token sends "
+                          "the costliest bodies it may (4 MiB dry-run batches), in --cost-rounds alternating rounds, "
+                          "under the admin service as shipped (2 gthread workers)", False),
 }
