@@ -102,11 +102,6 @@ CONFIGS = [
     Config(PLAIN + PG, conf="plain", nginx=False, engine="postgresql"),
     Config(SHIPPED + PG, engine="postgresql"),
     Config(APP + PG, engine="postgresql", env=APP_RECORD),
-    # Internals against the public API they stand in for (BENCHMARKS.md, "Internals").
-    Config("shipped, token check through hmac.digest", app="benchmarks.variants:authsvc_public_hmac"),
-    Config("shipped, metrics through prometheus_client's API", app="benchmarks.variants:authsvc_public_metrics"),
-    Config(APP + ", auth line's record through Logger.makeRecord", env=APP_RECORD,
-           app="benchmarks.variants:authsvc_public_records"),
 ]
 MARKER = """
 import binascii as _binascii
