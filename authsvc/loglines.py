@@ -1,30 +1,17 @@
-"""Cheaper log lines, the same text: the auth line's records, and the time of day once a second;
-the one shape of a logged request id; and a throttle for the lines an outage would write on every
-request (LogThrottle).
+"""Log lines: the time of day formatted once a second (CachedTimeFormatter); the one shape of a
+logged request id; and a throttle for the lines an outage would write on every request (LogThrottle).
 
-An auth line (docs/logs.md) costs a worker 54,069 instructions a request
-(BENCHMARKS.md, "The shipped path against plain", rows 3 - 4), in two places that
-repeat the same work for every line:
-
-- ``Logger.makeRecord`` recomputes what is the same for every line a process
-  writes from one place: the level name, the file and module names (two
-  ``os.path`` calls), the process id (a ``getpid`` system call), the process name.
-  ``LineRecords`` copies one record made by ``makeRecord`` in this process (a
-  forked worker makes its own) and sets this line's message, times and thread:
-  every attribute is there, with the value ``makeRecord`` would have given it.
-- ``logging.Formatter`` formats the time (``localtime`` and ``strftime``) for each
-  line; with a ``datefmt`` (whole seconds) ``CachedTimeFormatter`` keeps the text
-  of the current second. deploy/gunicorn.conf.py uses it for the error log.
+``logging.Formatter`` formats the time (``localtime`` and ``strftime``) for each line; with a
+``datefmt`` (whole seconds) ``CachedTimeFormatter`` keeps the text of the current second.
+deploy/gunicorn.conf.py uses it for the error log.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
-import weakref
 from collections.abc import Callable
 
 # A request id as both log lines hold it (docs/logs.md): 1 to 64 ASCII letters, digits, '.', '_'
@@ -46,43 +33,6 @@ REQUEST_ID_KEY = "authsvc.request_id"
 def request_id(value: str | None) -> str:
     """``X-Request-Id`` as logged: itself in the documented shape, else "-"."""
     return value if value is not None and _REQUEST_ID.fullmatch(value) else "-"
-
-
-class LineRecords:
-    """Records of one logger, level and source file, for messages without arguments."""
-
-    def __init__(self, logger: logging.Logger, level: int, pathname: str):
-        self.logger = logger
-        self.level = level
-        self.pathname = pathname
-        self._template: dict | None = None
-        records = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _forget(records))
-
-    def make(self, msg: str) -> logging.LogRecord:
-        template = self._template
-        if template is None:
-            template = self._template = self.logger.makeRecord(
-                self.logger.name, self.level, self.pathname, 0, "", (), None
-            ).__dict__
-        now = time.time()
-        record = logging.LogRecord.__new__(logging.LogRecord)
-        record.__dict__ = template.copy()
-        record.msg = msg
-        record.created = now
-        record.msecs = int((now - int(now)) * 1000) + 0.0
-        record.relativeCreated = template["relativeCreated"] + (now - template["created"]) * 1000
-        if template["thread"] is not None:  # logging.logThreads
-            thread = threading.get_ident()
-            if thread != template["thread"]:  # another thread of a gthread worker
-                record.thread, record.threadName = thread, threading.current_thread().name
-        return record
-
-
-def _forget(records: weakref.ref) -> None:
-    """In a forked child: the parent's process id is not this process's."""
-    if (r := records()) is not None:
-        r._template = None
 
 
 class CachedTimeFormatter(logging.Formatter):

@@ -17,9 +17,6 @@ from authsvc.errors import NotFound
 if TYPE_CHECKING:
     from authsvc.store.base import Player, Store
 
-_BLOCK = 64  # SHA-256 block size, bytes
-
-
 def mint_token(secret: bytes, game_id: int, user_id: int, epoch: int) -> str:
     message = f"{game_id}:{user_id}:{epoch}".encode("ascii")
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
@@ -43,28 +40,18 @@ def current_token(store: Store, secret: bytes, game_id: int, user_id: int) -> tu
 class TokenVerifier:
     """Checks a token against every token secret (current first), in constant work.
 
-    HMAC-SHA256 as RFC 2104 defines it and the stdlib's pure-Python ``hmac`` path
-    computes it (copy the inner and outer hash states, feed the message), with
-    each secret's two padded key blocks hashed once, here, instead of on every
-    call as hmac.new/hmac.digest do; that was more than half of the token check
-    (BENCHMARKS.md). tests/test_tokens.py checks it against hmac.new for secrets
-    shorter than, equal to and longer than a block.
+    hmac.digest, OpenSSL's one-shot HMAC. Hashing each secret's key pads once instead
+    saved 0.7 to 2.4 % of a request's instructions, too little for a hand-written HMAC
+    (BENCHMARKS.md, "Internals").
     """
 
-    __slots__ = ("_pads",)
+    __slots__ = ("_secrets",)
 
     def __init__(self, token_secrets: tuple[bytes, ...]):
-        pads = []
-        for secret in token_secrets:
-            if len(secret) > _BLOCK:
-                secret = hashlib.sha256(secret).digest()
-            secret = secret.ljust(_BLOCK, b"\0")
-            # RFC 2104's ipad and opad, computed here: hmac's own tables (trans_36) are not its public API.
-            pads.append((hashlib.sha256(bytes(b ^ 0x36 for b in secret)), hashlib.sha256(bytes(b ^ 0x5C for b in secret))))
-        self._pads = tuple(pads)
+        self._secrets = tuple(token_secrets)
 
     def __repr__(self) -> str:
-        return f"<TokenVerifier: {len(self._pads)} secret(s), masked>"
+        return f"<TokenVerifier: {len(self._secrets)} secret(s), masked>"
 
     def matches(self, game_id: int, user_id: int, epoch: int, token: str) -> bool:
         """True if ``token`` was minted for (game, user, epoch) with any of the secrets.
@@ -76,12 +63,8 @@ class TokenVerifier:
         message = f"{game_id}:{user_id}:{epoch}".encode("ascii")
         given = token if token.isascii() else "?"  # compare_digest takes ASCII str only
         ok = False
-        for inner_pad, outer_pad in self._pads:
-            inner = inner_pad.copy()
-            inner.update(message)
-            outer = outer_pad.copy()
-            outer.update(inner.digest())
-            ok |= hmac.compare_digest(outer.hexdigest(), given)
+        for secret in self._secrets:
+            ok |= hmac.compare_digest(hmac.digest(secret, message, hashlib.sha256).hex(), given)
         return ok
 
 

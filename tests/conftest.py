@@ -42,7 +42,7 @@ from authsvc.settings import Settings
 from authsvc.store import open_store, redact_url
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from tests import pgserver
-from tests.support import make_testapp, skip_or_fail
+from tests.support import AdminClient, make_testapp, skip_or_fail
 from tests.tiers import BOTH_ENGINES, LANES, ORDER, system_lane, tier_of
 
 ENGINES = ("sqlite", "postgresql")
@@ -304,3 +304,11 @@ def app(world) -> webtest.TestApp:
     testapp = make_testapp(world.settings)
     yield testapp
     testapp.app.store.close()
+
+
+@pytest.fixture
+def admin(world, settings) -> AdminClient:
+    """The admin API on the world's store through WebTest (``.app``), and its tokens (``.headers(name, scopes)``)."""
+    client = AdminClient(settings, world.store)
+    yield client
+    client.close()

@@ -38,13 +38,15 @@ from authsvc.web.app import make_app
 from harness.processes import free_port, start_gunicorn, wait_for_port
 
 __all__ = [
-    "ERROR_KEYS", "INVALID", "MISSING", "NODE_MODULES", "PATH", "STRICT", "FakeClock", "admin_request",
+    "ALL_SCOPES", "ERROR_KEYS", "INVALID", "MISSING", "NODE_MODULES", "PATH", "STRICT", "AdminClient", "FakeClock",
+    "admin_request",
     "assert_contract_headers", "free_port", "get", "get_text", "hold_write_lock", "kept_stopped", "make_testapp",
     "node_tool", "raw_exchange", "raw_request", "schemathesis_check", "serve_gunicorn", "skip_or_fail", "start_gunicorn",
-    "until_both_workers_counted", "wait_for_port", "workers_that_authenticated",
+    "until_both_workers_counted", "wait_for_port", "workers_that_authenticated", "apply_roles", "init_as_owner",
 ]
 
 STRICT = os.environ.get("AUTHSVC_TEST_STRICT") == "1"
+DEPLOY_PG = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
 NODE_MODULES = Path(__file__).resolve().parent.parent / "node_modules"
 
 
@@ -156,6 +158,61 @@ def serve_gunicorn(env: dict, *args: str, port: int, log_path: Path, **options) 
         proc.wait(timeout=20)
         raise AssertionError("gunicorn did not start:\n" + log_path.read_text(errors="replace")) from None
     return proc
+
+
+# Every scope an API token may hold (docs/admin-api.md, "Tokens and scopes").
+ALL_SCOPES = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
+
+
+class AdminClient:
+    """The admin API (an AdminApp on ``settings``) through WebTest with its WSGI lint on, and API tokens for
+    it added to ``store`` as the command adds them (actor ``cli:test``). tests/conftest.py's ``admin``."""
+
+    def __init__(self, settings: Settings, store):
+        from authsvc.admin.api import AdminApp
+
+        self.api = AdminApp(settings)
+        self.app = webtest.TestApp(self.api, lint=True)
+        self.store = store
+
+    def bearer(self, name: str, scopes=ALL_SCOPES, expires_in: int | None = None) -> tuple[dict, str]:
+        """(the Authorization header of a new token, the token)."""
+        from authsvc.admin import operations as ops
+
+        _, token = ops.add_api_token(self.store, ops.Context(actor="cli:test"), name, scopes, expires_in)
+        return {"Authorization": f"Bearer {token}"}, token
+
+    def headers(self, name: str, scopes=ALL_SCOPES, expires_in: int | None = None) -> dict:
+        """The Authorization header of a new token."""
+        return self.bearer(name, scopes, expires_in)[0]
+
+    def close(self) -> None:
+        self.api.store.close()
+
+
+def apply_roles(pg):
+    """deploy/postgres/roles.sql run by psql as the DBA on the throwaway server ``pg`` (tests/pgserver.py);
+    returns url(role): the authsvc database as ``role``, over TCP."""
+    subprocess.run(
+        [os.path.join(pg.bin_dir, "psql"), pg.url, "-q", "-v", "ON_ERROR_STOP=1", "-f", str(DEPLOY_PG / "roles.sql")],
+        check=True, capture_output=True, timeout=60,
+    )
+    return lambda role: f"postgresql://{role}@127.0.0.1:{pg.port}/authsvc"
+
+
+def init_as_owner(pg, secret_file, monkeypatch):
+    """apply_roles, then ``authsvc init`` as the owner (the environment: ``secret_file``, no settings file);
+    the environment then names the store as the admin role, as the everyday admin command has it.
+    Returns url(role)."""
+    from authsvc.admin import command as cli
+
+    url = apply_roles(pg)
+    monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(secret_file))
+    monkeypatch.delenv("AUTHSVC_CONFIG", raising=False)
+    monkeypatch.setenv("AUTHSVC_STORE", url("authsvc_owner"))
+    assert cli.main(["init"]) == 0
+    monkeypatch.setenv("AUTHSVC_STORE", url("authsvc_admin"))
+    return url
 
 
 def admin_request(conn: http.client.HTTPConnection, method: str, path: str, token: str, body: dict | None = None,

@@ -22,27 +22,11 @@ from authsvc.errors import StoreUnavailable
 from authsvc.tokens import mint_token
 from tests.support import audit_rows, problem, store_sql
 
-ALL = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
-
-
-@pytest.fixture
-def admin(world, settings):
-    """(WebTest app, make_token(name, scopes, expires_in=None) -> headers) on the world's store."""
-    app = AdminApp(settings)
-
-    def make_token(name, scopes=ALL, expires_in=None):
-        _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), name, scopes, expires_in)
-        return {"Authorization": f"Bearer {token}"}
-
-    yield webtest.TestApp(app, lint=True), make_token
-    app.store.close()
-
-
 # -- who may call --------------------------------------------------------------------------------
 
 
 def test_missing_unknown_malformed_expired_and_revoked_tokens_get_401(admin, world, caplog):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     live = make_token("live")
     expiring = make_token("expiring", expires_in=1)
     revoked = make_token("revoked")
@@ -62,7 +46,7 @@ def test_missing_unknown_malformed_expired_and_revoked_tokens_get_401(admin, wor
 
 
 def test_a_token_without_the_scope_gets_403(admin):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     reader = make_token("reader", ["players:read"])
     assert app.get("/v1/players/4242", headers=reader).status_int == 200
     body = problem(app.put_json("/v1/players/4242", {"username": "x"}, headers=reader, expect_errors=True),
@@ -76,7 +60,7 @@ def test_a_token_without_the_scope_gets_403(admin):
 
 
 def test_put_creates_then_updates_with_etag_and_if_match(admin, world, store_url):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"X-Request-Id": "signup-1"}
     r = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers)
     assert r.status_int == 201 and r.json == {"user_id": 7, "username": "dora", "enabled": True, "epoch": 0,
@@ -122,7 +106,7 @@ def test_updated_at_moves_with_each_change_and_not_with_a_put_that_changes_nothi
     """updated_at is the time of the write that last changed the player (its audit record's), in
     RFC 3339 UTC; a PUT that changes nothing moves neither it nor the ETag; a revoke moves both; and
     a rename and its undoing give a new ETag, since the answer (its updated_at) is not the first one."""
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web")
     created = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", created.json["updated_at"])
@@ -156,7 +140,7 @@ def test_a_player_unchanged_since_the_upgrade_has_updated_at_null_and_its_old_et
     one the previous release gave, so an If-Match a client kept across the upgrade still matches."""
     import hashlib
 
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web")
     # As the previous release left it: no updated_at.
     store_sql(store_url, "INSERT INTO players (user_id, username, epoch, enabled) VALUES (7, 'dora', 2, ?)", (True,))
@@ -171,7 +155,7 @@ def test_a_player_unchanged_since_the_upgrade_has_updated_at_null_and_its_old_et
 
 
 def test_get_and_revoke_an_unknown_player_are_404(admin):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web")
     problem(app.get("/v1/players/99", headers=headers, expect_errors=True), 404, "not-found")
     problem(app.post("/v1/players/99/revoke", headers=headers, expect_errors=True), 404, "not-found")
@@ -180,7 +164,7 @@ def test_get_and_revoke_an_unknown_player_are_404(admin):
 
 
 def test_revoke_answers_the_new_epoch_and_when_it_takes_effect(admin, world, settings):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web")
     before = time.time()
     r = app.post("/v1/players/4242/revoke", headers=headers)
@@ -196,7 +180,7 @@ def test_revoke_answers_the_new_epoch_and_when_it_takes_effect(admin, world, set
 
 
 def test_mint_answers_the_current_token_and_404_for_what_is_not_enabled(admin, world, settings, store_url):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web")
     r = app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers)
     token = mint_token(settings.token_secrets[0], world.game_id, 4242, 0)
@@ -223,7 +207,7 @@ def test_mint_answers_the_current_token_and_404_for_what_is_not_enabled(admin, w
 
 
 def test_bad_requests_get_their_own_statuses(admin, settings):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web")
     body = problem(app.put_json("/v1/players/7", {"username": 5}, headers=headers, expect_errors=True),
                    422, "validation")
@@ -286,7 +270,7 @@ def test_a_store_outage_is_503_with_retry_after_and_anything_else_an_opaque_500(
 
 
 def test_games_add_read_disable_and_rotate_with_the_key_shown_once(admin, world, store_url):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("ops", ["games:read", "games:write"])
     r = app.post_json("/v1/games", {"name": "Go"}, headers=headers)
     assert r.status_int == 201 and r.json["name"] == "Go" and r.json["enabled"] is True
@@ -308,7 +292,7 @@ def test_games_add_read_disable_and_rotate_with_the_key_shown_once(admin, world,
 
 
 def test_the_audit_trail_pages_newest_first_with_filters(admin, world):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     writer = make_token("web", ["players:write"])
     for user_id in range(1, 6):
         app.put_json(f"/v1/players/{user_id}", {"username": f"p{user_id}"}, headers=writer)
@@ -329,7 +313,7 @@ def test_the_audit_trail_pages_newest_first_with_filters(admin, world):
 def test_an_audit_limit_out_of_range_names_the_range_limit_has(admin):
     """limit is 1 to 1000 (docs/admin-api.md, the OpenAPI document): its problem says so, whatever is wrong with
     it; the ids (after, player, game) keep their own range."""
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     reader = make_token("auditor", ["audit:read"])
     for query in ("limit=0", "limit=1001", "limit=x", "limit=-1", "limit=01", "limit=9223372036854775808",
                   "limit=" + "9" * 5000):
@@ -345,7 +329,7 @@ def test_an_audit_limit_out_of_range_names_the_range_limit_has(admin):
 
 
 def test_a_retried_post_replays_the_first_answer_without_a_second_change(admin, world, store_url):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"Idempotency-Key": "revoke-4242-a"}
     first = app.post("/v1/players/4242/revoke", headers=headers)
     records = len(audit_rows(store_url))
@@ -364,7 +348,7 @@ def test_a_retried_post_replays_the_first_answer_without_a_second_change(admin, 
 
 
 def test_an_error_answer_is_replayed_too(admin, world, store_url):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"Idempotency-Key": "k"}
     problem(app.post("/v1/players/77/revoke", headers=headers, expect_errors=True), 404, "not-found")
     app.put_json("/v1/players/77", {"username": "late"}, headers=make_token("w2"))
@@ -376,7 +360,7 @@ def test_an_error_answer_is_replayed_too(admin, world, store_url):
 
 
 def test_no_secret_is_kept_a_token_is_made_again_and_a_key_is_not_replayed(admin, world, store_url):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"Idempotency-Key": "mint-1"}
     minted = app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers).json
     app.post("/v1/players/4242/revoke", headers=make_token("w2"))  # the epoch moves on
@@ -425,7 +409,7 @@ def _together(calls) -> list:
 
 def test_two_concurrent_renames_from_one_version_one_wins_one_gets_412(admin, world, settings):
     """Each writer its own process-like app and store connection; whichever commits first wins."""
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web")
     version = app.get("/v1/players/4242", headers=headers).headers["ETag"]
     apps = [AdminApp(settings) for _ in range(2)]
@@ -447,7 +431,7 @@ def test_two_concurrent_renames_from_one_version_one_wins_one_gets_412(admin, wo
 
 
 def test_two_concurrent_posts_with_one_key_change_once(admin, world, settings, store_url):
-    app, make_token = admin
+    make_token = admin.headers
     headers = make_token("web")
     apps = [AdminApp(settings) for _ in range(2)]
     try:
@@ -487,7 +471,7 @@ HOSTILE = [
 
 @pytest.mark.parametrize(("method", "path", "body", "content_type"), HOSTILE)
 def test_hostile_input_gets_a_problem_never_a_500(admin, method, path, body, content_type):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web")
     if content_type:
         headers["Content-Type"] = content_type
@@ -503,7 +487,7 @@ def test_a_whole_number_written_with_a_fraction_or_exponent_is_that_number(admin
     """JSON has one number type and JSON Schema (the OpenAPI document) counts 7.0 and 7e0 as the integer
     7: they are read exactly (9007199254740993.0 is not rounded to a float's ...992), and anything
     that is not a whole number, or is too large, is 422, at once."""
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"Content-Type": "application/json"}
     body = f'{{"game_id": {world.game_id}.0, "user_id": 4242e0}}'.encode()
     r = app.post("/v1/tokens", body, headers=headers)
@@ -524,7 +508,7 @@ def test_a_whole_number_written_with_a_fraction_or_exponent_is_that_number(admin
 def test_a_nul_in_an_audit_filter_is_422_on_both_engines(admin):
     """PostgreSQL's text cannot hold a NUL: the filter reached the query and failed there (a 500).
     No actor or action holds one, so it is refused first, alike on both engines."""
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("auditor", ["audit:read"])
     for query, name in (("actor=api%3Aweb%00", "actor"), ("action=%00", "action")):
         body = problem(app.get(f"/v1/audit?{query}", headers=headers, expect_errors=True), 422, "validation")

@@ -20,20 +20,6 @@ from authsvc.store.audit import canonical
 from tests.support import audit_rows, problem
 
 BATCH = "/v1/players/batch"
-ALL = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
-
-
-@pytest.fixture
-def admin(world, settings):
-    """(WebTest app, make_token(name, scopes) -> (headers, token)) on the world's store."""
-    app = AdminApp(settings)
-
-    def make_token(name, scopes=ALL):
-        _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), name, scopes)
-        return {"Authorization": f"Bearer {token}"}, token
-
-    yield webtest.TestApp(app, lint=True), make_token
-    app.store.close()
 
 
 def players(store) -> dict[int, tuple[str, bool]]:
@@ -41,7 +27,7 @@ def players(store) -> dict[int, tuple[str, bool]]:
 
 
 def test_a_batch_answers_a_result_per_item_and_writes_in_one_transaction(admin, world, store_url, caplog):
-    app, make_token = admin
+    app, make_token = admin.app, admin.bearer
     headers, token = make_token("sync", ["players:write"])
     world.store.add_player(7, "gus")
     body = {"players": [
@@ -72,7 +58,7 @@ def test_a_batch_answers_a_result_per_item_and_writes_in_one_transaction(admin, 
 
 
 def test_one_audit_record_per_batch_with_its_counts_and_the_body_digest(admin, world, store_url):
-    app, make_token = admin
+    app, make_token = admin.app, admin.bearer
     headers, _ = make_token("sync", ["players:write"])
     body = {"players": [{"user_id": n, "username": f"p{n}"} for n in range(1, 301)]
             + [{"user_id": 4242, "username": "alice2"}, {"user_id": 0, "username": "zero"}]}
@@ -90,7 +76,7 @@ def test_one_audit_record_per_batch_with_its_counts_and_the_body_digest(admin, w
 def test_a_batch_stamps_the_rows_it_writes_with_its_record_time_and_leaves_the_others(admin, world, store_url):
     """updated_at (docs/admin-api.md, "Players"): a created or updated row gets the time of the batch's
     audit record; an unchanged one keeps its own, and a dry run stamps nothing."""
-    app, make_token = admin
+    app, make_token = admin.app, admin.bearer
     headers, _ = make_token("sync", ["players:write"])
     gus = world.store.add_player(7, "gus").updated_at_ms
     hal = world.store.add_player(8, "hal").updated_at_ms
@@ -108,7 +94,7 @@ def test_a_batch_stamps_the_rows_it_writes_with_its_record_time_and_leaves_the_o
 
 
 def test_a_dry_run_answers_what_would_change_and_writes_nothing(admin, world, store_url):
-    app, make_token = admin
+    app, make_token = admin.app, admin.bearer
     headers, _ = make_token("sync", ["players:write"])
     before = len(audit_rows(store_url))
     body = {"players": [{"user_id": 1, "username": "ann"}, {"user_id": 4242, "username": "alice9"},
@@ -121,7 +107,7 @@ def test_a_dry_run_answers_what_would_change_and_writes_nothing(admin, world, st
 
 
 def test_invalid_items_are_reported_by_field_and_the_valid_ones_written(admin, world):
-    app, make_token = admin
+    app, make_token = admin.app, admin.bearer
     headers, _ = make_token("sync", ["players:write"])
     body = {"players": [
         {"user_id": 1, "username": "ann"},
@@ -151,7 +137,7 @@ def test_invalid_items_are_reported_by_field_and_the_valid_ones_written(admin, w
 
 
 def test_the_bounds_over_1000_items_is_422_over_the_cap_413(admin, world, settings):
-    app, make_token = admin
+    app, make_token = admin.app, admin.bearer
     headers, _ = make_token("sync", ["players:write"])
     many = {"players": [{"user_id": n, "username": f"p{n}"} for n in range(1, 1002)]}
     body = problem(app.post_json(BATCH, many, headers=headers, expect_errors=True), 422, "validation")
@@ -171,7 +157,7 @@ def test_the_bounds_over_1000_items_is_422_over_the_cap_413(admin, world, settin
 
 
 def test_a_retried_batch_replays_its_answer_without_a_second_change(admin, world, store_url):
-    app, make_token = admin
+    app, make_token = admin.app, admin.bearer
     headers, _ = make_token("sync", ["players:write"])
     keyed = headers | {"Idempotency-Key": "sync-0001"}
     body = {"players": [{"user_id": 1, "username": "ann"}, {"user_id": 2, "username": "ben"}]}

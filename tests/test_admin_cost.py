@@ -19,10 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-import webtest
 
 from authsvc.admin import operations as ops
-from authsvc.admin.api import AdminApp
 from authsvc.admin.ratelimit import RateLimit
 from authsvc.settings import Settings
 from authsvc.store import open_store
@@ -36,23 +34,20 @@ BATCH = "/v1/players/batch"
 
 
 @pytest.fixture
-def admin(world, settings):
+def limited(admin):
     """(WebTest app, make_token(name) -> headers, the fake clock of its rate limit: 50 a second, bursts of 100)."""
-    app = AdminApp(settings)
     clock = FakeClock()
-    app.rate_limit = RateLimit(50, 100, clock=clock)
+    admin.api.rate_limit = RateLimit(50, 100, clock=clock)
 
     def make_token(name: str) -> dict:
-        _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), name, ["players:write"])
-        return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        return {**admin.headers(name, ["players:write"]), "Content-Type": "application/json"}
 
-    yield webtest.TestApp(app, lint=True), make_token, clock
-    app.store.close()
+    return admin.app, make_token, clock
 
 
 @pytest.mark.engine("sqlite")
-def test_a_body_counts_one_more_unit_of_the_rate_for_each_64_kib(admin):
-    app, make_token, clock = admin
+def test_a_body_counts_one_more_unit_of_the_rate_for_each_64_kib(limited):
+    app, make_token, clock = limited
     web = make_token("web")
     body = costliest_batch()
     assert 1 + len(body) // 65536 == 64  # its cost: a bucket of 100 holds one such call, not two
@@ -72,8 +67,8 @@ def test_a_body_counts_one_more_unit_of_the_rate_for_each_64_kib(admin):
 
 
 @pytest.mark.engine("sqlite")
-def test_a_token_has_one_large_body_in_flight_at_a_time(admin):
-    app, make_token, _ = admin
+def test_a_token_has_one_large_body_in_flight_at_a_time(limited):
+    app, make_token, _ = limited
     web, other = make_token("web"), make_token("other")
     body = json.dumps({"players": [{"user_id": n, "username": "p" * 80} for n in range(1, 1001)],
                        "dry_run": True}).encode()

@@ -15,27 +15,16 @@ import json
 import re
 
 import pytest
-import webtest
 
 from authsvc.admin import operations as ops
-from authsvc.admin.api import AdminApp
 from tests.support import problem, store_sql
-
-ALL = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
 
 
 @pytest.fixture
-def admin(world, settings):
-    """(WebTest app, make_token(name) -> headers) on the world's store; no rate limit (a sweep sends hundreds)."""
-    app = AdminApp(settings)
-    app.rate_limit.rate = 0
-
-    def make_token(name: str) -> dict:
-        _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), name, ALL)
-        return {"Authorization": f"Bearer {token}"}
-
-    yield webtest.TestApp(app, lint=True), make_token
-    app.store.close()
+def admin(admin):
+    """tests/conftest.py's, with no rate limit (a sweep sends hundreds)."""
+    admin.api.rate_limit.rate = 0
+    return admin
 
 
 def records(store_url: str, user_id: int) -> list[tuple]:
@@ -49,7 +38,7 @@ def records(store_url: str, user_id: int) -> list[tuple]:
 
 
 def test_if_match_compares_strongly_a_weak_tag_never_matches(admin, world, store_url):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web")
     tag = app.get("/v1/players/4242", headers=headers).headers["ETag"]
     for sent in ("W/" + tag, f'"0", W/{tag}'):
@@ -82,7 +71,7 @@ def test_conditions_are_read_as_rfc_9110_writes_them():
 
 
 def test_if_none_match_star_creates_the_player_or_answers_412_and_changes_nothing(admin, world, store_url):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"If-None-Match": "*"}
     r = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers)
     assert r.status_int == 201 and r.json["username"] == "dora"
@@ -154,7 +143,7 @@ def test_a_body_nested_too_deep_is_400_never_500(admin):
     little less deep than the interpreter's recursion limit (~985 under gunicorn), it was read and
     then failed there, a 500. The reader refuses any body nested deeper than 32, whatever the route;
     the depths swept cover that window wherever the caller's stack stands."""
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"Content-Type": "application/json"}
     failures = {}
     for depth in (33, 100, *range(900, 1000)):
@@ -175,7 +164,7 @@ def test_a_body_nested_too_deep_is_400_never_500(admin):
 
 
 def test_a_body_32_deep_is_read(admin):
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"Content-Type": "application/json"}
     junk = "[" * 31 + "]" * 31  # in the body's object: 32 deep
     r = app.put("/v1/players/7", f'{{"username": "dora", "junk": {junk}}}'.encode(), headers=headers)
@@ -185,7 +174,7 @@ def test_a_body_32_deep_is_read(admin):
 def test_a_body_of_more_values_than_the_reader_takes_is_413(admin, world):
     """A dry-run batch padded with a million tiny values (within the 4 MiB cap) cost a worker about a second
     to parse and hash; the reader counts the values first, on the raw bytes: 413 above 20,000."""
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"Content-Type": "application/json"}
     players = [{"user_id": 10 + n, "username": f"p{n}"} for n in range(1000)]
     padded = {
@@ -227,7 +216,7 @@ def test_the_audit_record_holds_the_servers_request_id_and_the_clients_beside_it
     """Two writes by two tokens, both sent with X-Request-Id: shared-1: each record holds the id the
     server made for its request (the answer's X-Request-Id), never the client's; the client's, in the
     logged shape only, is kept as changes.after.client_request_id."""
-    app, make_token = admin
+    app, make_token = admin.app, admin.headers
     web, other = make_token("web"), make_token("other")
     answers = [app.put_json(f"/v1/players/{user_id}", {"username": f"p{user_id}"},
                             headers=headers | {"X-Request-Id": "shared-1"})

@@ -9,8 +9,6 @@ web role may not read the table.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ from authsvc.admin import operations as ops
 from authsvc.admin.api import AdminApp
 from authsvc.errors import Conflict, Invalid, NotFound
 from authsvc.settings import Settings
-from tests.support import store_sql
+from tests.support import init_as_owner, store_sql
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
 
@@ -121,19 +119,7 @@ def test_operations_raise_typed_errors(run, settings):
 def test_the_admin_role_manages_tokens_and_the_web_role_cannot_read_them(own_pg, secret_file, monkeypatch, capsys):
     import psycopg
 
-    subprocess.run(
-        [os.path.join(own_pg.bin_dir, "psql"), own_pg.url, "-q", "-v", "ON_ERROR_STOP=1", "-f", str(DEPLOY / "roles.sql")],
-        check=True, capture_output=True, timeout=60,
-    )
-
-    def url(role):
-        return f"postgresql://{role}@127.0.0.1:{own_pg.port}/authsvc"
-
-    monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(secret_file))
-    monkeypatch.delenv("AUTHSVC_CONFIG", raising=False)
-    monkeypatch.setenv("AUTHSVC_STORE", url("authsvc_owner"))
-    assert cli.main(["init"]) == 0
-    monkeypatch.setenv("AUTHSVC_STORE", url("authsvc_admin"))
+    url = init_as_owner(own_pg, secret_file, monkeypatch)
     for argv in (["api-token", "add", "web", "--scope", "players:write"], ["api-token", "list"],
                  ["api-token", "revoke", "web"], ["game", "add", "Chess"]):
         assert cli.main(argv) == 0, capsys.readouterr().err

@@ -25,7 +25,7 @@ import pytest
 from authsvc.admin import command as cli
 from authsvc.settings import admin_actor
 from authsvc.store.audit import COLUMNS, GENESIS, Record, record_hash
-from tests.support import store_sql
+from tests.support import init_as_owner, store_sql
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
 
@@ -374,20 +374,8 @@ def test_no_secret_reaches_any_record(world, store_url, tmp_path, secret_file, m
 def test_the_admin_role_may_only_read_and_append_and_the_web_role_not_read(own_pg, secret_file, monkeypatch, capsys):
     import psycopg
 
-    subprocess.run(
-        [os.path.join(own_pg.bin_dir, "psql"), own_pg.url, "-q", "-v", "ON_ERROR_STOP=1", "-f", str(DEPLOY / "roles.sql")],
-        check=True, capture_output=True, timeout=60,
-    )
-
-    def url(role):
-        return f"postgresql://{role}@127.0.0.1:{own_pg.port}/authsvc"
-
-    monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(secret_file))
-    monkeypatch.delenv("AUTHSVC_CONFIG", raising=False)
     monkeypatch.setenv("SUDO_USER", "alice")
-    monkeypatch.setenv("AUTHSVC_STORE", url("authsvc_owner"))
-    assert cli.main(["init"]) == 0
-    monkeypatch.setenv("AUTHSVC_STORE", url("authsvc_admin"))  # every change of the everyday admin command
+    url = init_as_owner(own_pg, secret_file, monkeypatch)  # then every change of the everyday admin command
     for argv in (["game", "add", "Chess"], ["player", "add", "5", "bob"], ["player", "revoke", "5"],
                  ["game", "rotate-key", "1"], ["token", "issue", "--game", "1", "--user", "5"]):
         assert cli.main(argv) == 0, capsys.readouterr().err

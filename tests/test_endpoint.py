@@ -16,7 +16,6 @@ from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from tests.support import ERROR_KEYS, INVALID, MISSING, PATH, assert_contract_headers, make_testapp
 
 SUCCESS_KEYS = {"success", "user_id", "username"}
-FORBIDDEN = INVALID
 
 
 def ok(world, username=None):
@@ -40,7 +39,7 @@ def test_each_parameter_wrong_is_invalid_credentials(app, world, field):
     wrong = {"user_id": "4243", "game_auth_token": "0" * 64, "api_key": new_api_key()}[field]
     r = app.get(PATH, world.params(**{field: wrong}))
     assert r.status_int == 200
-    assert r.json == FORBIDDEN
+    assert r.json == INVALID
     assert set(r.json) == ERROR_KEYS
     assert_contract_headers(r)
 
@@ -84,7 +83,7 @@ def test_name_without_equals_sign_counts_as_missing(app, world):
      "9223372036854775808", "99999999999999999999", "1_000"],
 )
 def test_non_canonical_user_id_is_invalid_credentials(app, world, user_id):
-    assert app.get(PATH, world.params(user_id=user_id)).json == FORBIDDEN
+    assert app.get(PATH, world.params(user_id=user_id)).json == INVALID
 
 
 def test_largest_user_id_is_accepted(app, world):
@@ -96,14 +95,14 @@ def test_largest_user_id_is_accepted(app, world):
 
 def test_guest_user_id_zero_is_never_valid(app, world):
     guest_token = mint_token(world.settings.token_secrets[0], world.game_id, 0, 0)
-    assert app.get(PATH, world.params(user_id="0", game_auth_token=guest_token)).json == FORBIDDEN
+    assert app.get(PATH, world.params(user_id="0", game_auth_token=guest_token)).json == INVALID
 
 
 def test_duplicate_parameters_last_one_wins(app, world):
     p = world.params()
     base = f"game_auth_token={p['game_auth_token']}&api_key={p['api_key']}"
     assert app.get(f"{PATH}?user_id=1&{base}&user_id=4242").json == ok(world)
-    assert app.get(f"{PATH}?user_id=4242&{base}&user_id=1").json == FORBIDDEN
+    assert app.get(f"{PATH}?user_id=4242&{base}&user_id=1").json == INVALID
     assert app.get(f"{PATH}?{base}&api_key=").json == MISSING
 
 
@@ -121,7 +120,7 @@ def test_invalid_utf8_or_percent_encoding_is_invalid_credentials(app, world, fie
     p[field] = raw
     query = "&".join(f"{k}={v}" for k, v in p.items())
     r = app.get(f"{PATH}?{query}")
-    assert r.json == FORBIDDEN
+    assert r.json == INVALID
     assert_contract_headers(r)
 
 
@@ -130,7 +129,7 @@ def test_raw_non_utf8_bytes_in_query_string_are_invalid_credentials(app, world):
     p = world.params()
     request = webtest.TestRequest.blank(PATH)
     request.environ["QUERY_STRING"] = f"user_id=4242&game_auth_token=\xff\xfe&api_key={p['api_key']}"
-    assert app.do_request(request).json == FORBIDDEN
+    assert app.do_request(request).json == INVALID
 
 
 def test_unknown_parameters_are_ignored(app, world):
@@ -143,49 +142,49 @@ def test_unknown_parameters_are_ignored(app, world):
 def test_token_of_another_game_is_invalid(app, world):
     other_game, other_key = world.add_game("Go")
     other_token = world.token(game_id=other_game)
-    assert app.get(PATH, world.params(game_auth_token=other_token)).json == FORBIDDEN
-    assert app.get(PATH, world.params(api_key=other_key)).json == FORBIDDEN
+    assert app.get(PATH, world.params(game_auth_token=other_token)).json == INVALID
+    assert app.get(PATH, world.params(api_key=other_key)).json == INVALID
     both = world.params(api_key=other_key, game_auth_token=other_token)
     assert app.get(PATH, both).json == ok(world)
 
 
 def test_token_minted_with_another_secret_is_invalid(app, world):
     forged = mint_token(b"not-the-service-secret-0123456789", world.game_id, world.user_id, 0)
-    assert app.get(PATH, world.params(game_auth_token=forged)).json == FORBIDDEN
+    assert app.get(PATH, world.params(game_auth_token=forged)).json == INVALID
 
 
 def test_token_of_another_player_is_invalid(app, world):
     world.store.add_player(7, "bob")
-    assert app.get(PATH, world.params(user_id="7")).json == FORBIDDEN
+    assert app.get(PATH, world.params(user_id="7")).json == INVALID
     assert app.get(PATH, world.params(user_id="7", game_auth_token=world.token(user_id=7))).json["username"] == "bob"
 
 
 def test_unknown_player_with_a_well_formed_token_is_invalid(app, world):
     token = mint_token(world.settings.token_secrets[0], world.game_id, 999, 0)
-    assert app.get(PATH, world.params(user_id="999", game_auth_token=token)).json == FORBIDDEN
+    assert app.get(PATH, world.params(user_id="999", game_auth_token=token)).json == INVALID
 
 
 def test_token_in_upper_case_is_invalid(app, world):
-    assert app.get(PATH, world.params(game_auth_token=world.token().upper())).json == FORBIDDEN
+    assert app.get(PATH, world.params(game_auth_token=world.token().upper())).json == INVALID
 
 
 def test_revoked_player_old_token_stops_working_new_one_works(app, world):
     old = world.token()
     assert world.store.revoke_player(world.user_id) == 1
-    assert app.get(PATH, world.params(game_auth_token=old)).json == FORBIDDEN
+    assert app.get(PATH, world.params(game_auth_token=old)).json == INVALID
     assert app.get(PATH, world.params(game_auth_token=world.token())).json == ok(world)
 
 
 def test_disabled_player_is_invalid_until_enabled(app, world):
     world.store.set_player_enabled(world.user_id, False)
-    assert app.get(PATH, world.params()).json == FORBIDDEN
+    assert app.get(PATH, world.params()).json == INVALID
     world.store.set_player_enabled(world.user_id, True)
     assert app.get(PATH, world.params()).json == ok(world)
 
 
 def test_disabled_game_is_invalid_until_enabled(app, world):
     world.store.set_game_enabled(world.game_id, False)
-    assert app.get(PATH, world.params()).json == FORBIDDEN
+    assert app.get(PATH, world.params()).json == INVALID
     world.store.set_game_enabled(world.game_id, True)
     assert app.get(PATH, world.params()).json == ok(world)
 
@@ -203,8 +202,8 @@ def test_rotated_key_both_work_until_the_old_one_expires(app, world):
     assert app.get(PATH, world.params()).json == ok(world)
     assert app.get(PATH, world.params(api_key=new_key)).json == ok(world)
     world.store.add_api_key(world.game_id, api_key_digest(new_api_key()), now, now - 1)  # expire both
-    assert app.get(PATH, world.params()).json == FORBIDDEN
-    assert app.get(PATH, world.params(api_key=new_key)).json == FORBIDDEN
+    assert app.get(PATH, world.params()).json == INVALID
+    assert app.get(PATH, world.params(api_key=new_key)).json == INVALID
 
 
 def test_non_ascii_username_is_escaped_to_ascii(app, world):
@@ -229,7 +228,7 @@ def test_post_json_with_integer_user_id(app, world):
 
 @pytest.mark.parametrize("value", [True, 4242.0, [4242], {"id": 4242}])
 def test_json_user_id_of_another_type_is_invalid(app, world, value):
-    assert app.post_json(PATH, dict(world.params(), user_id=value)).json == FORBIDDEN
+    assert app.post_json(PATH, dict(world.params(), user_id=value)).json == INVALID
 
 
 def test_json_null_counts_as_missing(app, world):
@@ -270,7 +269,7 @@ def test_body_overrides_query(app, world):
     good = world.params()
     query = "user_id=1&game_auth_token=bad&api_key=bad"
     assert app.post_json(f"{PATH}?{query}", good).json == ok(world)
-    assert app.post_json(f"{PATH}?{'&'.join(f'{k}={v}' for k, v in good.items())}", {"user_id": "1"}).json == FORBIDDEN
+    assert app.post_json(f"{PATH}?{'&'.join(f'{k}={v}' for k, v in good.items())}", {"user_id": "1"}).json == INVALID
 
 
 def test_body_and_query_combine(app, world):
@@ -326,7 +325,7 @@ def test_path_with_repeated_or_trailing_slashes_answers_like_the_api_path(app, w
     assert r.status_int == 200 and r.json == ok(world)
     assert_contract_headers(r)
     assert app.post(path, world.params()).json == ok(world)
-    assert app.post_json(path, dict(world.params(), api_key="wrong")).json == FORBIDDEN
+    assert app.post_json(path, dict(world.params(), api_key="wrong")).json == INVALID
     assert app.head(path, world.params()).headers["Content-Length"] == r.headers["Content-Length"]
     assert app.request(path, method="DELETE", status=405).json["error"] == 405
 
@@ -369,7 +368,7 @@ def test_body_of_exactly_16_kib_is_read(app, world):
 
 def test_http_error_status_mode_uses_real_400_and_403(world):
     app = make_testapp(world.settings, error_status="http")
-    assert app.get(PATH, world.params(api_key="nope"), status=403).json == FORBIDDEN
+    assert app.get(PATH, world.params(api_key="nope"), status=403).json == INVALID
     assert app.get(PATH, world.params(api_key=""), status=400).json == MISSING
     assert app.get(PATH, world.params(), status=200).json == ok(world)
     assert app.head(PATH, world.params(api_key="nope"), status=403).body == b""

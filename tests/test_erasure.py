@@ -16,34 +16,20 @@ from __future__ import annotations
 import datetime
 import http.client
 import json
-import os
-import subprocess
 import threading
 import time
 import urllib.parse
 from pathlib import Path
 
 import pytest
-import webtest
 
 from authsvc.admin import operations as ops
-from authsvc.admin.api import AdminApp
 from authsvc.store import audit as trail
 from authsvc.tokens import mint_token
-from tests.support import PATH, free_port, problem, start_gunicorn, store_sql, wait_for_port
+from tests.support import PATH, free_port, init_as_owner, problem, start_gunicorn, store_sql, wait_for_port
 
-ALL = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
 CTX = ops.Context(actor="cli:test")
-
-
-@pytest.fixture
-def admin(world, settings):
-    """(the admin API through WebTest, headers with a token of every scope) on the world's store."""
-    app = AdminApp(settings)
-    _, token = ops.add_api_token(world.store, CTX, "web-tier", ALL)
-    yield webtest.TestApp(app, lint=True), {"Authorization": f"Bearer {token}"}
-    app.store.close()
 
 
 def actions(store_url: str, user_id: int) -> list[str]:
@@ -54,7 +40,7 @@ def actions(store_url: str, user_id: int) -> list[str]:
 
 
 def test_delete_answers_deleted_and_effective_by_then_the_player_is_404(admin, world, settings, store_url):
-    app, headers = admin
+    app, headers = admin.app, admin.headers("web-tier")
     assert app.put_json("/v1/players/77", {"username": "zed"}, headers=headers).status_int == 201
     before = time.time()
     r = app.delete("/v1/players/77", headers=headers)
@@ -71,7 +57,7 @@ def test_delete_answers_deleted_and_effective_by_then_the_player_is_404(admin, w
 
 
 def test_delete_honours_if_match_and_an_idempotency_key(admin, world, store_url):
-    app, headers = admin
+    app, headers = admin.app, admin.headers("web-tier")
     stale = app.get("/v1/players/4242", headers=headers).headers["ETag"]
     app.post("/v1/players/4242/revoke", headers=headers)
     body = problem(app.delete("/v1/players/4242", headers=headers | {"If-Match": stale}, expect_errors=True),
@@ -113,7 +99,7 @@ def test_the_command_deletes_a_player_and_says_so(command_as_alice, store_url):
 def test_old_tokens_are_refused_and_a_recreated_id_never_revives_one(admin, world, app, store_url, settings):
     """Each way an id comes back (PUT, batch, `player add`, `player import`) starts past the epoch the
     deleted player had: every token ever minted for the id before stays refused; a new one works."""
-    api, headers = admin
+    api, headers = admin.app, admin.headers("web-tier")
 
     def authenticates(token: str) -> bool:
         params = {"user_id": "4242", "game_auth_token": token, "api_key": world.api_key}
@@ -186,7 +172,7 @@ def live_rows(store_url: str) -> str:
 def test_a_deleted_players_names_leave_the_store_the_trail_the_export_and_the_backup(
     admin, world, env, store_url, command_as_alice, tmp_path
 ):
-    api, headers = admin
+    api, headers = admin.app, admin.headers("web-tier")
     run = command_as_alice
     state = {"enabled": True, "epoch": 0}
     ops.add_player(world.store, CTX, 42, "zelda-one")
@@ -394,20 +380,8 @@ def test_the_admin_role_deletes_and_erases_but_still_cannot_rewrite_a_record(own
     from authsvc.admin import command as cli
     from authsvc.store.postgres.store import PostgresStore
 
-    subprocess.run(
-        [os.path.join(own_pg.bin_dir, "psql"), own_pg.url, "-q", "-v", "ON_ERROR_STOP=1", "-f", str(DEPLOY / "roles.sql")],
-        check=True, capture_output=True, timeout=60,
-    )
-
-    def url(role):
-        return f"postgresql://{role}@127.0.0.1:{own_pg.port}/authsvc"
-
-    monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(secret_file))
-    monkeypatch.delenv("AUTHSVC_CONFIG", raising=False)
     monkeypatch.setenv("SUDO_USER", "alice")
-    monkeypatch.setenv("AUTHSVC_STORE", url("authsvc_owner"))
-    assert cli.main(["init"]) == 0
-    monkeypatch.setenv("AUTHSVC_STORE", url("authsvc_admin"))
+    url = init_as_owner(own_pg, secret_file, monkeypatch)
     for argv in (["player", "add", "5", "zelda-one"], ["player", "rename", "5", "zelda-two"], ["player", "add", "6", "x"]):
         assert cli.main(argv) == 0, capsys.readouterr().err
     store = PostgresStore(url("authsvc_admin"), readonly=False)

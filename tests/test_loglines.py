@@ -1,16 +1,13 @@
-"""authsvc/loglines.py: the auth line's records and the error log's time text are cheaper,
-and exactly what logging itself would have made (docs/logs.md holds the format)."""
+"""authsvc/loglines.py: the error log's time text is cheaper and exactly what logging itself would
+have made (docs/logs.md holds the format); a logged request id has its documented shape."""
 
 from __future__ import annotations
 
 import io
 import logging
-import os
-import threading
 import time
-from collections import Counter
 
-from authsvc.loglines import CachedTimeFormatter, LineRecords
+from authsvc.loglines import CachedTimeFormatter
 from tests.support import profile
 
 # The error log's format in deploy/gunicorn.conf.py.
@@ -31,53 +28,6 @@ def _logger(name: str, formatter: logging.Formatter) -> tuple[logging.Logger, io
     return logger, out
 
 
-def test_a_record_has_what_make_record_gives():
-    logger, _ = _logger("attributes", logging.Formatter(FORMAT, DATEFMT))
-    records = LineRecords(logger, logging.INFO, __file__)
-    records.make("first")  # the second line is a copy
-    before = time.time()
-    made = records.make("auth rid=- reason=success")
-    expected = logger.makeRecord(logger.name, logging.INFO, __file__, 0, "auth rid=- reason=success", (), None)
-    after = time.time()
-    assert type(made) is logging.LogRecord
-    mine, theirs = vars(made), vars(expected)
-    assert {k: v for k, v in mine.items() if k not in TIMES} == {k: v for k, v in theirs.items() if k not in TIMES}
-    assert before <= made.created <= after
-    assert made.msecs == int((made.created - int(made.created)) * 1000)
-    assert abs(made.relativeCreated - expected.relativeCreated) <= (after - before) * 1000 + 1
-
-
-def test_a_record_names_the_thread_that_wrote_it():
-    logger, _ = _logger("threads", logging.Formatter(FORMAT, DATEFMT))
-    records = LineRecords(logger, logging.INFO, __file__)
-    records.make("in the main thread")
-    made = []
-    thread = threading.Thread(target=lambda: made.append(records.make("in another")), name="gthread-7")
-    thread.start()
-    thread.join()
-    assert (made[0].thread, made[0].threadName) == (thread.ident, "gthread-7")
-    assert records.make("back").threadName == threading.current_thread().name
-
-
-def test_a_forked_child_names_its_own_process():
-    """A preloaded app is built in gunicorn's master: its workers must not log the master's pid."""
-    logger, _ = _logger("fork", logging.Formatter(FORMAT, DATEFMT))
-    records = LineRecords(logger, logging.INFO, __file__)
-    assert records.make("in the parent").process == os.getpid()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report, and leave without running pytest's exit handlers
-        try:
-            os.write(write, f"{records.make('in the child').process} {os.getpid()}".encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as f:
-        logged, actual = f.read().split()
-    os.waitpid(pid, 0)
-    assert logged == actual != str(os.getpid())
-
-
 def test_the_cached_time_text_is_logging_s_own():
     cached, plain = CachedTimeFormatter(FORMAT, DATEFMT), logging.Formatter(FORMAT, DATEFMT)
     logger = logging.getLogger("test.loglines.time")
@@ -93,29 +43,14 @@ def test_the_cached_time_text_is_logging_s_own():
     assert first != CachedTimeFormatter(FORMAT).format(record) == logging.Formatter(FORMAT).format(record)
 
 
-def test_an_auth_line_makes_fewer_calls_than_logging_s_own_path():
-    """A count, not a time, against logging's own path (makeRecord, a Formatter: 54 calls a line on
-    3.11) measured here, in this interpreter: what both share (Logger.handle, the
-    handler, the stream) is CPython's and may grow in any release. Ours adds its few calls and drops
-    the record's and the time's: two os.path calls, getpid, localtime and strftime."""
-    logger, out = _logger("cost", CachedTimeFormatter(FORMAT, DATEFMT))
-    records = LineRecords(logger, logging.INFO, __file__)
-    logger.handle(records.make("auth warm-up"))
-    for _ in range(20):  # the cached time is made anew once a second: a line that crosses into a new
-        # second calls localtime and strftime once, as it should; the next line cannot cross again
-        ours = profile(lambda: logger.handle(records.make("auth rid=- reason=success")))
-        if not {"localtime", "strftime"} & set(ours):
-            break
-    plain, _ = _logger("cost-plain", logging.Formatter(FORMAT, DATEFMT))
-    plain.handle(plain.makeRecord(plain.name, logging.INFO, __file__, 0, "warm-up", (), None))
-    theirs = profile(lambda: plain.handle(plain.makeRecord(plain.name, logging.INFO, __file__, 0, "auth", (), None)))
-    added, dropped = Counter(ours) - Counter(theirs), Counter(theirs) - Counter(ours)
-    # LineRecords.make, its dict copy, LogRecord.__new__, the clock, CachedTimeFormatter.formatTime.
-    assert sum(added.values()) <= 5, added
-    removed = {"Logger.makeRecord", "basename", "splitext", "getpid", "localtime", "strftime"}
-    assert removed <= set(dropped) and not removed & set(ours), (ours, theirs)
-    assert len(ours) < len(theirs), (ours, theirs)
-    assert out.getvalue().splitlines()[-1].endswith(f"[{os.getpid()}] [INFO] {logger.name}: auth rid=- reason=success")
+def test_a_line_in_the_same_second_formats_no_time_again():
+    """What CachedTimeFormatter saves: localtime and strftime, once a line's second has been formatted."""
+    formatter = CachedTimeFormatter(FORMAT, DATEFMT)
+    logger = logging.getLogger("test.loglines.cost")
+    record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, "auth rid=- reason=success", (), None)
+    formatter.format(record)
+    assert {"localtime", "strftime"} <= set(profile(lambda: logging.Formatter(FORMAT, DATEFMT).format(record)))
+    assert not {"localtime", "strftime"} & set(profile(lambda: formatter.format(record)))
 
 
 def test_a_request_id_is_logged_only_in_its_documented_shape():

@@ -4,7 +4,8 @@ In process (WebTest, one process): counts per game and reason, the histogram per
 route, the store-outage counter, the key-expiry gauge, and the JSON 404 without the
 extra. Under a real gunicorn with two workers and the shipped config (multiprocess
 mode): every scrape, whichever worker answers it, shows the exact counts of all
-workers, and a killed worker's counts stay. The real Prometheus server: tests/test_prometheus.py.
+workers, and a killed worker's counts stay; a process forked after counting (a preloaded
+app's worker) counts into its own file. The real Prometheus server: tests/test_prometheus.py.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import webtest
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from authsvc.web.app import App, make_app
+from authsvc.web.metrics import Metrics
 from tests.support import PATH, free_port, get_text, skip_or_fail, start_gunicorn, until_both_workers_counted, wait_for_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,6 +61,19 @@ def metrics_app(world):
     assert app.app.metrics is not None, "prometheus_client is installed: the app must have metrics"
     yield app
     app.app.store.close()
+
+
+@pytest.fixture
+def multiprocess(tmp_path, monkeypatch):
+    """prometheus_client's value class in multiprocess mode over tmp_path, chosen again as at its import."""
+    try:
+        from prometheus_client import values
+    except ImportError:
+        skip_or_fail("prometheus_client is not installed (pip install -e '.[metrics]')")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(values, "ValueClass", values.get_value_class())
+    yield tmp_path
+    values.ValueClass.close_all_files()
 
 
 def scripted_mix(world) -> tuple[list[dict], dict[tuple[str, str], int]]:
@@ -153,6 +168,36 @@ def test_the_core_imports_no_prometheus_client_by_itself(world):
 def worker_pids(master_pid: int) -> list[int]:
     with open(f"/proc/{master_pid}/task/{master_pid}/children") as f:
         return [int(p) for p in f.read().split()]
+
+
+def test_a_forked_child_counts_into_its_own_file(multiprocess):
+    """As a gunicorn worker forked from the master (preload): the child's counts go to its own file, the
+    parent's stay, and neither overwrites the other (the parent counted before and after the fork)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.mmap_dict import MmapedDict
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    metrics = Metrics(store=None)
+    for _ in range(3):
+        metrics.authentication(1, "success")
+    pid = os.fork()
+    if pid == 0:  # the child: count, then leave without pytest's teardown
+        code = 1
+        try:
+            for _ in range(5):
+                metrics.authentication(1, "success")
+            metrics.request("/api/authenticate.json", 0.001)
+            code = 0
+        finally:
+            os._exit(code)
+    assert os.waitpid(pid, 0)[1] == 0
+    metrics.authentication(1, "success")
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(multiprocess))
+    assert samples(generate_latest(registry).decode())['authsvc_authentications_total{game="1",result="success"}'] == 9
+    for process, count in ((os.getpid(), 4), (pid, 5)):
+        counts = MmapedDict.read_all_values_from_file(str(multiprocess / f"counter_{process}.db"))
+        assert [value for key, value, *_ in counts if "authsvc_authentications" in key] == [count]
 
 
 @SQLITE_ONLY

@@ -24,7 +24,7 @@ from authsvc.store import open_store
 from authsvc.store.postgres.store import MIGRATION_LOCK, MIGRATIONS
 from authsvc.tokens import api_key_digest
 from tests.pgserver import Heartbeat, ThrowawayPostgres, find_bin_dir
-from tests.support import make_testapp, skip_or_fail
+from tests.support import apply_roles, make_testapp, skip_or_fail
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
 
@@ -45,10 +45,7 @@ def test_shipped_roles_and_settings(own_pg, secret_file, monkeypatch, capsys):
     assert urllib.parse.urlsplit(admin.store).username == "authsvc_admin"
     assert urllib.parse.urlsplit(owner.store).username == "authsvc_owner"
 
-    subprocess.run(
-        [os.path.join(own_pg.bin_dir, "psql"), own_pg.url, "-q", "-v", "ON_ERROR_STOP=1", "-f", str(DEPLOY / "roles.sql")],
-        check=True, capture_output=True, timeout=60,
-    )
+    apply_roles(own_pg)
     monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(secret_file))
     monkeypatch.setenv("AUTHSVC_STORE", local(owner.store, own_pg.port))
     assert main(["init"]) == 0
@@ -95,10 +92,7 @@ def deployed(pg_server_url):
     server = ThrowawayPostgres(bin_dir)
     try:
         server.start()
-        subprocess.run(
-            [os.path.join(bin_dir, "psql"), server.url, "-q", "-v", "ON_ERROR_STOP=1", "-f", str(DEPLOY / "roles.sql")],
-            check=True, capture_output=True, timeout=60,
-        )
+        apply_roles(server)
         owner = open_store(role_url(server, "authsvc_owner"), readonly=False)
         owner.migrate()
         owner.add_game("Chess", api_key_digest("k" * 40), 0)

@@ -28,7 +28,16 @@ from authsvc.errors import StoreUnavailable
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from tests.pgserver import Heartbeat, ThrowawayPgbouncer, ThrowawayPostgres, ThrowawayStandby, find_bin_dir, find_pgbouncer
+from tests.pgserver import (
+    Heartbeat,
+    ThrowawayPgbouncer,
+    ThrowawayPostgres,
+    ThrowawayStandby,
+    find_bin_dir,
+    find_pgbouncer,
+    sql,
+    wait_replayed,
+)
 from tests.support import INVALID, PATH, free_port, skip_or_fail, start_gunicorn, wait_for_port
 
 WEB_ROLE = "authsvc_web"
@@ -52,22 +61,6 @@ class Cluster:
 
     def web_url(self, port: int, database: str = "postgres") -> str:
         return f"postgresql://{WEB_ROLE}@127.0.0.1:{port}/{database}"
-
-
-def _sql(url: str, statement: str):
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(statement)
-        return cursor.fetchone() if cursor.description else None
-
-
-def _wait_replayed(primary, standby) -> None:
-    lsn = _sql(primary.url, "SELECT pg_current_wal_lsn()")[0]
-    deadline = time.monotonic() + 30
-    while _sql(standby.url, f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'")[0] is not True:
-        assert time.monotonic() < deadline, "the standby did not catch up in 30 s"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -94,16 +87,16 @@ def cluster(secret_file, tmp_path):
             assert admin.revoke_player(78) == 1
         finally:
             admin.close()
-        _sql(primary.url, f"CREATE ROLE {WEB_ROLE} LOGIN IN ROLE authsvc_reader")
-        _sql(primary.url, f"ALTER ROLE {WEB_ROLE} SET default_transaction_read_only = on")
-        _sql(primary.url, f"ALTER ROLE {WEB_ROLE} SET statement_timeout = '1s'")
+        sql(primary.url, f"CREATE ROLE {WEB_ROLE} LOGIN IN ROLE authsvc_reader")
+        sql(primary.url, f"ALTER ROLE {WEB_ROLE} SET default_transaction_read_only = on")
+        sql(primary.url, f"ALTER ROLE {WEB_ROLE} SET statement_timeout = '1s'")
         standby = ThrowawayStandby(primary)
         standby.start()
         # The writer the runbook keeps running: it lets the standby prove its freshness until the
         # primary stops (docs/stores.md, "Hot standby").
         heartbeat = Heartbeat(primary.url, tmp_path / "heartbeat.log")
         heartbeat.start()
-        _wait_replayed(primary, standby)
+        wait_replayed(primary, standby)
         yield Cluster(primary, standby, settings, game.id, api_key, str(secret_file))
     finally:
         if heartbeat is not None:
@@ -342,7 +335,7 @@ def test_a_pooled_connection_checks_freshness_whatever_server_answers(cluster, b
         reader = open_store(bouncer.url, readonly=True, settings=cluster.settings)
         digest = api_key_digest(cluster.api_key)
         assert reader.credentials(digest, 77).epoch == 0  # on the primary
-        _sql(cluster.standby.url, "SELECT pg_wal_replay_pause()")
+        sql(cluster.standby.url, "SELECT pg_wal_replay_pause()")
         admin = open_store(cluster.primary.url, readonly=False, settings=cluster.settings)
         try:
             assert admin.revoke_player(77) == 1

@@ -25,7 +25,7 @@ from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token
 from authsvc.web.authenticate import Authenticator
-from tests.pgserver import Heartbeat, primary_with_standby
+from tests.pgserver import Heartbeat, primary_with_standby, sql, wait_replayed
 from tests.support import free_port, skip_or_fail, wait_for_port
 
 BOUND = 1.0  # AUTHSVC_MAX_STALENESS of the reader
@@ -51,7 +51,7 @@ def world(servers, tmp_path_factory):
     heartbeat.start()
     reader = _reader(standby)
     try:
-        _wait_replayed(primary, standby)
+        wait_replayed(primary, standby)
         _until_answers(reader, heartbeat, bob.user_id)
         yield admin, reader, heartbeat, game, alice, bob
     finally:
@@ -63,30 +63,6 @@ def world(servers, tmp_path_factory):
 def _reader(standby):
     settings = Settings(store=standby.url, token_secret_file="/nonexistent", max_staleness=BOUND)
     return open_store(standby.url, readonly=True, settings=settings)
-
-
-def _sql(url: str, statement: str):
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(statement)
-        return cursor.fetchone() if cursor.description else None
-
-
-def _wait_replayed(primary, standby) -> None:
-    """Until the standby has replayed every commit made on the primary so far. The test primary
-    commits asynchronously: a commit of our own that writes WAL, with synchronous_commit on, writes
-    out the WAL before it (one that writes none, as txid_current()'s, would not)."""
-    import psycopg
-
-    with psycopg.connect(primary.url, autocommit=True) as conn:
-        conn.execute("SET synchronous_commit = on")
-        conn.execute("SELECT pg_logical_emit_message(true, 'authsvc-test', '')")
-        lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
-    deadline = time.monotonic() + 30
-    while _sql(standby.url, f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'")[0] is not True:
-        assert time.monotonic() < deadline, "the standby did not catch up in 30 s"
-        time.sleep(0.05)
 
 
 def _until_answers(reader, heartbeat, user_id: int):
@@ -118,14 +94,14 @@ def test_a_standby_never_answers_from_beyond_the_bound(servers, world):
 
     # (b) replay paused, alice revoked on the primary 1.5 s ago: no answer from the standby
     # for her (the revoke is not visible there) nor for bob (a 403 from lag would be wrong).
-    _sql(standby.url, "SELECT pg_wal_replay_pause()")
+    sql(standby.url, "SELECT pg_wal_replay_pause()")
     revoked_epoch = admin.revoke_player(alice.user_id)
     time.sleep(PAST_BOUND)
     _unavailable_for(reader, alice.user_id, bob.user_id)
 
     # (c) replay resumed: the standby answers again, with the revoke.
-    _sql(standby.url, "SELECT pg_wal_replay_resume()")
-    _wait_replayed(primary, standby)
+    sql(standby.url, "SELECT pg_wal_replay_resume()")
+    wait_replayed(primary, standby)
     assert _until_answers(reader, heartbeat, alice.user_id).epoch == revoked_epoch
     assert reader.credentials(digest, bob.user_id).epoch == bob.epoch
 
@@ -151,17 +127,17 @@ def test_a_token_minted_after_a_signup_is_accepted_once_the_standby_has_replayed
         except StoreUnavailable:
             return "store_unavailable"
 
-    _sql(standby.url, "SELECT pg_wal_replay_pause()")
+    sql(standby.url, "SELECT pg_wal_replay_pause()")
     try:
         admin.add_player(1003, "carol")
         assert reason(0) in ("unknown_player", "store_unavailable")
     finally:
-        _sql(standby.url, "SELECT pg_wal_replay_resume()")
-    _wait_replayed(primary, standby)
+        sql(standby.url, "SELECT pg_wal_replay_resume()")
+    wait_replayed(primary, standby)
     _until_answers(reader, heartbeat, 1003)
     assert reason(0) == "success"
     admin.revoke_player(1003)
-    _wait_replayed(primary, standby)
+    wait_replayed(primary, standby)
     assert reason(1) == "success"
 
 
@@ -169,23 +145,23 @@ def test_a_standby_cut_off_from_the_primary_answers_503(servers, world):
     """The WAL receiver disconnected: received = replayed, yet a revoke on the primary is not seen."""
     primary, standby = servers
     admin, reader, heartbeat, game, alice, bob = world
-    conninfo = _sql(standby.url, "SHOW primary_conninfo")[0]
-    _sql(standby.url, "ALTER SYSTEM SET primary_conninfo = ''")
+    conninfo = sql(standby.url, "SHOW primary_conninfo")[0]
+    sql(standby.url, "ALTER SYSTEM SET primary_conninfo = ''")
     try:
-        _sql(standby.url, "SELECT pg_reload_conf()")
+        sql(standby.url, "SELECT pg_reload_conf()")
         deadline = time.monotonic() + 30
-        while _sql(standby.url, "SELECT count(*) FROM pg_stat_wal_receiver")[0]:
+        while sql(standby.url, "SELECT count(*) FROM pg_stat_wal_receiver")[0]:
             assert time.monotonic() < deadline, "the WAL receiver did not stop in 30 s"
             time.sleep(0.05)
-        assert _sql(standby.url, "SELECT pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn()")[0] is True
+        assert sql(standby.url, "SELECT pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn()")[0] is True
         revoked_epoch = admin.revoke_player(alice.user_id)
         time.sleep(PAST_BOUND)
         _unavailable_for(reader, alice.user_id, bob.user_id)
     finally:
         escaped = conninfo.replace("'", "''")
-        _sql(standby.url, f"ALTER SYSTEM SET primary_conninfo = '{escaped}'")
-        _sql(standby.url, "SELECT pg_reload_conf()")
-    _wait_replayed(primary, standby)
+        sql(standby.url, f"ALTER SYSTEM SET primary_conninfo = '{escaped}'")
+        sql(standby.url, "SELECT pg_reload_conf()")
+    wait_replayed(primary, standby)
     assert _until_answers(reader, heartbeat, alice.user_id).epoch == revoked_epoch
 
 
@@ -202,8 +178,8 @@ def test_without_the_heartbeat_the_standby_answers_503_until_it_resumes(servers,
                                                   caplog.text)]
         assert ages and all(age > BOUND for age in ages), caplog.text
         # The heartbeat row gone (deleted by hand): 503 too, and the log says so.
-        _sql(primary.url, "DELETE FROM authsvc_heartbeat")
-        _wait_replayed(primary, standby)
+        sql(primary.url, "DELETE FROM authsvc_heartbeat")
+        wait_replayed(primary, standby)
         caplog.clear()
         _unavailable_for(reader, bob.user_id)
         assert "heartbeat row is missing" in caplog.text, caplog.text
@@ -269,13 +245,13 @@ def test_through_pgbouncer_the_standby_keeps_the_bound(servers, world):
             for reader in readers * 3:
                 assert _until_answers(reader, heartbeat, bob.user_id).epoch == bob.epoch
             assert readers[0]._local.pooled and readers[0]._local.standby
-            _sql(standby.url, "SELECT pg_wal_replay_pause()")
+            sql(standby.url, "SELECT pg_wal_replay_pause()")
             try:
                 time.sleep(PAST_BOUND)
                 for reader in readers:
                     _unavailable_for(reader, bob.user_id)
             finally:
-                _sql(standby.url, "SELECT pg_wal_replay_resume()")
+                sql(standby.url, "SELECT pg_wal_replay_resume()")
             for reader in readers:
                 assert _until_answers(reader, heartbeat, bob.user_id).epoch == bob.epoch
         finally:

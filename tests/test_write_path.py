@@ -21,17 +21,6 @@ from authsvc.admin.api import AdminApp
 from authsvc.store import base
 from tests.support import hold_write_lock, problem, store_sql
 
-ALL = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
-
-
-@pytest.fixture
-def admin(world, settings):
-    """(WebTest app, headers of a token with every scope) on the world's store."""
-    app = AdminApp(settings)
-    _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), "web", ALL)
-    yield webtest.TestApp(app, lint=True), {"Authorization": f"Bearer {token}"}
-    app.store.close()
-
 
 def actions(store_url: str, user_id: int) -> list[str]:
     return [row[0] for row in store_sql(store_url, "SELECT action FROM audit WHERE user_id = ? ORDER BY id", (user_id,))]
@@ -41,7 +30,7 @@ def test_a_write_that_dies_before_its_answer_is_kept_leaves_nothing_and_its_retr
         admin, world, store_url, monkeypatch):
     """The process dies after the change but before the answer is kept (here: keeping it raises): the
     change goes with it, and the retry with the same key runs, once; a later retry replays that answer."""
-    app, headers = admin
+    app, headers = admin.app, admin.headers("web")
     keyed = headers | {"Idempotency-Key": "revoke-1"}
     path = f"/v1/players/{world.user_id}/revoke"
     real = idempotency._kept
@@ -63,7 +52,7 @@ def test_a_write_that_dies_before_its_answer_is_kept_leaves_nothing_and_its_retr
 
 def test_a_retry_sent_while_the_first_runs_waits_for_it_and_replays_its_answer(admin, world, store_url, monkeypatch):
     """No "still running" 409 to wait out: the second request with the key waits for the first's commit."""
-    app, headers = admin
+    app, headers = admin.app, admin.headers("web")
     keyed = headers | {"Idempotency-Key": "revoke-2"}
     path = f"/v1/players/{world.user_id}/revoke"
     entered, go = threading.Event(), threading.Event()
@@ -174,7 +163,7 @@ def test_two_signups_of_one_new_player_at_once_create_it_once_and_never_fail(wor
 def test_the_bearer_token_lookup_does_not_wait_behind_a_writer(admin, world, store_url, monkeypatch):
     """A GET while an import holds the write lock: the token is found by a read, the player too: 200 at once."""
     monkeypatch.setattr(base, "ADMIN_LOCK_WAIT", 2.0)
-    app, headers = admin
+    app, headers = admin.app, admin.headers("web")
     release = hold_write_lock(store_url, world.user_id)
     try:
         started = time.monotonic()

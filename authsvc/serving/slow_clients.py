@@ -23,14 +23,12 @@ The admin API is served straight to its callers, without nginx in front to absor
   poller, at most ``CLOSE_LINGER`` seconds, not in a blocking call on the main thread.
 
 It relies on gunicorn's gthread internals (TConn's parser, init, close; the worker's poller):
-pyproject.toml bounds gunicorn's version, and ``familiar`` lets the worker fall back to
-gunicorn's own behaviour when they change. A TLS or HTTP/2 connection keeps gunicorn's.
+pyproject.toml bounds gunicorn's version. A TLS or HTTP/2 connection keeps gunicorn's.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import re
 import selectors
 import socket
@@ -39,7 +37,6 @@ import time
 from gunicorn import util
 from gunicorn.http.errors import NoMoreData
 from gunicorn.http2 import negotiation
-from gunicorn.workers.gthread import TConn
 
 HEAD_TIMEOUT = 10.0  # seconds for a request in hand (nginx's admin server: client_header_timeout 10s)
 HEAD_CAP = 64 * 1024  # bytes gathered at most; a head this long goes to a thread whole or not (gunicorn refuses it)
@@ -69,15 +66,6 @@ def in_hand(data: bytes) -> bool | None:
     if whole > HEAD_CAP or len(data) >= whole:
         return True
     return None if _EXPECT_CONTINUE.search(head) else False
-
-
-def familiar() -> bool:
-    """Whether gunicorn's TConn is still the one this module knows."""
-    try:
-        return (tuple(inspect.signature(TConn.close).parameters) == ("self", "graceful")
-                and tuple(inspect.signature(TConn.init).parameters) == ("self",))
-    except (AttributeError, TypeError, ValueError):
-        return False
 
 
 class Deadline:

@@ -18,12 +18,14 @@ apart): an app host that dies between the two would leave nginx with a status
 line and headers it has already passed on, an answer it can neither complete nor
 retry on another host (docs/scaling.md). With one write nginx gets the whole
 answer or nothing, and retries on nothing.
+
+They override gunicorn's worker methods (handle_request, handle_error; for gthread
+enqueue_req, murder_pending, handle, _keepalive_after): its internals, not its API.
+pyproject.toml bounds gunicorn's version to the releases the suite has passed with.
 """
 
 from __future__ import annotations
 
-import inspect
-import types
 from collections.abc import Callable, Sequence
 
 from gunicorn.http.errors import NoMoreData
@@ -137,55 +139,8 @@ class _OneWriteSocket:
         return getattr(self._sock, name)
 
 
-# The gunicorn methods the workers below override, with the arguments they pass on: gunicorn's
-# internals, not its API (pyproject.toml bounds the version; tests/test_dependencies.py).
-_ERROR_ARGS = ("self", "req", "client", "addr", "exc")
-_OVERRIDDEN: dict[str, dict[type, tuple[str, ...]]] = {
-    "handle_request": {_SyncWorker: ("self", "listener", "req", "client", "addr"), _ThreadWorker: ("self", "req", "conn")},
-    "handle_error": {_SyncWorker: _ERROR_ARGS, _ThreadWorker: _ERROR_ARGS},
-    # authsvc/serving/slow_clients.py's
-    "enqueue_req": {_ThreadWorker: ("self", "conn")},
-    "murder_pending": {_ThreadWorker: ("self",)},
-    "handle": {_ThreadWorker: ("self", "conn")},
-    "_keepalive_after": {_ThreadWorker: ("self", "conn", "keepalive")},
-}
-
-
-def familiar(base: type) -> bool:
-    """Whether gunicorn's worker class ``base`` still has the methods overridden here, with their arguments
-    (and, for gthread, the connection class slow_clients.py knows)."""
-    try:
-        return all(tuple(inspect.signature(getattr(base, name)).parameters) == kinds[base]
-                   for name, kinds in _OVERRIDDEN.items() if base in kinds) and (
-            base is not _ThreadWorker or slow_clients.familiar())
-    except (AttributeError, TypeError, ValueError):
-        return False
-
-
-def _fall_back_if_unfamiliar(worker, base: type) -> None:
-    """A gunicorn whose workers changed: the worker is gunicorn's own (HTML error pages, head and
-    body in two writes), with a warning, rather than one that breaks on every request."""
-    if familiar(base):
-        return
-    worker.log.warning("gunicorn %s's workers are not the ones authsvc/serving/workers.py knows: "
-                       "serving with gunicorn's own (its error pages are HTML)", _gunicorn_version())
-    for name, kinds in _OVERRIDDEN.items():
-        if base in kinds and (original := getattr(base, name, None)) is not None:
-            setattr(worker, name, types.MethodType(original, worker))
-
-
-def _gunicorn_version() -> str:
-    import gunicorn
-
-    return getattr(gunicorn, "__version__", "?")
-
-
 class SyncWorker(_SyncWorker):
     """gunicorn's sync worker; its error answers in JSON, its answers in one write."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        _fall_back_if_unfamiliar(self, _SyncWorker)
 
     def handle_request(self, listener, req, client, addr):
         sock = _OneWriteSocket(client)
@@ -205,7 +160,6 @@ class ThreadWorker(_ThreadWorker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.slow_clients = SlowClients(self, super().enqueue_req)
-        _fall_back_if_unfamiliar(self, _ThreadWorker)
 
     def enqueue_req(self, conn):
         """A connection goes to a thread with its request's head in hand; until then the poller waits for it."""

@@ -39,7 +39,7 @@ from authsvc.errors import (
     StoreUnavailable,
     StoreUnreachable,
 )
-from authsvc.loglines import OTHER_ROUTE, LineRecords, LogThrottle, request_id
+from authsvc.loglines import OTHER_ROUTE, LogThrottle, request_id
 from authsvc.settings import Settings
 from authsvc.store.base import Reader
 from authsvc.store.readers import open_reader
@@ -127,7 +127,6 @@ class App:
         self.store_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
         self.queue_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
         self.observation_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
-        self.auth_records = LineRecords(auth_log, logging.INFO, __file__)
         self.monotonic = monotonic
         self.schema_checked_at = float("-inf")
 
@@ -276,10 +275,9 @@ class App:
             user = "-" if user_id is None else user_id
             ms = (time.perf_counter() - start) * 1000
             line = f"auth rid={rid} host={host} game={game} user={user} reason={reason} ms={ms:.3f}"
-            # One formatted string, no caller lookup (logging's findCaller walks the stack),
-            # and a record copied rather than built (authsvc/loglines.py).
+            # One formatted string, no caller lookup (logging's findCaller walks the stack).
             try:
-                auth_log.handle(self.auth_records.make(line))
+                auth_log.handle(auth_log.makeRecord(auth_log.name, logging.INFO, __file__, 0, line, (), None))
             except Exception as e:
                 self.observation_failed(e)
 

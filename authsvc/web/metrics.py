@@ -10,9 +10,9 @@ count is lost or doubled. Without that variable (one process: tests,
 
 Label cardinality is bounded by the number of games: ``game`` is a game id, or
 ``none`` when no game has the api key (never a label per unknown key).
-The hot path is one dict lookup and one value write per metric; in multiprocess
-mode the writes skip prometheus_client's Python layers and its getpid per write
-(authsvc/web/metrics_values.py; BENCHMARKS.md, "Metrics cost"). docs/operations.md, "Monitoring".
+The hot path is one dict lookup and prometheus_client's own inc or observe per metric
+(BENCHMARKS.md, "Metrics cost"; writing its multiprocess files directly saved too little to pay
+for its internals: "Internals"). docs/operations.md, "Monitoring".
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from typing import Any
 
 from authsvc.errors import StoreUnavailable
 from authsvc.store.base import Reader
-from authsvc.web.metrics_values import Writer
 
 # Seconds. An authentication takes tens of µs in-process, a few ms across a network store.
 log = logging.getLogger("authsvc")
@@ -76,21 +75,7 @@ class Metrics:
             "authsvc_server_errors", "Answers of 5xx by the app, by route and code (503: the store; 500: a bug).",
             ["route", "code"], registry=self.registry,
         )
-        # authentication(game_id, reason) and request(route, seconds): prometheus_client's own inc and
-        # observe of label children cached per (game, reason) and per route, or in multiprocess mode
-        # the same writes made cheaper (authsvc/web/metrics_values.py).
-        sample = getattr(self.store_unavailable_counter, "_value", None)  # a value of prometheus_client's class
-        self.writer = Writer.of(values.ValueClass, sample) if multiprocess else None
-        if multiprocess and self.writer is None:
-            log.warning("metrics: this prometheus_client's multiprocess values are not the ones "
-                        "authsvc/web/metrics_values.py knows; counting through its public API (slower)")
-        self.authentication: Callable[[int | None, str], None]
-        self.request: Callable[[str, float], None]
-        if self.writer is not None:
-            self.authentication = self.writer.counter(lambda labels: self._auth_child(*labels)._value)
-            self.request = self.writer.histogram(self.durations.labels)
-        else:
-            self.authentication, self.request = self._public_api()
+        self.authentication, self.request = self._counters()
         self.extra = StoreCollector(store, clock)
         if self.multiprocess_dir is None:
             self.registry.register(self.extra)
@@ -98,8 +83,9 @@ class Metrics:
     def _auth_child(self, game_id: int | None, reason: str):
         return self.authentications.labels("none" if game_id is None else str(game_id), reason)
 
-    def _public_api(self) -> tuple[Callable[[int | None, str], None], Callable[[str, float], None]]:
-        """authentication and request through prometheus_client's API (its in-process values)."""
+    def _counters(self) -> tuple[Callable[[int | None, str], None], Callable[[str, float], None]]:
+        """authentication(game_id, reason) and request(route, seconds): prometheus_client's own inc and
+        observe of label children cached per (game, reason) and per route."""
         auth_children: dict[tuple[int | None, str], Any] = {}
         route_children: dict[str, Any] = {}
 

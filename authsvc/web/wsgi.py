@@ -15,8 +15,8 @@ rather than 4, so that systemd starts the service again while a misconfiguration
 stays stopped (deploy/systemd/authsvc.service).
 """
 
+import inspect
 import sys
-from types import FrameType
 
 from authsvc.errors import ConfigError, StoreUnreachable
 from authsvc.settings import Settings
@@ -30,12 +30,13 @@ STORE_UNREACHABLE = 75
 
 def _in_gunicorn_worker() -> bool:
     """Whether a gunicorn worker is loading the app (Worker.load_wsgi is on the stack), not its
-    master (preload_app) or another program. gunicorn tells a worker by no setting of its own."""
+    master (preload_app) or another program. gunicorn tells a worker by no setting of its own. Once per
+    app load, never per request: the stack through inspect's public API."""
     base = sys.modules.get("gunicorn.workers.base")
     worker_class = getattr(base, "Worker", None)
     if worker_class is None:
         return False
-    frame: FrameType | None = sys._getframe(1)
+    frame = inspect.currentframe()
     while frame is not None:
         if isinstance(frame.f_locals.get("self"), worker_class):
             return True
