@@ -25,7 +25,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_settings", "test_suite_rules", "test_tokens",
     ),
     "functional": (
-        "test_admin_api", "test_admin_edges", "test_admin_openapi", "test_backup", "test_boundary",
+        "test_admin_api", "test_admin_edges", "test_backup", "test_boundary",
         "test_check", "test_cli", "test_endpoint", "test_equal_work", "test_explain", "test_hostile",
         "test_metrics", "test_minted_after_a_change", "test_openapi", "test_postgres_smoke", "test_probes",
         "test_queueing", "test_reasons", "test_sqlite_faults", "test_staleness", "test_store_sqlite",
@@ -37,7 +37,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_store_replaced", "test_transfer", "test_wal", "test_write_path",
     ),
     "integration": (
-        "test_admin_api_examples", "test_admin_api_gunicorn", "test_admin_cost", "test_admin_serving",
+        "test_admin_api_examples", "test_admin_api_gunicorn", "test_admin_cost", "test_admin_openapi", "test_admin_serving",
         "test_bench", "test_deploy", "test_edge", "test_forged_log_fields", "test_gunicorn", "test_heartbeat",
         "test_install", "test_integration_browser", "test_logs", "test_monitoring_site",
         "test_openapi_clients", "test_paths", "test_pgbouncer", "test_primary_failover", "test_prometheus",
