@@ -173,6 +173,12 @@ class PostgresStore(PostgresReader, Store):
                 self._local.tx = None
         trail.log_head(head)  # committed: a rolled-back write never gets here
 
+    @contextlib.contextmanager
+    def bookkeeping(self, write: bool) -> Iterator[tuple[psycopg.Connection, PostgresDialect]]:
+        """A transaction (``write``) or an autocommit read, errors mapped as ``_admin`` maps them; no writer lock."""
+        with self._admin(transaction=write) as conn:
+            yield conn, POSTGRES
+
     # -- admin ----------------------------------------------------------------------
     def migrate(self) -> tuple[int, int]:
         with self._admin() as conn:

@@ -22,7 +22,7 @@ from authsvc.store.api_tables import API_TABLES
 from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiToken, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
 from authsvc.store.common import batches, select_games
-from authsvc.store.dialect import SQLITE
+from authsvc.store.dialect import SQLITE, SQLiteDialect
 from authsvc.store.sqlite.errors import store_error as _store_error
 from authsvc.store.sqlite.reader import CREDENTIALS_SQL, PLAYER_SQL, SQLiteReader
 from authsvc.store.sqlite.url import path_from_url
@@ -226,6 +226,28 @@ class SQLiteStore(SQLiteReader, Store):
         trail.log_head(head)  # committed: a rolled-back write never gets here
         if tx.erased:  # committed: what the deletion freed leaves the -wal file too
             self._erase_wal()
+
+    @contextlib.contextmanager
+    def bookkeeping(self, write: bool) -> Iterator[tuple[sqlite3.Connection, SQLiteDialect]]:
+        """BEGIN IMMEDIATE ... COMMIT (``write``), else an autocommit read; no writer lock beyond SQLite's
+        own for the moment of the transaction, which waits for an admin write at most the connection's
+        busy timeout (2 s)."""
+        conn = self._conn()
+        try:
+            if not write:
+                yield conn, SQLITE
+                return
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn, SQLITE
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            self._drop()
+            raise _store_error(e, self.path) from None
 
     def _games(self, where: str = "", args: tuple = ()) -> list[Game]:
         with self._held() as conn:
