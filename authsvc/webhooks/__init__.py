@@ -1,1 +1,1 @@
-"""Webhooks: the subscriptions' URL rule, signing, the safe HTTP client, the delivery process (docs/integrating.md)."""
+"""Webhooks: what a subscription's URL may be, and sending the events outbox (store/events.py) to subscribers."""

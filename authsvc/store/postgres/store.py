@@ -71,6 +71,13 @@ ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username, updated_at_ms 
 WHERE players.username <> EXCLUDED.username
 """
 
+# The players UPSERT_SQL is about to add (true) or rename (false): their events (store/events.py).
+IMPORT_CHANGES_SQL = """
+SELECT i.user_id, p.user_id IS NULL FROM
+(SELECT DISTINCT ON (user_id) user_id, username FROM players_import ORDER BY user_id, n DESC) AS i
+LEFT JOIN players AS p ON p.user_id = i.user_id WHERE p.user_id IS NULL OR p.username <> i.username
+ORDER BY i.user_id
+"""
 
 # Many players in one statement: their rows as arrays, unnested (store/dialect.py's write_players).
 WRITE_PLAYERS_SQL = """
@@ -84,6 +91,8 @@ ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username, enabled = EXCL
 class PostgresDialect(Dialect):
     name = "postgresql"
     WRITER_LOCK = Dialect.WRITER_LOCK + " FOR UPDATE"
+    SUBSCRIBED = "w.events::jsonb @> jsonb_build_array(e.type)"
+    DATA_WITHOUT_USERNAME = "(data::jsonb - 'username')::text"
 
     def sql(self, text: str) -> str:
         return text.replace("?", "%s")
@@ -97,7 +106,7 @@ class PostgresDialect(Dialect):
         return _value(conn.execute("INSERT INTO games (name, created_at) VALUES (%s, %s) RETURNING id", (name, now)))
 
     def current_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
-        return conn.execute("SELECT user_id, username, enabled FROM players WHERE user_id = ANY(%s::bigint[])",
+        return conn.execute("SELECT user_id, username, enabled, epoch FROM players WHERE user_id = ANY(%s::bigint[])",
                             (list(user_ids),)).fetchall()
 
     def write_players(self, conn: Any, rows: Sequence[tuple[int, str, bool]], at_ms: int) -> None:
@@ -249,10 +258,12 @@ class PostgresStore(PostgresReader, Store):
                         progress(count)
             try:
                 with conn.transaction():
+                    changes = conn.execute(IMPORT_CHANGES_SQL).fetchall()
                     conn.execute(UPSERT_SQL, (tx.at_ms,))
             except psycopg.errors.CheckViolation:
                 raise Conflict("user ids must be from 1 to 2^63-1") from None
             tx.continue_epochs()
+            tx.emit_players((user_id, "player.created" if new else "player.renamed") for user_id, new in changes)
             tx.record("player.import", after={"rows": count})
         return count
 

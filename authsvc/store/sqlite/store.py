@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store import audit as trail
 from authsvc.store import base
+from authsvc.store import events as event_tables
 from authsvc.store.api_tables import API_TABLES
 from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiToken, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
@@ -84,6 +85,8 @@ MIGRATIONS: list[str] = [
         epoch   INTEGER NOT NULL
     );
     """ + trail.SQLITE_SEALING,
+    # 6: the events outbox and the webhook subscriptions (store/events.py). New tables: no row is rewritten.
+    event_tables.SQLITE_TABLES,
 ]
 
 
@@ -283,12 +286,21 @@ class SQLiteStore(SQLiteReader, Store):
                 "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, "
                 "updated_at_ms = excluded.updated_at_ms WHERE players.username <> excluded.username"
             )
+            changes: dict[int, str] = {}  # user id -> its event: created, or renamed
             for batch in batches(rows):
+                names = {row[0]: row[1] for row in SQLITE.current_players(tx._conn, [r[0] for r in batch])}
+                for user_id, username in batch:
+                    if user_id not in names:
+                        changes[user_id] = "player.created"
+                    elif names[user_id] != username:
+                        changes.setdefault(user_id, "player.renamed")
+                    names[user_id] = username
                 tx._conn.executemany(sql, batch)
                 count += len(batch)
                 if progress:
                     progress(count)
             tx.continue_epochs()
+            tx.emit_players((user_id, event) for user_id, event in changes.items())
             tx.record("player.import", after={"rows": count})
         return count
 
