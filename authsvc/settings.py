@@ -109,6 +109,14 @@ SETTINGS = (
     # The level of the app's "authsvc" logger, set by deploy/gunicorn.conf.py's logconfig_dict.
     Setting("log_level", "AUTHSVC_LOG_LEVEL", str, "INFO", choices=_LOG_LEVELS),
     Setting("access_record", "AUTHSVC_ACCESS_RECORD", str, "app", choices=("app", "edge")),  # docs/logs.md
+    # `authsvc deliver` (authsvc/webhooks/): its POSTs at once, and each one's bound (connecting: at most 3 s of it).
+    Setting("deliver_concurrency", "AUTHSVC_DELIVER_CONCURRENCY", int, 16, rule="from 1 to 256",
+            check=lambda v: 1 <= v <= 256),
+    Setting("webhook_timeout", "AUTHSVC_WEBHOOK_TIMEOUT", float, 10.0, rule="from 1 to 60 seconds",
+            check=lambda v: 1 <= v <= 60),
+    # Webhook hosts the deliverer may reach though they resolve to non-public addresses (host or host:port,
+    # comma-separated): a receiver on the platform's own network, the demo's on loopback.
+    Setting("webhook_allow_hosts", "AUTHSVC_WEBHOOK_ALLOW_HOSTS", str, ""),
     Setting("workers", "AUTHSVC_WORKERS", int, _cpu_count, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
     Setting("worker_class", "AUTHSVC_WORKER_CLASS", str, "sync", GUNICORN, choices=("sync", "gthread")),
     Setting("threads", "AUTHSVC_THREADS", int, 1, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
@@ -158,6 +166,9 @@ class Settings:
     admin_burst: int = default("admin_burst")
     access_record: str = default("access_record")
     forwarded_allow_ips: str = default("forwarded_allow_ips")
+    deliver_concurrency: int = default("deliver_concurrency")
+    webhook_timeout: float = default("webhook_timeout")
+    webhook_allow_hosts: str = default("webhook_allow_hosts")
 
     def __repr__(self) -> str:
         """The fields, with the store URL's password masked: a repr can reach a log or a traceback."""

@@ -8,6 +8,7 @@
     audit [filters] | verify | prune
     export, import, backup, check, explain
     heartbeat (a long-running writer for hot standbys: authsvc/admin/heartbeat.py)
+    deliver (a long-running sender of the events to their webhooks: authsvc/webhooks/deliver.py)
 
 Every subcommand takes ``--json`` (one JSON object on stdout). Bad input gives a
 one-line message on stderr and exit 1 (exit 2 for a malformed command line).
@@ -326,6 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
         top, "heartbeat", heartbeat.cmd_heartbeat,
         "write the primary's time several times a second, for hot standbys to prove their freshness (runs until stopped)",
     ))
+    from authsvc.webhooks import deliver
+
+    leaf(top, "deliver", deliver.cmd_deliver,
+         "send the events to their webhooks, signed, in order per player, retried (runs until stopped)")
     return parser
 
 

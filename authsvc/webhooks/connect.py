@@ -166,7 +166,7 @@ class Client:
                 if fresh or time.monotonic() >= deadline:
                     return Answer(None, f"{target.where}: {e}")
                 continue
-            if reusable:
+            if reusable and not conn.buf:  # bytes past the answer: the stream is not understood, not reused
                 self._give(target.key, conn)
             else:
                 conn.close()
@@ -210,23 +210,29 @@ class Client:
                 if not public(ip):
                     raise Refused(f"{target.where} resolves to {ip}, not a public address "
                                   "(AUTHSVC_WEBHOOK_ALLOW_HOSTS lists the hosts allowed anyway)")
-        family, socktype, proto, _, address = infos[0]
-        sock = socket.socket(family, socktype, proto)
-        try:
-            sock.settimeout(max(min(self.connect_timeout, deadline - time.monotonic()), 0.001))
-            sock.connect(address)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        failure = ""
+        for family, socktype, proto, _, address in infos:  # each address the name gave, in order
+            sock = socket.socket(family, socktype, proto)
+            try:
+                sock.settimeout(max(min(self.connect_timeout, deadline - time.monotonic()), 0.001))
+                sock.connect(address)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError as e:
+                sock.close()
+                failure = _reason(e)
+                continue
             if target.scheme == "https":
-                context = self._ssl or _default_context()
-                sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                sock = context.wrap_socket(sock, server_hostname=target.host)
-        except ssl.SSLCertVerificationError as e:
-            sock.close()
-            raise _Failed(f"TLS certificate not valid for the host ({e.verify_message})") from None
-        except (OSError, ssl.SSLError) as e:
-            sock.close()
-            raise _Failed(f"cannot connect ({_reason(e)})") from None
-        return _Conn(sock)
+                try:
+                    sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                    sock = (self._ssl or _default_context()).wrap_socket(sock, server_hostname=target.host)
+                except ssl.SSLCertVerificationError as e:
+                    sock.close()
+                    raise _Failed(f"TLS certificate not valid for the host ({e.verify_message})") from None
+                except (OSError, ssl.SSLError) as e:
+                    sock.close()
+                    raise _Failed(f"TLS handshake failed ({_reason(e)})") from None
+            return _Conn(sock)
+        raise _Failed(f"cannot connect ({failure})")
 
 
 _CONTEXT: list[ssl.SSLContext] = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import sys
 import threading
 import time
@@ -25,6 +26,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from authsvc.errors import StoreUnavailable
+from authsvc.settings import Settings
+from authsvc.store import open_store, redact_url
 from authsvc.store.base import Store
 from authsvc.store.deliveries import DELIVERED, FAILED, PENDING, Due, Outcome
 from authsvc.webhooks import sign
@@ -57,6 +60,30 @@ def body(item: Due) -> bytes:
     """``{"type", "timestamp", "data"}``: the event's data is JSON already (an object)."""
     return b'{"type":%s,"timestamp":"%s","data":%s}' % (json.dumps(item.type).encode(), iso(item.at_ms).encode(),
                                                          item.data.encode())
+
+
+def cmd_deliver(args, settings: Settings):
+    """``authsvc deliver``: the loop, until SIGTERM or SIGINT."""
+    store = open_store(settings.store, readonly=False, settings=settings)
+    client = Client(settings.webhook_allow_hosts, connect_timeout=min(3.0, settings.webhook_timeout),
+                    timeout=settings.webhook_timeout)
+    try:
+        store.check()  # not migrated, wrong role: stop here
+        deliverer = Deliverer(store, client, concurrency=settings.deliver_concurrency)
+
+        def stop(signum, frame) -> None:
+            deliverer.stopping.set()
+            deliverer._wake.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        say(f"delivering the events of {redact_url(settings.store)}, {settings.deliver_concurrency} at once")
+        deliverer.run()
+        say("stopped")
+    finally:
+        client.close()
+        store.close()
+    return 0, {"stopped": True}, "stopped"
 
 
 def _wall_ms() -> int:
