@@ -35,10 +35,11 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_store_replaced", "test_transfer", "test_wal", "test_write_path",
     ),
     "integration": (
-        "test_admin_api_examples", "test_admin_api_gunicorn", "test_admin_serving", "test_deploy",
+        "test_admin_api_examples", "test_admin_api_gunicorn", "test_admin_serving", "test_deliver_process", "test_deploy",
         "test_edge", "test_forged_log_fields", "test_gunicorn", "test_heartbeat", "test_integration_browser",
         "test_logs", "test_monitoring_site", "test_openapi_clients", "test_paths", "test_pgbouncer",
         "test_prometheus", "test_schemathesis_run", "test_serve", "test_systemd", "test_upstream_keepalive",
+        "test_webhook_client",
         "test_worker_boot",
     ),
     "system": (
