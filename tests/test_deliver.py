@@ -47,7 +47,7 @@ def clock():
 @pytest.fixture
 def deliverer(admin_store, receiver, clock):
     lines: list[str] = []
-    d = Deliverer(admin_store, Client(f"127.0.0.1:{receiver.port}", timeout=5), concurrency=4, clock=clock,
+    d = Deliverer(admin_store, Client({f"127.0.0.1:{receiver.port}"}, timeout=5), concurrency=4, clock=clock,
                   log=lines.append)
     d.lines = lines
     yield d

@@ -9,7 +9,9 @@ import threading
 
 import pytest
 
-from authsvc.webhooks.connect import Client, public
+from authsvc.settings import host_list
+from authsvc.webhooks.connect import Client
+from authsvc.webhooks.target import public
 from tests.support import Receiver
 
 BODY = b'{"type":"player.created"}'
@@ -38,12 +40,12 @@ def test_internet_addresses_are_public(address):
 
 def test_a_name_that_resolves_to_loopback_is_refused_unless_its_host_and_port_are_allowed(receiver):
     url = receiver.url(host="localhost")
-    answer = Client("").post(url, BODY, {})
+    answer = Client().post(url, BODY, {})
     assert answer.status is None and answer.error.startswith(f"refused: localhost:{receiver.port} resolves to ")
     assert "not a public address" in answer.error and "/hook" not in answer.error
-    assert Client(f"localhost:{receiver.port + 1}, 127.0.0.1").post(url, BODY, {}).error.startswith("refused")
+    assert Client(host_list(f"localhost:{receiver.port + 1}, 127.0.0.1")).post(url, BODY, {}).error.startswith("refused")
     assert receiver.requests == []
-    answer = Client(f"example.org, localhost:{receiver.port}").post(url, BODY, {"webhook-id": "msg_1"})
+    answer = Client(host_list(f"example.org, localhost:{receiver.port}")).post(url, BODY, {"webhook-id": "msg_1"})
     assert (answer.status, answer.error) == (200, None)
     ((headers, body),) = receiver.requests
     assert body == BODY and headers["webhook-id"] == "msg_1" and headers["host"] == f"localhost:{receiver.port}"
@@ -58,7 +60,7 @@ def test_every_address_a_name_gives_must_be_public():
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("8.8.8.8", port)),
                 (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.5", port))]
 
-    answer = Client("", resolve=resolve).post("https://hooks.example.com/x?token=s3cr3t", BODY, {})
+    answer = Client(resolve=resolve).post("https://hooks.example.com/x?token=s3cr3t", BODY, {})
     assert answer.error == ("refused: hooks.example.com:443 resolves to 10.0.0.5, not a public address "
                             "(AUTHSVC_WEBHOOK_ALLOW_HOSTS lists the hosts allowed anyway)")
     assert tried == ["hooks.example.com"]
@@ -68,7 +70,7 @@ def test_a_redirect_is_a_failed_attempt_and_is_not_followed(receiver):
     elsewhere = Receiver()
     try:
         receiver.answer = lambda headers, body: (307, {"Location": elsewhere.url()})
-        answer = Client("127.0.0.1").post(receiver.url(), BODY, {})
+        answer = Client({"127.0.0.1"}).post(receiver.url(), BODY, {})
         assert answer.status == 307
         assert answer.error == f"127.0.0.1:{receiver.port} answered 307 (redirects are not followed)"
         assert len(receiver.requests) == 1 and elsewhere.requests == []
@@ -77,7 +79,7 @@ def test_a_redirect_is_a_failed_attempt_and_is_not_followed(receiver):
 
 
 def test_posts_to_one_host_share_a_kept_alive_connection(receiver):
-    client = Client("127.0.0.1")
+    client = Client({"127.0.0.1"})
     peers = set()
     receiver.answer = lambda headers, body: 204
     original = receiver.server.RequestHandlerClass.do_POST
@@ -113,7 +115,7 @@ def test_a_receiver_that_never_finishes_its_answer_costs_at_most_the_timeout():
     thread = threading.Thread(target=drip, daemon=True)
     thread.start()
     try:
-        answer = Client("127.0.0.1", timeout=1.0).post(f"http://127.0.0.1:{port}/", BODY, {})
+        answer = Client({"127.0.0.1"}, timeout=1.0).post(f"http://127.0.0.1:{port}/", BODY, {})
         assert answer.status is None and answer.error == f"127.0.0.1:{port}: no answer (timed out)"
     finally:
         stop.set()

@@ -31,6 +31,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     ),
     "store": (
         "test_admin_batch", "test_api_tokens", "test_audit", "test_audit_anchor", "test_deliver", "test_erasure",
+        "test_events",
         "test_postgres_deploy", "test_postgres_store", "test_snapshot_lock", "test_store_contract",
         "test_store_replaced", "test_transfer", "test_wal", "test_write_path",
     ),

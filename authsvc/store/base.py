@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from authsvc.store.audit import Audit, Chain, Record
     from authsvc.store.deliveries import Due, Outcome
+    from authsvc.store.events import Delivery, Webhook
     from authsvc.store.writes import Tx
 
 
@@ -275,6 +276,14 @@ class Store(Reader):
 
         with self.bookkeeping(False) as (conn, d):
             return deliveries.pending(conn, d)
+    # -- webhook subscriptions (reads; the writes are Tx's: store/events.py) ----------------
+    @abc.abstractmethod
+    def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:
+        """The live webhooks by id (``webhook_id``: that one, if live): never a secret."""
+
+    @abc.abstractmethod
+    def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:
+        """The webhook's deliveries by id after ``after``, at most ``limit``, each with its attempts."""
 
     # -- the audit trail (store/audit.py) -------------------------------------------------
     def note(self, action: str, *, audit: Audit, game_id=None, user_id=None, after: dict | None = None) -> Record:

@@ -17,6 +17,13 @@ re-drive of a failed delivery); the deliverer gives up 24 h after it.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from authsvc.store.dialect import Dialect
+
 # The event types, sorted; a subscription names the ones it wants (no wildcard: a receiver never
 # gets a type added after it was written).
 PLAYER_EVENTS = ("player.created", "player.deleted", "player.disabled", "player.enabled", "player.renamed",
@@ -24,6 +31,43 @@ PLAYER_EVENTS = ("player.created", "player.deleted", "player.disabled", "player.
 GAME_EVENTS = ("game.key_rotated",)
 EVENT_TYPES = tuple(sorted(PLAYER_EVENTS + GAME_EVENTS))
 DELIVERY_STATES = ("delivered", "failed", "pending")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Webhook:
+    """A subscription's row: never its secret."""
+
+    id: int
+    url: str
+    events: tuple[str, ...]
+    game_id: int | None  # None: every game's events
+    created_at: int  # unix ms
+    deleted_at: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Attempt:
+    n: int
+    at: int  # unix ms
+    status: int | None  # the HTTP status, None if none came
+    error: str | None
+    duration_ms: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Delivery:
+    id: int
+    webhook_id: int
+    event_id: int
+    event_type: str
+    state: str
+    attempts: int
+    next_at: int
+    created_at: int
+    done_at: int | None
+    last_status: int | None
+    last_error: str | None
+    tries: tuple[Attempt, ...] = ()
 
 _INDEXES = """
 CREATE INDEX events_user_id ON events (user_id);
@@ -117,3 +161,39 @@ CREATE TABLE delivery_attempts (
 """ + _INDEXES + """
 REVOKE ALL ON webhooks, events, deliveries, delivery_attempts FROM PUBLIC;
 """
+
+WEBHOOK_COLUMNS = "id, url, events, game_id, created_at, deleted_at"  # never the secret
+_DELIVERY = """SELECT d.id, d.webhook_id, d.event_id, e.type, d.state, d.attempts, d.next_at, d.created_at, d.done_at,
+d.last_status, d.last_error FROM deliveries AS d JOIN events AS e ON e.id = d.event_id"""
+
+
+def webhook(row: Sequence) -> Webhook:
+    return Webhook(row[0], row[1], tuple(json.loads(row[2])), row[3], row[4], row[5])
+
+
+def select_webhooks(conn: Any, d: Dialect, webhook_id: int | None = None) -> list[Webhook]:
+    """The live webhooks by id (``webhook_id``: that one, if live)."""
+    where, args = ("AND id = ?", (webhook_id,)) if webhook_id is not None else ("", ())
+    rows = conn.execute(d.sql(f"SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE deleted_at IS NULL {where} ORDER BY id"),
+                        args).fetchall()
+    return [webhook(row) for row in rows]
+
+
+def select_deliveries(conn: Any, d: Dialect, webhook_id: int, *, state: str | None = None, limit: int = 100,
+                      after: int = 0, delivery_id: int | None = None) -> list[Delivery]:
+    """A webhook's deliveries by id, after the id ``after``, at most ``limit``, each with its attempts."""
+    where = "d.webhook_id = ? AND d.id > ?"
+    args: list[Any] = [webhook_id, after]
+    if state is not None:
+        where, args = where + " AND d.state = ?", [*args, state]
+    if delivery_id is not None:
+        where, args = where + " AND d.id = ?", [*args, delivery_id]
+    rows = conn.execute(d.sql(f"{_DELIVERY} WHERE {where} ORDER BY d.id LIMIT ?"), (*args, limit)).fetchall()
+    if not rows:
+        return []
+    tries: dict[int, list[Attempt]] = {}
+    for row in conn.execute(d.sql("SELECT delivery_id, n, at, status, error, duration_ms FROM delivery_attempts "
+                                  "WHERE delivery_id >= ? AND delivery_id <= ? ORDER BY delivery_id, n"),
+                            (rows[0][0], rows[-1][0])).fetchall():
+        tries.setdefault(row[0], []).append(Attempt(*row[1:]))
+    return [dataclasses.replace(Delivery(*row), tries=tuple(tries.get(row[0], ()))) for row in rows]

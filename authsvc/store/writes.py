@@ -31,10 +31,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from authsvc.store import audit as trail
+from authsvc.store import events as ev
 from authsvc.store.audit import Audit, Record
 from authsvc.store.base import ApiKey, ApiToken, Conflict, Game, Player
 from authsvc.store.common import batches, select_games
 from authsvc.store.dialect import Dialect
+from authsvc.store.events import Delivery, Webhook
 
 _PLAYER = "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players WHERE user_id = ?"
 _TOKEN_COLUMNS = "name, scopes, created_at, expires_at, revoked_at"
@@ -336,6 +338,54 @@ class Tx:
         self._game_record("game.rotate_key", game_id, before, {"old_keys_expire_at": old_keys_expire_at})
         self.emit("game.key_rotated", game_id=game_id, data={"game_id": game_id, "old_keys_expire_at": old_keys_expire_at})
         return True
+
+    # -- webhook subscriptions (store/events.py) ---------------------------------------------------
+    def add_webhook(self, url: str, events: Sequence[str], game_id: int | None, secret: str) -> Webhook:
+        """A subscription and its record (never the secret): its deliveries start with the next event."""
+        self.locked()
+        self._sql("INSERT INTO webhooks (url, events, game_id, secret, created_at) VALUES (?, ?, ?, ?, ?)",
+                  (url, json.dumps(sorted(events)), game_id, secret, self.at_ms))
+        webhook_id = self._sql("SELECT max(id) FROM webhooks").fetchone()[0]  # the writer lock: ours
+        hook = ev.select_webhooks(self._conn, self.d, webhook_id)[0]
+        self.record("webhook.add", game_id=game_id, after=self._webhook_state(hook))
+        return hook
+
+    @staticmethod
+    def _webhook_state(hook: Webhook) -> dict:
+        return {"id": hook.id, "url": hook.url, "events": list(hook.events), "game_id": hook.game_id}
+
+    def webhook(self, webhook_id: int) -> Webhook | None:
+        """The live webhook ``webhook_id``, None if none (or deleted)."""
+        self.locked()
+        found = ev.select_webhooks(self._conn, self.d, webhook_id)
+        return found[0] if found else None
+
+    def remove_webhook(self, webhook_id: int) -> Webhook | None:
+        """Mark the webhook deleted and fail its pending deliveries; the webhook as it was, None if none."""
+        if (hook := self.webhook(webhook_id)) is None:
+            return None
+        self._sql("UPDATE webhooks SET deleted_at = ? WHERE id = ?", (self.at_ms, webhook_id))
+        self._sql("UPDATE deliveries SET state = 'failed', done_at = ?, last_error = 'webhook removed' "
+                  "WHERE webhook_id = ? AND state = 'pending'", (self.at_ms, webhook_id))
+        self.record("webhook.remove", game_id=hook.game_id, before=self._webhook_state(hook))
+        return hook
+
+    def delivery(self, webhook_id: int, delivery_id: int) -> Delivery | None:
+        self.locked()
+        found = ev.select_deliveries(self._conn, self.d, webhook_id, delivery_id=delivery_id, limit=1)
+        return found[0] if found else None
+
+    def retry_delivery(self, webhook_id: int, delivery_id: int) -> Delivery | None:
+        """A failed delivery pending again, due now, its 24 hours starting again; None if no such delivery
+        or it is not failed."""
+        current = self.delivery(webhook_id, delivery_id)
+        if current is None or current.state != "failed":
+            return None
+        self._sql("UPDATE deliveries SET state = 'pending', next_at = ?, created_at = ?, done_at = NULL WHERE id = ?",
+                  (self.at_ms, self.at_ms, delivery_id))
+        self.record("webhook.retry", after={"webhook_id": webhook_id, "delivery_id": delivery_id,
+                                            "event_id": current.event_id})
+        return self.delivery(webhook_id, delivery_id)
 
     # -- the admin API's bearer tokens ------------------------------------------------------------
     def add_api_token(self, name: str, token_digest: str, scopes: tuple[str, ...], now: int,

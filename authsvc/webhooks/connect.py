@@ -2,7 +2,7 @@
 
 A webhook's URL is the subscriber's to choose, so a POST to it must not become a way into the
 platform's own network. Each new connection resolves the host once (getaddrinfo) and is refused
-unless every address the name gives is public (``public``: no loopback, private, link-local,
+unless every address the name gives is public (webhooks/target.py's ``public``: no loopback, private, link-local,
 CGNAT, multicast, reserved or unspecified address, nor one of those inside an IPv4-mapped, 6to4
 or NAT64 address); it then connects to the address it checked, never to the name, so a second
 DNS answer cannot swap in another (DNS rebinding). A host[:port] on AUTHSVC_WEBHOOK_ALLOW_HOSTS
@@ -23,46 +23,26 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+
+from authsvc.webhooks.target import public
 
 MAX_BODY = 64 * 1024  # an answer's body, read and dropped; a longer one closes its connection
 MAX_HEAD = 16 * 1024  # status line and headers
 IDLE_PER_HOST = 32  # kept-alive connections per host
 IDLE_FOR = 20.0  # seconds an idle connection is kept (servers close theirs after 5 to 75 s)
 USER_AGENT = "authsvc-webhooks"
-NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 
 class Refused(Exception):
     """The URL may not be reached: a non-public address, or a URL the client cannot POST to."""
 
 
-def public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Whether an address is on the public internet (not the platform's own networks)."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        embedded = ip.ipv4_mapped or ip.sixtofour
-        if embedded is None and ip in NAT64:
-            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if embedded is not None:
-            return public(embedded)
-    return ip.is_global and not ip.is_multicast
-
-
-def allowed(host: str, port: int, allow_hosts: str) -> bool:
-    """Whether ``host``:``port`` is on the allow list: comma-separated host, host:port or [IPv6]:port;
-    an entry without a port allows every port of its host."""
-    for entry in (e.strip().lower() for e in allow_hosts.split(",")):
-        if entry.startswith("["):
-            name, _, rest = entry[1:].partition("]")
-            entry_port = rest.removeprefix(":")
-        elif entry.count(":") == 1:
-            name, _, entry_port = entry.partition(":")
-        else:  # a name, or an IPv6 address without brackets
-            name, entry_port = entry, ""
-        if name and name == host.lower() and entry_port in ("", str(port)):
-            return True
-    return False
+def allowed(host: str, port: int, allow_hosts: Collection[str]) -> bool:
+    """Whether ``host``:``port`` is on the allow list (settings.host_list's items: host, or host:port)."""
+    name = f"[{host.lower()}]" if ":" in host else host.lower().rstrip(".")
+    return name in allow_hosts or f"{name}:{port}" in allow_hosts
 
 
 @dataclass(frozen=True)
@@ -123,7 +103,7 @@ class _Failed(Exception):
 class Client:
     """POSTs to webhook URLs, safe to share among threads."""
 
-    def __init__(self, allow_hosts: str = "", *, connect_timeout: float = 3.0, timeout: float = 10.0,
+    def __init__(self, allow_hosts: Collection[str] = frozenset(), *, connect_timeout: float = 3.0, timeout: float = 10.0,
                  ssl_context: ssl.SSLContext | None = None,
                  resolve: Callable[..., list] = socket.getaddrinfo) -> None:
         self.allow_hosts = allow_hosts

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from authsvc.errors import StoreUnavailable
-from authsvc.settings import Settings
+from authsvc.settings import Settings, host_list
 from authsvc.store import open_store, redact_url
 from authsvc.store.base import Store
 from authsvc.store.deliveries import DELIVERED, FAILED, PENDING, Due, Outcome
@@ -65,7 +65,7 @@ def body(item: Due) -> bytes:
 def cmd_deliver(args, settings: Settings):
     """``authsvc deliver``: the loop, until SIGTERM or SIGINT."""
     store = open_store(settings.store, readonly=False, settings=settings)
-    client = Client(settings.webhook_allow_hosts, connect_timeout=min(3.0, settings.webhook_timeout),
+    client = Client(host_list(settings.webhook_allow_hosts), connect_timeout=min(3.0, settings.webhook_timeout),
                     timeout=settings.webhook_timeout)
     try:
         store.check()  # not migrated, wrong role: stop here

@@ -18,10 +18,12 @@ from psycopg import conninfo as pg_conninfo
 from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
 from authsvc.store import audit as trail
 from authsvc.store import base
+from authsvc.store import events as event_tables
 from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiToken, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
 from authsvc.store.common import BATCH, batches, redact_url, select_games
 from authsvc.store.dialect import Dialect
+from authsvc.store.events import Delivery, Webhook
 from authsvc.store.postgres.reader import (
     COLLATE_C,
     CREDENTIALS_SQL,
@@ -278,6 +280,15 @@ class PostgresStore(PostgresReader, Store):
         with self._admin(transaction=False) as conn:
             row = conn.execute(f"SELECT {_TOKEN_COLUMNS} FROM api_tokens WHERE digest = %s", (token_digest,)).fetchone()
         return None if row is None else api_token(row)
+
+    # -- webhook subscriptions (store/events.py) ---------------------------------------
+    def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:
+        with self._admin(transaction=False) as conn:
+            return event_tables.select_webhooks(conn, POSTGRES, webhook_id)
+
+    def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:
+        with self._admin(mode="ISOLATION LEVEL REPEATABLE READ, READ ONLY") as conn:
+            return event_tables.select_deliveries(conn, POSTGRES, webhook_id, state=state, limit=limit, after=after)
 
     # -- the audit trail (store/audit.py) ----------------------------------------------
     def audit_records(self, **filters) -> list[Record]:

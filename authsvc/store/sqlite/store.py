@@ -24,6 +24,7 @@ from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiToken, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
 from authsvc.store.common import batches, select_games
 from authsvc.store.dialect import SQLITE, SQLiteDialect
+from authsvc.store.events import Delivery, Webhook
 from authsvc.store.sqlite.errors import store_error as _store_error
 from authsvc.store.sqlite.reader import CREDENTIALS_SQL, PLAYER_SQL, SQLiteReader
 from authsvc.store.sqlite.url import path_from_url
@@ -316,6 +317,20 @@ class SQLiteStore(SQLiteReader, Store):
         row = self._conn().execute(f"SELECT {_TOKEN_COLUMNS} FROM api_tokens WHERE digest = ?",
                                    (token_digest,)).fetchone()
         return None if row is None else api_token(row)
+
+    # -- webhook subscriptions (store/events.py) ---------------------------------------
+    @_mapped
+    def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:
+        return event_tables.select_webhooks(self._conn(), SQLITE, webhook_id)
+
+    @_mapped
+    def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:
+        conn = self._conn()
+        conn.execute("BEGIN")  # one snapshot for the deliveries and their attempts
+        try:
+            return event_tables.select_deliveries(conn, SQLITE, webhook_id, state=state, limit=limit, after=after)
+        finally:
+            conn.execute("COMMIT")
 
     # -- the audit trail (store/audit.py) ----------------------------------------------
     @_mapped
