@@ -94,13 +94,18 @@ def test_a_player_s_events_wait_for_the_one_before_it_through_its_retries(
     """The receiver fails its first POST: that player's next event waits for the retry (5 s on, with
     jitter), another player's does not; once the receiver recovers, the chain goes in order."""
     seen = []
-    receiver.answer = lambda headers, body: 500 if not seen.append(1) and len(seen) == 1 else 204
+
+    def answer(headers, body):  # the first POST of player 7's first event fails
+        seen.append(headers["webhook-id"])
+        return 500 if seen.count("msg_1") == 1 and headers["webhook-id"] == "msg_1" else 204
+
+    receiver.answer = answer
     add_webhook(store_url, receiver.url(), EVENTS, SECRET)
     admin_store.add_player(7, "bob")
     admin_store.rename_player(7, "bobby")
     admin_store.add_player(8, "carol")
     rounds(deliverer)
-    assert [(b["type"], b["data"]["user_id"]) for b in receiver.bodies()] == [
+    assert sorted((b["type"], b["data"]["user_id"]) for b in receiver.bodies()) == [
         ("player.created", 7), ("player.created", 8)]
     first = deliveries(store_url)[0]
     assert first[2:5] == ("pending", 1, 500)
@@ -113,10 +118,9 @@ def test_a_player_s_events_wait_for_the_one_before_it_through_its_retries(
     assert len(receiver.requests) == 2
     clock.ahead = 6000
     rounds(deliverer)
-    assert [(b["type"], b["data"]["username"]) for b in receiver.bodies()] == [
-        ("player.created", "bob"), ("player.created", "carol"), ("player.created", "bob"),
-        ("player.renamed", "bobby"), ("player.renamed", "robert")]
-    assert [h["webhook-id"] for h, _ in receiver.requests] == ["msg_1", "msg_3", "msg_1", "msg_2", "msg_4"]
+    assert [(b["type"], b["data"]["username"]) for b in receiver.bodies()][2:] == [
+        ("player.created", "bob"), ("player.renamed", "bobby"), ("player.renamed", "robert")]
+    assert [h["webhook-id"] for h, _ in receiver.requests][2:] == ["msg_1", "msg_2", "msg_4"]
     assert [row[2:5] for row in deliveries(store_url)] == [
         ("delivered", 2, 204), ("delivered", 1, 204), ("delivered", 1, 204), ("delivered", 1, 204)]
     assert [(n, status) for n, _, status, _ in attempts(store_url, first[0])] == [(1, 500), (2, 204)]
@@ -165,3 +169,48 @@ def test_the_bookkeeping_takes_no_writer_lock(admin_store, store_url, receiver, 
         other.execute("SELECT head_id FROM audit_chain WHERE id = 1 FOR UPDATE")
         rounds(deliverer)
         assert deliveries(store_url)[0][2] == "delivered"
+
+
+@pytest.mark.engine("sqlite")
+def test_the_reference_game_server_verifies_and_applies_renames_and_deletions(admin_store, store_url, tmp_path):
+    """examples/game's webhook: a platform-made account takes the new name; a deleted player's account
+    goes, a linked game account loses only its link; a POST with a bad signature is refused."""
+    import http.client
+    import threading
+    from wsgiref.simple_server import make_server
+
+    from examples.game.server import Game, ThreadingServer, add_account
+
+    db = str(tmp_path / "game.db")
+    game = Game(db, "http://127.0.0.1:1", "unused", "http://127.0.0.1:1/", webhook_secret=SECRET)
+    game.login(7, "bob", {})
+    game.login(9, "dave", {})
+    add_account(db, "oldtimer", "pw")
+    game.db.execute("UPDATE accounts SET platform_user_id = 8 WHERE name = 'oldtimer'")
+    server = make_server("127.0.0.1", 0, game, server_class=ThreadingServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    d = Deliverer(admin_store, Client({f"127.0.0.1:{port}"}, timeout=5), concurrency=4, log=lambda text: None)
+    try:
+        add_webhook(store_url, f"http://127.0.0.1:{port}/webhooks/authsvc", ["player.deleted", "player.renamed"],
+                    SECRET)
+        for user_id, name in ((7, "bob"), (8, "carol"), (9, "dave")):
+            admin_store.add_player(user_id, name)
+        admin_store.rename_player(7, "bobby")
+        admin_store.delete_player(8)
+        admin_store.delete_player(9)
+        rounds(d)
+        assert [row[2:5] for row in deliveries(store_url)] == [("delivered", 1, 204)] * 3
+        rows = game.db.execute("SELECT name, platform_user_id FROM accounts ORDER BY name").fetchall()
+        assert rows == [("bobby", 7), ("oldtimer", None)]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("POST", "/webhooks/authsvc", body=b'{"type":"player.deleted","data":{"user_id":7}}',
+                     headers={"webhook-id": "msg_x", "webhook-timestamp": str(int(time.time())),
+                              "webhook-signature": "v1," + base64.b64encode(b"x" * 32).decode()})
+        assert conn.getresponse().status == 401
+        assert game.account(7) == {"name": "bobby", "coins": 0}
+    finally:
+        d.stopping.set()
+        d.finish()
+        server.shutdown()
+        server.server_close()
