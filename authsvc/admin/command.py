@@ -23,7 +23,7 @@ import json
 import sys
 import time
 
-from authsvc.admin import api_token_cmd, audit
+from authsvc.admin import api_token_cmd, audit, webhook_cmd
 from authsvc.admin import operations as ops
 from authsvc.admin.operations import MAX_OLD_KEY_TTL
 from authsvc.admin.players_import import ProgressBar
@@ -310,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit.add_parsers(top, common, _Parser)
     api_token_cmd.add_parsers(top, common, _Parser)
+    webhook_cmd.add_parsers(top, common, _Parser)
 
     from authsvc.admin import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
 
