@@ -101,6 +101,8 @@ def test_each_operation_needs_its_scope(admin, world):
     ({"url": "https://game.example.com/h#frag"}, "/url"),
     ({"url": "https://game.example.com/" + "x" * 2048}, "/url"),
     ({"url": "game.example.com/h"}, "/url"),
+    ({"url": "hTtp://lxk1=F$Lc[?"}, "/url"),  # urlsplit raises on an unclosed "[": a 422, not a 500
+    ({"url": "https://[not-v6]/h"}, "/url"),
     ({"url": 7}, "/url"),
     ({"events": []}, "/events"),
     ({"events": ["player.created", "player.exploded"]}, "/events"),
