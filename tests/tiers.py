@@ -27,7 +27,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_check", "test_cli", "test_endpoint", "test_equal_work", "test_explain", "test_hostile",
         "test_metrics", "test_minted_after_a_change", "test_openapi", "test_postgres_smoke", "test_probes",
         "test_queueing", "test_reasons", "test_sqlite_faults", "test_staleness", "test_store_sqlite",
-        "test_store_urls", "test_wsgi",
+        "test_store_urls", "test_webhooks_api", "test_wsgi",
     ),
     "store": (
         "test_admin_batch", "test_api_tokens", "test_audit", "test_audit_anchor", "test_deliver", "test_erasure",

@@ -5,6 +5,7 @@
     player add | show | rename | enable | disable | revoke | delete | import
     token issue
     api-token add | list | revoke
+    webhook add | list | remove
     audit [filters] | verify | prune
     export, import, backup, check, explain
     heartbeat (a long-running writer for hot standbys: authsvc/admin/heartbeat.py)
@@ -24,7 +25,7 @@ import json
 import sys
 import time
 
-from authsvc.admin import api_token_cmd, audit
+from authsvc.admin import api_token_cmd, audit, webhook_cmd
 from authsvc.admin import operations as ops
 from authsvc.admin.operations import MAX_OLD_KEY_TTL
 from authsvc.admin.players_import import ProgressBar
@@ -311,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit.add_parsers(top, common, _Parser)
     api_token_cmd.add_parsers(top, common, _Parser)
+    webhook_cmd.add_parsers(top, common, _Parser)
 
     from authsvc.admin import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
 

@@ -161,7 +161,11 @@ def add_player(store: Store, ctx: Context, user_id: int, username: str) -> Playe
 def updated_at(player: Player) -> str | None:
     """When the player's row last changed, as the admin API and the command show it: RFC 3339 UTC with
     milliseconds (``2026-11-24T08:00:00.250Z``); None for a row unchanged since the schema step (not known)."""
-    ms = player.updated_at_ms
+    return at_ms(player.updated_at_ms)
+
+
+def at_ms(ms: int | None) -> str | None:
+    """Unix milliseconds as the admin API and the command show them: RFC 3339 UTC with milliseconds."""
     if ms is None:
         return None
     return datetime.datetime.fromtimestamp(ms // 1000, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"

@@ -62,7 +62,10 @@ def check_url(url: str, allow_hosts: Collection[str]) -> str:
         raise _refused(f"must be at most {MAX_URL} characters")
     if not url.isascii() or not url.isprintable() or " " in url:
         raise _refused("must be ASCII with no spaces or control characters (an international name in punycode)")
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # an unclosed "[" of an IPv6 address
+        raise _refused("must be an absolute https:// URL with a valid host") from None
     if parts.scheme.lower() not in ("https", "http") or not parts.netloc:
         raise _refused("must be an absolute https:// URL")
     if "@" in parts.netloc:
@@ -74,6 +77,11 @@ def check_url(url: str, allow_hosts: Collection[str]) -> str:
         port = parts.port
     except ValueError:
         raise _refused("has a port that is not a number from 1 to 65535") from None
+    if "[" in parts.netloc:
+        try:
+            ipaddress.IPv6Address(host)  # what the brackets hold must be one (urlsplit checks little)
+        except ValueError:
+            raise _refused("must be an absolute https:// URL with a valid host") from None
     if not host or port == 0:
         raise _refused("must name a host (and a port from 1 to 65535, if any)")
     name = f"[{host}]" if ":" in host else host
