@@ -17,6 +17,7 @@ from benchmarks.bench.sections import (
     capacity,
     cold,
     core,
+    events,
     gap,
     metrics,
     nginx,
@@ -72,4 +73,7 @@ SECTIONS: dict[str, Section] = {
                           "syncs new players into the same store through its batch, at normal and at the shipped unit's "
                           "low priority, on each engine of --sync-engines; and when a revoke issued mid-sync is first "
                           "refused, against its effective_by", True),
+    "events": Section(events.run, "one `authsvc deliver` against a receiver process on loopback (SQLite): sustained "
+                      "events per second, change-to-delivery p50 and p99, peak RSS with --events-pending events "
+                      "pending while the receiver is down, and the drain rate once it is back", False),
 }
