@@ -244,6 +244,20 @@ def test_smoke_run_of_the_metrics_section():
     assert "Target: metrics on within 3 µs of metrics off" in done.stdout
 
 
+def test_smoke_run_of_the_events_section():
+    """One deliverer against the receiver process: every figure of the table is there and positive."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "events", "--players", "50", "--events-burst", "200",
+         "--events-changes", "20", "--events-pending", "500", "--events-down", "1", "--events-drain", "2"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = done.stdout.split("## Events: webhook delivery", 1)[1]
+    rows = [line.split("|")[2].strip() for line in table.splitlines() if line.startswith("| ") and "measure" not in line]
+    assert len(rows) == 4 and "not all delivered" not in table, table
+    assert rows[0].endswith(" events/s") and rows[1].startswith("p50 ") and rows[2].endswith(" MB"), table
+
+
 @pytest.mark.slow
 def test_smoke_run_of_the_capacity_section():
     """Every configuration serves, and each process kind that serves it shows CPU time per authentication."""
