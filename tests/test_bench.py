@@ -252,7 +252,7 @@ def test_smoke_run_of_the_events_section():
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    table = done.stdout.split("## Events: webhook delivery", 1)[1]
+    table = done.stdout.split("## 12. Webhook delivery", 1)[1]
     rows = [line.split("|")[2].strip() for line in table.splitlines() if line.startswith("| ") and "measure" not in line]
     assert len(rows) == 4 and "not all delivered" not in table, table
     assert rows[0].endswith(" events/s") and rows[1].startswith("p50 ") and rows[2].endswith(" MB"), table

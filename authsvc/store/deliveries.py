@@ -38,6 +38,7 @@ class Due:
     type: str
     at_ms: int  # the event's time
     data: str  # the event's "data" object, JSON
+    more: bool = False  # whether the chain has pending deliveries after this one
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,10 +55,21 @@ class Outcome:
 
 
 _DUE = """
-SELECT d.id, d.webhook_id, d.user_id, d.attempts, d.created_at, d.next_at, w.url, w.secret, e.type, e.at_ms, e.data
+SELECT d.id, d.webhook_id, d.user_id, d.attempts, d.created_at, d.next_at, w.url, w.secret, e.type, e.at_ms, e.data,
+    d.user_id IS NOT NULL AND EXISTS (SELECT 1 FROM deliveries AS f WHERE f.state = 'pending'
+        AND f.webhook_id = d.webhook_id AND f.user_id = d.user_id AND f.id > d.id)
 FROM deliveries AS d JOIN webhooks AS w ON w.id = d.webhook_id JOIN events AS e ON e.id = d.event_id
 WHERE d.state = 'pending' AND w.deleted_at IS NULL
 """
+
+
+_FIELDS = [f.name for f in dataclasses.fields(Due)]
+
+
+def _due(row: Any) -> Due:
+    values = dict(zip(_FIELDS, row, strict=True))
+    values["more"] = bool(values["more"])  # SQLite: 0 or 1
+    return Due(**values)
 
 
 def due(conn: Any, d: Dialect, now_ms: int, limit: int) -> list[Due]:
@@ -66,20 +78,20 @@ def due(conn: Any, d: Dialect, now_ms: int, limit: int) -> list[Due]:
         _DUE + "AND d.next_at <= ? AND NOT EXISTS (SELECT 1 FROM deliveries AS p WHERE p.state = 'pending' "
         "AND p.webhook_id = d.webhook_id AND p.user_id = d.user_id AND p.id < d.id) ORDER BY d.next_at, d.id LIMIT ?"
     ), (now_ms, limit)).fetchall()
-    return [Due(*row) for row in rows]
+    return [_due(row) for row in rows]
 
 
 def chain_after(conn: Any, d: Dialect, delivery: Due, now_ms: int, limit: int) -> list[Due]:
     """The chain's pending deliveries after ``delivery`` (done, its outcome not yet written), in order,
     up to the first that is not due."""
-    if delivery.user_id is None:
+    if not delivery.more:
         return []
     rows = conn.execute(d.sql(
         _DUE + "AND d.webhook_id = ? AND d.user_id = ? AND d.id > ? ORDER BY d.id LIMIT ?"
     ), (delivery.webhook_id, delivery.user_id, delivery.id, limit)).fetchall()
     found = []
     for row in rows:
-        later = Due(*row)
+        later = _due(row)
         if later.next_at > now_ms:
             break
         found.append(later)

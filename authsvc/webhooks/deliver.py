@@ -6,9 +6,9 @@ webhook and player (a player's next event goes only once the one before is deliv
 store/deliveries.py); retried with backoff (BACKOFF, each with up to 10 % jitter) until EXPIRY after
 the event, then ``failed``, where it stays, visible, until re-driven.
 
-The loop: every POLL seconds (or as soon as a POST ends), write the outcomes gathered so far in one
-short transaction, then read a page of due deliveries (at most PAGE: memory stays bounded whatever
-the backlog) and hand each chain's first one to a thread pool of ``deliver_concurrency`` threads;
+The loop: every POLL seconds (or as soon as a POST ends, but GAP apart), write the outcomes gathered
+so far in one short transaction, then read a page of due deliveries (at most PAGE: memory stays
+bounded whatever the backlog) and hand each chain's first one to a thread pool of ``deliver_concurrency`` threads;
 a thread that delivered one goes on with the chain's next ones. One webhook takes at most three
 quarters of the threads, so a slow receiver leaves the others some. Run one deliverer per store.
 SIGTERM: no new POST starts, those under way end (within the timeout), their outcomes are written.
@@ -36,6 +36,7 @@ from authsvc.webhooks.connect import Client
 BACKOFF = (5, 30, 120, 600, 1800, 3600)  # seconds after attempt 1, 2, ...; then hourly
 EXPIRY_MS = 24 * 3600 * 1000  # after the event's fan-out, a delivery not yet taken is failed
 POLL = 0.1  # seconds between two reads of the due deliveries when idle
+GAP = 0.01  # seconds at least between two steps when busy: outcomes written a batch at a time
 PAGE = 500  # due deliveries read at once
 CHAIN = 50  # a thread's deliveries of one chain before it hands the chain back
 SWEEP = 5.0  # seconds between two sweeps of deleted webhooks' deliveries
@@ -119,9 +120,11 @@ class Deliverer:
     def run(self) -> None:
         """Until ``stopping`` is set; then the POSTs under way end and their outcomes are written."""
         while not self.stopping.is_set():
+            began = time.monotonic()
             self.step()
             self._wake.wait(POLL)
             self._wake.clear()
+            self.stopping.wait(GAP - (time.monotonic() - began))
         self.finish()
 
     def step(self) -> int:
@@ -189,11 +192,13 @@ class Deliverer:
 
     def _start(self) -> int:
         with self._lock:
-            free = self.concurrency * 2 - len(self._busy)
+            busy = len(self._busy)
+        free = self.concurrency * 2 - busy
         if free <= 0 or self.stopping.is_set():
             return 0
         started = 0
-        for item in self.store.due_deliveries(self.clock(), PAGE):
+        # The chains under way are among the first due (still pending): read past them, no further.
+        for item in self.store.due_deliveries(self.clock(), min(PAGE, free + busy)):
             key = (item.webhook_id, item.user_id if item.user_id is not None else ("event", item.id))
             with self._lock:
                 if key in self._busy or self._per_webhook.get(item.webhook_id, 0) >= self.per_webhook:
@@ -211,7 +216,7 @@ class Deliverer:
         try:
             outcome = self.attempt(head)
             outcomes.append(outcome)
-            if outcome.state == DELIVERED and head.user_id is not None and not self.stopping.is_set():
+            if outcome.state == DELIVERED and head.more and not self.stopping.is_set():
                 for item in self.store.deliveries_after(head, self.clock(), CHAIN):
                     outcome = self.attempt(item)
                     outcomes.append(outcome)

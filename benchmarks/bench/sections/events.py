@@ -221,7 +221,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         rows.append((f"then the receiver back: deliveries in the next {args.events_drain} s", f"{rate:,.0f} events/s"))
     finally:
         r.close()
-    print("\n## Events: webhook delivery (`scripts/bench --only events`)\n")
+    print("\n## 12. Webhook delivery\n")
     print("One `authsvc deliver` (default settings: 16 at once), SQLite store, receiver process on loopback;"
           " the machine's other load shares the CPUs.\n")
     print("| measure | result |\n|---|---|")
