@@ -270,13 +270,14 @@ def test_store_url_password_is_redacted():
 
 
 COMMANDS = {
-    (): ["init", "game", "player", "export", "import", "backup", "token", "audit", "api-token", "check", "explain",
-         "heartbeat"],
+    (): ["init", "game", "player", "export", "import", "backup", "token", "audit", "api-token", "webhook", "check",
+         "explain", "heartbeat", "deliver"],
     ("api-token",): ["add", "list", "revoke"],
     ("game",): ["add", "list", "enable", "disable", "rotate-key"],
     ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "delete", "import"],
     ("token",): ["issue"],
     ("audit",): ["verify", "prune"],
+    ("webhook",): ["add", "list", "remove"],
 }
 
 
