@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sqlite3
 
 import pytest
 import webtest
@@ -188,3 +189,19 @@ def test_the_command_follows_the_same_rules_and_shows_the_secret_once(command_as
     actions = [r[0] for r in store_sql(store_url, "SELECT actor || ' ' || action FROM audit ORDER BY id")]
     assert [a for a in actions if "webhook" in a] == ["cli:alice webhook.add", "cli:alice webhook.add",
                                                       "cli:alice webhook.remove"]
+
+
+def test_a_backup_holds_no_webhook_secret_and_its_webhooks_are_removed(command_as_alice, tmp_path):
+    run = command_as_alice
+    assert run("init")[0] == 0
+    code, out, _ = run("webhook", "add", "https://game.example.com/h", "--event", "player.created", "--json")
+    secret = json.loads(out)["secret"]
+    assert run("player", "add", "5", "eve")[0] == 0  # a pending delivery
+    copy = tmp_path / "copy.db"
+    assert run("backup", str(copy))[0] == 0
+    files = b"".join(p.read_bytes() for p in tmp_path.glob("copy.db*"))
+    assert secret.encode() not in files and secret[6:].encode() not in files
+    with sqlite3.connect(copy) as conn:
+        assert conn.execute("SELECT secret, deleted_at IS NOT NULL FROM webhooks").fetchall() == [("", 1)]
+        assert conn.execute("SELECT state FROM deliveries").fetchall() == [("failed",)]
+    assert run("webhook", "list", "--json")[1].count("game.example.com") == 1  # the store itself is as it was

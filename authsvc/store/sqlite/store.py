@@ -194,13 +194,25 @@ class SQLiteStore(SQLiteReader, Store):
         return before, len(MIGRATIONS)
 
     def backup(self, target: str) -> None:
-        """A live-consistent copy by SQLite's backup API, in WAL mode: fast once restored (operations.md s. 8)."""
+        """A live-consistent copy by SQLite's backup API, in WAL mode: fast once restored (operations.md s. 8).
+
+        The copy keeps no webhook secret (store/events.py): its webhooks are removed, their secrets
+        zeroed in the file (secure_delete, then a checkpoint that empties the copy's -wal); after a
+        restore, subscribe again."""
         if os.path.exists(target):
             raise ConfigError(f"backup target {target} exists; give a new file name")
         try:
             with contextlib.closing(sqlite3.connect(target, isolation_level=None)) as copy:
                 self._conn().backup(copy)
                 copy.execute("PRAGMA journal_mode = WAL")
+                copy.execute("PRAGMA secure_delete = ON")
+                now_ms = int(time.time() * 1000)
+                copy.execute("BEGIN IMMEDIATE")
+                copy.execute("UPDATE deliveries SET state = 'failed', done_at = ?, last_error = 'not in a backup' "
+                             "WHERE state = 'pending'", (now_ms,))
+                copy.execute("UPDATE webhooks SET secret = '', deleted_at = coalesce(deleted_at, ?)", (now_ms,))
+                copy.execute("COMMIT")
+                copy.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error as e:
             for leftover in (target, target + "-wal", target + "-shm"):
                 with contextlib.suppress(FileNotFoundError):
