@@ -240,7 +240,7 @@ def _reason(e: BaseException) -> str:
 def _recv(conn: _Conn, deadline: float) -> bytes:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
-        raise _Failed("timed out")
+        raise _Failed("no answer (timed out)")
     conn.sock.settimeout(remaining)
     try:
         data = conn.sock.recv(65536)
