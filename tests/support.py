@@ -403,10 +403,11 @@ class Receiver:
     """A webhook receiver on 127.0.0.1 (HTTP/1.1, keep-alive): keeps each POST as (headers, body) in
     ``requests``; ``answer(headers, body)`` gives the status (and optional headers) of each answer."""
 
-    def __init__(self, answer=None):
+    def __init__(self, answer=None, tls: ssl.SSLContext | None = None):
         import http.server
 
         receiver = self
+        self.scheme = "https" if tls else "http"
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.answer = answer or (lambda headers, body: 200)
         self.lock = threading.Lock()
@@ -435,12 +436,14 @@ class Receiver:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
     def url(self, path: str = "/hook", host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.port}{path}"
+        return f"{self.scheme}://{host}:{self.port}{path}"
 
     def bodies(self) -> list[dict]:
         with self.lock:

@@ -78,6 +78,33 @@ def test_a_redirect_is_a_failed_attempt_and_is_not_followed(receiver):
         elsewhere.close()
 
 
+def test_https_verifies_the_certificate_against_the_url_s_host():
+    """A certificate for the URL's host (SNI) is accepted; one for another name is refused, nothing sent."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+    for names, ok in ((["localhost"], True), (["elsewhere.example"], False)):
+        server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert(*names).configure_cert(server_context)
+        receiver = Receiver(tls=server_context)
+        try:
+            client = Client({f"localhost:{receiver.port}"}, ssl_context=trusting)
+            answer = client.post(receiver.url(host="localhost"), BODY, {})
+            if ok:
+                assert (answer.status, answer.error) == (200, None) and len(receiver.requests) == 1
+            else:
+                assert answer.status is None and answer.error.startswith(
+                    f"localhost:{receiver.port}: TLS certificate not valid for the host (")
+                assert receiver.requests == []
+            client.close()
+        finally:
+            receiver.close()
+
+
 def test_posts_to_one_host_share_a_kept_alive_connection(receiver):
     client = Client({"127.0.0.1"})
     peers = set()
