@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -105,5 +106,32 @@ def test_a_failing_receiver_is_logged_without_the_secret_or_the_url_s_query(env,
         assert f"webhook 1: 127.0.0.1:{receiver.port} answered 500" in log_text
         assert SECRET.removeprefix("whsec_") not in log_text and "token=" not in log_text
         assert store_sql(store_url, "SELECT last_error FROM deliveries") == [(f"127.0.0.1:{receiver.port} answered 500",)]
+    finally:
+        receiver.close()
+
+
+def test_sigterm_lets_the_post_under_way_end_and_records_it(env, admin_store, store_url, tmp_path):
+    started = threading.Event()
+
+    def slowly(headers, body):
+        started.set()
+        time.sleep(1.0)
+        return 200
+
+    receiver = Receiver(slowly)
+    try:
+        add_webhook(store_url, receiver.url(), ["player.created"], SECRET)
+        admin_store.add_player(7, "bob")
+        with open(tmp_path / "deliver.log", "ab") as log:
+            process = start(env, receiver.port, log)
+            try:
+                assert started.wait(30), "no POST came"
+                process.send_signal(signal.SIGTERM)
+                assert process.wait(30) == 0
+            finally:
+                if process.poll() is None:
+                    process.kill()
+        assert store_sql(store_url, "SELECT state, attempts FROM deliveries") == [("delivered", 1)]
+        assert len(receiver.requests) == 1
     finally:
         receiver.close()
