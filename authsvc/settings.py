@@ -56,6 +56,33 @@ def _address_list(value: str) -> bool:
         return False
 
 
+def host_list(value: str) -> frozenset[str]:
+    """AUTHSVC_WEBHOOK_ALLOW_HOSTS as a set of ``host`` or ``host:port`` (lower case; IPv6 in brackets);
+    ValueError for an item that is neither."""
+    found = set()
+    for item in filter(None, (i.strip().lower() for i in value.split(","))):
+        host, port = (item.rsplit(":", 1) + [""])[:2] if not item.endswith("]") else (item, "")
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(item)
+        bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not bare or not all(c.isascii() and (c.isalnum() or c in ".-_:") for c in bare):
+            raise ValueError(item)
+        if ":" in bare:
+            ipaddress.IPv6Address(bare)  # a bare IPv6 address must be bracketed, as in a URL
+            if not host.startswith("["):
+                raise ValueError(item)
+        found.add(item)
+    return frozenset(found)
+
+
+def _host_list(value: str) -> bool:
+    try:
+        host_list(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _cpu_count(env: Mapping[str, str]) -> int:
     # One worker per CPU: the SQLite store keeps a worker on the CPU (BENCHMARKS.md, section 2).
     return os.cpu_count() or 1
@@ -106,9 +133,19 @@ SETTINGS = (
     # The admin API's rate limit per API token and worker process (authsvc/admin/ratelimit.py); admin_rate 0: off.
     Setting("admin_rate", "AUTHSVC_ADMIN_RATE", float, 50.0, rule="0 (off) or requests a second", check=lambda v: v >= 0),
     Setting("admin_burst", "AUTHSVC_ADMIN_BURST", int, 100, rule="at least 1", check=lambda v: v >= 1),
+    # The webhook hosts (host or host:port) a subscription may name though plain http:// or a private address
+    # (authsvc/webhooks/target.py, docs/admin-api.md "Webhooks"): a test receiver, a game server on the LAN;
+    # `authsvc deliver` reaches them though they resolve to such an address (authsvc/webhooks/connect.py).
+    Setting("webhook_allow_hosts", "AUTHSVC_WEBHOOK_ALLOW_HOSTS", str, "",
+            rule="host or host:port items, comma-separated ([v6 address] in brackets)", check=_host_list),
     # The level of the app's "authsvc" logger, set by deploy/gunicorn.conf.py's logconfig_dict.
     Setting("log_level", "AUTHSVC_LOG_LEVEL", str, "INFO", choices=_LOG_LEVELS),
     Setting("access_record", "AUTHSVC_ACCESS_RECORD", str, "app", choices=("app", "edge")),  # docs/logs.md
+    # `authsvc deliver` (authsvc/webhooks/): its POSTs at once, and each one's bound (connecting: at most 3 s of it).
+    Setting("deliver_concurrency", "AUTHSVC_DELIVER_CONCURRENCY", int, 16, rule="from 1 to 256",
+            check=lambda v: 1 <= v <= 256),
+    Setting("webhook_timeout", "AUTHSVC_WEBHOOK_TIMEOUT", float, 10.0, rule="from 1 to 60 seconds",
+            check=lambda v: 1 <= v <= 60),
     Setting("workers", "AUTHSVC_WORKERS", int, _cpu_count, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
     Setting("worker_class", "AUTHSVC_WORKER_CLASS", str, "sync", GUNICORN, choices=("sync", "gthread")),
     Setting("threads", "AUTHSVC_THREADS", int, 1, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
@@ -158,6 +195,9 @@ class Settings:
     admin_burst: int = default("admin_burst")
     access_record: str = default("access_record")
     forwarded_allow_ips: str = default("forwarded_allow_ips")
+    deliver_concurrency: int = default("deliver_concurrency")
+    webhook_timeout: float = default("webhook_timeout")
+    webhook_allow_hosts: str = default("webhook_allow_hosts")
 
     def __repr__(self) -> str:
         """The fields, with the store URL's password masked: a repr can reach a log or a traceback."""

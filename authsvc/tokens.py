@@ -6,8 +6,10 @@ token = lowercase hex of HMAC-SHA256(secret, "<game id>:<user id>:<credential ep
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import os
 import secrets
 import uuid
 from typing import TYPE_CHECKING
@@ -71,6 +73,11 @@ class TokenVerifier:
 def new_api_key() -> str:
     """A random UUID-shaped key (122 random bits from the OS), shown once."""
     return str(uuid.uuid4())
+
+
+def new_webhook_secret() -> str:
+    """A webhook's signing secret as Standard Webhooks spells it: ``whsec_`` and 32 random bytes in base64."""
+    return "whsec_" + base64.b64encode(os.urandom(32)).decode("ascii")
 
 
 def api_key_digest(api_key: str) -> str:

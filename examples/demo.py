@@ -2,8 +2,9 @@
 admin API under gunicorn on one SQLite store, the demo platform and the reference game, on loopback.
 
 Makes ./var/demo-loop (a store with "Demo Game", an admin API token with players:write and
-tokens:mint, a throwaway token secret) on the first run and keeps it; delete it to start over.
-Prints the one URL to open; Ctrl-C stops all four. Run by scripts/demo.
+tokens:mint, a throwaway token secret, the game's webhook for player.renamed and player.deleted)
+on the first run and keeps it; delete it to start over. Starts `authsvc deliver` too (the game's
+port allowed on loopback). Prints the one URL to open; Ctrl-C stops all five. Run by scripts/demo.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def main(argv=None) -> None:
     ports = {name: getattr(args, f"{name}_port") for name in PORTS}
     var = Path(args.var).resolve()
     var.mkdir(parents=True, exist_ok=True, mode=0o700)
-    env = {**os.environ, "AUTHSVC_STORE": f"sqlite://{var}/authsvc.db", "AUTHSVC_TOKEN_SECRET_FILE": str(var / "token-secret")}
+    env = {**os.environ, "AUTHSVC_STORE": f"sqlite://{var}/authsvc.db", "AUTHSVC_TOKEN_SECRET_FILE": str(var / "token-secret"),
+           "AUTHSVC_WEBHOOK_ALLOW_HOSTS": f"127.0.0.1:{ports['game']}"}
     bin_dir = Path(sys.executable).parent
     os.umask(0o077)
     if not (var / "game.json").exists():
@@ -58,6 +60,9 @@ def main(argv=None) -> None:
         (var / "api-key").write_text(game["api_key"])
         (var / "admin-token").write_text(authsvc("api-token", "add", "demo-platform", "--scope", "players:write",
                                                  "--scope", "tokens:mint")["token"])
+        hook = authsvc("webhook", "add", f"http://127.0.0.1:{ports['game']}/webhooks/authsvc",
+                       "--event", "player.renamed", "--event", "player.deleted")
+        (var / "webhook-secret").write_text(hook["secret"])
         (var / "game.json").write_text(json.dumps({"game_id": game["game_id"]}))
     game_id = json.loads((var / "game.json").read_text())["game_id"]
     py, bind = sys.executable, "127.0.0.1:{}".format
@@ -75,14 +80,16 @@ def main(argv=None) -> None:
                      "--game-id", str(game_id), "--game-url", url(ports["game"]) + "/play"],
         "game": [py, "-m", "examples.game", "--db", str(var / "game.db"), "serve", "--port", str(ports["game"]),
                  "--authsvc-url", url(ports["authsvc"]), "--api-key-file", str(var / "api-key"),
-                 "--platform-url", url(ports["platform"]) + "/"],
+                 "--platform-url", url(ports["platform"]) + "/", "--webhook-secret-file", str(var / "webhook-secret")],
+        "deliver": [str(bin_dir / "authsvc"), "deliver"],  # no port: started, not waited for
     }
     procs = []
     try:
         for name, command in commands.items():
             log = (var / f"{name}.log").open("ab")
             procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
-            wait_for(ports[name], procs[-1])
+            if name in ports:
+                wait_for(ports[name], procs[-1])
         print(f"\nThe demo loop runs (logs in {var}). Open:\n\n    {url(ports['platform'])}/\n\n"
               "sign up, play, change the password, sign out ... Ctrl-C stops it.", flush=True)
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill stops the four as Ctrl-C does

@@ -454,3 +454,66 @@ def audit_rows(store_url: str) -> list[tuple]:
 
     with psycopg.connect(store_url, autocommit=True) as conn:
         return conn.execute(statement).fetchall()
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1 (HTTP/1.1, keep-alive): keeps each POST as (headers, body) in
+    ``requests``; ``answer(headers, body)`` gives the status (and optional headers) of each answer."""
+
+    def __init__(self, answer=None, tls: ssl.SSLContext | None = None):
+        import http.server
+
+        receiver = self
+        self.scheme = "https" if tls else "http"
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        self.answer = answer or (lambda headers, body: 200)
+        self.lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                with receiver.lock:
+                    receiver.requests.append((headers, body))
+                answer = receiver.answer(headers, body)
+                status, extra = answer if isinstance(answer, tuple) else (answer, {})
+                self.send_response(status)
+                for name, value in extra.items():
+                    self.send_header(name, value)
+                body = b"" if status in (204, 304) else b"ok"
+                if status not in (204, 304):
+                    self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str = "/hook", host: str = "127.0.0.1") -> str:
+        return f"{self.scheme}://{host}:{self.port}{path}"
+
+    def bodies(self) -> list[dict]:
+        with self.lock:
+            return [json.loads(body) for _, body in self.requests]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def add_webhook(store_url: str, url: str, events: list[str], secret: str, game_id: int | None = None) -> int:
+    """A webhook row as a subscription writes it; its id."""
+    now = int(time.time() * 1000)
+    store_sql(store_url, "INSERT INTO webhooks (url, events, game_id, secret, created_at) VALUES (?, ?, ?, ?, ?)",
+              (url, json.dumps(events), game_id, secret, now))
+    return store_sql(store_url, "SELECT max(id) FROM webhooks")[0][0]

@@ -28,7 +28,8 @@ from tests.support import admin_request, free_port, raw_request, serve_gunicorn
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "deploy" / "gunicorn.conf.py"
 DOCUMENT = REPO / "authsvc" / "openapi" / "admin.json"
-ALL_SCOPES = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
+ALL_SCOPES = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read",
+              "webhooks:read", "webhooks:write"]
 USER_ID = 7731  # a value no template holds: it must never show in an access line
 MARK = "qsmark"  # sent in query strings, encoded paths and headers: never logged, never answered
 PROBLEM_TYPE = "application/problem+json"

@@ -206,7 +206,7 @@ def test_the_sections_table_is_the_help_and_the_only_choices():
     listed = [line.split()[0] for line in done.stdout.split("sections:\n", 1)[1].splitlines() if line.startswith("  ")
               and not line.startswith("   ")]
     assert listed == list(SECTIONS) == ["core", "nginx", "gap", "postgres", "scale", "profile", "cold", "bodies",
-                                       "metrics", "capacity", "storm", "admin-sync", "admin-load", "admin-cost"]
+                                       "metrics", "capacity", "storm", "admin-sync", "admin-load", "admin-cost", "events"]
     refused = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--only", "core,warp"], capture_output=True,
                              text=True, timeout=60, cwd=REPO)
     assert refused.returncode == 2 and "unknown section(s): warp" in refused.stderr
@@ -242,6 +242,20 @@ def test_smoke_run_of_the_metrics_section():
             if line.startswith("| ")}
     assert float(rows["authsvc, metrics off"][2]) > 0 and float(rows["authsvc, metrics on"][2]) > 0, done.stdout
     assert "Target: metrics on within 3 µs of metrics off" in done.stdout
+
+
+def test_smoke_run_of_the_events_section():
+    """One deliverer against the receiver process: every figure of the table is there and positive."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "events", "--players", "50", "--events-burst", "200",
+         "--events-changes", "20", "--events-pending", "500", "--events-down", "1", "--events-drain", "2"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = done.stdout.split("## 12. Webhook delivery", 1)[1]
+    rows = [line.split("|")[2].strip() for line in table.splitlines() if line.startswith("| ") and "measure" not in line]
+    assert len(rows) == 4 and "not all delivered" not in table, table
+    assert rows[0].endswith(" events/s") and rows[1].startswith("p50 ") and rows[2].endswith(" MB"), table
 
 
 @pytest.mark.slow

@@ -270,9 +270,10 @@ def test_store_url_password_is_redacted():
 
 
 COMMANDS = {
-    (): ["init", "game", "player", "export", "import", "backup", "token", "audit", "api-token", "check", "explain",
-         "heartbeat"],
+    (): ["init", "game", "player", "export", "import", "backup", "token", "audit", "api-token", "webhook", "check",
+         "explain", "heartbeat", "deliver"],
     ("api-token",): ["add", "list", "revoke"],
+    ("webhook",): ["add", "list", "remove"],
     ("game",): ["add", "list", "enable", "disable", "rotate-key"],
     ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "delete", "import"],
     ("token",): ["issue"],
@@ -414,10 +415,11 @@ def test_revoke_while_another_session_holds_the_write_lock(initialised, settings
 
 @pytest.fixture
 def tiny_disk(tmp_path):
-    """A 256 KiB tmpfs, so SQLite meets a really full disk (needs root, as in the CI container)."""
+    """A 512 KiB tmpfs, so SQLite meets a really full disk (needs root, as in the CI container): room for a
+    new store (its file, -wal and -shm: about 260 KiB) and one player, not for an import of 1 MB."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True)
     if done.returncode != 0:
         skip_or_fail(f"cannot mount a tmpfs (root needed): {done.stderr.decode().strip()}")
     yield mount

@@ -175,6 +175,7 @@ def test_a_deleted_players_names_leave_the_store_the_trail_the_export_and_the_ba
     api, headers = admin.app, admin.headers("web-tier")
     run = command_as_alice
     state = {"enabled": True, "epoch": 0}
+    ops.add_webhook(world.store, CTX, "https://game.example.com/h", ["player.created", "player.renamed"], None, "")
     ops.add_player(world.store, CTX, 42, "zelda-one")
     ops.add_player(world.store, CTX, 43, KEPT)
     legacy_record(world.store, 42, state | {"username": "zelda-legacy"}, state | {"username": "zelda-one"})
@@ -189,6 +190,9 @@ def test_a_deleted_players_names_leave_the_store_the_trail_the_export_and_the_ba
     rows = live_rows(store_url)
     for name in GONE + [KEPT]:  # each name is in the store before the delete
         assert any(form.decode() in rows for form in forms(name)), name
+    events = repr(store_sql(store_url, "SELECT data FROM events"))  # the events outbox holds them too
+    for name in GONE[1:]:
+        assert any(form.decode() in events for form in forms(name)), name
     readers = None
     if store_url.startswith("sqlite://"):
         # A game-facing gunicorn with the default staleness (1 s) keeps reading: the checkpoint that

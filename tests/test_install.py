@@ -80,6 +80,7 @@ def test_staged_install_puts_everything_in_place(staged):
         "etc/systemd/system/authsvc.socket": 0o644,
         "etc/systemd/system/authsvc.service": 0o644,
         "etc/systemd/system/authsvc-heartbeat.service": 0o644,
+        "etc/systemd/system/authsvc-deliver.service": 0o644,
         "etc/systemd/system/authsvc-admin.socket": 0o644,
         "etc/systemd/system/authsvc-admin.service": 0o644,
         "etc/authsvc/admin.toml": 0o640,

@@ -18,6 +18,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -26,7 +27,7 @@ import pytest
 
 from harness.processes import stop
 from tests.demo_support import demo_loop
-from tests.support import free_port, get_text, skip_or_fail, wait_for_port
+from tests.support import free_port, get_text, skip_or_fail, store_sql, wait_for_port
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -358,8 +359,8 @@ def test_a_page_on_another_port_neither_changes_the_password_nor_signs_the_playe
 
 def test_the_demo_command_serves_the_loop(tmp_path):
     """scripts/demo's program (docs/integrating.md, "Run the demo") on free ports: a fresh state directory
-    made with the authsvc command, the URL it prints serves the platform page framing the game, and a
-    SIGTERM stops all four servers."""
+    made with the authsvc command, the URL it prints serves the platform page framing the game, its
+    deliverer sends the game's webhook a rename, and a SIGTERM stops all five processes."""
     ports = {name: free_port() for name in ("authsvc", "admin", "platform", "game")}
     args = [f"--{name}-port={port}" for name, port in ports.items()]
     demo = subprocess.Popen([sys.executable, "-m", "examples.demo", "--var", str(tmp_path / "demo"), *args], cwd=REPO,
@@ -378,7 +379,16 @@ def test_the_demo_command_serves_the_loop(tmp_path):
         assert status == 200 and f'src="http://127.0.0.1:{ports["platform"]}/authsvc-platform.js"' in game_page
         status, answer = get_text(ports["authsvc"], "/api/authenticate.json?user_id=1&game_auth_token=x&api_key=y")
         assert status == 200 and json.loads(answer)["error"] == 403
-        assert {"api-key", "admin-token", "authsvc.db"} <= {p.name for p in (tmp_path / "demo").iterdir()}
+        assert {"api-key", "admin-token", "authsvc.db", "webhook-secret"} <= {p.name for p in (tmp_path / "demo").iterdir()}
+        # Its deliverer sends the game a rename, signed with the secret the game was given: answered 204.
+        store = "sqlite://" + str(tmp_path / "demo" / "authsvc.db")
+        env = {**os.environ, "AUTHSVC_STORE": store, "AUTHSVC_TOKEN_SECRET_FILE": str(tmp_path / "demo" / "token-secret")}
+        for command in (["player", "add", "5", "eve"], ["player", "rename", "5", "eve2"]):
+            subprocess.run([str(Path(sys.executable).parent / "authsvc"), *command], env=env, check=True, timeout=60)
+        deadline = time.monotonic() + 30
+        while store_sql(store, "SELECT state, last_status FROM deliveries") != [("delivered", 204)]:
+            assert time.monotonic() < deadline, store_sql(store, "SELECT state, last_error FROM deliveries")
+            time.sleep(0.1)
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(30) == 0
         for port in ports.values():  # every server it started has stopped

@@ -6,7 +6,8 @@ store/__init__.py, importing back from it), so it counts too. Only imports
 under ``if TYPE_CHECKING:`` are left out: they never run.
 
 The wings (README.md, "Layout"): web/ (the game-facing path), admin/ (the command and
-the operations layer), serving/ (the gunicorn integration), store/, and the core
+the operations layer), serving/ (the gunicorn integration), store/, webhooks/ (subscription
+URLs, delivery; the admin side may use it, it uses the store and the core), and the core
 (settings, tokens, names, errors, loglines). Arrows run one way: the web path and
 serving never import the admin side; the store imports no wing; the core imports
 none but the store's helpers. The web path reaches no module of the store that writes.
@@ -117,13 +118,14 @@ def test_the_circle_finder_finds_a_circle():
 CORE = {"authsvc", "authsvc.settings", "authsvc.tokens", "authsvc.names", "authsvc.errors", "authsvc.loglines"}
 # Old paths kept (README.md, "Layout"): each imports its new path and nothing else.
 ALIASES = {"authsvc.wsgi": "authsvc.web.wsgi"}
-WINGS = ("web", "admin", "serving", "store")
+WINGS = ("web", "admin", "serving", "store", "webhooks")
 WRITERS = {"authsvc.store.sqlite.store", "authsvc.store.postgres.store", "authsvc.store.writes"}
 NEVER = {  # wing -> the wings it may not import
-    "web": {"admin", "serving"},
-    "serving": {"admin"},
-    "store": {"web", "admin", "serving"},
-    "core": {"web", "admin", "serving"},
+    "web": {"admin", "serving", "webhooks"},
+    "serving": {"admin", "webhooks"},
+    "store": {"web", "admin", "serving", "webhooks"},
+    "core": {"web", "admin", "serving", "webhooks"},
+    "webhooks": {"web", "admin", "serving"},
 }
 
 

@@ -32,7 +32,8 @@ from tests.support import NODE_MODULES, free_port, node_tool, serve_gunicorn
 
 REPO = Path(__file__).resolve().parent.parent
 DOCUMENT = REPO / "authsvc" / "openapi" / "admin.json"
-ALL_SCOPES = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
+ALL_SCOPES = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read",
+              "webhooks:read", "webhooks:write"]
 
 # Valid and invalid by the rules of authsvc/names.py: letters of several scripts, characters outside
 # the BMP, white space inside and at either end (visible and not), each hidden category (Cc, Cf, Cs,
@@ -283,6 +284,20 @@ async function main(): Promise<void> {
   print("document", (await client.document()).openapi);
   print("documentLength", await client.documentLength());
   print("deletePlayer", await client.deletePlayer(777));
+  const hook = await client.addWebhook({ url: "https://game.example.com/events", events: ["player.deleted"] });
+  print("addWebhook", { id: hook.id, secret: hook.secret.startsWith("whsec_") });
+  print("listWebhooks", (await client.listWebhooks()).map((h) => h.id));
+  print("getWebhook", await client.getWebhook(hook.id));
+  const page = await client.deliveries(hook.id, { state: "pending", limit: 10 });
+  print("deliveries", page);
+  try {
+    await client.retryDelivery(hook.id, 1);
+    print("retryDelivery", "no error");
+  } catch (error) {
+    if (!(error instanceof AdminError)) throw error;
+    print("retryDelivery", { status: error.status, type: error.problem.type });
+  }
+  print("removeWebhook", await client.removeWebhook(hook.id));
 }
 
 main().catch((error) => { console.error(String(error)); process.exitCode = 1; });
@@ -333,3 +348,8 @@ def test_the_typescript_client_calls_every_operation_of_the_live_service(tmp_pat
     assert steps["auditRecords"] == ["token.mint", "player.revoke", "player.rename", "player.add"]
     assert steps["canReadAudit"] is True and steps["document"].startswith("3.1.")
     assert steps["documentLength"] > 0
+    assert steps["addWebhook"]["secret"] is True and steps["listWebhooks"] == [steps["addWebhook"]["id"]]
+    assert steps["getWebhook"]["events"] == ["player.deleted"] and "secret" not in steps["getWebhook"]
+    assert steps["deliveries"] == {"deliveries": [], "next": None}
+    assert steps["retryDelivery"] == {"status": 404, "type": "urn:authsvc:problem:not-found"}
+    assert steps["removeWebhook"] == {"id": steps["addWebhook"]["id"], "deleted": True}

@@ -39,7 +39,8 @@ SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")  # the venv's cons
 EXAMPLES = 15
 SEED = 1
 RUN_TIMEOUT = 300
-ALL_SCOPES = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
+ALL_SCOPES = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read",
+              "webhooks:read", "webhooks:write"]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""scripts/serve, as a newcomer runs it: the demo starts both apps on loopback, and the
+"""scripts/serve, as a newcomer runs it: the demo starts both apps on loopback (and the deliverer), and the
 admin API lines it prints (signup, mint, authenticate, revoke, authenticate again) do
 what their comments say when pasted into a shell."""
 
@@ -62,5 +62,9 @@ def test_serve_prints_admin_api_lines_that_work(tmp_path):
         # Both listen on loopback only.
         assert f"Listening at: http://127.0.0.1:{admin_port}" in out.read_text()
         assert f"Listening at: http://127.0.0.1:{port}" in out.read_text()
+        # And the webhook deliverer beside them (docs/admin.md, "Webhook delivery").
+        while "authsvc deliver: delivering the events of sqlite://" not in out.read_text():
+            assert time.monotonic() < deadline, out.read_text()
+            time.sleep(0.2)
     finally:
         stop(serve, signal.SIGINT)  # Ctrl-C: the terminal sends it to the script and both gunicorns

@@ -42,8 +42,8 @@ def _analyze(*args, cwd) -> subprocess.CompletedProcess:
 
 
 UNITS = ("./authsvc.socket", "./authsvc.service", "./authsvc-heartbeat.service",
-         "./authsvc-admin.socket", "./authsvc-admin.service")
-SERVICES = ("authsvc.service", "authsvc-heartbeat.service", "authsvc-admin.service")
+         "./authsvc-admin.socket", "./authsvc-admin.service", "./authsvc-deliver.service")
+SERVICES = ("authsvc.service", "authsvc-heartbeat.service", "authsvc-admin.service", "authsvc-deliver.service")
 
 
 def test_verify_is_clean(units):
@@ -99,6 +99,20 @@ def test_the_heartbeat_unit_runs_the_admin_command_for_ever(units):
     ):
         assert re.search(rf"^{re.escape(line)}$", heartbeat, re.M), line
     assert re.search(r"^ExecStart=\S+/venv/bin/authsvc heartbeat$", heartbeat, re.M)
+
+
+def test_the_deliver_unit_runs_the_deliverer_for_ever_with_the_admin_settings(units):
+    deliver = (units / "authsvc-deliver.service").read_text()
+    for line in (
+        "User=authsvc",
+        "Environment=AUTHSVC_CONFIG=/etc/authsvc/admin.toml",  # it writes the deliveries' bookkeeping
+        "StateDirectory=authsvc",
+        "Restart=always",
+        "StartLimitIntervalSec=0",
+    ):
+        assert re.search(rf"^{re.escape(line)}$", deliver, re.M), line
+    assert re.search(r"^ExecStart=\S+/venv/bin/authsvc deliver$", deliver, re.M)
+    assert "LoadCredential" not in deliver and "IPAddressDeny" not in deliver  # no token secret; receivers anywhere
 
 
 def test_the_admin_api_unit_runs_the_admin_app_on_a_group_restricted_socket(units):

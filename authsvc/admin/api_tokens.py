@@ -20,7 +20,8 @@ import secrets
 from authsvc.store.base import ApiToken
 
 PREFIX = "asv_"
-SCOPES = ("players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read")
+SCOPES = ("players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read",
+          "webhooks:read", "webhooks:write")
 NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _TOKEN = re.compile(PREFIX + r"[A-Za-z0-9_-]{43}")
 __all__ = ["PREFIX", "SCOPES", "NAME", "ApiToken", "new_token", "digest", "well_formed"]

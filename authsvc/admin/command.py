@@ -5,9 +5,11 @@
     player add | show | rename | enable | disable | revoke | delete | import
     token issue
     api-token add | list | revoke
+    webhook add | list | remove
     audit [filters] | verify | prune
     export, import, backup, check, explain
     heartbeat (a long-running writer for hot standbys: authsvc/admin/heartbeat.py)
+    deliver (a long-running sender of the events to their webhooks: authsvc/webhooks/deliver.py)
 
 Every subcommand takes ``--json`` (one JSON object on stdout). Bad input gives a
 one-line message on stderr and exit 1 (exit 2 for a malformed command line).
@@ -23,7 +25,7 @@ import json
 import sys
 import time
 
-from authsvc.admin import api_token_cmd, audit
+from authsvc.admin import api_token_cmd, audit, webhook_cmd
 from authsvc.admin import operations as ops
 from authsvc.admin.operations import MAX_OLD_KEY_TTL
 from authsvc.admin.players_import import ProgressBar
@@ -310,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit.add_parsers(top, common, _Parser)
     api_token_cmd.add_parsers(top, common, _Parser)
+    webhook_cmd.add_parsers(top, common, _Parser)
 
     from authsvc.admin import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
 
@@ -326,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
         top, "heartbeat", heartbeat.cmd_heartbeat,
         "write the primary's time several times a second, for hot standbys to prove their freshness (runs until stopped)",
     ))
+    from authsvc.webhooks import deliver
+
+    leaf(top, "deliver", deliver.cmd_deliver,
+         "send the events to their webhooks, signed, in order per player, retried (runs until stopped)")
     return parser
 
 

@@ -17,7 +17,8 @@ epoch, and made again on a replay: it is the same token (docs/tokens.md), as lon
 as the token secret was not rotated meanwhile. A new api key cannot be made
 again, so the answer to ``POST /v1/games`` and ``POST /v1/games/{id}/keys`` is
 kept without it, and a replay is 409 naming the game: the key was shown once;
-rotate it if the first answer was lost.
+rotate it if the first answer was lost. So is a new webhook's secret (``POST /v1/webhooks``): a
+replay is 409 naming the webhook.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def _kept(response: Response) -> dict:
     elif "api_key" in obj:
         del obj["api_key"]
         kind = "key"
+    elif "secret" in obj:
+        del obj["secret"]
+        kind = "webhook"
     return {"status": response.status, "obj": obj, "kind": kind, "content_type": response.content_type}
 
 
@@ -74,6 +78,10 @@ def _replay(app: AdminApp, kept: dict) -> Response:
         raise SecretNotKept(f"the first request with this Idempotency-Key already made game {obj['game_id']}'s key, "
                             "shown once and not kept; rotate the key if that answer was lost",
                             headers=replayed, extra={"game_id": obj["game_id"]})
+    elif kept["kind"] == "webhook":
+        raise SecretNotKept(f"the first request with this Idempotency-Key already made webhook {obj['id']}, whose "
+                            "secret was shown once and not kept; remove it and add another if that answer was lost",
+                            headers=replayed, extra={"webhook_id": obj["id"]})
     return Response(kept["status"], obj, replayed, content_type=kept["content_type"])
 
 

@@ -34,13 +34,15 @@ from authsvc.errors import (
     Invalid,
     NotFound,
 )
-from authsvc.names import check_game_id, check_game_name, check_user_id, check_username
-from authsvc.settings import Settings, admin_actor
+from authsvc.names import MAX_ID, check_game_id, check_game_name, check_user_id, check_username
+from authsvc.settings import Settings, admin_actor, host_list
 from authsvc.store import base, open_store
 from authsvc.store.audit import Audit, Record, canonical
 from authsvc.store.base import Game, Player, Store
+from authsvc.store.events import DELIVERY_STATES, EVENT_TYPES, Delivery, Webhook
 from authsvc.store.sqlite.store import SQLiteStore
-from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret
+from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret, new_webhook_secret
+from authsvc.webhooks.target import check_url
 
 # Keys retired by rotate-key expire within ten years: now + TTL stays a 64-bit number on both engines.
 MAX_OLD_KEY_TTL = 10 * 365 * 86400
@@ -159,7 +161,11 @@ def add_player(store: Store, ctx: Context, user_id: int, username: str) -> Playe
 def updated_at(player: Player) -> str | None:
     """When the player's row last changed, as the admin API and the command show it: RFC 3339 UTC with
     milliseconds (``2026-11-24T08:00:00.250Z``); None for a row unchanged since the schema step (not known)."""
-    ms = player.updated_at_ms
+    return at_ms(player.updated_at_ms)
+
+
+def at_ms(ms: int | None) -> str | None:
+    """Unix milliseconds as the admin API and the command show them: RFC 3339 UTC with milliseconds."""
     if ms is None:
         return None
     return datetime.datetime.fromtimestamp(ms // 1000, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
@@ -301,6 +307,84 @@ def audit_prune(store: Store, ctx: Context, before_ms: int) -> Record:
     if before_ms > round(ctx.clock() * 1000):
         raise Invalid("must not be in the future", field="/before")
     return store.audit_prune(before_ms, audit=ctx.audit())
+
+
+# -- webhook subscriptions (store/events.py, authsvc/webhooks/target.py) ------------------------
+
+MAX_DELIVERY_PAGE = 500
+
+
+def _id(value: int, what: str, field: str | None = None) -> int:
+    if type(value) is not int or not 1 <= value <= MAX_ID:
+        raise Invalid(f"{what} must be a whole number from 1 to 2^63-1", field=field)
+    return value
+
+
+def check_webhook_request(url: str, events: list[str], game_id: int | None, allow_hosts: str) -> tuple[str, ...]:
+    """The rules of a new subscription but the game's existence; returns its event types, sorted, once each."""
+    check_url(url, host_list(allow_hosts))
+    if not isinstance(events, list) or not events or not all(isinstance(e, str) for e in events):
+        raise Invalid(f"must list one or more event types, from: {', '.join(EVENT_TYPES)}", field="/events")
+    unknown = sorted(set(events) - set(EVENT_TYPES))
+    if unknown:
+        raise Invalid(f"has an unknown event type; the types are: {', '.join(EVENT_TYPES)}", field="/events")
+    if game_id is not None:
+        _id(game_id, "a game id", "/game_id")
+    return tuple(sorted(set(events)))
+
+
+def add_webhook(store: Store, ctx: Context, url: str, events: list[str], game_id: int | None,
+                allow_hosts: str) -> tuple[Webhook, str]:
+    """A new subscription: (webhook, secret). The secret is shown once; its record holds the URL, never it."""
+    chosen = check_webhook_request(url, events, game_id, allow_hosts)
+    secret = new_webhook_secret()
+    with store.write(ctx.audit()) as tx:
+        if game_id is not None and tx.game(game_id) is None:
+            raise Invalid(f"no game {game_id}", field="/game_id")
+        return tx.add_webhook(url, chosen, game_id, secret), secret
+
+
+def list_webhooks(store: Store) -> list[Webhook]:
+    return store.webhooks()
+
+
+def get_webhook(store: Store, webhook_id: int) -> Webhook:
+    found = store.webhooks(_id(webhook_id, "a webhook id"))
+    if not found:
+        raise NotFound(f"no webhook {webhook_id}")
+    return found[0]
+
+
+def remove_webhook(store: Store, ctx: Context, webhook_id: int) -> Webhook:
+    """The subscription ends: no new deliveries, its pending ones fail ("webhook removed")."""
+    with store.write(ctx.audit()) as tx:
+        hook = tx.remove_webhook(_id(webhook_id, "a webhook id"))
+    if hook is None:
+        raise NotFound(f"no webhook {webhook_id}")
+    return hook
+
+
+def webhook_deliveries(store: Store, webhook_id: int, state: str | None = None, limit: int = 100,
+                       after: int = 0) -> list[Delivery]:
+    """A page of the webhook's deliveries, oldest first, each with its attempts."""
+    get_webhook(store, webhook_id)
+    if state is not None and state not in DELIVERY_STATES:
+        raise Invalid(f"must be one of: {', '.join(DELIVERY_STATES)}", field="state")
+    return store.deliveries(webhook_id, state=state, limit=limit, after=after)
+
+
+def retry_delivery(store: Store, ctx: Context, webhook_id: int, delivery_id: int) -> Delivery:
+    """A failed delivery sent again: pending, due now, its 24 hours of attempts starting again."""
+    with store.write(ctx.audit()) as tx:
+        if tx.webhook(_id(webhook_id, "a webhook id")) is None:
+            raise NotFound(f"no webhook {webhook_id}")
+        current = tx.delivery(webhook_id, _id(delivery_id, "a delivery id"))
+        if current is None:
+            raise NotFound(f"no delivery {delivery_id} of webhook {webhook_id}")
+        retried = tx.retry_delivery(webhook_id, delivery_id)
+    if retried is None:
+        raise Conflict(f"delivery {delivery_id} is {current.state}: only a failed one is sent again")
+    return retried
 
 
 # -- the admin API's bearer tokens (authsvc/admin/api_tokens.py) ------------------------------

@@ -23,6 +23,7 @@ from authsvc.errors import BadRequest, MethodNotAllowed, NotFound, ServiceUnavai
 from authsvc.loglines import OTHER_ROUTE
 from authsvc.names import MAX_ID
 from authsvc.store.base import Game, Player
+from authsvc.store.events import Delivery, Webhook
 
 if TYPE_CHECKING:
     from authsvc.admin.api import AdminApp
@@ -249,3 +250,82 @@ def audit(app: AdminApp, req: Request) -> Response:
     records = app.store.audit_records(**filters)
     next_cursor = str(records[-1].id) if len(records) == limit else None
     return Response(200, {"records": [r.as_json() for r in records], "next": next_cursor})
+
+
+# -- webhook subscriptions (docs/admin-api.md, "Webhooks") ------------------------------------------
+
+WEBHOOK = rf"/v1/webhooks/(?P<webhook_id>{_ID[1:-1]})"
+
+
+def webhook_json(hook: Webhook) -> dict:
+    return {"id": hook.id, "url": hook.url, "events": list(hook.events), "game_id": hook.game_id,
+            "created_at": ops.at_ms(hook.created_at)}
+
+
+def delivery_json(d: Delivery) -> dict:
+    return {"id": d.id, "event_id": d.event_id, "event_type": d.event_type, "state": d.state,
+            "created_at": ops.at_ms(d.created_at), "next_at": ops.at_ms(d.next_at) if d.state == "pending" else None,
+            "done_at": ops.at_ms(d.done_at), "last_status": d.last_status, "last_error": d.last_error,
+            "attempts": [{"n": a.n, "at": ops.at_ms(a.at), "status": a.status, "error": a.error,
+                          "duration_ms": a.duration_ms} for a in d.tries]}
+
+
+@route(r"/v1/webhooks", "POST", "webhooks:write")
+def add_webhook(app: AdminApp, req: Request) -> Response:
+    """The secret is in this answer only."""
+    url = field(req.body, "url", str)
+    events = req.body.get("events") if req.body else None
+    if not isinstance(events, list):
+        raise invalid("/events", "must be a list of event types")
+    game_id = req.body.get("game_id") if req.body else None
+    if game_id is not None and type(game_id) is not int:
+        raise invalid("/game_id", "must be a whole number or null")
+    hook, secret = ops.add_webhook(app.store, req.ctx, url, events, game_id, app.settings.webhook_allow_hosts)
+    return Response(201, webhook_json(hook) | {"secret": secret})
+
+
+@route(r"/v1/webhooks", "GET", "webhooks:read")
+def list_webhooks(app: AdminApp, req: Request) -> Response:
+    return Response(200, {"webhooks": [webhook_json(h) for h in ops.list_webhooks(app.store)]})
+
+
+@route(WEBHOOK, "GET", "webhooks:read")
+def get_webhook(app: AdminApp, req: Request) -> Response:
+    return Response(200, webhook_json(ops.get_webhook(app.store, req.params["webhook_id"])))
+
+
+@route(WEBHOOK, "DELETE", "webhooks:write")
+def remove_webhook(app: AdminApp, req: Request) -> Response:
+    """No new deliveries; the pending ones fail."""
+    ops.remove_webhook(app.store, req.ctx, req.params["webhook_id"])
+    return Response(200, {"id": req.params["webhook_id"], "deleted": True})
+
+
+@route(WEBHOOK + "/deliveries", "GET", "webhooks:read")
+def deliveries(app: AdminApp, req: Request) -> Response:
+    """Oldest first, ``limit`` a page (default 100); ``next`` is the ``after`` of the next page, null at the end."""
+    try:
+        query = dict(urllib.parse.parse_qsl(req.query, keep_blank_values=True, errors="strict"))
+    except UnicodeDecodeError:
+        raise BadRequest("the query string is not valid UTF-8") from None
+    numbers = {"after": 0, "limit": 100}
+    for name, value in query.items():
+        if name in numbers:
+            top, top_text = (ops.MAX_DELIVERY_PAGE, str(ops.MAX_DELIVERY_PAGE)) if name == "limit" else (MAX_ID, "2^63-1")
+            if not (value.isascii() and value.isdigit() and value[0] != "0" and len(value) <= len(str(top))
+                    and int(value) <= top):
+                raise invalid(name, f"must be a whole number from 1 to {top_text}")
+            numbers[name] = int(value)
+        elif name != "state":
+            raise invalid(name, "is not a parameter of this path (state, limit, after)")
+    found = ops.webhook_deliveries(app.store, req.params["webhook_id"], query.get("state"), numbers["limit"],
+                                   numbers["after"])
+    next_cursor = str(found[-1].id) if len(found) == numbers["limit"] else None
+    return Response(200, {"deliveries": [delivery_json(d) for d in found], "next": next_cursor})
+
+
+@route(WEBHOOK + rf"/deliveries/(?P<delivery_id>{_ID[1:-1]})/retry", "POST", "webhooks:write")
+def retry_delivery(app: AdminApp, req: Request) -> Response:
+    """A failed delivery pending again, due now."""
+    return Response(200, delivery_json(ops.retry_delivery(app.store, req.ctx, req.params["webhook_id"],
+                                                          req.params["delivery_id"])))

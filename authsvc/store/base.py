@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from authsvc.store.audit import Audit, Chain, Record
+    from authsvc.store.deliveries import Due, Outcome
+    from authsvc.store.events import Delivery, Webhook
     from authsvc.store.writes import Tx
 
 
@@ -238,6 +240,50 @@ class Store(Reader):
     @abc.abstractmethod
     def api_token_by_digest(self, token_digest: str) -> ApiToken | None:
         """The row of the token with this digest: a read, never waiting for a writer."""
+
+    # -- webhook deliveries (store/deliveries.py): the deliverer's bookkeeping, never the writer lock --------
+    @abc.abstractmethod
+    def bookkeeping(self, write: bool) -> AbstractContextManager[tuple[Any, Any]]:
+        """``with store.bookkeeping(write) as (conn, dialect)``: a short transaction (``write``) or an
+        autocommit read, taking no writer lock and writing no audit record; errors mapped as a write's."""
+
+    def due_deliveries(self, now_ms: int, limit: int) -> list[Due]:
+        from authsvc.store import deliveries
+
+        with self.bookkeeping(False) as (conn, d):
+            return deliveries.due(conn, d, now_ms, limit)
+
+    def deliveries_after(self, delivery: Due, now_ms: int, limit: int) -> list[Due]:
+        from authsvc.store import deliveries
+
+        with self.bookkeeping(False) as (conn, d):
+            return deliveries.chain_after(conn, d, delivery, now_ms, limit)
+
+    def record_deliveries(self, outcomes: Sequence[Outcome]) -> None:
+        from authsvc.store import deliveries
+
+        with self.bookkeeping(True) as (conn, d):
+            deliveries.record(conn, d, outcomes)
+
+    def fail_orphan_deliveries(self, now_ms: int) -> int:
+        from authsvc.store import deliveries
+
+        with self.bookkeeping(True) as (conn, d):
+            return deliveries.fail_orphans(conn, d, now_ms)
+
+    def pending_deliveries(self) -> int:
+        from authsvc.store import deliveries
+
+        with self.bookkeeping(False) as (conn, d):
+            return deliveries.pending(conn, d)
+    # -- webhook subscriptions (reads; the writes are Tx's: store/events.py) ----------------
+    @abc.abstractmethod
+    def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:
+        """The live webhooks by id (``webhook_id``: that one, if live): never a secret."""
+
+    @abc.abstractmethod
+    def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:
+        """The webhook's deliveries by id after ``after``, at most ``limit``, each with its attempts."""
 
     # -- the audit trail (store/audit.py) -------------------------------------------------
     def note(self, action: str, *, audit: Audit, game_id=None, user_id=None, after: dict | None = None) -> Record:

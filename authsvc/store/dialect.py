@@ -22,6 +22,10 @@ class Dialect(abc.ABC):
     # Taken by every write before its first statement (store/writes.py): the audit chain's one row,
     # so writers run one at a time, in the order their records take along the chain.
     WRITER_LOCK = "SELECT head_id, head_hash FROM audit_chain WHERE id = 1"
+    # Whether webhook ``w`` subscribed to the type of event ``e`` (its events: a JSON array of types).
+    SUBSCRIBED = ""
+    # An event's data with its username removed (a deleted player's earlier events: store/writes.py).
+    DATA_WITHOUT_USERNAME = ""
 
     def sql(self, text: str) -> str:
         return text
@@ -39,7 +43,7 @@ class Dialect(abc.ABC):
 
     @abc.abstractmethod
     def current_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
-        """(user_id, username, enabled) of those of ``user_ids`` that exist."""
+        """(user_id, username, enabled, epoch) of those of ``user_ids`` that exist."""
 
     @abc.abstractmethod
     def write_players(self, conn: Any, rows: Sequence[tuple[int, str, bool]], at_ms: int) -> None:
@@ -57,6 +61,8 @@ class Dialect(abc.ABC):
 
 class SQLiteDialect(Dialect):
     name = "sqlite"
+    SUBSCRIBED = "EXISTS (SELECT 1 FROM json_each(w.events) AS t WHERE t.value = e.type)"
+    DATA_WITHOUT_USERNAME = "json_remove(data, '$.username')"
 
     def flag(self, value: bool) -> int:
         return int(value)
@@ -76,7 +82,7 @@ class SQLiteDialect(Dialect):
         return conn.execute("INSERT INTO games (name, created_at) VALUES (?, ?)", (name, now)).lastrowid
 
     def current_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
-        return conn.execute("SELECT user_id, username, enabled FROM players WHERE user_id IN "
+        return conn.execute("SELECT user_id, username, enabled, epoch FROM players WHERE user_id IN "
                             "(SELECT value FROM json_each(?))", (json.dumps(list(user_ids)),)).fetchall()
 
     def write_players(self, conn: Any, rows: Sequence[tuple[int, str, bool]], at_ms: int) -> None:

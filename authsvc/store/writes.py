@@ -17,22 +17,39 @@ row, Conflict for a taken name); the operations layer (authsvc/admin/operations.
 A player's records are sealed (store/audit.py): its username goes into the chain as a keyed
 digest under the player's own key, the clear value beside the record. ``delete_player`` is one
 method, so whatever else a deletion must write later joins its transaction.
+
+The events outbox (store/events.py): each method that changes a player or rotates a game's keys
+emits its event (``emit``) in the same transaction, fanned out to the subscribed webhooks there
+too; a change that changes no row emits none, a rolled-back one leaves none.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from authsvc.store import audit as trail
+from authsvc.store import events as ev
 from authsvc.store.audit import Audit, Record
 from authsvc.store.base import ApiKey, ApiToken, Conflict, Game, Player
-from authsvc.store.common import select_games
+from authsvc.store.common import batches, select_games
 from authsvc.store.dialect import Dialect
+from authsvc.store.events import Delivery, Webhook
 
 _PLAYER = "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players WHERE user_id = ?"
 _TOKEN_COLUMNS = "name, scopes, created_at, expires_at, revoked_at"
+# One delivery (pending, due now) per live webhook subscribed to each event after the given id.
+_FAN_OUT = """INSERT INTO deliveries (webhook_id, event_id, user_id, state, attempts, next_at, created_at)
+SELECT w.id, e.id, e.user_id, 'pending', 0, ?, ? FROM events AS e JOIN webhooks AS w
+ON w.deleted_at IS NULL AND (e.game_id IS NULL OR w.game_id IS NULL OR w.game_id = e.game_id) AND {subscribed}
+WHERE e.id > ? ORDER BY e.id, w.id"""
+
+
+def player_data(user_id: int, username: str, epoch: int) -> dict:
+    """A player event's data: the epoch after the change (a token of an older one is dead)."""
+    return {"user_id": user_id, "username": username, "epoch": epoch}
 
 
 def api_token(row: Sequence) -> ApiToken:
@@ -150,6 +167,7 @@ class Tx:
                   (user_id, username, self.d.flag(enabled), self.at_ms))
         self.continue_epochs([user_id])
         self._player_record("player.add", user_id, {})
+        self.emit_players([(user_id, "player.created")] + ([] if enabled else [(user_id, "player.disabled")]))
         return self.player(user_id) or Player(user_id, username, 0, enabled, self.at_ms)
 
     def continue_epochs(self, user_ids: Sequence[int] | None = None) -> None:
@@ -188,34 +206,41 @@ class Tx:
                              after={"names_erased": names, "records_erased": {str(i): h for i, _, h in clear}})
         for record_id, changes, _ in clear:
             self.d.erase_names(self._conn, record_id, changes, record.id)
+        self._sql(f"UPDATE events SET data = {self.d.DATA_WITHOUT_USERNAME} WHERE user_id = ?", (user_id,))
+        self.emit("player.deleted", user_id=user_id, data={"user_id": user_id, "epoch": before["epoch"]})
         self._lock.erased = True
         return before["epoch"]
 
-    def _change_player(self, user_id: int, action: str, sql: str, args: tuple) -> dict | None:
-        """One UPDATE of a player and its record; the state after, None if no such player. ``sql`` sets
-        updated_at_ms to its first parameter; its WHERE leaves out a row that would stay as it is."""
+    def _change_player(self, user_id: int, action: str, sql: str, args: tuple, event: str) -> dict | None:
+        """One UPDATE of a player, its record and (if the row changed) its ``event``; the state after, None if
+        no such player. ``sql`` sets updated_at_ms to its first parameter; its WHERE leaves out a row that
+        would stay as it is."""
         self.locked()
         if (before := trail.player_state(self._conn, self.d, user_id)) is None:
             return None
-        self._sql(sql, (self.at_ms, *args))
+        changed = self._sql(sql, (self.at_ms, *args)).rowcount
         self._player_record(action, user_id, before)
-        return trail.player_state(self._conn, self.d, user_id)
+        after = trail.player_state(self._conn, self.d, user_id)
+        if changed and after is not None:
+            self.emit(event, user_id=user_id, data=player_data(user_id, after["username"], after["epoch"]))
+        return after
 
     def rename_player(self, user_id: int, username: str) -> bool:
         sql = "UPDATE players SET updated_at_ms = ?, username = ? WHERE user_id = ? AND username <> ?"
-        return self._change_player(user_id, "player.rename", sql, (username, user_id, username)) is not None
+        return self._change_player(user_id, "player.rename", sql, (username, user_id, username),
+                                   "player.renamed") is not None
 
     def set_player_enabled(self, user_id: int, enabled: bool) -> bool:
         sql = "UPDATE players SET updated_at_ms = ?, enabled = ? WHERE user_id = ? AND enabled <> ?"
         flag = self.d.flag(enabled)
         action = f"player.{'en' if enabled else 'dis'}able"
-        return self._change_player(user_id, action, sql, (flag, user_id, flag)) is not None
+        return self._change_player(user_id, action, sql, (flag, user_id, flag), action + "d") is not None
 
     def revoke_player(self, user_id: int) -> int | None:
         """Bump the credential epoch; the new epoch, None if no such player."""
         after = self._change_player(user_id, "player.revoke",
                                     "UPDATE players SET updated_at_ms = ?, epoch = epoch + 1 WHERE user_id = ?",
-                                    (user_id,))
+                                    (user_id,), "player.revoked")
         return None if after is None else after["epoch"]
 
     def players_now(self, user_ids: Sequence[int]) -> dict[int, tuple[str, bool]]:
@@ -224,10 +249,48 @@ class Tx:
         return {row[0]: (row[1], bool(row[2])) for row in self.d.current_players(self._conn, user_ids)}
 
     def write_players(self, rows: Sequence[tuple[int, str, bool]], action: str, after: dict) -> Record:
-        """Insert or overwrite many players, stamped with this write's time, and one record for them all."""
+        """Insert or overwrite many players, stamped with this write's time, and one record for them all;
+        one event per change of each player (created, renamed, enabled or disabled)."""
+        before = self.players_now([row[0] for row in rows])
         self.d.write_players(self._conn, rows, self.at_ms)
         self.continue_epochs([row[0] for row in rows])
+        changes: list[tuple[int, str]] = []
+        for user_id, username, enabled in rows:
+            was = before.get(user_id)
+            if was is None:
+                changes.append((user_id, "player.created"))
+            elif was[0] != username:
+                changes.append((user_id, "player.renamed"))
+            if (was is None and not enabled) or (was is not None and was[1] != enabled):
+                changes.append((user_id, "player.enabled" if enabled else "player.disabled"))
+        self.emit_players(changes)
         return self.record(action, after=after)
+
+    # -- the events outbox (store/events.py) ------------------------------------------------------
+    def emit(self, type: str, *, user_id: int | None = None, game_id: int | None = None, data: dict) -> None:
+        """One event of this transaction's change, and its deliveries (store/events.py)."""
+        self.emit_many([(type, user_id, game_id, data)])
+
+    def emit_many(self, events: Sequence[tuple[str, int | None, int | None, dict]]) -> None:
+        """Events (type, user_id, game_id, data) in this order, and one pending delivery of each per live
+        webhook subscribed to it (its type; a game's event: that game or every game). The writer lock
+        holds other writers off, so this transaction's events are those after the highest id before."""
+        if not events:
+            return
+        at_ms = self.at_ms
+        last = self._sql("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+        self._conn.cursor().executemany(
+            self.d.sql("INSERT INTO events (type, user_id, game_id, at_ms, data) VALUES (?, ?, ?, ?, ?)"),
+            [(t, user_id, game_id, at_ms, json.dumps(data, separators=(",", ":"), ensure_ascii=False))
+             for t, user_id, game_id, data in events])
+        self._sql(_FAN_OUT.format(subscribed=self.d.SUBSCRIBED), (at_ms, at_ms, last))
+
+    def emit_players(self, changes: Iterable[tuple[int, str]]) -> None:
+        """One event per (user id, type), the data read from each player's row as this transaction left it."""
+        for chunk in batches(changes):
+            now = {row[0]: row for row in self.d.current_players(self._conn, sorted({c[0] for c in chunk}))}
+            self.emit_many([(t, user_id, None, player_data(user_id, now[user_id][1], now[user_id][3]))
+                            for user_id, t in chunk if user_id in now])
 
     # -- games and their keys -------------------------------------------------------------------
     def game(self, game_id: int) -> Game | None:
@@ -273,7 +336,56 @@ class Tx:
                       (old_keys_expire_at, game_id, old_keys_expire_at))
         self._insert_key(key_digest, game_id, now)
         self._game_record("game.rotate_key", game_id, before, {"old_keys_expire_at": old_keys_expire_at})
+        self.emit("game.key_rotated", game_id=game_id, data={"game_id": game_id, "old_keys_expire_at": old_keys_expire_at})
         return True
+
+    # -- webhook subscriptions (store/events.py) ---------------------------------------------------
+    def add_webhook(self, url: str, events: Sequence[str], game_id: int | None, secret: str) -> Webhook:
+        """A subscription and its record (never the secret): its deliveries start with the next event."""
+        self.locked()
+        self._sql("INSERT INTO webhooks (url, events, game_id, secret, created_at) VALUES (?, ?, ?, ?, ?)",
+                  (url, json.dumps(sorted(events)), game_id, secret, self.at_ms))
+        webhook_id = self._sql("SELECT max(id) FROM webhooks").fetchone()[0]  # the writer lock: ours
+        hook = ev.select_webhooks(self._conn, self.d, webhook_id)[0]
+        self.record("webhook.add", game_id=game_id, after=self._webhook_state(hook))
+        return hook
+
+    @staticmethod
+    def _webhook_state(hook: Webhook) -> dict:
+        return {"id": hook.id, "url": hook.url, "events": list(hook.events), "game_id": hook.game_id}
+
+    def webhook(self, webhook_id: int) -> Webhook | None:
+        """The live webhook ``webhook_id``, None if none (or deleted)."""
+        self.locked()
+        found = ev.select_webhooks(self._conn, self.d, webhook_id)
+        return found[0] if found else None
+
+    def remove_webhook(self, webhook_id: int) -> Webhook | None:
+        """Mark the webhook deleted and fail its pending deliveries; the webhook as it was, None if none."""
+        if (hook := self.webhook(webhook_id)) is None:
+            return None
+        self._sql("UPDATE webhooks SET deleted_at = ? WHERE id = ?", (self.at_ms, webhook_id))
+        self._sql("UPDATE deliveries SET state = 'failed', done_at = ?, last_error = 'webhook removed' "
+                  "WHERE webhook_id = ? AND state = 'pending'", (self.at_ms, webhook_id))
+        self.record("webhook.remove", game_id=hook.game_id, before=self._webhook_state(hook))
+        return hook
+
+    def delivery(self, webhook_id: int, delivery_id: int) -> Delivery | None:
+        self.locked()
+        found = ev.select_deliveries(self._conn, self.d, webhook_id, delivery_id=delivery_id, limit=1)
+        return found[0] if found else None
+
+    def retry_delivery(self, webhook_id: int, delivery_id: int) -> Delivery | None:
+        """A failed delivery pending again, due now, its 24 hours starting again; None if no such delivery
+        or it is not failed."""
+        current = self.delivery(webhook_id, delivery_id)
+        if current is None or current.state != "failed":
+            return None
+        self._sql("UPDATE deliveries SET state = 'pending', next_at = ?, created_at = ?, done_at = NULL WHERE id = ?",
+                  (self.at_ms, self.at_ms, delivery_id))
+        self.record("webhook.retry", after={"webhook_id": webhook_id, "delivery_id": delivery_id,
+                                            "event_id": current.event_id})
+        return self.delivery(webhook_id, delivery_id)
 
     # -- the admin API's bearer tokens ------------------------------------------------------------
     def add_api_token(self, name: str, token_digest: str, scopes: tuple[str, ...], now: int,

@@ -117,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="admin-cost section: alternating rounds of 1.5 s alone and 1.5 s beside the costly token "
                              "(default 20)")
     parser.add_argument("--sync-clients", type=int, default=4, help="admin-sync section: clients (default 4)")
+    parser.add_argument("--events-burst", type=int, default=20_000, help="events section: pending events to deliver")
+    parser.add_argument("--events-changes", type=int, default=500, help="events section: renames timed (default 500)")
+    parser.add_argument("--events-pending", type=int, default=1_000_000,
+                        help="events section: events pending while the receiver is down (default 1,000,000)")
+    parser.add_argument("--events-down", type=int, default=20, help="events section: seconds the receiver is down")
+    parser.add_argument("--events-drain", type=int, default=30, help="events section: seconds of drain timed")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]

@@ -29,6 +29,12 @@ export type AuditPage = Schemas["AuditPage"];
 export type AuditRecord = Schemas["AuditRecord"];
 export type AuditCursor = Schemas["AuditCursor"];
 export type Problem = Schemas["Problem"];
+export type Webhook = Schemas["Webhook"];
+export type NewWebhook = Schemas["NewWebhook"];
+export type WebhookAdd = Schemas["WebhookAdd"];
+export type Delivery = Schemas["Delivery"];
+export type DeliveryPage = Schemas["DeliveryPage"];
+export type DeliveryQuery = NonNullable<operations["listDeliveries"]["parameters"]["query"]>;
 /** The filters of GET /v1/audit, as the document lists them (after, limit, player, game, action, actor). */
 export type AuditQuery = NonNullable<operations["listAudit"]["parameters"]["query"]>;
 /** What GET /openapi.json answers. */
@@ -157,6 +163,38 @@ export class AdminClient {
       if (error instanceof AdminError && error.status === 403) return false;
       throw error;
     }
+  }
+
+  /* -- webhooks ------------------------------------------------------------------------------ */
+
+  /** Subscribe a URL to events; its signing secret is in this answer only (POST /v1/webhooks). */
+  async addWebhook(webhook: WebhookAdd): Promise<NewWebhook> {
+    return this.json<NewWebhook>("POST", "/v1/webhooks", { body: webhook });
+  }
+
+  /** Every webhook, never a secret (GET /v1/webhooks). */
+  async listWebhooks(): Promise<Webhook[]> {
+    return (await this.json<{ webhooks: Webhook[] }>("GET", "/v1/webhooks")).webhooks;
+  }
+
+  /** One webhook (GET /v1/webhooks/{webhook_id}). */
+  async getWebhook(webhookId: number): Promise<Webhook> {
+    return this.json<Webhook>("GET", `/v1/webhooks/${webhookId}`);
+  }
+
+  /** End a webhook: its pending deliveries fail (DELETE /v1/webhooks/{webhook_id}). */
+  async removeWebhook(webhookId: number): Promise<{ id: number; deleted: true }> {
+    return this.json<{ id: number; deleted: true }>("DELETE", `/v1/webhooks/${webhookId}`);
+  }
+
+  /** A page of a webhook's deliveries, oldest first (GET /v1/webhooks/{webhook_id}/deliveries). */
+  async deliveries(webhookId: number, query: DeliveryQuery = {}): Promise<DeliveryPage> {
+    return this.json<DeliveryPage>("GET", `/v1/webhooks/${webhookId}/deliveries`, { query });
+  }
+
+  /** Send a failed delivery again (POST /v1/webhooks/{webhook_id}/deliveries/{delivery_id}/retry). */
+  async retryDelivery(webhookId: number, deliveryId: number): Promise<Delivery> {
+    return this.json<Delivery>("POST", `/v1/webhooks/${webhookId}/deliveries/${deliveryId}/retry`);
   }
 
   /* -- this document ------------------------------------------------------------------------- */

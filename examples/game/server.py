@@ -12,7 +12,9 @@ here and never sent to a browser. Then, on the game's own SQLite users:
   Retry-After), and the slow password hash runs outside the server's one lock;
 - authsvc's 403 (the player changed their password since the page loaded) asks for a reload, and
   the Reload button asks the platform page for a fresh token (authsvc-platform.js's refresh);
-- a 503 or no answer is "try again shortly", never a logout.
+- a 503 or no answer is "try again shortly", never a logout;
+- the platform's events (POST /webhooks/authsvc, signed: verify_webhook): a deleted player's account
+  is erased (a linked game account loses only the link), a renamed one takes the new name.
 
 Stdlib only; ``python -m examples.game --help``.
 """
@@ -20,6 +22,7 @@ Stdlib only; ``python -m examples.game --help``.
 from __future__ import annotations
 
 import argparse
+import base64
 import collections
 import hashlib
 import hmac
@@ -99,9 +102,28 @@ def authenticate(authsvc_url: str, api_key: str, user_id, token) -> tuple[str, s
     return "unavailable", None  # a 503 answered with HTTP 200 (docs/api.md, "Answers")
 
 
+def verify_webhook(secret: str, headers, body: bytes, tolerance: int = 300) -> dict | None:
+    """The event a webhook POST carries if its Standard Webhooks signature is good and recent, else None.
+
+    ``secret``: the ``whsec_...`` the subscription gave; ``headers``: the request's, by lower-case
+    name. Other languages: the Standard Webhooks libraries (standardwebhooks on PyPI and npm, and
+    for Go, Ruby, PHP, Java, C#, Rust, Kotlin, Elixir) do the same check.
+    """
+    msg_id, timestamp = headers.get("webhook-id", ""), headers.get("webhook-timestamp", "")
+    if not msg_id or not timestamp.isdigit() or abs(time.time() - int(timestamp)) > tolerance:
+        return None  # an old message replayed, or a clock far off
+    key = base64.b64decode(secret.removeprefix("whsec_") + "==")
+    expected = base64.b64encode(hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest())
+    for signature in headers.get("webhook-signature", "").split():
+        version, _, value = signature.partition(",")
+        if version == "v1" and hmac.compare_digest(value.encode(), expected):
+            return json.loads(body)
+    return None
+
+
 class Game:
     def __init__(self, db_path: str, authsvc_url: str, api_key: str, platform_url: str,
-                 link_attempts: Attempts | None = None):
+                 link_attempts: Attempts | None = None, webhook_secret: str | None = None):
         self.db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
         self.db.executescript(SCHEMA)
         self.authsvc_url, self.api_key, self.platform_url = authsvc_url, api_key, platform_url.rstrip("/")
@@ -114,6 +136,7 @@ class Game:
         # A name no account holds is checked against this, as long as a real one: the time tells nothing.
         salt = secrets.token_bytes(16)
         self.no_account = (salt, password_hash(secrets.token_hex(16), salt))
+        self.webhook_secret = webhook_secret
 
     def __call__(self, environ, start_response):
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/")
@@ -139,7 +162,33 @@ class Game:
             with self.lock:
                 answer = getattr(self, path.rpartition("/")[2])(user_id, username, request)
             return self.json(start_response, answer)
+        if method == "POST" and path == "/webhooks/authsvc" and self.webhook_secret:
+            body = environ["wsgi.input"].read(min(int(environ.get("CONTENT_LENGTH") or 0), 65536))
+            headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
+            event = verify_webhook(self.webhook_secret, headers, body)
+            if event is None:
+                return respond(start_response, "401 Unauthorized", b"bad signature", "text/plain")
+            with self.lock:
+                self.on_event(event["type"], event["data"])
+            return respond(start_response, "204 No Content", b"", "text/plain")
         return respond(start_response, "404 Not Found", b"not found", "text/plain")
+
+    def on_event(self, type: str, data: dict) -> None:
+        """An event may come twice (the same webhook-id): each change here gives the same result again."""
+        user_id = data.get("user_id")
+        if type == "player.deleted":  # the platform erased the player: so does the game
+            self.db.execute("DELETE FROM accounts WHERE platform_user_id = ? AND hash IS NULL", (user_id,))
+            self.db.execute("UPDATE accounts SET platform_user_id = NULL WHERE platform_user_id = ?", (user_id,))
+        elif type == "player.renamed":  # an account the platform made takes the new name, if free
+            name = data["username"]
+            if self.db.execute("SELECT 1 FROM accounts WHERE name = ? AND platform_user_id IS NOT ?",
+                               (name, user_id)).fetchone():
+                name = f"{name}_{user_id}"
+            try:
+                self.db.execute("UPDATE accounts SET name = ? WHERE platform_user_id = ? AND hash IS NULL",
+                                (name, user_id))
+            except sqlite3.IntegrityError:
+                pass  # that name is taken too: the account keeps its name
 
     def account_locked(self, user_id: int) -> dict | None:
         with self.lock:
@@ -235,6 +284,7 @@ def main(argv=None) -> None:
     serve.add_argument("--link-attempts-per-account", type=int, default=10, metavar="N",
                        help="link attempts on one game account in a window, by all players (default 10)")
     serve.add_argument("--link-window", type=float, default=300, metavar="SECONDS", help="the window (default 300)")
+    serve.add_argument("--webhook-secret-file", help="file holding the webhook's whsec_ secret: serve /webhooks/authsvc")
     add = sub.add_parser("add-account", help="add one of the game's own accounts (the password is read from stdin)")
     add.add_argument("name")
     args = parser.parse_args(argv)
@@ -244,7 +294,8 @@ def main(argv=None) -> None:
     api_key = Path(args.api_key_file).read_text().strip()
     attempts = Attempts({"player": args.link_attempts_per_player, "account": args.link_attempts_per_account},
                         window=args.link_window)
-    app = Game(args.db, args.authsvc_url, api_key, args.platform_url, attempts)
+    secret = Path(args.webhook_secret_file).read_text().strip() if args.webhook_secret_file else None
+    app = Game(args.db, args.authsvc_url, api_key, args.platform_url, attempts, secret)
     with make_server("127.0.0.1", args.port, app, server_class=ThreadingServer) as server:
         print(f"demo game on http://127.0.0.1:{args.port}/play", flush=True)
         server.serve_forever()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from authsvc.store import audit as trail
+from authsvc.store import events as event_tables
 from authsvc.store.api_tables import API_TABLES
 from authsvc.store.postgres.reader import READER_ROLE
 
@@ -93,6 +94,9 @@ MIGRATIONS: list[str] = [
     );
     REVOKE ALL ON deleted_players FROM PUBLIC;
     """ + trail.POSTGRES_SEALING,
+    # 7: the events outbox and the webhook subscriptions (store/events.py). New tables: no row is
+    # rewritten, no table an authentication reads is locked. No grant to the reader role.
+    event_tables.POSTGRES_TABLES,
 ]
 
 # `authsvc heartbeat`'s own role (deploy/postgres/roles.sql), if the DBA made it: the heartbeat row
@@ -132,6 +136,8 @@ BEGIN
         GRANT SELECT, UPDATE (head_id, head_hash) ON audit_chain TO {ADMIN_ROLE};
         GRANT SELECT, INSERT, UPDATE ON api_tokens TO {ADMIN_ROLE};
         GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO {ADMIN_ROLE};
+        GRANT SELECT, INSERT, UPDATE ON webhooks, events, deliveries TO {ADMIN_ROLE};
+        GRANT SELECT, INSERT, UPDATE, DELETE ON delivery_attempts TO {ADMIN_ROLE};
     END IF;
 END
 $$

@@ -18,10 +18,12 @@ from psycopg import conninfo as pg_conninfo
 from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
 from authsvc.store import audit as trail
 from authsvc.store import base
+from authsvc.store import events as event_tables
 from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiToken, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
 from authsvc.store.common import BATCH, batches, redact_url, select_games
 from authsvc.store.dialect import Dialect
+from authsvc.store.events import Delivery, Webhook
 from authsvc.store.postgres.reader import (
     COLLATE_C,
     CREDENTIALS_SQL,
@@ -71,6 +73,13 @@ ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username, updated_at_ms 
 WHERE players.username <> EXCLUDED.username
 """
 
+# The players UPSERT_SQL is about to add (true) or rename (false): their events (store/events.py).
+IMPORT_CHANGES_SQL = """
+SELECT i.user_id, p.user_id IS NULL FROM
+(SELECT DISTINCT ON (user_id) user_id, username FROM players_import ORDER BY user_id, n DESC) AS i
+LEFT JOIN players AS p ON p.user_id = i.user_id WHERE p.user_id IS NULL OR p.username <> i.username
+ORDER BY i.user_id
+"""
 
 # Many players in one statement: their rows as arrays, unnested (store/dialect.py's write_players).
 WRITE_PLAYERS_SQL = """
@@ -84,6 +93,8 @@ ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username, enabled = EXCL
 class PostgresDialect(Dialect):
     name = "postgresql"
     WRITER_LOCK = Dialect.WRITER_LOCK + " FOR UPDATE"
+    SUBSCRIBED = "w.events::jsonb @> jsonb_build_array(e.type)"
+    DATA_WITHOUT_USERNAME = "(data::jsonb - 'username')::text"
 
     def sql(self, text: str) -> str:
         return text.replace("?", "%s")
@@ -97,7 +108,7 @@ class PostgresDialect(Dialect):
         return _value(conn.execute("INSERT INTO games (name, created_at) VALUES (%s, %s) RETURNING id", (name, now)))
 
     def current_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
-        return conn.execute("SELECT user_id, username, enabled FROM players WHERE user_id = ANY(%s::bigint[])",
+        return conn.execute("SELECT user_id, username, enabled, epoch FROM players WHERE user_id = ANY(%s::bigint[])",
                             (list(user_ids),)).fetchall()
 
     def write_players(self, conn: Any, rows: Sequence[tuple[int, str, bool]], at_ms: int) -> None:
@@ -173,6 +184,12 @@ class PostgresStore(PostgresReader, Store):
                 self._local.tx = None
         trail.log_head(head)  # committed: a rolled-back write never gets here
 
+    @contextlib.contextmanager
+    def bookkeeping(self, write: bool) -> Iterator[tuple[psycopg.Connection, PostgresDialect]]:
+        """A transaction (``write``) or an autocommit read, errors mapped as ``_admin`` maps them; no writer lock."""
+        with self._admin(transaction=write) as conn:
+            yield conn, POSTGRES
+
     # -- admin ----------------------------------------------------------------------
     def migrate(self) -> tuple[int, int]:
         with self._admin() as conn:
@@ -243,10 +260,12 @@ class PostgresStore(PostgresReader, Store):
                         progress(count)
             try:
                 with conn.transaction():
+                    changes = conn.execute(IMPORT_CHANGES_SQL).fetchall()
                     conn.execute(UPSERT_SQL, (tx.at_ms,))
             except psycopg.errors.CheckViolation:
                 raise Conflict("user ids must be from 1 to 2^63-1") from None
             tx.continue_epochs()
+            tx.emit_players((user_id, "player.created" if new else "player.renamed") for user_id, new in changes)
             tx.record("player.import", after={"rows": count})
         return count
 
@@ -261,6 +280,15 @@ class PostgresStore(PostgresReader, Store):
         with self._admin(transaction=False) as conn:
             row = conn.execute(f"SELECT {_TOKEN_COLUMNS} FROM api_tokens WHERE digest = %s", (token_digest,)).fetchone()
         return None if row is None else api_token(row)
+
+    # -- webhook subscriptions (store/events.py) ---------------------------------------
+    def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:
+        with self._admin(transaction=False) as conn:
+            return event_tables.select_webhooks(conn, POSTGRES, webhook_id)
+
+    def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:
+        with self._admin(mode="ISOLATION LEVEL REPEATABLE READ, READ ONLY") as conn:
+            return event_tables.select_deliveries(conn, POSTGRES, webhook_id, state=state, limit=limit, after=after)
 
     # -- the audit trail (store/audit.py) ----------------------------------------------
     def audit_records(self, **filters) -> list[Record]:

@@ -18,11 +18,13 @@ from collections.abc import Callable, Iterable, Iterator
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store import audit as trail
 from authsvc.store import base
+from authsvc.store import events as event_tables
 from authsvc.store.api_tables import API_TABLES
 from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiToken, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
 from authsvc.store.common import batches, select_games
-from authsvc.store.dialect import SQLITE
+from authsvc.store.dialect import SQLITE, SQLiteDialect
+from authsvc.store.events import Delivery, Webhook
 from authsvc.store.sqlite.errors import store_error as _store_error
 from authsvc.store.sqlite.reader import CREDENTIALS_SQL, PLAYER_SQL, SQLiteReader
 from authsvc.store.sqlite.url import path_from_url
@@ -84,6 +86,8 @@ MIGRATIONS: list[str] = [
         epoch   INTEGER NOT NULL
     );
     """ + trail.SQLITE_SEALING,
+    # 6: the events outbox and the webhook subscriptions (store/events.py). New tables: no row is rewritten.
+    event_tables.SQLITE_TABLES,
 ]
 
 
@@ -190,13 +194,25 @@ class SQLiteStore(SQLiteReader, Store):
         return before, len(MIGRATIONS)
 
     def backup(self, target: str) -> None:
-        """A live-consistent copy by SQLite's backup API, in WAL mode: fast once restored (operations.md s. 8)."""
+        """A live-consistent copy by SQLite's backup API, in WAL mode: fast once restored (operations.md s. 8).
+
+        The copy keeps no webhook secret (store/events.py): its webhooks are removed, their secrets
+        zeroed in the file (secure_delete, then a checkpoint that empties the copy's -wal); after a
+        restore, subscribe again."""
         if os.path.exists(target):
             raise ConfigError(f"backup target {target} exists; give a new file name")
         try:
             with contextlib.closing(sqlite3.connect(target, isolation_level=None)) as copy:
                 self._conn().backup(copy)
                 copy.execute("PRAGMA journal_mode = WAL")
+                copy.execute("PRAGMA secure_delete = ON")
+                now_ms = int(time.time() * 1000)
+                copy.execute("BEGIN IMMEDIATE")
+                copy.execute("UPDATE deliveries SET state = 'failed', done_at = ?, last_error = 'not in a backup' "
+                             "WHERE state = 'pending'", (now_ms,))
+                copy.execute("UPDATE webhooks SET secret = '', deleted_at = coalesce(deleted_at, ?)", (now_ms,))
+                copy.execute("COMMIT")
+                copy.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error as e:
             for leftover in (target, target + "-wal", target + "-shm"):
                 with contextlib.suppress(FileNotFoundError):
@@ -226,6 +242,28 @@ class SQLiteStore(SQLiteReader, Store):
         trail.log_head(head)  # committed: a rolled-back write never gets here
         if tx.erased:  # committed: what the deletion freed leaves the -wal file too
             self._erase_wal()
+
+    @contextlib.contextmanager
+    def bookkeeping(self, write: bool) -> Iterator[tuple[sqlite3.Connection, SQLiteDialect]]:
+        """BEGIN IMMEDIATE ... COMMIT (``write``), else an autocommit read; no writer lock beyond SQLite's
+        own for the moment of the transaction, which waits for an admin write at most the connection's
+        busy timeout (2 s)."""
+        conn = self._conn()
+        try:
+            if not write:
+                yield conn, SQLITE
+                return
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn, SQLITE
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            self._drop()
+            raise _store_error(e, self.path) from None
 
     def _games(self, where: str = "", args: tuple = ()) -> list[Game]:
         with self._held() as conn:
@@ -261,12 +299,21 @@ class SQLiteStore(SQLiteReader, Store):
                 "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, "
                 "updated_at_ms = excluded.updated_at_ms WHERE players.username <> excluded.username"
             )
+            changes: dict[int, str] = {}  # user id -> its event: created, or renamed
             for batch in batches(rows):
+                names = {row[0]: row[1] for row in SQLITE.current_players(tx._conn, [r[0] for r in batch])}
+                for user_id, username in batch:
+                    if user_id not in names:
+                        changes[user_id] = "player.created"
+                    elif names[user_id] != username:
+                        changes.setdefault(user_id, "player.renamed")
+                    names[user_id] = username
                 tx._conn.executemany(sql, batch)
                 count += len(batch)
                 if progress:
                     progress(count)
             tx.continue_epochs()
+            tx.emit_players((user_id, event) for user_id, event in changes.items())
             tx.record("player.import", after={"rows": count})
         return count
 
@@ -282,6 +329,20 @@ class SQLiteStore(SQLiteReader, Store):
         row = self._conn().execute(f"SELECT {_TOKEN_COLUMNS} FROM api_tokens WHERE digest = ?",
                                    (token_digest,)).fetchone()
         return None if row is None else api_token(row)
+
+    # -- webhook subscriptions (store/events.py) ---------------------------------------
+    @_mapped
+    def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:
+        return event_tables.select_webhooks(self._conn(), SQLITE, webhook_id)
+
+    @_mapped
+    def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:
+        conn = self._conn()
+        conn.execute("BEGIN")  # one snapshot for the deliveries and their attempts
+        try:
+            return event_tables.select_deliveries(conn, SQLITE, webhook_id, state=state, limit=limit, after=after)
+        finally:
+            conn.execute("COMMIT")
 
     # -- the audit trail (store/audit.py) ----------------------------------------------
     @_mapped

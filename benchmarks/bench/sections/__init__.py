@@ -18,6 +18,7 @@ from benchmarks.bench.sections import (
     capacity,
     cold,
     core,
+    events,
     gap,
     metrics,
     nginx,
@@ -76,4 +77,7 @@ SECTIONS: dict[str, Section] = {
     "admin-cost": Section(admin_cost.run, "another API token's GET p50 and p99, alone against while one token sends "
                           "the costliest bodies it may (4 MiB dry-run batches), in --cost-rounds alternating rounds, "
                           "under the admin service as shipped (2 gthread workers)", False),
+    "events": Section(events.run, "one `authsvc deliver` against a receiver process on loopback (SQLite): sustained "
+                      "events per second, change-to-delivery p50 and p99, peak RSS with --events-pending events "
+                      "pending while the receiver is down, and the drain rate once it is back", False),
 }

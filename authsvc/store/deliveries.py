@@ -1,0 +1,133 @@
+"""The delivery process's statements (authsvc/webhooks/deliver.py), on either engine's connection.
+
+A delivery row is one event for one webhook, written with the event (fan-out at write time,
+store/writes.py). The deliverer reads the due ones and writes each attempt's outcome here. That
+bookkeeping is not an audited change: it takes no writer lock (the audit chain's row) and writes
+no record, so it never queues behind, or holds up, the admin side for longer than its own short
+transaction (a page of outcomes).
+
+Order: deliveries of one (webhook, user_id) go out one at a time in id order; ``due`` returns only
+the first pending delivery of each such chain (a NULL user_id is a chain of one), ``chain_after``
+the ones after it once it is done. A failed attempt moves the chain's later deliveries to its own
+next try, so a chain waiting for a retry keeps them out of ``due``'s pages meanwhile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from authsvc.store.dialect import Dialect
+
+PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Due:
+    """A pending delivery with what its POST needs: the webhook's URL and secret, the event."""
+
+    id: int
+    webhook_id: int
+    user_id: int | None
+    attempts: int
+    created_at: int  # ms
+    next_at: int  # ms
+    url: str
+    secret: str
+    type: str
+    at_ms: int  # the event's time
+    data: str  # the event's "data" object, JSON
+    more: bool = False  # whether the chain has pending deliveries after this one
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outcome:
+    """One attempt (a delivery_attempts row) and the delivery's state after it."""
+
+    delivery: Due
+    at_ms: int
+    status: int | None
+    error: str | None
+    duration_ms: int
+    state: str  # PENDING (a retry at next_at), DELIVERED or FAILED
+    next_at: int
+
+
+_DUE = """
+SELECT d.id, d.webhook_id, d.user_id, d.attempts, d.created_at, d.next_at, w.url, w.secret, e.type, e.at_ms, e.data,
+    d.user_id IS NOT NULL AND EXISTS (SELECT 1 FROM deliveries AS f WHERE f.state = 'pending'
+        AND f.webhook_id = d.webhook_id AND f.user_id = d.user_id AND f.id > d.id)
+FROM deliveries AS d JOIN webhooks AS w ON w.id = d.webhook_id JOIN events AS e ON e.id = d.event_id
+WHERE d.state = 'pending' AND w.deleted_at IS NULL
+"""
+
+
+_FIELDS = [f.name for f in dataclasses.fields(Due)]
+
+
+def _due(row: Any) -> Due:
+    values = dict(zip(_FIELDS, row, strict=True))
+    values["more"] = bool(values["more"])  # SQLite: 0 or 1
+    return Due(**values)
+
+
+def due(conn: Any, d: Dialect, now_ms: int, limit: int) -> list[Due]:
+    """The first pending delivery of each chain, if due, soonest first."""
+    rows = conn.execute(d.sql(
+        _DUE + "AND d.next_at <= ? AND NOT EXISTS (SELECT 1 FROM deliveries AS p WHERE p.state = 'pending' "
+        "AND p.webhook_id = d.webhook_id AND p.user_id = d.user_id AND p.id < d.id) ORDER BY d.next_at, d.id LIMIT ?"
+    ), (now_ms, limit)).fetchall()
+    return [_due(row) for row in rows]
+
+
+def chain_after(conn: Any, d: Dialect, delivery: Due, now_ms: int, limit: int) -> list[Due]:
+    """The chain's pending deliveries after ``delivery`` (done, its outcome not yet written), in order,
+    up to the first that is not due."""
+    if not delivery.more:
+        return []
+    rows = conn.execute(d.sql(
+        _DUE + "AND d.webhook_id = ? AND d.user_id = ? AND d.id > ? ORDER BY d.id LIMIT ?"
+    ), (delivery.webhook_id, delivery.user_id, delivery.id, limit)).fetchall()
+    found = []
+    for row in rows:
+        later = _due(row)
+        if later.next_at > now_ms:
+            break
+        found.append(later)
+    return found
+
+
+def record(conn: Any, d: Dialect, outcomes: Iterable[Outcome]) -> None:
+    """Write attempts and the deliveries' new state; a retry moves the chain's later ones to its next try."""
+    outcomes = list(outcomes)
+    cur = conn.cursor()
+    # n: the delivery's next attempt number, whatever a re-drive did to its ``attempts``.
+    cur.executemany(d.sql(
+        "INSERT INTO delivery_attempts (delivery_id, n, at, status, error, duration_ms) "
+        "SELECT ?, coalesce(max(n), 0) + 1, ?, ?, ?, ? FROM delivery_attempts WHERE delivery_id = ?"
+    ), [(o.delivery.id, o.at_ms, o.status, o.error, o.duration_ms, o.delivery.id) for o in outcomes])
+    cur.executemany(d.sql(
+        "UPDATE deliveries SET attempts = attempts + 1, last_status = ?, last_error = ?, state = ?, next_at = ?, "
+        "done_at = ? WHERE id = ? AND state = 'pending'"
+    ), [(o.status, o.error, o.state, o.next_at, None if o.state == PENDING else o.at_ms, o.delivery.id)
+        for o in outcomes])
+    later = [(o.next_at, o.delivery.webhook_id, o.delivery.user_id, o.delivery.id, o.next_at)
+             for o in outcomes if o.state == PENDING and o.delivery.user_id is not None]
+    if later:
+        cur.executemany(d.sql(
+            "UPDATE deliveries SET next_at = ? WHERE state = 'pending' AND webhook_id = ? AND user_id = ? "
+            "AND id > ? AND next_at < ?"
+        ), later)
+
+
+def fail_orphans(conn: Any, d: Dialect, now_ms: int) -> int:
+    """Pending deliveries of deleted webhooks become failed; how many."""
+    return conn.execute(d.sql(
+        "UPDATE deliveries SET state = 'failed', done_at = ?, last_error = 'the webhook was deleted' "
+        "WHERE state = 'pending' AND webhook_id IN (SELECT id FROM webhooks WHERE deleted_at IS NOT NULL)"
+    ), (now_ms,)).rowcount
+
+
+def pending(conn: Any, d: Dialect) -> int:
+    return conn.execute("SELECT count(*) FROM deliveries WHERE state = 'pending'").fetchone()[0]

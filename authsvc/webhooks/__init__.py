@@ -1,0 +1,1 @@
+"""Webhooks: what a subscription's URL may be, and sending the events outbox (store/events.py) to subscribers."""

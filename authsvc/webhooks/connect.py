@@ -1,0 +1,339 @@
+"""The deliverer's HTTP client: it reaches only public addresses, and never waits or reads without bound.
+
+A webhook's URL is the subscriber's to choose, so a POST to it must not become a way into the
+platform's own network. Each new connection resolves the host once (getaddrinfo) and is refused
+unless every address the name gives is public (webhooks/target.py's ``public``: no loopback, private, link-local,
+CGNAT, multicast, reserved or unspecified address, nor one of those inside an IPv4-mapped, 6to4
+or NAT64 address); it then connects to the address it checked, never to the name, so a second
+DNS answer cannot swap in another (DNS rebinding). A host[:port] on AUTHSVC_WEBHOOK_ALLOW_HOSTS
+skips the address rule (a receiver on the platform's own network, the demo's on loopback).
+
+https verifies the certificate against the URL's host name (SNI). A 3xx is an answer like any
+non-2xx: redirects are not followed. Connecting takes at most ``connect_timeout``, the whole
+attempt at most ``timeout``; at most MAX_BODY bytes of an answer are read. A connection whose
+answer was read whole is kept for the next POST to the same host (keep-alive), a few per host.
+Error texts name the host and port, never the URL's path or query (which may hold a token).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from authsvc.webhooks.target import public
+
+MAX_BODY = 64 * 1024  # an answer's body, read and dropped; a longer one closes its connection
+MAX_HEAD = 16 * 1024  # status line and headers
+IDLE_PER_HOST = 32  # kept-alive connections per host
+IDLE_FOR = 20.0  # seconds an idle connection is kept (servers close theirs after 5 to 75 s)
+USER_AGENT = "authsvc-webhooks"
+
+
+class Refused(Exception):
+    """The URL may not be reached: a non-public address, or a URL the client cannot POST to."""
+
+
+def allowed(host: str, port: int, allow_hosts: Collection[str]) -> bool:
+    """Whether ``host``:``port`` is on the allow list (settings.host_list's items: host, or host:port)."""
+    name = f"[{host.lower()}]" if ":" in host else host.lower().rstrip(".")
+    return name in allow_hosts or f"{name}:{port}" in allow_hosts
+
+
+@dataclass(frozen=True)
+class Target:
+    scheme: str
+    host: str
+    port: int
+    path: str  # path and query, as sent
+
+    @property
+    def where(self) -> str:
+        """host:port for messages: never the path or query."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.scheme, self.host.lower(), self.port)
+
+
+def parse(url: str) -> Target:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise Refused("the URL cannot be read") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise Refused("the URL is not an http or https URL with a host")
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return Target(scheme, parts.hostname, port or (443 if scheme == "https" else 80), path)
+
+
+@dataclass
+class Answer:
+    """One attempt's outcome: the HTTP status if one came, else None; ``error`` if not a 2xx."""
+
+    status: int | None
+    error: str | None
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+        self.idle_since = time.monotonic()
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class _Failed(Exception):
+    """An attempt that got no full answer; ``fresh``: whether it was a new connection."""
+
+
+class Client:
+    """POSTs to webhook URLs, safe to share among threads."""
+
+    def __init__(self, allow_hosts: Collection[str] = frozenset(), *, connect_timeout: float = 3.0, timeout: float = 10.0,
+                 ssl_context: ssl.SSLContext | None = None,
+                 resolve: Callable[..., list] = socket.getaddrinfo) -> None:
+        self.allow_hosts = allow_hosts
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
+        self._ssl = ssl_context
+        self._resolve = resolve
+        self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            conns = [c for idle in self._idle.values() for c in idle]
+            self._idle.clear()
+        for c in conns:
+            c.close()
+
+    def post(self, url: str, body: bytes, headers: dict[str, str]) -> Answer:
+        """POST ``body``; never raises for what the target does (the Answer says it)."""
+        deadline = time.monotonic() + self.timeout
+        try:
+            target = parse(url)
+        except Refused as e:
+            return Answer(None, f"refused: {e}")
+        head = (f"POST {target.path} HTTP/1.1\r\nHost: {_host_header(target)}\r\nUser-Agent: {USER_AGENT}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode("latin-1")
+        for _ in range(2):  # a kept-alive connection the server closed meanwhile: once more on a new one
+            conn = self._take(target.key)
+            fresh = conn is None
+            try:
+                if conn is None:
+                    conn = self._connect(target, deadline)
+                status, reusable = _exchange(conn, head + body, deadline)
+            except Refused as e:
+                return Answer(None, f"refused: {e}")
+            except _Failed as e:
+                if conn is not None:
+                    conn.close()
+                if fresh or time.monotonic() >= deadline:
+                    return Answer(None, f"{target.where}: {e}")
+                continue
+            if reusable and not conn.buf:  # bytes past the answer: the stream is not understood, not reused
+                self._give(target.key, conn)
+            else:
+                conn.close()
+            if 200 <= status < 300:
+                return Answer(status, None)
+            return Answer(status, f"{target.where} answered {status}" + (" (redirects are not followed)"
+                                                                         if 300 <= status < 400 else ""))
+        return Answer(None, f"{target.where}: no answer")  # not reached: the second try is on a new connection
+
+    def _take(self, key: tuple[str, str, int]) -> _Conn | None:
+        now = time.monotonic()
+        with self._lock:
+            idle = self._idle.get(key, [])
+            while idle:
+                conn = idle.pop()
+                if now - conn.idle_since < IDLE_FOR:
+                    return conn
+                conn.close()
+        return None
+
+    def _give(self, key: tuple[str, str, int], conn: _Conn) -> None:
+        conn.idle_since = time.monotonic()
+        with self._lock:
+            idle = self._idle.setdefault(key, [])
+            if len(idle) < IDLE_PER_HOST:
+                idle.append(conn)
+                return
+        conn.close()
+
+    def _connect(self, target: Target, deadline: float) -> _Conn:
+        """A new connection to the address the name resolved to, checked (module docstring)."""
+        try:
+            infos = self._resolve(target.host, target.port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as e:
+            raise _Failed(f"cannot resolve the host ({_reason(e)})") from None
+        if not infos:
+            raise _Failed("the host resolves to no address")
+        if not allowed(target.host, target.port, self.allow_hosts):
+            for info in infos:
+                ip = ipaddress.ip_address(info[4][0].split("%")[0])
+                if not public(ip):
+                    raise Refused(f"{target.where} resolves to {ip}, not a public address "
+                                  "(AUTHSVC_WEBHOOK_ALLOW_HOSTS lists the hosts allowed anyway)")
+        failure = ""
+        for family, socktype, proto, _, address in infos:  # each address the name gave, in order
+            sock = socket.socket(family, socktype, proto)
+            try:
+                sock.settimeout(max(min(self.connect_timeout, deadline - time.monotonic()), 0.001))
+                sock.connect(address)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError as e:
+                sock.close()
+                failure = _reason(e)
+                continue
+            if target.scheme == "https":
+                try:
+                    sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                    sock = (self._ssl or _default_context()).wrap_socket(sock, server_hostname=target.host)
+                except ssl.SSLCertVerificationError as e:
+                    sock.close()
+                    raise _Failed(f"TLS certificate not valid for the host ({e.verify_message})") from None
+                except (OSError, ssl.SSLError) as e:
+                    sock.close()
+                    raise _Failed(f"TLS handshake failed ({_reason(e)})") from None
+            return _Conn(sock)
+        raise _Failed(f"cannot connect ({failure})")
+
+
+_CONTEXT: list[ssl.SSLContext] = []
+
+
+def _default_context() -> ssl.SSLContext:
+    """The system's CAs, made on first use (not at import)."""
+    if not _CONTEXT:
+        _CONTEXT.append(ssl.create_default_context())
+    return _CONTEXT[0]
+
+
+def _host_header(target: Target) -> str:
+    host = f"[{target.host}]" if ":" in target.host else target.host
+    default = 443 if target.scheme == "https" else 80
+    return host if target.port == default else f"{host}:{target.port}"
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, TimeoutError | socket.timeout):
+        return "timed out"
+    return getattr(e, "strerror", None) or type(e).__name__
+
+
+def _recv(conn: _Conn, deadline: float) -> bytes:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise _Failed("no answer (timed out)")
+    conn.sock.settimeout(remaining)
+    try:
+        data = conn.sock.recv(65536)
+    except (OSError, ssl.SSLError) as e:
+        raise _Failed(f"no answer ({_reason(e)})") from None
+    return data
+
+
+def _exchange(conn: _Conn, request: bytes, deadline: float) -> tuple[int, bool]:
+    """Send the request, read the answer's head and (bounded) body: (status, whether the connection may be reused)."""
+    try:
+        conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        conn.sock.sendall(request)
+    except (OSError, ssl.SSLError) as e:
+        raise _Failed(f"cannot send ({_reason(e)})") from None
+    buf = conn.buf
+    status = 100
+    while 100 <= status < 200:  # an interim answer (103 Early Hints) comes before the real one
+        while b"\r\n\r\n" not in buf:
+            if len(buf) > MAX_HEAD:
+                raise _Failed("the answer's head is too long")
+            data = _recv(conn, deadline)
+            if not data:
+                raise _Failed("the connection closed before an answer")
+            buf += data
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        code = rest[:3]
+        if not version.startswith("HTTP/1.") or not (code.isdigit() and len(code) == 3):
+            raise _Failed("the answer is not HTTP/1.x")
+        status = int(code)
+    fields: dict[str, str] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        fields[name.strip().lower()] = value.strip()
+    reusable = version == "HTTP/1.1" and "close" not in fields.get("connection", "").lower()
+    if status in (204, 304):
+        conn.buf = buf
+        return status, reusable
+    if "chunked" in fields.get("transfer-encoding", "").lower():
+        buf, whole = _chunked(conn, buf, deadline)
+    elif "content-length" in fields:
+        try:
+            length = int(fields["content-length"])
+        except ValueError:
+            return status, False
+        if length > MAX_BODY:
+            return status, False
+        while len(buf) < length:
+            data = _recv(conn, deadline)
+            if not data:
+                return status, False
+            buf += data
+        buf, whole = buf[length:], True
+    else:  # the body runs to the connection's end: not read, the connection not kept
+        return status, False
+    conn.buf = buf
+    return status, reusable and whole
+
+
+def _chunked(conn: _Conn, buf: bytes, deadline: float) -> tuple[bytes, bool]:
+    """Read a chunked body up to MAX_BODY bytes: (what follows it, whether it ended within the bound)."""
+    total = 0
+    while True:
+        while b"\r\n" not in buf:
+            if len(buf) > 1024:
+                return b"", False
+            data = _recv(conn, deadline)
+            if not data:
+                return b"", False
+            buf += data
+        line, _, buf = buf.partition(b"\r\n")
+        try:
+            size = int(line.split(b";")[0].strip(), 16)
+        except ValueError:
+            return b"", False
+        if size == 0:
+            while True:  # trailers, up to the blank line
+                while b"\r\n" not in buf:
+                    data = _recv(conn, deadline)
+                    if not data or len(buf) > MAX_HEAD:
+                        return b"", False
+                    buf += data
+                line, _, buf = buf.partition(b"\r\n")
+                if not line:
+                    return buf, True
+        total += size
+        if total > MAX_BODY:
+            return b"", False
+        while len(buf) < size + 2:
+            data = _recv(conn, deadline)
+            if not data:
+                return b"", False
+            buf += data
+        buf = buf[size + 2:]

@@ -1,0 +1,258 @@
+"""``authsvc deliver``: POSTs each event to its webhooks, signed, in order per player, until each is taken.
+
+The promise (docs/integrating.md, "Events"): at least once (a delivery is marked done only after
+its 2xx, so a deliverer killed mid-POST sends it again, with the same ``webhook-id``); in order per
+webhook and player (a player's next event goes only once the one before is delivered or failed:
+store/deliveries.py); retried with backoff (BACKOFF, each with up to 10 % jitter) until EXPIRY after
+the event, then ``failed``, where it stays, visible, until re-driven.
+
+The loop: every POLL seconds (or as soon as a POST ends, but GAP apart), write the outcomes gathered
+so far in one short transaction, then read a page of due deliveries (at most PAGE: memory stays
+bounded whatever the backlog) and hand each chain's first one to a thread pool of ``deliver_concurrency`` threads;
+a thread that delivered one goes on with the chain's next ones. One webhook takes at most three
+quarters of the threads, so a slow receiver leaves the others some. Run one deliverer per store.
+SIGTERM: no new POST starts, those under way end (within the timeout), their outcomes are written.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from authsvc.errors import StoreUnavailable
+from authsvc.settings import Settings, host_list
+from authsvc.store import open_store, redact_url
+from authsvc.store.base import Store
+from authsvc.store.deliveries import DELIVERED, FAILED, PENDING, Due, Outcome
+from authsvc.webhooks import sign
+from authsvc.webhooks.connect import Client
+
+BACKOFF = (5, 30, 120, 600, 1800, 3600)  # seconds after attempt 1, 2, ...; then hourly
+EXPIRY_MS = 24 * 3600 * 1000  # after the event's fan-out, a delivery not yet taken is failed
+POLL = 0.1  # seconds between two reads of the due deliveries when idle
+GAP = 0.01  # seconds at least between two steps when busy: outcomes written a batch at a time
+PAGE = 500  # due deliveries read at once
+CHAIN = 50  # a thread's deliveries of one chain before it hands the chain back
+SWEEP = 5.0  # seconds between two sweeps of deleted webhooks' deliveries
+SUMMARY = 10.0  # seconds between two summary lines
+
+
+def say(text: str) -> None:
+    print(f"authsvc deliver: {text}", file=sys.stderr, flush=True)
+
+
+def backoff_ms(attempts: int, rand: Callable[[], float] = random.random) -> int:
+    """The wait after the ``attempts``-th failed attempt, with jitter."""
+    base = BACKOFF[min(attempts, len(BACKOFF)) - 1]
+    return int(base * 1000 * (1 + 0.1 * rand()))
+
+
+def iso(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def body(item: Due) -> bytes:
+    """``{"type", "timestamp", "data"}``: the event's data is JSON already (an object)."""
+    return b'{"type":%s,"timestamp":"%s","data":%s}' % (json.dumps(item.type).encode(), iso(item.at_ms).encode(),
+                                                         item.data.encode())
+
+
+def cmd_deliver(args, settings: Settings):
+    """``authsvc deliver``: the loop, until SIGTERM or SIGINT."""
+    store = open_store(settings.store, readonly=False, settings=settings)
+    client = Client(host_list(settings.webhook_allow_hosts), connect_timeout=min(3.0, settings.webhook_timeout),
+                    timeout=settings.webhook_timeout)
+    try:
+        store.check()  # not migrated, wrong role: stop here
+        deliverer = Deliverer(store, client, concurrency=settings.deliver_concurrency)
+
+        def stop(signum, frame) -> None:
+            deliverer.stopping.set()
+            deliverer._wake.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        say(f"delivering the events of {redact_url(settings.store)}, {settings.deliver_concurrency} at once")
+        deliverer.run()
+        say("stopped")
+    finally:
+        client.close()
+        store.close()
+    return 0, {"stopped": True}, "stopped"
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Deliverer:
+    """The loop (module docstring); ``clock`` gives unix milliseconds (tests move it)."""
+
+    def __init__(self, store: Store, client: Client, *, concurrency: int = 16, clock: Callable[[], int] = _wall_ms,
+                 log: Callable[[str], None] = say) -> None:
+        self.store = store
+        self.client = client
+        self.concurrency = concurrency
+        self.per_webhook = max(1, concurrency * 3 // 4)
+        self.clock = clock
+        self.log = log
+        self.stopping = threading.Event()
+        self._wake = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="deliver")
+        self._lock = threading.Lock()
+        self._finished: list[tuple[tuple, list[Outcome]]] = []  # chains done, outcomes not yet written
+        self._unwritten: list[tuple[tuple, list[Outcome]]] = []  # taken from _finished, a write failed
+        self._busy: dict[tuple, int] = {}  # chain key -> webhook id, while a thread has it or its outcomes are unwritten
+        self._per_webhook: dict[int, int] = {}
+        self._swept = 0.0
+        self._counts = {"delivered": 0, "failed_attempts": 0, "failed": 0}
+        self._last_error = ""
+        self._summary_at = time.monotonic()
+        self._store_trouble = ""
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        """Until ``stopping`` is set; then the POSTs under way end and their outcomes are written."""
+        while not self.stopping.is_set():
+            began = time.monotonic()
+            self.step()
+            self._wake.wait(POLL)
+            self._wake.clear()
+            self.stopping.wait(GAP - (time.monotonic() - began))
+        self.finish()
+
+    def step(self) -> int:
+        """Write the finished outcomes, then start the due chains; how many started."""
+        try:
+            self._write()
+            if time.monotonic() - self._swept >= SWEEP:
+                self._swept = time.monotonic()
+                if dropped := self.store.fail_orphan_deliveries(self.clock()):
+                    self.log(f"{dropped} pending deliveries of deleted webhooks marked failed")
+            started = self._start()
+        except StoreUnavailable as e:
+            text = str(e).splitlines()[0]
+            if text != self._store_trouble:
+                self._store_trouble = text
+                self.log(f"store: {text}; trying again every {POLL:g} s")
+            return 0
+        if self._store_trouble:
+            self._store_trouble = ""
+            self.log("store: working again")
+        self._summary()
+        return started
+
+    def finish(self, timeout: float | None = None) -> None:
+        """Wait for the threads (each POST ends within the client's timeout), write what they did."""
+        self._pool.shutdown(wait=True)
+        deadline = time.monotonic() + (timeout if timeout is not None else 30.0)
+        while time.monotonic() < deadline:
+            try:
+                self._write()
+                break
+            except StoreUnavailable:
+                time.sleep(POLL)
+        self._summary(force=True)
+
+    def settle(self) -> None:
+        """Wait until no chain is under way and every outcome is written (tests, the benchmark)."""
+        while True:
+            self._write()
+            with self._lock:
+                if not self._busy:
+                    return
+            self._wake.wait(0.05)
+            self._wake.clear()
+
+    def _write(self) -> None:
+        with self._lock:
+            self._unwritten += self._finished
+            self._finished = []
+        if not self._unwritten:
+            return
+        self.store.record_deliveries([o for _, outcomes in self._unwritten for o in outcomes])
+        with self._lock:
+            for key, outcomes in self._unwritten:
+                webhook_id = self._busy.pop(key)
+                self._per_webhook[webhook_id] -= 1
+                for o in outcomes:
+                    if o.state == DELIVERED:
+                        self._counts["delivered"] += 1
+                    else:
+                        self._counts["failed_attempts"] += 1
+                        self._counts["failed"] += o.state == FAILED
+                        self._last_error = f"webhook {o.delivery.webhook_id}: {o.error}"
+            self._unwritten = []
+
+    def _start(self) -> int:
+        with self._lock:
+            busy = len(self._busy)
+        free = self.concurrency * 2 - busy
+        if free <= 0 or self.stopping.is_set():
+            return 0
+        started = 0
+        # The chains under way are among the first due (still pending): read past them, no further.
+        for item in self.store.due_deliveries(self.clock(), min(PAGE, free + busy)):
+            key = (item.webhook_id, item.user_id if item.user_id is not None else ("event", item.id))
+            with self._lock:
+                if key in self._busy or self._per_webhook.get(item.webhook_id, 0) >= self.per_webhook:
+                    continue
+                self._busy[key] = item.webhook_id
+                self._per_webhook[item.webhook_id] = self._per_webhook.get(item.webhook_id, 0) + 1
+            self._pool.submit(self._chain, key, item)
+            started += 1
+            if started >= free:
+                break
+        return started
+
+    def _chain(self, key: tuple, head: Due) -> None:
+        outcomes: list[Outcome] = []
+        try:
+            outcome = self.attempt(head)
+            outcomes.append(outcome)
+            if outcome.state == DELIVERED and head.more and not self.stopping.is_set():
+                for item in self.store.deliveries_after(head, self.clock(), CHAIN):
+                    outcome = self.attempt(item)
+                    outcomes.append(outcome)
+                    if outcome.state != DELIVERED or self.stopping.is_set():
+                        break
+        except StoreUnavailable:
+            pass  # the chain's next ones wait for the next page
+        except Exception as e:  # a bug must not stop the loop's bookkeeping: the chain is handed back
+            self.log(f"internal error delivering to webhook {head.webhook_id}: {type(e).__name__}")
+        finally:
+            with self._lock:
+                self._finished.append((key, outcomes))
+            self._wake.set()
+
+    def attempt(self, item: Due) -> Outcome:
+        """One signed POST and what follows from its answer."""
+        now = self.clock()
+        payload = body(item)
+        msg_id = sign.message_id(item.id)
+        headers = sign.headers(sign.secret_key(item.secret), msg_id, now // 1000, payload)
+        started = time.monotonic()
+        answer = self.client.post(item.url, payload, headers)
+        duration = int((time.monotonic() - started) * 1000)
+        if answer.error is None:
+            return Outcome(item, now, answer.status, None, duration, DELIVERED, item.next_at)
+        expires = item.created_at + EXPIRY_MS
+        if now >= expires:
+            return Outcome(item, now, answer.status, answer.error, duration, FAILED, item.next_at)
+        next_at = min(now + backoff_ms(item.attempts + 1), expires)
+        return Outcome(item, now, answer.status, answer.error, duration, PENDING, next_at)
+
+    def _summary(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self._summary_at < SUMMARY:
+            return
+        self._summary_at = time.monotonic()
+        counts, self._counts = self._counts, {"delivered": 0, "failed_attempts": 0, "failed": 0}
+        if any(counts.values()):
+            self.log(f"delivered {counts['delivered']}, {counts['failed_attempts']} attempts failed, "
+                     f"{counts['failed']} given up" + (f" (last: {self._last_error})" if counts["failed_attempts"] else ""))

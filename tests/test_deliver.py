@@ -1,0 +1,216 @@
+"""The delivery loop (authsvc/webhooks/deliver.py) on each engine, against a real receiver on loopback.
+
+The deliverer runs in this process with a clock the tests move (a retry's wait, the 24 h expiry),
+stepped a round at a time: ``step`` starts the due chains, ``settle`` waits for them and writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+
+import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from authsvc.webhooks.connect import Client
+from authsvc.webhooks.deliver import Deliverer
+from tests.support import Receiver, add_webhook, store_sql
+
+SECRET = "whsec_" + base64.b64encode(b"a webhook's secret, 24b!").decode()
+EVENTS = ["player.created", "player.renamed"]
+HOUR_MS = 3600 * 1000
+
+
+class Clock:
+    """Unix milliseconds: the wall clock's, plus what a test added."""
+
+    def __init__(self):
+        self.ahead = 0
+
+    def __call__(self) -> int:
+        return int(time.time() * 1000) + self.ahead
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def deliverer(admin_store, receiver, clock):
+    lines: list[str] = []
+    d = Deliverer(admin_store, Client({f"127.0.0.1:{receiver.port}"}, timeout=5), concurrency=4, clock=clock,
+                  log=lines.append)
+    d.lines = lines
+    yield d
+    d.stopping.set()
+    d.finish()
+    d.client.close()
+
+
+def rounds(d: Deliverer, n: int = 1) -> None:
+    for _ in range(n):
+        d.step()
+        d.settle()
+
+
+def deliveries(store_url: str) -> list[tuple]:
+    return store_sql(store_url, "SELECT id, user_id, state, attempts, last_status, next_at, created_at, done_at "
+                                "FROM deliveries ORDER BY id")
+
+
+def attempts(store_url: str, delivery_id: int) -> list[tuple]:
+    return store_sql(store_url, "SELECT n, at, status, error FROM delivery_attempts WHERE delivery_id = ? ORDER BY n",
+                     (delivery_id,))
+
+
+def test_an_event_arrives_signed_so_that_standard_webhooks_verifies_it(admin_store, store_url, receiver, deliverer):
+    add_webhook(store_url, receiver.url(), EVENTS, SECRET)
+    admin_store.add_player(7, "bob")
+    rounds(deliverer)
+    ((headers, body),) = receiver.requests
+    payload = Webhook(SECRET).verify(body, headers)
+    assert payload["type"] == "player.created" and payload["data"] == {"user_id": 7, "username": "bob", "epoch": 0}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", payload["timestamp"])
+    assert headers["webhook-id"] == "msg_1" and headers["content-type"] == "application/json"
+    with pytest.raises(WebhookVerificationError):
+        Webhook(SECRET).verify(body.replace(b"bob", b"eve"), headers)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(SECRET).verify(body, {**headers, "webhook-timestamp": str(int(headers["webhook-timestamp"]) - 1)})
+    ((_, _, state, tries, status, _, _, done_at),) = deliveries(store_url)
+    assert (state, tries, status) == ("delivered", 1, 200) and done_at is not None
+
+
+def test_a_player_s_events_wait_for_the_one_before_it_through_its_retries(
+        admin_store, store_url, receiver, deliverer, clock):
+    """The receiver fails its first POST: that player's next event waits for the retry (5 s on, with
+    jitter), another player's does not; once the receiver recovers, the chain goes in order."""
+    seen = []
+
+    def answer(headers, body):  # the first POST of player 7's first event fails
+        seen.append(headers["webhook-id"])
+        return 500 if seen.count("msg_1") == 1 and headers["webhook-id"] == "msg_1" else 204
+
+    receiver.answer = answer
+    add_webhook(store_url, receiver.url(), EVENTS, SECRET)
+    admin_store.add_player(7, "bob")
+    admin_store.rename_player(7, "bobby")
+    admin_store.add_player(8, "carol")
+    rounds(deliverer)
+    assert sorted((b["type"], b["data"]["user_id"]) for b in receiver.bodies()) == [
+        ("player.created", 7), ("player.created", 8)]
+    first = deliveries(store_url)[0]
+    assert first[2:5] == ("pending", 1, 500)
+    ((n, at, status, error),) = attempts(store_url, first[0])
+    assert (n, status) == (1, 500) and error == f"127.0.0.1:{receiver.port} answered 500"
+    assert 5000 <= first[5] - at <= 5500  # the first wait: 5 s and up to 10 % jitter
+    admin_store.rename_player(7, "robert")  # due at once, but behind the one waiting for its retry
+    clock.ahead = 4000
+    rounds(deliverer, 2)
+    assert len(receiver.requests) == 2
+    clock.ahead = 6000
+    rounds(deliverer)
+    assert [(b["type"], b["data"]["username"]) for b in receiver.bodies()][2:] == [
+        ("player.created", "bob"), ("player.renamed", "bobby"), ("player.renamed", "robert")]
+    assert [h["webhook-id"] for h, _ in receiver.requests][2:] == ["msg_1", "msg_2", "msg_4"]
+    assert [row[2:5] for row in deliveries(store_url)] == [
+        ("delivered", 2, 204), ("delivered", 1, 204), ("delivered", 1, 204), ("delivered", 1, 204)]
+    assert [(n, status) for n, _, status, _ in attempts(store_url, first[0])] == [(1, 500), (2, 204)]
+
+
+def test_a_delivery_not_taken_within_24_hours_is_failed_and_the_next_one_goes(
+        admin_store, store_url, receiver, deliverer, clock):
+    receiver.answer = lambda headers, body: 503
+    add_webhook(store_url, receiver.url(), EVENTS, SECRET)
+    admin_store.add_player(7, "bob")
+    admin_store.rename_player(7, "bobby")
+    rounds(deliverer)
+    (head, follower) = deliveries(store_url)
+    clock.ahead = 23 * HOUR_MS
+    rounds(deliverer)
+    assert deliveries(store_url)[0][2:4] == ("pending", 2)
+    assert deliveries(store_url)[0][5] <= head[6] + 24 * HOUR_MS  # the last try at the 24 h mark at the latest
+    clock.ahead = 24 * HOUR_MS + 1
+    rounds(deliverer)
+    (head, follower) = deliveries(store_url)
+    assert head[2:5] == ("failed", 3, 503) and head[7] is not None
+    rounds(deliverer)
+    assert [b["type"] for b in receiver.bodies()] == ["player.created"] * 3 + ["player.renamed"]
+    assert deliveries(store_url)[1][2:4] == ("failed", 1)  # as old: one try, then given up
+
+
+def test_a_deleted_webhook_s_pending_deliveries_are_failed_not_sent(admin_store, store_url, receiver, deliverer):
+    webhook = add_webhook(store_url, receiver.url(), EVENTS, SECRET)
+    admin_store.add_player(7, "bob")
+    store_sql(store_url, "UPDATE webhooks SET deleted_at = ? WHERE id = ?", (int(time.time() * 1000), webhook))
+    rounds(deliverer)
+    assert receiver.requests == []
+    assert [row[2] for row in deliveries(store_url)] == ["failed"]
+    assert store_sql(store_url, "SELECT last_error FROM deliveries") == [("the webhook was deleted",)]
+
+
+@pytest.mark.engine("postgresql")  # SQLite has one write lock for the whole file: its transactions are short instead
+def test_the_bookkeeping_takes_no_writer_lock(admin_store, store_url, receiver, deliverer):
+    """An admin write holding the writer lock (the audit chain's row) does not stop outcomes being written."""
+    import psycopg
+
+    add_webhook(store_url, receiver.url(), EVENTS, SECRET)
+    admin_store.add_player(7, "bob")
+
+    with psycopg.connect(store_url) as other:
+        other.execute("SELECT head_id FROM audit_chain WHERE id = 1 FOR UPDATE")
+        rounds(deliverer)
+        assert deliveries(store_url)[0][2] == "delivered"
+
+
+@pytest.mark.engine("sqlite")
+def test_the_reference_game_server_verifies_and_applies_renames_and_deletions(admin_store, store_url, tmp_path):
+    """examples/game's webhook: a platform-made account takes the new name; a deleted player's account
+    goes, a linked game account loses only its link; a POST with a bad signature is refused."""
+    import http.client
+    import threading
+    from wsgiref.simple_server import make_server
+
+    from examples.game.server import Game, ThreadingServer, add_account
+
+    db = str(tmp_path / "game.db")
+    game = Game(db, "http://127.0.0.1:1", "unused", "http://127.0.0.1:1/", webhook_secret=SECRET)
+    game.login(7, "bob", {})
+    game.login(9, "dave", {})
+    add_account(db, "oldtimer", "pw")
+    game.db.execute("UPDATE accounts SET platform_user_id = 8 WHERE name = 'oldtimer'")
+    server = make_server("127.0.0.1", 0, game, server_class=ThreadingServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    d = Deliverer(admin_store, Client({f"127.0.0.1:{port}"}, timeout=5), concurrency=4, log=lambda text: None)
+    try:
+        add_webhook(store_url, f"http://127.0.0.1:{port}/webhooks/authsvc", ["player.deleted", "player.renamed"],
+                    SECRET)
+        for user_id, name in ((7, "bob"), (8, "carol"), (9, "dave")):
+            admin_store.add_player(user_id, name)
+        admin_store.rename_player(7, "bobby")
+        admin_store.delete_player(8)
+        admin_store.delete_player(9)
+        rounds(d)
+        assert [row[2:5] for row in deliveries(store_url)] == [("delivered", 1, 204)] * 3
+        rows = game.db.execute("SELECT name, platform_user_id FROM accounts ORDER BY name").fetchall()
+        assert rows == [("bobby", 7), ("oldtimer", None)]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("POST", "/webhooks/authsvc", body=b'{"type":"player.deleted","data":{"user_id":7}}',
+                     headers={"webhook-id": "msg_x", "webhook-timestamp": str(int(time.time())),
+                              "webhook-signature": "v1," + base64.b64encode(b"x" * 32).decode()})
+        assert conn.getresponse().status == 401
+        assert game.account(7) == {"name": "bobby", "coins": 0}
+    finally:
+        d.stopping.set()
+        d.finish()
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,150 @@
+"""The deliverer's HTTP client (authsvc/webhooks/connect.py) against receivers on loopback: what it
+refuses to reach, redirects, keep-alive, and its bounds on a receiver that never finishes."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+
+import pytest
+
+from authsvc.settings import host_list
+from authsvc.webhooks.connect import Client
+from authsvc.webhooks.target import public
+from tests.support import Receiver
+
+BODY = b'{"type":"player.created"}'
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.mark.parametrize("address", [
+    "127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0",
+    "224.0.0.1", "240.0.0.1", "255.255.255.255", "::1", "::", "fe80::1", "fc00::1", "ff02::1",
+    "::ffff:127.0.0.1", "::ffff:10.0.0.1", "2002:7f00:1::1", "64:ff9b::a00:1",
+])
+def test_addresses_of_the_platform_s_own_networks_are_not_public(address):
+    assert not public(ipaddress.ip_address(address))
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "2606:4700::1111", "::ffff:8.8.8.8"])
+def test_internet_addresses_are_public(address):
+    assert public(ipaddress.ip_address(address))
+
+
+def test_a_name_that_resolves_to_loopback_is_refused_unless_its_host_and_port_are_allowed(receiver):
+    url = receiver.url(host="localhost")
+    answer = Client().post(url, BODY, {})
+    assert answer.status is None and answer.error.startswith(f"refused: localhost:{receiver.port} resolves to ")
+    assert "not a public address" in answer.error and "/hook" not in answer.error
+    assert Client(host_list(f"localhost:{receiver.port + 1}, 127.0.0.1")).post(url, BODY, {}).error.startswith("refused")
+    assert receiver.requests == []
+    answer = Client(host_list(f"example.org, localhost:{receiver.port}")).post(url, BODY, {"webhook-id": "msg_1"})
+    assert (answer.status, answer.error) == (200, None)
+    ((headers, body),) = receiver.requests
+    assert body == BODY and headers["webhook-id"] == "msg_1" and headers["host"] == f"localhost:{receiver.port}"
+
+
+def test_every_address_a_name_gives_must_be_public():
+    """A name whose answer mixes a public address with a private one is refused: no address is tried."""
+    tried = []
+
+    def resolve(host, port, type):
+        tried.append(host)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("8.8.8.8", port)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.5", port))]
+
+    answer = Client(resolve=resolve).post("https://hooks.example.com/x?token=s3cr3t", BODY, {})
+    assert answer.error == ("refused: hooks.example.com:443 resolves to 10.0.0.5, not a public address "
+                            "(AUTHSVC_WEBHOOK_ALLOW_HOSTS lists the hosts allowed anyway)")
+    assert tried == ["hooks.example.com"]
+
+
+def test_a_redirect_is_a_failed_attempt_and_is_not_followed(receiver):
+    elsewhere = Receiver()
+    try:
+        receiver.answer = lambda headers, body: (307, {"Location": elsewhere.url()})
+        answer = Client({"127.0.0.1"}).post(receiver.url(), BODY, {})
+        assert answer.status == 307
+        assert answer.error == f"127.0.0.1:{receiver.port} answered 307 (redirects are not followed)"
+        assert len(receiver.requests) == 1 and elsewhere.requests == []
+    finally:
+        elsewhere.close()
+
+
+def test_https_verifies_the_certificate_against_the_url_s_host():
+    """A certificate for the URL's host (SNI) is accepted; one for another name is refused, nothing sent."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+    for names, ok in ((["localhost"], True), (["elsewhere.example"], False)):
+        server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert(*names).configure_cert(server_context)
+        receiver = Receiver(tls=server_context)
+        try:
+            client = Client({f"localhost:{receiver.port}"}, ssl_context=trusting)
+            answer = client.post(receiver.url(host="localhost"), BODY, {})
+            if ok:
+                assert (answer.status, answer.error) == (200, None) and len(receiver.requests) == 1
+            else:
+                assert answer.status is None and answer.error.startswith(
+                    f"localhost:{receiver.port}: TLS certificate not valid for the host (")
+                assert receiver.requests == []
+            client.close()
+        finally:
+            receiver.close()
+
+
+def test_posts_to_one_host_share_a_kept_alive_connection(receiver):
+    client = Client({"127.0.0.1"})
+    peers = set()
+    receiver.answer = lambda headers, body: 204
+    original = receiver.server.RequestHandlerClass.do_POST
+
+    def do_post(handler):
+        peers.add(handler.client_address)
+        original(handler)
+
+    receiver.server.RequestHandlerClass.do_POST = do_post
+    for _ in range(5):
+        assert client.post(receiver.url(), BODY, {}).status == 204
+    assert len(receiver.requests) == 5 and len(peers) == 1
+    client.close()
+
+
+def test_a_receiver_that_never_finishes_its_answer_costs_at_most_the_timeout():
+    """Its head comes, then its body a byte at a time: the attempt ends at the timeout, failed."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def drip():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        while not stop.wait(0.2):
+            try:
+                conn.sendall(b"x")
+            except OSError:
+                break
+        conn.close()
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    try:
+        answer = Client({"127.0.0.1"}, timeout=1.0).post(f"http://127.0.0.1:{port}/", BODY, {})
+        assert answer.status is None and answer.error == f"127.0.0.1:{port}: no answer (timed out)"
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(5)

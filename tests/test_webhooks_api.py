@@ -1,0 +1,207 @@
+"""Webhook subscriptions through the admin API (WebTest) and the `authsvc webhook` command
+(docs/admin-api.md and docs/admin.md, "Webhooks"): the secret shown once and never again, the
+scopes, the URL and event rules as problems naming the field, Idempotency-Key, deliveries and their
+re-drive, and the command's parity with the API.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sqlite3
+
+import pytest
+import webtest
+
+from authsvc.admin import operations as ops
+from authsvc.admin.api import AdminApp
+from tests.support import problem, store_sql
+
+EVERY = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read",
+         "webhooks:read", "webhooks:write"]
+SECRET = re.compile(r"whsec_[A-Za-z0-9+/]{43}=")
+HOOK = {"url": "https://game.example.com/authsvc-events", "events": ["player.renamed", "player.deleted"]}
+
+
+@pytest.fixture
+def admin(world, settings):
+    """(WebTest app, make_token(name, scopes) -> headers); the allow list names 127.0.0.1:9000."""
+    app = AdminApp(dataclasses.replace(settings, webhook_allow_hosts="127.0.0.1:9000"))
+
+    def make_token(name, scopes=EVERY):
+        _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), name, scopes)
+        return {"Authorization": f"Bearer {token}"}
+
+    yield webtest.TestApp(app, lint=True), make_token
+    app.store.close()
+
+
+def test_a_webhook_is_made_with_its_secret_shown_once_then_read_and_removed(admin, world, store_url):
+    app, make_token = admin
+    headers = make_token("web")
+    r = app.post_json("/v1/webhooks", HOOK | {"game_id": world.game_id}, headers=headers)
+    assert r.status_int == 201
+    made = r.json
+    assert set(made) == {"id", "url", "events", "game_id", "created_at", "secret"}
+    assert (made["url"], made["events"], made["game_id"]) == (HOOK["url"], ["player.deleted", "player.renamed"],
+                                                              world.game_id)
+    assert SECRET.fullmatch(made["secret"]) and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", made["created_at"])
+    shown = {k: v for k, v in made.items() if k != "secret"}
+    assert app.get("/v1/webhooks", headers=headers).json == {"webhooks": [shown]}
+    assert app.get(f"/v1/webhooks/{made['id']}", headers=headers).json == shown
+    # Never again: not in any answer, nor in the audit trail.
+    audit = app.get("/v1/audit", headers=headers).text
+    assert made["secret"] not in audit and made["secret"][6:] not in audit
+    assert made["secret"] not in repr(store_sql(store_url, "SELECT * FROM audit"))
+    assert [r["action"] for r in app.get("/v1/audit", headers=headers).json["records"]][0] == "webhook.add"
+    # A change goes out to it: one pending delivery, its event named.
+    app.put_json("/v1/players/4242", {"username": "alicia"}, headers=headers)
+    page = app.get(f"/v1/webhooks/{made['id']}/deliveries", headers=headers).json
+    assert page["next"] is None and [d["event_type"] for d in page["deliveries"]] == ["player.renamed"]
+    delivery = page["deliveries"][0]
+    assert (delivery["state"], delivery["attempts"], delivery["done_at"]) == ("pending", [], None)
+    assert delivery["next_at"] == delivery["created_at"]
+    problem(app.post(f"/v1/webhooks/{made['id']}/deliveries/{delivery['id']}/retry", headers=headers,
+                     expect_errors=True), 409, "conflict")
+    store_sql(store_url, "UPDATE deliveries SET state = 'failed', done_at = 1 WHERE id = ?", (delivery["id"],))
+    retried = app.post(f"/v1/webhooks/{made['id']}/deliveries/{delivery['id']}/retry", headers=headers)
+    assert retried.status_int == 200 and retried.json["state"] == "pending" and retried.json["done_at"] is None
+    gone = app.delete(f"/v1/webhooks/{made['id']}", headers=headers)
+    assert gone.status_int == 200 and gone.json == {"id": made["id"], "deleted": True}
+    for path in (f"/v1/webhooks/{made['id']}", f"/v1/webhooks/{made['id']}/deliveries"):
+        problem(app.get(path, headers=headers, expect_errors=True), 404, "not-found")
+    problem(app.delete(f"/v1/webhooks/{made['id']}", headers=headers, expect_errors=True), 404, "not-found")
+    assert app.get("/v1/webhooks", headers=headers).json == {"webhooks": []}
+    assert store_sql(store_url, "SELECT state, last_error FROM deliveries") == [("failed", "webhook removed")]
+
+
+def test_each_operation_needs_its_scope(admin, world):
+    app, make_token = admin
+    players = make_token("players", ["players:read", "players:write"])
+    reader = make_token("reader", ["webhooks:read"])
+    made = app.post_json("/v1/webhooks", HOOK, headers=make_token("writer", ["webhooks:write"])).json
+    calls = [("GET", "/v1/webhooks", "webhooks:read"), ("GET", f"/v1/webhooks/{made['id']}", "webhooks:read"),
+             ("GET", f"/v1/webhooks/{made['id']}/deliveries", "webhooks:read"),
+             ("POST", "/v1/webhooks", "webhooks:write"), ("DELETE", f"/v1/webhooks/{made['id']}", "webhooks:write"),
+             ("POST", f"/v1/webhooks/{made['id']}/deliveries/1/retry", "webhooks:write")]
+    for method, path, scope in calls:
+        for headers in (players, reader) if scope == "webhooks:write" else (players,):
+            r = app.request(path, method=method, headers=headers, expect_errors=True,
+                            **({"json": HOOK} if method == "POST" and path == "/v1/webhooks" else {}))
+            assert scope in problem(r, 403, "forbidden")["detail"], (method, path)
+    assert app.get("/v1/webhooks", headers=reader).json["webhooks"][0]["id"] == made["id"]
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"url": "http://game.example.com/h"}, "/url"),
+    ({"url": "https://10.0.0.1/h"}, "/url"),
+    ({"url": "https://127.0.0.1:9001/h"}, "/url"),  # the allow list names port 9000 only
+    ({"url": "https://[::1]/h"}, "/url"),
+    ({"url": "https://user:s3cr3t@game.example.com/h"}, "/url"),
+    ({"url": "https://game.example.com/h#frag"}, "/url"),
+    ({"url": "https://game.example.com/" + "x" * 2048}, "/url"),
+    ({"url": "game.example.com/h"}, "/url"),
+    ({"url": "hTtp://lxk1=F$Lc[?"}, "/url"),  # urlsplit raises on an unclosed "[": a 422, not a 500
+    ({"url": "https://[not-v6]/h"}, "/url"),
+    ({"url": 7}, "/url"),
+    ({"events": []}, "/events"),
+    ({"events": ["player.created", "player.exploded"]}, "/events"),
+    ({"events": "player.created"}, "/events"),
+    ({"events": ["*"]}, "/events"),
+    ({"game_id": 999}, "/game_id"),
+    ({"game_id": 0}, "/game_id"),
+    ({"game_id": "1"}, "/game_id"),
+])
+def test_a_bad_subscription_is_a_problem_naming_its_field(admin, body, field):
+    app, make_token = admin
+    r = app.post_json("/v1/webhooks", HOOK | body, headers=make_token("web"), expect_errors=True)
+    assert problem(r, 422, "validation")["errors"][0]["field"] == field
+    assert "s3cr3t" not in r.text  # a URL's password is never echoed
+
+
+def test_an_allow_listed_host_may_be_plain_http_and_private(admin):
+    app, make_token = admin
+    for url in ("http://127.0.0.1:9000/hook", "https://127.0.0.1:9000/hook"):
+        assert app.post_json("/v1/webhooks", HOOK | {"url": url}, headers=make_token(f"t{len(url)}")).status_int == 201
+
+
+def test_idempotency_a_replayed_subscription_keeps_no_secret_and_a_replayed_change_emits_once(admin, store_url):
+    app, make_token = admin
+    headers = make_token("web") | {"Idempotency-Key": "hook-1"}
+    first = app.post_json("/v1/webhooks", HOOK, headers=headers)
+    again = problem(app.post_json("/v1/webhooks", HOOK, headers=headers, expect_errors=True), 409,
+                    "idempotency-secret-not-kept")
+    assert again["webhook_id"] == first.json["id"] and first.json["secret"] not in json.dumps(again)
+    assert first.json["secret"] not in repr(store_sql(store_url, "SELECT * FROM idempotency_keys"))
+    revoke = make_token("web2") | {"Idempotency-Key": "revoke-1"}
+    for _ in range(2):
+        assert app.post("/v1/players/4242/revoke", headers=revoke).status_int == 200
+    assert store_sql(store_url, "SELECT count(*) FROM events WHERE type = 'player.revoked'") == [(1,)]
+
+
+def test_deliveries_pages_and_their_query_rules(admin, world):
+    app, make_token = admin
+    headers = make_token("web")
+    hook = app.post_json("/v1/webhooks", HOOK | {"events": ["player.revoked"]}, headers=headers).json
+    for _ in range(3):
+        app.post("/v1/players/4242/revoke", headers=headers)
+    path = f"/v1/webhooks/{hook['id']}/deliveries"
+    page = app.get(path, {"limit": "2"}, headers=headers).json
+    assert len(page["deliveries"]) == 2 and page["next"] == str(page["deliveries"][-1]["id"])
+    rest = app.get(path, {"after": page["next"], "state": "pending"}, headers=headers).json
+    assert len(rest["deliveries"]) == 1 and rest["next"] is None
+    assert app.get(path, {"state": "failed"}, headers=headers).json["deliveries"] == []
+    for query, name in [({"state": "lost"}, "state"), ({"limit": "0"}, "limit"), ({"limit": "501"}, "limit"),
+                        ({"after": "-1"}, "after"), ({"colour": "red"}, "colour")]:
+        r = app.get(path, query, headers=headers, expect_errors=True)
+        assert problem(r, 422, "validation")["errors"][0]["field"] == name
+
+
+def test_the_command_follows_the_same_rules_and_shows_the_secret_once(command_as_alice, store_url, monkeypatch):
+    run = command_as_alice
+    assert run("init")[0] == 0
+    code, out, err = run("webhook", "add", "https://game.example.com/h", "--event", "player.created",
+                         "--event", "player.deleted")
+    assert code == 0, err
+    (secret,) = SECRET.findall(out)
+    assert "shown only this once" in out
+    code, out, _ = run("webhook", "list", "--json")
+    listed = json.loads(out)["webhooks"]
+    assert code == 0 and [(h["url"], h["events"]) for h in listed] == [
+        ("https://game.example.com/h", ["player.created", "player.deleted"])]
+    assert secret not in run("webhook", "list")[1] and secret not in run("audit", "--json")[1]
+    for argv, message in [
+        (["http://game.example.com/h", "--event", "player.created"], "URL must be https://"),
+        (["https://10.0.0.1/h", "--event", "player.created"], "URL names an address outside the public internet"),
+        (["https://game.example.com/h", "--event", "player.created", "--game", "999"], "--game no game 999"),
+    ]:
+        code, _, err = run("webhook", "add", *argv)
+        assert code == 1 and err.startswith(f"authsvc: error: {message}"), err
+    code, _, err = run("webhook", "add", "https://game.example.com/h", "--event", "player.exploded")
+    assert code == 2 and "invalid choice" in err
+    monkeypatch.setenv("AUTHSVC_WEBHOOK_ALLOW_HOSTS", "10.0.0.1")
+    assert run("webhook", "add", "http://10.0.0.1/h", "--event", "player.created")[0] == 0
+    code, out, _ = run("webhook", "remove", str(listed[0]["id"]))
+    assert code == 0 and out.startswith(f"webhook {listed[0]['id']} removed")
+    code, _, err = run("webhook", "remove", str(listed[0]["id"]))
+    assert code == 1 and err.startswith(f"authsvc: error: no webhook {listed[0]['id']}")
+    actions = [r[0] for r in store_sql(store_url, "SELECT actor || ' ' || action FROM audit ORDER BY id")]
+    assert [a for a in actions if "webhook" in a] == ["cli:alice webhook.add", "cli:alice webhook.add",
+                                                      "cli:alice webhook.remove"]
+
+
+def test_a_backup_holds_no_webhook_secret_and_its_webhooks_are_removed(command_as_alice, tmp_path):
+    run = command_as_alice
+    assert run("init")[0] == 0
+    code, out, _ = run("webhook", "add", "https://game.example.com/h", "--event", "player.created", "--json")
+    secret = json.loads(out)["secret"]
+    assert run("player", "add", "5", "eve")[0] == 0  # a pending delivery
+    copy = tmp_path / "copy.db"
+    assert run("backup", str(copy))[0] == 0
+    files = b"".join(p.read_bytes() for p in tmp_path.glob("copy.db*"))
+    assert secret.encode() not in files and secret[6:].encode() not in files
+    with sqlite3.connect(copy) as conn:
+        assert conn.execute("SELECT secret, deleted_at IS NOT NULL FROM webhooks").fetchall() == [("", 1)]
+        assert conn.execute("SELECT state FROM deliveries").fetchall() == [("failed",)]
+    assert run("webhook", "list", "--json")[1].count("game.example.com") == 1  # the store itself is as it was
