@@ -83,7 +83,7 @@ def _host_list(value: str) -> bool:
     return True
 
 
-def _cpu_count(env: Mapping[str, str]) -> int:
+def _cpu_count() -> int:
     # One worker per CPU: the SQLite store keeps a worker on the CPU (BENCHMARKS.md, section 2).
     return os.cpu_count() or 1
 
@@ -146,7 +146,7 @@ SETTINGS = (
             check=lambda v: 1 <= v <= 256),
     Setting("webhook_timeout", "AUTHSVC_WEBHOOK_TIMEOUT", float, 10.0, rule="from 1 to 60 seconds",
             check=lambda v: 1 <= v <= 60),
-    Setting("workers", "AUTHSVC_WORKERS", int, _cpu_count, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
+    Setting("workers", "AUTHSVC_WORKERS", int, lambda env: _cpu_count(), GUNICORN, rule="at least 1", check=lambda v: v >= 1),
     Setting("worker_class", "AUTHSVC_WORKER_CLASS", str, "sync", GUNICORN, choices=("sync", "gthread")),
     Setting("threads", "AUTHSVC_THREADS", int, 1, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
     # gunicorn's 0 (never time out) is refused: a hung worker would never be replaced.
