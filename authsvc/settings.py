@@ -146,6 +146,10 @@ SETTINGS = (
             check=lambda v: 1 <= v <= 256),
     Setting("webhook_timeout", "AUTHSVC_WEBHOOK_TIMEOUT", float, 10.0, rule="from 1 to 60 seconds",
             check=lambda v: 1 <= v <= 60),
+    # How long `authsvc deliver` keeps a delivered or failed delivery, and an event no delivery needs
+    # (store/deliveries.py's prune): a failed one may be re-driven until then.
+    Setting("webhook_retention", "AUTHSVC_WEBHOOK_RETENTION", int, 7 * 24 * 3600, rule="at least 3600 seconds",
+            check=lambda v: v >= 3600),
     Setting("workers", "AUTHSVC_WORKERS", int, lambda env: _cpu_count(), GUNICORN, rule="at least 1", check=lambda v: v >= 1),
     Setting("worker_class", "AUTHSVC_WORKER_CLASS", str, "sync", GUNICORN, choices=("sync", "gthread")),
     Setting("threads", "AUTHSVC_THREADS", int, 1, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
@@ -198,6 +202,7 @@ class Settings:
     deliver_concurrency: int = default("deliver_concurrency")
     webhook_timeout: float = default("webhook_timeout")
     webhook_allow_hosts: str = default("webhook_allow_hosts")
+    webhook_retention: int = default("webhook_retention")
 
     def __repr__(self) -> str:
         """The fields, with the store URL's password masked: a repr can reach a log or a traceback."""

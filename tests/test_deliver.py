@@ -157,6 +157,48 @@ def test_a_deleted_webhook_s_pending_deliveries_are_failed_not_sent(admin_store,
     assert store_sql(store_url, "SELECT last_error FROM deliveries") == [("the webhook was deleted",)]
 
 
+def test_retention_deletes_old_finished_deliveries_and_unneeded_events_and_keeps_the_rest(
+        admin_store, store_url, receiver, deliverer, clock):
+    """With the clock moved past AUTHSVC_WEBHOOK_RETENTION (7 days): a delivered delivery and its
+    attempts go, then its event; a failed one stays (re-drivable) until 7 days after it failed; a
+    pending one and its event stay; events no delivery needs (no subscriber, a type not subscribed)
+    go once 7 days old. A deleted player's username is in none of what stays."""
+    admin_store.add_player(1, "nobody")  # before any webhook: an event with no delivery
+    add_webhook(store_url, receiver.url(), EVENTS, SECRET)
+    receiver.answer = lambda headers, body: 204 if b'"bob"' in body else 503
+    admin_store.add_player(7, "bob")
+    admin_store.set_player_enabled(7, False)  # not subscribed: no delivery
+    admin_store.add_player(9, "dave")
+    rounds(deliverer)  # bob's delivered, dave's waits for its retry
+    clock.ahead = 24 * HOUR_MS + 1
+    rounds(deliverer)  # dave's is failed, 24 h on
+    admin_store.delete_player(9)  # player.deleted: not subscribed
+    clock.ahead = 0
+    admin_store.rename_player(7, "bobby")  # pending: its first try fails, its retry waits
+    rounds(deliverer)
+
+    def kept() -> tuple[list, list, list]:
+        return (store_sql(store_url, "SELECT user_id, state FROM deliveries ORDER BY id"),
+                store_sql(store_url, "SELECT type, user_id FROM events ORDER BY id"),
+                store_sql(store_url, "SELECT delivery_id, n FROM delivery_attempts ORDER BY delivery_id, n"))
+
+    everything = kept()
+    assert everything[0] == [(7, "delivered"), (9, "failed"), (7, "pending")] and len(everything[1]) == 6
+    assert not deliverer.prune() and kept() == everything  # nothing is 7 days old yet
+
+    clock.ahead = 7 * 24 * HOUR_MS + 12 * HOUR_MS
+    assert not deliverer.prune()
+    deliveries_left, events_left, attempts_left = kept()
+    assert deliveries_left == [(9, "failed"), (7, "pending")]
+    assert events_left == [("player.created", 9), ("player.renamed", 7)]
+    assert attempts_left == [(2, 1), (2, 2), (3, 1)]  # dave's two, bobby's one; bob's one went
+    assert not any("dave" in data for (data,) in store_sql(store_url, "SELECT data FROM events"))
+
+    clock.ahead = 7 * 24 * HOUR_MS + 25 * HOUR_MS  # 7 days after dave's failed
+    deliverer.prune()
+    assert kept() == ([(7, "pending")], [("player.renamed", 7)], [(3, 1)])
+
+
 @pytest.mark.engine("postgresql")  # SQLite has one write lock for the whole file: its transactions are short instead
 def test_the_bookkeeping_takes_no_writer_lock(admin_store, store_url, receiver, deliverer):
     """An admin write holding the writer lock (the audit chain's row) does not stop outcomes being written."""

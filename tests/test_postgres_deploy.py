@@ -188,6 +188,24 @@ def test_the_heartbeat_runs_as_its_own_role(deployed):
             store.close()
 
 
+def test_the_admin_role_may_run_the_webhooks_retention(deployed):
+    """`authsvc deliver` runs as the admin role (authsvc-deliver.service): its retention deletes a delivery
+    done long ago, its attempt and its event, and an event no webhook took."""
+    with superuser(deployed) as conn:
+        conn.execute("INSERT INTO events (type, user_id, at_ms, data) VALUES ('player.revoked', 5, 1, '{}')")
+        conn.execute("INSERT INTO deliveries (webhook_id, event_id, user_id, state, next_at, created_at, done_at) "
+                     "SELECT 1, max(id), 5, 'delivered', 1, 1, 2 FROM events")
+        conn.execute("INSERT INTO delivery_attempts (delivery_id, n, at, duration_ms) SELECT max(id), 1, 2, 1 "
+                     "FROM deliveries")
+        store = open_store(role_url(deployed, "authsvc_admin"), readonly=False)
+        try:
+            assert store.prune_deliveries(int(time.time() * 1000), 10) == (1, 2)  # and bob's player.created
+        finally:
+            store.close()
+        assert conn.execute("SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM deliveries) "
+                            "+ (SELECT count(*) FROM delivery_attempts)").fetchone() == (0,)
+
+
 @pytest.mark.parametrize("statement", [
     "SELECT digest FROM api_keys",
     "SELECT username FROM players",

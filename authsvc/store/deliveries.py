@@ -131,3 +131,29 @@ def fail_orphans(conn: Any, d: Dialect, now_ms: int) -> int:
 
 def pending(conn: Any, d: Dialect) -> int:
     return conn.execute("SELECT count(*) FROM deliveries WHERE state = 'pending'").fetchone()[0]
+
+
+def prune(conn: Any, d: Dialect, before_ms: int, limit: int) -> tuple[int, int]:
+    """Delete at most ``limit`` deliveries done (delivered or failed) before ``before_ms``, with their
+    attempts, and at most ``limit`` events from before it that no delivery row needs; (deliveries, events).
+
+    The rows are picked first, then each is deleted only if still so: a failed delivery re-driven in
+    between (pending again) stays, with its attempts. An event's time never runs backwards along its
+    ids (the writer lock, store/writes.py), so the events before ``before_ms`` are a prefix of them."""
+    done = [row[0] for row in conn.execute(d.sql(
+        "SELECT id FROM deliveries WHERE state <> 'pending' AND done_at < ? ORDER BY done_at LIMIT ?"
+    ), (before_ms, limit)).fetchall()]
+    cur = conn.cursor()
+    cur.executemany(d.sql("DELETE FROM deliveries WHERE id = ? AND state <> 'pending' AND done_at < ?"),
+                    [(delivery_id, before_ms) for delivery_id in done])
+    deleted = cur.rowcount if done else 0
+    cur.executemany(d.sql("DELETE FROM delivery_attempts WHERE delivery_id = ? "
+                          "AND NOT EXISTS (SELECT 1 FROM deliveries WHERE id = ?)"),
+                    [(delivery_id, delivery_id) for delivery_id in done])
+    newer = conn.execute(d.sql("SELECT id FROM events WHERE at_ms >= ? ORDER BY id LIMIT 1"), (before_ms,)).fetchone()
+    unneeded = [row[0] for row in conn.execute(d.sql(
+        "SELECT e.id FROM events AS e WHERE e.id < ? "
+        "AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.event_id = e.id) ORDER BY e.id LIMIT ?"
+    ), (newer[0] if newer else 1 << 62, limit)).fetchall()]
+    cur.executemany(d.sql("DELETE FROM events WHERE id = ?"), [(event_id,) for event_id in unneeded])
+    return deleted, len(unneeded)

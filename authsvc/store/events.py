@@ -13,6 +13,10 @@ events' ``data`` in the deletion's transaction (store/writes.py's delete_player)
 
 ``deliveries.created_at``: when its run of attempts started (the event's write, or the last
 re-drive of a failed delivery); the deliverer gives up 24 h after it.
+
+Retention (store/deliveries.py's ``prune``, run by the deliverer): a delivered or failed delivery
+goes with its attempts once done longer ago than AUTHSVC_WEBHOOK_RETENTION, an event once older
+than that and no delivery row needs it; ``RETENTION_INDEXES`` (a later migration) find both.
 """
 
 from __future__ import annotations
@@ -160,6 +164,13 @@ CREATE TABLE delivery_attempts (
 );
 """ + _INDEXES + """
 REVOKE ALL ON webhooks, events, deliveries, delivery_attempts FROM PUBLIC;
+"""
+
+# The retention's reads (store/deliveries.py's prune): the deliveries done, oldest first (the pending
+# ones, the deliverer's working set, are not in it), and whether any delivery still needs an event.
+RETENTION_INDEXES = """
+CREATE INDEX deliveries_done ON deliveries (done_at) WHERE state <> 'pending';
+CREATE INDEX deliveries_event ON deliveries (event_id);
 """
 
 WEBHOOK_COLUMNS = "id, url, events, game_id, created_at, deleted_at"  # never the secret

@@ -12,6 +12,10 @@ bounded whatever the backlog) and hand each chain's first one to a thread pool o
 a thread that delivered one goes on with the chain's next ones. One webhook takes at most three
 quarters of the threads, so a slow receiver leaves the others some. Run one deliverer per store.
 SIGTERM: no new POST starts, those under way end (within the timeout), their outcomes are written.
+
+Retention: once a minute (at once again while there is a backlog), one short transaction deletes
+up to PRUNE_BATCH deliveries delivered or failed longer than ``retention_ms`` ago, their attempts,
+and as many events that old that no delivery needs (store/deliveries.py's prune).
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ GAP = 0.01  # seconds at least between two steps when busy: outcomes written a b
 PAGE = 500  # due deliveries read at once
 CHAIN = 50  # a thread's deliveries of one chain before it hands the chain back
 SWEEP = 5.0  # seconds between two sweeps of deleted webhooks' deliveries
+PRUNE_EVERY = 60.0  # seconds between two retention steps (sooner while a step finds a full batch)
+PRUNE_BATCH = 1000  # deliveries, and events, deleted by one retention step (one short transaction)
+RETENTION_MS = 7 * 24 * 3600 * 1000  # AUTHSVC_WEBHOOK_RETENTION's default
 SUMMARY = 10.0  # seconds between two summary lines
 
 
@@ -70,7 +77,8 @@ def cmd_deliver(args, settings: Settings):
                     timeout=settings.webhook_timeout)
     try:
         store.check()  # not migrated, wrong role: stop here
-        deliverer = Deliverer(store, client, concurrency=settings.deliver_concurrency)
+        deliverer = Deliverer(store, client, concurrency=settings.deliver_concurrency,
+                              retention_ms=settings.webhook_retention * 1000)
 
         def stop(signum, frame) -> None:
             deliverer.stopping.set()
@@ -95,12 +103,14 @@ class Deliverer:
     """The loop (module docstring); ``clock`` gives unix milliseconds (tests move it)."""
 
     def __init__(self, store: Store, client: Client, *, concurrency: int = 16, clock: Callable[[], int] = _wall_ms,
-                 log: Callable[[str], None] = say) -> None:
+                 log: Callable[[str], None] = say, retention_ms: int = RETENTION_MS) -> None:
         self.store = store
         self.client = client
         self.concurrency = concurrency
         self.per_webhook = max(1, concurrency * 3 // 4)
         self.clock = clock
+        self.retention_ms = retention_ms
+        self._prune_at = 0.0  # time.monotonic() of the next retention step
         self.log = log
         self.stopping = threading.Event()
         self._wake = threading.Event()
@@ -135,6 +145,9 @@ class Deliverer:
                 self._swept = time.monotonic()
                 if dropped := self.store.fail_orphan_deliveries(self.clock()):
                     self.log(f"{dropped} pending deliveries of deleted webhooks marked failed")
+            if time.monotonic() >= self._prune_at:
+                more = self.prune()
+                self._prune_at = time.monotonic() + (0.0 if more else PRUNE_EVERY)
             started = self._start()
         except StoreUnavailable as e:
             text = str(e).splitlines()[0]
@@ -147,6 +160,13 @@ class Deliverer:
             self.log("store: working again")
         self._summary()
         return started
+
+    def prune(self) -> bool:
+        """One retention step; whether it found a full batch (more may wait)."""
+        deliveries, events = self.store.prune_deliveries(self.clock() - self.retention_ms, PRUNE_BATCH)
+        if deliveries or events:
+            self.log(f"retention: {deliveries} deliveries and {events} events deleted")
+        return max(deliveries, events) >= PRUNE_BATCH
 
     def finish(self, timeout: float | None = None) -> None:
         """Wait for the threads (each POST ends within the client's timeout), write what they did."""

@@ -97,6 +97,10 @@ MIGRATIONS: list[str] = [
     # 7: the events outbox and the webhook subscriptions (store/events.py). New tables: no row is
     # rewritten, no table an authentication reads is locked. No grant to the reader role.
     event_tables.POSTGRES_TABLES,
+    # 8: the indexes the deliverer's retention reads (store/deliveries.py's prune). The build locks
+    # deliveries against writes (the admin side's changes that fan out wait, about a second per
+    # million deliveries); no table an authentication reads is locked.
+    f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.RETENTION_INDEXES,
 ]
 
 # `authsvc heartbeat`'s own role (deploy/postgres/roles.sql), if the DBA made it: the heartbeat row
@@ -136,8 +140,8 @@ BEGIN
         GRANT SELECT, UPDATE (head_id, head_hash) ON audit_chain TO {ADMIN_ROLE};
         GRANT SELECT, INSERT, UPDATE ON api_tokens TO {ADMIN_ROLE};
         GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO {ADMIN_ROLE};
-        GRANT SELECT, INSERT, UPDATE ON webhooks, events, deliveries TO {ADMIN_ROLE};
-        GRANT SELECT, INSERT, UPDATE, DELETE ON delivery_attempts TO {ADMIN_ROLE};
+        GRANT SELECT, INSERT, UPDATE ON webhooks TO {ADMIN_ROLE};
+        GRANT SELECT, INSERT, UPDATE, DELETE ON events, deliveries, delivery_attempts TO {ADMIN_ROLE};  -- retention
     END IF;
 END
 $$

@@ -88,6 +88,9 @@ MIGRATIONS: list[str] = [
     """ + trail.SQLITE_SEALING,
     # 6: the events outbox and the webhook subscriptions (store/events.py). New tables: no row is rewritten.
     event_tables.SQLITE_TABLES,
+    # 7: the indexes the deliverer's retention reads (store/deliveries.py's prune). Built from the rows
+    # there, under the write lock: the admin side waits for it (about a second per million deliveries).
+    event_tables.RETENTION_INDEXES,
 ]
 
 
