@@ -206,7 +206,8 @@ def test_the_sections_table_is_the_help_and_the_only_choices():
     listed = [line.split()[0] for line in done.stdout.split("sections:\n", 1)[1].splitlines() if line.startswith("  ")
               and not line.startswith("   ")]
     assert listed == list(SECTIONS) == ["core", "nginx", "gap", "postgres", "scale", "profile", "cold", "bodies",
-                                       "metrics", "capacity", "storm", "admin-sync", "admin-load", "admin-cost", "events"]
+                                       "metrics", "capacity", "storm", "admin-sync", "admin-load", "admin-cost", "events",
+                                       "events-cost"]
     refused = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--only", "core,warp"], capture_output=True,
                              text=True, timeout=60, cwd=REPO)
     assert refused.returncode == 2 and "unknown section(s): warp" in refused.stderr
@@ -256,6 +257,28 @@ def test_smoke_run_of_the_events_section():
     rows = [line.split("|")[2].strip() for line in table.splitlines() if line.startswith("| ") and "measure" not in line]
     assert len(rows) == 4 and "not all delivered" not in table, table
     assert rows[0].endswith(" events/s") and rows[1].startswith("p50 ") and rows[2].endswith(" MB"), table
+
+
+def test_smoke_run_of_the_events_cost_section():
+    """The sync with and without a webhook, wrk alone and beside a deliverer whose backlog outlasts the run:
+    every ratio is there and positive."""
+    if shutil.which("wrk") is None:
+        skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "events-cost", "--players", "200", "--rounds", "1",
+         "--duration", "1", "--connections", "4", "--sync-engines", "sqlite", "--sync-clients", "1",
+         "--events-cost-players", "2000", "--events-cost-backlog", "3000"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = done.stdout.split("## 15. Events on", 1)[1]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| measure")}
+    assert list(rows) == ["admin sync, sqlite: players/s", "authentication req/s", "authentication p99 ms",
+                          "deliveries/s during the runs; backlog left at the end"], table
+    for name in ("admin sync, sqlite: players/s", "authentication req/s"):
+        assert float(rows[name][2].strip("*")) > 0, table
+    assert "ran out" not in table, table
 
 
 @pytest.mark.slow

@@ -123,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="events section: events pending while the receiver is down (default 1,000,000)")
     parser.add_argument("--events-down", type=int, default=20, help="events section: seconds the receiver is down")
     parser.add_argument("--events-drain", type=int, default=30, help="events section: seconds of drain timed")
+    parser.add_argument("--events-cost-players", type=int, default=100_000,
+                        help="events-cost section: players synced per run (default 100,000)")
+    parser.add_argument("--events-cost-backlog", type=int, default=30_000,
+                        help="events-cost section: deliveries pending before each run beside the deliverer "
+                             "(default 30,000)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]

@@ -19,6 +19,7 @@ from benchmarks.bench.sections import (
     cold,
     core,
     events,
+    events_cost,
     gap,
     metrics,
     nginx,
@@ -80,4 +81,8 @@ SECTIONS: dict[str, Section] = {
     "events": Section(events.run, "one `authsvc deliver` against a receiver process on loopback (SQLite): sustained "
                       "events per second, change-to-delivery p50 and p99, peak RSS with --events-pending events "
                       "pending while the receiver is down, and the drain rate once it is back", False),
+    "events-cost": Section(events_cost.run, "events on against off, same run: the admin sync of --events-cost-players "
+                           "into a store with no webhook against one with a webhook on every player event (players/s, "
+                           "each engine of --sync-engines); authentications' req/s under wrk alone against while "
+                           "`authsvc deliver` drains --events-cost-backlog deliveries from the same SQLite store", True),
 }

@@ -16,6 +16,7 @@ webhook subscribed to every player event:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.server
 import os
 import signal
@@ -75,15 +76,22 @@ def receive(port: int, out: str) -> None:
 
 
 class Run:
-    """A store with one webhook, a receiver process and a deliverer process, stopped on exit."""
+    """A store with one webhook (``copy_of``: a copy of that SQLite store), a receiver process and a deliverer
+    process, stopped on exit."""
 
-    def __init__(self, world: World, logs: Path, name: str) -> None:
+    def __init__(self, world: World, logs: Path, name: str, copy_of: str | None = None) -> None:
+        import sqlite3
+
         from authsvc.settings import Settings
         from authsvc.store import open_store
 
         self.dir = world.root / f"events-{name}"
         self.dir.mkdir()
         self.url = f"sqlite://{self.dir}/authsvc.db"
+        if copy_of is not None:
+            source, copy = sqlite3.connect(copy_of.removeprefix("sqlite://")), sqlite3.connect(f"{self.dir}/authsvc.db")
+            with contextlib.closing(source), contextlib.closing(copy):
+                source.backup(copy)
         self.env = {**os.environ, **world.env, "AUTHSVC_STORE": self.url}
         self.store = open_store(self.url, readonly=False, settings=Settings.from_env(self.env, require_secret=False))
         self.store.migrate()
@@ -113,10 +121,18 @@ class Run:
                 time.sleep(0.05)
         raise SystemExit("bench events: the receiver did not start")
 
-    def start_deliverer(self) -> None:
+    def start_deliverer(self, prefix: tuple[str, ...] = ()) -> None:
+        """``prefix``: commands that exec it (``nice -n 10``)."""
         log = (self.logs / f"events-{self.name}-deliver.log").open("ab")
-        self.deliverer = subprocess.Popen([sys.executable, "-m", "authsvc.admin.command", "deliver"], env=self.env,
-                                          stdout=log, stderr=subprocess.STDOUT)
+        self.deliverer = subprocess.Popen([*prefix, sys.executable, "-m", "authsvc.admin.command", "deliver"],
+                                          env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop_deliverer(self) -> None:
+        """SIGTERM, and its outcomes written."""
+        if self.deliverer is not None:
+            self.deliverer.send_signal(signal.SIGTERM)
+            self.deliverer.wait(60)
+            self.deliverer = None
 
     def lines(self) -> list[tuple[int, int]]:
         """(arrival ms, event ms) of each POST so far."""

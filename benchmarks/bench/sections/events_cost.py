@@ -1,0 +1,162 @@
+"""Section events-cost: the admin sync and the game-facing path with events on, each against itself without.
+
+1. The admin sync (admin-sync's POST /v1/players/batch, 1,000 players a call, ``--sync-clients``
+   clients) of ``--events-cost-players`` players into an empty store with no webhook, against one
+   with a webhook subscribed to every player event (each player's event fanned out to a pending
+   delivery in the batch's transaction; no deliverer runs), on each engine of ``--sync-engines``;
+   ``--rounds`` rounds, the order alternating; players per second.
+2. The game-facing service (wrk, as section core, on a copy of the world's SQLite store) alone,
+   against while ``authsvc deliver`` (at its unit's Nice=) drains ``--events-cost-backlog`` pending
+   deliveries from the same store to a receiver process on loopback; ``--rounds`` rounds, the order
+   alternating; req/s. The backlog is written before each such run, and must outlast it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import shutil
+import sqlite3
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.bench.sections import admin_sync
+from benchmarks.bench.sections.events import EVENTS, Run
+from benchmarks.bench.serve import Server, check_answers, core_gunicorn_args, gunicorn, port_open, wait_for, wrk
+from benchmarks.bench.world import APPS, REPO, World
+from harness.processes import free_port
+
+DELIVER_UNIT = REPO / "deploy" / "systemd" / "authsvc-deliver.service"
+
+
+def _load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def _sync_once(engine: str, webhook: bool, world: World, args: argparse.Namespace, logs: Path,
+               payloads: list[bytes]) -> float:
+    """Players per second of one sync into a new store of ``engine`` (``webhook``: with one subscribed to all)."""
+    from authsvc.admin import operations as ops
+    from authsvc.settings import Settings
+
+    with admin_sync._store(engine, world, args) as url:
+        token = admin_sync._token(url, world)
+        if webhook:
+            with ops.admin_store(Settings.from_env({**world.env, "AUTHSVC_STORE": url})) as store:
+                ops.add_webhook(store, ops.command_context(), "http://127.0.0.1:9/hook", EVENTS, None, "127.0.0.1:9")
+        port = free_port()
+        with gunicorn(world, "authsvc.admin.wsgi:application", logs / f"events-cost-sync-{engine}.log",
+                      bind=f"127.0.0.1:{port}", args=("--workers", "2", "--worker-class", "sync",
+                                                     "--log-level", "warning"), env={"AUTHSVC_STORE": url}) as proc:
+            wait_for(lambda: port_open(port), f"the admin service ({engine})", proc)
+            seconds, _ = admin_sync.sync(port, token, payloads, args.sync_clients, keyed=False)
+        if (stored := admin_sync._count(url, world)) != args.events_cost_players:
+            raise SystemExit(f"bench: events-cost stored {stored:,} players on {engine}")
+        if webhook and _pending(url) != args.events_cost_players:
+            raise SystemExit(f"bench: events-cost: {_pending(url):,} deliveries pending, not one per player")
+    return args.events_cost_players / seconds
+
+
+def _pending(url: str) -> int:
+    if url.startswith("sqlite://"):
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite://"))) as conn:
+            return conn.execute("SELECT count(*) FROM deliveries WHERE state = 'pending'").fetchone()[0]
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT count(*) FROM deliveries WHERE state = 'pending'").fetchone()[0]
+
+
+def _nice() -> tuple[str, ...]:
+    found = re.search(r"^Nice=(-?\d+)$", DELIVER_UNIT.read_text(), re.M)
+    return ("nice", "-n", found.group(1)) if found and shutil.which("nice") else ()
+
+
+def _auth_runs(world: World, args: argparse.Namespace, logs: Path, script: Path) -> dict[str, list]:
+    """wrk alone and beside a draining deliverer, alternating: runs, delivered/s and backlog left per variant."""
+    runs: dict[str, list] = {"alone": [], "deliver": [], "rates": [], "left": []}
+    r = Run(world, logs, "cost", copy_of=world.store_url)
+    try:
+        r.start_receiver()
+        port = free_port()
+        with gunicorn(world, APPS["authsvc"], logs / "events-cost-web.log", bind=f"127.0.0.1:{port}",
+                      args=core_gunicorn_args(args.workers), env={"AUTHSVC_STORE": r.url}) as web:
+            wait_for(lambda: port_open(port), "gunicorn (authsvc)", web)
+            server = Server("authsvc", "endpoint", f"http://127.0.0.1:{port}", master=web)
+            check_answers(server, world)
+            first = world.players + 1
+            for n in range(args.rounds):
+                for variant in (("alone", "deliver") if n % 2 == 0 else ("deliver", "alone")):
+                    if variant == "alone":
+                        runs["alone"].append(wrk(server, script, args))
+                        continue
+                    r.store.upsert_players((i, f"e{i}") for i in range(first, first + args.events_cost_backlog))
+                    first += args.events_cost_backlog
+                    before = r.delivered()
+                    r.start_deliverer(prefix=_nice())
+                    if not _until(lambda before=before: r.delivered() > before, 30):
+                        raise SystemExit("bench: events-cost: the deliverer delivered nothing in 30 s")
+                    at, t0 = r.delivered(), time.monotonic()
+                    runs["deliver"].append(wrk(server, script, args))
+                    runs["rates"].append((r.delivered() - at) / (time.monotonic() - t0))
+                    runs["left"].append(args.events_cost_backlog - (r.delivered() - before))
+                    r.stop_deliverer()
+                    print(f"  round {n + 1}: {runs['deliver'][-1].rps:,.0f} req/s beside the deliverer "
+                          f"({runs['rates'][-1]:,.0f} deliveries/s, {runs['left'][-1]:,} left)", file=sys.stderr)
+            check_answers(server, world, sample=20)
+    finally:
+        r.close()
+    return runs
+
+
+def _until(predicate, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
+    load_before = _load()
+    engines = [e.strip() for e in args.sync_engines.split(",") if e.strip()]
+    payloads = admin_sync.bodies(args.events_cost_players)
+    syncs: dict[str, dict[bool, list[float]]] = {e: {False: [], True: []} for e in engines}
+    for n in range(args.rounds):
+        for engine in engines:
+            for webhook in ((False, True) if n % 2 == 0 else (True, False)):
+                syncs[engine][webhook].append(_sync_once(engine, webhook, world, args, logs, payloads))
+                print(f"  round {n + 1}, {engine}, {'a webhook' if webhook else 'no webhook'}: "
+                      f"{syncs[engine][webhook][-1]:,.0f} players/s", file=sys.stderr)
+    auth = _auth_runs(world, args, logs, script)
+    print(f"\n## 15. Events on: the admin sync and the game-facing path (load average {load_before} before, "
+          f"{_load()} after)\n")
+    print(f"{args.rounds} rounds, the order alternating; medians. Sync: {args.events_cost_players:,} players, "
+          f"POST /v1/players/batch (1,000 a call, {args.sync_clients} clients, admin service: 2 sync workers) into "
+          f"an empty store, with no webhook, then with one subscribed to every player event (a pending delivery "
+          f"per player, no deliverer). Authentication: wrk -t{args.threads} -c{args.connections} -d{args.duration}s "
+          f"on the game-facing service ({args.workers} sync workers, {world.players:,} players, SQLite) alone, then "
+          f"while `authsvc deliver` ({' '.join(_nice()) or 'nice 0'}, as its unit) drains a backlog of "
+          f"{args.events_cost_backlog:,} deliveries from the same store to a receiver process on loopback.\n")
+    print("| measure | events off | events on | on / off | rounds (on / off) |\n|---|---|---|---|---|")
+    for engine in engines:
+        off, on = syncs[engine][False], syncs[engine][True]
+        print(f"| admin sync, {engine}: players/s | {statistics.median(off):,.0f} | {statistics.median(on):,.0f} | "
+              f"**{statistics.median(on) / statistics.median(off):.3f}** | "
+              f"{' / '.join(f'{a / b:.2f}' for a, b in zip(on, off, strict=True))} |")
+    alone, beside = auth["alone"], auth["deliver"]
+    ratio = statistics.median(r.rps for r in beside) / statistics.median(r.rps for r in alone)
+    print(f"| authentication req/s | {statistics.median(r.rps for r in alone):,.0f} | "
+          f"{statistics.median(r.rps for r in beside):,.0f} | **{ratio:.3f}** | "
+          f"{' / '.join(f'{a.rps / b.rps:.2f}' for a, b in zip(beside, alone, strict=True))} |")
+    print(f"| authentication p99 ms | {statistics.median(r.p99_ms for r in alone):.2f} | "
+          f"{statistics.median(r.p99_ms for r in beside):.2f} | "
+          f"{statistics.median(r.p99_ms for r in beside) / statistics.median(r.p99_ms for r in alone):.2f} | |")
+    print(f"| deliveries/s during the runs; backlog left at the end | | "
+          f"{statistics.median(auth['rates']):,.0f}; {min(auth['left']):,} at least | | |")
+    if min(auth["left"]) <= 0:
+        print("\nThe backlog ran out during a run: raise --events-cost-backlog.")
