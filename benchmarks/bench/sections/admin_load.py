@@ -59,11 +59,11 @@ PROBE_FIRST_ID = 4_000_000_000  # the probe players: far from the world's and th
 NICE_WEIGHTS = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45, 36, 29, 23, 18, 15)
 
 
-def _unit() -> dict[str, str]:
-    return dict(re.findall(r"^(\w+)=(.*)$", UNIT.read_text(), re.M))
+def _unit(unit: Path = UNIT) -> dict[str, str]:
+    return dict(re.findall(r"^(\w+)=(.*)$", unit.read_text(), re.M))
 
 
-def group_nice() -> int | None:
+def group_nice(unit: Path = UNIT) -> int | None:
     """The session nice whose weight is the unit's CPUWeight= against the default 100, when this kernel
     schedules sessions as groups (autogroup): a process's own nice then counts only inside its session,
     as a service's does inside its cgroup, and the group's weight is what CPUWeight= sets under systemd.
@@ -74,7 +74,7 @@ def group_nice() -> int | None:
         grouped = False
     if not grouped:
         return None
-    want = 1024 * int(_unit().get("CPUWeight", "100")) / 100
+    want = 1024 * int(_unit(unit).get("CPUWeight", "100")) / 100
     return min(range(len(NICE_WEIGHTS)), key=lambda n: abs(NICE_WEIGHTS[n] - want))
 
 

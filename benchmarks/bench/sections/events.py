@@ -121,11 +121,15 @@ class Run:
                 time.sleep(0.05)
         raise SystemExit("bench events: the receiver did not start")
 
-    def start_deliverer(self, prefix: tuple[str, ...] = ()) -> None:
-        """``prefix``: commands that exec it (``nice -n 10``)."""
+    def start_deliverer(self, prefix: tuple[str, ...] = (), group_nice: int | None = None) -> None:
+        """``prefix``: commands that exec it (``nice -n 10``); ``group_nice``: in a session of its own at
+        that nice (admin_load.group_nice: the unit's CPUWeight=)."""
         log = (self.logs / f"events-{self.name}-deliver.log").open("ab")
         self.deliverer = subprocess.Popen([*prefix, sys.executable, "-m", "authsvc.admin.command", "deliver"],
-                                          env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                                          env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=group_nice is not None)
+        if group_nice is not None:
+            Path(f"/proc/{self.deliverer.pid}/autogroup").write_text(f"{group_nice}\n")
 
     def stop_deliverer(self) -> None:
         """SIGTERM, and its outcomes written."""

@@ -6,7 +6,7 @@
    delivery in the batch's transaction; no deliverer runs), on each engine of ``--sync-engines``;
    ``--rounds`` rounds, the order alternating; players per second.
 2. The game-facing service (wrk, as section core, on a copy of the world's SQLite store) alone,
-   against while ``authsvc deliver`` (at its unit's Nice=) drains ``--events-cost-backlog`` pending
+   against while ``authsvc deliver`` (at its unit's Nice= and CPUWeight=) drains ``--events-cost-backlog`` pending
    deliveries from the same store to a receiver process on loopback; ``--rounds`` rounds, the order
    alternating; req/s. The backlog is written before each such run, and must outlast it.
 """
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench.sections import admin_sync
+from benchmarks.bench.sections.admin_load import group_nice
 from benchmarks.bench.sections.events import EVENTS, Run
 from benchmarks.bench.serve import Server, check_answers, core_gunicorn_args, gunicorn, port_open, wait_for, wrk
 from benchmarks.bench.world import APPS, REPO, World
@@ -96,7 +97,7 @@ def _auth_runs(world: World, args: argparse.Namespace, logs: Path, script: Path)
                     r.store.upsert_players((i, f"e{i}") for i in range(first, first + args.events_cost_backlog))
                     first += args.events_cost_backlog
                     before = r.delivered()
-                    r.start_deliverer(prefix=_nice())
+                    r.start_deliverer(prefix=_nice(), group_nice=group_nice(DELIVER_UNIT))
                     if not _until(lambda before=before: r.delivered() > before, 30):
                         raise SystemExit("bench: events-cost: the deliverer delivered nothing in 30 s")
                     at, t0 = r.delivered(), time.monotonic()
@@ -140,8 +141,10 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
           f"an empty store, with no webhook, then with one subscribed to every player event (a pending delivery "
           f"per player, no deliverer). Authentication: wrk -t{args.threads} -c{args.connections} -d{args.duration}s "
           f"on the game-facing service ({args.workers} sync workers, {world.players:,} players, SQLite) alone, then "
-          f"while `authsvc deliver` ({' '.join(_nice()) or 'nice 0'}, as its unit) drains a backlog of "
-          f"{args.events_cost_backlog:,} deliveries from the same store to a receiver process on loopback.\n")
+          f"while `authsvc deliver` ({' '.join(_nice()) or 'nice 0'}"
+          f"{'' if group_nice(DELIVER_UNIT) is None else f', its session at nice {group_nice(DELIVER_UNIT)} for CPUWeight='}"
+          f", as its unit) drains a backlog of {args.events_cost_backlog:,} deliveries from the same store to a "
+          f"receiver process on loopback (at normal priority: a game's server stands on other machines).\n")
     print("| measure | events off | events on | on / off | rounds (on / off) |\n|---|---|---|---|---|")
     for engine in engines:
         off, on = syncs[engine][False], syncs[engine][True]
