@@ -149,6 +149,8 @@ def test_deliveries_fan_out_by_type_and_game_and_stop_for_a_removed_webhook(worl
     assert at_ms == next_at == created_at  # due at once
     ops.remove_webhook(store, CTX, players.id)
     assert [s for w, _, _, s in deliveries(store_url) if w == players.id] == ["failed", "failed"]
+    secrets = dict(store_sql(store_url, "SELECT id, secret FROM webhooks"))
+    assert secrets[players.id] == "" and secrets[chess.id].startswith("whsec_")  # a removed one's secret is gone
     ops.revoke_player(store, CTX, world.user_id)
     assert [w for w, *_ in deliveries(store_url)].count(players.id) == 2  # nothing new for it
     assert [h.id for h in ops.list_webhooks(store)] == [chess.id, keys.id]

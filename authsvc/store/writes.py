@@ -361,10 +361,11 @@ class Tx:
         return found[0] if found else None
 
     def remove_webhook(self, webhook_id: int) -> Webhook | None:
-        """Mark the webhook deleted and fail its pending deliveries; the webhook as it was, None if none."""
+        """Mark the webhook deleted, its secret gone (nothing signs with it again), and fail its pending
+        deliveries; the webhook as it was, None if none."""
         if (hook := self.webhook(webhook_id)) is None:
             return None
-        self._sql("UPDATE webhooks SET deleted_at = ? WHERE id = ?", (self.at_ms, webhook_id))
+        self._sql("UPDATE webhooks SET deleted_at = ?, secret = '' WHERE id = ?", (self.at_ms, webhook_id))
         self._sql("UPDATE deliveries SET state = 'failed', done_at = ?, last_error = 'webhook removed' "
                   "WHERE webhook_id = ? AND state = 'pending'", (self.at_ms, webhook_id))
         self.record("webhook.remove", game_id=hook.game_id, before=self._webhook_state(hook))
