@@ -92,6 +92,18 @@ def test_a_refused_or_rolled_back_write_leaves_no_event_and_no_delivery(world, s
     assert store.get_player(world.user_id).username == "alice"
 
 
+def test_a_keyed_retry_through_the_admin_api_replays_its_answer_and_writes_no_second_event(admin, world, store_url):
+    """An Idempotency-Key replay is the same change answered again, not a new one: one event, one delivery."""
+    ops.add_webhook(world.store, CTX, "https://game.example.com/hook", EVERY, None, ALLOW)
+    keyed = admin.headers("web") | {"Idempotency-Key": "revoke-1"}
+    before = len(events(store_url))
+    first = admin.app.post(f"/v1/players/{world.user_id}/revoke", headers=keyed)
+    again = admin.app.post(f"/v1/players/{world.user_id}/revoke", headers=keyed)
+    assert (first.status_int, again.status_int, again.json) == (200, 200, first.json)
+    assert [(t, u) for t, u, _, _ in events(store_url)[before:]] == [("player.revoked", world.user_id)]
+    assert [(t, s) for _, t, _, s in deliveries(store_url)] == [("player.revoked", "pending")]
+
+
 def test_a_batch_writes_one_event_per_change_and_a_dry_run_none(world, store_url):
     store = world.store
     ops.add_player(store, CTX, 10, "ten")
