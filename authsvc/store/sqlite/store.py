@@ -333,19 +333,29 @@ class SQLiteStore(SQLiteReader, Store):
                                    (token_digest,)).fetchone()
         return None if row is None else api_token(row)
 
+    @contextlib.contextmanager
+    def _read_transaction(self) -> Iterator[sqlite3.Connection]:
+        """The connection inside one read transaction (one snapshot for every read in the block, a
+        generator's too); an sqlite3 error leaves as the store's own (store/sqlite/errors.py)."""
+        try:
+            conn = self._conn()
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            self._drop()
+            raise _store_error(e, self.path) from None
+
     # -- webhook subscriptions (store/events.py) ---------------------------------------
     @_mapped
     def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:
         return event_tables.select_webhooks(self._conn(), SQLITE, webhook_id)
 
-    @_mapped
     def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:
-        conn = self._conn()
-        conn.execute("BEGIN")  # one snapshot for the deliveries and their attempts
-        try:
+        with self._read_transaction() as conn:  # the deliveries and their attempts
             return event_tables.select_deliveries(conn, SQLITE, webhook_id, state=state, limit=limit, after=after)
-        finally:
-            conn.execute("COMMIT")
 
     # -- the audit trail (store/audit.py) ----------------------------------------------
     @_mapped
@@ -354,17 +364,9 @@ class SQLiteStore(SQLiteReader, Store):
 
     def audit_walk(self) -> Iterator[Chain | Record]:
         """The chain row, then every record oldest first, from one snapshot."""
-        try:
-            conn = self._conn()
-            conn.execute("BEGIN")
-            try:
-                yield trail.read_chain(conn, SQLITE)
-                yield from trail.walk(conn, SQLITE)
-            finally:
-                conn.execute("COMMIT")
-        except sqlite3.Error as e:
-            self._drop()
-            raise _store_error(e, self.path) from None
+        with self._read_transaction() as conn:
+            yield trail.read_chain(conn, SQLITE)
+            yield from trail.walk(conn, SQLITE)
 
     # -- moving between stores --------------------------------------------------------
     @_mapped
@@ -377,22 +379,13 @@ class SQLiteStore(SQLiteReader, Store):
         return row[0]
 
     def dump(self) -> Iterator[Game | Player | DeletedPlayer]:
-        try:
-            conn = self._conn()
-            conn.execute("BEGIN")  # one read snapshot for games and players
-            try:
-                yield from self._games()
-                cur = conn.execute(
-                    "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players ORDER BY user_id")
-                for user_id, username, epoch, enabled, updated_at_ms in cur:
-                    yield Player(user_id, username, epoch, bool(enabled), updated_at_ms)
-                for user_id, epoch in conn.execute("SELECT user_id, epoch FROM deleted_players ORDER BY user_id"):
-                    yield DeletedPlayer(user_id, epoch)
-            finally:
-                conn.execute("COMMIT")
-        except sqlite3.Error as e:
-            self._drop()
-            raise _store_error(e, self.path) from None
+        with self._read_transaction() as conn:  # games and players
+            yield from self._games()
+            cur = conn.execute("SELECT user_id, username, epoch, enabled, updated_at_ms FROM players ORDER BY user_id")
+            for user_id, username, epoch, enabled, updated_at_ms in cur:
+                yield Player(user_id, username, epoch, bool(enabled), updated_at_ms)
+            for user_id, epoch in conn.execute("SELECT user_id, epoch FROM deleted_players ORDER BY user_id"):
+                yield DeletedPlayer(user_id, epoch)
 
     @_mapped
     def load(
