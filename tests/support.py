@@ -512,8 +512,9 @@ class Receiver:
 
 
 def add_webhook(store_url: str, url: str, events: list[str], secret: str, game_id: int | None = None) -> int:
-    """A webhook row as a subscription writes it; its id."""
+    """A webhook row as a subscription writes it (its events from the next one on); its id."""
     now = int(time.time() * 1000)
-    store_sql(store_url, "INSERT INTO webhooks (url, events, game_id, secret, created_at) VALUES (?, ?, ?, ?, ?)",
+    store_sql(store_url, "INSERT INTO webhooks (url, events, game_id, secret, created_at, fanned_out) "
+                         "VALUES (?, ?, ?, ?, ?, (SELECT coalesce(max(id), 0) FROM events))",
               (url, json.dumps(events), game_id, secret, now))
     return store_sql(store_url, "SELECT max(id) FROM webhooks")[0][0]

@@ -102,10 +102,11 @@ def test_the_admin_app_serves_the_document_without_a_token(settings, admin_store
 
 
 class Live:
-    """The admin API under gunicorn: its base URL, a token with every scope, and stored ids."""
+    """The admin API under gunicorn: its base URL, a token with every scope, stored ids, and its settings."""
 
-    def __init__(self, base_url: str, token: str, game_id: int, user_id: int):
+    def __init__(self, base_url: str, token: str, game_id: int, user_id: int, settings: Settings):
         self.base_url = base_url
+        self.settings = settings
         self.headers = {"Authorization": f"Bearer {token}"}
         self.game_id = game_id
         self.user_id = user_id
@@ -139,7 +140,7 @@ def live(request, tmp_path_factory):
     log_path = root / "gunicorn.log"
     proc = serve_gunicorn(env, "--graceful-timeout", "5", "--access-logfile", "-", port=port, log_path=log_path,
                           app="authsvc.admin.wsgi:application", workers=2)
-    yield Live(f"http://127.0.0.1:{port}", token, game.id, 1001)
+    yield Live(f"http://127.0.0.1:{port}", token, game.id, 1001, settings)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=20)
     output = log_path.read_text(errors="replace")
@@ -267,6 +268,11 @@ def test_each_success_matches_the_document(live):
     send("/v1/webhooks", "GET", 200)
     send("/v1/webhooks/{webhook_id}", "GET", 200, path_parameters=webhook)
     send("/v1/players/{user_id}/revoke", "POST", 200, path_parameters=player)
+    store = open_store(live.settings.store, readonly=False, settings=live.settings)
+    try:
+        store.fan_out_events(int(time.time() * 1000), 100)  # the deliverer's step: the revoke's delivery
+    finally:
+        store.close()
     (delivery,) = send("/v1/webhooks/{webhook_id}/deliveries", "GET", 200, path_parameters=webhook,
                        query={"state": "pending", "limit": 1}).json()["deliveries"]
     send("/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/retry", "POST", 409,

@@ -148,8 +148,10 @@ def test_a_delivery_not_taken_within_24_hours_is_failed_and_the_next_one_goes(
 
 
 def test_a_deleted_webhook_s_pending_deliveries_are_failed_not_sent(admin_store, store_url, receiver, deliverer):
+    """A webhook marked deleted by other means than the API (which fails them itself): a restored backup."""
     webhook = add_webhook(store_url, receiver.url(), EVENTS, SECRET)
     admin_store.add_player(7, "bob")
+    assert admin_store.fan_out_events(int(time.time() * 1000), 100) == (1, False)
     store_sql(store_url, "UPDATE webhooks SET deleted_at = ? WHERE id = ?", (int(time.time() * 1000), webhook))
     rounds(deliverer)
     assert receiver.requests == []
@@ -162,7 +164,8 @@ def test_retention_deletes_old_finished_deliveries_and_unneeded_events_and_keeps
     """With the clock moved past AUTHSVC_WEBHOOK_RETENTION (7 days): a delivered delivery and its
     attempts go, then its event; a failed one stays (re-drivable) until 7 days after it failed; a
     pending one and its event stay; events no delivery needs (no subscriber, a type not subscribed)
-    go once 7 days old. A deleted player's username is in none of what stays."""
+    go once 7 days old, unless a webhook has yet to fan them out. A deleted player's username is in
+    none of what stays."""
     admin_store.add_player(1, "nobody")  # before any webhook: an event with no delivery
     add_webhook(store_url, receiver.url(), EVENTS, SECRET)
     receiver.answer = lambda headers, body: 204 if b'"bob"' in body else 503
@@ -197,6 +200,9 @@ def test_retention_deletes_old_finished_deliveries_and_unneeded_events_and_keeps
     clock.ahead = 7 * 24 * HOUR_MS + 25 * HOUR_MS  # 7 days after dave's failed
     deliverer.prune()
     assert kept() == ([(7, "pending")], [("player.renamed", 7)], [(3, 1)])
+    admin_store.rename_player(7, "bobbie")  # not fanned out yet: no delivery needs it, but the webhook does
+    deliverer.prune()
+    assert kept()[1] == [("player.renamed", 7), ("player.renamed", 7)]
 
 
 @pytest.mark.engine("postgresql")  # SQLite has one write lock for the whole file: its transactions are short instead

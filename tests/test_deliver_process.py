@@ -96,7 +96,7 @@ def test_a_failing_receiver_is_logged_without_the_secret_or_the_url_s_query(env,
         with open(log_path, "ab") as log:
             process = start(env, receiver.port, log)
             try:
-                until(lambda: store_sql(store_url, "SELECT attempts FROM deliveries")[0][0] == 1, "the first attempt")
+                until(lambda: store_sql(store_url, "SELECT attempts FROM deliveries") == [(1,)], "the first attempt")
                 process.send_signal(signal.SIGTERM)
                 assert process.wait(30) == 0
             finally:

@@ -1,12 +1,14 @@
 """The events outbox (authsvc/store/events.py), on both engines: each change to a player and each key
-rotation writes exactly its event in the change's own transaction, fanned out there to the webhooks
-subscribed to it; a refused or rolled-back write leaves no event and no delivery; a deleted player's
+rotation writes exactly its event in the change's own transaction, and no delivery; the fan-out
+(the deliverer's step, store/deliveries.py) gives each subscribed webhook one delivery per event,
+once, from its creation on; a refused or rolled-back write leaves no event; a deleted player's
 name leaves its events.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -33,6 +35,11 @@ def deliveries(store_url: str) -> list[tuple]:
     """(webhook id, event type, user_id, state) of every delivery, in order."""
     return store_sql(store_url, "SELECT d.webhook_id, e.type, d.user_id, d.state FROM deliveries AS d "
                                 "JOIN events AS e ON e.id = d.event_id ORDER BY d.id")
+
+
+def fan_out(store, limit: int = 10_000) -> tuple[int, bool]:
+    """The deliverer's fan-out step, at the wall clock: (deliveries written, events left)."""
+    return store.fan_out_events(int(time.time() * 1000), limit)
 
 
 def counts(store_url: str) -> tuple[int, int]:
@@ -101,6 +108,7 @@ def test_a_keyed_retry_through_the_admin_api_replays_its_answer_and_writes_no_se
     again = admin.app.post(f"/v1/players/{world.user_id}/revoke", headers=keyed)
     assert (first.status_int, again.status_int, again.json) == (200, 200, first.json)
     assert [(t, u) for t, u, _, _ in events(store_url)[before:]] == [("player.revoked", world.user_id)]
+    fan_out(world.store)
     assert [(t, s) for _, t, _, s in deliveries(store_url)] == [("player.revoked", "pending")]
 
 
@@ -149,25 +157,45 @@ def test_deliveries_fan_out_by_type_and_game_and_stop_for_a_removed_webhook(worl
     ops.rotate_game_key(store, CTX, world.game_id, 0)  # chess and keys
     ops.rotate_game_key(store, CTX, other, 0)  # keys only
     ops.add_player(store, CTX, 30, "thirty")  # nobody subscribed
-    assert deliveries(store_url) == [
-        (players.id, "player.renamed", world.user_id, "pending"), (chess.id, "player.renamed", world.user_id, "pending"),
-        (players.id, "player.revoked", world.user_id, "pending"),
-        (chess.id, "game.key_rotated", None, "pending"), (keys.id, "game.key_rotated", None, "pending"),
-        (keys.id, "game.key_rotated", None, "pending"),
+    assert deliveries(store_url) == []  # a change writes its event only
+    now = int(time.time() * 1000)
+    assert store.fan_out_events(now, 10_000) == (6, False)
+    assert deliveries(store_url) == [  # a webhook's in the events' order
+        (players.id, "player.renamed", world.user_id, "pending"), (players.id, "player.revoked", world.user_id, "pending"),
+        (chess.id, "player.renamed", world.user_id, "pending"), (chess.id, "game.key_rotated", None, "pending"),
+        (keys.id, "game.key_rotated", None, "pending"), (keys.id, "game.key_rotated", None, "pending"),
     ]
+    assert store.fan_out_events(now, 10_000) == (0, False)  # each event once per webhook
     (at_ms, next_at, created_at), = store_sql(
         store_url, "SELECT e.at_ms, d.next_at, d.created_at FROM deliveries AS d JOIN events AS e ON e.id = d.event_id "
                    "ORDER BY d.id DESC LIMIT 1")
-    assert at_ms == next_at == created_at  # due at once
+    assert (next_at, created_at) == (now, at_ms)  # due at once; its 24 hours from the event
     ops.remove_webhook(store, CTX, players.id)
     assert [s for w, _, _, s in deliveries(store_url) if w == players.id] == ["failed", "failed"]
     secrets = dict(store_sql(store_url, "SELECT id, secret FROM webhooks"))
     assert secrets[players.id] == "" and secrets[chess.id].startswith("whsec_")  # a removed one's secret is gone
     ops.revoke_player(store, CTX, world.user_id)
+    fan_out(store)
     assert [w for w, *_ in deliveries(store_url)].count(players.id) == 2  # nothing new for it
     assert [h.id for h in ops.list_webhooks(store)] == [chess.id, keys.id]
     with pytest.raises(NotFound):
         ops.remove_webhook(store, CTX, players.id)
+
+
+def test_a_webhook_gets_the_events_after_its_creation_a_bounded_batch_at_a_time(world, store_url):
+    store = world.store
+    ops.revoke_player(store, CTX, world.user_id)  # before any webhook: fanned out to none
+    early, _ = ops.add_webhook(store, CTX, "https://a.example.com/h", ["player.renamed"], None, ALLOW)
+    for n in range(5):
+        ops.rename_player(store, CTX, world.user_id, f"name-{n}")
+    late, _ = ops.add_webhook(store, CTX, "https://b.example.com/h", ["player.renamed"], None, ALLOW)
+    ops.rename_player(store, CTX, world.user_id, "name-last")
+    assert [fan_out(store, limit=2) for _ in range(4)] == [(3, True), (2, True), (2, False), (0, False)]
+    got = [(w, d["username"]) for w, d in
+           ((w, json.loads(d)) for w, d in store_sql(store_url, "SELECT d.webhook_id, e.data FROM deliveries AS d "
+                                                                "JOIN events AS e ON e.id = d.event_id ORDER BY d.id"))]
+    assert [u for w, u in got if w == early.id] == ["name-0", "name-1", "name-2", "name-3", "name-4", "name-last"]
+    assert [u for w, u in got if w == late.id] == ["name-last"]
 
 
 def test_a_failed_delivery_is_sent_again_and_the_rest_are_refused(world, store_url):
@@ -175,6 +203,7 @@ def test_a_failed_delivery_is_sent_again_and_the_rest_are_refused(world, store_u
     hook, _ = ops.add_webhook(store, CTX, "https://a.example.com/h", ["player.revoked"], None, ALLOW)
     ops.revoke_player(store, CTX, world.user_id)
     ops.revoke_player(store, CTX, world.user_id)
+    fan_out(store)
     first, second = ops.webhook_deliveries(store, hook.id)
     store_sql(store_url, "UPDATE deliveries SET state = 'failed', attempts = 1, done_at = 5, last_status = 500 "
                          "WHERE id = ?", (first.id,))

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import re
 import sqlite3
+import time
 
 import pytest
 import webtest
@@ -57,11 +58,13 @@ def test_a_webhook_is_made_with_its_secret_shown_once_then_read_and_removed(admi
     assert [r["action"] for r in app.get("/v1/audit", headers=headers).json["records"]][0] == "webhook.add"
     # A change goes out to it: one pending delivery, its event named.
     app.put_json("/v1/players/4242", {"username": "alicia"}, headers=headers)
+    assert app.get(f"/v1/webhooks/{made['id']}/deliveries", headers=headers).json["deliveries"] == []
+    world.store.fan_out_events(int(time.time() * 1000), 100)  # the deliverer's step: listed from then on
     page = app.get(f"/v1/webhooks/{made['id']}/deliveries", headers=headers).json
     assert page["next"] is None and [d["event_type"] for d in page["deliveries"]] == ["player.renamed"]
     delivery = page["deliveries"][0]
     assert (delivery["state"], delivery["attempts"], delivery["done_at"]) == ("pending", [], None)
-    assert delivery["next_at"] == delivery["created_at"]
+    assert delivery["created_at"] <= delivery["next_at"]  # its 24 hours from the event; due from the fan-out on
     problem(app.post(f"/v1/webhooks/{made['id']}/deliveries/{delivery['id']}/retry", headers=headers,
                      expect_errors=True), 409, "conflict")
     store_sql(store_url, "UPDATE deliveries SET state = 'failed', done_at = 1 WHERE id = ?", (delivery["id"],))
@@ -146,6 +149,7 @@ def test_deliveries_pages_and_their_query_rules(admin, world):
     hook = app.post_json("/v1/webhooks", HOOK | {"events": ["player.revoked"]}, headers=headers).json
     for _ in range(3):
         app.post("/v1/players/4242/revoke", headers=headers)
+    world.store.fan_out_events(int(time.time() * 1000), 100)  # the deliverer's step
     path = f"/v1/webhooks/{hook['id']}/deliveries"
     page = app.get(path, {"limit": "2"}, headers=headers).json
     assert len(page["deliveries"]) == 2 and page["next"] == str(page["deliveries"][-1]["id"])
@@ -191,12 +195,13 @@ def test_the_command_follows_the_same_rules_and_shows_the_secret_once(command_as
                                                       "cli:alice webhook.remove"]
 
 
-def test_a_backup_holds_no_webhook_secret_and_its_webhooks_are_removed(command_as_alice, tmp_path):
+def test_a_backup_holds_no_webhook_secret_and_its_webhooks_are_removed(command_as_alice, admin_store, tmp_path):
     run = command_as_alice
     assert run("init")[0] == 0
     code, out, _ = run("webhook", "add", "https://game.example.com/h", "--event", "player.created", "--json")
     secret = json.loads(out)["secret"]
-    assert run("player", "add", "5", "eve")[0] == 0  # a pending delivery
+    assert run("player", "add", "5", "eve")[0] == 0
+    assert admin_store.fan_out_events(int(time.time() * 1000), 100) == (1, False)  # a pending delivery
     copy = tmp_path / "copy.db"
     assert run("backup", str(copy))[0] == 0
     files = b"".join(p.read_bytes() for p in tmp_path.glob("copy.db*"))

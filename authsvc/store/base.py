@@ -247,6 +247,13 @@ class Store(Reader):
         """``with store.bookkeeping(write) as (conn, dialect)``: a short transaction (``write``) or an
         autocommit read, taking no writer lock and writing no audit record; errors mapped as a write's."""
 
+    def fan_out_events(self, now_ms: int, limit: int) -> tuple[int, bool]:
+        """Deliveries of the events after each webhook's mark (store/deliveries.py's fan_out): (written, more)."""
+        from authsvc.store import deliveries
+
+        with self.bookkeeping(True) as (conn, d):
+            return deliveries.fan_out(conn, d, now_ms, limit)
+
     def due_deliveries(self, now_ms: int, limit: int) -> list[Due]:
         from authsvc.store import deliveries
 
@@ -278,11 +285,6 @@ class Store(Reader):
         with self.bookkeeping(True) as (conn, d):
             return deliveries.prune(conn, d, before_ms, limit)
 
-    def pending_deliveries(self) -> int:
-        from authsvc.store import deliveries
-
-        with self.bookkeeping(False) as (conn, d):
-            return deliveries.pending(conn, d)
     # -- webhook subscriptions (reads; the writes are Tx's: store/events.py) ----------------
     @abc.abstractmethod
     def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:

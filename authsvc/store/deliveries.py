@@ -1,10 +1,13 @@
 """The delivery process's statements (authsvc/webhooks/deliver.py), on either engine's connection.
 
-A delivery row is one event for one webhook, written with the event (fan-out at write time,
-store/writes.py). The deliverer reads the due ones and writes each attempt's outcome here. That
+A delivery row is one event for one webhook. The deliverer writes them (``fan_out``: the events
+after each webhook's mark), reads the due ones and writes each attempt's outcome here. That
 bookkeeping is not an audited change: it takes no writer lock (the audit chain's row) and writes
 no record, so it never queues behind, or holds up, the admin side for longer than its own short
-transaction (a page of outcomes).
+transaction (a page of outcomes, a batch of fan-out).
+
+Why here and not in the change's transaction: a change writes only its event, so an admin write
+costs the same with no webhook or ten (docs/design.md, "The store").
 
 Order: deliveries of one (webhook, user_id) go out one at a time in id order; ``due`` returns only
 the first pending delivery of each such chain (a NULL user_id is a chain of one), ``chain_after``
@@ -52,6 +55,38 @@ class Outcome:
     duration_ms: int
     state: str  # PENDING (a retry at next_at), DELIVERED or FAILED
     next_at: int
+
+
+# One delivery (pending, due now) per event in (mark, end] that the webhook subscribed to: its type;
+# a game's event, that game or every game. The 24 hours run from the event (created_at).
+_FAN_OUT = """INSERT INTO deliveries (webhook_id, event_id, user_id, state, attempts, next_at, created_at)
+SELECT w.id, e.id, e.user_id, 'pending', 0, ?, e.at_ms FROM webhooks AS w JOIN events AS e
+ON (e.game_id IS NULL OR w.game_id IS NULL OR w.game_id = e.game_id) AND {subscribed}
+WHERE w.id = ? AND e.id > ? AND e.id <= ? ORDER BY e.id"""
+
+
+def fan_out(conn: Any, d: Dialect, now_ms: int, limit: int) -> tuple[int, bool]:
+    """Each live webhook's deliveries of the events after its mark (``webhooks.fanned_out``), at most
+    ``limit`` events a webhook, the mark moved past them; (deliveries written, whether events remain).
+
+    Every event up to the highest id this reads is committed: events are written only under the
+    writer lock (store/writes.py), so their ids are given in commit order, and a later change's
+    event is never visible before an earlier one's (PostgreSQL's identity: no sequence cache). A
+    webhook's mark is moved only from the value read (a second deliverer finds it moved and leaves
+    that webhook), then its range is fanned out, so no event goes to a webhook twice."""
+    upto = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+    hooks = conn.execute(d.sql("SELECT id, fanned_out FROM webhooks WHERE deleted_at IS NULL AND fanned_out < ? "
+                               "ORDER BY id"), (upto,)).fetchall()
+    written, more = 0, False
+    for webhook_id, mark in hooks:
+        end = min(upto, mark + limit)
+        moved = conn.execute(d.sql("UPDATE webhooks SET fanned_out = ? WHERE id = ? AND fanned_out = ? "
+                                   "AND deleted_at IS NULL"), (end, webhook_id, mark)).rowcount
+        if moved:
+            written += conn.execute(d.sql(_FAN_OUT.format(subscribed=d.SUBSCRIBED)),
+                                    (now_ms, webhook_id, mark, end)).rowcount
+            more = more or end < upto
+    return written, more
 
 
 _DUE = """
@@ -129,13 +164,10 @@ def fail_orphans(conn: Any, d: Dialect, now_ms: int) -> int:
     ), (now_ms,)).rowcount
 
 
-def pending(conn: Any, d: Dialect) -> int:
-    return conn.execute("SELECT count(*) FROM deliveries WHERE state = 'pending'").fetchone()[0]
-
-
 def prune(conn: Any, d: Dialect, before_ms: int, limit: int) -> tuple[int, int]:
     """Delete at most ``limit`` deliveries done (delivered or failed) before ``before_ms``, with their
-    attempts, and at most ``limit`` events from before it that no delivery row needs; (deliveries, events).
+    attempts, and at most ``limit`` events from before it that no delivery row needs and every live
+    webhook has fanned out; (deliveries, events).
 
     The rows are picked first, then each is deleted only if still so: a failed delivery re-driven in
     between (pending again) stays, with its attempts. An event's time never runs backwards along its
@@ -151,9 +183,10 @@ def prune(conn: Any, d: Dialect, before_ms: int, limit: int) -> tuple[int, int]:
                           "AND NOT EXISTS (SELECT 1 FROM deliveries WHERE id = ?)"),
                     [(delivery_id, delivery_id) for delivery_id in done])
     newer = conn.execute(d.sql("SELECT id FROM events WHERE at_ms >= ? ORDER BY id LIMIT 1"), (before_ms,)).fetchone()
+    marked = conn.execute("SELECT min(fanned_out) FROM webhooks WHERE deleted_at IS NULL").fetchone()[0]
     unneeded = [row[0] for row in conn.execute(d.sql(
-        "SELECT e.id FROM events AS e WHERE e.id < ? "
+        "SELECT e.id FROM events AS e WHERE e.id < ? AND e.id <= ? "
         "AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.event_id = e.id) ORDER BY e.id LIMIT ?"
-    ), (newer[0] if newer else 1 << 62, limit)).fetchall()]
+    ), (newer[0] if newer else 1 << 62, 1 << 62 if marked is None else marked, limit)).fetchall()]
     cur.executemany(d.sql("DELETE FROM events WHERE id = ?"), [(event_id,) for event_id in unneeded])
     return deleted, len(unneeded)

@@ -2,9 +2,11 @@
 
 Every change to a player, and every rotation of a game's keys, writes an ``events`` row in the
 transaction of the change (store/writes.py's ``Tx.emit``): an acknowledged change always has its
-event, a rolled-back one never. The same statement fans it out: one ``deliveries`` row (pending)
-per live webhook that subscribed to its type (and, for a game's event, to that game or every game).
-``authsvc deliver`` sends them; ``delivery_attempts`` keeps each try.
+event, a rolled-back one never. ``authsvc deliver`` fans each event out (store/deliveries.py's
+fan_out): one ``deliveries`` row (pending) per live webhook that subscribed to its type (and, for
+a game's event, to that game or every game), past the webhook's mark ``webhooks.fanned_out`` (the
+last event fanned out to it; at its creation, the last event there was). It sends them;
+``delivery_attempts`` keeps each try.
 
 A webhook's ``secret`` is kept in clear (the deliverer signs with it); it is shown once, at
 creation, and is never in an audit record, a log, an answer after that, an export or a backup
@@ -16,7 +18,8 @@ re-drive of a failed delivery); the deliverer gives up 24 h after it.
 
 Retention (store/deliveries.py's ``prune``, run by the deliverer): a delivered or failed delivery
 goes with its attempts once done longer ago than AUTHSVC_WEBHOOK_RETENTION, an event once older
-than that and no delivery row needs it; ``RETENTION_INDEXES`` (a later migration) find both.
+than that, fanned out to every live webhook, and no delivery row needs it; ``RETENTION_INDEXES``
+(a later migration) find both.
 """
 
 from __future__ import annotations
@@ -171,6 +174,13 @@ REVOKE ALL ON webhooks, events, deliveries, delivery_attempts FROM PUBLIC;
 RETENTION_INDEXES = """
 CREATE INDEX deliveries_done ON deliveries (done_at) WHERE state <> 'pending';
 CREATE INDEX deliveries_event ON deliveries (event_id);
+"""
+
+# The fan-out's mark (a later migration): each webhook's deliveries so far were written with their
+# events, so its mark starts at the last event there is.
+FAN_OUT_MARK = """
+ALTER TABLE webhooks ADD COLUMN fanned_out {bigint} NOT NULL DEFAULT 0;
+UPDATE webhooks SET fanned_out = (SELECT coalesce(max(id), 0) FROM events);
 """
 
 WEBHOOK_COLUMNS = "id, url, events, game_id, created_at, deleted_at"  # never the secret

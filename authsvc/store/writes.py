@@ -19,8 +19,9 @@ digest under the player's own key, the clear value beside the record. ``delete_p
 method, so whatever else a deletion must write later joins its transaction.
 
 The events outbox (store/events.py): each method that changes a player or rotates a game's keys
-emits its event (``emit``) in the same transaction, fanned out to the subscribed webhooks there
-too; a change that changes no row emits none, a rolled-back one leaves none.
+emits its event (``emit``) in the same transaction; a change that changes no row emits none, a
+rolled-back one leaves none. The deliverer fans the events out to the subscribed webhooks later
+(store/deliveries.py's fan_out): a write's cost does not grow with the webhooks.
 """
 
 from __future__ import annotations
@@ -40,11 +41,6 @@ from authsvc.store.events import Delivery, Webhook
 
 _PLAYER = "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players WHERE user_id = ?"
 _TOKEN_COLUMNS = "name, scopes, created_at, expires_at, revoked_at"
-# One delivery (pending, due now) per live webhook subscribed to each event after the given id.
-_FAN_OUT = """INSERT INTO deliveries (webhook_id, event_id, user_id, state, attempts, next_at, created_at)
-SELECT w.id, e.id, e.user_id, 'pending', 0, ?, ? FROM events AS e JOIN webhooks AS w
-ON w.deleted_at IS NULL AND (e.game_id IS NULL OR w.game_id IS NULL OR w.game_id = e.game_id) AND {subscribed}
-WHERE e.id > ? ORDER BY e.id, w.id"""
 
 
 def player_data(user_id: int, username: str, epoch: int) -> dict:
@@ -268,22 +264,19 @@ class Tx:
 
     # -- the events outbox (store/events.py) ------------------------------------------------------
     def emit(self, type: str, *, user_id: int | None = None, game_id: int | None = None, data: dict) -> None:
-        """One event of this transaction's change, and its deliveries (store/events.py)."""
+        """One event of this transaction's change (store/events.py)."""
         self.emit_many([(type, user_id, game_id, data)])
 
     def emit_many(self, events: Sequence[tuple[str, int | None, int | None, dict]]) -> None:
-        """Events (type, user_id, game_id, data) in this order, and one pending delivery of each per live
-        webhook subscribed to it (its type; a game's event: that game or every game). The writer lock
-        holds other writers off, so this transaction's events are those after the highest id before."""
+        """Events (type, user_id, game_id, data), in this order: their ids, given under the writer lock,
+        follow the order in which the changes commit (store/deliveries.py's fan_out relies on it)."""
         if not events:
             return
         at_ms = self.at_ms
-        last = self._sql("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
         self._conn.cursor().executemany(
             self.d.sql("INSERT INTO events (type, user_id, game_id, at_ms, data) VALUES (?, ?, ?, ?, ?)"),
             [(t, user_id, game_id, at_ms, json.dumps(data, separators=(",", ":"), ensure_ascii=False))
              for t, user_id, game_id, data in events])
-        self._sql(_FAN_OUT.format(subscribed=self.d.SUBSCRIBED), (at_ms, at_ms, last))
 
     def emit_players(self, changes: Iterable[tuple[int, str]]) -> None:
         """One event per (user id, type), the data read from each player's row as this transaction left it."""
@@ -341,9 +334,11 @@ class Tx:
 
     # -- webhook subscriptions (store/events.py) ---------------------------------------------------
     def add_webhook(self, url: str, events: Sequence[str], game_id: int | None, secret: str) -> Webhook:
-        """A subscription and its record (never the secret): its deliveries start with the next event."""
+        """A subscription and its record (never the secret): its deliveries start with the next event (its
+        fan-out mark is the last event there is; the writer lock holds off any other)."""
         self.locked()
-        self._sql("INSERT INTO webhooks (url, events, game_id, secret, created_at) VALUES (?, ?, ?, ?, ?)",
+        self._sql("INSERT INTO webhooks (url, events, game_id, secret, created_at, fanned_out) "
+                  "VALUES (?, ?, ?, ?, ?, (SELECT coalesce(max(id), 0) FROM events))",
                   (url, json.dumps(sorted(events)), game_id, secret, self.at_ms))
         webhook_id = self._sql("SELECT max(id) FROM webhooks").fetchone()[0]  # the writer lock: ours
         hook = ev.select_webhooks(self._conn, self.d, webhook_id)[0]

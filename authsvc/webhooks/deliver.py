@@ -7,9 +7,11 @@ store/deliveries.py); retried with backoff (BACKOFF, each with up to 10 % jitter
 the event, then ``failed``, where it stays, visible, until re-driven.
 
 The loop: every POLL seconds (or as soon as a POST ends, but GAP apart), write the outcomes gathered
-so far in one short transaction, then read a page of due deliveries (at most PAGE: memory stays
-bounded whatever the backlog) and hand each chain's first one to a thread pool of ``deliver_concurrency`` threads;
-a thread that delivered one goes on with the chain's next ones. One webhook takes at most three
+so far in one short transaction; fan the new events out to the webhooks subscribed to them (at
+most FAN_OUT events a webhook, one short transaction: store/deliveries.py's fan_out); then read
+a page of due deliveries (at most PAGE: memory stays bounded whatever the backlog) and hand each
+chain's first one to a thread pool of ``deliver_concurrency`` threads; a thread that delivered
+one goes on with the chain's next ones. One webhook takes at most three
 quarters of the threads, so a slow receiver leaves the others some. Run one deliverer per store.
 SIGTERM: no new POST starts, those under way end (within the timeout), their outcomes are written.
 
@@ -38,10 +40,11 @@ from authsvc.webhooks import sign
 from authsvc.webhooks.connect import Client
 
 BACKOFF = (5, 30, 120, 600, 1800, 3600)  # seconds after attempt 1, 2, ...; then hourly
-EXPIRY_MS = 24 * 3600 * 1000  # after the event's fan-out, a delivery not yet taken is failed
+EXPIRY_MS = 24 * 3600 * 1000  # after the event (or a re-drive), a delivery not yet taken is failed
 POLL = 0.1  # seconds between two reads of the due deliveries when idle
 GAP = 0.01  # seconds at least between two steps when busy: outcomes written a batch at a time
 PAGE = 500  # due deliveries read at once
+FAN_OUT = 2000  # events fanned out to each webhook by one step (one short transaction)
 CHAIN = 50  # a thread's deliveries of one chain before it hands the chain back
 SWEEP = 5.0  # seconds between two sweeps of deleted webhooks' deliveries
 PRUNE_EVERY = 60.0  # seconds between two retention steps (sooner while a step finds a full batch)
@@ -141,6 +144,8 @@ class Deliverer:
         """Write the finished outcomes, then start the due chains; how many started."""
         try:
             self._write()
+            if self.store.fan_out_events(self.clock(), FAN_OUT)[1]:
+                self._wake.set()  # more events than one step fans out: the next step comes at once
             if time.monotonic() - self._swept >= SWEEP:
                 self._swept = time.monotonic()
                 if dropped := self.store.fail_orphan_deliveries(self.clock()):

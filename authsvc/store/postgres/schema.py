@@ -101,6 +101,10 @@ MIGRATIONS: list[str] = [
     # deliveries against writes (the admin side's changes that fan out wait, about a second per
     # million deliveries); no table an authentication reads is locked.
     f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.RETENTION_INDEXES,
+    # 9: each webhook's fan-out mark: the deliverer, not the change's transaction, writes the deliveries
+    # (store/deliveries.py's fan_out). A column with a constant default: no row of another table is
+    # rewritten, none an authentication reads is locked.
+    f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.FAN_OUT_MARK.format(bigint="bigint"),
 ]
 
 # `authsvc heartbeat`'s own role (deploy/postgres/roles.sql), if the DBA made it: the heartbeat row
