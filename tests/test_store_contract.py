@@ -68,6 +68,38 @@ def test_migrate_from_scratch_then_rerun_is_a_no_op(empty_url, settings):
         store.close()
 
 
+def test_a_store_migrated_to_the_fan_out_mark_sends_no_event_twice(empty_url, settings, monkeypatch):
+    """A store of the release that wrote deliveries with their events (SQLite 7, PostgreSQL 8): after the
+    migration that gives each webhook its fan-out mark, the events it already has deliveries of are not
+    fanned out again; the next event is."""
+    import importlib
+
+    from tests.support import store_sql
+
+    engine = importlib.import_module("authsvc.store.sqlite.store" if empty_url.startswith("sqlite://")
+                                     else "authsvc.store.postgres.store")
+    current = engine.MIGRATIONS
+    before = len(current) - 1
+    monkeypatch.setattr(engine, "MIGRATIONS", current[:before])
+    store = open_store(empty_url, readonly=False, settings=settings)
+    try:
+        assert store.migrate() == (0, before)
+        store_sql(empty_url, "INSERT INTO webhooks (url, events, secret, created_at) "
+                             "VALUES ('https://a.example.com/h', '[\"player.revoked\"]', 's', 1)")
+        for _ in range(2):
+            store_sql(empty_url, "INSERT INTO events (type, user_id, at_ms, data) VALUES ('player.revoked', 5, 2, '{}')")
+        store_sql(empty_url, "INSERT INTO deliveries (webhook_id, event_id, user_id, state, next_at, created_at) "
+                             "SELECT 1, id, 5, 'pending', 2, 2 FROM events")
+        monkeypatch.setattr(engine, "MIGRATIONS", current)
+        assert store.migrate() == (before, len(current))
+        assert store.fan_out_events(3, 100) == (0, False)
+        store_sql(empty_url, "INSERT INTO events (type, user_id, at_ms, data) VALUES ('player.revoked', 5, 4, '{}')")
+        assert store.fan_out_events(5, 100) == (1, False)
+        assert store_sql(empty_url, "SELECT event_id FROM deliveries ORDER BY id") == [(1,), (2,), (3,)]
+    finally:
+        store.close()
+
+
 def test_check_refuses_an_unmigrated_store_and_accepts_a_migrated_one(empty_url, settings):
     admin = open_store(empty_url, readonly=False, settings=settings)
     try:
