@@ -260,8 +260,8 @@ def test_smoke_run_of_the_events_section():
 
 
 def test_smoke_run_of_the_events_cost_section():
-    """The sync with and without a webhook, wrk alone and beside a deliverer whose backlog outlasts the run:
-    every ratio is there and positive."""
+    """The sync with and without a webhook, then the fan-out, wrk alone and beside a deliverer whose backlog
+    outlasts the run: every ratio and rate is there and positive."""
     if shutil.which("wrk") is None:
         skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
     done = subprocess.run(
@@ -274,10 +274,12 @@ def test_smoke_run_of_the_events_cost_section():
     table = done.stdout.split("## 15. Events on", 1)[1]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()
             if line.startswith("| ") and not line.startswith("| measure")}
-    assert list(rows) == ["admin sync, sqlite: players/s", "authentication req/s", "authentication p99 ms",
+    assert list(rows) == ["admin sync, sqlite: players/s", "then the deliverer's fan-out, sqlite: deliveries/s",
+                          "authentication req/s", "authentication p99 ms",
                           "deliveries/s during the runs; backlog left at the end"], table
     for name in ("admin sync, sqlite: players/s", "authentication req/s"):
         assert float(rows[name][2].strip("*")) > 0, table
+    assert float(rows["then the deliverer's fan-out, sqlite: deliveries/s"][1].replace(",", "")) > 0, table
     assert "ran out" not in table, table
 
 

@@ -107,9 +107,14 @@ class Run:
         ops.add_webhook(self.store, ops.command_context(), f"http://127.0.0.1:{self.port}/hook", EVENTS, None,
                         self.env["AUTHSVC_WEBHOOK_ALLOW_HOSTS"])
 
-    def start_receiver(self) -> None:
+    def start_receiver(self, group_nice: int | None = None) -> None:
+        """``group_nice``: in a session of its own at that nice (a stand-in for a server elsewhere, given
+        only what the machine's own work leaves)."""
         code = f"from benchmarks.bench.sections.events import receive; receive({self.port}, {str(self.arrivals)!r})"
-        self.receiver = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3])
+        self.receiver = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3],
+                                         start_new_session=group_nice is not None)
+        if group_nice is not None:
+            Path(f"/proc/{self.receiver.pid}/autogroup").write_text(f"{group_nice}\n")
         deadline = time.monotonic() + 10
         import socket
 

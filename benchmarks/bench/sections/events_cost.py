@@ -2,13 +2,16 @@
 
 1. The admin sync (admin-sync's POST /v1/players/batch, 1,000 players a call, ``--sync-clients``
    clients) of ``--events-cost-players`` players into an empty store with no webhook, against one
-   with a webhook subscribed to every player event (each player's event fanned out to a pending
-   delivery in the batch's transaction; no deliverer runs), on each engine of ``--sync-engines``;
-   ``--rounds`` rounds, the order alternating; players per second.
+   with a webhook subscribed to every player event, on each engine of ``--sync-engines``;
+   ``--rounds`` rounds, the order alternating; players per second. Each sync writes an event per
+   player either way; the deliveries are the deliverer's to write, so after each sync with the
+   webhook its fan-out is run here, in process, at the deliverer's step size: deliveries per second.
 2. The game-facing service (wrk, as section core, on a copy of the world's SQLite store) alone,
-   against while ``authsvc deliver`` (at its unit's Nice= and CPUWeight=) drains ``--events-cost-backlog`` pending
-   deliveries from the same store to a receiver process on loopback; ``--rounds`` rounds, the order
-   alternating; req/s. The backlog is written before each such run, and must outlast it.
+   against while ``authsvc deliver`` (at its unit's Nice= and CPUWeight=) drains ``--events-cost-backlog`` events
+   from the same store to a receiver process on loopback; ``--rounds`` rounds, the order
+   alternating; req/s. The receiver stands for a game's server, which runs elsewhere: it gets only
+   what the machine's own work leaves (a session of its own at nice 19). The backlog is written
+   before each such run, and must outlast it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from benchmarks.bench.world import APPS, REPO, World
 from harness.processes import free_port
 
 DELIVER_UNIT = REPO / "deploy" / "systemd" / "authsvc-deliver.service"
+RECEIVER_NICE = 19  # the receiver's session: what the machine's own work leaves
 
 
 def _load() -> str:
@@ -38,8 +42,9 @@ def _load() -> str:
 
 
 def _sync_once(engine: str, webhook: bool, world: World, args: argparse.Namespace, logs: Path,
-               payloads: list[bytes]) -> float:
-    """Players per second of one sync into a new store of ``engine`` (``webhook``: with one subscribed to all)."""
+               payloads: list[bytes]) -> tuple[float, float | None]:
+    """Players per second of one sync into a new store of ``engine`` (``webhook``: with one subscribed to all),
+    and then (with the webhook) the fan-out's deliveries per second."""
     from authsvc.admin import operations as ops
     from authsvc.settings import Settings
 
@@ -56,19 +61,42 @@ def _sync_once(engine: str, webhook: bool, world: World, args: argparse.Namespac
             seconds, _ = admin_sync.sync(port, token, payloads, args.sync_clients, keyed=False)
         if (stored := admin_sync._count(url, world)) != args.events_cost_players:
             raise SystemExit(f"bench: events-cost stored {stored:,} players on {engine}")
-        if webhook and _pending(url) != args.events_cost_players:
-            raise SystemExit(f"bench: events-cost: {_pending(url):,} deliveries pending, not one per player")
-    return args.events_cost_players / seconds
+        if (found := _counts(url)) != (args.events_cost_players, 0):
+            raise SystemExit(f"bench: events-cost: {found} (events, deliveries), not one event per player and none")
+        fan_out = _fan_out(url, world) if webhook else None
+    return args.events_cost_players / seconds, fan_out
 
 
-def _pending(url: str) -> int:
+def _fan_out(url: str, world: World) -> float:
+    """The deliverer's fan-out of the store's events, its step size at a time, in process: deliveries/s."""
+    from authsvc.settings import Settings
+    from authsvc.store import open_store
+    from authsvc.webhooks.deliver import FAN_OUT
+
+    store = open_store(url, readonly=False, settings=Settings.from_env({**world.env, "AUTHSVC_STORE": url}))
+    try:
+        written, more, t0 = 0, True, time.perf_counter()
+        while more:
+            step, more = store.fan_out_events(int(time.time() * 1000), FAN_OUT)
+            written += step
+        seconds = time.perf_counter() - t0
+    finally:
+        store.close()
+    if _counts(url)[1] != written or not written:
+        raise SystemExit(f"bench: events-cost: the fan-out wrote {written:,} deliveries, {_counts(url)[1]:,} are stored")
+    return written / seconds
+
+
+def _counts(url: str) -> tuple[int, int]:
+    """(events, deliveries) in the store."""
+    sql = "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM deliveries)"
     if url.startswith("sqlite://"):
         with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite://"))) as conn:
-            return conn.execute("SELECT count(*) FROM deliveries WHERE state = 'pending'").fetchone()[0]
+            return tuple(conn.execute(sql).fetchone())
     import psycopg
 
     with psycopg.connect(url) as conn:
-        return conn.execute("SELECT count(*) FROM deliveries WHERE state = 'pending'").fetchone()[0]
+        return tuple(conn.execute(sql).fetchone())
 
 
 def _nice() -> tuple[str, ...]:
@@ -81,7 +109,7 @@ def _auth_runs(world: World, args: argparse.Namespace, logs: Path, script: Path)
     runs: dict[str, list] = {"alone": [], "deliver": [], "rates": [], "left": []}
     r = Run(world, logs, "cost", copy_of=world.store_url)
     try:
-        r.start_receiver()
+        r.start_receiver(group_nice=RECEIVER_NICE if group_nice(DELIVER_UNIT) is not None else None)
         port = free_port()
         with gunicorn(world, APPS["authsvc"], logs / "events-cost-web.log", bind=f"127.0.0.1:{port}",
                       args=core_gunicorn_args(args.workers), env={"AUTHSVC_STORE": r.url}) as web:
@@ -127,30 +155,39 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     engines = [e.strip() for e in args.sync_engines.split(",") if e.strip()]
     payloads = admin_sync.bodies(args.events_cost_players)
     syncs: dict[str, dict[bool, list[float]]] = {e: {False: [], True: []} for e in engines}
+    fan_outs: dict[str, list[float]] = {e: [] for e in engines}
     for n in range(args.rounds):
         for engine in engines:
             for webhook in ((False, True) if n % 2 == 0 else (True, False)):
-                syncs[engine][webhook].append(_sync_once(engine, webhook, world, args, logs, payloads))
-                print(f"  round {n + 1}, {engine}, {'a webhook' if webhook else 'no webhook'}: "
-                      f"{syncs[engine][webhook][-1]:,.0f} players/s", file=sys.stderr)
+                rate, fan_out = _sync_once(engine, webhook, world, args, logs, payloads)
+                syncs[engine][webhook].append(rate)
+                if fan_out is not None:
+                    fan_outs[engine].append(fan_out)
+                print(f"  round {n + 1}, {engine}, {'a webhook' if webhook else 'no webhook'}: {rate:,.0f} players/s"
+                      + ("" if fan_out is None else f", then {fan_out:,.0f} deliveries/s fanned out"), file=sys.stderr)
     auth = _auth_runs(world, args, logs, script)
     print(f"\n## 15. Events on: the admin sync and the game-facing path (load average {load_before} before, "
           f"{_load()} after)\n")
     print(f"{args.rounds} rounds, the order alternating; medians. Sync: {args.events_cost_players:,} players, "
           f"POST /v1/players/batch (1,000 a call, {args.sync_clients} clients, admin service: 2 sync workers) into "
-          f"an empty store, with no webhook, then with one subscribed to every player event (a pending delivery "
-          f"per player, no deliverer). Authentication: wrk -t{args.threads} -c{args.connections} -d{args.duration}s "
+          f"an empty store, with no webhook, then with one subscribed to every player event (an event per player "
+          f"either way; the deliveries are the deliverer's: its fan-out timed after the sync, in process). "
+          f"Authentication: wrk -t{args.threads} -c{args.connections} -d{args.duration}s "
           f"on the game-facing service ({args.workers} sync workers, {world.players:,} players, SQLite) alone, then "
           f"while `authsvc deliver` ({' '.join(_nice()) or 'nice 0'}"
           f"{'' if group_nice(DELIVER_UNIT) is None else f', its session at nice {group_nice(DELIVER_UNIT)} for CPUWeight='}"
           f", as its unit) drains a backlog of {args.events_cost_backlog:,} deliveries from the same store to a "
-          f"receiver process on loopback (at normal priority: a game's server stands on other machines).\n")
+          f"receiver process on loopback (a game's server runs elsewhere: its session at nice {RECEIVER_NICE}, "
+          f"given what the machine's own work leaves).\n")
     print("| measure | events off | events on | on / off | rounds (on / off) |\n|---|---|---|---|---|")
     for engine in engines:
         off, on = syncs[engine][False], syncs[engine][True]
         print(f"| admin sync, {engine}: players/s | {statistics.median(off):,.0f} | {statistics.median(on):,.0f} | "
               f"**{statistics.median(on) / statistics.median(off):.3f}** | "
               f"{' / '.join(f'{a / b:.2f}' for a, b in zip(on, off, strict=True))} |")
+    for engine in engines:
+        print(f"| then the deliverer's fan-out, {engine}: deliveries/s | | {statistics.median(fan_outs[engine]):,.0f} | | "
+              f"{' / '.join(f'{r:,.0f}' for r in fan_outs[engine])} |")
     alone, beside = auth["alone"], auth["deliver"]
     ratio = statistics.median(r.rps for r in beside) / statistics.median(r.rps for r in alone)
     print(f"| authentication req/s | {statistics.median(r.rps for r in alone):,.0f} | "
