@@ -195,6 +195,41 @@ def test_the_command_follows_the_same_rules_and_shows_the_secret_once(command_as
                                                       "cli:alice webhook.remove"]
 
 
+def test_the_command_lists_deliveries_and_sends_a_failed_one_again(command_as_alice, admin_store, store_url):
+    run = command_as_alice
+    assert run("init")[0] == 0
+    hook = json.loads(run("webhook", "add", "https://game.example.com/h", "--event", "player.created", "--json")[1])
+    for user_id in (5, 6, 7):
+        assert run("player", "add", str(user_id), f"p{user_id}")[0] == 0
+    admin_store.fan_out_events(int(time.time() * 1000), 100)  # the deliverer's step
+    first = store_sql(store_url, "SELECT min(id) FROM deliveries")[0][0]
+    store_sql(store_url, "UPDATE deliveries SET state = 'failed', attempts = 1, done_at = 5, last_error = "
+                         "'HTTP 503 from game.example.com:443' WHERE id = ?", (first,))
+    code, out, _ = run("webhook", "deliveries", str(hook["id"]), "--limit", "2")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 4 and lines[-1] == f"more: --after {first + 1}", out
+    assert lines[1].split()[:4] == [str(first), "player.created", "failed", "1"], out
+    assert lines[1].endswith("HTTP 503 from game.example.com:443") and lines[2].split()[2] == "pending", out
+    code, out, _ = run("webhook", "deliveries", str(hook["id"]), "--after", str(first + 1), "--json")
+    page = json.loads(out)
+    assert code == 0 and [d["id"] for d in page["deliveries"]] == [first + 2] and page["next"] is None
+    assert set(page["deliveries"][0]) == {"id", "event_id", "event_type", "state", "created_at", "next_at", "done_at",
+                                          "last_status", "last_error", "attempts"}
+    code, out, _ = run("webhook", "deliveries", str(hook["id"]), "--state", "failed", "--json")
+    assert [d["id"] for d in json.loads(out)["deliveries"]] == [first]
+    code, _, err = run("webhook", "deliveries", str(hook["id"]), "--limit", "501")
+    assert code == 2 and "must be a whole number from 1 to 500" in err
+    code, out, _ = run("webhook", "retry", str(hook["id"]), str(first))
+    assert code == 0 and out.strip() == f"delivery {first} of webhook {hook['id']} is pending again, due now"
+    assert store_sql(store_url, "SELECT state FROM deliveries WHERE id = ?", (first,)) == [("pending",)]
+    code, _, err = run("webhook", "retry", str(hook["id"]), str(first))
+    assert code == 1 and err.startswith(f"authsvc: error: delivery {first} is pending: only a failed one"), err
+    code, _, err = run("webhook", "retry", str(hook["id"]), "999")
+    assert code == 1 and err.startswith(f"authsvc: error: no delivery 999 of webhook {hook['id']}"), err
+    actions = [r[0] for r in store_sql(store_url, "SELECT actor || ' ' || action FROM audit ORDER BY id")]
+    assert actions[-1] == "cli:alice webhook.retry"
+
+
 def test_a_backup_holds_no_webhook_secret_and_its_webhooks_are_removed(command_as_alice, admin_store, tmp_path):
     run = command_as_alice
     assert run("init")[0] == 0

@@ -1,22 +1,21 @@
-"""``authsvc webhook add | list | remove``: webhook subscriptions (docs/admin.md, "Webhooks").
+"""``authsvc webhook add | list | remove | deliveries | retry``: webhook subscriptions and their
+deliveries (docs/admin.md, "Webhooks").
 
-The same operations, rules and audit records as the admin API's ``/v1/webhooks``; ``add`` prints
-the signing secret once.
+The same operations, rules and audit records as the admin API's ``/v1/webhooks``, and with
+``--json`` the same shapes; ``add`` prints the signing secret once.
 """
 
 from __future__ import annotations
 
+import argparse
+
 from authsvc.admin import operations as ops
+from authsvc.admin.routes import delivery_json, webhook_json
 from authsvc.errors import Invalid
-from authsvc.store.events import EVENT_TYPES
+from authsvc.store.events import DELIVERY_STATES, EVENT_TYPES
 
 # The admin API's body fields as this command's arguments, for its error lines.
 _ARGUMENTS = {"/url": "URL", "/events": "--event", "/game_id": "--game"}
-
-
-def _json(hook) -> dict:
-    return {"id": hook.id, "url": hook.url, "events": list(hook.events), "game_id": hook.game_id,
-            "created_at": ops.at_ms(hook.created_at)}
 
 
 def cmd_add(args, settings):
@@ -33,7 +32,7 @@ def cmd_add(args, settings):
             f"{'' if hook.game_id is None else f', game {hook.game_id}'}\n"
             f"secret: {secret}\n"
             "The secret is shown only this once: give it to the receiver to verify signatures with.")
-    return 0, _json(hook) | {"secret": secret}, text
+    return 0, webhook_json(hook) | {"secret": secret}, text
 
 
 def cmd_list(args, settings):
@@ -42,13 +41,42 @@ def cmd_list(args, settings):
     lines = [f"{'ID':>6}  {'GAME':>6}  {'URL':40}  EVENTS"]
     for h in hooks:
         lines.append(f"{h.id:>6}  {'-' if h.game_id is None else h.game_id:>6}  {h.url:40}  {' '.join(h.events)}")
-    return 0, {"webhooks": [_json(h) for h in hooks]}, "\n".join(lines)
+    return 0, {"webhooks": [webhook_json(h) for h in hooks]}, "\n".join(lines)
 
 
 def cmd_remove(args, settings):
     with ops.admin_store(settings) as store:
         hook = ops.remove_webhook(store, ops.command_context(), args.id)
     return 0, {"id": hook.id, "deleted": True}, f"webhook {hook.id} removed; its pending deliveries will not be sent"
+
+
+def _delivery_line(d) -> str:
+    last = d.last_error or ("" if d.last_status is None else f"HTTP {d.last_status}")
+    when = ops.at_ms(d.next_at if d.state == "pending" else d.done_at) or ""
+    return f"{d.id:>8}  {d.event_type:18}  {d.state:9}  {d.attempts:>5}  {when:24}  {last}"
+
+
+def cmd_deliveries(args, settings):
+    with ops.admin_store(settings) as store:
+        found = ops.webhook_deliveries(store, args.id, args.state, args.limit, args.after)
+    next_cursor = str(found[-1].id) if len(found) == args.limit else None
+    lines = [f"{'ID':>8}  {'EVENT':18}  {'STATE':9}  {'TRIES':>5}  {'NEXT (PENDING) OR DONE':24}  LAST ERROR"]
+    lines += [_delivery_line(d) for d in found]
+    if next_cursor is not None:
+        lines.append(f"more: --after {next_cursor}")
+    return 0, {"deliveries": [delivery_json(d) for d in found], "next": next_cursor}, "\n".join(lines)
+
+
+def cmd_retry(args, settings):
+    with ops.admin_store(settings) as store:
+        d = ops.retry_delivery(store, ops.command_context(), args.id, args.delivery_id)
+    return 0, delivery_json(d), f"delivery {d.id} of webhook {args.id} is pending again, due now"
+
+
+def _page_size(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= ops.MAX_DELIVERY_PAGE):
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {ops.MAX_DELIVERY_PAGE}")
+    return int(text)
 
 
 def add_parsers(top, common, parser_class) -> None:
@@ -68,3 +96,11 @@ def add_parsers(top, common, parser_class) -> None:
     p.add_argument("--game", type=int, metavar="ID", help="only this game's game.key_rotated (default: every game's)")
     leaf("list", cmd_list, "list the webhooks (never their secrets)")
     leaf("remove", cmd_remove, "end a webhook: its pending deliveries are not sent").add_argument("id", type=int)
+    p = leaf("deliveries", cmd_deliveries, "a webhook's deliveries, oldest first, with their state and last error")
+    p.add_argument("id", type=int)
+    p.add_argument("--state", choices=DELIVERY_STATES, help="only those in this state")
+    p.add_argument("--limit", type=_page_size, default=100, metavar="N", help="at most N (default 100)")
+    p.add_argument("--after", type=int, default=0, metavar="ID", help="those after this delivery id (the next page)")
+    p = leaf("retry", cmd_retry, "send a failed delivery again (another 24 hours of attempts)")
+    p.add_argument("id", type=int)
+    p.add_argument("delivery_id", type=int, metavar="DELIVERY_ID")
