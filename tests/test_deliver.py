@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import re
+import socket
+import subprocess
 import time
 
 import pytest
@@ -157,6 +159,61 @@ def test_a_deleted_webhook_s_pending_deliveries_are_failed_not_sent(admin_store,
     assert receiver.requests == []
     assert [row[2] for row in deliveries(store_url)] == ["failed"]
     assert store_sql(store_url, "SELECT last_error FROM deliveries") == [("the webhook was deleted",)]
+
+
+def test_one_deliverer_works_on_a_store_and_another_takes_over_when_it_stops(admin_store, store_url, receiver,
+                                                                              deliverer, clock):
+    """A second one waits (saying once who holds the store) and sends nothing; it takes over when the
+    first lets the lease go, or once the lease has run out, or at once if its holder was a process of
+    this host that is gone."""
+    add_webhook(store_url, receiver.url(), EVENTS, SECRET)
+    made: list[Deliverer] = []
+
+    def another() -> Deliverer:
+        lines: list[str] = []
+        d = Deliverer(admin_store, Client({f"127.0.0.1:{receiver.port}"}, timeout=5), concurrency=4, clock=clock,
+                      log=lines.append)
+        d.lines = lines
+        made.append(d)
+        return d
+
+    def names() -> list[str]:
+        return [b["data"]["username"] for b in receiver.bodies()]
+
+    try:
+        admin_store.add_player(7, "bob")
+        rounds(deliverer)
+        standby = another()
+        admin_store.rename_player(7, "bobby")
+        rounds(standby, 2)
+        assert names() == ["bob"]  # the standby sent nothing
+        assert standby.lines == [f"another deliverer ({deliverer.holder}) works on this store; waiting to take over"]
+        deliverer.stopping.set()
+        deliverer.finish()  # lets the lease go
+        rounds(standby)
+        assert names() == ["bob", "bobby"] and standby.lines[-1] == f"took over the store from {deliverer.holder}"
+
+        third = another()
+        admin_store.rename_player(7, "robert")
+        clock.ahead = 20_000  # the standby's lease, taken at 0, holds until 30 s
+        rounds(third)
+        assert names() == ["bob", "bobby"]
+        clock.ahead = 36_000  # the standby has not renewed it: run out
+        rounds(third)
+        assert names() == ["bob", "bobby", "robert"]
+
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        store_sql(store_url, "UPDATE deliverer_lease SET holder = ?, until_ms = ?",
+                  (f"{socket.gethostname()}:{gone.pid}:abcdef", clock() + 3_600_000))
+        admin_store.rename_player(7, "rob")
+        rounds(another())
+        assert names()[-1] == "rob"  # at once: its holder is gone
+    finally:
+        for d in made:
+            d.stopping.set()
+            d.finish()
+            d.client.close()
 
 
 def test_retention_deletes_old_finished_deliveries_and_unneeded_events_and_keeps_the_rest(

@@ -247,6 +247,19 @@ class Store(Reader):
         """``with store.bookkeeping(write) as (conn, dialect)``: a short transaction (``write``) or an
         autocommit read, taking no writer lock and writing no audit record; errors mapped as a write's."""
 
+    def take_deliverer_lease(self, holder: str, now_ms: int, until_ms: int, dead: str | None = None) -> str | None:
+        """The deliverer's lease (store/deliveries.py's take_lease): None if ``holder`` holds it now, else who does."""
+        from authsvc.store import deliveries
+
+        with self.bookkeeping(True) as (conn, d):
+            return deliveries.take_lease(conn, d, holder, now_ms, until_ms, dead)
+
+    def release_deliverer_lease(self, holder: str) -> None:
+        from authsvc.store import deliveries
+
+        with self.bookkeeping(True) as (conn, d):
+            deliveries.release_lease(conn, d, holder)
+
     def fan_out_events(self, now_ms: int, limit: int) -> tuple[int, bool]:
         """Deliveries of the events after each webhook's mark (store/deliveries.py's fan_out): (written, more)."""
         from authsvc.store import deliveries

@@ -6,6 +6,9 @@ bookkeeping is not an audited change: it takes no writer lock (the audit chain's
 no record, so it never queues behind, or holds up, the admin side for longer than its own short
 transaction (a page of outcomes, a batch of fan-out).
 
+One deliverer works on a store at a time: it holds the lease (``take_lease``), renewing it as it
+goes; another waits and takes over once the lease runs out or is let go.
+
 Why here and not in the change's transaction: a change writes only its event, so an admin write
 costs the same with no webhook or ten (docs/design.md, "The store").
 
@@ -55,6 +58,24 @@ class Outcome:
     duration_ms: int
     state: str  # PENDING (a retry at next_at), DELIVERED or FAILED
     next_at: int
+
+
+def take_lease(conn: Any, d: Dialect, holder: str, now_ms: int, until_ms: int, dead: str | None = None) -> str | None:
+    """Hold the store's deliverer lease until ``until_ms`` if no one holds it, its holder's time ran out,
+    it is ``holder``'s own, or ``dead``'s (a holder known to have stopped); None if so, else who holds it.
+    One statement: of two deliverers taking it at once, one waits for the other's and then finds it held."""
+    conn.execute(d.sql(
+        "INSERT INTO deliverer_lease (id, holder, until_ms) VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE "
+        "SET holder = excluded.holder, until_ms = excluded.until_ms WHERE deliverer_lease.holder = excluded.holder "
+        "OR deliverer_lease.until_ms < ? OR deliverer_lease.holder = ?"
+    ), (holder, until_ms, now_ms, dead or ""))
+    found = conn.execute("SELECT holder FROM deliverer_lease").fetchone()[0]
+    return None if found == holder else found
+
+
+def release_lease(conn: Any, d: Dialect, holder: str) -> None:
+    """Let the lease go, if ``holder``'s: another deliverer may take it at once."""
+    conn.execute(d.sql("DELETE FROM deliverer_lease WHERE holder = ?"), (holder,))
 
 
 # One delivery (pending, due now) per event in (mark, end] that the webhook subscribed to: its type;

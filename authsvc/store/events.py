@@ -176,11 +176,17 @@ CREATE INDEX deliveries_done ON deliveries (done_at) WHERE state <> 'pending';
 CREATE INDEX deliveries_event ON deliveries (event_id);
 """
 
-# The fan-out's mark (a later migration): each webhook's deliveries so far were written with their
-# events, so its mark starts at the last event there is.
-FAN_OUT_MARK = """
+# The deliverer's own state (a later migration). Each webhook's fan-out mark: its deliveries so far
+# were written with their events, so its mark starts at the last event there is. The lease: the one
+# deliverer that works on the store, until when (store/deliveries.py's take_lease).
+DELIVERER_STATE = """
 ALTER TABLE webhooks ADD COLUMN fanned_out {bigint} NOT NULL DEFAULT 0;
 UPDATE webhooks SET fanned_out = (SELECT coalesce(max(id), 0) FROM events);
+CREATE TABLE deliverer_lease (
+    id       integer PRIMARY KEY CHECK (id = 1),
+    holder   text NOT NULL,
+    until_ms {bigint} NOT NULL
+);
 """
 
 WEBHOOK_COLUMNS = "id, url, events, game_id, created_at, deleted_at"  # never the secret

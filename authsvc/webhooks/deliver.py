@@ -12,8 +12,14 @@ most FAN_OUT events a webhook, one short transaction: store/deliveries.py's fan_
 a page of due deliveries (at most PAGE: memory stays bounded whatever the backlog) and hand each
 chain's first one to a thread pool of ``deliver_concurrency`` threads; a thread that delivered
 one goes on with the chain's next ones. One webhook takes at most three
-quarters of the threads, so a slow receiver leaves the others some. Run one deliverer per store.
-SIGTERM: no new POST starts, those under way end (within the timeout), their outcomes are written.
+quarters of the threads, so a slow receiver leaves the others some.
+
+One deliverer per store: each step starts by holding the store's lease (store/deliveries.py's
+take_lease, renewed every LEASE_RENEW, good for LEASE); a second one waits, saying once who holds
+it, and takes over once the lease runs out, at once if the holder let it go (SIGTERM) or was a
+process of this host that is gone (a crash, then a restart). So a standby deliverer on another
+host is safe to run. SIGTERM: no new POST starts, those under way end (within the timeout),
+their outcomes are written, the lease is let go.
 
 Retention: once a minute (at once again while there is a backlog), one short transaction deletes
 up to PRUNE_BATCH deliveries delivered or failed longer than ``retention_ms`` ago, their attempts,
@@ -23,8 +29,11 @@ and as many events that old that no delivery needs (store/deliveries.py's prune)
 from __future__ import annotations
 
 import json
+import os
 import random
+import secrets
 import signal
+import socket
 import sys
 import threading
 import time
@@ -51,6 +60,8 @@ PRUNE_EVERY = 60.0  # seconds between two retention steps (sooner while a step f
 PRUNE_BATCH = 1000  # deliveries, and events, deleted by one retention step (one short transaction)
 RETENTION_MS = 7 * 24 * 3600 * 1000  # AUTHSVC_WEBHOOK_RETENTION's default
 SUMMARY = 10.0  # seconds between two summary lines
+LEASE_MS = 30_000  # a deliverer that stops renewing its lease loses it this long after its last renewal
+LEASE_RENEW_MS = 5_000  # how often the holder renews it
 
 
 def say(text: str) -> None:
@@ -102,6 +113,21 @@ def _wall_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _gone(holder: str) -> bool:
+    """Whether ``holder`` (host:pid:nonce) was a process of this host that no longer runs."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # a process of another user: alive
+        return False
+    return False
+
+
 class Deliverer:
     """The loop (module docstring); ``clock`` gives unix milliseconds (tests move it)."""
 
@@ -128,6 +154,10 @@ class Deliverer:
         self._last_error = ""
         self._summary_at = time.monotonic()
         self._store_trouble = ""
+        # host:pid:nonce: the pid tells a process of this host that is gone (the nonce, two in one process)
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._renew_at = 0  # clock ms of the next renewal of the lease; 0: not held
+        self._waiting_for = ""  # who held the lease when this one last found it held
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -144,6 +174,8 @@ class Deliverer:
         """Write the finished outcomes, then start the due chains; how many started."""
         try:
             self._write()
+            if not self.lease():
+                return 0
             if self.store.fan_out_events(self.clock(), FAN_OUT)[1]:
                 self._wake.set()  # more events than one step fans out: the next step comes at once
             if time.monotonic() - self._swept >= SWEEP:
@@ -166,6 +198,26 @@ class Deliverer:
         self._summary()
         return started
 
+    def lease(self) -> bool:
+        """Whether this deliverer holds the store's lease (taking or renewing it when due)."""
+        now = self.clock()
+        if self._renew_at and now < self._renew_at:
+            return True
+        other = self.store.take_deliverer_lease(self.holder, now, now + LEASE_MS)
+        if other is not None and _gone(other):
+            other = self.store.take_deliverer_lease(self.holder, now, now + LEASE_MS, dead=other)
+        if other is None:
+            self._renew_at = now + LEASE_RENEW_MS
+            if self._waiting_for:
+                self.log(f"took over the store from {self._waiting_for}")
+                self._waiting_for = ""
+            return True
+        self._renew_at = 0
+        if other != self._waiting_for:
+            self._waiting_for = other
+            self.log(f"another deliverer ({other}) works on this store; waiting to take over")
+        return False
+
     def prune(self) -> bool:
         """One retention step; whether it found a full batch (more may wait)."""
         deliveries, events = self.store.prune_deliveries(self.clock() - self.retention_ms, PRUNE_BATCH)
@@ -180,6 +232,9 @@ class Deliverer:
         while time.monotonic() < deadline:
             try:
                 self._write()
+                if self._renew_at:
+                    self.store.release_deliverer_lease(self.holder)
+                    self._renew_at = 0
                 break
             except StoreUnavailable:
                 time.sleep(POLL)

@@ -101,10 +101,12 @@ MIGRATIONS: list[str] = [
     # deliveries against writes (the admin side's changes that fan out wait, about a second per
     # million deliveries); no table an authentication reads is locked.
     f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.RETENTION_INDEXES,
-    # 9: each webhook's fan-out mark: the deliverer, not the change's transaction, writes the deliveries
-    # (store/deliveries.py's fan_out). A column with a constant default: no row of another table is
-    # rewritten, none an authentication reads is locked.
-    f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.FAN_OUT_MARK.format(bigint="bigint"),
+    # 9: the deliverer's state: each webhook's fan-out mark (the deliverer, not the change's transaction,
+    # writes the deliveries: store/deliveries.py's fan_out) and its lease. A column with a constant
+    # default and a new table: no row of another table is rewritten, none an authentication reads is locked.
+    # No grant to the reader role.
+    f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.DELIVERER_STATE.format(bigint="bigint")
+    + "REVOKE ALL ON deliverer_lease FROM PUBLIC;",
 ]
 
 # `authsvc heartbeat`'s own role (deploy/postgres/roles.sql), if the DBA made it: the heartbeat row
@@ -146,6 +148,7 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO {ADMIN_ROLE};
         GRANT SELECT, INSERT, UPDATE ON webhooks TO {ADMIN_ROLE};
         GRANT SELECT, INSERT, UPDATE, DELETE ON events, deliveries, delivery_attempts TO {ADMIN_ROLE};  -- retention
+        GRANT SELECT, INSERT, UPDATE, DELETE ON deliverer_lease TO {ADMIN_ROLE};
     END IF;
 END
 $$

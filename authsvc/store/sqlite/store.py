@@ -91,9 +91,10 @@ MIGRATIONS: list[str] = [
     # 7: the indexes the deliverer's retention reads (store/deliveries.py's prune). Built from the rows
     # there, under the write lock: the admin side waits for it (about a second per million deliveries).
     event_tables.RETENTION_INDEXES,
-    # 8: each webhook's fan-out mark: the deliverer, not the change's transaction, writes the deliveries
-    # (store/deliveries.py's fan_out). One column with a default and one row per webhook rewritten.
-    event_tables.FAN_OUT_MARK.format(bigint="INTEGER"),
+    # 8: the deliverer's state: each webhook's fan-out mark (the deliverer, not the change's transaction,
+    # writes the deliveries: store/deliveries.py's fan_out) and its lease. One column with a default, one
+    # row per webhook rewritten, a new table.
+    event_tables.DELIVERER_STATE.format(bigint="INTEGER"),
 ]
 
 
