@@ -273,7 +273,7 @@ COMMANDS = {
     (): ["init", "game", "player", "export", "import", "backup", "token", "audit", "api-token", "webhook", "check",
          "explain", "heartbeat", "deliver"],
     ("api-token",): ["add", "list", "revoke"],
-    ("webhook",): ["add", "list", "remove"],
+    ("webhook",): ["add", "list", "remove", "deliveries", "retry"],
     ("game",): ["add", "list", "enable", "disable", "rotate-key"],
     ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "delete", "import"],
     ("token",): ["issue"],

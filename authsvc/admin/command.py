@@ -5,7 +5,7 @@
     player add | show | rename | enable | disable | revoke | delete | import
     token issue
     api-token add | list | revoke
-    webhook add | list | remove
+    webhook add | list | remove | deliveries | retry
     audit [filters] | verify | prune
     export, import, backup, check, explain
     heartbeat (a long-running writer for hot standbys: authsvc/admin/heartbeat.py)
