@@ -262,6 +262,24 @@ def test_retention_deletes_old_finished_deliveries_and_unneeded_events_and_keeps
     assert kept()[1] == [("player.renamed", 7), ("player.renamed", 7)]
 
 
+def test_retention_deletes_a_removed_webhook_s_row_once_none_of_its_deliveries_is_left(
+        admin_store, store_url, receiver, deliverer, clock):
+    from authsvc.admin import operations as ops
+
+    hook = add_webhook(store_url, receiver.url(), EVENTS, SECRET)
+    kept = add_webhook(store_url, receiver.url("/other"), EVENTS, SECRET)
+    admin_store.add_player(7, "bob")
+    rounds(deliverer)
+    ops.remove_webhook(admin_store, ops.Context(actor="cli:test"), hook)
+    clock.ahead = 3 * 24 * HOUR_MS
+    deliverer.prune()
+    assert [row[0] for row in store_sql(store_url, "SELECT id FROM webhooks ORDER BY id")] == [hook, kept]
+    clock.ahead = 8 * 24 * HOUR_MS  # the deliveries, done 8 days ago, go, and their event; then the row
+    deliverer.prune()
+    assert store_sql(store_url, "SELECT id FROM webhooks") == [(kept,)]
+    assert deliverer.lines[-1] == "retention: 2 deliveries, 1 events and 1 removed webhooks deleted"
+
+
 @pytest.mark.engine("postgresql")  # SQLite has one write lock for the whole file: its transactions are short instead
 def test_the_bookkeeping_takes_no_writer_lock(admin_store, store_url, receiver, deliverer):
     """An admin write holding the writer lock (the audit chain's row) does not stop outcomes being written."""

@@ -190,20 +190,22 @@ def test_the_heartbeat_runs_as_its_own_role(deployed):
 
 def test_the_admin_role_may_run_the_webhooks_retention(deployed):
     """`authsvc deliver` runs as the admin role (authsvc-deliver.service): its retention deletes a delivery
-    done long ago, its attempt and its event, and an event no webhook took."""
+    done long ago, its attempt and its event, an event no webhook took, and the webhook, removed long ago."""
     with superuser(deployed) as conn:
         conn.execute("INSERT INTO events (type, user_id, at_ms, data) VALUES ('player.revoked', 5, 1, '{}')")
+        hook = conn.execute("INSERT INTO webhooks (url, events, secret, created_at, deleted_at) "
+                            "VALUES ('https://a.example.com/h', '[]', '', 1, 2) RETURNING id").fetchone()[0]
         conn.execute("INSERT INTO deliveries (webhook_id, event_id, user_id, state, next_at, created_at, done_at) "
-                     "SELECT 1, max(id), 5, 'delivered', 1, 1, 2 FROM events")
+                     "SELECT %s, max(id), 5, 'delivered', 1, 1, 2 FROM events", (hook,))
         conn.execute("INSERT INTO delivery_attempts (delivery_id, n, at, duration_ms) SELECT max(id), 1, 2, 1 "
                      "FROM deliveries")
         store = open_store(role_url(deployed, "authsvc_admin"), readonly=False)
         try:
-            assert store.prune_deliveries(int(time.time() * 1000), 10) == (1, 2)  # and bob's player.created
+            assert store.prune_deliveries(int(time.time() * 1000), 10) == (1, 2, 1)  # and bob's player.created
         finally:
             store.close()
         assert conn.execute("SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM deliveries) "
-                            "+ (SELECT count(*) FROM delivery_attempts)").fetchone() == (0,)
+                            "+ (SELECT count(*) FROM delivery_attempts) + (SELECT count(*) FROM webhooks)").fetchone() == (0,)
 
 
 @pytest.mark.parametrize("statement", [

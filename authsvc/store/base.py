@@ -291,8 +291,8 @@ class Store(Reader):
         with self.bookkeeping(True) as (conn, d):
             return deliveries.fail_orphans(conn, d, now_ms)
 
-    def prune_deliveries(self, before_ms: int, limit: int) -> tuple[int, int]:
-        """The retention's step (store/deliveries.py's prune): (deliveries, events) deleted."""
+    def prune_deliveries(self, before_ms: int, limit: int) -> tuple[int, int, int]:
+        """The retention's step (store/deliveries.py's prune): (deliveries, events, removed webhooks) deleted."""
         from authsvc.store import deliveries
 
         with self.bookkeeping(True) as (conn, d):

@@ -185,10 +185,11 @@ def fail_orphans(conn: Any, d: Dialect, now_ms: int) -> int:
     ), (now_ms,)).rowcount
 
 
-def prune(conn: Any, d: Dialect, before_ms: int, limit: int) -> tuple[int, int]:
+def prune(conn: Any, d: Dialect, before_ms: int, limit: int) -> tuple[int, int, int]:
     """Delete at most ``limit`` deliveries done (delivered or failed) before ``before_ms``, with their
-    attempts, and at most ``limit`` events from before it that no delivery row needs and every live
-    webhook has fanned out; (deliveries, events).
+    attempts, at most ``limit`` events from before it that no delivery row needs and every live
+    webhook has fanned out, and the rows of webhooks removed before it that no delivery row names
+    (their secrets are zeroed already); (deliveries, events, webhooks).
 
     The rows are picked first, then each is deleted only if still so: a failed delivery re-driven in
     between (pending again) stays, with its attempts. An event's time never runs backwards along its
@@ -210,4 +211,7 @@ def prune(conn: Any, d: Dialect, before_ms: int, limit: int) -> tuple[int, int]:
         "AND NOT EXISTS (SELECT 1 FROM deliveries AS d WHERE d.event_id = e.id) ORDER BY e.id LIMIT ?"
     ), (newer[0] if newer else 1 << 62, 1 << 62 if marked is None else marked, limit)).fetchall()]
     cur.executemany(d.sql("DELETE FROM events WHERE id = ?"), [(event_id,) for event_id in unneeded])
-    return deleted, len(unneeded)
+    removed = conn.execute(d.sql(
+        "DELETE FROM webhooks WHERE deleted_at < ? AND NOT EXISTS (SELECT 1 FROM deliveries WHERE webhook_id = webhooks.id)"
+    ), (before_ms,)).rowcount
+    return deleted, len(unneeded), removed

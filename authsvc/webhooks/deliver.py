@@ -23,7 +23,8 @@ their outcomes are written, the lease is let go.
 
 Retention: once a minute (at once again while there is a backlog), one short transaction deletes
 up to PRUNE_BATCH deliveries delivered or failed longer than ``retention_ms`` ago, their attempts,
-and as many events that old that no delivery needs (store/deliveries.py's prune).
+as many events that old that no delivery needs, and the rows of webhooks removed that long ago
+once none of their deliveries is left (store/deliveries.py's prune).
 """
 
 from __future__ import annotations
@@ -220,9 +221,9 @@ class Deliverer:
 
     def prune(self) -> bool:
         """One retention step; whether it found a full batch (more may wait)."""
-        deliveries, events = self.store.prune_deliveries(self.clock() - self.retention_ms, PRUNE_BATCH)
-        if deliveries or events:
-            self.log(f"retention: {deliveries} deliveries and {events} events deleted")
+        deliveries, events, webhooks = self.store.prune_deliveries(self.clock() - self.retention_ms, PRUNE_BATCH)
+        if deliveries or events or webhooks:
+            self.log(f"retention: {deliveries} deliveries, {events} events and {webhooks} removed webhooks deleted")
         return max(deliveries, events) >= PRUNE_BATCH
 
     def finish(self, timeout: float | None = None) -> None:

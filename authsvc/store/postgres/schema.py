@@ -146,7 +146,7 @@ BEGIN
         GRANT SELECT, UPDATE (head_id, head_hash) ON audit_chain TO {ADMIN_ROLE};
         GRANT SELECT, INSERT, UPDATE ON api_tokens TO {ADMIN_ROLE};
         GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO {ADMIN_ROLE};
-        GRANT SELECT, INSERT, UPDATE ON webhooks TO {ADMIN_ROLE};
+        GRANT SELECT, INSERT, UPDATE, DELETE ON webhooks TO {ADMIN_ROLE};  -- retention
         GRANT SELECT, INSERT, UPDATE, DELETE ON events, deliveries, delivery_attempts TO {ADMIN_ROLE};  -- retention
         GRANT SELECT, INSERT, UPDATE, DELETE ON deliverer_lease TO {ADMIN_ROLE};
     END IF;
