@@ -176,7 +176,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
           f"on the game-facing service ({args.workers} sync workers, {world.players:,} players, SQLite) alone, then "
           f"while `authsvc deliver` ({' '.join(_nice()) or 'nice 0'}"
           f"{'' if group_nice(DELIVER_UNIT) is None else f', its session at nice {group_nice(DELIVER_UNIT)} for CPUWeight='}"
-          f", as its unit) drains a backlog of {args.events_cost_backlog:,} deliveries from the same store to a "
+          f", as its unit) drains a backlog of {args.events_cost_backlog:,} events from the same store to a "
           f"receiver process on loopback (a game's server runs elsewhere: its session at nice {RECEIVER_NICE}, "
           f"given what the machine's own work leaves).\n")
     print("| measure | events off | events on | on / off | rounds (on / off) |\n|---|---|---|---|---|")
