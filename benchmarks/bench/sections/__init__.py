@@ -84,5 +84,5 @@ SECTIONS: dict[str, Section] = {
     "events-cost": Section(events_cost.run, "events on against off, same run: the admin sync of --events-cost-players "
                            "into a store with no webhook against one with a webhook on every player event (players/s, "
                            "each engine of --sync-engines); authentications' req/s under wrk alone against while "
-                           "`authsvc deliver` drains --events-cost-backlog deliveries from the same SQLite store", True),
+                           "`authsvc deliver` drains --events-cost-backlog events from the same SQLite store", True),
 }
