@@ -460,7 +460,7 @@ class Receiver:
     """A webhook receiver on 127.0.0.1 (HTTP/1.1, keep-alive): keeps each POST as (headers, body) in
     ``requests``; ``answer(headers, body)`` gives the status (and optional headers) of each answer."""
 
-    def __init__(self, answer=None, tls: ssl.SSLContext | None = None):
+    def __init__(self, answer=None, tls: ssl.SSLContext | None = None, port: int = 0):
         import http.server
 
         receiver = self
@@ -491,7 +491,7 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         if tls is not None:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
