@@ -7,14 +7,18 @@ stepped a round at a time: ``step`` starts the due chains, ``settle`` waits for 
 from __future__ import annotations
 
 import base64
+import json
 import re
 import socket
 import subprocess
 import time
+from pathlib import Path
 
+import jsonschema
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from authsvc.tokens import api_key_digest
 from authsvc.webhooks.connect import Client
 from authsvc.webhooks.deliver import Deliverer
 from tests.support import Receiver, add_webhook, store_sql
@@ -22,6 +26,7 @@ from tests.support import Receiver, add_webhook, store_sql
 SECRET = "whsec_" + base64.b64encode(b"a webhook's secret, 24b!").decode()
 EVENTS = ["player.created", "player.renamed"]
 HOUR_MS = 3600 * 1000
+REPO = Path(__file__).resolve().parent.parent
 
 
 class Clock:
@@ -89,6 +94,45 @@ def test_an_event_arrives_signed_so_that_standard_webhooks_verifies_it(admin_sto
         Webhook(SECRET).verify(body, {**headers, "webhook-timestamp": str(int(headers["webhook-timestamp"]) - 1)})
     ((_, _, state, tries, status, _, _, done_at),) = deliveries(store_url)
     assert (state, tries, status) == ("delivered", 1, 200) and done_at is not None
+
+
+def test_every_event_as_sent_is_what_both_openapi_documents_describe(admin_store, store_url, receiver, deliverer):
+    """Each type's body and headers, as the deliverer sends them, validate against the document's
+    ``webhooks`` entry of that type (the game-facing and the admin document say the same)."""
+    documents = [json.loads((REPO / "authsvc" / "openapi" / name).read_text())
+                 for name in ("authenticate.json", "admin.json")]
+    types = ["player.created", "player.renamed", "player.disabled", "player.enabled", "player.revoked",
+             "player.deleted", "game.key_rotated"]
+    assert all(sorted(doc["webhooks"]) == sorted(types) for doc in documents)
+    add_webhook(store_url, receiver.url(), types, SECRET)
+    game = admin_store.add_game("Chess", api_key_digest("k1"), 1_700_000_000)
+    for change in (lambda: admin_store.add_player(7, "bob"), lambda: admin_store.rename_player(7, "robert"),
+                   lambda: admin_store.set_player_enabled(7, False), lambda: admin_store.set_player_enabled(7, True),
+                   lambda: admin_store.revoke_player(7),
+                   lambda: admin_store.add_api_key(game.id, api_key_digest("k2"), 1_700_000_001, 1_700_003_600),
+                   lambda: admin_store.add_api_key(game.id, api_key_digest("k3"), 1_700_000_002, None),
+                   lambda: admin_store.delete_player(7),
+                   lambda: (admin_store.add_player(8, "eve"), admin_store.delete_player(8))):  # sent after: no name
+        change()
+        rounds(deliverer)
+    sent = [(headers, json.loads(body)) for headers, body in receiver.requests]
+    assert [b["type"] for _, b in sent] == types[:5] + ["game.key_rotated"] * 2 + ["player.deleted"] * 1 + [
+        "player.created", "player.deleted"]
+    assert "username" not in sent[-2][1]["data"]
+    for doc in documents:
+        for headers, body in sent:
+            operation = doc["webhooks"][body["type"]]["post"]
+            schema = operation["requestBody"]["content"]["application/json"]["schema"] | {"components": doc["components"]}
+            jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(body)
+            for ref in operation["parameters"]:
+                parameter = doc["components"]["parameters"][ref["$ref"].rsplit("/", 1)[1]]
+                jsonschema.validate(headers[parameter["name"]], parameter["schema"])
+    for key in ("webhooks",):
+        assert documents[0][key] == documents[1][key]
+    used = {"PlayerEvent", "PlayerEventData", "PlayerDeletedEvent", "PlayerDeletedData", "KeyRotatedEvent",
+            "KeyRotatedData"}
+    assert {k: documents[0]["components"]["schemas"][k] for k in used} == {
+        k: documents[1]["components"]["schemas"][k] for k in used}
 
 
 def test_a_player_s_events_wait_for_the_one_before_it_through_its_retries(
