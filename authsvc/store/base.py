@@ -254,6 +254,13 @@ class Store(Reader):
         with self.bookkeeping(True) as (conn, d):
             return deliveries.take_lease(conn, d, holder, now_ms, until_ms, dead)
 
+    def deliverer_lease(self) -> tuple[str, int] | None:
+        """(holder, until_ms) of the deliverer's lease, None if free: a read, so a waiting deliverer writes nothing."""
+        from authsvc.store import deliveries
+
+        with self.bookkeeping(False) as (conn, d):
+            return deliveries.lease(conn, d)
+
     def release_deliverer_lease(self, holder: str) -> None:
         from authsvc.store import deliveries
 

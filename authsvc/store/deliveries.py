@@ -73,6 +73,12 @@ def take_lease(conn: Any, d: Dialect, holder: str, now_ms: int, until_ms: int, d
     return None if found == holder else found
 
 
+def lease(conn: Any, d: Dialect) -> tuple[str, int] | None:
+    """(holder, until_ms) of the store's deliverer lease, None if no one holds it."""
+    row = conn.execute("SELECT holder, until_ms FROM deliverer_lease").fetchone()
+    return None if row is None else (row[0], row[1])
+
+
 def release_lease(conn: Any, d: Dialect, holder: str) -> None:
     """Let the lease go, if ``holder``'s: another deliverer may take it at once."""
     conn.execute(d.sql("DELETE FROM deliverer_lease WHERE holder = ?"), (holder,))

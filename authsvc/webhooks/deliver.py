@@ -18,7 +18,8 @@ One deliverer per store: each step starts by holding the store's lease (store/de
 take_lease, renewed every LEASE_RENEW, good for LEASE); a second one waits, saying once who holds
 it, and takes over once the lease runs out, at once if the holder let it go (SIGTERM) or was a
 process of this host that is gone (a crash, then a restart). So a standby deliverer on another
-host is safe to run. SIGTERM: no new POST starts, those under way end (within the timeout),
+host is safe to run (the hosts' clocks in step: the lease's time is the holder's clock). While it
+waits it only reads the lease, each step. SIGTERM: no new POST starts, those under way end (within the timeout),
 their outcomes are written, the lease is let go.
 
 Retention: once a minute (at once again while there is a backlog), one short transaction deletes
@@ -204,9 +205,11 @@ class Deliverer:
         now = self.clock()
         if self._renew_at and now < self._renew_at:
             return True
-        other = self.store.take_deliverer_lease(self.holder, now, now + LEASE_MS)
-        if other is not None and _gone(other):
-            other = self.store.take_deliverer_lease(self.holder, now, now + LEASE_MS, dead=other)
+        held = self.store.deliverer_lease()  # a read: a deliverer that waits writes nothing
+        other = None if held is None or held[0] == self.holder or held[1] < now else held[0]
+        dead = other if other is not None and _gone(other) else None
+        if other is None or dead is not None:
+            other = self.store.take_deliverer_lease(self.holder, now, now + LEASE_MS, dead=dead)
         if other is None:
             self._renew_at = now + LEASE_RENEW_MS
             if self._waiting_for:
