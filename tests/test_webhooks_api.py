@@ -208,6 +208,7 @@ def test_the_command_lists_deliveries_and_sends_a_failed_one_again(command_as_al
     code, out, _ = run("webhook", "deliveries", str(hook["id"]), "--limit", "2")
     lines = out.splitlines()
     assert code == 0 and len(lines) == 4 and lines[-1] == f"more: --after {first + 1}", out
+    assert lines[0].split() == ["ID", "EVENT", "STATE", "TRIES", "NEXT", "(PENDING)", "OR", "DONE", "LAST", "ANSWER"]
     assert lines[1].split()[:4] == [str(first), "player.created", "failed", "1"], out
     assert lines[1].endswith("HTTP 503 from game.example.com:443") and lines[2].split()[2] == "pending", out
     code, out, _ = run("webhook", "deliveries", str(hook["id"]), "--after", str(first + 1), "--json")

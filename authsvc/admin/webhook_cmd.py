@@ -60,7 +60,7 @@ def cmd_deliveries(args, settings):
     with ops.admin_store(settings) as store:
         found = ops.webhook_deliveries(store, args.id, args.state, args.limit, args.after)
     next_cursor = str(found[-1].id) if len(found) == args.limit else None
-    lines = [f"{'ID':>8}  {'EVENT':18}  {'STATE':9}  {'TRIES':>5}  {'NEXT (PENDING) OR DONE':24}  LAST ERROR"]
+    lines = [f"{'ID':>8}  {'EVENT':18}  {'STATE':9}  {'TRIES':>5}  {'NEXT (PENDING) OR DONE':24}  LAST ANSWER"]
     lines += [_delivery_line(d) for d in found]
     if next_cursor is not None:
         lines.append(f"more: --after {next_cursor}")
