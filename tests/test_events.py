@@ -8,6 +8,7 @@ name leaves its events.
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -196,6 +197,50 @@ def test_a_webhook_gets_the_events_after_its_creation_a_bounded_batch_at_a_time(
                                                                 "JOIN events AS e ON e.id = d.event_id ORDER BY d.id"))]
     assert [u for w, u in got if w == early.id] == ["name-0", "name-1", "name-2", "name-3", "name-4", "name-last"]
     assert [u for w, u in got if w == late.id] == ["name-last"]
+
+
+def test_a_fan_out_running_beside_the_writes_takes_each_event_once_and_misses_none(world, settings, store_url):
+    """Writers on their own connections and a fan-out looping on another: every event reaches the webhook
+    exactly once, in order (the events' ids follow their commits: what the fan-out sees is a prefix)."""
+    from authsvc.store import open_store
+
+    hook, _ = ops.add_webhook(world.store, CTX, "https://a.example.com/h", ["player.renamed"], None, ALLOW)
+    stop = threading.Event()
+    fanned: list[int] = []
+
+    def fan_out_loop() -> None:
+        store = open_store(settings.store, readonly=False, settings=settings)
+        try:
+            while not stop.is_set():
+                fanned.append(fan_out(store, limit=7)[0])
+        finally:
+            store.close()
+
+    def writer(user_id: int) -> None:
+        store = open_store(settings.store, readonly=False, settings=settings)
+        try:
+            store.add_player(user_id, f"w{user_id}")
+            for n in range(40):
+                store.rename_player(user_id, f"w{user_id}-{n}")
+        finally:
+            store.close()
+
+    loop = threading.Thread(target=fan_out_loop)
+    loop.start()
+    writers = [threading.Thread(target=writer, args=(user_id,)) for user_id in (51, 52, 53)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    stop.set()
+    loop.join()
+    while fan_out(world.store)[0]:
+        pass
+    renamed = [i for (i,) in store_sql(store_url, "SELECT id FROM events WHERE type = 'player.renamed' ORDER BY id")]
+    sent = [i for (i,) in store_sql(store_url, "SELECT event_id FROM deliveries WHERE webhook_id = ? ORDER BY id",
+                                    (hook.id,))]
+    assert len(renamed) == 120 and sent == renamed
+    assert sum(fanned) > 0  # the loop took some up while the writes went on
 
 
 def test_a_failed_delivery_is_sent_again_and_the_rest_are_refused(world, store_url):
