@@ -511,6 +511,11 @@ class Receiver:
         self.server.server_close()
 
 
+def fan_out(store, limit: int = 10_000) -> tuple[int, bool]:
+    """The deliverer's fan-out step (store/deliveries.py) at the wall clock: (deliveries written, events left)."""
+    return store.fan_out_events(int(time.time() * 1000), limit)
+
+
 def add_webhook(store_url: str, url: str, events: list[str], secret: str, game_id: int | None = None) -> int:
     """A webhook row as a subscription writes it (its events from the next one on); its id."""
     now = int(time.time() * 1000)

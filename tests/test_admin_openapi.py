@@ -37,7 +37,7 @@ from authsvc.names import HIDDEN_CATEGORIES, MAX_GAME_NAME, check_game_name, che
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, new_api_key
-from tests.support import free_port, schemathesis_check, serve_gunicorn
+from tests.support import fan_out, free_port, schemathesis_check, serve_gunicorn
 
 REPO = Path(__file__).resolve().parent.parent
 DOCUMENT = REPO / "authsvc" / "openapi" / "admin.json"
@@ -270,7 +270,7 @@ def test_each_success_matches_the_document(live):
     send("/v1/players/{user_id}/revoke", "POST", 200, path_parameters=player)
     store = open_store(live.settings.store, readonly=False, settings=live.settings)
     try:
-        store.fan_out_events(int(time.time() * 1000), 100)  # the deliverer's step: the revoke's delivery
+        fan_out(store)  # the deliverer's step: the revoke's delivery
     finally:
         store.close()
     (delivery,) = send("/v1/webhooks/{webhook_id}/deliveries", "GET", 200, path_parameters=webhook,

@@ -23,7 +23,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from authsvc.tokens import api_key_digest
 from authsvc.webhooks.connect import Client
 from authsvc.webhooks.deliver import Deliverer
-from tests.support import Receiver, add_webhook, store_sql
+from tests.support import Receiver, add_webhook, fan_out, store_sql
 
 SECRET = "whsec_" + base64.b64encode(b"a webhook's secret, 24b!").decode()
 EVENTS = ["player.created", "player.renamed"]
@@ -199,7 +199,7 @@ def test_a_deleted_webhook_s_pending_deliveries_are_failed_not_sent(admin_store,
     """A webhook marked deleted by other means than the API (which fails them itself): a restored backup."""
     webhook = add_webhook(store_url, receiver.url(), EVENTS, SECRET)
     admin_store.add_player(7, "bob")
-    assert admin_store.fan_out_events(int(time.time() * 1000), 100) == (1, False)
+    assert fan_out(admin_store) == (1, False)
     store_sql(store_url, "UPDATE webhooks SET deleted_at = ? WHERE id = ?", (int(time.time() * 1000), webhook))
     rounds(deliverer)
     assert receiver.requests == []

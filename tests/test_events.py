@@ -18,7 +18,7 @@ from authsvc.admin import operations as ops
 from authsvc.admin.put_player import condition, etag
 from authsvc.errors import Conflict, Invalid, NotFound, PreconditionFailed
 from authsvc.store.base import Player
-from tests.support import store_sql
+from tests.support import fan_out, store_sql
 
 CTX = ops.Context(actor="cli:test")
 EVERY = ["game.key_rotated", "player.created", "player.deleted", "player.disabled", "player.enabled",
@@ -36,11 +36,6 @@ def deliveries(store_url: str) -> list[tuple]:
     """(webhook id, event type, user_id, state) of every delivery, in order."""
     return store_sql(store_url, "SELECT d.webhook_id, e.type, d.user_id, d.state FROM deliveries AS d "
                                 "JOIN events AS e ON e.id = d.event_id ORDER BY d.id")
-
-
-def fan_out(store, limit: int = 10_000) -> tuple[int, bool]:
-    """The deliverer's fan-out step, at the wall clock: (deliveries written, events left)."""
-    return store.fan_out_events(int(time.time() * 1000), limit)
 
 
 def counts(store_url: str) -> tuple[int, int]:

@@ -10,14 +10,13 @@ import dataclasses
 import json
 import re
 import sqlite3
-import time
 
 import pytest
 import webtest
 
 from authsvc.admin import operations as ops
 from authsvc.admin.api import AdminApp
-from tests.support import problem, store_sql
+from tests.support import fan_out, problem, store_sql
 
 EVERY = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read",
          "webhooks:read", "webhooks:write"]
@@ -59,7 +58,7 @@ def test_a_webhook_is_made_with_its_secret_shown_once_then_read_and_removed(admi
     # A change goes out to it: one pending delivery, its event named.
     app.put_json("/v1/players/4242", {"username": "alicia"}, headers=headers)
     assert app.get(f"/v1/webhooks/{made['id']}/deliveries", headers=headers).json["deliveries"] == []
-    world.store.fan_out_events(int(time.time() * 1000), 100)  # the deliverer's step: listed from then on
+    fan_out(world.store)  # the deliverer's step: listed from then on
     page = app.get(f"/v1/webhooks/{made['id']}/deliveries", headers=headers).json
     assert page["next"] is None and [d["event_type"] for d in page["deliveries"]] == ["player.renamed"]
     delivery = page["deliveries"][0]
@@ -149,7 +148,7 @@ def test_deliveries_pages_and_their_query_rules(admin, world):
     hook = app.post_json("/v1/webhooks", HOOK | {"events": ["player.revoked"]}, headers=headers).json
     for _ in range(3):
         app.post("/v1/players/4242/revoke", headers=headers)
-    world.store.fan_out_events(int(time.time() * 1000), 100)  # the deliverer's step
+    fan_out(world.store)  # the deliverer's step
     path = f"/v1/webhooks/{hook['id']}/deliveries"
     page = app.get(path, {"limit": "2"}, headers=headers).json
     assert len(page["deliveries"]) == 2 and page["next"] == str(page["deliveries"][-1]["id"])
@@ -201,7 +200,7 @@ def test_the_command_lists_deliveries_and_sends_a_failed_one_again(command_as_al
     hook = json.loads(run("webhook", "add", "https://game.example.com/h", "--event", "player.created", "--json")[1])
     for user_id in (5, 6, 7):
         assert run("player", "add", str(user_id), f"p{user_id}")[0] == 0
-    admin_store.fan_out_events(int(time.time() * 1000), 100)  # the deliverer's step
+    fan_out(admin_store)  # the deliverer's step
     first = store_sql(store_url, "SELECT min(id) FROM deliveries")[0][0]
     store_sql(store_url, "UPDATE deliveries SET state = 'failed', attempts = 1, done_at = 5, last_error = "
                          "'HTTP 503 from game.example.com:443' WHERE id = ?", (first,))
@@ -237,7 +236,7 @@ def test_a_backup_holds_no_webhook_secret_and_its_webhooks_are_removed(command_a
     code, out, _ = run("webhook", "add", "https://game.example.com/h", "--event", "player.created", "--json")
     secret = json.loads(out)["secret"]
     assert run("player", "add", "5", "eve")[0] == 0
-    assert admin_store.fan_out_events(int(time.time() * 1000), 100) == (1, False)  # a pending delivery
+    assert fan_out(admin_store) == (1, False)  # a pending delivery
     copy = tmp_path / "copy.db"
     assert run("backup", str(copy))[0] == 0
     files = b"".join(p.read_bytes() for p in tmp_path.glob("copy.db*"))

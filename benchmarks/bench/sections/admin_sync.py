@@ -66,17 +66,22 @@ def _token(url: str, world: World, name: str = "bench-sync") -> str:
     return token
 
 
-def _count(url: str, world: World) -> int:
-    """The players in the store, counted by the engine itself (the store has no count of its own)."""
+def one_row(url: str, sql: str) -> tuple:
+    """The one row ``sql`` answers, asked of the store's engine itself (the bench's own counts)."""
     if url.startswith("sqlite://"):
         import sqlite3
 
         with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite://"))) as conn:
-            return conn.execute("SELECT count(*) FROM players").fetchone()[0]
+            return tuple(conn.execute(sql).fetchone())
     import psycopg
 
     with psycopg.connect(url) as conn:
-        return conn.execute("SELECT count(*) FROM players").fetchone()[0]
+        return tuple(conn.execute(sql).fetchone())
+
+
+def _count(url: str, world: World) -> int:
+    """The players in the store, counted by the engine itself (the store has no count of its own)."""
+    return one_row(url, "SELECT count(*) FROM players")[0]
 
 
 def bodies(players: int) -> list[bytes]:

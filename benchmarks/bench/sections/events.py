@@ -172,7 +172,8 @@ class Run:
         self.store.close()
 
 
-def _until(predicate, seconds: float) -> bool:
+def until(predicate, seconds: float) -> bool:
+    """Whether ``predicate`` came true within ``seconds`` (polled every 0.1 s)."""
     deadline = time.monotonic() + seconds
     while not predicate():
         if time.monotonic() > deadline:
@@ -201,7 +202,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         r.store.upsert_players((i, f"p{i}") for i in range(1, args.events_burst + 1))
         r.start_receiver()
         r.start_deliverer()
-        done = _until(lambda: r.delivered() >= args.events_burst, 600)
+        done = until(lambda: r.delivered() >= args.events_burst, 600)
         arrivals = sorted(at for at, _ in r.lines())
         span = (arrivals[-1] - arrivals[0]) / 1000 if len(arrivals) > 1 else float("nan")
         rows.append((f"sustained delivery, {args.events_burst:,} pending events, one per player",
@@ -214,12 +215,12 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         r.store.upsert_players([(1, "p1")])
         r.start_receiver()
         r.start_deliverer()
-        _until(lambda: r.delivered() >= 1, 30)
+        until(lambda: r.delivered() >= 1, 30)
         start = len(r.lines())
         for n in range(args.events_changes):
             r.store.rename_player(1, f"p1-{n}")
             time.sleep(0.02)
-        _until(lambda: r.delivered() >= 1 + args.events_changes, 60)
+        until(lambda: r.delivered() >= 1 + args.events_changes, 60)
         time.sleep(0.5)
         latencies = [at - event for at, event in r.lines()[start:]]
         rows.append((f"change to delivery, {args.events_changes} renames at 50/s, one player",

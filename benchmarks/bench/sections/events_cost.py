@@ -17,10 +17,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 import shutil
-import sqlite3
 import statistics
 import sys
 import time
@@ -28,7 +26,7 @@ from pathlib import Path
 
 from benchmarks.bench.sections import admin_sync
 from benchmarks.bench.sections.admin_load import group_nice
-from benchmarks.bench.sections.events import EVENTS, Run
+from benchmarks.bench.sections.events import EVENTS, Run, until
 from benchmarks.bench.serve import Server, check_answers, core_gunicorn_args, gunicorn, port_open, wait_for, wrk
 from benchmarks.bench.world import APPS, REPO, World
 from harness.processes import free_port
@@ -89,14 +87,7 @@ def _fan_out(url: str, world: World) -> float:
 
 def _counts(url: str) -> tuple[int, int]:
     """(events, deliveries) in the store."""
-    sql = "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM deliveries)"
-    if url.startswith("sqlite://"):
-        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite://"))) as conn:
-            return tuple(conn.execute(sql).fetchone())
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        return tuple(conn.execute(sql).fetchone())
+    return admin_sync.one_row(url, "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM deliveries)")
 
 
 def _nice() -> tuple[str, ...]:
@@ -126,7 +117,7 @@ def _auth_runs(world: World, args: argparse.Namespace, logs: Path, script: Path)
                     first += args.events_cost_backlog
                     before = r.delivered()
                     r.start_deliverer(prefix=_nice(), group_nice=group_nice(DELIVER_UNIT))
-                    if not _until(lambda before=before: r.delivered() > before, 30):
+                    if not until(lambda before=before: r.delivered() > before, 30):
                         raise SystemExit("bench: events-cost: the deliverer delivered nothing in 30 s")
                     at, t0 = r.delivered(), time.monotonic()
                     runs["deliver"].append(wrk(server, script, args))
@@ -139,15 +130,6 @@ def _auth_runs(world: World, args: argparse.Namespace, logs: Path, script: Path)
     finally:
         r.close()
     return runs
-
-
-def _until(predicate, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
