@@ -237,6 +237,17 @@ def test_bad_requests_get_their_own_statuses(admin, settings):
     problem(app.get("/api/authenticate.json", expect_errors=True), 404, "not-found")
 
 
+def test_problem_titles_and_status_lines_use_the_reason_phrases_of_rfc_9110(admin, settings):
+    """Python's http module before 3.13 still names 413 and 422 as RFC 7231 did ("Request Entity Too
+    Large", "Unprocessable Entity"); the admin API says what RFC 9110 and docs/admin-api.md say."""
+    app, headers = admin.app, admin.headers("web")
+    r = app.put_json("/v1/players/7", {"username": 5}, headers=headers, expect_errors=True)
+    assert r.status == "422 Unprocessable Content" and r.json["title"] == "Unprocessable Content"
+    big = {"username": "x" * settings.max_body_bytes}
+    r = app.put_json("/v1/players/7", big, headers=headers, expect_errors=True)
+    assert r.status == "413 Content Too Large" and r.json["title"] == "Content Too Large"
+
+
 class FailingStore:
     """A store whose every call fails as the error boundary's test needs (the real ones are tested above)."""
 

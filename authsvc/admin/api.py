@@ -24,13 +24,12 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from http import HTTPStatus
 from importlib import resources
 
 from authsvc.admin import body as bodies
 from authsvc.admin import idempotency, problems, routes
 from authsvc.admin import operations as ops
-from authsvc.admin.problems import Problem, Request, Response, encode
+from authsvc.admin.problems import Problem, Request, Response, encode, reason_phrase
 from authsvc.admin.ratelimit import BODY_UNIT, RateLimit, body_cost
 from authsvc.errors import (
     ConfigError,
@@ -84,7 +83,7 @@ class AdminApp:
             ("X-Request-Id", rid),
             *response.headers,
         ]
-        start_response(f"{response.status} {_phrase(response.status)}", headers)
+        start_response(f"{response.status} {reason_phrase(response.status)}", headers)
         return [body if environ["REQUEST_METHOD"] != "HEAD" else b""]
 
     def gunicorn_refusal(self, status: int) -> tuple[tuple[tuple[str, str], ...], bytes]:
@@ -165,6 +164,4 @@ def openapi_document() -> dict:
     return json.loads(resources.files("authsvc").joinpath("openapi", "admin.json").read_text(encoding="utf-8"))
 
 
-def _phrase(status: int) -> str:
-    return HTTPStatus(status).phrase
 

@@ -21,6 +21,17 @@ if TYPE_CHECKING:
 TYPE_BASE = "urn:authsvc:problem:"  # each type names a section of docs/admin-api.md, "Errors"
 
 
+# RFC 9110's names where Python's http module before 3.13 keeps RFC 7231's ("Unprocessable Entity"):
+# the title and the status line are the same on every interpreter, and as docs/admin-api.md shows them.
+RFC_9110_PHRASES = {413: "Content Too Large", 414: "URI Too Long", 416: "Range Not Satisfiable",
+                    422: "Unprocessable Content"}
+
+
+def reason_phrase(status: int) -> str:
+    """The status's reason phrase as RFC 9110 names it."""
+    return RFC_9110_PHRASES.get(status) or HTTPStatus(status).phrase
+
+
 class Problem:
     """An error answer: status, a short type slug, a detail for people; ``errors``: the fields at fault."""
 
@@ -34,7 +45,7 @@ class Problem:
         self.extra = extra or {}
 
     def body(self) -> dict:
-        obj = {"type": TYPE_BASE + self.slug, "title": HTTPStatus(self.status).phrase, "status": self.status,
+        obj = {"type": TYPE_BASE + self.slug, "title": reason_phrase(self.status), "status": self.status,
                "detail": self.detail} | self.extra
         if self.errors is not None:
             obj["errors"] = self.errors
