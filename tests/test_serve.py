@@ -62,6 +62,19 @@ def test_serve_prints_admin_api_lines_that_work(tmp_path):
         # Both listen on loopback only.
         assert f"Listening at: http://127.0.0.1:{admin_port}" in out.read_text()
         assert f"Listening at: http://127.0.0.1:{port}" in out.read_text()
+        # The admin API takes the loopback subscription the script's comment promises (a receiver on this
+        # machine, as a developer's is), as the deliverer sends to it.
+        env_cmd = {**os.environ, "AUTHSVC_STORE": f"sqlite://{tmp_path}/var/authsvc.db",
+                   "AUTHSVC_TOKEN_SECRET_FILE": str(tmp_path / "var" / "token-secret")}
+        made = subprocess.run([str(REPO / ".venv/bin/authsvc"), "api-token", "add", "hooks", "--scope", "webhooks:write",
+                               "--json"], capture_output=True, text=True, timeout=60, env=env_cmd)
+        assert made.returncode == 0, made.stderr
+        hook = subprocess.run(
+            ["curl", "-s", "-w", "\n%{http_code}", "-X", "POST", f"http://127.0.0.1:{admin_port}/v1/webhooks",
+             "-H", "Authorization: Bearer " + json.loads(made.stdout)["token"], "-H", "Content-Type: application/json",
+             "-d", json.dumps({"url": f"http://127.0.0.1:{free_port()}/hook", "events": ["player.deleted"]})],
+            capture_output=True, text=True, timeout=60)
+        assert hook.stdout.rsplit("\n", 1)[1] == "201", hook.stdout
         # And the webhook deliverer beside them (docs/admin.md, "Webhook delivery").
         while "authsvc deliver: delivering the events of sqlite://" not in out.read_text():
             assert time.monotonic() < deadline, out.read_text()
