@@ -28,7 +28,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_admin_api", "test_admin_edges", "test_backup", "test_boundary",
         "test_check", "test_cli", "test_endpoint", "test_equal_work", "test_explain", "test_hostile",
         "test_metrics", "test_minted_after_a_change", "test_openapi", "test_postgres_smoke", "test_probes",
-        "test_queueing", "test_reasons", "test_sqlite_faults", "test_staleness", "test_store_sqlite",
+        "test_queueing", "test_reasons", "test_release", "test_sqlite_faults", "test_staleness", "test_store_sqlite",
         "test_store_urls", "test_webhooks_api", "test_wsgi",
     ),
     "store": (

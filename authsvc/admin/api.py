@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable
 from importlib import resources
 
+from authsvc import release
 from authsvc.admin import body as bodies
 from authsvc.admin import idempotency, problems, routes
 from authsvc.admin import operations as ops
@@ -161,7 +162,9 @@ class AdminApp:
 def openapi_document() -> dict:
     """authsvc/openapi/admin.json (package data): read when the app is built, so a broken document fails
     start-up, not a request."""
-    return json.loads(resources.files("authsvc").joinpath("openapi", "admin.json").read_text(encoding="utf-8"))
+    document = json.loads(resources.files("authsvc").joinpath("openapi", "admin.json").read_text(encoding="utf-8"))
+    document["info"]["version"] = release()  # one source: pyproject.toml
+    return document
 
 
 

@@ -25,6 +25,7 @@ import json
 import sys
 import time
 
+from authsvc import release
 from authsvc.admin import api_token_cmd, audit, webhook_cmd
 from authsvc.admin import operations as ops
 from authsvc.admin.operations import MAX_OLD_KEY_TTL
@@ -254,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     parser = _Parser(prog="authsvc", description="Admin command of the player-authentication service.")
+    parser.add_argument("--version", action="version", version=f"authsvc {release()}")
     top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     def leaf(parent, name, func, help_text):

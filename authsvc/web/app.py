@@ -30,6 +30,7 @@ from collections.abc import Callable
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from authsvc import release
 from authsvc.errors import (
     ConfigError,
     Error,
@@ -312,9 +313,12 @@ class App:
 
 def openapi_document() -> bytes:
     """authsvc/openapi/authenticate.json (package data), re-encoded as the API answers: compact,
-    ASCII-only JSON. Read when the app is built, so a broken document fails start-up, not a request."""
+    ASCII-only JSON, with this release's version as ``info.version`` (one source: pyproject.toml). Read when
+    the app is built, so a broken document fails start-up, not a request."""
     text = resources.files("authsvc").joinpath("openapi", "authenticate.json").read_text(encoding="utf-8")
-    return json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    document = json.loads(text)
+    document["info"]["version"] = release()
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
 def make_app(settings: Settings, store: Reader | None = None, *, tolerate_outage: bool = False) -> App:

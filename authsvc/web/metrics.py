@@ -24,9 +24,9 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from importlib import metadata
 from typing import Any
 
+from authsvc import release
 from authsvc.errors import StoreUnavailable
 from authsvc.store.base import Reader
 
@@ -168,11 +168,7 @@ class StoreCollector:
 
         info = GaugeMetricFamily("authsvc_build_info", "Version of authsvc and of Python; always 1.",
                                  labels=["version", "python"])
-        try:
-            version = metadata.version("authsvc")
-        except metadata.PackageNotFoundError:
-            version = "unknown"
-        info.add_metric([version, platform.python_version()], 1)
+        info.add_metric([release(), platform.python_version()], 1)
         yield info
         expiry = GaugeMetricFamily(
             "authsvc_api_key_expiry_timestamp_seconds",
