@@ -82,6 +82,12 @@ def backup(url: str, path: str) -> None:
         raise
 
 
+def _one(conn: psycopg.Connection, sql: str):
+    """The first column of a query's one row."""
+    row = conn.execute(sql).fetchone()
+    return None if row is None else row[0]
+
+
 def _check_alone(conn: psycopg.Connection) -> None:
     """StoreLocked if another client is connected to the database, or the deliverer's lease is fresh."""
     others = conn.execute(
@@ -93,7 +99,7 @@ def _check_alone(conn: psycopg.Connection) -> None:
             f"other sessions are connected to the database ({who}): stop authsvc.socket, authsvc.service, "
             "authsvc-admin.socket, authsvc-admin.service, authsvc-deliver.service and authsvc-heartbeat.service "
             "on every host first (docs/operations.md section 8)")
-    if conn.execute("SELECT to_regclass('deliverer_lease') IS NOT NULL").fetchone()[0]:
+    if _one(conn, "SELECT to_regclass('deliverer_lease') IS NOT NULL"):
         row = conn.execute("SELECT holder, until_ms FROM deliverer_lease").fetchone()
         if row is not None and row[1] > time.time() * 1000:
             raise StoreLocked("the webhook deliverer's lease is held: stop authsvc-deliver.service on every host "
@@ -103,10 +109,9 @@ def _check_alone(conn: psycopg.Connection) -> None:
 def _live_facts(conn: psycopg.Connection, into: restore_ledger.Ledger) -> str:
     """The restore generation and deleted players the live database knows; the statements that drop the
     owner's objects (the first half of the restore's transaction)."""
-    if conn.execute("SELECT to_regclass('restore_generation') IS NOT NULL").fetchone()[0]:
-        into.generation = max(into.generation, conn.execute(
-            "SELECT coalesce(max(generation), 0) FROM restore_generation").fetchone()[0])
-    if conn.execute("SELECT to_regclass('deleted_players') IS NOT NULL").fetchone()[0]:
+    if _one(conn, "SELECT to_regclass('restore_generation') IS NOT NULL"):
+        into.generation = max(into.generation, _one(conn, "SELECT coalesce(max(generation), 0) FROM restore_generation"))
+    if _one(conn, "SELECT to_regclass('deleted_players') IS NOT NULL"):
         for user_id, epoch in conn.execute("SELECT user_id, epoch FROM deleted_players"):
             into.add_deleted(user_id, epoch)
     tables = [row[0] for row in conn.execute(
