@@ -150,6 +150,9 @@ SETTINGS = (
     # (store/deliveries.py's prune): a failed one may be re-driven until then.
     Setting("webhook_retention", "AUTHSVC_WEBHOOK_RETENTION", int, 7 * 24 * 3600, rule="at least 3600 seconds",
             check=lambda v: v >= 3600),
+    # The restore ledger (store/ledger.py): each deletion's id and epoch, each restore's generation, kept
+    # outside the store. Empty: beside a SQLite store's file (PATH.restore-ledger); none for PostgreSQL.
+    Setting("restore_ledger", "AUTHSVC_RESTORE_LEDGER", str, ""),
     Setting("workers", "AUTHSVC_WORKERS", int, lambda env: _cpu_count(), GUNICORN, rule="at least 1", check=lambda v: v >= 1),
     Setting("worker_class", "AUTHSVC_WORKER_CLASS", str, "sync", GUNICORN, choices=("sync", "gthread")),
     Setting("threads", "AUTHSVC_THREADS", int, 1, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
@@ -203,6 +206,7 @@ class Settings:
     webhook_timeout: float = default("webhook_timeout")
     webhook_allow_hosts: str = default("webhook_allow_hosts")
     webhook_retention: int = default("webhook_retention")
+    restore_ledger: str = default("restore_ledger")
 
     def __repr__(self) -> str:
         """The fields, with the store URL's password masked: a repr can reach a log or a traceback."""

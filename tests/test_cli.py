@@ -270,7 +270,7 @@ def test_store_url_password_is_redacted():
 
 
 COMMANDS = {
-    (): ["init", "game", "player", "export", "import", "backup", "token", "audit", "api-token", "webhook", "check",
+    (): ["init", "game", "player", "export", "import", "backup", "restore", "token", "audit", "api-token", "webhook", "check",
          "explain", "heartbeat", "deliver"],
     ("api-token",): ["add", "list", "revoke"],
     ("webhook",): ["add", "list", "remove", "deliveries", "retry"],
@@ -305,7 +305,7 @@ def test_every_command_has_its_own_help(run, argv):
     assert code == 0 and err == ""
     assert out.startswith(f"usage: authsvc {' '.join(argv)} ")
     assert "--json" in out  # every command can answer in JSON
-    if argv in (("export",), ("import",), ("backup",)):
+    if argv in (("export",), ("import",), ("backup",), ("restore",)):
         assert "positional arguments:\n  file" in out
     if argv == ("check",):
         for option in ("--base-url", "--game-id", "--user-id", "--api-key-file", "--token-file", "--resolve"):

@@ -7,7 +7,7 @@
     api-token add | list | revoke
     webhook add | list | remove | deliveries | retry
     audit [filters] | verify | prune
-    export, import, backup, check, explain
+    export, import, backup, restore, check, explain
     heartbeat (a long-running writer for hot standbys: authsvc/admin/heartbeat.py)
     deliver (a long-running sender of the events to their webhooks: authsvc/webhooks/deliver.py)
 
@@ -216,12 +216,6 @@ def cmd_export(args, settings):
     )
 
 
-def cmd_backup(args, settings):
-    with _store(settings) as store:
-        ops.backup(store, args.file)
-    return 0, {"file": args.file}, f"backed up {redact_url(settings.store)} to {args.file} (WAL mode)"
-
-
 def cmd_import(args, settings):
     started = time.monotonic()
     with _store(settings) as store:
@@ -303,7 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     leaf(top, "export", cmd_export, "write the whole store to a new file (JSON lines)").add_argument("file")
     leaf(top, "import", cmd_import, "load an export file into an empty store, all or nothing").add_argument("file")
-    leaf(top, "backup", cmd_backup, "copy a SQLite store to a new file, in WAL mode").add_argument("file")
+    from authsvc.admin import restore
+
+    restore.add_arguments(
+        leaf(top, "backup", restore.cmd_backup, "copy the store to a new file (SQLite: a copy; PostgreSQL: pg_dump)"),
+        leaf(top, "restore", restore.cmd_restore,
+             "replace the store by a backup, voiding every token and keeping deleted players deleted (services stopped)"))
 
     token = top.add_parser("token", help="game_auth_tokens").add_subparsers(
         dest="action", required=True, metavar="ACTION", parser_class=_Parser

@@ -165,6 +165,9 @@ class Reader(abc.ABC):
 class Store(Reader):
     """A Reader that also writes: what the admin side opens (open_store in store/__init__.py)."""
 
+    # The restore ledger each deletion appends to before it commits (store/ledger.py); None: none is kept.
+    ledger: str | None = None
+
     # -- admin --------------------------------------------------------------------
     @abc.abstractmethod
     def migrate(self) -> tuple[int, int]:

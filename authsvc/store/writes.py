@@ -33,6 +33,8 @@ from typing import Any
 
 from authsvc.store import audit as trail
 from authsvc.store import events as ev
+from authsvc.store import ledger as restore_ledger
+from authsvc.store import restore
 from authsvc.store.audit import Audit, Record
 from authsvc.store.base import ApiKey, ApiToken, Conflict, Game, Player
 from authsvc.store.common import batches, select_games
@@ -68,16 +70,18 @@ class Tx:
     The connection stays inside the store: the admin side calls these methods, never SQL. The
     engines' own bulk writes (an import's COPY) use ``_conn`` from their modules, in this package."""
 
-    def __init__(self, conn: Any, dialect: Dialect, audit: Audit, lock: _Lock | None = None, collate: str = ""):
+    def __init__(self, conn: Any, dialect: Dialect, audit: Audit, lock: _Lock | None = None, collate: str = "",
+                 ledger: str | None = None):
         self._conn = conn
         self.d = dialect
         self.audit = audit
         self._lock = lock or _Lock()
         self._collate = collate
+        self._ledger = ledger  # the restore ledger a deletion appends to (store/ledger.py)
 
     def joined(self, audit: Audit | None) -> Tx:
         """This transaction, for a write nested in it (its own audit, the same lock and time)."""
-        return Tx(self._conn, self.d, audit or self.audit, self._lock, self._collate)
+        return Tx(self._conn, self.d, audit or self.audit, self._lock, self._collate, self._ledger)
 
     def _sql(self, text: str, args: tuple = ()) -> Any:
         return self._conn.execute(self.d.sql(text), args)
@@ -170,7 +174,8 @@ class Tx:
         """Of the players just written (``user_ids``; None: any), those whose id was deleted before: each
         one's credential epoch starts past the deleted player's (its row in deleted_players, which goes),
         so no token the deleted player ever had authenticates again. The one place every signup path
-        calls (add_player, the batch, ``player import``); ``authsvc import`` brings both tables as they were."""
+        calls (add_player, the batch, ``player import``); ``authsvc import`` brings both tables as they were.
+        After a restore, none starts below the restore's floor either."""
         if user_ids is None:
             found = self._sql("SELECT d.user_id, d.epoch FROM deleted_players AS d "
                               "JOIN players AS p ON p.user_id = d.user_id").fetchall()
@@ -179,15 +184,26 @@ class Tx:
         for user_id, epoch in found:
             self._sql("UPDATE players SET epoch = ? WHERE user_id = ?", (epoch + 1, user_id))
             self._sql("DELETE FROM deleted_players WHERE user_id = ?", (user_id,))
+        # After a restore, a player new to the store starts at its generation's floor (store/restore.py): a
+        # token minted before the restore for the same id, at a lower epoch, stays dead.
+        if (lowest := restore.floor(self._conn, self.d)) == 0:
+            return
+        if user_ids is None:  # every player below the floor is one just written: a restore moved the rest
+            self._sql("UPDATE players SET epoch = ? WHERE epoch < ?", (lowest, lowest))
+        else:
+            for user_id in user_ids:
+                self._sql("UPDATE players SET epoch = ? WHERE user_id = ? AND epoch < ?", (lowest, user_id, lowest))
 
-    def delete_player(self, user_id: int) -> int | None:
+    def delete_player(self, user_id: int, *, ledger: bool = True) -> int | None:
         """Delete the player and erase its names; the epoch it had, None if no such player.
 
         Its row goes, its id and epoch stay (deleted_players, no name); its sealing key and the clear
         values kept beside its records go, so the chain keeps only digests no one can test a guess
         against; its records written before sealing have their names replaced (store/audit.py's
         erase_clear_names), each listed with its new hash in this deletion's own record. Once the
-        transaction commits, the store clears the space this freed (``erased``)."""
+        transaction commits, the store clears the space this freed (``erased``). Before it commits, the id
+        and epoch are appended to the restore ledger (store/ledger.py; not when a restore itself deletes):
+        should the commit then fail, a later restore deletes a player that was not, never the reverse."""
         self.locked()
         if (before := trail.player_state(self._conn, self.d, user_id)) is None:
             return None
@@ -205,6 +221,8 @@ class Tx:
         self._sql(f"UPDATE events SET data = {self.d.DATA_WITHOUT_USERNAME} WHERE user_id = ?", (user_id,))
         self.emit("player.deleted", user_id=user_id, data={"user_id": user_id, "epoch": before["epoch"]})
         self._lock.erased = True
+        if ledger and self._ledger:  # on disk before the COMMIT: a restore of an older copy deletes it again
+            restore_ledger.append_deletion(self._ledger, user_id, before["epoch"])
         return before["epoch"]
 
     def _change_player(self, user_id: int, action: str, sql: str, args: tuple, event: str) -> dict | None:

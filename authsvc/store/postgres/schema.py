@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from authsvc.store import audit as trail
 from authsvc.store import events as event_tables
+from authsvc.store import restore
 from authsvc.store.api_tables import API_TABLES
 from authsvc.store.postgres.reader import READER_ROLE
 
@@ -107,6 +108,11 @@ MIGRATIONS: list[str] = [
     # No grant to the reader role.
     f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.DELIVERER_STATE.format(bigint="bigint")
     + "REVOKE ALL ON deliverer_lease FROM PUBLIC;",
+    # 10: taken by another change on its way (this placeholder changes nothing).
+    "SELECT 1",
+    # 11: the restore generation (store/restore.py): one row once a backup was restored. A new table; no
+    # grant to the reader role.
+    restore.POSTGRES_TABLE,
 ]
 
 # `authsvc heartbeat`'s own role (deploy/postgres/roles.sql), if the DBA made it: the heartbeat row
@@ -149,6 +155,7 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE, DELETE ON webhooks TO {ADMIN_ROLE};  -- retention
         GRANT SELECT, INSERT, UPDATE, DELETE ON events, deliveries, delivery_attempts TO {ADMIN_ROLE};  -- retention
         GRANT SELECT, INSERT, UPDATE, DELETE ON deliverer_lease TO {ADMIN_ROLE};
+        GRANT SELECT ON restore_generation TO {ADMIN_ROLE};  -- a new player's floor (store/restore.py)
     END IF;
 END
 $$

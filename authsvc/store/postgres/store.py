@@ -176,7 +176,8 @@ class PostgresStore(PostgresReader, Store):
             yield open_tx.joined(audit)
             return
         with self._admin() as conn:
-            tx = self._local.tx = Tx(conn, POSTGRES, audit or trail.unattributed(), collate=COLLATE_C)
+            tx = self._local.tx = Tx(conn, POSTGRES, audit or trail.unattributed(), collate=COLLATE_C,
+                                     ledger=self.ledger)
             try:
                 yield tx
                 head = tx.head()

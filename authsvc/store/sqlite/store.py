@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store import audit as trail
-from authsvc.store import base
+from authsvc.store import base, restore
 from authsvc.store import events as event_tables
 from authsvc.store.api_tables import API_TABLES
 from authsvc.store.audit import Audit, Chain, Record
@@ -95,6 +95,10 @@ MIGRATIONS: list[str] = [
     # writes the deliveries: store/deliveries.py's fan_out) and its lease. One column with a default, one
     # row per webhook rewritten, a new table.
     event_tables.DELIVERER_STATE.format(bigint="INTEGER"),
+    # 9: taken by another change on its way (this placeholder changes nothing).
+    "SELECT 1",
+    # 10: the restore generation (store/restore.py): one row once a backup was restored. A new table.
+    restore.SQLITE_TABLE,
 ]
 
 
@@ -237,7 +241,7 @@ class SQLiteStore(SQLiteReader, Store):
             return
         try:
             with self._write() as conn:
-                tx = self._local.tx = Tx(conn, SQLITE, audit or trail.unattributed())
+                tx = self._local.tx = Tx(conn, SQLITE, audit or trail.unattributed(), ledger=self.ledger)
                 try:
                     yield tx
                     head = tx.head()
