@@ -95,6 +95,10 @@ MIGRATIONS: list[str] = [
     # writes the deliveries: store/deliveries.py's fan_out) and its lease. One column with a default, one
     # row per webhook rewritten, a new table.
     event_tables.DELIVERER_STATE.format(bigint="INTEGER"),
+    # 11: an api key's expiry in unix milliseconds beside the whole seconds of expires_at, which the
+    # previous release goes on reading (and writing: the reader takes the earlier of the two). NULL in
+    # the rows already there: a change of the schema only.
+    "ALTER TABLE api_keys ADD COLUMN expires_at_ms INTEGER",
 ]
 
 
