@@ -4,8 +4,8 @@ The finding: with the default bound (AUTHSVC_MAX_STALENESS=1) a SQLite web worke
 snapshot up to 1 s old, so the token a web tier minted right after a revoke (epoch e+1, the
 password-change path of docs/admin-api.md) or a signup (a player the snapshot lacks) was refused
 with 403 "Invalid credentials" for up to a second. Now a token of the epoch the next change gives
-(e+1, or 0 for a player the snapshot lacks) makes the reader look again at the latest commit before
-refusing; the revocation promise still holds for the tokens a change revoked: refused from
+(e+1; for a player the snapshot lacks 0, or a deleted id's epoch + 1) makes the reader look again
+at the latest commit before refusing; the revocation promise still holds for the tokens a change revoked: refused from
 ``effective_by`` on. Both engines: a PostgreSQL primary had no such lag (no snapshot), and keeps none.
 """
 

@@ -13,7 +13,8 @@ lookup of the player: together more than half of the store's cost
 ``max_staleness`` seconds earlier (AUTHSVC_MAX_STALENESS, default 1 s, at most
 1 s; docs/stores.md). With 0, every authentication is one query of its own.
 ``fresh_credentials`` starts a new snapshot at once: asked for a token minted
-after a change the snapshot predates (web/authenticate.py).
+after a change the snapshot predates (web/authenticate.py). So does an api key
+the snapshot lacks (a key added since), at most once per KEY_LOOK_AGAIN per thread.
 An idle worker ends its snapshot too: a thread per process ends any snapshot
 older than the bound, since a checkpoint cannot pass an open read transaction
 and the -wal file would grow with every admin write ("The -wal file").
