@@ -4,8 +4,8 @@ The finding: with the default bound (AUTHSVC_MAX_STALENESS=1) a SQLite web worke
 snapshot up to 1 s old, so the token a web tier minted right after a revoke (epoch e+1, the
 password-change path of docs/admin-api.md) or a signup (a player the snapshot lacks) was refused
 with 403 "Invalid credentials" for up to a second. Now a token of the epoch the next change gives
-(e+1, or 0 for a player the snapshot lacks) makes the reader look again at the latest commit before
-refusing; the revocation promise still holds for the tokens a change revoked: refused from
+(e+1; for a player the snapshot lacks 0, or a deleted id's epoch + 1) makes the reader look again
+at the latest commit before refusing; the revocation promise still holds for the tokens a change revoked: refused from
 ``effective_by`` on. Both engines: a PostgreSQL primary had no such lag (no snapshot), and keeps none.
 """
 
@@ -217,6 +217,40 @@ def test_under_gunicorn_a_token_minted_after_a_revoke_or_signup_works_on_every_t
                      "api_key": world.api_key}
         answers = [json.loads(get(port, params).body) for params in (revoked, signed_up) for _ in range(20)]
         assert [a.get("success") for a in answers] == [True] * 40, "".join("+" if a.get("success") else "-" for a in answers)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+        admin.store.close()
+
+
+@pytest.mark.engine("sqlite", "postgresql")
+def test_under_gunicorn_a_token_minted_after_a_deleted_id_signs_up_again_works_at_once(env, world, tmp_path, settings):
+    """A deleted id signed up again continues its epoch (the deleted player's + 1, not 0): its new token
+    authenticates at once whether the workers' snapshots lack the player (each refused its old token
+    first) or still hold the deleted row (signed up again at once). Four rounds, 20 authentications each."""
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"} | {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+    admin = AdminApp(dataclasses.replace(settings, max_staleness=1.0))
+    api = webtest.TestApp(admin, lint=True)
+    _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), "web-tier",
+                                 ["players:write", "tokens:mint"])
+    headers = {"Authorization": f"Bearer {token}"}
+    port = free_port()
+    proc = start_gunicorn(env, port=port)
+    try:
+        wait_for_port(port)
+        old = world.params()
+        until_both_workers_counted(port, old, metrics_dir, result="success")  # both hold a snapshot
+        for round_ in range(4):
+            assert api.delete(f"/v1/players/{world.user_id}", headers=headers).status_int == 200
+            if round_ % 2 == 0:  # both workers' snapshots lack the player
+                until_both_workers_counted(port, old, metrics_dir, result="unknown_player", answer=REFUSED)
+            assert api.put_json(f"/v1/players/{world.user_id}", {"username": "alice"}, headers=headers).status_int == 201
+            old = world.params(game_auth_token=_mint(api, headers, world.game_id, world.user_id))
+            answers = [json.loads(get(port, old).body) for _ in range(20)]
+            assert [a.get("success") for a in answers] == [True] * 20, (
+                round_, "".join("+" if a.get("success") else "-" for a in answers))
     finally:
         proc.terminate()
         proc.communicate(timeout=20)

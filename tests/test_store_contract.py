@@ -79,7 +79,7 @@ def test_a_store_migrated_to_the_fan_out_mark_sends_no_event_twice(empty_url, se
     engine = importlib.import_module("authsvc.store.sqlite.store" if empty_url.startswith("sqlite://")
                                      else "authsvc.store.postgres.store")
     current = engine.MIGRATIONS
-    before = len(current) - 1
+    before = 7 if empty_url.startswith("sqlite://") else 8  # the release before the fan-out mark
     monkeypatch.setattr(engine, "MIGRATIONS", current[:before])
     store = open_store(empty_url, readonly=False, settings=settings)
     try:
@@ -233,6 +233,36 @@ def test_add_api_key_expires_older_keys(admin_store):
     assert admin_store.add_api_key(g.id, digest(5), NOW + 40, None) is True
     assert [k.expires_at for k in admin_store.get_game(g.id).keys] == [NOW + 50, NOW + 50, NOW + 50, None, None]
     assert admin_store.get_game(other.id).keys == (ApiKey(digest(7), NOW, None),)  # untouched
+
+
+def test_a_key_expiry_is_read_to_the_millisecond_and_the_previous_releases_whole_seconds_hold(admin_store, store_url,
+                                                                                                   settings):
+    """The expiry is kept in ms (expires_at_ms) beside the whole second at or after it (expires_at, which the
+    previous release reads and writes); a reader takes the earlier: a key expired by the previous release's
+    rotation during a rolling upgrade stays expired, and a row written before the column reads its seconds."""
+    from tests.support import store_sql
+
+    g = admin_store.add_game("Chess", digest(1), NOW)
+    reader = open_store(store_url, readonly=True, settings=dataclasses.replace(settings, max_staleness=0.0))
+    try:
+        assert admin_store.add_api_key(g.id, digest(2), NOW, NOW + 8.123) is True
+        assert store_sql(store_url, "SELECT expires_at, expires_at_ms FROM api_keys WHERE expires_at IS NOT NULL") == [
+            (NOW + 9, (NOW + 8) * 1000 + 123)]
+        assert reader.credentials(digest(1), 42).key_expires_at == NOW + 8.123
+        listed = {k.digest: k.expires_at for k in admin_store.get_game(g.id).keys}
+        assert listed == {digest(1): NOW + 9, digest(2): None}  # listed: rounded up
+        # a later expiry leaves it alone, to the millisecond
+        assert admin_store.add_api_key(g.id, digest(3), NOW, NOW + 8.5) is True
+        assert reader.credentials(digest(1), 42).key_expires_at == NOW + 8.123
+        store_sql(store_url, f"UPDATE api_keys SET expires_at = {NOW + 3} WHERE expires_at = {NOW + 9}")  # the previous release
+        assert reader.credentials(digest(1), 42).key_expires_at == NOW + 3
+        # a later rotation does not bring it back
+        assert admin_store.add_api_key(g.id, digest(4), NOW, NOW + 60) is True
+        assert reader.credentials(digest(1), 42).key_expires_at == NOW + 3
+        store_sql(store_url, "UPDATE api_keys SET expires_at_ms = NULL")  # rows from before the column
+        assert reader.credentials(digest(1), 42).key_expires_at == NOW + 3
+    finally:
+        reader.close()
 
 
 def test_add_api_key_to_a_missing_game_or_with_a_taken_digest(admin_store):

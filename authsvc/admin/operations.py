@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
+import math
 import os
 import time
 from collections.abc import Callable
@@ -131,19 +132,20 @@ def check_old_key_ttl(old_key_ttl: int) -> None:
 
 
 def rotate_game_key(store: Store, ctx: Context, game_id: int, old_key_ttl: int) -> tuple[str, int]:
-    """A new api key for the game; its older keys expire ``old_key_ttl`` seconds from now: (key, expires_at)."""
+    """A new api key for the game; its older keys expire ``old_key_ttl`` seconds from now, to the millisecond
+    (docs/tokens.md): (key, that time rounded up to the whole second, as shown)."""
     check_game_id(game_id)
     check_old_key_ttl(old_key_ttl)
     api_key = new_api_key()
-    now = ctx.now()
-    expires_at = now + old_key_ttl
+    at = round(ctx.clock(), 3)
+    expires_at = at + old_key_ttl
     try:
-        added = store.add_api_key(game_id, api_key_digest(api_key), now, expires_at, audit=ctx.audit())
+        added = store.add_api_key(game_id, api_key_digest(api_key), int(at), expires_at, audit=ctx.audit())
     except base.Conflict as e:
         raise Conflict(str(e)) from None
     if not added:
         raise NotFound(f"no game {game_id}")
-    return api_key, expires_at
+    return api_key, math.ceil(expires_at)
 
 
 # -- players --------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ class Credentials(NamedTuple):
 
     game_id: int
     game_enabled: bool
-    key_expires_at: int | None  # unix seconds; None = no expiry
+    key_expires_at: float | None  # unix seconds, to the millisecond; None = no expiry
     username: str | None  # None = no such player
     epoch: int  # 0 when there is no such player
     player_enabled: bool  # false when there is no such player
@@ -192,9 +192,10 @@ class Store(Reader):
             return tx.set_game_enabled(game_id, enabled)
 
     def add_api_key(
-        self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None, *, audit: Audit | None = None
+        self, game_id: int, key_digest: str, now: int, old_keys_expire_at: float | None, *, audit: Audit | None = None
     ) -> bool:
-        """Add a key; keys of the game with no expiry, or a later one, expire at ``old_keys_expire_at``."""
+        """Add a key; keys of the game with no expiry, or a later one, expire at ``old_keys_expire_at`` (unix
+        seconds, kept to the millisecond)."""
         with self.write(audit) as tx:
             return tx.add_api_key(game_id, key_digest, now, old_keys_expire_at)
 

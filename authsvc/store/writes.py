@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -336,18 +337,24 @@ class Tx:
         self._game_record("game.enable" if enabled else "game.disable", game_id, before)
         return True
 
-    def add_api_key(self, game_id: int, key_digest: str, now: int, old_keys_expire_at: int | None) -> bool:
-        """A new key; the game's keys with no expiry, or a later one, expire at ``old_keys_expire_at``."""
+    def add_api_key(self, game_id: int, key_digest: str, now: int, old_keys_expire_at: float | None) -> bool:
+        """A new key; the game's keys with no expiry, or a later one, expire at ``old_keys_expire_at`` (unix
+        seconds, kept to the millisecond in expires_at_ms; expires_at, which the previous release reads, is
+        the whole second at or after it: there a key lives up to a second longer, never shorter)."""
         self.locked()
         if (before := trail.game_state(self._conn, self.d, game_id)) is None:
             return False
         self._check_digest(key_digest)
+        seconds = None if old_keys_expire_at is None else math.ceil(old_keys_expire_at)
         if old_keys_expire_at is not None:
-            self._sql("UPDATE api_keys SET expires_at = ? WHERE game_id = ? AND (expires_at IS NULL OR expires_at > ?)",
-                      (old_keys_expire_at, game_id, old_keys_expire_at))
+            ms = round(old_keys_expire_at * 1000)
+            # A later expiry: the earlier of the two columns (the reader's rule) is after ``ms``.
+            self._sql("UPDATE api_keys SET expires_at = ?, expires_at_ms = ? WHERE game_id = ? AND (expires_at IS NULL "
+                      "OR (expires_at * 1000 > ? AND (expires_at_ms IS NULL OR expires_at_ms > ?)))",
+                      (seconds, ms, game_id, ms, ms))
         self._insert_key(key_digest, game_id, now)
-        self._game_record("game.rotate_key", game_id, before, {"old_keys_expire_at": old_keys_expire_at})
-        self.emit("game.key_rotated", game_id=game_id, data={"game_id": game_id, "old_keys_expire_at": old_keys_expire_at})
+        self._game_record("game.rotate_key", game_id, before, {"old_keys_expire_at": seconds})
+        self.emit("game.key_rotated", game_id=game_id, data={"game_id": game_id, "old_keys_expire_at": seconds})
         return True
 
     # -- webhook subscriptions (store/events.py) ---------------------------------------------------

@@ -127,9 +127,10 @@ class Authenticator:
             if reason is SUCCESS and username is not None:
                 return Result(None, success_bytes(user_id, username), SUCCESS, game_id, user_id)
         # Refused. Was the token minted after a change the store's answer predates (a snapshot up to
-        # AUTHSVC_MAX_STALENESS old)? The epoch the next change gives: a revoke's e + 1, a signup's 0
-        # (a missing player's placeholder epoch is 0). One MAC more on every refusal after the store,
-        # whatever the key and player, so its time still tells neither; none on success.
+        # AUTHSVC_MAX_STALENESS old)? The epoch the next change gives: a revoke's e + 1, a signup's the
+        # missing player's placeholder epoch (0, or on a SQLite snapshot a deleted id's epoch + 1). One MAC
+        # more on every refusal after the store, whatever the key and player, so its time still tells
+        # neither; none on success.
         ahead = epoch + (username is not None)
         if self.tokens.matches(game_id, user_id, ahead, token) and game_id:
             return self.look_again(api_key, user_id, ahead)

@@ -34,15 +34,17 @@ from authsvc.store.common import MASK, SECRET_PARAMS, ThreadConnections, redact_
 log = logging.getLogger("authsvc.store")
 
 READER_ROLE = "authsvc_reader"
-SCHEMA_VERSION = 11  # len(postgres.MIGRATIONS): the version this release reads
+SCHEMA_VERSION = 12  # len(postgres.MIGRATIONS): the version this release reads
 COLLATE_C = ' COLLATE "C"'  # key digests in SQLite's (byte) order, whatever the database's collation
 
 # SQLite's query (store/sqlite/reader.py): one row always, every lookup made whether or not
 # the key and the player exist, so the time of an answer tells neither. No key: game_id NULL.
 # A missing player reads as a placeholder username (decoded like a real one) and epoch 0;
-# its ``enabled`` is NULL, which is how the reader tells it is missing.
+# its ``enabled`` is NULL, which is how the reader tells it is missing. A key's expiry in unix
+# milliseconds: the earlier of expires_at_ms and the whole seconds the previous release writes.
 CREDENTIALS_SQL = """
-SELECT k.game_id, g.enabled, k.expires_at, coalesce(p.username, 'no-such-player'), coalesce(p.epoch, 0), p.enabled
+SELECT k.game_id, g.enabled, least(k.expires_at_ms, k.expires_at * 1000), coalesce(p.username, 'no-such-player'),
+       coalesce(p.epoch, 0), p.enabled
 FROM (SELECT %s AS user_id, %s AS digest) AS q
 LEFT JOIN players AS p ON p.user_id = q.user_id
 LEFT JOIN api_keys AS k ON k.digest = q.digest
@@ -250,7 +252,7 @@ class PostgresReader(ThreadConnections, Reader):
         found = Credentials(
             int(game_id or b"0"),
             game_enabled == b"t",
-            None if expires_at is None else int(expires_at),
+            None if expires_at is None else int(expires_at) / 1000,  # unix seconds, to the millisecond
             (None, username.decode())[player_enabled is not None],
             int(epoch),
             player_enabled == b"t",

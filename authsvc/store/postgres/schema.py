@@ -113,6 +113,12 @@ MIGRATIONS: list[str] = [
     # 11: the restore generation (store/restore.py): one row once a backup was restored. A new table; no
     # grant to the reader role.
     restore.POSTGRES_TABLE,
+    # 12: an api key's expiry in unix milliseconds beside the whole seconds of expires_at, which the
+    # previous release goes on reading (and writing: the reader takes the earlier of the two). NULL in
+    # the rows already there: no row is rewritten. The ALTER TABLE needs api_keys to itself for a
+    # moment (every authentication reads it): it waits for the lock at most MIGRATION_LOCK_WAIT. The
+    # reader role's grant on api_keys is the whole table's: it reads the new column.
+    f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}'; ALTER TABLE api_keys ADD COLUMN expires_at_ms bigint;",
 ]
 
 # `authsvc heartbeat`'s own role (deploy/postgres/roles.sql), if the DBA made it: the heartbeat row

@@ -13,7 +13,8 @@ lookup of the player: together more than half of the store's cost
 ``max_staleness`` seconds earlier (AUTHSVC_MAX_STALENESS, default 1 s, at most
 1 s; docs/stores.md). With 0, every authentication is one query of its own.
 ``fresh_credentials`` starts a new snapshot at once: asked for a token minted
-after a change the snapshot predates (web/authenticate.py).
+after a change the snapshot predates (web/authenticate.py). So does an api key
+the snapshot lacks (a key added since), at most once per KEY_LOOK_AGAIN per thread.
 An idle worker ends its snapshot too: a thread per process ends any snapshot
 older than the bound, since a checkpoint cannot pass an open read transaction
 and the -wal file would grow with every admin write ("The -wal file").
@@ -46,29 +47,42 @@ from authsvc.store.sqlite.url import path_from_url
 log = logging.getLogger("authsvc.store")
 
 MMAP_BYTES = 1 << 30  # the reader maps up to the first GiB of the file
-SCHEMA_VERSION = 10  # len(sqlite.MIGRATIONS): the version this release reads
+SCHEMA_VERSION = 11  # len(sqlite.MIGRATIONS): the version this release reads
 
 # One row always, the player looked up whether or not the key exists (and the game
 # whether or not it does: id 0 is never used): the same work for any key and player,
 # so the time of an answer does not tell which exist (docs/stores.md). No key: game_id NULL.
 # A missing player reads as a placeholder username (decoded into a str like a real one) and
 # epoch 0; its ``enabled`` is NULL, which is how the reader tells it is missing.
-CREDENTIALS_SQL = """
-SELECT k.game_id, coalesce(g.enabled, 0), k.expires_at, coalesce(p.username, 'no-such-player'), coalesce(p.epoch, 0),
-       p.enabled
+# A key's expiry: unix seconds to the millisecond, the earlier of expires_at_ms and the whole
+# seconds the previous release writes (NULL: none; docs/stores.md, "Schema and migrations").
+KEY_EXPIRES_AT = "min(coalesce(k.expires_at_ms, k.expires_at * 1000), k.expires_at * 1000) / 1000.0"
+CREDENTIALS_SQL = f"""
+SELECT k.game_id, coalesce(g.enabled, 0), {KEY_EXPIRES_AT}, coalesce(p.username, 'no-such-player'),
+       coalesce(p.epoch, 0), p.enabled
 FROM (SELECT ? AS user_id, ? AS digest) AS q
 LEFT JOIN players AS p ON p.user_id = q.user_id
 LEFT JOIN api_keys AS k ON k.digest = q.digest
 LEFT JOIN games AS g ON g.id = coalesce(k.game_id, 0)
 """
 # With a snapshot: the keys once per snapshot, then the player by primary key, one row
-# whether or not the player exists (a missing one: the placeholder, 0, NULL).
-KEYS_SQL = "SELECT k.digest, k.game_id, g.enabled, k.expires_at FROM api_keys AS k JOIN games AS g ON g.id = k.game_id"
+# whether or not the player exists (a missing one: the placeholder, its epoch, NULL). A missing
+# player's epoch is the one a signup would give it in the snapshot's data: a deleted id's epoch + 1
+# (store/writes.py's continue_epochs), else 0, so a token minted right after the signup is one the
+# authenticator looks again for (docs/stores.md, "A token minted after a change"). The
+# deleted_players lookup is made for every player, existing or not: the same work.
+KEYS_SQL = (f"SELECT k.digest, k.game_id, g.enabled, {KEY_EXPIRES_AT} "
+            "FROM api_keys AS k JOIN games AS g ON g.id = k.game_id")
 PLAYER_SQL = """
-SELECT coalesce(p.username, 'no-such-player'), coalesce(p.epoch, 0), p.enabled
+SELECT coalesce(p.username, 'no-such-player'), coalesce(p.epoch, d.epoch + 1, 0), p.enabled
 FROM (SELECT ? AS user_id) AS q LEFT JOIN players AS p ON p.user_id = q.user_id
+LEFT JOIN deleted_players AS d ON d.user_id = q.user_id
 """
 NO_KEY = (None, 0, None)  # game_id NULL, as CREDENTIALS_SQL gives for an unknown key
+# A key the snapshot lacks (a key added since, or no key at all) renews the snapshot at once, but at
+# most once per KEY_LOOK_AGAIN seconds per worker thread: a new key authenticates at once, and a
+# stream of unknown keys costs at most 1 / KEY_LOOK_AGAIN renewals a second (docs/design.md, "Freshness").
+KEY_LOOK_AGAIN = 0.05
 
 
 def _identity(path: str) -> tuple[int, int]:
@@ -96,12 +110,13 @@ class _Snapshot:
     while it ends one, so a connection is never used by two threads at once.
     """
 
-    __slots__ = ("lock", "conn", "taken_at", "keys", "__weakref__")
+    __slots__ = ("lock", "conn", "taken_at", "missed_at", "keys", "__weakref__")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.lock = threading.Lock()
         self.conn = conn
         self.taken_at = 0.0
+        self.missed_at = -math.inf  # when a key this thread's snapshot lacked last renewed it
         self.keys: dict[str, tuple] | None = None  # None: no snapshot open
 
     def end(self) -> None:
@@ -316,8 +331,13 @@ class SQLiteReader(ThreadConnections, Reader):
             else:
                 snapshot = getattr(self._local, "snapshot", None) or self._snapshot()
                 with snapshot.lock:  # the reaper ends a snapshot only between two requests
-                    keys = snapshot.keys
-                    if keys is None or self.clock() - snapshot.taken_at >= self.max_staleness:
+                    keys, now = snapshot.keys, self.clock()
+                    if keys is None or now - snapshot.taken_at >= self.max_staleness:
+                        keys = self._new_snapshot(snapshot)
+                    elif key_digest not in keys and now - snapshot.missed_at >= KEY_LOOK_AGAIN:
+                        # A key added since the snapshot (a rotation, a new game) works at once. Comparisons
+                        # only before this branch, so a known key does the same calls (tests/test_equal_work.py).
+                        snapshot.missed_at = now
                         keys = self._new_snapshot(snapshot)
                     player = snapshot.conn.execute(PLAYER_SQL, (user_id,)).fetchone()
                 row = (*keys.get(key_digest, NO_KEY), *player)

@@ -99,6 +99,10 @@ MIGRATIONS: list[str] = [
     "SELECT 1",
     # 10: the restore generation (store/restore.py): one row once a backup was restored. A new table.
     restore.SQLITE_TABLE,
+    # 11: an api key's expiry in unix milliseconds beside the whole seconds of expires_at, which the
+    # previous release goes on reading (and writing: the reader takes the earlier of the two). NULL in
+    # the rows already there: a change of the schema only.
+    "ALTER TABLE api_keys ADD COLUMN expires_at_ms INTEGER",
 ]
 
 
