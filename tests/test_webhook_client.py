@@ -11,7 +11,8 @@ import pytest
 
 from authsvc.settings import host_list
 from authsvc.webhooks.connect import Client
-from authsvc.webhooks.target import public
+from authsvc.errors import Invalid
+from authsvc.webhooks.target import check_url, public
 from tests.support import Receiver
 
 BODY = b'{"type":"player.created"}'
@@ -33,7 +34,43 @@ def test_addresses_of_the_platform_s_own_networks_are_not_public(address):
     assert not public(ipaddress.ip_address(address))
 
 
-@pytest.mark.parametrize("address", ["8.8.8.8", "2606:4700::1111", "::ffff:8.8.8.8"])
+# IPv6 forms that carry an IPv4 address, or that no public host has: each once passed as public.
+SPECIAL_V6 = [
+    "::127.0.0.1", "::10.0.0.1", "::8.8.8.8",  # IPv4-compatible (deprecated): refused, whatever it carries
+    "::ffff:0:127.0.0.1", "::ffff:0:8.8.8.8",  # SIIT (IPv4-translated): refused
+    "64:ff9b::7f00:1", "64:ff9b::a9fe:a9fe",  # NAT64's well-known prefix: judged by the IPv4 address
+    "64:ff9b:1::7f00:1", "64:ff9b:1::808:808", "64:ff9b:1:ffff::1",  # local-use NAT64: refused
+    "2002:a9fe:a9fe::1", "2002:c0a8:101::1",  # 6to4: judged by the IPv4 address
+    "2001:0:4136:e378:8000:63bf:3fff:fdd2", "2001:0:808:808::f7f7:f7f7",  # Teredo: refused
+    "fec0::1", "feff:ffff::1",  # site-local (deprecated): refused
+    "5f00::1", "4000::1",  # outside 2000::/3, where every public unicast address is
+]
+
+
+@pytest.mark.parametrize("address", SPECIAL_V6)
+def test_special_ipv6_forms_are_judged_by_the_ipv4_address_they_carry_or_refused(address):
+    assert not public(ipaddress.ip_address(address))
+
+
+@pytest.mark.parametrize("address", SPECIAL_V6)
+def test_a_name_resolving_to_a_special_ipv6_form_is_not_a_public_address(address):
+    def resolve(host, port, type):
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", (address, port, 0, 0))]
+
+    answer = Client(resolve=resolve).post("https://hooks.example.com/x", BODY, {})
+    assert (answer.status, answer.error) == (None, "not a public address")
+
+
+@pytest.mark.parametrize("address", SPECIAL_V6)
+def test_a_url_naming_a_special_ipv6_form_is_refused(address):
+    with pytest.raises(Invalid) as refused:
+        check_url(f"https://[{address}]/hook", frozenset())
+    assert refused.value.detail == ("names an address outside the public internet (allowed only for a host in "
+                                    "AUTHSVC_WEBHOOK_ALLOW_HOSTS)")
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "2606:4700::1111", "::ffff:8.8.8.8", "64:ff9b::808:808",
+                                     "2002:808:808::1", "2a00:1450:4001::1"])
 def test_internet_addresses_are_public(address):
     assert public(ipaddress.ip_address(address))
 

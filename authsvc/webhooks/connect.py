@@ -4,7 +4,7 @@ A webhook's URL is the subscriber's to choose, so a POST to it must not become a
 platform's own network. Each new connection resolves the host once (getaddrinfo) and is refused
 unless every address the name gives is public (webhooks/target.py's ``public``: no loopback, private, link-local,
 CGNAT, multicast, reserved or unspecified address, nor one of those inside an IPv4-mapped, 6to4
-or NAT64 address); it then connects to the address it checked, never to the name, so a second
+or NAT64 address, nor an IPv6 form refused outright); it then connects to the address it checked, never to the name, so a second
 DNS answer cannot swap in another (DNS rebinding). A host[:port] on AUTHSVC_WEBHOOK_ALLOW_HOSTS
 skips the address rule (a receiver on the platform's own network, the demo's on loopback).
 
