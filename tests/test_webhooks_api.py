@@ -245,3 +245,35 @@ def test_a_backup_holds_no_webhook_secret_and_its_webhooks_are_removed(command_a
         assert conn.execute("SELECT secret, deleted_at IS NOT NULL FROM webhooks").fetchall() == [("", 1)]
         assert conn.execute("SELECT state FROM deliveries").fetchall() == [("failed",)]
     assert run("webhook", "list", "--json")[1].count("game.example.com") == 1  # the store itself is as it was
+
+
+@pytest.mark.engine("sqlite", "postgresql")  # counted under each engine's writer lock
+def test_the_51st_live_webhook_is_refused_and_a_removed_one_frees_its_place(admin, world):
+    """One webhooks:write token once added 1,000 webhooks in 8 s, each a delivery of every event after."""
+    app, make_token = admin
+    headers = make_token("web")
+    ids = [app.post_json("/v1/webhooks", HOOK | {"url": f"https://game{n}.example.com/h"}, headers=headers).json["id"]
+           for n in range(50)]
+    r = app.post_json("/v1/webhooks", HOOK | {"url": "https://one-more.example.com/h"}, headers=headers,
+                      expect_errors=True)
+    assert problem(r, 409, "conflict")["detail"] == (
+        "the store has 50 webhooks, its limit (AUTHSVC_MAX_WEBHOOKS): remove one first")
+    assert "one-more" not in app.get("/v1/webhooks", headers=headers).text
+    app.delete(f"/v1/webhooks/{ids[0]}", headers=headers)  # a removed one is not counted
+    assert app.post_json("/v1/webhooks", HOOK | {"url": "https://one-more.example.com/h"},
+                         headers=headers).status_int == 201
+    problem(app.post_json("/v1/webhooks", HOOK, headers=headers, expect_errors=True), 409, "conflict")
+
+
+def test_the_command_refuses_a_webhook_past_the_limit_with_one_line(command_as_alice, monkeypatch):
+    run = command_as_alice
+    assert run("init")[0] == 0
+    monkeypatch.setenv("AUTHSVC_MAX_WEBHOOKS", "2")
+    for n in range(2):
+        assert run("webhook", "add", f"https://game{n}.example.com/h", "--event", "player.created")[0] == 0
+    code, out, err = run("webhook", "add", "https://game2.example.com/h", "--event", "player.created")
+    assert (code, out, err) == (1, "", "authsvc: error: the store has 2 webhooks, its limit (AUTHSVC_MAX_WEBHOOKS): "
+                                       "remove one first\n")
+    monkeypatch.setenv("AUTHSVC_MAX_WEBHOOKS", "0")
+    code, _, err = run("webhook", "list")
+    assert code == 1 and "AUTHSVC_MAX_WEBHOOKS" in err and "from 1 to 10000" in err, err
