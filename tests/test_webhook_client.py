@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
+from authsvc.errors import Invalid
 from authsvc.settings import host_list
 from authsvc.webhooks.connect import Client
-from authsvc.errors import Invalid
 from authsvc.webhooks.target import check_url, public
 from tests.support import Receiver
 
