@@ -138,6 +138,8 @@ SETTINGS = (
     # `authsvc deliver` reaches them though they resolve to such an address (authsvc/webhooks/connect.py).
     Setting("webhook_allow_hosts", "AUTHSVC_WEBHOOK_ALLOW_HOSTS", str, "",
             rule="host or host:port items, comma-separated ([v6 address] in brackets)", check=_host_list),
+    # Live webhooks a store may have (authsvc/admin/operations.py's add_webhook): each one is a POST of every event.
+    Setting("max_webhooks", "AUTHSVC_MAX_WEBHOOKS", int, 50, rule="from 1 to 10000", check=lambda v: 1 <= v <= 10_000),
     # The level of the app's "authsvc" logger, set by deploy/gunicorn.conf.py's logconfig_dict.
     Setting("log_level", "AUTHSVC_LOG_LEVEL", str, "INFO", choices=_LOG_LEVELS),
     Setting("access_record", "AUTHSVC_ACCESS_RECORD", str, "app", choices=("app", "edge")),  # docs/logs.md
@@ -205,6 +207,7 @@ class Settings:
     deliver_concurrency: int = default("deliver_concurrency")
     webhook_timeout: float = default("webhook_timeout")
     webhook_allow_hosts: str = default("webhook_allow_hosts")
+    max_webhooks: int = default("max_webhooks")
     webhook_retention: int = default("webhook_retention")
     restore_ledger: str = default("restore_ledger")
 

@@ -181,7 +181,7 @@ def test_a_failing_receiver_is_logged_without_the_secret_or_the_url_s_query(env,
         log_text = log_path.read_text()
         assert f"webhook 1: 127.0.0.1:{receiver.port} answered 500" in log_text
         assert SECRET.removeprefix("whsec_") not in log_text and "token=" not in log_text
-        assert store_sql(store_url, "SELECT last_error FROM deliveries") == [(f"127.0.0.1:{receiver.port} answered 500",)]
+        assert store_sql(store_url, "SELECT last_error FROM deliveries") == [("answered 500",)]  # the host: the log's
     finally:
         receiver.close()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import socket
 import sqlite3
 
 import pytest
@@ -245,3 +246,89 @@ def test_a_backup_holds_no_webhook_secret_and_its_webhooks_are_removed(command_a
         assert conn.execute("SELECT secret, deleted_at IS NOT NULL FROM webhooks").fetchall() == [("", 1)]
         assert conn.execute("SELECT state FROM deliveries").fetchall() == [("failed",)]
     assert run("webhook", "list", "--json")[1].count("game.example.com") == 1  # the store itself is as it was
+
+
+@pytest.mark.engine("sqlite", "postgresql")  # counted under each engine's writer lock
+def test_the_51st_live_webhook_is_refused_and_a_removed_one_frees_its_place(admin, world):
+    """One webhooks:write token once added 1,000 webhooks in 8 s, each a delivery of every event after."""
+    app, make_token = admin
+    headers = make_token("web")
+    ids = [app.post_json("/v1/webhooks", HOOK | {"url": f"https://game{n}.example.com/h"}, headers=headers).json["id"]
+           for n in range(50)]
+    r = app.post_json("/v1/webhooks", HOOK | {"url": "https://one-more.example.com/h"}, headers=headers,
+                      expect_errors=True)
+    assert problem(r, 409, "conflict")["detail"] == (
+        "the store has 50 webhooks, its limit (AUTHSVC_MAX_WEBHOOKS): remove one first")
+    assert "one-more" not in app.get("/v1/webhooks", headers=headers).text
+    app.delete(f"/v1/webhooks/{ids[0]}", headers=headers)  # a removed one is not counted
+    assert app.post_json("/v1/webhooks", HOOK | {"url": "https://one-more.example.com/h"},
+                         headers=headers).status_int == 201
+    problem(app.post_json("/v1/webhooks", HOOK, headers=headers, expect_errors=True), 409, "conflict")
+
+
+def test_the_command_refuses_a_webhook_past_the_limit_with_one_line(command_as_alice, monkeypatch):
+    run = command_as_alice
+    assert run("init")[0] == 0
+    monkeypatch.setenv("AUTHSVC_MAX_WEBHOOKS", "2")
+    for n in range(2):
+        assert run("webhook", "add", f"https://game{n}.example.com/h", "--event", "player.created")[0] == 0
+    code, out, err = run("webhook", "add", "https://game2.example.com/h", "--event", "player.created")
+    assert (code, out, err) == (1, "", "authsvc: error: the store has 2 webhooks, its limit (AUTHSVC_MAX_WEBHOOKS): "
+                                       "remove one first\n")
+    monkeypatch.setenv("AUTHSVC_MAX_WEBHOOKS", "0")
+    code, _, err = run("webhook", "list")
+    assert code == 1 and "AUTHSVC_MAX_WEBHOOKS" in err and "from 1 to 10000" in err, err
+
+
+def test_the_deliveries_listing_names_no_resolved_address_and_no_port_state(admin, world, store_url, command_as_alice):
+    """Delivery errors once said what an internal name resolves to, and told a closed port ("Connection
+    refused") from a filtered one ("timed out"). Real sockets on loopback: a name that resolves to it, a
+    port nobody listens on, and one whose accept queue is full (its SYNs dropped, as a firewall's)."""
+    from authsvc.webhooks.connect import Client
+    from authsvc.webhooks.deliver import Deliverer
+    from tests.support import add_webhook
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]  # bound, never listening: refused
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    queued = socket.create_connection(full.getsockname())  # fills the queue: the next connection hangs
+    KEY = "whsec_" + "A" * 32  # noqa: N806
+    hooks = {
+        "internal name": add_webhook(store_url, f"http://localhost:{closed_port}/hook", ["player.created"], KEY),
+        "closed port": add_webhook(store_url, f"http://127.0.0.1:{closed_port}/hook", ["player.created"], KEY),
+        "filtered port": add_webhook(store_url, f"http://127.0.0.1:{full.getsockname()[1]}/hook", ["player.created"],
+                                     KEY),
+    }
+    lines: list[str] = []
+    deliverer = Deliverer(world.store, Client({"127.0.0.1"}, connect_timeout=1.0, timeout=2.0), concurrency=4,
+                          log=lines.append)
+    try:
+        world.store.add_player(7, "bob")
+        for _ in range(2):  # the fan-out, then the attempts
+            deliverer.step()
+            deliverer.settle()
+    finally:
+        deliverer.stopping.set()
+        deliverer.finish()
+        deliverer.client.close()
+        queued.close()
+        full.close()
+        closed.close()
+    app, make_token = admin
+    headers = make_token("reader", ["webhooks:read"])
+    expected = {"internal name": "not a public address", "closed port": "could not connect",
+                "filtered port": "could not connect"}
+    for what, hook_id in hooks.items():
+        (listed,) = app.get(f"/v1/webhooks/{hook_id}/deliveries", headers=headers).json["deliveries"]
+        assert (what, listed["last_error"], [a["error"] for a in listed["attempts"]]) == (
+            what, expected[what], [expected[what]])
+        code, out, _ = command_as_alice("webhook", "deliveries", str(hook_id))
+        assert code == 0 and out.splitlines()[1].endswith(f"  {expected[what]}"), out
+        code, out, _ = command_as_alice("webhook", "deliveries", str(hook_id), "--json")
+        assert json.loads(out)["deliveries"][0]["last_error"] == expected[what]
+    # The operator's log keeps a detail (host and port, the socket's reason), never the listing's only.
+    (summary,) = [line for line in lines if line.startswith("delivered 0, 3 attempts failed")]
+    assert re.search(r"\(last: webhook [123]: (localhost|127\.0\.0\.1):[0-9]+", summary), summary

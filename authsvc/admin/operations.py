@@ -36,7 +36,7 @@ from authsvc.errors import (
     NotFound,
 )
 from authsvc.names import MAX_ID, check_game_id, check_game_name, check_user_id, check_username
-from authsvc.settings import Settings, admin_actor, host_list
+from authsvc.settings import Settings, admin_actor, default, host_list
 from authsvc.store import base, open_store
 from authsvc.store.audit import Audit, Record, canonical
 from authsvc.store.base import Game, Player, Store
@@ -336,13 +336,17 @@ def check_webhook_request(url: str, events: list[str], game_id: int | None, allo
 
 
 def add_webhook(store: Store, ctx: Context, url: str, events: list[str], game_id: int | None,
-                allow_hosts: str) -> tuple[Webhook, str]:
-    """A new subscription: (webhook, secret). The secret is shown once; its record holds the URL, never it."""
+                allow_hosts: str, max_webhooks: int = default("max_webhooks")) -> tuple[Webhook, str]:
+    """A new subscription: (webhook, secret). The secret is shown once; its record holds the URL, never it.
+    At most ``max_webhooks`` (AUTHSVC_MAX_WEBHOOKS) live ones, counted under the writer lock: each is a
+    POST of every event it is subscribed to, kept for the retention."""
     chosen = check_webhook_request(url, events, game_id, allow_hosts)
     secret = new_webhook_secret()
     with store.write(ctx.audit()) as tx:
         if game_id is not None and tx.game(game_id) is None:
             raise Invalid(f"no game {game_id}", field="/game_id")
+        if (live := tx.webhook_count()) >= max_webhooks:
+            raise Conflict(f"the store has {live} webhooks, its limit (AUTHSVC_MAX_WEBHOOKS): remove one first")
         return tx.add_webhook(url, chosen, game_id, secret), secret
 
 

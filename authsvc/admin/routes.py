@@ -280,7 +280,8 @@ def add_webhook(app: AdminApp, req: Request) -> Response:
     game_id = req.body.get("game_id") if req.body else None
     if game_id is not None and type(game_id) is not int:
         raise invalid("/game_id", "must be a whole number or null")
-    hook, secret = ops.add_webhook(app.store, req.ctx, url, events, game_id, app.settings.webhook_allow_hosts)
+    hook, secret = ops.add_webhook(app.store, req.ctx, url, events, game_id, app.settings.webhook_allow_hosts,
+                                   app.settings.max_webhooks)
     return Response(201, webhook_json(hook) | {"secret": secret})
 
 

@@ -23,7 +23,7 @@ def cmd_add(args, settings):
         ops.check_webhook_request(args.url, args.event, args.game, settings.webhook_allow_hosts)  # before the store
         with ops.admin_store(settings) as store:
             hook, secret = ops.add_webhook(store, ops.command_context(), args.url, args.event, args.game,
-                                           settings.webhook_allow_hosts)
+                                           settings.webhook_allow_hosts, settings.max_webhooks)
     except Invalid as e:
         if e.field not in _ARGUMENTS:
             raise

@@ -374,6 +374,11 @@ class Tx:
     def _webhook_state(hook: Webhook) -> dict:
         return {"id": hook.id, "url": hook.url, "events": list(hook.events), "game_id": hook.game_id}
 
+    def webhook_count(self) -> int:
+        """How many webhooks are live (not removed)."""
+        self.locked()
+        return self._sql("SELECT count(*) FROM webhooks WHERE deleted_at IS NULL").fetchone()[0]
+
     def webhook(self, webhook_id: int) -> Webhook | None:
         """The live webhook ``webhook_id``, None if none (or deleted)."""
         self.locked()

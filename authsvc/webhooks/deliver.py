@@ -271,7 +271,6 @@ class Deliverer:
                     else:
                         self._counts["failed_attempts"] += 1
                         self._counts["failed"] += o.state == FAILED
-                        self._last_error = f"webhook {o.delivery.webhook_id}: {o.error}"
             self._unwritten = []
 
     def _start(self) -> int:
@@ -324,6 +323,8 @@ class Deliverer:
         started = time.monotonic()
         answer = self.client.post(item.url, payload, headers)
         duration = int((time.monotonic() - started) * 1000)
+        if answer.error is not None:  # the log's detail; the delivery keeps the fixed text (webhooks/connect.py)
+            self._last_error = f"webhook {item.webhook_id}: {answer.detail or answer.error}"
         if answer.error is None:
             return Outcome(item, now, answer.status, None, duration, DELIVERED, item.next_at)
         expires = item.created_at + EXPIRY_MS

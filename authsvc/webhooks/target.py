@@ -38,18 +38,29 @@ def literal_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address 
         return None
 
 
-NAT64 = ipaddress.ip_network("64:ff9b::/96")
+NAT64 = ipaddress.ip_network("64:ff9b::/96")  # the well-known prefix: the IPv4 address is the last 32 bits
+GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")  # every public IPv6 unicast address is in it
+REFUSED_V6 = tuple(ipaddress.ip_network(n) for n in (
+    "::/96",  # IPv4-compatible (deprecated), :: and ::1 too
+    "::ffff:0:0:0/96",  # SIIT's IPv4-translated
+    "64:ff9b:1::/48",  # local-use NAT64: a prefix of the platform's own network
+    "2001::/32",  # Teredo: a tunnel through whatever relay
+    "fec0::/10",  # site-local (deprecated)
+))
 
 
 def public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """On the public internet: an IPv6 address that carries an IPv4 one (IPv4-mapped, 6to4, NAT64) is
-    judged as that IPv4 address."""
+    """On the public internet. An IPv6 address that carries an IPv4 one to reach (IPv4-mapped, NAT64's
+    well-known prefix, 6to4) is judged as that IPv4 address; the other forms that carry one (IPv4-compatible,
+    SIIT, local-use NAT64, Teredo), site-local and anything outside 2000::/3 are refused."""
     if isinstance(address, ipaddress.IPv6Address):
         embedded = address.ipv4_mapped or address.sixtofour
         if embedded is None and address in NAT64:
             embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
         if embedded is not None:
             return public(embedded)
+        if address not in GLOBAL_UNICAST or any(address in net for net in REFUSED_V6):
+            return False
     return address.is_global and not address.is_multicast
 
 
