@@ -5,6 +5,7 @@ from __future__ import annotations
 from authsvc.store import audit as trail
 from authsvc.store import events as event_tables
 from authsvc.store.api_tables import API_TABLES
+from authsvc.store.common import TOKEN_SECRETS_TABLE
 from authsvc.store.postgres.reader import READER_ROLE
 
 # pg_advisory_xact_lock key: one `authsvc init` at a time. Any role allowed to call the advisory lock
@@ -107,6 +108,10 @@ MIGRATIONS: list[str] = [
     # No grant to the reader role.
     f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.DELIVERER_STATE.format(bigint="bigint")
     + "REVOKE ALL ON deliverer_lease FROM PUBLIC;",
+    # 10: the token secrets' fingerprints (authsvc/tokens.py), which the web process reads when its secret
+    # file changes. A new table: no row is rewritten, no table an authentication reads is locked.
+    TOKEN_SECRETS_TABLE.format(bigint="bigint")
+    + f"REVOKE ALL ON token_secret_fingerprints FROM PUBLIC; GRANT SELECT ON token_secret_fingerprints TO {READER_ROLE};",
 ]
 
 # `authsvc heartbeat`'s own role (deploy/postgres/roles.sql), if the DBA made it: the heartbeat row
@@ -149,6 +154,7 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE, DELETE ON webhooks TO {ADMIN_ROLE};  -- retention
         GRANT SELECT, INSERT, UPDATE, DELETE ON events, deliveries, delivery_attempts TO {ADMIN_ROLE};  -- retention
         GRANT SELECT, INSERT, UPDATE, DELETE ON deliverer_lease TO {ADMIN_ROLE};
+        GRANT SELECT, INSERT, DELETE ON token_secret_fingerprints TO {ADMIN_ROLE};
     END IF;
 END
 $$

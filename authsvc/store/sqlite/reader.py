@@ -40,13 +40,13 @@ from collections.abc import Callable, Iterator
 
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store.base import Credentials, Game, Reader
-from authsvc.store.common import ThreadConnections, select_games
+from authsvc.store.common import ThreadConnections, select_games, select_token_secrets
 from authsvc.store.sqlite.url import path_from_url
 
 log = logging.getLogger("authsvc.store")
 
 MMAP_BYTES = 1 << 30  # the reader maps up to the first GiB of the file
-SCHEMA_VERSION = 8  # len(sqlite.MIGRATIONS): the version this release reads
+SCHEMA_VERSION = 9  # len(sqlite.MIGRATIONS): the version this release reads
 
 # One row always, the player looked up whether or not the key exists (and the game
 # whether or not it does: id 0 is never used): the same work for any key and player,
@@ -352,6 +352,14 @@ class SQLiteReader(ThreadConnections, Reader):
         try:
             with self._held() as conn:  # /metrics reads them on a request thread's connection
                 return select_games(conn)
+        except (sqlite3.Error, OSError):
+            self._drop()
+            raise StoreUnavailable("sqlite store unreadable") from None
+
+    def token_secrets(self) -> dict[str, int]:
+        try:
+            with self._held() as conn:
+                return select_token_secrets(conn)
         except (sqlite3.Error, OSError):
             self._drop()
             raise StoreUnavailable("sqlite store unreadable") from None
