@@ -87,7 +87,7 @@ def test_staged_install_puts_everything_in_place(staged):
         "etc/nginx/sites-available/authsvc.conf": 0o644,
         "etc/nginx/snippets/authsvc-json-errors.conf": 0o644,
         "etc/nginx/snippets/authsvc-tls.conf": 0o644,
-        "etc/authsvc": 0o750,
+        "etc/authsvc": 0o1770,  # sticky: the service user replaces its token secret, never root's files
         "etc/authsvc/authsvc.toml": 0o640,
         "etc/authsvc/token-secret": 0o600,
         "var/lib/authsvc": 0o750,
