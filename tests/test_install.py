@@ -230,7 +230,7 @@ def test_install_honours_layout_values(tmp_path):
         assert not (root / rel).exists(), rel
     service = (root / "etc/systemd/system/authsvc.service").read_text()
     assert "ExecStart=/srv/authsvc-app/venv/bin/gunicorn --config /srv/authsvc-app/gunicorn.conf.py" in service
-    assert "LoadCredential=token-secret:/srv/authsvc-etc/token-secret" in service
+    assert "Environment=AUTHSVC_TOKEN_SECRET_FILE=/srv/authsvc-etc/token-secret" in service
     assert "AUTHSVC_CONFIG=/srv/authsvc-etc/authsvc.toml" in service
     wrapper = (root / "usr/local/bin/authsvc").read_text()
     assert "cmd=/srv/authsvc-app/venv/bin/authsvc" in wrapper

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin import operations as ops
 from tests.support import (
     PATH,
     admin_request,
@@ -194,9 +193,7 @@ def test_rotation_needs_no_restart_and_refuses_no_token_until_retire(env, secret
 
         loop = threading.Thread(target=keep_authenticating)
         loop.start()
-        t0 = time.monotonic()
         rotated = command(env, "secret", "rotate")
-        print("rotate took", time.monotonic() - t0)
         assert rotated.returncode == 0, rotated.stderr
         assert "authsvc secret retire" in rotated.stdout
         # Right after: whatever the admin API mints (the new secret within a second) authenticates at once.
@@ -220,15 +217,12 @@ def test_rotation_needs_no_restart_and_refuses_no_token_until_retire(env, secret
         listed = json.loads(command(env, "secret", "list", "--json").stdout)["secrets"]
         assert [(s["minted_with"], s["recorded_at"] is not None) for s in listed] == [(True, True), (False, True)]
 
-        t0 = time.monotonic()
         retired = command(env, "secret", "retire")
-        print("retire took", time.monotonic() - t0)
         assert retired.returncode == 0 and "1 older secret(s) retired" in retired.stdout, retired.stderr
         deadline, in_a_row = time.monotonic() + 30, 0
         while in_a_row < 20:  # every worker has re-read the file (within AUTHSVC_MAX_STALENESS, 1 s)
             assert time.monotonic() < deadline, "the retired secret is still accepted"
             in_a_row = 0 if authenticate(web_port, api_key, before) == (200, SUCCESS) else in_a_row + 1
-        print("refused after", time.monotonic() - t0)
         for _ in range(50):  # on every worker
             assert authenticate(web_port, api_key, before)[1]["error"] == 403
             assert authenticate(web_port, api_key, after) == (200, SUCCESS)

@@ -326,9 +326,8 @@ def initialize(settings: Settings, ctx: Context, *, new_secret: bool = False) ->
 
 # How long `authsvc secret rotate` waits between adding the new secret as a non-first line and making it
 # the one minted with: every running process re-reads the file within AUTHSVC_MAX_STALENESS (at most
-# 1 s), so a token minted with the new secret is accepted everywhere (docs/design.md, "Token secrets").
+# 1 s), so a token minted with the new secret is accepted everywhere (docs/design.md, "Freshness").
 ROTATE_SETTLE = 2 * MAX_STALENESS_BOUND
-SECRET_FILE_HEADER = b"# token secrets, one a line, the first minted with: written by 'authsvc secret' (docs/tokens.md)\n"
 
 
 def write_secret_file(path: str, token_secrets: Sequence[bytes]) -> None:
@@ -350,7 +349,7 @@ def write_secret_file(path: str, token_secrets: Sequence[bytes]) -> None:
         os.fchmod(fd, 0o600)
         if old is not None and (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
             os.fchown(fd, old.st_uid, old.st_gid)
-        os.write(fd, SECRET_FILE_HEADER + b"".join(s + b"\n" for s in token_secrets))
+        os.write(fd, b"".join(s + b"\n" for s in token_secrets))
         os.fsync(fd)
         os.close(fd)
         fd = -1

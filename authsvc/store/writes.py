@@ -423,7 +423,7 @@ class Tx:
     def record_token_secrets(self, fingerprints: Sequence[str], action: str, *, drop: Sequence[str] = (),
                              replace: bool = False) -> None:
         """Add ``fingerprints`` (kept with their first time), drop ``drop`` (or, with ``replace``, every
-        other), and record ``action`` with the counts: never a fingerprint (docs/admin.md, "Audit")."""
+        other), and record ``action`` with the counts: never a fingerprint (docs/admin.md, "The audit trail")."""
         before = self.token_secrets()
         gone = [f for f in before if f not in fingerprints] if replace else [f for f in drop if f in before]
         for fingerprint in gone:
