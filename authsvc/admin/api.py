@@ -64,8 +64,8 @@ class AdminApp:
         self.clock = clock
         self.rate_limit = RateLimit(settings.admin_rate, settings.admin_burst)
         # Minted with: the file's first secret, re-read at most every AUTHSVC_MAX_STALENESS (docs/tokens.md).
-        self.secret_file = SecretFile(settings.token_secret_file, settings.token_secrets, self.store.token_secrets,
-                                      settings.max_staleness)
+        self.secret_file = SecretFile(settings.token_secret_file, settings.token_secrets,
+                                      lambda: self.store.token_secrets(), settings.max_staleness)
         self.openapi_document = openapi_document()
 
     def __call__(self, environ: dict, start_response):
