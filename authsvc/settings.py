@@ -433,7 +433,8 @@ def load_token_secrets(path: str, *, systemd_credential: bool = False) -> TokenS
             raw = f.read()
     except OSError as e:
         raise ConfigError(f"cannot read token secret file {path}: {e.strerror} "
-                          "(set AUTHSVC_TOKEN_SECRET_FILE, or run 'authsvc init' to create one)") from None
+                          "(restore it from its backup copy: a new secret would refuse every token issued; "
+                          "or set AUTHSVC_TOKEN_SECRET_FILE)") from None
     if mode & (stat.S_IROTH | stat.S_IWOTH):
         raise ConfigError(f"token secret file {path} is open to other users (mode {stat.S_IMODE(mode):04o}): "
                           f"run 'chmod 600 {path}' (owner: the service user)")

@@ -9,15 +9,94 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import os
 import secrets
+import time
 import uuid
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from authsvc.errors import NotFound
+from authsvc.errors import ConfigError, NotFound, StoreUnavailable
+from authsvc.loglines import LogThrottle
+from authsvc.settings import TokenSecrets, load_token_secrets
 
 if TYPE_CHECKING:
     from authsvc.store.base import Player, Store
+
+log = logging.getLogger("authsvc")
+
+# What a secret's fingerprint is the HMAC of: it names the secret in the store without revealing it.
+FINGERPRINT_LABEL = b"authsvc token secret fingerprint"
+RELOAD_WARNING_INTERVAL = 60.0  # seconds between two lines about a secret file that cannot be taken
+
+
+def fingerprint(secret: bytes) -> str:
+    """What the store keeps of a token secret (docs/tokens.md, "Rotation"): HMAC-SHA256 of a fixed label
+    under the secret. Whoever reads the store learns nothing that mints a token."""
+    return hmac.new(secret, FINGERPRINT_LABEL, hashlib.sha256).hexdigest()
+
+
+def check_known(token_secrets: tuple[bytes, ...], known: Mapping[str, int], path: str) -> None:
+    """ConfigError unless some secret of the file at ``path`` is one the store was used with. A store that
+    knows none yet (migrated from before fingerprints: `authsvc init` adopts the file's) is not judged."""
+    if known and not any(fingerprint(secret) in known for secret in token_secrets):
+        raise ConfigError(
+            f"token secret file {path} holds none of the secrets this store was used with: every token "
+            f"would be refused; restore {path} from its backup copy (docs/operations.md section 21)")
+
+
+class SecretFile:
+    """The token secret file as a running process sees it: the secrets it had at start, re-read when the
+    file changes (its inode, size, mtime or ctime), which is looked at most once per ``interval``
+    (AUTHSVC_MAX_STALENESS): one stat a second per worker, and a clock read per call.
+
+    A file that cannot be read, or holds none of the secrets the store knows (``known``), is not
+    taken: the process keeps the secrets it has, says so in the log, and looks again a second later.
+    """
+
+    def __init__(self, path: str, token_secrets: tuple[bytes, ...], known: Callable[[], Mapping[str, int]],
+                 interval: float = 1.0, monotonic: Callable[[], float] = time.monotonic):
+        self.path = path
+        self._secrets = TokenSecrets(token_secrets)
+        self._known = known
+        self._interval = interval
+        self._monotonic = monotonic
+        self._next = monotonic() + interval
+        self._stamp: tuple[int, ...] | None = None  # the first look re-reads the file: it may have changed since
+        self._warnings = LogThrottle(RELOAD_WARNING_INTERVAL, monotonic)
+
+    def __repr__(self) -> str:
+        return f"<SecretFile {self.path}: {len(self._secrets)} secret(s), masked>"
+
+    def _stat(self) -> tuple[int, ...] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def current(self) -> TokenSecrets:
+        """The secrets, current (the one to mint with) first."""
+        now = self._monotonic()
+        if now < self._next:
+            return self._secrets
+        self._next = now + self._interval
+        stamp = self._stat()
+        if stamp != self._stamp and stamp is not None:
+            self._reload(stamp)
+        return self._secrets
+
+    def _reload(self, stamp: tuple[int, ...]) -> None:
+        try:
+            found = load_token_secrets(self.path)
+            check_known(found, self._known(), self.path)
+        except (ConfigError, StoreUnavailable) as e:
+            if self._warnings.allow() is not None:
+                log.error("%s: kept the token secrets it had", str(e).splitlines()[0])
+            return  # the stamp stays: looked at again after the interval
+        self._secrets, self._stamp = found, stamp
+        log.info("token secret file %s re-read: %d secret(s)", self.path, len(found))
 
 def mint_token(secret: bytes, game_id: int, user_id: int, epoch: int) -> str:
     message = f"{game_id}:{user_id}:{epoch}".encode("ascii")
@@ -49,11 +128,16 @@ class TokenVerifier:
 
     __slots__ = ("_secrets",)
 
-    def __init__(self, token_secrets: tuple[bytes, ...]):
-        self._secrets = tuple(token_secrets)
+    def __init__(self, token_secrets: tuple[bytes, ...] | SecretFile):
+        """``token_secrets``: fixed, or a SecretFile (re-read when the file changes, docs/tokens.md)."""
+        if isinstance(token_secrets, SecretFile):
+            self._secrets = token_secrets.current
+        else:
+            fixed = TokenSecrets(token_secrets)
+            self._secrets = lambda: fixed
 
     def __repr__(self) -> str:
-        return f"<TokenVerifier: {len(self._secrets)} secret(s), masked>"
+        return f"<TokenVerifier: {len(self._secrets())} secret(s), masked>"
 
     def matches(self, game_id: int, user_id: int, epoch: int, token: str) -> bool:
         """True if ``token`` was minted for (game, user, epoch) with any of the secrets.
@@ -65,7 +149,7 @@ class TokenVerifier:
         message = f"{game_id}:{user_id}:{epoch}".encode("ascii")
         given = token if token.isascii() else "?"  # compare_digest takes ASCII str only
         ok = False
-        for secret in self._secrets:
+        for secret in self._secrets():
             ok |= hmac.compare_digest(hmac.digest(secret, message, hashlib.sha256).hex(), given)
         return ok
 

@@ -163,7 +163,8 @@ def _empty_pg(conn) -> None:
         "WHERE datname = current_database() AND pid <> pg_backend_pid()"
     )
     conn.execute("TRUNCATE games, api_keys, players, deleted_players, audit, audit_names, player_keys, api_tokens, "
-                 "idempotency_keys, webhooks, events, deliveries, delivery_attempts, deliverer_lease, restore_generation "
+                 "idempotency_keys, webhooks, events, deliveries, delivery_attempts, deliverer_lease, restore_generation, "
+                 "token_secret_fingerprints "
                  "RESTART IDENTITY")
     conn.execute("UPDATE audit_chain SET anchor_id = 0, anchor_hash = %s, head_id = 0, head_hash = %s", ("0" * 64,) * 2)
 

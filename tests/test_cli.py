@@ -270,9 +270,10 @@ def test_store_url_password_is_redacted():
 
 
 COMMANDS = {
-    (): ["init", "game", "player", "export", "import", "backup", "restore", "token", "audit", "api-token", "webhook", "check",
-         "explain", "heartbeat", "deliver"],
+    (): ["init", "game", "player", "export", "import", "backup", "restore", "token", "audit", "api-token", "webhook",
+         "secret", "check", "explain", "heartbeat", "deliver"],
     ("api-token",): ["add", "list", "revoke"],
+    ("secret",): ["rotate", "retire", "list"],
     ("webhook",): ["add", "list", "remove", "deliveries", "retry"],
     ("game",): ["add", "list", "enable", "disable", "rotate-key"],
     ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "delete", "import"],
@@ -297,7 +298,7 @@ def test_help_lists_every_command_in_order(run, parents):
 
 @pytest.mark.engine("sqlite")
 @pytest.mark.parametrize("argv", [(name,) for name in COMMANDS[()] if (name,) not in COMMANDS]
-                         + [(group, action) for group in ("game", "player", "token", "api-token")
+                         + [(group, action) for group in ("game", "player", "token", "api-token", "secret")
                             for action in COMMANDS[(group,)]])
 def test_every_command_has_its_own_help(run, argv):
     """`authsvc export --help`, `authsvc import --help`, `authsvc check --help`, ...: usage and the options they take."""

@@ -87,7 +87,7 @@ def test_staged_install_puts_everything_in_place(staged):
         "etc/nginx/sites-available/authsvc.conf": 0o644,
         "etc/nginx/snippets/authsvc-json-errors.conf": 0o644,
         "etc/nginx/snippets/authsvc-tls.conf": 0o644,
-        "etc/authsvc": 0o750,
+        "etc/authsvc": 0o1770,  # sticky: the service user replaces its token secret, never root's files
         "etc/authsvc/authsvc.toml": 0o640,
         "etc/authsvc/token-secret": 0o600,
         "var/lib/authsvc": 0o750,
@@ -230,7 +230,7 @@ def test_install_honours_layout_values(tmp_path):
         assert not (root / rel).exists(), rel
     service = (root / "etc/systemd/system/authsvc.service").read_text()
     assert "ExecStart=/srv/authsvc-app/venv/bin/gunicorn --config /srv/authsvc-app/gunicorn.conf.py" in service
-    assert "LoadCredential=token-secret:/srv/authsvc-etc/token-secret" in service
+    assert "Environment=AUTHSVC_TOKEN_SECRET_FILE=/srv/authsvc-etc/token-secret" in service
     assert "AUTHSVC_CONFIG=/srv/authsvc-etc/authsvc.toml" in service
     wrapper = (root / "usr/local/bin/authsvc").read_text()
     assert "cmd=/srv/authsvc-app/venv/bin/authsvc" in wrapper

@@ -96,7 +96,7 @@ def test_unknown_or_broken_toml_is_a_config_error(tmp_path, secret_file):
 
 def test_missing_secret_is_an_error_only_when_required(tmp_path):
     env = {"AUTHSVC_TOKEN_SECRET_FILE": str(tmp_path / "absent")}
-    with pytest.raises(ConfigError, match="cannot read token secret file .*authsvc init"):
+    with pytest.raises(ConfigError, match="cannot read token secret file .*restore it from its backup copy"):
         Settings.from_env(env)
     assert Settings.from_env(env, require_secret=False).token_secrets == ()
 

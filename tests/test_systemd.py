@@ -78,12 +78,13 @@ def test_units_keep_their_promises(units):
         "Type=notify",
         "User=authsvc",
         "StateDirectory=authsvc",
-        "LoadCredential=token-secret:/etc/authsvc/token-secret",
+        "Environment=AUTHSVC_TOKEN_SECRET_FILE=/etc/authsvc/token-secret",  # re-read after a rotation: no copy
         "ExecReload=/bin/kill -s HUP $MAINPID",
         "Requires=authsvc.socket",
     ):
         assert re.search(rf"^{re.escape(line)}$", service, re.M), line
     assert "DynamicUser" not in service  # the admin command shares the store as the same user
+    assert "LoadCredential" not in service  # a copy made at start would need a restart after a rotation
     for line in ("ListenStream=/run/authsvc.sock", "SocketGroup=www-data", "SocketMode=0660"):
         assert re.search(rf"^{re.escape(line)}$", socket_unit, re.M), line
 
@@ -123,7 +124,7 @@ def test_the_admin_api_unit_runs_the_admin_app_on_a_group_restricted_socket(unit
         "User=authsvc",
         "Requires=authsvc-admin.socket",
         "Environment=AUTHSVC_CONFIG=/etc/authsvc/admin.toml",
-        "LoadCredential=token-secret:/etc/authsvc/token-secret",
+        "Environment=AUTHSVC_TOKEN_SECRET_FILE=/etc/authsvc/token-secret",  # re-read after a rotation: no copy
         "StateDirectory=authsvc",
     ):
         assert re.search(rf"^{re.escape(line)}$", service, re.M), line

@@ -46,6 +46,7 @@ from authsvc.loglines import request_id as logged_request_id
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.store.base import Store
+from authsvc.tokens import SecretFile
 
 log = logging.getLogger("authsvc.admin")
 
@@ -62,6 +63,9 @@ class AdminApp:
         self.store = store if store is not None else open_store(settings.store, readonly=False, settings=settings)
         self.clock = clock
         self.rate_limit = RateLimit(settings.admin_rate, settings.admin_burst)
+        # Minted with: the file's first secret, re-read at most every AUTHSVC_MAX_STALENESS (docs/tokens.md).
+        self.secret_file = SecretFile(settings.token_secret_file, settings.token_secrets,
+                                      lambda: self.store.token_secrets(), settings.max_staleness)
         self.openapi_document = openapi_document()
 
     def __call__(self, environ: dict, start_response):

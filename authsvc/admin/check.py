@@ -30,7 +30,7 @@ from authsvc.admin.explain import RefusedSecret
 from authsvc.errors import CommandError
 from authsvc.settings import Settings
 from authsvc.store import open_store
-from authsvc.tokens import current_token
+from authsvc.tokens import check_known, current_token
 from authsvc.web.app import AUTHENTICATE_PATH as API_PATH
 from authsvc.web.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
 from authsvc.web.http import json_bytes
@@ -211,6 +211,8 @@ def player_token(settings: Settings, game_id: int, user_id: int) -> tuple[str, s
     store = open_store(settings.store, readonly=True, settings=settings)
     try:
         store.check()  # a missing or unmigrated store: ConfigError, one line (run 'authsvc init')
+        # A secret the store was never used with would mint a token only a service as wrong accepts: refused.
+        check_known(settings.token_secrets, store.token_secrets(), settings.token_secret_file)
         token, player = current_token(store, settings.token_secrets[0], game_id, user_id)
     finally:
         store.close()

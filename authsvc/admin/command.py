@@ -4,6 +4,7 @@
     game add | list | enable | disable | rotate-key
     player add | show | rename | enable | disable | revoke | delete | import
     token issue
+    secret rotate | retire | list
     api-token add | list | revoke
     webhook add | list | remove | deliveries | retry
     audit [filters] | verify | prune
@@ -26,7 +27,7 @@ import sys
 import time
 
 from authsvc import release
-from authsvc.admin import api_token_cmd, audit, webhook_cmd
+from authsvc.admin import api_token_cmd, audit, secret_cmd, webhook_cmd
 from authsvc.admin import operations as ops
 from authsvc.admin.operations import MAX_OLD_KEY_TTL
 from authsvc.admin.players_import import ProgressBar
@@ -70,20 +71,30 @@ def game_json(game: Game) -> dict:
 # Each takes (args, settings) and returns (exit status, json object, human text).
 
 
+_SECRET_OUTCOMES = {
+    "kept": "exists, kept",
+    "created": "created (mode 0600), its fingerprint recorded in the store",
+    "adopted": "exists, kept; its secrets' fingerprints recorded in the store (a store from before them)",
+    "new": "a NEW secret written (mode 0600): every token issued before is refused from now on; the platform "
+           "must mint new ones",
+}
+
+
 def cmd_init(args, settings: Settings):
     path = settings.token_secret_file
-    before, after, created = ops.initialize(settings)
+    before, after, secret = ops.initialize(settings, ops.command_context(), new_secret=args.new_secret)
     obj = {
         "store": redact_url(settings.store),
         "schema_version_before": before,
         "schema_version": after,
         "token_secret_file": path,
-        "token_secret_created": created,
+        "token_secret_created": secret in ("created", "new"),
+        "token_secret": secret,
     }
     text = (
         f"store {redact_url(settings.store)}: schema version {after}"
         + (f" (migrated from {before})" if before != after else " (up to date)")
-        + f"\ntoken secret {path}: " + ("created (mode 0600)" if created else "exists, kept")
+        + f"\ntoken secret {path}: " + _SECRET_OUTCOMES[secret]
     )
     return 0, obj, text
 
@@ -201,10 +212,9 @@ def cmd_player_import(args, settings):
 
 
 def cmd_token_issue(args, settings):
-    if not settings.token_secrets:
-        raise CommandError(f"no token secret at {settings.token_secret_file} (run 'authsvc init')")
     with _store(settings) as store:
-        token, player = ops.mint(store, ops.command_context(), settings.token_secrets[0], args.game, args.user)
+        secret = ops.token_secrets(store, settings)[0]
+        token, player = ops.mint(store, ops.command_context(), secret, args.game, args.user)
     return 0, {"game_id": args.game, "user_id": player.user_id, "game_auth_token": token}, token
 
 
@@ -257,7 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    leaf(top, "init", cmd_init, "create or migrate the store and create the token secret if missing")
+    p = leaf(top, "init", cmd_init, "create or migrate the store and create the token secret if missing")
+    p.add_argument("--new-secret", action="store_true",
+                   help="write a new token secret even though the store has players: every token issued is refused")
 
     game = top.add_parser("game", help="games and their api keys").add_subparsers(
         dest="action", required=True, metavar="ACTION", parser_class=_Parser
@@ -314,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_parsers(top, common, _Parser)
     api_token_cmd.add_parsers(top, common, _Parser)
     webhook_cmd.add_parsers(top, common, _Parser)
+    secret_cmd.add_parsers(top, common, _Parser)
 
     from authsvc.admin import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
 

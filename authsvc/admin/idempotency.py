@@ -72,7 +72,7 @@ def _kept(response: Response) -> dict:
 def _replay(app: AdminApp, kept: dict) -> Response:
     obj, replayed = kept["obj"], (("Idempotent-Replayed", "true"),)
     if kept["kind"] == "mint":
-        secret = app.settings.token_secrets[0]
+        secret = app.secret_file.current()[0]
         obj = obj | {"game_auth_token": mint_token(secret, obj["game_id"], obj["user_id"], obj["epoch"])}
     elif kept["kind"] == "key":
         raise SecretNotKept(f"the first request with this Idempotency-Key already made game {obj['game_id']}'s key, "

@@ -18,13 +18,16 @@ as ``token.mint`` with the game, the player and the epoch (never the token), so
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import fcntl
 import hashlib
 import math
 import os
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
 from authsvc.admin import api_tokens, batch, transfer
 from authsvc.admin.players_import import import_rows
@@ -36,13 +39,29 @@ from authsvc.errors import (
     NotFound,
 )
 from authsvc.names import MAX_ID, check_game_id, check_game_name, check_user_id, check_username
-from authsvc.settings import Settings, admin_actor, default, host_list
+from authsvc.settings import (
+    MAX_STALENESS_BOUND,
+    Settings,
+    TokenSecrets,
+    admin_actor,
+    default,
+    host_list,
+    load_token_secrets,
+)
 from authsvc.store import base, open_store
 from authsvc.store.audit import Audit, Record, canonical
 from authsvc.store.base import Game, Player, Store
 from authsvc.store.events import DELIVERY_STATES, EVENT_TYPES, Delivery, Webhook
 from authsvc.store.sqlite.store import SQLiteStore
-from authsvc.tokens import api_key_digest, mint_token, new_api_key, new_token_secret, new_webhook_secret
+from authsvc.tokens import (
+    api_key_digest,
+    check_known,
+    fingerprint,
+    mint_token,
+    new_api_key,
+    new_token_secret,
+    new_webhook_secret,
+)
 from authsvc.webhooks.target import check_url
 
 # Keys retired by rotate-key expire within ten years: now + TTL stays a 64-bit number on both engines.
@@ -274,24 +293,168 @@ def import_store(store: Store, ctx: Context, path: str) -> tuple[int, int]:
         raise Invalid(str(e)) from None
 
 
-def initialize(settings: Settings) -> tuple[int, int, bool]:
-    """``authsvc init``: make the token secret file if there is none (mode 0600; an existing one is never
-    changed) and create or migrate the store; returns (schema version before, after, secret created).
-    A schema change, not a change of data: no audit record."""
-    created = False
+def initialize(settings: Settings, ctx: Context, *, new_secret: bool = False) -> tuple[int, int, str]:
+    """``authsvc init``: create or migrate the store, then settle the token secret file against the store's
+    fingerprints (authsvc/tokens.py); returns (schema version before, after, what became of the secret):
+
+    - "kept": the file holds a secret the store knows; a file that holds none is refused (ConfigError);
+    - "adopted": a store from before fingerprints (none recorded): the file's secrets are recorded;
+    - "created": no file and no player: a new secret (mode 0600), recorded;
+    - "new": ``new_secret``, said in words: a new secret replaces the file and every recorded one, and
+      every token issued before is refused. Without it, a missing file of a store with players is
+      refused (Invalid): restore it from its backup copy.
+
+    The migration is a schema change, not a change of data: no audit record; the secret's outcome has one."""
     store_context = admin_store(settings, check=False)  # a bad AUTHSVC_STORE stops here, before any file is made
     path = settings.token_secret_file
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(new_token_secret() + "\n")
-        created = True
     with store_context as store:
         if isinstance(store, SQLiteStore):  # the file's directory may not exist yet
             os.makedirs(os.path.dirname(os.path.abspath(store.path)), exist_ok=True)
         before, after = store.migrate()
-    return before, after, created
+        present = os.path.exists(path)
+        with store.write(ctx.audit()) as tx:
+            known = tx.token_secrets()
+            if new_secret or not present:
+                if not new_secret and tx.any_player():
+                    raise Invalid(f"token secret file {path} is missing and the store has players: restore it "
+                                  "from its backup copy (a new secret would refuse every token issued; "
+                                  "'authsvc init --new-secret' makes one all the same)")
+                secret = new_token_secret().encode("ascii")
+                tx.record_token_secrets([fingerprint(secret)], "token_secret.new", replace=True)
+                os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+                write_secret_file(path, [secret])
+                return before, after, "new" if new_secret else "created"
+            found = load_token_secrets(path)
+            if not known:
+                tx.record_token_secrets([fingerprint(s) for s in found], "token_secret.adopt")
+                return before, after, "adopted"
+            check_known(found, known, path)
+    return before, after, "kept"
+
+
+# -- the token secret file ------------------------------------------------------------------
+
+# How long `authsvc secret rotate` waits between adding the new secret as a non-first line and making it
+# the one minted with: every running process re-reads the file within AUTHSVC_MAX_STALENESS (at most
+# 1 s), so a token minted with the new secret is accepted everywhere (docs/design.md, "Freshness").
+ROTATE_SETTLE = 2 * MAX_STALENESS_BOUND
+
+
+def write_secret_file(path: str, token_secrets: Sequence[bytes]) -> None:
+    """Replace the secret file at once (a new file renamed over it): mode 0600, its owner and group kept.
+    A reader sees the old file or the new one, never a part."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        old = os.stat(path)
+    except FileNotFoundError:
+        old = None
+    except OSError as e:
+        raise Invalid(f"cannot read token secret file {path}: {e.strerror}") from None
+    try:
+        fd, temp = tempfile.mkstemp(prefix=".token-secret.", dir=directory)
+    except OSError as e:
+        raise Invalid(f"cannot write a file in {directory} (for {path}): {e.strerror}; the secret's "
+                      "directory must be writable by the user the command runs as (docs/operations.md)") from None
+    try:
+        os.fchmod(fd, 0o600)
+        if old is not None and (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+            os.fchown(fd, old.st_uid, old.st_gid)
+        os.write(fd, b"".join(s + b"\n" for s in token_secrets))
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(temp, path)
+    except OSError as e:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise Invalid(f"cannot write token secret file {path}: {e.strerror}") from None
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def _secret_file_lock(path: str) -> Iterator[None]:
+    """One `authsvc secret` at a time on a file: a lock on its directory (the file itself is replaced)."""
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _known_secrets(store: Store, path: str) -> tuple[TokenSecrets, dict[str, int]]:
+    """The file's secrets, re-read now, and the store's fingerprints; ConfigError if the file holds none of them."""
+    found = load_token_secrets(path)
+    known = store.token_secrets()
+    check_known(found, known, path)
+    return found, known
+
+
+def token_secrets(store: Store, settings: Settings) -> TokenSecrets:
+    """The secrets the admin command mints and checks with: a missing file, or one that holds none of the
+    secrets the store knows, is an error naming the file and its backup copy, never a token no one accepts."""
+    path = settings.token_secret_file
+    if not settings.token_secrets:
+        with store.write() as tx:  # the writer lock: whether a player exists is read once
+            players = tx.any_player()
+        raise ConfigError(
+            f"no token secret at {path}: "
+            + ("restore it from its backup copy (a new secret would refuse every token issued)" if players
+               else "run 'authsvc init' to create one"))
+    check_known(settings.token_secrets, store.token_secrets(), path)
+    return settings.token_secrets
+
+
+def rotate_token_secret(store: Store, ctx: Context, path: str, settle: float = ROTATE_SETTLE) -> int:
+    """``authsvc secret rotate``: a new secret, recorded in the store, then added to the file as its last
+    line (accepted, not minted with), and after ``settle`` seconds (every running process has re-read the
+    file) made its first (minted with). The older ones stay, accepted, until ``retire``. Returns how many
+    older secrets the file keeps."""
+    with _secret_file_lock(path):
+        found, _ = _known_secrets(store, path)
+        secret = new_token_secret().encode("ascii")
+        with store.write(ctx.audit()) as tx:
+            tx.record_token_secrets([fingerprint(secret)], "token_secret.rotate")
+        write_secret_file(path, [*found, secret])
+        time.sleep(settle)
+        write_secret_file(path, [secret, *found])
+    return len(found)
+
+
+def retire_token_secrets(store: Store, ctx: Context, path: str) -> int:
+    """``authsvc secret retire``: keep only the file's first secret (the one minted with), in the file and
+    in the store: the tokens minted with the others are refused within AUTHSVC_MAX_STALENESS. Returns how
+    many were retired."""
+    with _secret_file_lock(path):
+        found, known = _known_secrets(store, path)
+        if fingerprint(found[0]) not in known:
+            raise Invalid(f"the first secret of {path} is not one the store knows: retiring the others would "
+                          "leave none; run 'authsvc secret rotate' instead of editing the file")
+        older = found[1:]
+        if older:
+            write_secret_file(path, found[:1])
+        with store.write(ctx.audit()) as tx:
+            tx.record_token_secrets([], "token_secret.retire", drop=[fingerprint(s) for s in older])
+    return len(older)
+
+
+def list_token_secrets(store: Store, path: str) -> list[dict]:
+    """The file's secrets in order, as their fingerprints' first 12 characters (never a secret), and when
+    the store recorded each (unix seconds; None: unknown to the store)."""
+    found = load_token_secrets(path)
+    known = store.token_secrets()
+    rows = []
+    for i, secret in enumerate(found):
+        fp = fingerprint(secret)
+        rows.append({"position": i + 1, "minted_with": i == 0, "fingerprint": fp[:12],
+                     "recorded_at": None if fp not in known else known[fp] // 1000})
+    return rows
 
 
 def backup(store: Store, path: str) -> None:

@@ -175,10 +175,11 @@ def mint(app: AdminApp, req: Request) -> Response:
         raise invalid("/game_id", "must be a whole number from 1 to 2^63-1")
     if not 1 <= user_id <= MAX_ID:
         raise invalid("/user_id", "must be a whole number from 1 to 2^63-1")
-    if not app.settings.token_secrets:
+    secrets = app.secret_file.current()  # re-read after a rotation: no restart (docs/tokens.md)
+    if not secrets:
         raise ServiceUnavailable("this admin service has no token secret to mint with",
                                  headers=(("Retry-After", "60"),))
-    token, player = ops.mint(app.store, req.ctx, app.settings.token_secrets[0], game_id, user_id)
+    token, player = ops.mint(app.store, req.ctx, secrets[0], game_id, user_id)
     return Response(200, {"game_id": game_id, "user_id": user_id, "game_auth_token": token, "epoch": player.epoch})
 
 

@@ -19,6 +19,7 @@ import sys
 from authsvc.admin.api import AdminApp
 from authsvc.errors import ConfigError
 from authsvc.settings import Settings
+from authsvc.tokens import check_known
 
 APP_LOAD_ERROR = 4  # gunicorn.arbiter.Arbiter.APP_LOAD_ERROR
 SWITCH_INTERVAL = 0.0005  # seconds: the GIL's hand-over interval in the admin service (above)
@@ -29,6 +30,8 @@ def __getattr__(name: str):
         try:
             app = AdminApp(Settings.from_env())
             app.store.check()
+            # A secret file the store was never used with would mint tokens no one accepts: refused.
+            check_known(app.settings.token_secrets, app.store.token_secrets(), app.settings.token_secret_file)
             sys.setswitchinterval(SWITCH_INTERVAL)
             return app
         except ConfigError as e:

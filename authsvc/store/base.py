@@ -161,6 +161,11 @@ class Reader(abc.ABC):
     def list_games(self) -> list[Game]:
         """Every game with its keys, by id: the key expiry gauges of /metrics, and `authsvc game list`."""
 
+    @abc.abstractmethod
+    def token_secrets(self) -> dict[str, int]:
+        """The fingerprints of the token secrets the store was used with, each with when it was recorded
+        (unix ms): empty for a store no `authsvc init` of this release has seen (authsvc/tokens.py)."""
+
 
 class Store(Reader):
     """A Reader that also writes: what the admin side opens (open_store in store/__init__.py)."""

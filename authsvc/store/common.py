@@ -47,6 +47,21 @@ def select_games(conn: Any, where: str = "", args: tuple = (), collate: str = ""
     return games_with_keys(games, keys)
 
 
+# The token secrets' fingerprints (authsvc/tokens.py), never a secret: SQLite's migration 9, PostgreSQL's 10.
+TOKEN_SECRETS_TABLE = """
+CREATE TABLE token_secret_fingerprints (
+    fingerprint TEXT PRIMARY KEY,
+    added_at_ms {bigint} NOT NULL
+);
+"""
+
+
+def select_token_secrets(conn: Any) -> dict[str, int]:
+    """Each token secret's fingerprint the store knows (authsvc/tokens.py), with when it was recorded (unix
+    ms), on an sqlite3 or psycopg connection."""
+    return dict(conn.execute("SELECT fingerprint, added_at_ms FROM token_secret_fingerprints").fetchall())
+
+
 class ThreadConnections:
     """Base of both engines' stores: one connection per thread, none inherited across fork.
 

@@ -38,7 +38,7 @@ from authsvc.store import ledger as restore_ledger
 from authsvc.store import restore
 from authsvc.store.audit import Audit, Record
 from authsvc.store.base import ApiKey, ApiToken, Conflict, Game, Player
-from authsvc.store.common import batches, select_games
+from authsvc.store.common import batches, select_games, select_token_secrets
 from authsvc.store.dialect import Dialect
 from authsvc.store.events import Delivery, Webhook
 
@@ -439,6 +439,32 @@ class Tx:
         self.record("api_token.revoke", before={"name": name, "revoked_at": None},
                     after={"name": name, "revoked_at": now})
         return dataclasses.replace(token, revoked_at=now)
+
+    # -- the token secrets' fingerprints (authsvc/tokens.py) ---------------------------------------------
+    def any_player(self) -> bool:
+        """Whether the store has a player: a token may be out there."""
+        return self._sql("SELECT 1 FROM players LIMIT 1").fetchone() is not None
+
+    def token_secrets(self) -> dict[str, int]:
+        """Each fingerprint the store knows, with when it was recorded (unix ms)."""
+        self.locked()
+        return select_token_secrets(self._conn)
+
+    def record_token_secrets(self, fingerprints: Sequence[str], action: str, *, drop: Sequence[str] = (),
+                             replace: bool = False) -> None:
+        """Add ``fingerprints`` (kept with their first time), drop ``drop`` (or, with ``replace``, every
+        other), and record ``action`` with the counts: never a fingerprint (docs/admin.md, "The audit trail")."""
+        before = self.token_secrets()
+        gone = [f for f in before if f not in fingerprints] if replace else [f for f in drop if f in before]
+        for fingerprint in gone:
+            self._sql("DELETE FROM token_secret_fingerprints WHERE fingerprint = ?", (fingerprint,))
+        for fingerprint in fingerprints:
+            if fingerprint not in before:
+                self._sql("INSERT INTO token_secret_fingerprints (fingerprint, added_at_ms) VALUES (?, ?)",
+                          (fingerprint, self.at_ms))
+        added = sum(f not in before for f in fingerprints)
+        self.record(action, before={"secrets": len(before)},
+                    after={"secrets": len(before) - len(gone) + added, "added": added, "dropped": len(gone)})
 
     # -- Idempotency-Key records -------------------------------------------------------------------
     def kept_answer(self, token_name: str, key: str, kept_since: int) -> tuple[str, int, str | None] | None:

@@ -45,6 +45,7 @@ from authsvc.settings import Settings
 from authsvc.store.base import Reader
 from authsvc.store.readers import open_reader
 from authsvc.store.sqlite.reader import SQLiteReader
+from authsvc.tokens import SecretFile, check_known
 from authsvc.web.authenticate import MALFORMED, STORE_UNAVAILABLE, WAITED_TOO_LONG, Authenticator
 from authsvc.web.http import error_object, json_bytes, request_params, respond
 from authsvc.web.queueing import WaitedTooLong, waited_too_long
@@ -118,7 +119,10 @@ class App:
         self.settings = settings
         self.metrics = metrics
         self.store = store
-        self.authenticator = Authenticator(store, settings.token_secrets, clock)
+        # The secret file is looked at again at most every AUTHSVC_MAX_STALENESS: a rotation needs no restart.
+        self.secret_file = SecretFile(settings.token_secret_file, settings.token_secrets, store.token_secrets,
+                                      settings.max_staleness, monotonic)
+        self.authenticator = Authenticator(store, self.secret_file, clock)
         self.openapi_document = openapi_document()
         self.routes = {
             AUTHENTICATE_PATH: self.authenticate, HEALTH_PATH: self.health, READY_PATH: self.ready,
@@ -333,6 +337,9 @@ def make_app(settings: Settings, store: Reader | None = None, *, tolerate_outage
             if not tolerate_outage:
                 raise
             log.warning("%s; starting anyway, answering 503 until it answers", e)
+        else:
+            # A secret file the store was never used with would refuse every token: refused at start-up.
+            check_known(settings.token_secrets, store.token_secrets(), settings.token_secret_file)
         if isinstance(store, SQLiteReader) and (warning := store.journal_mode_warning()):
             log.warning("%s", warning)
         store.close()  # each worker opens its own connection after fork

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from authsvc.store.base import Credentials, Reader
-from authsvc.tokens import TokenVerifier, api_key_digest
+from authsvc.tokens import SecretFile, TokenVerifier, api_key_digest
 from authsvc.web.http import Param, error_object, json_bytes, success_bytes
 
 MISSING_DESCRIPTION = "user_id, game_auth_token, and api_key are required parameters"
@@ -91,7 +91,8 @@ def player_reasons() -> dict[tuple[bool, ...], str]:
 
 
 class Authenticator:
-    def __init__(self, store: Reader, token_secrets: tuple[bytes, ...], clock: Callable[[], float] = time.time):
+    def __init__(self, store: Reader, token_secrets: tuple[bytes, ...] | SecretFile,
+                 clock: Callable[[], float] = time.time):
         self.store = store
         self.tokens = TokenVerifier(token_secrets)
         self.clock = clock

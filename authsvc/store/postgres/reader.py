@@ -29,7 +29,7 @@ from psycopg.pq import DiagnosticField, ExecStatus
 from authsvc.errors import ConfigError, StoreUnavailable, StoreUnreachable
 from authsvc.loglines import LogThrottle
 from authsvc.store.base import Credentials, Game, Reader
-from authsvc.store.common import MASK, SECRET_PARAMS, ThreadConnections, redact_url, select_games
+from authsvc.store.common import MASK, SECRET_PARAMS, ThreadConnections, redact_url, select_games, select_token_secrets
 
 log = logging.getLogger("authsvc.store")
 
@@ -324,6 +324,15 @@ class PostgresReader(ThreadConnections, Reader):
             conn = self._conn()
             with conn.transaction():  # one snapshot for games and keys
                 return select_games(conn, collate=COLLATE_C)
+        except psycopg.Error as e:
+            self._drop()
+            raise StoreUnavailable(f"postgresql store {redact_url(self.url)}: {_reason(e, self._secrets)}") from None
+
+    def token_secrets(self) -> dict[str, int]:
+        try:
+            conn = self._conn()
+            with conn.transaction():
+                return select_token_secrets(conn)
         except psycopg.Error as e:
             self._drop()
             raise StoreUnavailable(f"postgresql store {redact_url(self.url)}: {_reason(e, self._secrets)}") from None

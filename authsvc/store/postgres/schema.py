@@ -6,6 +6,7 @@ from authsvc.store import audit as trail
 from authsvc.store import events as event_tables
 from authsvc.store import restore
 from authsvc.store.api_tables import API_TABLES
+from authsvc.store.common import TOKEN_SECRETS_TABLE
 from authsvc.store.postgres.reader import READER_ROLE
 
 # pg_advisory_xact_lock key: one `authsvc init` at a time. Any role allowed to call the advisory lock
@@ -108,8 +109,10 @@ MIGRATIONS: list[str] = [
     # No grant to the reader role.
     f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.DELIVERER_STATE.format(bigint="bigint")
     + "REVOKE ALL ON deliverer_lease FROM PUBLIC;",
-    # 10: taken by another change on its way (this placeholder changes nothing).
-    "SELECT 1",
+    # 10: the token secrets' fingerprints (authsvc/tokens.py), which the web process reads when its secret
+    # file changes. A new table: no row is rewritten, no table an authentication reads is locked.
+    TOKEN_SECRETS_TABLE.format(bigint="bigint")
+    + f"REVOKE ALL ON token_secret_fingerprints FROM PUBLIC; GRANT SELECT ON token_secret_fingerprints TO {READER_ROLE};",
     # 11: the restore generation (store/restore.py): one row once a backup was restored. A new table; no
     # grant to the reader role.
     restore.POSTGRES_TABLE,
@@ -162,6 +165,7 @@ BEGIN
         GRANT SELECT, INSERT, UPDATE, DELETE ON events, deliveries, delivery_attempts TO {ADMIN_ROLE};  -- retention
         GRANT SELECT, INSERT, UPDATE, DELETE ON deliverer_lease TO {ADMIN_ROLE};
         GRANT SELECT ON restore_generation TO {ADMIN_ROLE};  -- a new player's floor (store/restore.py)
+        GRANT SELECT, INSERT, DELETE ON token_secret_fingerprints TO {ADMIN_ROLE};
     END IF;
 END
 $$

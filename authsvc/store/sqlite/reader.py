@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store.base import Credentials, Game, Reader
-from authsvc.store.common import ThreadConnections, select_games
+from authsvc.store.common import ThreadConnections, select_games, select_token_secrets
 from authsvc.store.sqlite.url import path_from_url
 
 log = logging.getLogger("authsvc.store")
@@ -372,6 +372,14 @@ class SQLiteReader(ThreadConnections, Reader):
         try:
             with self._held() as conn:  # /metrics reads them on a request thread's connection
                 return select_games(conn)
+        except (sqlite3.Error, OSError):
+            self._drop()
+            raise StoreUnavailable("sqlite store unreadable") from None
+
+    def token_secrets(self) -> dict[str, int]:
+        try:
+            with self._held() as conn:
+                return select_token_secrets(conn)
         except (sqlite3.Error, OSError):
             self._drop()
             raise StoreUnavailable("sqlite store unreadable") from None

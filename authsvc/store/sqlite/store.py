@@ -22,7 +22,7 @@ from authsvc.store import events as event_tables
 from authsvc.store.api_tables import API_TABLES
 from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiToken, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
-from authsvc.store.common import batches, select_games
+from authsvc.store.common import TOKEN_SECRETS_TABLE, batches, select_games
 from authsvc.store.dialect import SQLITE, SQLiteDialect
 from authsvc.store.events import Delivery, Webhook
 from authsvc.store.sqlite.errors import store_error as _store_error
@@ -95,8 +95,9 @@ MIGRATIONS: list[str] = [
     # writes the deliveries: store/deliveries.py's fan_out) and its lease. One column with a default, one
     # row per webhook rewritten, a new table.
     event_tables.DELIVERER_STATE.format(bigint="INTEGER"),
-    # 9: taken by another change on its way (this placeholder changes nothing).
-    "SELECT 1",
+    # 9: the token secrets' fingerprints (authsvc/tokens.py): which secrets the store was used with, so a
+    # lost or wrong secret file is refused rather than every token. A new table: no row is rewritten.
+    TOKEN_SECRETS_TABLE.format(bigint="INTEGER"),
     # 10: the restore generation (store/restore.py): one row once a backup was restored. A new table.
     restore.SQLITE_TABLE,
     # 11: an api key's expiry in unix milliseconds beside the whole seconds of expires_at, which the
