@@ -62,7 +62,7 @@ class _Lock:
         self.at_ms: int | None = None
         self.head_id: int | None = None  # the chain's head when the lock was taken
         self.appended = False  # a record was appended: the head, if it moved, is logged after COMMIT
-        self.erased = False  # a player was deleted: the store clears what that freed once it commits
+        self.erased = False  # a player deleted, a webhook removed: the store clears what that freed once it commits
 
 
 class Tx:
@@ -111,8 +111,8 @@ class Tx:
 
     @property
     def erased(self) -> bool:
-        """Whether this transaction deleted a player: its store then clears, once it commits, the space
-        the deletion freed (SQLite: the -wal file; store/sqlite.py)."""
+        """Whether this transaction deleted a player or removed a webhook: its store then clears, once it
+        commits, the space that freed (SQLite: the -wal file; store/sqlite/store.py)."""
         return self._lock.erased
 
     def savepoint(self):
@@ -386,14 +386,16 @@ class Tx:
         return found[0] if found else None
 
     def remove_webhook(self, webhook_id: int) -> Webhook | None:
-        """Mark the webhook deleted, its secret gone (nothing signs with it again), and fail its pending
-        deliveries; the webhook as it was, None if none."""
+        """Mark the webhook deleted, its secret gone (nothing signs with it again; the store then clears it
+        from its files as a deletion's names, ``erased``), and fail its pending deliveries; the webhook as
+        it was, None if none."""
         if (hook := self.webhook(webhook_id)) is None:
             return None
         self._sql("UPDATE webhooks SET deleted_at = ?, secret = '' WHERE id = ?", (self.at_ms, webhook_id))
         self._sql("UPDATE deliveries SET state = 'failed', done_at = ?, last_error = 'webhook removed' "
                   "WHERE webhook_id = ? AND state = 'pending'", (self.at_ms, webhook_id))
         self.record("webhook.remove", game_id=hook.game_id, before=self._webhook_state(hook))
+        self._lock.erased = True
         return hook
 
     def delivery(self, webhook_id: int, delivery_id: int) -> Delivery | None:
