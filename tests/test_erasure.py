@@ -426,7 +426,8 @@ def test_no_role_reads_a_deleted_name_in_postgresqls_statistics(own_pg, secret_f
         store.rename_player(5, "zelda-in-stats")
     finally:
         store.close()
-    stats = "SELECT tablename, attname, coalesce(most_common_vals::text, '') || coalesce(histogram_bounds::text, '') FROM pg_stats"
+    stats = ("SELECT tablename, attname, coalesce(most_common_vals::text, '') || coalesce(histogram_bounds::text, '') "
+             "FROM pg_stats")
     with psycopg.connect(url("authsvc_owner"), autocommit=True) as owner:
         owner.execute("ANALYZE")  # as autovacuum's analyze would, at any time before the deletion
     assert cli.main(["player", "delete", "5"]) == 0, capsys.readouterr().err

@@ -142,6 +142,19 @@ class Tx:
         self._sql("INSERT INTO player_keys (user_id, key) VALUES (?, ?)", (user_id, key))
         return key
 
+    def player_keys(self, user_ids: Sequence[int]) -> dict[int, str]:
+        """{user id: sealing key} of ``user_ids``, each made if it has none yet (_player_key, for many):
+        what seals a batch's names in its record's digest (authsvc/admin/batch.py's sealed_digest)."""
+        self.locked()
+        keys: dict[int, str] = {}
+        for chunk in batches(user_ids):
+            keys.update((row[0], row[1]) for row in self.d.player_keys(self._conn, chunk))
+        made = [(user_id, trail.new_key()) for user_id in dict.fromkeys(user_ids) if user_id not in keys]
+        if made:
+            self._conn.cursor().executemany(self.d.sql("INSERT INTO player_keys (user_id, key) VALUES (?, ?)"), made)
+            keys.update(made)
+        return keys
+
     def _player_record(self, action: str, user_id: int, before: dict) -> Record:
         """The record of a change to a player: its state before and after, the username sealed."""
         key = self._player_key(user_id)

@@ -162,9 +162,10 @@ class SQLiteStore(SQLiteReader, Store):
 
     def _erase_wal(self) -> None:
         """After a write that deleted a player or removed a webhook: checkpoint and empty the -wal file, whose
-        older frames still hold the pages as they were before (the names, the webhook's secret). The main file then has the pages as they are now,
-        the deleted content zeroed (secure_delete). A checkpoint cannot pass a reader still in a snapshot
-        of those frames: wait up to ERASE_WAIT for the web workers to let theirs go (docs/stores.md)."""
+        older frames still hold the pages as they were before (the names, the webhook's secret). The main
+        file then has the pages as they are now, the deleted content zeroed (secure_delete). A checkpoint
+        cannot pass a reader still in a snapshot of those frames: wait up to ERASE_WAIT for the web workers
+        to let theirs go (docs/stores.md)."""
         conn = self._conn()
         deadline = time.monotonic() + ERASE_WAIT
         try:
