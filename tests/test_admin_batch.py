@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 import time
 
@@ -17,7 +18,7 @@ from authsvc.admin import operations as ops
 from authsvc.admin.api import AdminApp
 from authsvc.settings import Settings
 from authsvc.store.audit import canonical
-from tests.support import audit_rows, problem
+from tests.support import audit_rows, problem, store_sql
 
 BATCH = "/v1/players/batch"
 
@@ -68,9 +69,52 @@ def test_one_audit_record_per_batch_with_its_counts_and_the_body_digest(admin, w
     assert len(rows) == 1
     actor, rid, action, user_id, changes = rows[0]
     assert (actor, rid, action, user_id) == ("api:sync", r.headers["X-Request-Id"], "player.batch", None)
-    digest = hashlib.sha256(canonical(body).encode("ascii")).hexdigest()
+    # The store's owner, who reads the players' keys, can recompute the digest: the body with each valid
+    # item's username sealed (HMAC-SHA256 under its player's key over "username\0NAME") and the invalid one's
+    # left out (docs/admin.md, "Erasure").
+    keys = dict(store_sql(store_url, "SELECT user_id, key FROM player_keys"))
+    sealed = [{"user_id": p["user_id"], "username": {"hmac": hmac.new(
+        bytes.fromhex(keys[p["user_id"]]), b"username\0" + p["username"].encode(), hashlib.sha256).hexdigest()}}
+        for p in body["players"][:-1]] + [{"user_id": 0, "username": {"erased": True}}]
+    digest = hashlib.sha256(canonical({"players": sealed}).encode("ascii")).hexdigest()
     assert json.loads(changes)["after"] == {"created": 300, "updated": 1, "unchanged": 0, "error": 1,
-                                            "body_sha256": digest, "client_request_id": "sync-2"}
+                                            "sealed_body_sha256": digest, "client_request_id": "sync-2"}
+
+
+def test_a_dictionary_tried_against_the_batch_records_digest_finds_no_name(admin, world):
+    """docs/admin.md, "Erasure": with only audit:read, hash each guess as the body could have been sent
+    (its canonical JSON, the SHA-256 of it) and compare with every digest the record shows: the
+    names are sealed under each player's key before the body is hashed, so no guess matches, before
+    the deletion or after."""
+    app = admin.app
+    writer = admin.headers("sync", ["players:write"])
+    reader = admin.headers("auditor", ["audit:read"])
+    body = {"players": [{"user_id": 77, "username": "gwendolyn"}, {"user_id": 78, "username": "zz top", "enabled": False},
+                        {"user_id": 0, "username": "invalid-item"}]}
+    assert app.post_json(BATCH, body, headers=writer).status_int == 200
+    guesses = [f"{first}{suffix}" for first in ("gwen", "gwendolyn", "guinevere", "alice", "bob")
+               for suffix in ("", "1", "_")] + ["invalid-item"]
+
+    def shown() -> list[str]:
+        (record,) = app.get("/v1/audit", {"action": "player.batch"}, headers=reader).json["records"]
+        after = record["changes"]["after"]
+        return [v for v in after.values() if isinstance(v, str) and len(v) == 64]
+
+    def tried(digests: list[str]) -> list[str]:
+        hits = []
+        for guess in guesses:
+            for variant in ({"players": [{"user_id": 77, "username": guess}] + body["players"][1:]},
+                            {"players": body["players"][:2] + [{"user_id": 0, "username": guess}]}):
+                for text in (canonical(variant), json.dumps(variant)):
+                    if hashlib.sha256(text.encode()).hexdigest() in digests:
+                        hits.append(guess)
+        return hits
+
+    digests = shown()
+    assert digests, "the record shows a digest of the body"
+    assert tried(digests) == []
+    ops.delete_player(world.store, ops.Context(actor="cli:test"), 77)
+    assert tried(shown()) == []
 
 
 def test_a_batch_stamps_the_rows_it_writes_with_its_record_time_and_leaves_the_others(admin, world, store_url):

@@ -139,7 +139,7 @@ def test_two_create_only_signups_of_one_id_at_once_one_201_one_412(world, settin
 
 
 def test_a_body_nested_too_deep_is_400_never_500(admin):
-    """The body is hashed (Idempotency-Key, a batch's body_sha256) by a recursive encoder: nested a
+    """The body is hashed (Idempotency-Key, a batch's sealed_body_sha256) by a recursive encoder: nested a
     little less deep than the interpreter's recursion limit (~985 under gunicorn), it was read and
     then failed there, a 500. The reader refuses any body nested deeper than 32, whatever the route;
     the depths swept cover that window wherever the caller's stack stands."""

@@ -407,3 +407,37 @@ def test_the_admin_role_deletes_and_erases_but_still_cannot_rewrite_a_record(own
         (delete_id,) = conn.execute("SELECT id FROM audit WHERE action = 'player.delete'").fetchone()
         with pytest.raises(psycopg.errors.RaiseException):
             conn.execute("SELECT authsvc_erase_names(%s, %s, %s)", (record_id, '{"after":{},"before":{}}', delete_id))
+
+
+def test_no_role_reads_a_deleted_name_in_postgresqls_statistics(own_pg, secret_file, monkeypatch, capsys):
+    """docs/stores.md, "Erasure": the planner's statistics (pg_stats, which each role reads for the columns it
+    may SELECT) hold no value of a column that names a person, so after a deletion and the documented VACUUMs
+    neither the web role nor the admin role finds the name there, however ANALYZE (autovacuum's) ran before."""
+    import psycopg
+
+    from authsvc.admin import command as cli
+    from authsvc.store.postgres.store import PostgresStore
+
+    url = init_as_owner(own_pg, secret_file, monkeypatch)
+    store = PostgresStore(url("authsvc_admin"), readonly=False)
+    try:
+        for n in range(1, 61):
+            store.add_player(n, f"stats-player-{n:03d}")
+        store.rename_player(5, "zelda-in-stats")
+    finally:
+        store.close()
+    stats = ("SELECT tablename, attname, coalesce(most_common_vals::text, '') || coalesce(histogram_bounds::text, '') "
+             "FROM pg_stats")
+    with psycopg.connect(url("authsvc_owner"), autocommit=True) as owner:
+        owner.execute("ANALYZE")  # as autovacuum's analyze would, at any time before the deletion
+    assert cli.main(["player", "delete", "5"]) == 0, capsys.readouterr().err
+    with psycopg.connect(url("authsvc_owner"), autocommit=True) as owner:  # docs/stores.md, "Erasure", as the owner
+        owner.execute("VACUUM (FULL, VERBOSE) audit, audit_names, player_keys, deleted_players")
+        owner.execute("VACUUM (FULL, VERBOSE) players")
+        seen = owner.execute(stats).fetchall()
+    assert ("players", "user_id") in {(t, a) for t, a, _ in seen}  # the statistics are there
+    for role in ("authsvc_web", "authsvc_admin", "authsvc_owner"):
+        with psycopg.connect(url(role), autocommit=True) as conn:
+            found = [(t, a) for t, a, values in conn.execute(stats).fetchall()
+                     if "zelda-in-stats" in values or "stats-player-005" in values]
+        assert found == [], (role, found)

@@ -65,3 +65,24 @@ def test_admin_writes_against_an_idle_service_leave_a_small_wal(env, world, tmp_
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+@pytest.mark.engine("sqlite")
+def test_a_removed_webhooks_secret_leaves_the_wal_and_the_main_file(admin, world):
+    """docs/stores.md, "Erasure": the removal zeroes the secret in the main file (secure_delete) and, as
+    a player's deletion does, empties the -wal file before it answers, whose frames still hold it."""
+    headers = admin.headers("hooks", ["webhooks:read", "webhooks:write"])
+    added = admin.app.post_json("/v1/webhooks", {"url": "https://game.example.com/h", "events": ["player.created"]},
+                                headers=headers)
+    secret, hook_id = added.json["secret"], added.json["id"]
+    kept = admin.app.post_json("/v1/webhooks", {"url": "https://game.example.com/k", "events": ["player.created"]},
+                               headers=headers).json["secret"]
+    path = world.store.path
+    files = lambda: b"".join(pathlib.Path(path + s).read_bytes() for s in ("", "-wal") if os.path.exists(path + s))  # noqa: E731
+    assert secret.encode() in files()  # the search finds what is there
+    assert admin.app.delete(f"/v1/webhooks/{hook_id}", headers=headers).status_int in (200, 204)
+    answered = time.monotonic()
+    while secret.encode() in (data := files()) and time.monotonic() - answered < 10:
+        time.sleep(0.2)
+    assert secret.encode() not in data, "the removed webhook's secret is still in the store's files"
+    assert kept.encode() in data, "the live webhook's secret is gone too"

@@ -4,8 +4,8 @@
 Each item is checked alone, with the rules of ``PUT /v1/players/{user_id}`` (authsvc/names.py): an
 invalid item gets its own problem naming its fields (``/players/3/username``) and the valid ones
 are written anyway, like Kratos' and Firebase's batch imports. The valid items are written in ONE
-transaction with ONE audit record (``player.batch``: the counts and the SHA-256 of the canonical
-request body, as ``player import`` records its file's), and only the rows that change are written:
+transaction with ONE audit record (``player.batch``: the counts and ``sealed_body_sha256``, the
+SHA-256 of the canonical request body with its names sealed: sealed_digest), and only the rows that change are written:
 the current rows are read under the writer lock (store/writes.py) and the changed ones written in
 one statement, so each item's status is exact (authsvc/admin/operations.py's batch_players).
 
@@ -16,11 +16,13 @@ A batch that changes nothing writes no record either, as a PUT that changes noth
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import cast
 
 from authsvc.admin.problems import Problem, invalid
 from authsvc.errors import Invalid
 from authsvc.names import MAX_ID, check_username
+from authsvc.store import audit as trail
 
 MAX_ITEMS = 1000
 # Any batch of 1,000 valid players fits, even 255-character names sent as \\u escapes (12 bytes a
@@ -108,3 +110,20 @@ def results(items: list[Item], errors: dict[int, dict], status: dict[int, str]) 
     for result in out:
         counts[result["status"]] += 1
     return out, counts
+
+
+def sealed_digest(body: dict, items: list[Item], keys: dict[int, str]) -> str:
+    """The SHA-256 of the body's canonical JSON with each valid item's username sealed under its player's
+    key, as the chain seals names (store/audit.py), and an invalid item's left out (ERASED): whoever reads
+    the record but not the keys cannot test a guessed name against it, and no one can once the player's
+    deletion dropped its key (docs/admin.md, "Erasure")."""
+    valid = {item.index: item.user_id for item in items}
+    players = []
+    for index, entry in enumerate(cast(list, body["players"])):
+        if isinstance(entry, dict) and "username" in entry:
+            name = entry["username"]
+            user_id = valid.get(index)
+            sealed = trail.seal(keys[user_id], "username", name) if user_id is not None else trail.ERASED
+            entry = entry | {"username": sealed}
+        players.append(entry)
+    return hashlib.sha256(trail.canonical(body | {"players": players}).encode("ascii")).hexdigest()

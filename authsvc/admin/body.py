@@ -7,7 +7,7 @@
 - Size: the route's cap, 413; a chunked body is read to the cap and one byte more, never further.
 - Shape, on the raw bytes before parsing: nested at most ``MAX_DEPTH`` deep (400), at most
   ``MAX_VALUES`` JSON values (413). The parser and the body's hashing (Idempotency-Key, a batch's
-  body_sha256) are recursive, and a body of a million tiny values costs a second to parse and hash:
+  sealed_body_sha256) are recursive, and a body of a million tiny values costs a second to parse and hash:
   these bounds make the costliest body a caller may send cost tens of milliseconds.
 
 The shape is counted with bytes methods (C loops, no Python step per byte): strings removed

@@ -49,7 +49,7 @@ from authsvc.settings import (
     load_token_secrets,
 )
 from authsvc.store import base, open_store
-from authsvc.store.audit import Audit, Record, canonical
+from authsvc.store.audit import Audit, Record
 from authsvc.store.base import Game, Player, Store
 from authsvc.store.events import DELIVERY_STATES, EVENT_TYPES, Delivery, Webhook
 from authsvc.store.sqlite.store import SQLiteStore
@@ -637,14 +637,14 @@ def put_player(
 def batch_players(store: Store, ctx: Context, items: list[batch.Item], dry_run: bool, invalid: int,
                   body: dict) -> dict[int, str]:
     """Create or update many players (the admin API's batch): each one's status by user id. One
-    transaction and one audit record (the counts, the SHA-256 of the canonical body); none on a dry
-    run, nor when nothing changes."""
-    audit = ctx.audit(body_sha256=hashlib.sha256(canonical(body).encode("ascii")).hexdigest())
-    with store.write(audit) as tx:
+    transaction and one audit record (the counts, the SHA-256 of the canonical body with its names sealed:
+    batch.sealed_digest); none on a dry run, nor when nothing changes."""
+    with store.write(ctx.audit()) as tx:
         current = tx.players_now([item.user_id for item in items])
         status = {item.user_id: batch.status_of(current.get(item.user_id), item) for item in items}
         changed = [(i.user_id, i.username, i.enabled) for i in items if status[i.user_id] != "unchanged"]
         if not dry_run and changed:
             counts = {name: sum(1 for s in status.values() if s == name) for name in batch.STATUSES[:3]}
-            tx.write_players(changed, "player.batch", counts | {"error": invalid})
+            digest = batch.sealed_digest(body, items, tx.player_keys([item.user_id for item in items]))
+            tx.write_players(changed, "player.batch", counts | {"error": invalid, "sealed_body_sha256": digest})
     return status

@@ -54,6 +54,10 @@ class Dialect(abc.ABC):
         """(user_id, epoch) of those of ``user_ids`` that were deleted (table deleted_players)."""
 
     @abc.abstractmethod
+    def player_keys(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
+        """(user_id, key) of those of ``user_ids`` that have a sealing key (store/audit.py)."""
+
+    @abc.abstractmethod
     def erase_names(self, conn: Any, record_id: int, changes: str, by_record: int) -> None:
         """Put ``changes`` (its usernames erased) into record ``record_id`` written before sealing, marked
         erased by the deletion's record ``by_record`` (store/audit.py)."""
@@ -95,6 +99,10 @@ class SQLiteDialect(Dialect):
 
     def deleted_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
         return conn.execute("SELECT user_id, epoch FROM deleted_players WHERE user_id IN "
+                            "(SELECT value FROM json_each(?))", (json.dumps(list(user_ids)),)).fetchall()
+
+    def player_keys(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
+        return conn.execute("SELECT user_id, key FROM player_keys WHERE user_id IN "
                             "(SELECT value FROM json_each(?))", (json.dumps(list(user_ids)),)).fetchall()
 
     def erase_names(self, conn: Any, record_id: int, changes: str, by_record: int) -> None:

@@ -62,7 +62,7 @@ class _Lock:
         self.at_ms: int | None = None
         self.head_id: int | None = None  # the chain's head when the lock was taken
         self.appended = False  # a record was appended: the head, if it moved, is logged after COMMIT
-        self.erased = False  # a player was deleted: the store clears what that freed once it commits
+        self.erased = False  # a player deleted, a webhook removed: the store clears what that freed once it commits
 
 
 class Tx:
@@ -111,8 +111,8 @@ class Tx:
 
     @property
     def erased(self) -> bool:
-        """Whether this transaction deleted a player: its store then clears, once it commits, the space
-        the deletion freed (SQLite: the -wal file; store/sqlite.py)."""
+        """Whether this transaction deleted a player or removed a webhook: its store then clears, once it
+        commits, the space that freed (SQLite: the -wal file; store/sqlite/store.py)."""
         return self._lock.erased
 
     def savepoint(self):
@@ -141,6 +141,19 @@ class Tx:
         key = trail.new_key()
         self._sql("INSERT INTO player_keys (user_id, key) VALUES (?, ?)", (user_id, key))
         return key
+
+    def player_keys(self, user_ids: Sequence[int]) -> dict[int, str]:
+        """{user id: sealing key} of ``user_ids``, each made if it has none yet (_player_key, for many):
+        what seals a batch's names in its record's digest (authsvc/admin/batch.py's sealed_digest)."""
+        self.locked()
+        keys: dict[int, str] = {}
+        for chunk in batches(user_ids):
+            keys.update((row[0], row[1]) for row in self.d.player_keys(self._conn, chunk))
+        made = [(user_id, trail.new_key()) for user_id in dict.fromkeys(user_ids) if user_id not in keys]
+        if made:
+            self._conn.cursor().executemany(self.d.sql("INSERT INTO player_keys (user_id, key) VALUES (?, ?)"), made)
+            keys.update(made)
+        return keys
 
     def _player_record(self, action: str, user_id: int, before: dict) -> Record:
         """The record of a change to a player: its state before and after, the username sealed."""
@@ -386,14 +399,16 @@ class Tx:
         return found[0] if found else None
 
     def remove_webhook(self, webhook_id: int) -> Webhook | None:
-        """Mark the webhook deleted, its secret gone (nothing signs with it again), and fail its pending
-        deliveries; the webhook as it was, None if none."""
+        """Mark the webhook deleted, its secret gone (nothing signs with it again; the store then clears it
+        from its files as a deletion's names, ``erased``), and fail its pending deliveries; the webhook as
+        it was, None if none."""
         if (hook := self.webhook(webhook_id)) is None:
             return None
         self._sql("UPDATE webhooks SET deleted_at = ?, secret = '' WHERE id = ?", (self.at_ms, webhook_id))
         self._sql("UPDATE deliveries SET state = 'failed', done_at = ?, last_error = 'webhook removed' "
                   "WHERE webhook_id = ? AND state = 'pending'", (self.at_ms, webhook_id))
         self.record("webhook.remove", game_id=hook.game_id, before=self._webhook_state(hook))
+        self._lock.erased = True
         return hook
 
     def delivery(self, webhook_id: int, delivery_id: int) -> Delivery | None:

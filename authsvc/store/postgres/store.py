@@ -118,6 +118,10 @@ class PostgresDialect(Dialect):
         return conn.execute("SELECT user_id, epoch FROM deleted_players WHERE user_id = ANY(%s::bigint[])",
                             (list(user_ids),)).fetchall()
 
+    def player_keys(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
+        return conn.execute("SELECT user_id, key FROM player_keys WHERE user_id = ANY(%s::bigint[])",
+                            (list(user_ids),)).fetchall()
+
     def erase_names(self, conn: Any, record_id: int, changes: str, by_record: int) -> None:
         # The admin role may not change a record: the owner's function does this one change, checked.
         conn.execute("SELECT authsvc_erase_names(%s, %s, %s)", (record_id, changes, by_record))

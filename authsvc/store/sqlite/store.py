@@ -162,10 +162,11 @@ class SQLiteStore(SQLiteReader, Store):
             pass  # no -wal file, or the store is failing: the next admin command tries again
 
     def _erase_wal(self) -> None:
-        """After a write that deleted a player: checkpoint and empty the -wal file, whose older frames still
-        hold the pages as they were before (the names). The main file then has the pages as they are now,
-        the deleted content zeroed (secure_delete). A checkpoint cannot pass a reader still in a snapshot
-        of those frames: wait up to ERASE_WAIT for the web workers to let theirs go (docs/stores.md)."""
+        """After a write that deleted a player or removed a webhook: checkpoint and empty the -wal file, whose
+        older frames still hold the pages as they were before (the names, the webhook's secret). The main
+        file then has the pages as they are now, the deleted content zeroed (secure_delete). A checkpoint
+        cannot pass a reader still in a snapshot of those frames: wait up to ERASE_WAIT for the web workers
+        to let theirs go (docs/stores.md)."""
         conn = self._conn()
         deadline = time.monotonic() + ERASE_WAIT
         try:
@@ -178,12 +179,12 @@ class SQLiteStore(SQLiteReader, Store):
                 if time.monotonic() >= deadline:
                     break
                 time.sleep(0.05)
-            log.warning("sqlite store %s: a reader held a snapshot for %g s after a player's deletion; its -wal "
-                        "file still holds what the deletion erased until the next checkpoint (docs/stores.md)",
+            log.warning("sqlite store %s: a reader held a snapshot for %g s after a player's deletion or a "
+                        "webhook's removal; its -wal file still holds what it erased until the next checkpoint (docs/stores.md)",
                         self.path, ERASE_WAIT)
         except sqlite3.Error as e:
-            log.warning("sqlite store %s: the checkpoint after a player's deletion failed (%s); its -wal file "
-                        "still holds what the deletion erased until the next checkpoint (docs/stores.md)", self.path, e)
+            log.warning("sqlite store %s: the checkpoint after a player's deletion or a webhook's removal failed "
+                        "(%s); its -wal file still holds what it erased until the next checkpoint (docs/stores.md)", self.path, e)
         finally:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("PRAGMA busy_timeout = 2000")  # as _open left it
@@ -256,7 +257,7 @@ class SQLiteStore(SQLiteReader, Store):
             self._drop()
             raise _store_error(e, self.path) from None
         trail.log_head(head)  # committed: a rolled-back write never gets here
-        if tx.erased:  # committed: what the deletion freed leaves the -wal file too
+        if tx.erased:  # committed: what a deletion or a webhook's removal freed leaves the -wal file too
             self._erase_wal()
 
     @contextlib.contextmanager
