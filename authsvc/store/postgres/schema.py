@@ -131,10 +131,7 @@ MIGRATIONS: list[str] = [
     # moment (every authentication reads it): it waits for the lock at most MIGRATION_LOCK_WAIT. The
     # reader role's grant on api_keys is the whole table's: it reads the new column.
     f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}'; ALTER TABLE api_keys ADD COLUMN expires_at_ms bigint;",
-    # 13 and 14: taken by other changes on their way (these placeholders change nothing).
-    "SELECT 1",
-    "SELECT 1",
-    # 15: no planner statistics on the columns that hold a name or a secret (UNSAMPLED): ANALYZE
+    # 13: no planner statistics on the columns that hold a name or a secret (UNSAMPLED): ANALYZE
     # samples none of their values, and the ones it kept go (docs/stores.md, "Erasure").
     f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + "".join(
         f"ALTER TABLE {table} ALTER COLUMN {column} SET STATISTICS 0, ALTER COLUMN {column} TYPE text;"
