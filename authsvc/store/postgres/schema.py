@@ -20,7 +20,7 @@ MIGRATION_LOCK_WAIT = "2s"
 # The columns whose values name a player or are a secret: ANALYZE would copy some of them into
 # pg_statistic, which pg_stats shows to every role that may read the column, and where a deletion or a
 # webhook's removal never reaches (docs/stores.md, "Erasure"). Their statistics target is 0, so ANALYZE
-# leaves them out, and migration 15 dropped what it had kept: ALTER COLUMN ... TYPE to the type it has
+# leaves them out, and migration 13 dropped what it had kept: ALTER COLUMN ... TYPE to the type it has
 # is the one way a non-superuser drops a column's statistics (no rewrite: the catalog and a brief lock).
 # The planner then uses its default estimates for them; no query filters on them but by an index.
 UNSAMPLED = (("players", "username"), ("events", "data"), ("audit", "changes"), ("audit_names", "names"),
