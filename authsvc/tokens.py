@@ -90,6 +90,9 @@ class SecretFile:
     def _reload(self, stamp: tuple[int, ...]) -> None:
         try:
             found = load_token_secrets(self.path)
+            if found == self._secrets:  # touched or copied, not changed (the first look after start, mostly)
+                self._stamp = stamp
+                return
             check_known(found, self._known(), self.path)
         except (ConfigError, StoreUnavailable) as e:
             if self._warnings.allow() is not None:

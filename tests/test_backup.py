@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.settings import Settings
+from authsvc.settings import Settings, load_token_secrets
 from authsvc.web.app import make_app
 
 
@@ -97,7 +97,8 @@ def test_restore_of_a_vacuum_into_copy_ends_in_wal_mode(tmp_path, env):
 
 
 def _settings(env: dict) -> Settings:
-    return Settings(store=env["AUTHSVC_STORE"], token_secret_file=env["AUTHSVC_TOKEN_SECRET_FILE"])
+    return Settings(store=env["AUTHSVC_STORE"], token_secret_file=env["AUTHSVC_TOKEN_SECRET_FILE"],
+                    token_secrets=load_token_secrets(env["AUTHSVC_TOKEN_SECRET_FILE"]))
 
 
 def test_rollback_journal_store_warns_at_start_up(tmp_path, env, caplog):

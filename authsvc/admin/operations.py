@@ -304,7 +304,8 @@ def initialize(settings: Settings, ctx: Context, *, new_secret: bool = False) ->
       every token issued before is refused. Without it, a missing file of a store with players is
       refused (Invalid): restore it from its backup copy.
 
-    The migration is a schema change, not a change of data: no audit record; the secret's outcome has one."""
+    Setting a store up (the migration, the first secret, the adopted ones) writes no audit record; a new
+    secret that replaces the recorded ones (``new_secret``) has one."""
     store_context = admin_store(settings, check=False)  # a bad AUTHSVC_STORE stops here, before any file is made
     path = settings.token_secret_file
     with store_context as store:
@@ -320,13 +321,13 @@ def initialize(settings: Settings, ctx: Context, *, new_secret: bool = False) ->
                                   "from its backup copy (a new secret would refuse every token issued; "
                                   "'authsvc init --new-secret' makes one all the same)")
                 secret = new_token_secret().encode("ascii")
-                tx.record_token_secrets([fingerprint(secret)], "token_secret.new", replace=True)
+                tx.record_token_secrets([fingerprint(secret)], "token_secret.new" if new_secret else None, replace=True)
                 os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
                 write_secret_file(path, [secret])
                 return before, after, "new" if new_secret else "created"
             found = load_token_secrets(path)
             if not known:
-                tx.record_token_secrets([fingerprint(s) for s in found], "token_secret.adopt")
+                tx.record_token_secrets([fingerprint(s) for s in found], None)
                 return before, after, "adopted"
             check_known(found, known, path)
     return before, after, "kept"

@@ -465,10 +465,12 @@ class Tx:
         self.locked()
         return select_token_secrets(self._conn)
 
-    def record_token_secrets(self, fingerprints: Sequence[str], action: str, *, drop: Sequence[str] = (),
+    def record_token_secrets(self, fingerprints: Sequence[str], action: str | None, *, drop: Sequence[str] = (),
                              replace: bool = False) -> None:
         """Add ``fingerprints`` (kept with their first time), drop ``drop`` (or, with ``replace``, every
-        other), and record ``action`` with the counts: never a fingerprint (docs/admin.md, "The audit trail")."""
+        other), and record ``action`` with the counts: never a fingerprint (docs/admin.md, "The audit trail").
+        ``action`` None: no record, for what sets a store up (``authsvc init``'s first secret, or the file's
+        secrets adopted by a store from before fingerprints), as its migrations have none."""
         before = self.token_secrets()
         gone = [f for f in before if f not in fingerprints] if replace else [f for f in drop if f in before]
         for fingerprint in gone:
@@ -478,6 +480,8 @@ class Tx:
                 self._sql("INSERT INTO token_secret_fingerprints (fingerprint, added_at_ms) VALUES (?, ?)",
                           (fingerprint, self.at_ms))
         added = sum(f not in before for f in fingerprints)
+        if action is None:
+            return
         self.record(action, before={"secrets": len(before)},
                     after={"secrets": len(before) - len(gone) + added, "added": added, "dropped": len(gone)})
 

@@ -120,7 +120,7 @@ class App:
         self.metrics = metrics
         self.store = store
         # The secret file is looked at again at most every AUTHSVC_MAX_STALENESS: a rotation needs no restart.
-        self.secret_file = SecretFile(settings.token_secret_file, settings.token_secrets, store.token_secrets,
+        self.secret_file = SecretFile(settings.token_secret_file, settings.token_secrets, lambda: store.token_secrets(),
                                       settings.max_staleness, monotonic)
         self.authenticator = Authenticator(store, self.secret_file, clock)
         self.openapi_document = openapi_document()
