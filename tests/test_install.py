@@ -112,6 +112,23 @@ def test_staged_install_puts_everything_in_place(staged):
         assert any(line.startswith("skip: ") and step in line for line in first.stdout.splitlines()), step
     # `authsvc init` ran: the store answers the admin command.
     assert json.loads(_admin(root, "game", "list", "--json")) == {"games": []}
+    # An upgrade restarts every unit it installed that runs the previous release's code, and starts none.
+    assert ("skip: systemctl try-restart authsvc-deliver.service authsvc-heartbeat.service authsvc-admin.service "
+            "(staged") in first.stdout
+
+
+def test_install_migrates_a_postgresql_store_as_the_owner_of_owner_toml(tmp_path, pg_databases):
+    """With CONF_DIR/owner.toml the upgrade's `authsvc init` uses it (docs/operations.md, section 9): a store of
+    an earlier release (here: none of its migrations yet) is migrated by the role that owns it."""
+    from authsvc.store.postgres.store import MIGRATIONS
+
+    url = pg_databases.create(migrate=False)
+    owner = tmp_path / "etc/authsvc/owner.toml"
+    owner.parent.mkdir(parents=True)
+    owner.write_text(f'[authsvc]\nstore = "{url}"\n')
+    done = _install(tmp_path)
+    assert f"schema version {len(MIGRATIONS)} (migrated from 0)" in done.stdout, done.stdout
+    assert not (tmp_path / "var/lib/authsvc/authsvc.db").exists()
 
 
 def test_install_again_keeps_secret_settings_and_store(tmp_path):
@@ -194,6 +211,8 @@ def test_install_admin_enables_the_admin_service(tmp_path):
     done = _install(tmp_path, "--admin")
     assert any(line.startswith("skip: ") and "enable --now authsvc-admin.socket" in line
                for line in done.stdout.splitlines()), done.stdout
+    # The other units it installed are restarted if they run (an upgrade); the admin API's is restarted above.
+    assert "skip: systemctl try-restart authsvc-deliver.service authsvc-heartbeat.service (staged" in done.stdout
     # --admin alone exposes nothing through nginx.
     assert not (tmp_path / "etc/nginx/sites-enabled/authsvc-admin.conf").exists()
 
@@ -310,5 +329,10 @@ def test_admin_wrapper_writes_the_store_as_the_service_user():
         # Anyone else is turned away.
         other = _as("daemon", [wrapper, "game", "list"], cwd="/")
         assert other.returncode == 1 and "run this as root" in other.stderr
+        # AUTHSVC_CONFIG names other settings (admin.toml, owner.toml): the wrapper keeps them.
+        (etc / "owner.toml").write_text(f'[authsvc]\nstore = "sqlite://{state}/other.db"\n')
+        done = subprocess.run([wrapper, "init"], capture_output=True, text=True, timeout=60, cwd=base,
+                              env={**os.environ, "AUTHSVC_CONFIG": str(etc / "owner.toml")})
+        assert done.returncode == 0 and f"sqlite://{state}/other.db" in done.stdout, done.stdout + done.stderr
     finally:
         shutil.rmtree(base)

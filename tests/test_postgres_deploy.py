@@ -322,3 +322,23 @@ def test_privileges_sql_can_be_run_again(deployed):
         check=True, capture_output=True, timeout=60,
     )
     assert state() == before
+
+
+def test_init_on_an_up_to_date_store_needs_no_right_to_migrate(deployed):
+    """`authsvc init` with the admin role's or the web role's settings (an upgrade's installer without
+    owner.toml) on an up-to-date store: done, nothing changed; on an older one it names the owner."""
+    for role in ("authsvc_admin", "authsvc_web"):
+        store = open_store(role_url(deployed, role), readonly=False)
+        try:
+            assert store.migrate() == (len(MIGRATIONS), len(MIGRATIONS)), role
+        finally:
+            store.close()
+    with superuser(deployed) as conn:
+        conn.execute("UPDATE authsvc_schema SET version = version - 1")
+        store = open_store(role_url(deployed, "authsvc_admin"), readonly=False)
+        try:
+            with pytest.raises(ConfigError, match="permission denied for this role .*init and audit prune as the owner"):
+                store.migrate()
+        finally:
+            store.close()
+            conn.execute(f"UPDATE authsvc_schema SET version = {len(MIGRATIONS):d}")

@@ -37,6 +37,7 @@ from authsvc.errors import (
     Error,
     Forbidden,
     MethodNotAllowed,
+    StoreFull,
     StoreUnavailable,
     TooManyRequests,
     Unauthorized,
@@ -101,6 +102,10 @@ class AdminApp:
 
     def problem_for(self, error: Exception, rid: str) -> Problem:
         """The one mapping of errors to problems (authsvc/errors.py); a 500 for anything else, its traceback logged."""
+        if isinstance(error, StoreFull):  # no retry helps until someone frees space: the detail says so
+            log.error("admin API: store full (request %s): %s", rid, str(error).splitlines()[0])
+            return Problem(503, "unavailable", "the store's disk is full; nothing was written",
+                           headers=(("Retry-After", RETRY_AFTER),))
         if isinstance(error, (StoreUnavailable, ConfigError)):
             log.warning("admin API: store unavailable (request %s): %s", rid, str(error).splitlines()[0])
             return Problem(503, "unavailable", "the store cannot answer right now; try again",

@@ -9,7 +9,8 @@ For each base URL four cases are checked: success (the player's id and username
 come back), a bad token and a bad api key (error 403), a missing parameter
 (error 400). The token is minted from the token secret and the player's current
 credential epoch in the store (``--token-file`` gives one instead). Any mismatch,
-a redirect or an unreachable URL makes the exit status 1.
+a redirect or an unreachable URL makes the exit status 1; so does a SQLite store's
+disk with too little free space for an admin write (one more, failed, check).
 
 The api key and token are read from files (``-`` is stdin), never from the
 command line, and never printed. Standard library only.
@@ -29,7 +30,7 @@ import urllib.parse
 from authsvc.admin.explain import RefusedSecret
 from authsvc.errors import CommandError
 from authsvc.settings import Settings
-from authsvc.store import open_store
+from authsvc.store import open_store, redact_url
 from authsvc.tokens import check_known, current_token
 from authsvc.web.app import AUTHENTICATE_PATH as API_PATH
 from authsvc.web.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
@@ -219,21 +220,35 @@ def player_token(settings: Settings, game_id: int, user_id: int) -> tuple[str, s
     return token, player.username
 
 
+def store_disk_full(settings: Settings) -> str | None:
+    """Why the store's disk cannot take an admin write (SQLite: its free space), or None (PostgreSQL: not
+    visible from here)."""
+    store = open_store(settings.store, readonly=True, settings=settings)
+    try:
+        return store.disk_full()
+    finally:
+        store.close()
+
+
 def cmd_check(args: argparse.Namespace, settings: Settings) -> tuple[int, dict, str]:
     """The `authsvc check` subcommand: (exit status, report object, report text); status 1 on any mismatch."""
     try:
         resolve = _parse_resolve(args.resolve)
         targets = [Target.parse(url, resolve) for url in args.base_url]
         api_key = _read_secret_file(args.api_key_file, "api key")
+        full = None
         if args.token_file:
             token, username = _read_secret_file(args.token_file, "token"), args.username
         else:
             token, username = player_token(settings, args.game_id, args.user_id)
             username = args.username or username
+            full = store_disk_full(settings)
         context = ssl_context(args.cafile)
     except (CheckError, OSError, ssl.SSLError) as e:
         raise CommandError(str(e)) from None
     results = run_checks(targets, args.user_id, api_key, token, username, context, args.timeout)
+    if full is not None:  # a check of its own only when it fails: the service answers, the admin side cannot write
+        results.append(Result(redact_url(settings.store), "store disk", False, None, full))
     failed = [r for r in results if not r.ok]
     obj = {"ok": not failed, "results": [dataclasses.asdict(r) for r in results]}
     text = "\n".join(r.line() for r in results) + (

@@ -174,6 +174,11 @@ class Store(Reader):
     ledger: str | None = None
 
     # -- admin --------------------------------------------------------------------
+    def disk_full(self) -> str | None:
+        """Why an admin write would fail for lack of disk space now (`authsvc check`), or None. PostgreSQL:
+        None, its server's disk is not visible to a client; a write there fails with StoreFull."""
+        return None
+
     @abc.abstractmethod
     def migrate(self) -> tuple[int, int]:
         """Apply pending migrations; returns (version before, version after)."""

@@ -11,9 +11,10 @@ import os
 import threading
 import urllib.parse
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from authsvc.errors import ConfigError
 from authsvc.store.base import ApiKey, Game
 
 T = TypeVar("T")
@@ -37,13 +38,15 @@ def games_with_keys(games: Iterable[Sequence], keys: Iterable[Sequence]) -> list
     return [Game(gid, name, bool(enabled), created, by_game.get(gid, ())) for gid, name, enabled, created in games]
 
 
+GAMES_SQL = "SELECT id, name, enabled, created_at FROM games {where} ORDER BY id"
+KEYS_SQL = "SELECT game_id, digest, created_at, expires_at FROM api_keys ORDER BY game_id, created_at, digest{collate}"
+
+
 def select_games(conn: Any, where: str = "", args: tuple = (), collate: str = "") -> list[Game]:
     """The games (``where``: the engine's placeholders) with their keys, on an sqlite3 or psycopg
     connection; ``collate`` orders the digests as SQLite does (PostgreSQL: ' COLLATE "C"')."""
-    games = conn.execute(f"SELECT id, name, enabled, created_at FROM games {where} ORDER BY id", args).fetchall()
-    keys = conn.execute(
-        f"SELECT game_id, digest, created_at, expires_at FROM api_keys ORDER BY game_id, created_at, digest{collate}"
-    ).fetchall()
+    games = conn.execute(GAMES_SQL.format(where=where), args).fetchall()
+    keys = conn.execute(KEYS_SQL.format(collate=collate)).fetchall()
     return games_with_keys(games, keys)
 
 
@@ -60,6 +63,26 @@ def select_token_secrets(conn: Any) -> dict[str, int]:
     """Each token secret's fingerprint the store knows (authsvc/tokens.py), with when it was recorded (unix
     ms), on an sqlite3 or psycopg connection."""
     return dict(conn.execute("SELECT fingerprint, added_at_ms FROM token_secret_fingerprints").fetchall())
+
+
+def check_schema(where: str, version: int, reads: int, readonly: bool, queries_fail: Callable[[], str | None]) -> None:
+    """The schema gate of ``check`` (docs/design.md, "Schema compatibility"): a store at ``reads``, the version
+    this release reads, passes; an older one never; a newer one passes for a reader (the web process) as long
+    as this release's read queries still run on it (``queries_fail``: None, or why not), so a compatible
+    migration of the next release takes no host of this one out of the load balancer. The admin side writes
+    only the schema it knows: a newer one is refused."""
+    if version == reads:
+        return
+    if version < reads:
+        raise ConfigError(f"{where} is at schema version {version}, this release needs {reads} (run 'authsvc init')")
+    if not readonly:
+        raise ConfigError(f"{where} is at schema version {version}, newer than this release ({reads}): upgrade "
+                          "authsvc on this host (docs/operations.md, section 9)")
+    reason = queries_fail()
+    if reason is not None:
+        raise ConfigError(f"{where} is at schema version {version}, newer than this release ({reads}), and this "
+                          f"release's queries fail on it: {reason}; upgrade authsvc on this host, or roll the store "
+                          "back (docs/operations.md, section 9)")
 
 
 class ThreadConnections:

@@ -13,7 +13,8 @@ for nginx's access line, which nginx strips from the answer, and no line of the 
 a client that reaches the app directly still gets the auth line and only the code.
 
 ``/healthz`` is liveness (the process answers, no store), ``/readyz`` readiness
-(the store answers the authentication query and its schema is current; docs/api.md).
+(the store answers the authentication query and this release can read its schema: the one it
+reads, or a newer one its queries still run on; docs/api.md).
 ``/openapi.json`` is the API's OpenAPI document (authsvc/openapi/, read once when the app is built).
 """
 
@@ -132,6 +133,7 @@ class App:
         self.store_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
         self.queue_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
         self.observation_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
+        self.schema_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
         self.monotonic = monotonic
         self.schema_checked_at = float("-inf")
 
@@ -198,6 +200,17 @@ class App:
                 log.warning("store unavailable on %s%s", route_name(path), since)
         except Exception:
             pass  # the logger itself fails: nothing is left to tell it with
+
+    def not_ready(self, error: ConfigError) -> None:
+        """Why the schema check failed (an older store, or a newer one this release cannot read), in the log
+        at most once per STORE_WARNING_INTERVAL: the probe's answer is the plain 503."""
+        try:
+            held = self.schema_warnings.allow()
+            if held is not None:
+                since = f" ({held} more since the last such line)" if held else ""
+                log.warning("not ready: %s%s", str(error).splitlines()[0], since)
+        except Exception:
+            pass  # the logger itself fails: the answer is the 503 all the same
 
     @staticmethod
     def unhandled(error: Exception, method: str, path: str) -> None:
@@ -303,13 +316,15 @@ class App:
         return 200, b'{"success":true,"status":"ok"}'
 
     def ready(self, environ: dict) -> tuple[int, bytes]:
-        """Readiness: the store answers the authentication query itself and its schema is current."""
+        """Readiness: the store answers the authentication query itself and this release reads its schema
+        (its own version, or a newer one its queries run on: store/common.py, check_schema)."""
         self.store.credentials("", 1)
         now = self.monotonic()
         if now - self.schema_checked_at >= SCHEMA_CHECK_INTERVAL:
             try:
                 self.store.check()
-            except ConfigError:
+            except ConfigError as e:
+                self.not_ready(e)
                 raise ServiceUnavailable() from None
             self.schema_checked_at = now
         return 200, b'{"success":true,"status":"ready"}'

@@ -29,12 +29,22 @@ from psycopg.pq import DiagnosticField, ExecStatus
 from authsvc.errors import ConfigError, StoreUnavailable, StoreUnreachable
 from authsvc.loglines import LogThrottle
 from authsvc.store.base import Credentials, Game, Reader
-from authsvc.store.common import MASK, SECRET_PARAMS, ThreadConnections, redact_url, select_games, select_token_secrets
+from authsvc.store.common import (
+    GAMES_SQL,
+    KEYS_SQL,
+    MASK,
+    SECRET_PARAMS,
+    ThreadConnections,
+    check_schema,
+    redact_url,
+    select_games,
+    select_token_secrets,
+)
 
 log = logging.getLogger("authsvc.store")
 
 READER_ROLE = "authsvc_reader"
-SCHEMA_VERSION = 13  # len(postgres.MIGRATIONS): the version this release reads
+SCHEMA_VERSION = 13  # len(postgres.MIGRATIONS): the version this release reads (a newer one: common.check_schema)
 COLLATE_C = ' COLLATE "C"'  # key digests in SQLite's (byte) order, whatever the database's collation
 
 # SQLite's query (store/sqlite/reader.py): one row always, every lookup made whether or not
@@ -347,6 +357,7 @@ class PostgresReader(ThreadConnections, Reader):
             raise ConfigError(f"{where} refuses the connection: {_reason(e, self._secrets)}") from None
         try:
             version = self._version(conn)
+            newer_fails = self._queries_fail(conn) if self.readonly and version > SCHEMA_VERSION else None
             if self.readonly and version and self._can_write(conn):
                 log.warning(
                     "%s: the web process's role can write to the store; give it a read-only role "
@@ -364,10 +375,7 @@ class PostgresReader(ThreadConnections, Reader):
             raise ConfigError(f"{where} cannot be read: {_reason(e, self._secrets)}") from None
         finally:
             conn.close()
-        if version != SCHEMA_VERSION:
-            raise ConfigError(
-                f"{where} is at schema version {version}, this release needs {SCHEMA_VERSION} (run 'authsvc init')"
-            )
+        check_schema(where, version, SCHEMA_VERSION, self.readonly, lambda: newer_fails)
         if standby:
             raise ConfigError(
                 f"{where} is a hot standby and AUTHSVC_MAX_STALENESS is {self._max_lag_ms / 1000:g} s: it can show "
@@ -382,6 +390,25 @@ class PostgresReader(ThreadConnections, Reader):
         result = self._reply(conn.pgconn)
         _raise_unless(result, ExecStatus.TUPLES_OK)
         return result.get_value(0, 0) if result.ntuples else None
+
+    def _queries_fail(self, conn: psycopg.Connection) -> str | None:
+        """Why this release's read queries fail on a newer schema, or None: each one run once, its reply
+        awaited at most AUTHSVC_PG_REPLY_TIMEOUT. The server going away is raised, not returned."""
+        pgconn = conn.pgconn
+        try:
+            for sql, params in ((STANDBY_SQL_PQ, [b"0", b""]), (GAMES_SQL.format(where="").encode(), None),
+                                (KEYS_SQL.format(collate=COLLATE_C).encode(), None)):
+                if params is None:
+                    pgconn.send_query(sql)
+                else:
+                    pgconn.send_query_params(sql, params)
+                _raise_unless(self._reply(pgconn), ExecStatus.TUPLES_OK)
+            select_token_secrets(conn)
+        except psycopg.OperationalError:
+            raise
+        except psycopg.DatabaseError as e:
+            return _reason(e, self._secrets)
+        return None
 
     def _in_recovery(self, conn: psycopg.Connection) -> bool:
         return self._value(conn, b"SELECT pg_is_in_recovery()") == b"t"

@@ -90,6 +90,11 @@ ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username, enabled = EXCL
 """
 
 
+# Whether this session's role owns the tables (authsvc_schema stands for them): only the owner grants.
+OWNS_SCHEMA_SQL = ("SELECT coalesce((SELECT pg_has_role(relowner, 'USAGE') FROM pg_class "
+                   "WHERE oid = to_regclass('authsvc_schema')), false)")
+
+
 class PostgresDialect(Dialect):
     name = "postgresql"
     WRITER_LOCK = Dialect.WRITER_LOCK + " FOR UPDATE"
@@ -197,6 +202,12 @@ class PostgresStore(PostgresReader, Store):
 
     # -- admin ----------------------------------------------------------------------
     def migrate(self) -> tuple[int, int]:
+        """Migrate as the owner (the advisory lock, the tables, the grants). A store already at this release's
+        version is left as it is for any other role: `authsvc init` on an up-to-date store needs no right to
+        migrate (scripts/install runs it on every upgrade, as the owner only where owner.toml exists)."""
+        with self._admin(transaction=False) as conn:
+            if self._version(conn) == len(MIGRATIONS) and not _value(conn.execute(OWNS_SCHEMA_SQL)):
+                return len(MIGRATIONS), len(MIGRATIONS)
         with self._admin() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             conn.execute(VERSION_TABLE_SQL)

@@ -41,13 +41,13 @@ from collections.abc import Callable, Iterator
 
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.store.base import Credentials, Game, Reader
-from authsvc.store.common import ThreadConnections, select_games, select_token_secrets
+from authsvc.store.common import ThreadConnections, check_schema, select_games, select_token_secrets
 from authsvc.store.sqlite.url import path_from_url
 
 log = logging.getLogger("authsvc.store")
 
 MMAP_BYTES = 1 << 30  # the reader maps up to the first GiB of the file
-SCHEMA_VERSION = 11  # len(sqlite.MIGRATIONS): the version this release reads
+SCHEMA_VERSION = 11  # len(sqlite.MIGRATIONS): the version this release reads (a newer one: common.check_schema)
 
 # One row always, the player looked up whether or not the key exists (and the game
 # whether or not it does: id 0 is never used): the same work for any key and player,
@@ -390,14 +390,24 @@ class SQLiteReader(ThreadConnections, Reader):
         try:
             with self._held() as conn:
                 version = self._version(conn)
+                check_schema(f"sqlite store {self.path}", version, SCHEMA_VERSION, self.readonly,
+                             lambda: self._queries_fail(conn))
         except (sqlite3.Error, OSError) as e:
             self._drop()
             raise ConfigError(f"sqlite store {self.path} cannot be read: {e}") from None
-        if version != SCHEMA_VERSION:
-            raise ConfigError(
-                f"sqlite store {self.path} is at schema version {version}, "
-                f"this release needs {SCHEMA_VERSION} (run 'authsvc init')"
-            )
+
+    @staticmethod
+    def _queries_fail(conn: sqlite3.Connection) -> str | None:
+        """Why this release's read queries fail on a newer schema, or None: each one run once."""
+        try:
+            conn.execute(CREDENTIALS_SQL, (0, "")).fetchall()
+            conn.execute(KEYS_SQL).fetchall()
+            conn.execute(PLAYER_SQL, (0,)).fetchall()
+            select_games(conn)
+            select_token_secrets(conn)
+        except sqlite3.OperationalError as e:
+            return str(e)
+        return None
 
     @staticmethod
     def _version(conn: sqlite3.Connection) -> int:

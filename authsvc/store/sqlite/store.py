@@ -39,6 +39,9 @@ __all__ = ["CREDENTIALS_SQL", "PLAYER_SQL", "MIGRATIONS", "WAL_LIMIT_BYTES", "SQ
 # 2 x AUTHSVC_MAX_STALENESS (at most 2 s), so an admin command waits that long at most.
 WAL_LIMIT_BYTES = 4 << 20
 WAL_TRUNCATE_WAIT = 3.0
+# Free space under the store that `authsvc check` asks for: the -wal file's growth to WAL_LIMIT_BYTES and the
+# database file's by as much at the checkpoint. Less, and a write may fail with SQLITE_FULL.
+MIN_FREE_BYTES = 2 * WAL_LIMIT_BYTES
 # How long, after a write that deleted a player, the admin side waits for the readers' snapshots to let
 # the -wal file go (docs/stores.md, "Erasure"): they do within 2 x AUTHSVC_MAX_STALENESS (at most 2 s);
 # the answer follows, so the names leave the files within 10 s of it.
@@ -209,6 +212,19 @@ class SQLiteStore(SQLiteReader, Store):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {version:d}")
         return before, len(MIGRATIONS)
+
+    def disk_full(self) -> str | None:
+        """Free space of the store's file system (as the user running this sees it: no root reserve)."""
+        directory = os.path.dirname(os.path.abspath(self.path))
+        try:
+            st = os.statvfs(directory)
+        except OSError as e:
+            return f"cannot see the free space of {directory}: {e.strerror}"
+        free = st.f_bavail * st.f_frsize
+        if free >= MIN_FREE_BYTES:
+            return None
+        return (f"the disk of sqlite store {self.path} has {free >> 10} KiB free, under {MIN_FREE_BYTES >> 20} MiB: "
+                "admin writes fail with 'the disk is full'; free space there (docs/operations.md, section 7)")
 
     def backup(self, target: str) -> None:
         """A live-consistent copy by SQLite's backup API, in WAL mode: fast once restored (operations.md s. 8).
