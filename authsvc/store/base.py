@@ -274,11 +274,19 @@ class Store(Reader):
         with self.bookkeeping(True) as (conn, d):
             return deliveries.fan_out(conn, d, now_ms, limit)
 
-    def due_deliveries(self, now_ms: int, limit: int) -> list[Due]:
+    def due_deliveries(self, now_ms: int, per_webhook: int, limit: int) -> list[Due]:
+        """The due chains' first deliveries, at most ``per_webhook`` of each webhook (store/deliveries.py's due)."""
         from authsvc.store import deliveries
 
         with self.bookkeeping(False) as (conn, d):
-            return deliveries.due(conn, d, now_ms, limit)
+            return deliveries.due(conn, d, now_ms, per_webhook, limit)
+
+    def event_data(self, delivery_id: int) -> str | None:
+        """The delivery's event data as it is now (a deletion erased its names), None if nothing is to be sent."""
+        from authsvc.store import deliveries
+
+        with self.bookkeeping(False) as (conn, d):
+            return deliveries.event_data(conn, d, delivery_id)
 
     def deliveries_after(self, delivery: Due, now_ms: int, limit: int) -> list[Due]:
         from authsvc.store import deliveries
