@@ -18,7 +18,8 @@ the ones after it once it is done. A failed attempt moves the chain's later deli
 next try, so a chain waiting for a retry keeps them out of ``due``'s pages meanwhile.
 
 Fairness: ``due`` takes at most ``per_webhook`` chains of each webhook, round-robin (each webhook's
-first, then each one's second, ...), so one webhook's backlog never fills a page.
+first, then each one's second, ...), so one webhook's backlog never fills a page; it reads each
+webhook's through the index deliveries_webhook_due, so another's backlog costs the read nothing.
 
 Erasure: what ``due`` and ``chain_after`` return carries no event data. The deliverer reads a
 delivery's data with ``event_data`` right before its POST starts, so a deletion that commits
@@ -29,7 +30,7 @@ the POST carries, however long the delivery waited in the deliverer's hands.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from authsvc.store.dialect import Dialect
@@ -126,21 +127,16 @@ def fan_out(conn: Any, d: Dialect, now_ms: int, limit: int) -> tuple[int, bool]:
 _DUE = """
 SELECT d.id, d.webhook_id, d.user_id, d.attempts, d.created_at, d.next_at, w.url, w.secret, e.type, e.at_ms,
     d.user_id IS NOT NULL AND EXISTS (SELECT 1 FROM deliveries AS f WHERE f.state = 'pending'
-        AND f.webhook_id = d.webhook_id AND f.user_id = d.user_id AND f.id > d.id)
+        AND f.webhook_id = d.webhook_id AND f.user_id = d.user_id AND f.id > d.id) AS more
 FROM deliveries AS d JOIN webhooks AS w ON w.id = d.webhook_id JOIN events AS e ON e.id = d.event_id
 """
 
-# Each webhook's due chain heads ranked by due time; the page takes each webhook's first ``per_webhook``,
-# ranks interleaved, so every webhook with work is in it whatever another's backlog.
-_HEADS = """
-WITH heads AS (
-    SELECT d.id, row_number() OVER (PARTITION BY d.webhook_id ORDER BY d.next_at, d.id) AS r
-    FROM deliveries AS d
-    WHERE d.state = 'pending' AND d.next_at <= ?
-    AND d.webhook_id IN (SELECT id FROM webhooks WHERE deleted_at IS NULL)
-    AND NOT EXISTS (SELECT 1 FROM deliveries AS p WHERE p.state = 'pending' AND p.webhook_id = d.webhook_id
-        AND p.user_id = d.user_id AND p.id < d.id)
-)"""
+# One webhook's first due chain heads, by due time (the index deliveries_webhook_due: as many entries
+# read as heads taken, plus the chains' later ones passed over).
+_HEADS = _DUE + """WHERE d.webhook_id = ? AND d.state = 'pending' AND d.next_at <= ?
+AND NOT EXISTS (SELECT 1 FROM deliveries AS p WHERE p.state = 'pending' AND p.webhook_id = d.webhook_id
+    AND p.user_id = d.user_id AND p.id < d.id)
+ORDER BY d.next_at, d.id LIMIT ?"""
 
 
 _FIELDS = [f.name for f in dataclasses.fields(Due)]
@@ -152,13 +148,24 @@ def _due(row: Any) -> Due:
     return Due(**values)
 
 
-def due(conn: Any, d: Dialect, now_ms: int, per_webhook: int, limit: int) -> list[Due]:
-    """The first pending delivery of each chain, if due: at most ``per_webhook`` of each webhook, soonest
-    first, each webhook's first before any webhook's second; at most ``limit``."""
-    rows = conn.execute(d.sql(
-        _HEADS + _DUE + "JOIN heads ON heads.id = d.id WHERE heads.r <= ? ORDER BY heads.r, d.next_at, d.id LIMIT ?"
-    ), (now_ms, per_webhook, limit)).fetchall()
-    return [_due(row) for row in rows]
+def due(conn: Any, d: Dialect, now_ms: int, per_webhook: int, limit: int, skip: Collection[int] = ()) -> list[Due]:
+    """The first pending delivery of each chain, if due: at most ``per_webhook`` of each live webhook
+    (but those of ``skip``), soonest first, each webhook's first before any webhook's second; at most
+    ``limit``. One statement, a part per webhook."""
+    hooks = [row[0] for row in conn.execute("SELECT id FROM webhooks WHERE deleted_at IS NULL ORDER BY id").fetchall()
+             if row[0] not in skip]
+    if not hooks:
+        return []
+    sql = " UNION ALL ".join(f"SELECT * FROM ({_HEADS}) AS w{n}" for n in range(len(hooks)))
+    rows = conn.execute(d.sql(sql), [v for w in hooks for v in (w, now_ms, per_webhook)]).fetchall()
+    rank: dict[int, int] = {}
+    ranked = []
+    for row in rows:
+        item = _due(row)
+        rank[item.webhook_id] = rank.get(item.webhook_id, 0) + 1
+        ranked.append((rank[item.webhook_id], item.next_at, item.id, item))
+    ranked.sort(key=lambda r: r[:3])
+    return [r[3] for r in ranked[:limit]]
 
 
 def event_data(conn: Any, d: Dialect, delivery_id: int) -> str | None:

@@ -291,14 +291,16 @@ class Deliverer:
     def _start(self) -> int:
         with self._lock:
             busy = len(self._busy)
-            under_way = {w for w, n in self._per_webhook.items() if n}
+            under_way = {w: n for w, n in self._per_webhook.items() if n}
         free = self.concurrency * 2 - busy
         if free <= 0 or self.stopping.is_set():
             return 0
         started = 0
-        # Each webhook's chains under way are among its first due (still pending): read past them, no further.
-        page = self.store.due_deliveries(self.clock(), self.per_webhook, min(PAGE, free + busy))
-        share = self._share(len(under_way | {item.webhook_id for item in page}))
+        # A webhook's chains under way are among its first due (still pending): read past them, no further.
+        # One at its share already (more webhooks with work make the share smaller, never larger) is not read.
+        full = {w for w, n in under_way.items() if n >= self._share(len(under_way))}
+        page = self.store.due_deliveries(self.clock(), self.per_webhook, min(PAGE, free + busy), full)
+        share = self._share(len(under_way.keys() | {item.webhook_id for item in page}))
         for item in page:
             key = (item.webhook_id, item.user_id if item.user_id is not None else ("event", item.id))
             with self._lock:

@@ -34,7 +34,7 @@ from authsvc.store.common import MASK, SECRET_PARAMS, ThreadConnections, redact_
 log = logging.getLogger("authsvc.store")
 
 READER_ROLE = "authsvc_reader"
-SCHEMA_VERSION = 9  # len(postgres.MIGRATIONS): the version this release reads
+SCHEMA_VERSION = 10  # len(postgres.MIGRATIONS): the version this release reads
 COLLATE_C = ' COLLATE "C"'  # key digests in SQLite's (byte) order, whatever the database's collation
 
 # SQLite's query (store/sqlite/reader.py): one row always, every lookup made whether or not

@@ -107,6 +107,10 @@ MIGRATIONS: list[str] = [
     # No grant to the reader role.
     f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.DELIVERER_STATE.format(bigint="bigint")
     + "REVOKE ALL ON deliverer_lease FROM PUBLIC;",
+    # 14: each webhook's due deliveries in due order (store/deliveries.py's due: a page holds a few of
+    # every webhook's). An index of the pending rows only; the build locks deliveries against writes
+    # for as long; no table an authentication reads is locked.
+    f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.WEBHOOK_DUE_INDEX,
 ]
 
 # `authsvc heartbeat`'s own role (deploy/postgres/roles.sql), if the DBA made it: the heartbeat row

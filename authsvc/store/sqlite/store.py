@@ -95,6 +95,9 @@ MIGRATIONS: list[str] = [
     # writes the deliveries: store/deliveries.py's fan_out) and its lease. One column with a default, one
     # row per webhook rewritten, a new table.
     event_tables.DELIVERER_STATE.format(bigint="INTEGER"),
+    # 13: each webhook's due deliveries in due order (store/deliveries.py's due: a page holds a few of
+    # every webhook's). An index of the pending rows only, built under the write lock.
+    event_tables.WEBHOOK_DUE_INDEX,
 ]
 
 
