@@ -12,9 +12,9 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
-import socket
 import threading
 import time
 
