@@ -207,7 +207,7 @@ def test_the_sections_table_is_the_help_and_the_only_choices():
               and not line.startswith("   ")]
     assert listed == list(SECTIONS) == ["core", "nginx", "gap", "postgres", "scale", "profile", "cold", "bodies",
                                        "metrics", "capacity", "storm", "admin-sync", "admin-load", "admin-cost", "events",
-                                       "events-cost"]
+                                       "events-cost", "events-fair"]
     refused = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--only", "core,warp"], capture_output=True,
                              text=True, timeout=60, cwd=REPO)
     assert refused.returncode == 2 and "unknown section(s): warp" in refused.stderr
@@ -257,6 +257,20 @@ def test_smoke_run_of_the_events_section():
     rows = [line.split("|")[2].strip() for line in table.splitlines() if line.startswith("| ") and "measure" not in line]
     assert len(rows) == 4 and "not all delivered" not in table, table
     assert rows[0].endswith(" events/s") and rows[1].startswith("p50 ") and rows[2].endswith(" MB"), table
+
+
+def test_smoke_run_of_the_events_fair_section():
+    """A healthy webhook alone and beside a blackholed one: both rows there, each with its p50 and p99."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--only", "events-fair", "--players", "50", "--events-changes", "20",
+         "--events-fair-pending", "50"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = done.stdout.split("## Webhook delivery beside a blackholed receiver", 1)[1]
+    rows = [line.split("|")[1:3] for line in table.splitlines() if line.startswith("| ") and "healthy" not in line]
+    assert [r[0].strip().split(" ")[0] for r in rows] == ["alone", "beside"], table
+    assert all(r[1].strip().startswith("p50 ") and "(20 events)" in r[1] for r in rows), table
 
 
 def test_smoke_run_of_the_events_cost_section():

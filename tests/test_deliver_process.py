@@ -2,13 +2,17 @@
 order within 2 s of each change, signed so that the ``standardwebhooks`` package verifies them; a
 receiver down for 5 s gets every missed event once back; killed with SIGKILL mid-run, it loses no
 event (at least once: a duplicate keeps its webhook-id) and keeps a player's events in order; it
-stops cleanly on SIGTERM, and never writes a webhook's secret to its log."""
+stops cleanly on SIGTERM, and never writes a webhook's secret to its log. A deleted player's names
+are in no POST that starts after the deletion's answer, whatever was queued or chained; a
+blackholed receiver with 1,000 players pending holds up no other webhook."""
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,10 +28,11 @@ PLAYERS = 300
 RENAMES = 20
 
 
-def start(env: dict, port: int, log) -> subprocess.Popen:
+def start(env: dict, port: int, log, *more_ports: int, **settings: str) -> subprocess.Popen:
+    allow = ",".join(f"127.0.0.1:{p}" for p in (port, *more_ports))
     return subprocess.Popen(
         [sys.executable, "-m", "authsvc.admin.command", "deliver"],
-        env={**os.environ, **env, "AUTHSVC_WEBHOOK_ALLOW_HOSTS": f"127.0.0.1:{port}", "AUTHSVC_DELIVER_CONCURRENCY": "4"},
+        env={**os.environ, **env, "AUTHSVC_WEBHOOK_ALLOW_HOSTS": allow, "AUTHSVC_DELIVER_CONCURRENCY": "4", **settings},
         stdout=log, stderr=subprocess.STDOUT,
     )
 
@@ -211,3 +216,157 @@ def test_sigterm_lets_the_post_under_way_end_and_records_it(env, admin_store, st
         assert len(receiver.requests) == 1
     finally:
         receiver.close()
+
+
+CHAINED = 12  # players, each with a chain of events queued behind a slow receiver
+RENAMED = 8  # renames each
+
+
+def names_of(user_id: int) -> list[str]:
+    """Every name a player of the deletion test has: none is a part of another's."""
+    return [f"u{user_id:02d}n{k:02d}x" for k in range(RENAMED + 1)]
+
+
+def test_no_post_that_arrives_after_a_deletion_s_answer_carries_the_deleted_player_s_names(env, admin_store,
+                                                                                            store_url, tmp_path):
+    """The receiver holds every POST while the gate is shut: once the deliverer's threads all wait in
+    held POSTs (nothing new arrives for a second), nothing else is in flight. Then players are
+    deleted, among them those whose chains are under way, and the gate opens: whatever arrives after
+    a deletion's answer started after it committed, so it must carry none of that player's names,
+    however long it was queued (a head waiting for a thread) or chained (read ahead behind the one held)."""
+    gate = threading.Event()
+    arrivals: list[tuple[float, bytes]] = []
+    held: set[int] = set()
+    lock = threading.Lock()
+
+    def hold(headers, body):
+        with lock:
+            arrivals.append((time.monotonic(), body))
+            user_id = json.loads(body)["data"]["user_id"]
+            held.add(user_id)
+        gate.wait(60)
+        time.sleep(0.02)
+        with lock:
+            held.discard(user_id)
+        return 204
+
+    receiver = Receiver(hold)
+    answered: dict[int, float] = {}  # user_id -> when its deletion was answered
+    try:
+        add_webhook(store_url, receiver.url(), ["player.created", "player.renamed", "player.deleted"], SECRET)
+        for user_id in range(1, CHAINED + 1):
+            admin_store.add_player(user_id, names_of(user_id)[0])
+        for k in range(1, RENAMED + 1):
+            for user_id in range(1, CHAINED + 1):
+                admin_store.rename_player(user_id, names_of(user_id)[k])
+        gate.set()
+        with open(tmp_path / "deliver.log", "ab") as log:
+            process = start(env, receiver.port, log, AUTHSVC_WEBHOOK_TIMEOUT="60")
+            try:
+                def drained():
+                    return store_sql(store_url, "SELECT count(*) FROM deliveries WHERE state = 'pending'") == [(0,)]
+
+                until(lambda: fan_out_done(store_url), "the events fanned out")
+                left = list(range(1, CHAINED + 1))
+                rounds = 0
+                while left:
+                    rounds += not drained()
+                    gate.clear()
+                    until(lambda: (held and time.monotonic() - arrivals[-1][0] > 1.0) or drained(),
+                          "the deliverer's POSTs held")
+                    with lock:
+                        under_way = sorted(held)
+                    # the players whose POSTs are held (their chains read past them) and one not started
+                    doomed = [u for u in left if u in under_way] + [u for u in reversed(left) if u not in under_way][:1]
+                    for user_id in doomed:
+                        admin_store.delete_player(user_id)
+                        answered[user_id] = time.monotonic()
+                        left.remove(user_id)
+                    seen = len(arrivals)
+                    gate.set()
+                    until(lambda seen=seen: len(arrivals) >= seen + 6 or drained(), "the next POSTs")
+                until(lambda: fan_out_done(store_url) and drained(), "every delivery taken")
+                assert rounds > 1, "the deliveries went before the deletions could test anything"
+                process.send_signal(signal.SIGTERM)
+                assert process.wait(30) == 0
+            finally:
+                gate.set()
+                if process.poll() is None:
+                    process.kill()
+        late = [(user_id, round(at - answered[user_id], 3), body.decode())
+                for at, body in arrivals for user_id in answered
+                if at > answered[user_id] and any(name.encode() in body for name in names_of(user_id))]
+        assert late == [], f"{len(late)} POSTs after a deletion's answer carried a deleted name, first: {late[:3]}"
+        # the deletions came while chains were under way: each player's deletion event arrived, last
+        deleted = [json.loads(body)["data"]["user_id"] for _, body in arrivals if b'"player.deleted"' in body]
+        assert sorted(deleted) == list(range(1, CHAINED + 1))
+    finally:
+        gate.set()
+        receiver.close()
+
+
+def fan_out_done(store_url: str) -> bool:
+    return store_sql(store_url, "SELECT min(fanned_out) = max(e.id) FROM webhooks, events AS e") in ([(True,)], [(1,)])
+
+
+class Blackhole:
+    """A listener on 127.0.0.1 that accepts every connection and never answers."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+
+    def close(self):
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+def test_a_blackholed_webhook_with_1000_players_pending_holds_up_no_other_webhook(env, admin_store, store_url,
+                                                                                   tmp_path):
+    blackhole = Blackhole()
+    arrived: dict[str, float] = {}
+
+    def note(headers, body):
+        arrived[json.loads(body)["data"]["username"]] = time.monotonic()
+        return 204
+
+    healthy = Receiver(note)
+    try:
+        stuck = add_webhook(store_url, f"http://127.0.0.1:{blackhole.port}/hook", ["player.created"], SECRET)
+        admin_store.upsert_players([(i, f"p{i}") for i in range(1, 1001)])
+        add_webhook(store_url, healthy.url(), ["player.renamed"], SECRET)
+        with open(tmp_path / "deliver.log", "ab") as log:
+            process = start(env, blackhole.port, log, healthy.port)
+            try:
+                until(lambda: len(blackhole.accepted) >= 2, "the blackholed webhook's first POSTs")
+                waits = []
+                for n in range(1, 11):
+                    made = time.monotonic()
+                    admin_store.rename_player(n, f"renamed{n}")
+                    until(lambda n=n: f"renamed{n}" in arrived, f"the healthy webhook's event {n}", 30)
+                    waits.append(round(arrived[f"renamed{n}"] - made, 3))
+                pending = store_sql(store_url, "SELECT count(*) FROM deliveries WHERE webhook_id = ? "
+                                               "AND state = 'pending'", (stuck,))[0][0]
+                blackhole.close()
+                process.send_signal(signal.SIGTERM)
+                assert process.wait(30) == 0
+            finally:
+                if process.poll() is None:
+                    process.kill()
+        assert pending >= 990, pending  # the blackholed webhook's backlog stood meanwhile
+        assert max(waits) <= 2.0, waits  # 0.1 s on an idle machine; each one at most twice the promise of 1 s
+    finally:
+        blackhole.close()
+        healthy.close()

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -288,11 +288,20 @@ class Store(Reader):
         with self.bookkeeping(True) as (conn, d):
             return deliveries.fan_out(conn, d, now_ms, limit)
 
-    def due_deliveries(self, now_ms: int, limit: int) -> list[Due]:
+    def due_deliveries(self, now_ms: int, per_webhook: int, limit: int, skip: Collection[int] = ()) -> list[Due]:
+        """The due chains' first deliveries, at most ``per_webhook`` of each webhook but those of ``skip``
+        (store/deliveries.py's due)."""
         from authsvc.store import deliveries
 
         with self.bookkeeping(False) as (conn, d):
-            return deliveries.due(conn, d, now_ms, limit)
+            return deliveries.due(conn, d, now_ms, per_webhook, limit, skip)
+
+    def event_data(self, delivery_id: int) -> str | None:
+        """The delivery's event data as it is now (a deletion erased its names), None if nothing is to be sent."""
+        from authsvc.store import deliveries
+
+        with self.bookkeeping(False) as (conn, d):
+            return deliveries.event_data(conn, d, delivery_id)
 
     def deliveries_after(self, delivery: Due, now_ms: int, limit: int) -> list[Due]:
         from authsvc.store import deliveries

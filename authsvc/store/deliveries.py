@@ -16,12 +16,21 @@ Order: deliveries of one (webhook, user_id) go out one at a time in id order; ``
 the first pending delivery of each such chain (a NULL user_id is a chain of one), ``chain_after``
 the ones after it once it is done. A failed attempt moves the chain's later deliveries to its own
 next try, so a chain waiting for a retry keeps them out of ``due``'s pages meanwhile.
+
+Fairness: ``due`` takes at most ``per_webhook`` chains of each webhook, round-robin (each webhook's
+first, then each one's second, ...), so one webhook's backlog never fills a page; it reads each
+webhook's through the index deliveries_webhook_due, so another's backlog costs the read nothing.
+
+Erasure: what ``due`` and ``chain_after`` return carries no event data. The deliverer reads a
+delivery's data with ``event_data`` right before its POST starts, so a deletion that commits
+before that read (store/writes.py's delete_player erases the names in the events' data) is what
+the POST carries, however long the delivery waited in the deliverer's hands.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from authsvc.store.dialect import Dialect
@@ -43,7 +52,6 @@ class Due:
     secret: str
     type: str
     at_ms: int  # the event's time
-    data: str  # the event's "data" object, JSON
     more: bool = False  # whether the chain has pending deliveries after this one
 
 
@@ -117,12 +125,18 @@ def fan_out(conn: Any, d: Dialect, now_ms: int, limit: int) -> tuple[int, bool]:
 
 
 _DUE = """
-SELECT d.id, d.webhook_id, d.user_id, d.attempts, d.created_at, d.next_at, w.url, w.secret, e.type, e.at_ms, e.data,
+SELECT d.id, d.webhook_id, d.user_id, d.attempts, d.created_at, d.next_at, w.url, w.secret, e.type, e.at_ms,
     d.user_id IS NOT NULL AND EXISTS (SELECT 1 FROM deliveries AS f WHERE f.state = 'pending'
-        AND f.webhook_id = d.webhook_id AND f.user_id = d.user_id AND f.id > d.id)
+        AND f.webhook_id = d.webhook_id AND f.user_id = d.user_id AND f.id > d.id) AS more
 FROM deliveries AS d JOIN webhooks AS w ON w.id = d.webhook_id JOIN events AS e ON e.id = d.event_id
-WHERE d.state = 'pending' AND w.deleted_at IS NULL
 """
+
+# One webhook's first due chain heads, by due time (the index deliveries_webhook_due: as many entries
+# read as heads taken, plus the chains' later ones passed over).
+_HEADS = _DUE + """WHERE d.webhook_id = ? AND d.state = 'pending' AND d.next_at <= ?
+AND NOT EXISTS (SELECT 1 FROM deliveries AS p WHERE p.state = 'pending' AND p.webhook_id = d.webhook_id
+    AND p.user_id = d.user_id AND p.id < d.id)
+ORDER BY d.next_at, d.id LIMIT ?"""
 
 
 _FIELDS = [f.name for f in dataclasses.fields(Due)]
@@ -134,13 +148,34 @@ def _due(row: Any) -> Due:
     return Due(**values)
 
 
-def due(conn: Any, d: Dialect, now_ms: int, limit: int) -> list[Due]:
-    """The first pending delivery of each chain, if due, soonest first."""
-    rows = conn.execute(d.sql(
-        _DUE + "AND d.next_at <= ? AND NOT EXISTS (SELECT 1 FROM deliveries AS p WHERE p.state = 'pending' "
-        "AND p.webhook_id = d.webhook_id AND p.user_id = d.user_id AND p.id < d.id) ORDER BY d.next_at, d.id LIMIT ?"
-    ), (now_ms, limit)).fetchall()
-    return [_due(row) for row in rows]
+def due(conn: Any, d: Dialect, now_ms: int, per_webhook: int, limit: int, skip: Collection[int] = ()) -> list[Due]:
+    """The first pending delivery of each chain, if due: at most ``per_webhook`` of each live webhook
+    (but those of ``skip``), soonest first, each webhook's first before any webhook's second; at most
+    ``limit``. One statement, a part per webhook."""
+    hooks = [row[0] for row in conn.execute("SELECT id FROM webhooks WHERE deleted_at IS NULL ORDER BY id").fetchall()
+             if row[0] not in skip]
+    if not hooks:
+        return []
+    sql = " UNION ALL ".join(f"SELECT * FROM ({_HEADS}) AS w{n}" for n in range(len(hooks)))
+    rows = conn.execute(d.sql(sql), [v for w in hooks for v in (w, now_ms, per_webhook)]).fetchall()
+    rank: dict[int, int] = {}
+    ranked = []
+    for row in rows:
+        item = _due(row)
+        rank[item.webhook_id] = rank.get(item.webhook_id, 0) + 1
+        ranked.append((rank[item.webhook_id], item.next_at, item.id, item))
+    ranked.sort(key=lambda r: r[:3])
+    return [r[3] for r in ranked[:limit]]
+
+
+def event_data(conn: Any, d: Dialect, delivery_id: int) -> str | None:
+    """The event's ``data`` (JSON) as it is now, for the delivery's POST about to start; None if the
+    delivery is no longer pending or its webhook was removed (nothing to send)."""
+    row = conn.execute(d.sql(
+        "SELECT e.data FROM deliveries AS d JOIN events AS e ON e.id = d.event_id JOIN webhooks AS w "
+        "ON w.id = d.webhook_id WHERE d.id = ? AND d.state = 'pending' AND w.deleted_at IS NULL"
+    ), (delivery_id,)).fetchone()
+    return None if row is None else row[0]
 
 
 def chain_after(conn: Any, d: Dialect, delivery: Due, now_ms: int, limit: int) -> list[Due]:
@@ -149,7 +184,8 @@ def chain_after(conn: Any, d: Dialect, delivery: Due, now_ms: int, limit: int) -
     if not delivery.more:
         return []
     rows = conn.execute(d.sql(
-        _DUE + "AND d.webhook_id = ? AND d.user_id = ? AND d.id > ? ORDER BY d.id LIMIT ?"
+        _DUE + "WHERE d.state = 'pending' AND w.deleted_at IS NULL AND d.webhook_id = ? AND d.user_id = ? AND d.id > ? "
+        "ORDER BY d.id LIMIT ?"
     ), (delivery.webhook_id, delivery.user_id, delivery.id, limit)).fetchall()
     found = []
     for row in rows:

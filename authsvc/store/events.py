@@ -189,6 +189,13 @@ CREATE TABLE deliverer_lease (
 );
 """
 
+# Each webhook's due deliveries in due order (a later migration): the deliverer's page takes a few of
+# each webhook's (store/deliveries.py's due), reading as many index entries, whatever another
+# webhook's backlog. Built from the pending rows only.
+WEBHOOK_DUE_INDEX = """
+CREATE INDEX deliveries_webhook_due ON deliveries (webhook_id, next_at, id) WHERE state = 'pending';
+"""
+
 WEBHOOK_COLUMNS = "id, url, events, game_id, created_at, deleted_at"  # never the secret
 _DELIVERY = """SELECT d.id, d.webhook_id, d.event_id, e.type, d.state, d.attempts, d.next_at, d.created_at, d.done_at,
 d.last_status, d.last_error FROM deliveries AS d JOIN events AS e ON e.id = d.event_id"""

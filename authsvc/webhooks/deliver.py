@@ -11,8 +11,18 @@ so far in one short transaction; fan the new events out to the webhooks subscrib
 most FAN_OUT events a webhook, one short transaction: store/deliveries.py's fan_out); then read
 a page of due deliveries (at most PAGE: memory stays bounded whatever the backlog) and hand each
 chain's first one to a thread pool of ``deliver_concurrency`` threads; a thread that delivered
-one goes on with the chain's next ones. One webhook takes at most three
-quarters of the threads, so a slow receiver leaves the others some.
+one goes on with the chain's next ones.
+
+Fairness: the page holds a few chains of every webhook with work (store/deliveries.py's due:
+round-robin, at most ``per_webhook`` each), never one webhook's backlog alone. A webhook has at
+most its share of the threads under way: three quarters of them, or an equal part of them
+while several webhooks have work (``_share``). A POST to a receiver that never answers holds its
+thread for the timeout, so a slow or blackholed receiver keeps only its own share waiting and
+another webhook's event starts at the next step.
+
+Erasure: a POST's body is built from the event's data read right before the POST starts
+(store/deliveries.py's event_data), never from what the page or the chain's read-ahead held: a
+player deleted before then is sent without its names (docs/integrating.md, "Events").
 
 One deliverer per store: each step starts by holding the store's lease (store/deliveries.py's
 take_lease, renewed every LEASE_RENEW, good for LEASE); a second one waits, saying once who holds
@@ -80,10 +90,10 @@ def iso(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
-def body(item: Due) -> bytes:
+def body(item: Due, data: str) -> bytes:
     """``{"type", "timestamp", "data"}``: the event's data is JSON already (an object)."""
     return b'{"type":%s,"timestamp":"%s","data":%s}' % (json.dumps(item.type).encode(), iso(item.at_ms).encode(),
-                                                         item.data.encode())
+                                                         data.encode())
 
 
 def cmd_deliver(args, settings: Settings):
@@ -273,18 +283,27 @@ class Deliverer:
                         self._counts["failed"] += o.state == FAILED
             self._unwritten = []
 
+    def _share(self, active: int) -> int:
+        """How many chains one webhook may have under way while ``active`` webhooks have work."""
+        return max(1, min(self.per_webhook, self.concurrency // max(1, active)))
+
     def _start(self) -> int:
         with self._lock:
             busy = len(self._busy)
+            under_way = {w: n for w, n in self._per_webhook.items() if n}
         free = self.concurrency * 2 - busy
         if free <= 0 or self.stopping.is_set():
             return 0
         started = 0
-        # The chains under way are among the first due (still pending): read past them, no further.
-        for item in self.store.due_deliveries(self.clock(), min(PAGE, free + busy)):
+        # A webhook's chains under way are among its first due (still pending): read past them, no further.
+        # One at its share already (more webhooks with work make the share smaller, never larger) is not read.
+        full = {w for w, n in under_way.items() if n >= self._share(len(under_way))}
+        page = self.store.due_deliveries(self.clock(), self.per_webhook, min(PAGE, free + busy), full)
+        share = self._share(len(under_way.keys() | {item.webhook_id for item in page}))
+        for item in page:
             key = (item.webhook_id, item.user_id if item.user_id is not None else ("event", item.id))
             with self._lock:
-                if key in self._busy or self._per_webhook.get(item.webhook_id, 0) >= self.per_webhook:
+                if key in self._busy or self._per_webhook.get(item.webhook_id, 0) >= share:
                     continue
                 self._busy[key] = item.webhook_id
                 self._per_webhook[item.webhook_id] = self._per_webhook.get(item.webhook_id, 0) + 1
@@ -298,10 +317,13 @@ class Deliverer:
         outcomes: list[Outcome] = []
         try:
             outcome = self.attempt(head)
-            outcomes.append(outcome)
-            if outcome.state == DELIVERED and head.more and not self.stopping.is_set():
+            if outcome is not None:
+                outcomes.append(outcome)
+            if outcome is not None and outcome.state == DELIVERED and head.more and not self.stopping.is_set():
                 for item in self.store.deliveries_after(head, self.clock(), CHAIN):
                     outcome = self.attempt(item)
+                    if outcome is None:
+                        break
                     outcomes.append(outcome)
                     if outcome.state != DELIVERED or self.stopping.is_set():
                         break
@@ -314,10 +336,14 @@ class Deliverer:
                 self._finished.append((key, outcomes))
             self._wake.set()
 
-    def attempt(self, item: Due) -> Outcome:
-        """One signed POST and what follows from its answer."""
+    def attempt(self, item: Due) -> Outcome | None:
+        """One signed POST of the event's data as it is now, and what follows from its answer; None if
+        there is nothing to send (done meanwhile, or its webhook removed)."""
+        data = self.store.event_data(item.id)  # after any deletion committed so far: no erased name
+        if data is None:
+            return None
         now = self.clock()
-        payload = body(item)
+        payload = body(item, data)
         msg_id = sign.message_id(item.id)
         headers = sign.headers(sign.secret_key(item.secret), msg_id, now // 1000, payload)
         started = time.monotonic()

@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events-cost-backlog", type=int, default=30_000,
                         help="events-cost section: deliveries pending before each run beside the deliverer "
                              "(default 30,000)")
+    parser.add_argument("--events-fair-pending", type=int, default=1_000,
+                        help="events-fair section: players pending for the blackholed webhook (default 1,000)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs)")
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]

@@ -44,7 +44,7 @@ from authsvc.store.common import (
 log = logging.getLogger("authsvc.store")
 
 READER_ROLE = "authsvc_reader"
-SCHEMA_VERSION = 13  # len(postgres.MIGRATIONS): the version this release reads (a newer one: common.check_schema)
+SCHEMA_VERSION = 14  # len(postgres.MIGRATIONS): the version this release reads (a newer one: common.check_schema)
 COLLATE_C = ' COLLATE "C"'  # key digests in SQLite's (byte) order, whatever the database's collation
 
 # SQLite's query (store/sqlite/reader.py): one row always, every lookup made whether or not

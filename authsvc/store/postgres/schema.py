@@ -136,6 +136,10 @@ MIGRATIONS: list[str] = [
     f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + "".join(
         f"ALTER TABLE {table} ALTER COLUMN {column} SET STATISTICS 0, ALTER COLUMN {column} TYPE text;"
         for table, column in UNSAMPLED),
+    # 14: each webhook's due deliveries in due order (store/deliveries.py's due: a page holds a few of
+    # every webhook's). An index of the pending rows only; the build locks deliveries against writes
+    # for as long; no table an authentication reads is locked.
+    f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.WEBHOOK_DUE_INDEX,
 ]
 
 # `authsvc heartbeat`'s own role (deploy/postgres/roles.sql), if the DBA made it: the heartbeat row

@@ -47,7 +47,7 @@ from authsvc.store.sqlite.url import path_from_url
 log = logging.getLogger("authsvc.store")
 
 MMAP_BYTES = 1 << 30  # the reader maps up to the first GiB of the file
-SCHEMA_VERSION = 11  # len(sqlite.MIGRATIONS): the version this release reads (a newer one: common.check_schema)
+SCHEMA_VERSION = 12  # len(sqlite.MIGRATIONS): the version this release reads (a newer one: common.check_schema)
 
 # One row always, the player looked up whether or not the key exists (and the game
 # whether or not it does: id 0 is never used): the same work for any key and player,

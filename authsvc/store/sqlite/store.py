@@ -107,6 +107,9 @@ MIGRATIONS: list[str] = [
     # previous release goes on reading (and writing: the reader takes the earlier of the two). NULL in
     # the rows already there: a change of the schema only.
     "ALTER TABLE api_keys ADD COLUMN expires_at_ms INTEGER",
+    # 12: each webhook's due deliveries in due order (store/deliveries.py's due: a page holds a few of
+    # every webhook's). An index of the pending rows only, built under the write lock.
+    event_tables.WEBHOOK_DUE_INDEX,
 ]
 
 

@@ -20,6 +20,7 @@ from benchmarks.bench.sections import (
     core,
     events,
     events_cost,
+    events_fair,
     gap,
     metrics,
     nginx,
@@ -85,4 +86,7 @@ SECTIONS: dict[str, Section] = {
                            "into a store with no webhook against one with a webhook on every player event (players/s, "
                            "each engine of --sync-engines); authentications' req/s under wrk alone against while "
                            "`authsvc deliver` drains --events-cost-backlog events from the same SQLite store", True),
+    "events-fair": Section(events_fair.run, "a healthy webhook's change-to-delivery p50 and p99 (--events-changes "
+                           "renames at 50/s) alone, and beside a blackholed webhook (a listener that never answers) "
+                           "with --events-fair-pending players pending (SQLite)", False),
 }
