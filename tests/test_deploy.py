@@ -429,7 +429,7 @@ def test_gunicorn_writes_nothing_in_home_or_tmp(stack):
 def test_backup_while_serving_as_documented(stack, tmp_path):
     """docs/operations.md section 8: `authsvc backup` while gunicorn reads the store; the copy is in WAL mode."""
     copy = tmp_path / "backup.db"
-    assert "authsvc backup /var/lib/authsvc/backup.db" in DOCS.read_text()
+    assert "sudo authsvc backup /var/backups/authsvc-$(date +%F).db" in DOCS.read_text()
     done = subprocess.run([sys.executable, "-m", "authsvc.admin.command", "backup", str(copy)], env=stack.env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
