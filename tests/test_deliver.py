@@ -389,3 +389,21 @@ def test_the_reference_game_server_verifies_and_applies_renames_and_deletions(ad
         d.finish()
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.engine("sqlite")
+def test_a_write_that_waited_for_the_store_s_lock_says_how_long_it_was_held_and_guesses_no_cause(
+        admin_store, store_url, deliverer):
+    """Another connection holds SQLite's write lock (a deletion's checkpoint, any admin write) past the
+    bookkeeping's 2 s: the log names the lock and the time waited, not "an import"."""
+    path = store_url.removeprefix("sqlite://")
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        assert deliverer.step() == 0
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert deliverer.lines == [
+        f"store: sqlite store {path}: another connection held the store's write lock for 2 s, the longest this "
+        "write waits; nothing was written, try again; trying again every 0.1 s"]
