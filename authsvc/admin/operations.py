@@ -536,8 +536,10 @@ def remove_webhook(store: Store, ctx: Context, webhook_id: int) -> Webhook:
 
 def webhook_deliveries(store: Store, webhook_id: int, state: str | None = None, limit: int = 100,
                        after: int = 0) -> list[Delivery]:
-    """A page of the webhook's deliveries, oldest first, each with its attempts."""
-    get_webhook(store, webhook_id)
+    """A page of the webhook's deliveries, oldest first, each with its attempts; a removed webhook's too,
+    until retention deletes them (and then its row)."""
+    if not store.webhooks(_id(webhook_id, "a webhook id"), removed=True):
+        raise NotFound(f"no webhook {webhook_id}")
     if state is not None and state not in DELIVERY_STATES:
         raise Invalid(f"must be one of: {', '.join(DELIVERY_STATES)}", field="state")
     return store.deliveries(webhook_id, state=state, limit=limit, after=after)

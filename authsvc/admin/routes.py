@@ -264,7 +264,7 @@ def webhook_json(hook: Webhook) -> dict:
 
 
 def delivery_json(d: Delivery) -> dict:
-    return {"id": d.id, "event_id": d.event_id, "event_type": d.event_type, "state": d.state,
+    return {"id": d.id, "event_id": d.event_id, "event_type": d.event_type, "user_id": d.user_id, "state": d.state,
             "created_at": ops.at_ms(d.created_at), "next_at": ops.at_ms(d.next_at) if d.state == "pending" else None,
             "done_at": ops.at_ms(d.done_at), "last_status": d.last_status, "last_error": d.last_error,
             "attempts": [{"n": a.n, "at": ops.at_ms(a.at), "status": a.status, "error": a.error,

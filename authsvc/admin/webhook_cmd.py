@@ -53,14 +53,15 @@ def cmd_remove(args, settings):
 def _delivery_line(d) -> str:
     last = d.last_error or ("" if d.last_status is None else f"HTTP {d.last_status}")
     when = ops.at_ms(d.next_at if d.state == "pending" else d.done_at) or ""
-    return f"{d.id:>8}  {d.event_type:18}  {d.state:9}  {d.attempts:>5}  {when:24}  {last}"
+    user = "-" if d.user_id is None else d.user_id
+    return f"{d.id:>8}  {d.event_type:18}  {user:>10}  {d.state:9}  {d.attempts:>5}  {when:24}  {last}"
 
 
 def cmd_deliveries(args, settings):
     with ops.admin_store(settings) as store:
         found = ops.webhook_deliveries(store, args.id, args.state, args.limit, args.after)
     next_cursor = str(found[-1].id) if len(found) == args.limit else None
-    lines = [f"{'ID':>8}  {'EVENT':18}  {'STATE':9}  {'TRIES':>5}  {'NEXT (PENDING) OR DONE':24}  LAST ANSWER"]
+    lines = [f"{'ID':>8}  {'EVENT':18}  {'USER':>10}  {'STATE':9}  {'TRIES':>5}  {'NEXT (PENDING) OR DONE':24}  LAST ANSWER"]
     lines += [_delivery_line(d) for d in found]
     if next_cursor is not None:
         lines.append(f"more: --after {next_cursor}")

@@ -330,8 +330,9 @@ class Store(Reader):
 
     # -- webhook subscriptions (reads; the writes are Tx's: store/events.py) ----------------
     @abc.abstractmethod
-    def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:
-        """The live webhooks by id (``webhook_id``: that one, if live): never a secret."""
+    def webhooks(self, webhook_id: int | None = None, *, removed: bool = False) -> list[Webhook]:
+        """The live webhooks by id (``webhook_id``: that one, if live): never a secret. ``removed``: also
+        the removed ones retention has not deleted yet."""
 
     @abc.abstractmethod
     def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:

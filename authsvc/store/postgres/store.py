@@ -298,9 +298,9 @@ class PostgresStore(PostgresReader, Store):
         return None if row is None else api_token(row)
 
     # -- webhook subscriptions (store/events.py) ---------------------------------------
-    def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:
+    def webhooks(self, webhook_id: int | None = None, *, removed: bool = False) -> list[Webhook]:
         with self._admin(transaction=False) as conn:
-            return event_tables.select_webhooks(conn, POSTGRES, webhook_id)
+            return event_tables.select_webhooks(conn, POSTGRES, webhook_id, removed)
 
     def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:
         with self._admin(mode="ISOLATION LEVEL REPEATABLE READ, READ ONLY") as conn:

@@ -386,8 +386,8 @@ class SQLiteStore(SQLiteReader, Store):
 
     # -- webhook subscriptions (store/events.py) ---------------------------------------
     @_mapped
-    def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:
-        return event_tables.select_webhooks(self._conn(), SQLITE, webhook_id)
+    def webhooks(self, webhook_id: int | None = None, *, removed: bool = False) -> list[Webhook]:
+        return event_tables.select_webhooks(self._conn(), SQLITE, webhook_id, removed)
 
     def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:
         with self._read_transaction() as conn:  # the deliveries and their attempts
