@@ -559,6 +559,22 @@ def retry_delivery(store: Store, ctx: Context, webhook_id: int, delivery_id: int
     return retried
 
 
+# The states of the deliveries that ``retry_deliveries`` makes due now.
+RETRY_STATES = ("pending", "failed")
+
+
+def retry_deliveries(store: Store, ctx: Context, webhook_id: int, state: str | None = None) -> int:
+    """After a receiver's outage: the webhook's pending deliveries (``state`` "pending"), its failed ones
+    ("failed"), or both (None) due now; how many were made so."""
+    if state is not None and state not in RETRY_STATES:
+        raise Invalid(f"must be one of: {', '.join(RETRY_STATES)}", field="state")
+    with store.write(ctx.audit()) as tx:
+        hook = tx.webhook(_id(webhook_id, "a webhook id"))
+        if hook is None:
+            raise NotFound(f"no webhook {webhook_id}")
+        return tx.retry_deliveries(hook, RETRY_STATES if state is None else (state,))
+
+
 # -- the admin API's bearer tokens (authsvc/admin/api_tokens.py) ------------------------------
 
 

@@ -326,6 +326,20 @@ def deliveries(app: AdminApp, req: Request) -> Response:
     return Response(200, {"deliveries": [delivery_json(d) for d in found], "next": next_cursor})
 
 
+@route(WEBHOOK + "/deliveries/retry", "POST", "webhooks:write")
+def retry_deliveries(app: AdminApp, req: Request) -> Response:
+    """After a receiver's outage: the webhook's pending and failed deliveries (``state``: only those) due now."""
+    try:
+        query = dict(urllib.parse.parse_qsl(req.query, keep_blank_values=True, errors="strict"))
+    except UnicodeDecodeError:
+        raise BadRequest("the query string is not valid UTF-8") from None
+    for name in query:
+        if name != "state":
+            raise invalid(name, "is not a parameter of this path (state)")
+    count = ops.retry_deliveries(app.store, req.ctx, req.params["webhook_id"], query.get("state"))
+    return Response(200, {"webhook_id": req.params["webhook_id"], "due_now": count})
+
+
 @route(WEBHOOK + rf"/deliveries/(?P<delivery_id>{_ID[1:-1]})/retry", "POST", "webhooks:write")
 def retry_delivery(app: AdminApp, req: Request) -> Response:
     """A failed delivery pending again, due now."""

@@ -69,7 +69,13 @@ def cmd_deliveries(args, settings):
 
 
 def cmd_retry(args, settings):
+    if (args.delivery_id is None) == (not args.all) or (args.state and not args.all):
+        raise Invalid("give a DELIVERY_ID, or --all (and --state) for every pending and failed one")
     with ops.admin_store(settings) as store:
+        if args.all:
+            count = ops.retry_deliveries(store, ops.command_context(), args.id, args.state)
+            which = f"{args.state} deliveries" if args.state else "pending and failed deliveries"
+            return 0, {"webhook_id": args.id, "due_now": count}, f"webhook {args.id}: {count} {which} due now"
         d = ops.retry_delivery(store, ops.command_context(), args.id, args.delivery_id)
     return 0, delivery_json(d), f"delivery {d.id} of webhook {args.id} is pending again, due now"
 
@@ -102,6 +108,9 @@ def add_parsers(top, common, parser_class) -> None:
     p.add_argument("--state", choices=DELIVERY_STATES, help="only those in this state")
     p.add_argument("--limit", type=_page_size, default=100, metavar="N", help="at most N (default 100)")
     p.add_argument("--after", type=int, default=0, metavar="ID", help="those after this delivery id (the next page)")
-    p = leaf("retry", cmd_retry, "send a failed delivery again (another 24 hours of attempts)")
+    p = leaf("retry", cmd_retry, "send a failed delivery again (another 24 hours of attempts); --all: every "
+                                 "pending and failed one now, after a receiver's outage")
     p.add_argument("id", type=int)
-    p.add_argument("delivery_id", type=int, metavar="DELIVERY_ID")
+    p.add_argument("delivery_id", type=int, metavar="DELIVERY_ID", nargs="?")
+    p.add_argument("--all", action="store_true", help="every pending and failed delivery of the webhook, due now")
+    p.add_argument("--state", choices=ops.RETRY_STATES, help="with --all: only those in this state")
