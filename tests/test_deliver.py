@@ -464,3 +464,58 @@ def test_after_an_outage_a_webhook_s_pending_and_failed_deliveries_are_sent_now(
     ((who, changes),) = store_sql(store_url, "SELECT actor, changes FROM audit WHERE action = 'webhook.retry'")
     assert (who, json.loads(changes)) == (
         actor, {"before": {}, "after": {"webhook_id": webhook, "states": ["pending", "failed"], "deliveries": 2}})
+
+
+def test_the_deliverer_s_metrics_count_attempts_and_read_the_backlog_at_each_scrape(
+        admin_store, store_url, receiver, clock):
+    """Served over HTTP as Prometheus scrapes them: a receiver answering 503 leaves two players' deliveries
+    pending (attempts: retry), one given up after 24 h (failed); the backlog read from the store."""
+    import urllib.request
+
+    from authsvc.webhooks.metrics import DeliveryMetrics
+    from tests.support import free_port
+
+    metrics = DeliveryMetrics(admin_store, clock)
+    port = free_port()
+    server, _ = metrics.serve("127.0.0.1", port)
+    d = Deliverer(admin_store, Client({f"127.0.0.1:{receiver.port}"}, timeout=5), concurrency=4, clock=clock,
+                  log=lambda line: None, metrics=metrics)
+    try:
+        receiver.answer = lambda headers, body: 503
+        webhook = add_webhook(store_url, receiver.url(), EVENTS, SECRET)
+        admin_store.add_player(7, "bob")
+        admin_store.add_player(8, "carol")
+        rounds(d)
+        store_sql(store_url, "UPDATE deliveries SET created_at = created_at - ? WHERE user_id = 8",
+                  (24 * HOUR_MS,))  # its 24 hours ran out: the next attempt gives up
+        clock.ahead = 10_000  # both retries due, player 7's event 10 s old
+        rounds(d)
+
+        def scrape() -> list[str]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+                return [line for line in answer.read().decode().splitlines()
+                        if line.startswith("authsvc_webhook_") and not line.startswith("authsvc_webhook_delivery_attempts_created")]
+
+        lines = scrape()
+        assert [line for line in lines if "oldest" not in line] == [
+            'authsvc_webhook_delivery_attempts_total{outcome="delivered"} 0.0',
+            'authsvc_webhook_delivery_attempts_total{outcome="retry"} 3.0',
+            'authsvc_webhook_delivery_attempts_total{outcome="failed"} 1.0',
+            f'authsvc_webhook_deliveries{{state="pending",webhook="{webhook}"}} 1.0',
+            f'authsvc_webhook_deliveries{{state="failed",webhook="{webhook}"}} 1.0',
+        ], lines
+        (oldest,) = [line for line in lines if "oldest" in line]
+        name, value = oldest.rsplit(" ", 1)
+        assert name == f'authsvc_webhook_oldest_pending_seconds{{webhook="{webhook}"}}' and 10 <= float(value) < 60
+        receiver.answer = lambda headers, body: 204
+        clock.ahead = 60_000
+        rounds(d)
+        assert f'authsvc_webhook_deliveries{{state="pending",webhook="{webhook}"}} 0.0' in scrape()
+        assert f'authsvc_webhook_oldest_pending_seconds{{webhook="{webhook}"}} 0.0' in scrape()
+        assert 'authsvc_webhook_delivery_attempts_total{outcome="delivered"} 1.0' in scrape()
+    finally:
+        d.stopping.set()
+        d.finish()
+        d.client.close()
+        server.shutdown()
+        server.server_close()

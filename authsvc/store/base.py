@@ -315,6 +315,13 @@ class Store(Reader):
         with self.bookkeeping(True) as (conn, d):
             deliveries.record(conn, d, outcomes)
 
+    def delivery_backlog(self) -> list[tuple[int, int, int, int | None]]:
+        """Per live webhook (id, pending, failed, oldest pending's created_at): store/deliveries.py's backlog."""
+        from authsvc.store import deliveries
+
+        with self.bookkeeping(False) as (conn, d):
+            return deliveries.backlog(conn, d)
+
     def fail_orphan_deliveries(self, now_ms: int) -> int:
         from authsvc.store import deliveries
 
