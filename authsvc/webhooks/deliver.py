@@ -124,7 +124,9 @@ def cmd_deliver(args, settings: Settings):
 
 
 def _serve_metrics(store: Store, listen: str):
-    """authsvc/webhooks/metrics.py's metrics served at ``listen`` (host:port), or a ConfigError."""
+    """authsvc/webhooks/metrics.py's metrics served at ``listen`` (host:port); without prometheus_client a
+    ConfigError; an address it cannot listen at (a second deliverer on the host) is logged, and the
+    deliveries go on without metrics."""
     try:
         from authsvc.webhooks.metrics import DeliveryMetrics
 
@@ -135,7 +137,8 @@ def _serve_metrics(store: Store, listen: str):
     try:
         metrics.serve(host.strip("[]"), int(port))
     except OSError as e:
-        raise ConfigError(f"AUTHSVC_DELIVER_METRICS={listen}: cannot listen there: {e.strerror}") from None
+        say(f"metrics: cannot listen at AUTHSVC_DELIVER_METRICS={listen} ({e.strerror}); delivering without them")
+        return None
     say(f"metrics at http://{listen}/metrics")
     return metrics
 
