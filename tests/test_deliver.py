@@ -493,8 +493,8 @@ def test_the_deliverer_s_metrics_count_attempts_and_read_the_backlog_at_each_scr
 
         def scrape() -> list[str]:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-                return [line for line in answer.read().decode().splitlines()
-                        if line.startswith("authsvc_webhook_") and not line.startswith("authsvc_webhook_delivery_attempts_created")]
+                return [line for line in answer.read().decode().splitlines() if line.startswith("authsvc_webhook_")
+                        and not line.startswith("authsvc_webhook_delivery_attempts_created")]
 
         lines = scrape()
         assert [line for line in lines if "oldest" not in line] == [

@@ -77,7 +77,8 @@ tests:
           - exp_labels: {severity: warning, webhook: "3"}
             exp_annotations:
               summary: "Webhook 3: a delivery has waited 21m 0s"
-              description: "authsvc webhook deliveries 3 --state pending shows the receiver's answers; once it answers, authsvc webhook retry 3 --all."
+              description: "authsvc webhook deliveries 3 --state pending shows the receiver's answers;
+                once it answers, authsvc webhook retry 3 --all."
       - eval_time: 19m
         alertname: AuthsvcWebhookDeliveriesFailing
         exp_alerts: []
@@ -87,7 +88,8 @@ tests:
           - exp_labels: {severity: warning, webhook: "3"}
             exp_annotations:
               summary: "Webhook 3: deliveries failed (given up) in the last 15 minutes"
-              description: "authsvc webhook deliveries 3 --state failed says why; once the receiver answers, authsvc webhook retry 3 --all."
+              description: "authsvc webhook deliveries 3 --state failed says why;
+                once the receiver answers, authsvc webhook retry 3 --all."
       - eval_time: 38m
         alertname: AuthsvcWebhookDeliveriesFailing
         exp_alerts: []

@@ -50,8 +50,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.settings import Settings, host_list
