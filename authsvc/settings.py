@@ -83,6 +83,15 @@ def _host_list(value: str) -> bool:
     return True
 
 
+def _listen(value: str) -> tuple[str, int] | None:
+    """``host:port`` ([v6 address] in brackets) as (host, port), None if it is not one."""
+    host, _, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        return None
+    return host, int(port)
+
+
 def _cpu_count() -> int:
     # One worker per CPU: the SQLite store keeps a worker on the CPU (BENCHMARKS.md, section 2).
     return os.cpu_count() or 1
@@ -146,6 +155,9 @@ SETTINGS = (
     # `authsvc deliver` (authsvc/webhooks/): its POSTs at once, and each one's bound (connecting: at most 3 s of it).
     Setting("deliver_concurrency", "AUTHSVC_DELIVER_CONCURRENCY", int, 16, rule="from 1 to 256",
             check=lambda v: 1 <= v <= 256),
+    # Where `authsvc deliver` serves its Prometheus metrics (authsvc/webhooks/metrics.py); empty: nowhere.
+    Setting("deliver_metrics", "AUTHSVC_DELIVER_METRICS", str, "", rule="empty (off) or host:port",
+            check=lambda v: v == "" or _listen(v) is not None),
     Setting("webhook_timeout", "AUTHSVC_WEBHOOK_TIMEOUT", float, 10.0, rule="from 1 to 60 seconds",
             check=lambda v: 1 <= v <= 60),
     # How long `authsvc deliver` keeps a delivered or failed delivery, and an event no delivery needs
@@ -205,6 +217,7 @@ class Settings:
     access_record: str = default("access_record")
     forwarded_allow_ips: str = default("forwarded_allow_ips")
     deliver_concurrency: int = default("deliver_concurrency")
+    deliver_metrics: str = default("deliver_metrics")
     webhook_timeout: float = default("webhook_timeout")
     webhook_allow_hosts: str = default("webhook_allow_hosts")
     max_webhooks: int = default("max_webhooks")

@@ -280,8 +280,13 @@ def test_each_success_matches_the_document(live):
                        query={"state": "pending", "limit": 1}).json()["deliveries"]
     send("/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/retry", "POST", 409,
          path_parameters=webhook | {"delivery_id": delivery["id"]})
+    due = send("/v1/webhooks/{webhook_id}/deliveries/retry", "POST", 200, path_parameters=webhook,
+               query={"state": "failed"}, headers={"Idempotency-Key": "success-redrive"})
+    assert due.json() == {"webhook_id": webhook["webhook_id"], "due_now": 0}
     send("/v1/webhooks/{webhook_id}", "DELETE", 200, path_parameters=webhook)
-    failed = send("/v1/webhooks/{webhook_id}/deliveries", "GET", 404, path_parameters=webhook)
+    (kept,) = send("/v1/webhooks/{webhook_id}/deliveries", "GET", 200, path_parameters=webhook).json()["deliveries"]
+    assert (kept["id"], kept["user_id"], kept["state"]) == (delivery["id"], live.user_id, "failed")
+    failed = send("/v1/webhooks/{webhook_id}/deliveries/retry", "POST", 404, path_parameters=webhook)
     assert failed.json()["type"] == "urn:authsvc:problem:not-found"
     document = send("/openapi.json", "GET", 200).json()
     assert document == _document()

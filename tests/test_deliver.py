@@ -389,3 +389,133 @@ def test_the_reference_game_server_verifies_and_applies_renames_and_deletions(ad
         d.finish()
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.engine("sqlite")
+def test_a_write_that_waited_for_the_store_s_lock_says_how_long_it_was_held_and_guesses_no_cause(
+        admin_store, store_url, deliverer):
+    """Another connection holds SQLite's write lock (a deletion's checkpoint, any admin write) past the
+    bookkeeping's 2 s: the log names the lock and the time waited, not "an import"."""
+    path = store_url.removeprefix("sqlite://")
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        assert deliverer.step() == 0
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert deliverer.lines == [
+        f"store: sqlite store {path}: another connection held the store's write lock for 2 s, the longest this "
+        "write waits; nothing was written, try again; trying again every 0.1 s"]
+
+
+@pytest.mark.parametrize("door", ["api", "command"])
+def test_after_an_outage_a_webhook_s_pending_and_failed_deliveries_are_sent_now(
+        admin_store, store_url, receiver, deliverer, settings, command_as_alice, door):
+    """The receiver was down: one player's delivery waits for its retry, another's failed. Made due now
+    (the admin API's POST .../deliveries/retry, or `authsvc webhook retry ID --all`), the next round sends
+    both, though the wait has not run out; audited as the single retry."""
+    import webtest
+
+    from authsvc.admin import operations as ops
+    from authsvc.admin.api import AdminApp
+
+    receiver.answer = lambda headers, body: 503
+    webhook = add_webhook(store_url, receiver.url(), EVENTS, SECRET)
+    admin_store.add_player(7, "bob")
+    admin_store.add_player(8, "carol")
+    rounds(deliverer)
+    assert [row[2:4] for row in deliveries(store_url)] == [("pending", 1), ("pending", 1)]
+    store_sql(store_url, "UPDATE deliveries SET state = 'failed', done_at = 1 WHERE user_id = 8")
+    receiver.answer = lambda headers, body: 204
+    rounds(deliverer)
+    assert len(receiver.requests) == 2  # nothing due: the retry's wait, and a failed one is not sent
+    if door == "api":
+        _, token = ops.add_api_token(admin_store, ops.Context(actor="cli:test"), "ops", ["webhooks:write"])
+        app = AdminApp(settings)
+        try:
+            client = webtest.TestApp(app, lint=True)
+            answer = client.post(f"/v1/webhooks/{webhook}/deliveries/retry", headers={
+                "Authorization": f"Bearer {token}", "Idempotency-Key": "outage-1"})
+            assert answer.status_int == 200 and answer.json == {"webhook_id": webhook, "due_now": 2}
+            again = client.post(f"/v1/webhooks/{webhook}/deliveries/retry", headers={
+                "Authorization": f"Bearer {token}", "Idempotency-Key": "outage-1"})
+            assert again.json == {"webhook_id": webhook, "due_now": 2} and again.headers["Idempotent-Replayed"] == "true"
+            bad = client.post(f"/v1/webhooks/{webhook}/deliveries/retry?state=delivered",
+                              headers={"Authorization": f"Bearer {token}"}, expect_errors=True)
+            assert bad.status_int == 422 and bad.content_type == "application/problem+json"
+            assert bad.json["errors"] == [{"field": "state", "detail": "must be one of: pending, failed"}], bad.json
+            gone = client.post("/v1/webhooks/999/deliveries/retry", headers={"Authorization": f"Bearer {token}"},
+                               expect_errors=True)
+            assert (gone.status_int, gone.json["detail"]) == (404, "no webhook 999")
+        finally:
+            app.store.close()
+        actor = "api:ops"
+    else:
+        code, out, _ = command_as_alice("webhook", "retry", str(webhook), "--all")
+        assert (code, out.strip()) == (0, f"webhook {webhook}: 2 pending and failed deliveries due now")
+        code, _, err = command_as_alice("webhook", "retry", str(webhook))
+        assert code == 1 and "give a DELIVERY_ID, or --all" in err, err
+        actor = "cli:alice"
+    rounds(deliverer)
+    assert sorted((b["type"], b["data"]["user_id"]) for b in receiver.bodies()[2:]) == [
+        ("player.created", 7), ("player.created", 8)]
+    assert [row[2] for row in deliveries(store_url)] == ["delivered", "delivered"]
+    ((who, changes),) = store_sql(store_url, "SELECT actor, changes FROM audit WHERE action = 'webhook.retry'")
+    assert (who, json.loads(changes)) == (
+        actor, {"before": {}, "after": {"webhook_id": webhook, "states": ["pending", "failed"], "deliveries": 2}})
+
+
+def test_the_deliverer_s_metrics_count_attempts_and_read_the_backlog_at_each_scrape(
+        admin_store, store_url, receiver, clock):
+    """Served over HTTP as Prometheus scrapes them: a receiver answering 503 leaves two players' deliveries
+    pending (attempts: retry), one given up after 24 h (failed); the backlog read from the store."""
+    import urllib.request
+
+    from authsvc.webhooks.metrics import DeliveryMetrics
+    from tests.support import free_port
+
+    metrics = DeliveryMetrics(admin_store, clock)
+    port = free_port()
+    server, _ = metrics.serve("127.0.0.1", port)
+    d = Deliverer(admin_store, Client({f"127.0.0.1:{receiver.port}"}, timeout=5), concurrency=4, clock=clock,
+                  log=lambda line: None, metrics=metrics)
+    try:
+        receiver.answer = lambda headers, body: 503
+        webhook = add_webhook(store_url, receiver.url(), EVENTS, SECRET)
+        admin_store.add_player(7, "bob")
+        admin_store.add_player(8, "carol")
+        rounds(d)
+        store_sql(store_url, "UPDATE deliveries SET created_at = created_at - ? WHERE user_id = 8",
+                  (24 * HOUR_MS,))  # its 24 hours ran out: the next attempt gives up
+        clock.ahead = 10_000  # both retries due, player 7's event 10 s old
+        rounds(d)
+
+        def scrape() -> list[str]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+                return [line for line in answer.read().decode().splitlines() if line.startswith("authsvc_webhook_")
+                        and not line.startswith("authsvc_webhook_delivery_attempts_created")]
+
+        lines = scrape()
+        assert [line for line in lines if "oldest" not in line] == [
+            'authsvc_webhook_delivery_attempts_total{outcome="delivered"} 0.0',
+            'authsvc_webhook_delivery_attempts_total{outcome="retry"} 3.0',
+            'authsvc_webhook_delivery_attempts_total{outcome="failed"} 1.0',
+            f'authsvc_webhook_deliveries{{state="pending",webhook="{webhook}"}} 1.0',
+            f'authsvc_webhook_deliveries{{state="failed",webhook="{webhook}"}} 1.0',
+        ], lines
+        (oldest,) = [line for line in lines if "oldest" in line]
+        name, value = oldest.rsplit(" ", 1)
+        assert name == f'authsvc_webhook_oldest_pending_seconds{{webhook="{webhook}"}}' and 10 <= float(value) < 60
+        receiver.answer = lambda headers, body: 204
+        clock.ahead = 60_000
+        rounds(d)
+        assert f'authsvc_webhook_deliveries{{state="pending",webhook="{webhook}"}} 0.0' in scrape()
+        assert f'authsvc_webhook_oldest_pending_seconds{{webhook="{webhook}"}} 0.0' in scrape()
+        assert 'authsvc_webhook_delivery_attempts_total{outcome="delivered"} 1.0' in scrape()
+    finally:
+        d.stopping.set()
+        d.finish()
+        d.client.close()
+        server.shutdown()
+        server.server_close()

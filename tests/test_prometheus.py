@@ -43,7 +43,75 @@ def binary(name: str) -> str:
 def test_promtool_check_rules():
     done = subprocess.run([binary("promtool"), "check", "rules", RULES], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 5 rules found" in done.stdout
+    assert "SUCCESS: 8 rules found" in done.stdout
+
+
+# Series as `authsvc deliver` serves them (authsvc/webhooks/metrics.py), a minute apart: webhook 3's
+# receiver is down from minute 0 (its oldest pending delivery ages, two deliveries given up at 20
+# and 21 minutes), webhook 4 is healthy; the deliverer's scrape fails from minute 40.
+DELIVERY_RULES_TEST = """
+rule_files: [RULES]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'authsvc_webhook_oldest_pending_seconds{job="authsvc-deliver",instance="d1",webhook="3"}'
+        values: '0+60x45'
+      - series: 'authsvc_webhook_oldest_pending_seconds{job="authsvc-deliver",instance="d1",webhook="4"}'
+        values: '0x45'
+      - series: 'authsvc_webhook_deliveries{job="authsvc-deliver",instance="d1",webhook="3",state="failed"}'
+        values: '0x19 1 2x25'
+      - series: 'authsvc_webhook_deliveries{job="authsvc-deliver",instance="d1",webhook="4",state="failed"}'
+        values: '5x45'
+      - series: 'up{job="authsvc-deliver",instance="d1"}'
+        values: '1x39 0x6'
+      - series: 'up{job="authsvc",instance="a1"}'
+        values: '1x45'
+    alert_rule_test:
+      - eval_time: 14m
+        alertname: AuthsvcWebhookDeliveryStalled
+        exp_alerts: []
+      - eval_time: 21m
+        alertname: AuthsvcWebhookDeliveryStalled
+        exp_alerts:
+          - exp_labels: {severity: warning, webhook: "3"}
+            exp_annotations:
+              summary: "Webhook 3: a delivery has waited 21m 0s"
+              description: "authsvc webhook deliveries 3 --state pending shows the receiver's answers;
+                once it answers, authsvc webhook retry 3 --all."
+      - eval_time: 19m
+        alertname: AuthsvcWebhookDeliveriesFailing
+        exp_alerts: []
+      - eval_time: 25m
+        alertname: AuthsvcWebhookDeliveriesFailing
+        exp_alerts:
+          - exp_labels: {severity: warning, webhook: "3"}
+            exp_annotations:
+              summary: "Webhook 3: deliveries failed (given up) in the last 15 minutes"
+              description: "authsvc webhook deliveries 3 --state failed says why;
+                once the receiver answers, authsvc webhook retry 3 --all."
+      - eval_time: 38m
+        alertname: AuthsvcWebhookDeliveriesFailing
+        exp_alerts: []
+      - eval_time: 41m
+        alertname: AuthsvcDelivererDown
+        exp_alerts: []
+      - eval_time: 43m
+        alertname: AuthsvcDelivererDown
+        exp_alerts:
+          - exp_labels: {severity: critical, job: authsvc-deliver, instance: d1}
+            exp_annotations:
+              summary: "authsvc deliver cannot be scraped: webhook events are not delivered"
+              description: "systemctl status authsvc-deliver; journalctl -u authsvc-deliver."
+"""
+
+
+def test_promtool_the_delivery_alerts_fire_when_a_receiver_is_down_and_when_the_deliverer_is(tmp_path):
+    test = tmp_path / "delivery-rules-test.yml"
+    test.write_text(DELIVERY_RULES_TEST.replace("RULES", json.dumps(RULES)))
+    done = subprocess.run([binary("promtool"), "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout + done.stderr
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:
@@ -190,7 +258,8 @@ def test_rules_load_and_every_dashboard_query_evaluates(served, world):
     rules = [r for g in json.loads(body)["data"]["groups"] for r in g["rules"]]
     assert sorted(r["name"] for r in rules) == sorted(
         ["AuthsvcGameFailureRatioHigh", "AuthsvcStoreUnavailable", "AuthsvcServerErrors", "AuthsvcApiKeyExpiringSoon",
-         "AuthsvcScrapeFailing"])
+         "AuthsvcScrapeFailing", "AuthsvcWebhookDeliveriesFailing", "AuthsvcWebhookDeliveryStalled",
+         "AuthsvcDelivererDown"])
     assert all(r["health"] != "err" for r in rules), rules
     assert not [r for r in rules if r["state"] != "inactive"], "no alert fires on a healthy service"
 

@@ -72,8 +72,12 @@ def test_a_webhook_is_made_with_its_secret_shown_once_then_read_and_removed(admi
     assert retried.status_int == 200 and retried.json["state"] == "pending" and retried.json["done_at"] is None
     gone = app.delete(f"/v1/webhooks/{made['id']}", headers=headers)
     assert gone.status_int == 200 and gone.json == {"id": made["id"], "deleted": True}
-    for path in (f"/v1/webhooks/{made['id']}", f"/v1/webhooks/{made['id']}/deliveries"):
-        problem(app.get(path, headers=headers, expect_errors=True), 404, "not-found")
+    problem(app.get(f"/v1/webhooks/{made['id']}", headers=headers, expect_errors=True), 404, "not-found")
+    # Its deliveries stay listable until retention removes them, each with its player's id.
+    (kept,) = app.get(f"/v1/webhooks/{made['id']}/deliveries", headers=headers).json["deliveries"]
+    assert (kept["id"], kept["user_id"], kept["state"], kept["last_error"]) == (
+        delivery["id"], 4242, "failed", "webhook removed")
+    problem(app.get("/v1/webhooks/999/deliveries", headers=headers, expect_errors=True), 404, "not-found")
     problem(app.delete(f"/v1/webhooks/{made['id']}", headers=headers, expect_errors=True), 404, "not-found")
     assert app.get("/v1/webhooks", headers=headers).json == {"webhooks": []}
     assert store_sql(store_url, "SELECT state, last_error FROM deliveries") == [("failed", "webhook removed")]
@@ -208,14 +212,16 @@ def test_the_command_lists_deliveries_and_sends_a_failed_one_again(command_as_al
     code, out, _ = run("webhook", "deliveries", str(hook["id"]), "--limit", "2")
     lines = out.splitlines()
     assert code == 0 and len(lines) == 4 and lines[-1] == f"more: --after {first + 1}", out
-    assert lines[0].split() == ["ID", "EVENT", "STATE", "TRIES", "NEXT", "(PENDING)", "OR", "DONE", "LAST", "ANSWER"]
-    assert lines[1].split()[:4] == [str(first), "player.created", "failed", "1"], out
-    assert lines[1].endswith("HTTP 503 from game.example.com:443") and lines[2].split()[2] == "pending", out
+    assert lines[0].split() == ["ID", "EVENT", "USER", "STATE", "TRIES", "NEXT", "(PENDING)", "OR", "DONE", "LAST",
+                                "ANSWER"]
+    assert lines[1].split()[:5] == [str(first), "player.created", "5", "failed", "1"], out
+    assert lines[1].endswith("HTTP 503 from game.example.com:443") and lines[2].split()[2:4] == ["6", "pending"], out
     code, out, _ = run("webhook", "deliveries", str(hook["id"]), "--after", str(first + 1), "--json")
     page = json.loads(out)
     assert code == 0 and [d["id"] for d in page["deliveries"]] == [first + 2] and page["next"] is None
-    assert set(page["deliveries"][0]) == {"id", "event_id", "event_type", "state", "created_at", "next_at", "done_at",
-                                          "last_status", "last_error", "attempts"}
+    assert set(page["deliveries"][0]) == {"id", "event_id", "event_type", "user_id", "state", "created_at", "next_at",
+                                          "done_at", "last_status", "last_error", "attempts"}
+    assert page["deliveries"][0]["user_id"] == 7
     code, out, _ = run("webhook", "deliveries", str(hook["id"]), "--state", "failed", "--json")
     assert [d["id"] for d in json.loads(out)["deliveries"]] == [first]
     code, _, err = run("webhook", "deliveries", str(hook["id"]), "--limit", "501")
@@ -229,6 +235,13 @@ def test_the_command_lists_deliveries_and_sends_a_failed_one_again(command_as_al
     assert code == 1 and err.startswith(f"authsvc: error: no delivery 999 of webhook {hook['id']}"), err
     actions = [r[0] for r in store_sql(store_url, "SELECT actor || ' ' || action FROM audit ORDER BY id")]
     assert actions[-1] == "cli:alice webhook.retry"
+    # A removed webhook's deliveries stay listable; an id that never was is still "no webhook".
+    assert run("webhook", "remove", str(hook["id"]))[0] == 0
+    code, out, _ = run("webhook", "deliveries", str(hook["id"]))
+    assert code == 0 and [line.split()[:4] for line in out.splitlines()[1:]] == [
+        [str(first + n), "player.created", str(5 + n), "failed"] for n in range(3)], out
+    code, _, err = run("webhook", "deliveries", "999")
+    assert code == 1 and err.startswith("authsvc: error: no webhook 999"), err
 
 
 def test_a_backup_holds_no_webhook_secret_and_its_webhooks_are_removed(command_as_alice, admin_store, tmp_path):

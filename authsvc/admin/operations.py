@@ -536,8 +536,10 @@ def remove_webhook(store: Store, ctx: Context, webhook_id: int) -> Webhook:
 
 def webhook_deliveries(store: Store, webhook_id: int, state: str | None = None, limit: int = 100,
                        after: int = 0) -> list[Delivery]:
-    """A page of the webhook's deliveries, oldest first, each with its attempts."""
-    get_webhook(store, webhook_id)
+    """A page of the webhook's deliveries, oldest first, each with its attempts; a removed webhook's too,
+    until retention deletes them (and then its row)."""
+    if not store.webhooks(_id(webhook_id, "a webhook id"), removed=True):
+        raise NotFound(f"no webhook {webhook_id}")
     if state is not None and state not in DELIVERY_STATES:
         raise Invalid(f"must be one of: {', '.join(DELIVERY_STATES)}", field="state")
     return store.deliveries(webhook_id, state=state, limit=limit, after=after)
@@ -555,6 +557,22 @@ def retry_delivery(store: Store, ctx: Context, webhook_id: int, delivery_id: int
     if retried is None:
         raise Conflict(f"delivery {delivery_id} is {current.state}: only a failed one is sent again")
     return retried
+
+
+# The states of the deliveries that ``retry_deliveries`` makes due now.
+RETRY_STATES = ("pending", "failed")
+
+
+def retry_deliveries(store: Store, ctx: Context, webhook_id: int, state: str | None = None) -> int:
+    """After a receiver's outage: the webhook's pending deliveries (``state`` "pending"), its failed ones
+    ("failed"), or both (None) due now; how many were made so."""
+    if state is not None and state not in RETRY_STATES:
+        raise Invalid(f"must be one of: {', '.join(RETRY_STATES)}", field="state")
+    with store.write(ctx.audit()) as tx:
+        hook = tx.webhook(_id(webhook_id, "a webhook id"))
+        if hook is None:
+            raise NotFound(f"no webhook {webhook_id}")
+        return tx.retry_deliveries(hook, RETRY_STATES if state is None else (state,))
 
 
 # -- the admin API's bearer tokens (authsvc/admin/api_tokens.py) ------------------------------

@@ -264,7 +264,7 @@ def webhook_json(hook: Webhook) -> dict:
 
 
 def delivery_json(d: Delivery) -> dict:
-    return {"id": d.id, "event_id": d.event_id, "event_type": d.event_type, "state": d.state,
+    return {"id": d.id, "event_id": d.event_id, "event_type": d.event_type, "user_id": d.user_id, "state": d.state,
             "created_at": ops.at_ms(d.created_at), "next_at": ops.at_ms(d.next_at) if d.state == "pending" else None,
             "done_at": ops.at_ms(d.done_at), "last_status": d.last_status, "last_error": d.last_error,
             "attempts": [{"n": a.n, "at": ops.at_ms(a.at), "status": a.status, "error": a.error,
@@ -324,6 +324,20 @@ def deliveries(app: AdminApp, req: Request) -> Response:
                                    numbers["after"])
     next_cursor = str(found[-1].id) if len(found) == numbers["limit"] else None
     return Response(200, {"deliveries": [delivery_json(d) for d in found], "next": next_cursor})
+
+
+@route(WEBHOOK + "/deliveries/retry", "POST", "webhooks:write")
+def retry_deliveries(app: AdminApp, req: Request) -> Response:
+    """After a receiver's outage: the webhook's pending and failed deliveries (``state``: only those) due now."""
+    try:
+        query = dict(urllib.parse.parse_qsl(req.query, keep_blank_values=True, errors="strict"))
+    except UnicodeDecodeError:
+        raise BadRequest("the query string is not valid UTF-8") from None
+    for name in query:
+        if name != "state":
+            raise invalid(name, "is not a parameter of this path (state)")
+    count = ops.retry_deliveries(app.store, req.ctx, req.params["webhook_id"], query.get("state"))
+    return Response(200, {"webhook_id": req.params["webhook_id"], "due_now": count})
 
 
 @route(WEBHOOK + rf"/deliveries/(?P<delivery_id>{_ID[1:-1]})/retry", "POST", "webhooks:write")

@@ -53,14 +53,15 @@ def cmd_remove(args, settings):
 def _delivery_line(d) -> str:
     last = d.last_error or ("" if d.last_status is None else f"HTTP {d.last_status}")
     when = ops.at_ms(d.next_at if d.state == "pending" else d.done_at) or ""
-    return f"{d.id:>8}  {d.event_type:18}  {d.state:9}  {d.attempts:>5}  {when:24}  {last}"
+    user = "-" if d.user_id is None else d.user_id
+    return f"{d.id:>8}  {d.event_type:18}  {user:>10}  {d.state:9}  {d.attempts:>5}  {when:24}  {last}"
 
 
 def cmd_deliveries(args, settings):
     with ops.admin_store(settings) as store:
         found = ops.webhook_deliveries(store, args.id, args.state, args.limit, args.after)
     next_cursor = str(found[-1].id) if len(found) == args.limit else None
-    lines = [f"{'ID':>8}  {'EVENT':18}  {'STATE':9}  {'TRIES':>5}  {'NEXT (PENDING) OR DONE':24}  LAST ANSWER"]
+    lines = [f"{'ID':>8}  {'EVENT':18}  {'USER':>10}  {'STATE':9}  {'TRIES':>5}  {'NEXT (PENDING) OR DONE':24}  LAST ANSWER"]
     lines += [_delivery_line(d) for d in found]
     if next_cursor is not None:
         lines.append(f"more: --after {next_cursor}")
@@ -68,7 +69,13 @@ def cmd_deliveries(args, settings):
 
 
 def cmd_retry(args, settings):
+    if (args.delivery_id is None) == (not args.all) or (args.state and not args.all):
+        raise Invalid("give a DELIVERY_ID, or --all (and --state) for every pending and failed one")
     with ops.admin_store(settings) as store:
+        if args.all:
+            count = ops.retry_deliveries(store, ops.command_context(), args.id, args.state)
+            which = f"{args.state} deliveries" if args.state else "pending and failed deliveries"
+            return 0, {"webhook_id": args.id, "due_now": count}, f"webhook {args.id}: {count} {which} due now"
         d = ops.retry_delivery(store, ops.command_context(), args.id, args.delivery_id)
     return 0, delivery_json(d), f"delivery {d.id} of webhook {args.id} is pending again, due now"
 
@@ -101,6 +108,9 @@ def add_parsers(top, common, parser_class) -> None:
     p.add_argument("--state", choices=DELIVERY_STATES, help="only those in this state")
     p.add_argument("--limit", type=_page_size, default=100, metavar="N", help="at most N (default 100)")
     p.add_argument("--after", type=int, default=0, metavar="ID", help="those after this delivery id (the next page)")
-    p = leaf("retry", cmd_retry, "send a failed delivery again (another 24 hours of attempts)")
+    p = leaf("retry", cmd_retry, "send a failed delivery again (another 24 hours of attempts); --all: every "
+                                 "pending and failed one now, after a receiver's outage")
     p.add_argument("id", type=int)
-    p.add_argument("delivery_id", type=int, metavar="DELIVERY_ID")
+    p.add_argument("delivery_id", type=int, metavar="DELIVERY_ID", nargs="?")
+    p.add_argument("--all", action="store_true", help="every pending and failed delivery of the webhook, due now")
+    p.add_argument("--state", choices=ops.RETRY_STATES, help="with --all: only those in this state")

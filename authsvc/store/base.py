@@ -315,6 +315,13 @@ class Store(Reader):
         with self.bookkeeping(True) as (conn, d):
             deliveries.record(conn, d, outcomes)
 
+    def delivery_backlog(self) -> list[tuple[int, int, int, int | None]]:
+        """Per live webhook (id, pending, failed, oldest pending's created_at): store/deliveries.py's backlog."""
+        from authsvc.store import deliveries
+
+        with self.bookkeeping(False) as (conn, d):
+            return deliveries.backlog(conn, d)
+
     def fail_orphan_deliveries(self, now_ms: int) -> int:
         from authsvc.store import deliveries
 
@@ -330,8 +337,9 @@ class Store(Reader):
 
     # -- webhook subscriptions (reads; the writes are Tx's: store/events.py) ----------------
     @abc.abstractmethod
-    def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:
-        """The live webhooks by id (``webhook_id``: that one, if live): never a secret."""
+    def webhooks(self, webhook_id: int | None = None, *, removed: bool = False) -> list[Webhook]:
+        """The live webhooks by id (``webhook_id``: that one, if live): never a secret. ``removed``: also
+        the removed ones retention has not deleted yet."""
 
     @abc.abstractmethod
     def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:

@@ -219,6 +219,19 @@ def record(conn: Any, d: Dialect, outcomes: Iterable[Outcome]) -> None:
         ), later)
 
 
+def backlog(conn: Any, d: Dialect) -> list[tuple[int, int, int, int | None]]:
+    """Per live webhook: (id, pending, failed, the oldest pending one's created_at or None), for the
+    deliverer's metrics at each scrape. One statement: pending through deliveries_webhook_due, failed
+    through deliveries_webhook (the webhook's rows kept, AUTHSVC_WEBHOOK_RETENTION)."""
+    return [tuple(row) for row in conn.execute(
+        "SELECT w.id, "
+        "(SELECT count(*) FROM deliveries AS p WHERE p.webhook_id = w.id AND p.state = 'pending'), "
+        "(SELECT count(*) FROM deliveries AS f WHERE f.webhook_id = w.id AND f.state = 'failed'), "
+        "(SELECT min(o.created_at) FROM deliveries AS o WHERE o.webhook_id = w.id AND o.state = 'pending') "
+        "FROM webhooks AS w WHERE w.deleted_at IS NULL ORDER BY w.id"
+    ).fetchall()]
+
+
 def fail_orphans(conn: Any, d: Dialect, now_ms: int) -> int:
     """Pending deliveries of deleted webhooks become failed; how many."""
     return conn.execute(d.sql(

@@ -67,6 +67,7 @@ class Delivery:
     webhook_id: int
     event_id: int
     event_type: str
+    user_id: int | None  # the player the event is about; None: a game's event
     state: str
     attempts: int
     next_at: int
@@ -197,7 +198,7 @@ CREATE INDEX deliveries_webhook_due ON deliveries (webhook_id, next_at, id) WHER
 """
 
 WEBHOOK_COLUMNS = "id, url, events, game_id, created_at, deleted_at"  # never the secret
-_DELIVERY = """SELECT d.id, d.webhook_id, d.event_id, e.type, d.state, d.attempts, d.next_at, d.created_at, d.done_at,
+_DELIVERY = """SELECT d.id, d.webhook_id, d.event_id, e.type, d.user_id, d.state, d.attempts, d.next_at, d.created_at, d.done_at,
 d.last_status, d.last_error FROM deliveries AS d JOIN events AS e ON e.id = d.event_id"""
 
 
@@ -205,10 +206,12 @@ def webhook(row: Sequence) -> Webhook:
     return Webhook(row[0], row[1], tuple(json.loads(row[2])), row[3], row[4], row[5])
 
 
-def select_webhooks(conn: Any, d: Dialect, webhook_id: int | None = None) -> list[Webhook]:
-    """The live webhooks by id (``webhook_id``: that one, if live)."""
+def select_webhooks(conn: Any, d: Dialect, webhook_id: int | None = None, removed: bool = False) -> list[Webhook]:
+    """The live webhooks by id (``webhook_id``: that one, if live); with ``removed``, also those removed
+    whose row retention has not deleted yet (their deliveries stay listable)."""
     where, args = ("AND id = ?", (webhook_id,)) if webhook_id is not None else ("", ())
-    rows = conn.execute(d.sql(f"SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE deleted_at IS NULL {where} ORDER BY id"),
+    live = "1 = 1" if removed else "deleted_at IS NULL"
+    rows = conn.execute(d.sql(f"SELECT {WEBHOOK_COLUMNS} FROM webhooks WHERE {live} {where} ORDER BY id"),
                         args).fetchall()
     return [webhook(row) for row in rows]
 

@@ -428,6 +428,21 @@ class Tx:
                                             "event_id": current.event_id})
         return self.delivery(webhook_id, delivery_id)
 
+    def retry_deliveries(self, webhook: Webhook, states: tuple[str, ...]) -> int:
+        """The live webhook's deliveries in ``states`` due now: a pending one's wait for its next try ends
+        (its 24 hours run on), a failed one is pending again with another 24 hours, as ``retry_delivery``;
+        how many. Each player's go in id order still (store/deliveries.py): the earliest is the chain's head."""
+        count = 0
+        if "pending" in states:
+            count += self._sql("UPDATE deliveries SET next_at = ? WHERE webhook_id = ? AND state = 'pending' "
+                               "AND next_at > ?", (self.at_ms, webhook.id, self.at_ms)).rowcount
+        if "failed" in states:
+            count += self._sql("UPDATE deliveries SET state = 'pending', next_at = ?, created_at = ?, done_at = NULL "
+                               "WHERE webhook_id = ? AND state = 'failed'", (self.at_ms, self.at_ms, webhook.id)).rowcount
+        self.record("webhook.retry", game_id=webhook.game_id,
+                    after={"webhook_id": webhook.id, "states": list(states), "deliveries": count})
+        return count
+
     # -- the admin API's bearer tokens ------------------------------------------------------------
     def add_api_token(self, name: str, token_digest: str, scopes: tuple[str, ...], now: int,
                       expires_at: int | None) -> ApiToken | None:

@@ -51,8 +51,9 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from authsvc.errors import StoreUnavailable
+from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.settings import Settings, host_list
 from authsvc.store import open_store, redact_url
 from authsvc.store.base import Store
@@ -103,8 +104,9 @@ def cmd_deliver(args, settings: Settings):
                     timeout=settings.webhook_timeout)
     try:
         store.check()  # not migrated, wrong role: stop here
+        metrics = _serve_metrics(store, settings.deliver_metrics) if settings.deliver_metrics else None
         deliverer = Deliverer(store, client, concurrency=settings.deliver_concurrency,
-                              retention_ms=settings.webhook_retention * 1000)
+                              retention_ms=settings.webhook_retention * 1000, metrics=metrics)
 
         def stop(signum, frame) -> None:
             deliverer.stopping.set()
@@ -119,6 +121,26 @@ def cmd_deliver(args, settings: Settings):
         client.close()
         store.close()
     return 0, {"stopped": True}, "stopped"
+
+
+def _serve_metrics(store: Store, listen: str):
+    """authsvc/webhooks/metrics.py's metrics served at ``listen`` (host:port); without prometheus_client a
+    ConfigError; an address it cannot listen at (a second deliverer on the host) is logged, and the
+    deliveries go on without metrics."""
+    try:
+        from authsvc.webhooks.metrics import DeliveryMetrics
+
+        metrics = DeliveryMetrics(store)
+    except ImportError:
+        raise ConfigError("AUTHSVC_DELIVER_METRICS needs prometheus_client (pip install 'authsvc[metrics]')") from None
+    host, _, port = listen.rpartition(":")
+    try:
+        metrics.serve(host.strip("[]"), int(port))
+    except OSError as e:
+        say(f"metrics: cannot listen at AUTHSVC_DELIVER_METRICS={listen} ({e.strerror}); delivering without them")
+        return None
+    say(f"metrics at http://{listen}/metrics")
+    return metrics
 
 
 def _wall_ms() -> int:
@@ -144,7 +166,7 @@ class Deliverer:
     """The loop (module docstring); ``clock`` gives unix milliseconds (tests move it)."""
 
     def __init__(self, store: Store, client: Client, *, concurrency: int = 16, clock: Callable[[], int] = _wall_ms,
-                 log: Callable[[str], None] = say, retention_ms: int = RETENTION_MS) -> None:
+                 log: Callable[[str], None] = say, retention_ms: int = RETENTION_MS, metrics: Any = None) -> None:
         self.store = store
         self.client = client
         self.concurrency = concurrency
@@ -153,6 +175,7 @@ class Deliverer:
         self.retention_ms = retention_ms
         self._prune_at = 0.0  # time.monotonic() of the next retention step
         self.log = log
+        self.metrics = metrics  # authsvc/webhooks/metrics.py's, when AUTHSVC_DELIVER_METRICS is set
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="deliver")
@@ -281,6 +304,8 @@ class Deliverer:
                     else:
                         self._counts["failed_attempts"] += 1
                         self._counts["failed"] += o.state == FAILED
+                    if self.metrics is not None:
+                        self.metrics.attempt("retry" if o.state == PENDING else o.state)
             self._unwritten = []
 
     def _share(self, active: int) -> int:

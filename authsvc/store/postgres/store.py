@@ -149,15 +149,15 @@ class PostgresStore(PostgresReader, Store):
                 with conn.transaction():
                     if mode:
                         conn.execute(f"SET TRANSACTION {mode}")
-                    # Wait for another session's lock (an import) at most ADMIN_LOCK_WAIT, not forever.
+                    # Wait for another session's lock at most ADMIN_LOCK_WAIT, not forever.
                     conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{round(base.ADMIN_LOCK_WAIT * 1000)}ms",))
                     yield conn
             else:
                 yield conn
         except psycopg.errors.LockNotAvailable:
             raise StoreLocked(
-                f"{where} stayed locked by another session (an import?) for {base.ADMIN_LOCK_WAIT:g} s; "
-                "nothing was written, try again"
+                f"{where}: another session held a lock this write needs for {base.ADMIN_LOCK_WAIT:g} s, "
+                "the longest a write waits; nothing was written, try again"
             ) from None
         except psycopg.errors.DiskFull:
             raise StoreFull(f"{where}: the server's disk is full; nothing was written") from None
@@ -298,9 +298,9 @@ class PostgresStore(PostgresReader, Store):
         return None if row is None else api_token(row)
 
     # -- webhook subscriptions (store/events.py) ---------------------------------------
-    def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:
+    def webhooks(self, webhook_id: int | None = None, *, removed: bool = False) -> list[Webhook]:
         with self._admin(transaction=False) as conn:
-            return event_tables.select_webhooks(conn, POSTGRES, webhook_id)
+            return event_tables.select_webhooks(conn, POSTGRES, webhook_id, removed)
 
     def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:
         with self._admin(mode="ISOLATION LEVEL REPEATABLE READ, READ ONLY") as conn:

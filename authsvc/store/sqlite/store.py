@@ -46,6 +46,9 @@ MIN_FREE_BYTES = 2 * WAL_LIMIT_BYTES
 # the -wal file go (docs/stores.md, "Erasure"): they do within 2 x AUTHSVC_MAX_STALENESS (at most 2 s);
 # the answer follows, so the names leave the files within 10 s of it.
 ERASE_WAIT = 8.0
+# How long the deliverer's bookkeeping write (store/deliveries.py) waits for another connection's write
+# lock: short, since the loop tries again at its next step.
+BOOKKEEPING_WAIT = 2.0
 
 MIGRATIONS: list[str] = [
     # 1: games, their api keys (SHA-256 digests), players.
@@ -282,13 +285,13 @@ class SQLiteStore(SQLiteReader, Store):
     @contextlib.contextmanager
     def bookkeeping(self, write: bool) -> Iterator[tuple[sqlite3.Connection, SQLiteDialect]]:
         """BEGIN IMMEDIATE ... COMMIT (``write``), else an autocommit read; no writer lock beyond SQLite's
-        own for the moment of the transaction, which waits for an admin write at most the connection's
-        busy timeout (2 s)."""
+        own for the moment of the transaction, which waits for an admin write at most BOOKKEEPING_WAIT."""
         conn = self._conn()
         try:
             if not write:
                 yield conn, SQLITE
                 return
+            conn.execute(f"PRAGMA busy_timeout = {round(BOOKKEEPING_WAIT * 1000):d}")  # an admin write left 30 s
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn, SQLITE
@@ -299,7 +302,7 @@ class SQLiteStore(SQLiteReader, Store):
             conn.execute("COMMIT")
         except sqlite3.Error as e:
             self._drop()
-            raise _store_error(e, self.path) from None
+            raise _store_error(e, self.path, BOOKKEEPING_WAIT if write else None) from None
 
     def _games(self, where: str = "", args: tuple = ()) -> list[Game]:
         with self._held() as conn:
@@ -383,8 +386,8 @@ class SQLiteStore(SQLiteReader, Store):
 
     # -- webhook subscriptions (store/events.py) ---------------------------------------
     @_mapped
-    def webhooks(self, webhook_id: int | None = None) -> list[Webhook]:
-        return event_tables.select_webhooks(self._conn(), SQLITE, webhook_id)
+    def webhooks(self, webhook_id: int | None = None, *, removed: bool = False) -> list[Webhook]:
+        return event_tables.select_webhooks(self._conn(), SQLITE, webhook_id, removed)
 
     def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:
         with self._read_transaction() as conn:  # the deliveries and their attempts
