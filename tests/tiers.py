@@ -41,7 +41,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_admin_api_examples", "test_admin_api_gunicorn", "test_admin_cost", "test_admin_openapi",
         "test_admin_serving", "test_bench", "test_deliver_process", "test_deploy", "test_edge",
         "test_forged_log_fields", "test_full_disk", "test_gunicorn", "test_heartbeat", "test_install", "test_integration_browser",
-        "test_key_rotation", "test_logs", "test_monitoring_site", "test_openapi_clients", "test_paths",
+        "test_key_rotation", "test_logs", "test_monitoring_site", "test_openapi_clients", "test_package", "test_paths",
         "test_pgbouncer", "test_primary_failover", "test_prometheus", "test_restore", "test_scale",
         "test_schemathesis_run", "test_serve", "test_store_outage", "test_systemd", "test_token_secrets", "test_upgrade",
         "test_upstream_keepalive", "test_webhook_client", "test_worker_boot",
