@@ -35,6 +35,10 @@ export type WebhookAdd = Schemas["WebhookAdd"];
 export type Delivery = Schemas["Delivery"];
 export type DeliveryPage = Schemas["DeliveryPage"];
 export type DeliveryQuery = NonNullable<operations["listDeliveries"]["parameters"]["query"]>;
+/** Which deliveries POST /v1/webhooks/{webhook_id}/deliveries/retry makes due (state: pending, failed or both). */
+export type RetryQuery = NonNullable<operations["retryDeliveries"]["parameters"]["query"]>;
+/** What it answers: how many were made due now. */
+export type Retried = operations["retryDeliveries"]["responses"][200]["content"]["application/json"];
 /** The filters of GET /v1/audit, as the document lists them (after, limit, player, game, action, actor). */
 export type AuditQuery = NonNullable<operations["listAudit"]["parameters"]["query"]>;
 /** What GET /openapi.json answers. */
@@ -190,6 +194,11 @@ export class AdminClient {
   /** A page of a webhook's deliveries, oldest first (GET /v1/webhooks/{webhook_id}/deliveries). */
   async deliveries(webhookId: number, query: DeliveryQuery = {}): Promise<DeliveryPage> {
     return this.json<DeliveryPage>("GET", `/v1/webhooks/${webhookId}/deliveries`, { query });
+  }
+
+  /** After a receiver's outage: send its pending and failed deliveries now (POST /v1/webhooks/{webhook_id}/deliveries/retry). */
+  async retryDeliveries(webhookId: number, query: RetryQuery = {}): Promise<Retried> {
+    return this.json<Retried>("POST", `/v1/webhooks/${webhookId}/deliveries/retry`, { query });
   }
 
   /** Send a failed delivery again (POST /v1/webhooks/{webhook_id}/deliveries/{delivery_id}/retry). */
