@@ -1,5 +1,5 @@
 """Scale: `authsvc player import` loads 1,000,000 players into PostgreSQL, the last of a repeated id winning
-(how fast: scripts/bench, BENCHMARKS.md; a bound in seconds here failed on a busy machine)."""
+(no bound in seconds: one failed on a busy machine, and a speed is for a benchmark, not a test)."""
 
 from __future__ import annotations
 
