@@ -271,7 +271,7 @@ def test_store_url_password_is_redacted():
 
 COMMANDS = {
     (): ["init", "game", "player", "export", "import", "backup", "restore", "token", "audit", "api-token", "webhook",
-         "secret", "check", "explain", "heartbeat", "deliver"],
+         "secret", "setup", "check", "explain", "heartbeat", "deliver"],
     ("api-token",): ["add", "list", "revoke"],
     ("secret",): ["rotate", "retire", "list"],
     ("webhook",): ["add", "list", "remove", "deliveries", "retry"],

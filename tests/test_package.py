@@ -82,7 +82,27 @@ class Machine:
                 self.proc.wait()
 
 
-ASK = """curl -s --unix-socket /run/authsvc.sock 'http://localhost/api/authenticate.json?{}'"""
+API, LEGACY = "api.authsvc.test", "legacy.authsvc.test"
+# Through nginx, to the container's own loopback: the HTTPS host with the test CA, the legacy host in plain HTTP.
+ASK = f"curl -s --cacert /srv/tls/ca.pem --resolve {API}:443:127.0.0.1 'https://{API}/api/authenticate.json?{{}}'"
+ASK_LEGACY = f"curl -s --resolve {LEGACY}:80:127.0.0.1 'http://{LEGACY}/api/authenticate.json?{{}}'"
+SUCCESS = '{"success":true,"user_id":42,"username":"alice"}'
+
+
+def _tls(root: Path) -> None:
+    """A CA and the API host's certificate (trustme) at /srv/tls in the container: the CA for curl and authsvc check."""
+    import trustme
+
+    ca = trustme.CA()
+    tls = root / "srv/tls"
+    tls.mkdir(parents=True)
+    ca.cert_pem.write_to_path(str(tls / "ca.pem"))
+    issued = ca.issue_cert(API)
+    issued.cert_chain_pems[0].write_to_path(str(tls / "cert.pem"))
+    for pem in issued.cert_chain_pems[1:]:
+        pem.write_to_path(str(tls / "cert.pem"), append=True)
+    issued.private_key_pem.write_to_path(str(tls / "key.pem"))
+    (tls / "key.pem").chmod(0o600)
 
 
 def test_package_installs_upgrades_while_serving_removes_and_purges(tmp_path):
@@ -102,7 +122,6 @@ def test_package_installs_upgrades_while_serving_removes_and_purges(tmp_path):
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout + done.stderr
         debs[v] = Path(done.stdout.strip().splitlines()[-1])
-    print(f"package size: {debs[version].stat().st_size} bytes")
     lint = subprocess.run(["lintian", "--fail-on", "error,warning", str(debs[version])],
                           capture_output=True, text=True) if shutil.which("lintian") else None
     if lint is not None:
@@ -112,47 +131,61 @@ def test_package_installs_upgrades_while_serving_removes_and_purges(tmp_path):
     subprocess.run(["cp", "-a", str(_bookworm()), str(root)], check=True)
     for deb in debs.values():
         shutil.copy(deb, root / "root" / deb.name)
+    _tls(root)
     machine = Machine(root)
     try:
         started = time.monotonic()
         machine.sh(f"cd /root && apt-get install -y ./{debs[version].name}")
-        print(f"install: {time.monotonic() - started:.1f} s")
+        install_time = time.monotonic() - started
         assert machine.sh("systemctl is-active authsvc.socket authsvc.service").stdout.split() == ["active"] * 2
         # Installed, not enabled.
         assert machine.sh("systemctl is-enabled authsvc-admin.socket authsvc-deliver.service",
                           check=False).stdout.split() == ["disabled", "disabled"]
         assert machine.sh("authsvc --version").stdout.strip() == f"authsvc {version}"
         assert not machine.sh("ls /etc/nginx/sites-enabled").stdout.count("authsvc")
+        setup = machine.sh(f"authsvc setup --api-host {API} --legacy-host {LEGACY}"
+                           " --cert /srv/tls/cert.pem --key /srv/tls/key.pem")
+        assert f"nginx serves https://{API} and http://{LEGACY}" in setup.stdout, setup.stdout
+        assert machine.sh("readlink /etc/nginx/sites-enabled/authsvc.conf; ls /etc/nginx/sites-enabled").stdout.split() \
+            == ["/etc/nginx/sites-available/authsvc.conf", "authsvc.conf"]  # Debian's default site gone
         game = machine.sh("authsvc game add Chess --json | python3 -c 'import json,sys; g=json.load(sys.stdin);"
                           " print(g[\"game_id\"], g[\"api_key\"])'").stdout.split()
         machine.sh("authsvc player add 42 alice")
         token = machine.sh(f"authsvc token issue --game {game[0]} --user 42").stdout.strip()
         good = f"user_id=42&game_auth_token={token}&api_key={game[1]}"
-        assert machine.sh(ASK.format(good)).stdout == '{"success":true,"user_id":42,"username":"alice"}'
         bad_key = f"user_id=42&game_auth_token={token}&api_key=00000000-0000-0000-0000-000000000000"
-        assert '"error":403' in machine.sh(ASK.format(bad_key)).stdout
-        assert '"error":400' in machine.sh(ASK.format("user_id=x")).stdout
-        machine.sh(f"echo {game[1]} >/root/key && authsvc check --base-url http://localhost --game-id {game[0]} "
-                   "--user-id 42 --api-key-file /root/key --resolve localhost:80:127.0.0.1", check=False)
+        for ask in (ASK, ASK_LEGACY):
+            assert machine.sh(ask.format(good)).stdout == SUCCESS
+            assert '"error":403' in machine.sh(ask.format(bad_key)).stdout
+            assert '"error":400' in machine.sh(ask.format("user_id=x")).stdout
+        # The key file for authsvc check, which runs as the service user.
+        machine.sh(f"umask 077 && echo {game[1]} >/srv/key && chown authsvc /srv/key")
+        check = machine.sh(f"authsvc check --base-url https://{API} --base-url http://{LEGACY} --game-id {game[0]}"
+                           f" --user-id 42 --api-key-file /srv/key --cafile /srv/tls/ca.pem"
+                           f" --resolve {API}:443:127.0.0.1 --resolve {LEGACY}:80:127.0.0.1", check=False)
+        assert check.returncode == 0, check.stdout + check.stderr
         secret = machine.sh("cat /etc/authsvc/token-secret").stdout
         machine.sh("echo '# kept' >>/etc/authsvc/authsvc.toml")
 
-        # Upgrade while a loop of authentications runs: every answer a success.
+        # Upgrade while a loop of authentications through nginx runs: every answer a success. The loop is
+        # paced under nginx's rate per client address (RATE, 20 r/s), which would answer 429 past its burst.
         machine.sh("rm -f /root/answers; (while [ ! -e /root/stop ]; do "
-                   + ASK.format(good) + " >>/root/answers; echo >>/root/answers; done) >/dev/null 2>&1 &")
+                   + ASK.format(good) + " >>/root/answers; echo >>/root/answers; sleep 0.1; done) >/dev/null 2>&1 &")
         started = time.monotonic()
         done = machine.sh(f"cd /root && apt-get install -y ./{debs[version + '.1'].name}")
         upgrade_time = time.monotonic() - started
         time.sleep(2)
         machine.sh("touch /root/stop; sleep 1")
         answers = machine.sh("cat /root/answers").stdout.splitlines()
-        refused = [a for a in answers if a != '{"success":true,"user_id":42,"username":"alice"}']
-        print(f"upgrade: {upgrade_time:.1f} s, {len(answers)} authentications, {len(refused)} refused")
+        refused = [a for a in answers if a != SUCCESS]
+        print(f"\npackage {debs[version].name}: {debs[version].stat().st_size} bytes;"
+              f" install {install_time:.1f} s; upgrade {upgrade_time:.1f} s,"
+              f" {len(answers)} authentications through nginx during it, {len(refused)} refused")
         assert len(answers) > 10 and refused == [], refused[:5]
         assert machine.sh("authsvc --version").stdout.strip() == f"authsvc {version}.1"
         assert machine.sh("cat /etc/authsvc/token-secret").stdout == secret
         assert "# kept" in machine.sh("cat /etc/authsvc/authsvc.toml").stdout
-        assert machine.sh(ASK.format(good)).stdout == '{"success":true,"user_id":42,"username":"alice"}'
+        assert machine.sh(ASK.format(good)).stdout == SUCCESS
 
         # A downgrade is refused, saying how to go back.
         down = machine.sh(f"cd /root && dpkg -i ./{debs[version].name}", check=False)
@@ -164,6 +197,16 @@ def test_package_installs_upgrades_while_serving_removes_and_purges(tmp_path):
                           check=False).stdout.split() == ["inactive"] * 2
         assert machine.sh("test -e /etc/authsvc/token-secret && test -e /var/lib/authsvc/authsvc.db"
                           " && test ! -e /usr/lib/authsvc", check=False).returncode == 0
+        # Installed again: enabled and serving as before (the store, the secret, nginx's site kept), and the
+        # units left not enabled can be enabled (not masked).
+        machine.sh(f"cd /root && apt-get install -y ./{debs[version + '.1'].name}")
+        assert machine.sh("systemctl is-enabled authsvc.socket authsvc.service authsvc-admin.socket"
+                          " authsvc-admin.service authsvc-deliver.service authsvc-heartbeat.service",
+                          check=False).stdout.split() == ["enabled", "enabled"] + ["disabled"] * 4
+        assert machine.sh("systemctl is-active authsvc.socket authsvc.service").stdout.split() == ["active"] * 2
+        assert machine.sh(ASK.format(good)).stdout == SUCCESS
+        assert machine.sh(ASK_LEGACY.format(good)).stdout == SUCCESS
+        machine.sh("apt-get remove -y authsvc")
         # Purge: the configuration gone, the store and the user kept, and said so.
         purge = machine.sh("apt-get purge -y authsvc")
         assert "Kept: the store in /var/lib/authsvc" in purge.stdout

@@ -129,3 +129,15 @@ def test_only_the_api_path_is_checked(world, queued):
     for path in ("/healthz", "/readyz"):
         answer = testapp.get(path, headers={"X-Request-Start": "t=1000.000"})
         assert answer.status_int == 200
+
+
+def test_a_request_that_waited_for_a_restart_is_served_its_wait_counted_from_the_start(world, queued):
+    """A restart (an upgrade's) holds requests in the socket's backlog until the new app is built: that
+    wait is the restart's, not the queue's, and such a request is served (nginx's max_conns bounds how many)."""
+    testapp, store, clock = queued
+    bound = world.settings.max_queue_wait
+    testapp.app.serving_since = clock.now - bound / 2  # the app built while the request waited
+    assert ask(testapp, world, f"t={clock.now - bound - 1:.3f}").status_int == 200
+    # A request that waited past the bound after the start is shed as ever.
+    testapp.app.serving_since = clock.now - bound - 0.5
+    assert ask(testapp, world, f"t={clock.now - bound - 1:.3f}").json == SHED

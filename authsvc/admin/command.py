@@ -27,7 +27,7 @@ import sys
 import time
 
 from authsvc import release
-from authsvc.admin import api_token_cmd, audit, secret_cmd, webhook_cmd
+from authsvc.admin import api_token_cmd, audit, secret_cmd, setup_cmd, webhook_cmd
 from authsvc.admin import operations as ops
 from authsvc.admin.operations import MAX_OLD_KEY_TTL
 from authsvc.admin.players_import import ProgressBar
@@ -327,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     api_token_cmd.add_parsers(top, common, _Parser)
     webhook_cmd.add_parsers(top, common, _Parser)
     secret_cmd.add_parsers(top, common, _Parser)
+    setup_cmd.add_parsers(top, common, _Parser)
 
     from authsvc.admin import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
 

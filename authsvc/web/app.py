@@ -130,6 +130,9 @@ class App:
             OPENAPI_PATH: self.openapi,
         }
         self.clock = clock
+        # When this app began to serve: a request held in the socket's backlog by a restart (an upgrade's)
+        # waited for the restart, not for a worker; its queue wait counts from here (authsvc/web/queueing.py).
+        self.serving_since = clock()
         self.store_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
         self.queue_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
         self.observation_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
@@ -244,7 +247,8 @@ class App:
     def authenticate(self, environ: dict) -> tuple[int, bytes]:
         """(the result code of docs/api.md, the body); __call__ picks the HTTP status."""
         start = time.perf_counter()
-        if waited_too_long(environ.get("HTTP_X_REQUEST_START"), self.clock(), self.settings.max_queue_wait):
+        if waited_too_long(environ.get("HTTP_X_REQUEST_START"), self.clock(), self.settings.max_queue_wait,
+                           self.serving_since):
             self.waited_too_long(environ, start)
             raise WaitedTooLong()
         try:
