@@ -222,3 +222,24 @@ def test_a_secret_on_the_command_line_is_refused_and_never_repeated(capsys, tmp_
     err = capsys.readouterr().err
     assert secret not in err
     assert "command line" in err or "unrecognized arguments" in err
+
+
+def test_the_command_names_its_release_after_the_verdict(world, serve, env, tmp_path, monkeypatch, capsys):
+    """What a sysadmin pastes into a ticket says which release of the command checked (CHANGELOG.md)."""
+    import tomllib
+    from pathlib import Path
+
+    from authsvc.admin.command import main
+
+    version = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]["version"]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    key = tmp_path / "key.txt"
+    key.write_text(world.api_key + "\n")
+    code = main(["check", "--game-id", str(world.game_id), "--user-id", str(world.user_id), "--api-key-file", str(key),
+                 "--base-url", serve(make_app(world.settings))])
+    assert code == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"all 4 checks passed (authsvc {version})"
+    assert main(["check", "--game-id", str(world.game_id), "--user-id", str(world.user_id), "--api-key-file", str(key),
+                 "--base-url", serve(make_app(world.settings)), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["version"] == version

@@ -27,6 +27,7 @@ import ssl
 import sys
 import urllib.parse
 
+from authsvc import release
 from authsvc.admin.explain import RefusedSecret
 from authsvc.errors import CommandError
 from authsvc.settings import Settings
@@ -250,10 +251,11 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> tuple[int, dict, 
     if full is not None:  # a check of its own only when it fails: the service answers, the admin side cannot write
         results.append(Result(redact_url(settings.store), "store disk", False, None, full))
     failed = [r for r in results if not r.ok]
-    obj = {"ok": not failed, "results": [dataclasses.asdict(r) for r in results]}
+    # The release of the command that checked (CHANGELOG.md): what a sysadmin pastes into a ticket says it.
+    obj = {"ok": not failed, "version": release(), "results": [dataclasses.asdict(r) for r in results]}
     text = "\n".join(r.line() for r in results) + (
         f"\n{len(failed)} of {len(results)} checks FAILED" if failed else f"\nall {len(results)} checks passed"
-    )
+    ) + f" (authsvc {release()})"
     return (1 if failed else 0), obj, text
 
 
