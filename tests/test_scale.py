@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from authsvc.admin.command import main
+from authsvc.cli.command import main
 
 PLAYERS = 1_000_000
 

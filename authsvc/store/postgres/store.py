@@ -21,7 +21,7 @@ from authsvc.store import base
 from authsvc.store import events as event_tables
 from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiToken, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
-from authsvc.store.common import BATCH, batches, redact_url, select_games
+from authsvc.store.common import BATCH, batches, select_games
 from authsvc.store.dialect import Dialect
 from authsvc.store.events import Delivery, Webhook
 from authsvc.store.postgres.reader import (
@@ -41,6 +41,7 @@ from authsvc.store.postgres.schema import (
     VERSION_TABLE_SQL,
 )
 from authsvc.store.writes import _TOKEN_COLUMNS, Tx, api_token
+from authsvc.urls import redact_url
 
 __all__ = [
     "ADMIN_GRANTS_SQL", "ADMIN_ROLE", "CREDENTIALS_SQL", "HEARTBEAT_GRANTS_SQL", "HEARTBEAT_ROLE", "MIGRATION_LOCK",
