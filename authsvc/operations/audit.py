@@ -14,4 +14,5 @@ def audit_prune(store: Store, ctx: Context, before_ms: int) -> Record:
     """Delete the records older than ``before_ms``; the prune's own record names the new anchor."""
     if before_ms > round(ctx.clock() * 1000):
         raise Invalid("must not be in the future", field="/before")
-    return store.audit_prune(before_ms, audit=ctx.audit())
+    with store.write(ctx.audit()) as tx:
+        return tx.prune_audit(before_ms)

@@ -21,7 +21,8 @@ def add_game(store: Store, ctx: Context, name: str) -> tuple[Game, str]:
     name = check_game_name(name)
     api_key = new_api_key()
     try:
-        game = store.add_game(name, api_key_digest(api_key), ctx.now(), audit=ctx.audit())
+        with store.write(ctx.audit()) as tx:
+            game = tx.add_game(name, api_key_digest(api_key), ctx.now())
     except base.Conflict as e:
         raise Conflict(str(e)) from None
     return game, api_key
@@ -32,7 +33,9 @@ def list_games(store: Store) -> list[Game]:
 
 
 def set_game_enabled(store: Store, ctx: Context, game_id: int, enabled: bool) -> None:
-    if not store.set_game_enabled(check_game_id(game_id), enabled, audit=ctx.audit()):
+    with store.write(ctx.audit()) as tx:
+        found = tx.set_game_enabled(check_game_id(game_id), enabled)
+    if not found:
         raise NotFound(f"no game {game_id}")
 
 
@@ -50,7 +53,8 @@ def rotate_game_key(store: Store, ctx: Context, game_id: int, old_key_ttl: int) 
     at = round(ctx.clock(), 3)
     expires_at = at + old_key_ttl
     try:
-        added = store.add_api_key(game_id, api_key_digest(api_key), int(at), expires_at, audit=ctx.audit())
+        with store.write(ctx.audit()) as tx:
+            added = tx.add_api_key(game_id, api_key_digest(api_key), int(at), expires_at)
     except base.Conflict as e:
         raise Conflict(str(e)) from None
     if not added:

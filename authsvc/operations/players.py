@@ -23,7 +23,8 @@ def add_player(store: Store, ctx: Context, user_id: int, username: str) -> Playe
     check_user_id(user_id)
     username = check_username(username)
     try:
-        return store.add_player(user_id, username, audit=ctx.audit())
+        with store.write(ctx.audit()) as tx:
+            return tx.add_player(user_id, username)
     except base.Conflict as e:
         raise Conflict(str(e)) from None
 
@@ -45,19 +46,24 @@ def get_player(store: Store, user_id: int) -> Player:
 def rename_player(store: Store, ctx: Context, user_id: int, username: str) -> str:
     check_user_id(user_id)
     username = check_username(username)
-    if not store.rename_player(user_id, username, audit=ctx.audit()):
+    with store.write(ctx.audit()) as tx:
+        found = tx.rename_player(user_id, username)
+    if not found:
         raise NotFound(f"no player {user_id}")
     return username
 
 
 def set_player_enabled(store: Store, ctx: Context, user_id: int, enabled: bool) -> None:
-    if not store.set_player_enabled(check_user_id(user_id), enabled, audit=ctx.audit()):
+    with store.write(ctx.audit()) as tx:
+        found = tx.set_player_enabled(check_user_id(user_id), enabled)
+    if not found:
         raise NotFound(f"no player {user_id}")
 
 
 def revoke_player(store: Store, ctx: Context, user_id: int) -> int:
     """Bump the player's credential epoch (every token stops working); returns the new epoch."""
-    epoch = store.revoke_player(check_user_id(user_id), audit=ctx.audit())
+    with store.write(ctx.audit()) as tx:
+        epoch = tx.revoke_player(check_user_id(user_id))
     if epoch is None:
         raise NotFound(f"no player {user_id}")
     return epoch

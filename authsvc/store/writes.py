@@ -69,7 +69,7 @@ class Tx:
     """One write transaction on ``conn``; ``audit`` names who acts (each joined write may name its own).
 
     The connection stays inside the store: the admin side calls these methods, never SQL. The
-    engines' own bulk writes (an import's COPY) use ``_conn`` from their modules, in this package."""
+    engines' own bulk writes (an import's COPY, a load, a restore's changes) run on ``bulk_connection``."""
 
     def __init__(self, conn: Any, dialect: Dialect, audit: Audit, lock: _Lock | None = None, collate: str = "",
                  ledger: str | None = None):
@@ -83,6 +83,11 @@ class Tx:
     def joined(self, audit: Audit | None) -> Tx:
         """This transaction, for a write nested in it (its own audit, the same lock and time)."""
         return Tx(self._conn, self.d, audit or self.audit, self._lock, self._collate, self._ledger)
+
+    def bulk_connection(self) -> Any:
+        """This transaction's connection, for an engine's bulk write in it (COPY, executemany, an engine's
+        own statements): in this package only. What it writes is part of this transaction and its record."""
+        return self._conn
 
     def _sql(self, text: str, args: tuple = ()) -> Any:
         return self._conn.execute(self.d.sql(text), args)

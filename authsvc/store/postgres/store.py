@@ -263,7 +263,7 @@ class PostgresStore(PostgresReader, Store):
         """COPY into a temporary table, then one INSERT ... ON CONFLICT; the last row of a user id wins."""
         count = 0
         with self.write(audit) as tx:
-            conn = tx._conn
+            conn = tx.bulk_connection()
             # Into a temporary table before the writer lock: other writes wait only for the upsert.
             conn.execute(
                 "CREATE TEMPORARY TABLE players_import (n bigint, user_id bigint, username text) ON COMMIT DROP"
@@ -367,7 +367,7 @@ class PostgresStore(PostgresReader, Store):
         top = game_id_high_water
         try:
             with self.write(audit) as tx:
-                conn = tx._conn
+                conn = tx.bulk_connection()
                 tx.locked()
                 conn.execute("LOCK TABLE games, api_keys, players, deleted_players IN EXCLUSIVE MODE")
                 if _value(conn.execute("SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players) "
