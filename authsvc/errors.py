@@ -7,9 +7,9 @@ at fault. Each front door maps them once:
 - the game-facing endpoint (authsvc/web/app.py): ``{"success": false, "error": status,
   "error_description": detail}``; the web path's own errors keep their wire texts as the
   classes' default details ("Not found", "Bad request", ...);
-- the admin API (authsvc/admin/api.py, ``problem_for``): an RFC 9457 problem of that status
+- the admin API (authsvc/api/app.py, ``problem_for``): an RFC 9457 problem of that status
   and slug, ``field`` as the body's JSON pointer (``/old_key_ttl``);
-- the admin command (authsvc/admin/command.py): one line on stderr and exit 1, ``field`` as
+- the admin command (authsvc/cli/command.py): one line on stderr and exit 1, ``field`` as
   its option (``--old-key-ttl``).
 
 Nothing here carries a request value unless the code that raises it put it there, and no
@@ -116,7 +116,7 @@ class Conflict(Error):
 
 
 class SecretNotKept(Conflict):
-    """A replayed request whose answer held a secret shown once (authsvc/admin/idempotency.py)."""
+    """A replayed request whose answer held a secret shown once (authsvc/api/idempotency.py)."""
 
     slug = "idempotency-secret-not-kept"
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from authsvc.errors import ConfigError
+from authsvc.urls import redact_url
 
 DEFAULT_STATE_DIR = "/var/lib/authsvc"
 DEFAULT_SECRET_FILE = "/etc/authsvc/token-secret"
@@ -139,7 +140,7 @@ SETTINGS = (
     # `authsvc audit prune` without --before removes records older than this many days; 0 keeps them forever.
     Setting("audit_retention_days", "AUTHSVC_AUDIT_RETENTION_DAYS", int, 0,
             rule="0 (keep forever) or more days", check=lambda v: v >= 0),
-    # The admin API's rate limit per API token and worker process (authsvc/admin/ratelimit.py); admin_rate 0: off.
+    # The admin API's rate limit per API token and worker process (authsvc/api/ratelimit.py); admin_rate 0: off.
     Setting("admin_rate", "AUTHSVC_ADMIN_RATE", float, 50.0, rule="0 (off) or requests a second", check=lambda v: v >= 0),
     Setting("admin_burst", "AUTHSVC_ADMIN_BURST", int, 100, rule="at least 1", check=lambda v: v >= 1),
     # The webhook hosts (host or host:port) a subscription may name though plain http:// or a private address
@@ -147,7 +148,7 @@ SETTINGS = (
     # `authsvc deliver` reaches them though they resolve to such an address (authsvc/webhooks/connect.py).
     Setting("webhook_allow_hosts", "AUTHSVC_WEBHOOK_ALLOW_HOSTS", str, "",
             rule="host or host:port items, comma-separated ([v6 address] in brackets)", check=_host_list),
-    # Live webhooks a store may have (authsvc/admin/operations.py's add_webhook): each one is a POST of every event.
+    # Live webhooks a store may have (authsvc/operations/webhooks.py's add_webhook): each one is a POST of every event.
     Setting("max_webhooks", "AUTHSVC_MAX_WEBHOOKS", int, 50, rule="from 1 to 10000", check=lambda v: 1 <= v <= 10_000),
     # The level of the app's "authsvc" logger, set by deploy/gunicorn.conf.py's logconfig_dict.
     Setting("log_level", "AUTHSVC_LOG_LEVEL", str, "INFO", choices=_LOG_LEVELS),
@@ -226,7 +227,6 @@ class Settings:
 
     def __repr__(self) -> str:
         """The fields, with the store URL's password masked: a repr can reach a log or a traceback."""
-        from authsvc.store.common import redact_url  # here: authsvc.store imports this module
 
         fields = (
             f"{f.name}={redact_url(self.store) if f.name == 'store' else getattr(self, f.name)!r}"
@@ -374,7 +374,6 @@ def _refuse_open_password(path: str, mode: int, store: Any) -> None:
     or write it. Its group may: the documented install is root:authsvc 0640."""
     if not isinstance(store, str) or not mode & (stat.S_IROTH | stat.S_IWOTH):
         return
-    from authsvc.store.common import redact_url  # here: authsvc.store imports this module
 
     if redact_url(store) != store:
         raise ConfigError(f"settings file {path} holds the store's password and is open to other users "

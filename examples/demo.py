@@ -74,7 +74,7 @@ def main(argv=None) -> None:
         "authsvc": [py, "-m", "gunicorn", "--bind", bind(ports["authsvc"]), "--workers", "1", "--no-control-socket",
                     "authsvc.wsgi:application"],
         "admin": [py, "-m", "gunicorn", "--bind", bind(ports["admin"]), "--workers", "1", "--no-control-socket",
-                  "authsvc.admin.wsgi:application"],
+                  "authsvc.api.wsgi:application"],
         "platform": [py, "-m", "examples.platform", "--port", str(ports["platform"]), "--db", str(var / "platform.db"),
                      "--admin-url", url(ports["admin"]), "--admin-token-file", str(var / "admin-token"),
                      "--game-id", str(game_id), "--game-url", url(ports["game"]) + "/play"],

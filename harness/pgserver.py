@@ -232,7 +232,7 @@ class Heartbeat:
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "authsvc.admin.command", "heartbeat"], env=self.env, stdout=log, stderr=log
+                [sys.executable, "-m", "authsvc.cli.command", "heartbeat"], env=self.env, stdout=log, stderr=log
             )
 
     def stop(self) -> None:

@@ -228,7 +228,7 @@ def env(store_url, secret_file):
 def command_as_alice(monkeypatch, env, capsys):
     """run(*argv) -> (exit code, stdout, stderr): the real `authsvc` command (its main) on the store
     under test, as the sudo user alice (the audit trail's actor ``cli:alice``)."""
-    from authsvc.admin import command
+    from authsvc.cli import command
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -52,7 +52,7 @@ def demo_loop(tmp_path: Path, secret_file: Path, game_args: tuple[str, ...] = ()
     try:
         procs["web"] = start_gunicorn(env, port=ports["web"], workers=1, new_session=True,
                                       stdout=(tmp_path / "web.log").open("wb"), stderr=subprocess.STDOUT)
-        procs["admin"] = start_gunicorn(env, port=ports["admin"], app="authsvc.admin.wsgi:application", workers=1,
+        procs["admin"] = start_gunicorn(env, port=ports["admin"], app="authsvc.api.wsgi:application", workers=1,
                                         new_session=True, stdout=(tmp_path / "admin.log").open("wb"),
                                         stderr=subprocess.STDOUT)
         platform_url = f"http://127.0.0.1:{ports['platform']}/"

@@ -1,6 +1,6 @@
 """The shipped deployment, run for real on loopback: nginx + TLS in front of gunicorn.
 
-``start_stack`` renders deploy/ with ``python -m authsvc.admin.deploy`` (what
+``start_stack`` renders deploy/ with ``python -m authsvc.deployment`` (what
 scripts/install runs), provisions a throwaway store and secret, starts gunicorn
 under ``systemd-socket-activate`` (the socket activation and sd_notify path of
 the systemd unit) and nginx with a Debian-like main config around the shipped
@@ -178,7 +178,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         "AUTHSVC_STORE": f"sqlite://{state}/authsvc.db",
         "AUTHSVC_TOKEN_SECRET_FILE": str(creds / "token-secret"),
     }
-    cli = [sys.executable, "-m", "authsvc.admin.command"]
+    cli = [sys.executable, "-m", "authsvc.cli.command"]
     _run([*cli, "init"], admin_env)
     game = json.loads(_run([*cli, "game", "add", "Chess", "--json"], admin_env))
     other = json.loads(_run([*cli, "game", "add", "Go", "--json"], admin_env))
@@ -230,7 +230,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         **(values or {}),
     }
     sets = [arg for name, value in values.items() for arg in ("--set", f"{name}={value}")]
-    _run([sys.executable, "-m", "authsvc.admin.deploy", str(REPO / "deploy"), str(rendered), *sets], admin_env)
+    _run([sys.executable, "-m", "authsvc.deployment", str(REPO / "deploy"), str(rendered), *sets], admin_env)
 
     # gunicorn as systemd would start it: socket activation, credentials, state
     # directory, NOTIFY_SOCKET; HOME and TMPDIR empty dirs to prove nothing lands there.
@@ -277,7 +277,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
                                       "PROMETHEUS_MULTIPROC_DIR": str(root / "admin-metrics")})
             admin_gunicorn = subprocess.Popen(
                 [str(VENV_BIN / "gunicorn"), "--config", str(rendered / "gunicorn.conf.py"),
-                 "authsvc.admin.wsgi:application"],
+                 "authsvc.api.wsgi:application"],
                 stdout=open(logs / "gunicorn-admin-access.log", "wb"),
                 stderr=open(logs / "gunicorn-admin-error.log", "wb"),
                 env=admin_env_service, cwd=root, start_new_session=True,

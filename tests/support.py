@@ -169,7 +169,7 @@ class AdminClient:
     it added to ``store`` as the command adds them (actor ``cli:test``). tests/conftest.py's ``admin``."""
 
     def __init__(self, settings: Settings, store):
-        from authsvc.admin.api import AdminApp
+        from authsvc.api.app import AdminApp
 
         self.api = AdminApp(settings)
         self.app = webtest.TestApp(self.api, lint=True)
@@ -177,9 +177,10 @@ class AdminClient:
 
     def bearer(self, name: str, scopes=ALL_SCOPES, expires_in: int | None = None) -> tuple[dict, str]:
         """(the Authorization header of a new token, the token)."""
-        from authsvc.admin import operations as ops
+        from authsvc.operations import api_tokens
+        from authsvc.operations.context import Context
 
-        _, token = ops.add_api_token(self.store, ops.Context(actor="cli:test"), name, scopes, expires_in)
+        _, token = api_tokens.add_api_token(self.store, Context(actor="cli:test"), name, scopes, expires_in)
         return {"Authorization": f"Bearer {token}"}, token
 
     def headers(self, name: str, scopes=ALL_SCOPES, expires_in: int | None = None) -> dict:
@@ -204,7 +205,7 @@ def init_as_owner(pg, secret_file, monkeypatch):
     """apply_roles, then ``authsvc init`` as the owner (the environment: ``secret_file``, no settings file);
     the environment then names the store as the admin role, as the everyday admin command has it.
     Returns url(role)."""
-    from authsvc.admin import command as cli
+    from authsvc.cli import command as cli
 
     url = apply_roles(pg)
     monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(secret_file))

@@ -16,9 +16,10 @@ import time
 import pytest
 import webtest
 
-from authsvc.admin import operations as ops
-from authsvc.admin.api import AdminApp
+from authsvc.api.app import AdminApp
 from authsvc.errors import StoreUnavailable
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from authsvc.tokens import mint_token
 from tests.support import audit_rows, problem, store_sql
 
@@ -30,7 +31,7 @@ def test_missing_unknown_malformed_expired_and_revoked_tokens_get_401(admin, wor
     live = make_token("live")
     expiring = make_token("expiring", expires_in=1)
     revoked = make_token("revoked")
-    ops.revoke_api_token(world.store, ops.Context(actor="cli:test"), "revoked")
+    api_tokens.revoke_api_token(world.store, Context(actor="cli:test"), "revoked")
     assert app.get("/v1/players/4242", headers=live).status_int == 200
     time.sleep(1.1)  # the expiry is whole seconds: a bound, not a race
     for headers in ({}, {"Authorization": "Bearer asv_" + "A" * 43}, {"Authorization": "Basic dXNlcjpwYXNz"},

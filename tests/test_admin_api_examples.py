@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin import operations as ops
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from tests.support import free_port, skip_or_fail, start_gunicorn, wait_for_port
 
 pytestmark = pytest.mark.engine("sqlite")  # the examples speak HTTP; the engine is not theirs to test
@@ -143,14 +144,14 @@ def examples() -> dict[str, str]:
 def live_admin(env, admin_store, world):
     """start(**env) -> (url, API token, game id, gunicorn): the admin API under gunicorn on 127.0.0.1
     with a web-tier token, its access log on stdout."""
-    _, token = ops.add_api_token(admin_store, ops.Context(actor="cli:test"), "web-tier",
+    _, token = api_tokens.add_api_token(admin_store, Context(actor="cli:test"), "web-tier",
                                  ["players:write", "tokens:mint"])
     servers = []
 
     def start(**extra_env):
         port = free_port()
         servers.append(start_gunicorn(env | extra_env, "--access-logfile", "-", port=port,
-                                      app="authsvc.admin.wsgi:application", workers=1))
+                                      app="authsvc.api.wsgi:application", workers=1))
         wait_for_port(port)
         return f"http://127.0.0.1:{port}", token, world.game_id, servers[-1]
 

@@ -1,4 +1,4 @@
-"""The admin API under real gunicorn (authsvc.admin.wsgi:application), beside the game-facing service
+"""The admin API under real gunicorn (authsvc.api.wsgi:application), beside the game-facing service
 under its own gunicorn, on one store: signup, mint, authenticate, revoke, and the revocation promise
 (docs/admin-api.md, "The revocation promise"): after ``effective_by`` the old token is refused,
 also when the revoke is issued while a sync of many batches is writing.
@@ -20,7 +20,8 @@ import urllib.parse
 
 import pytest
 
-from authsvc.admin import operations as ops
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from tests.support import (
     INVALID,
     PATH,
@@ -75,7 +76,7 @@ def wait_for_unix(path: str, proc, timeout: float = 15.0) -> None:
 
 @pytest.mark.parametrize("listener", ["unix", "tcp"])
 def test_signup_mint_authenticate_revoke_refused_after_effective_by(listener, env, admin_store, world, tmp_path):
-    _, token = ops.add_api_token(admin_store, ops.Context(actor="cli:test"), "web-tier",
+    _, token = api_tokens.add_api_token(admin_store, Context(actor="cli:test"), "web-tier",
                                  ["players:write", "tokens:mint"])
     web_env = env | {"AUTHSVC_MAX_STALENESS": "1"}
     web_port = free_port()
@@ -93,7 +94,7 @@ def test_signup_mint_authenticate_revoke_refused_after_effective_by(listener, en
             return http.client.HTTPConnection("127.0.0.1", admin_port, timeout=10)
 
     admin = start_gunicorn(env | {"AUTHSVC_MAX_STALENESS": "1"}, "--access-logfile", "-", bind=bind,
-                           app="authsvc.admin.wsgi:application", workers=1)
+                           app="authsvc.api.wsgi:application", workers=1)
     web = start_gunicorn(web_env, port=web_port, workers=2)
     try:
         if listener == "unix":
@@ -158,9 +159,9 @@ def test_a_revoke_issued_during_a_sync_takes_effect_by_effective_by(env, admin_s
     """The promise under write load: while a sync writes 50 batches of 1,000 players, a revoke still
     stops the old token by its effective_by on every game-facing worker (each of which holds a read
     snapshot of up to 1 s on SQLite), a token minted after it works, and the sync loses nothing."""
-    ctx = ops.Context(actor="cli:test")
-    _, token = ops.add_api_token(admin_store, ctx, "web-tier", ["players:write", "tokens:mint"])
-    _, sync_token = ops.add_api_token(admin_store, ctx, "sync", ["players:write"])  # its own rate bucket
+    ctx = Context(actor="cli:test")
+    _, token = api_tokens.add_api_token(admin_store, ctx, "web-tier", ["players:write", "tokens:mint"])
+    _, sync_token = api_tokens.add_api_token(admin_store, ctx, "sync", ["players:write"])  # its own rate bucket
     admin_port, web_port = free_port(), free_port()
     metrics_dir = tmp_path / "metrics"  # where each web worker counts its answers: tells them apart
     metrics_dir.mkdir()
@@ -170,7 +171,7 @@ def test_a_revoke_issued_during_a_sync_takes_effect_by_effective_by(env, admin_s
 
     # Two admin workers, so the revoke is served beside a batch, not queued behind it.
     admin = start_gunicorn(env | {"AUTHSVC_MAX_STALENESS": "1"}, port=admin_port,
-                           app="authsvc.admin.wsgi:application", workers=2)
+                           app="authsvc.api.wsgi:application", workers=2)
     web = start_gunicorn(env | {"AUTHSVC_MAX_STALENESS": "1", "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
                          port=web_port, workers=2)
     paused, go, answers, failure = threading.Event(), threading.Event(), [], []
@@ -221,7 +222,7 @@ def test_a_revoke_issued_during_a_sync_takes_effect_by_effective_by(env, admin_s
 @pytest.mark.engine("sqlite")
 def test_the_admin_entry_refuses_to_start_on_a_store_that_is_not_migrated(env, tmp_path):
     proc = start_gunicorn(env | {"AUTHSVC_STORE": "sqlite://" + str(tmp_path / "none.db")},
-                          port=free_port(), app="authsvc.admin.wsgi:application", workers=1, preload=True)
+                          port=free_port(), app="authsvc.api.wsgi:application", workers=1, preload=True)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert "authsvc-admin: error:" in err and "Traceback" not in err

@@ -14,8 +14,10 @@ import time
 import pytest
 import webtest
 
-from authsvc.admin import operations as ops
-from authsvc.admin.api import AdminApp
+from authsvc.api.app import AdminApp
+from authsvc.operations import api_tokens
+from authsvc.operations import players as players_ops
+from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store.audit import canonical
 from tests.support import audit_rows, problem, store_sql
@@ -113,7 +115,7 @@ def test_a_dictionary_tried_against_the_batch_records_digest_finds_no_name(admin
     digests = shown()
     assert digests, "the record shows a digest of the body"
     assert tried(digests) == []
-    ops.delete_player(world.store, ops.Context(actor="cli:test"), 77)
+    players_ops.delete_player(world.store, Context(actor="cli:test"), 77)
     assert tried(shown()) == []
 
 
@@ -134,7 +136,7 @@ def test_a_batch_stamps_the_rows_it_writes_with_its_record_time_and_leaves_the_o
     stamped = {n: world.store.get_player(n).updated_at_ms for n in (1, 7, 8)}
     assert stamped == {1: record.at_ms, 7: record.at_ms, 8: hal} and record.at_ms > hal
     got = app.get("/v1/players/7", headers=make_token("reader", ["players:read"])[0]).json
-    assert got["updated_at"] == ops.updated_at(world.store.get_player(7))
+    assert got["updated_at"] == players_ops.updated_at(world.store.get_player(7))
 
 
 def test_a_dry_run_answers_what_would_change_and_writes_nothing(admin, world, store_url):
@@ -224,8 +226,8 @@ def test_over_its_rate_a_token_gets_429_with_retry_after_and_other_tokens_do_not
     # One request per 1,000 s after a burst of 2: the third request is over, however slow the machine.
     app = webtest.TestApp(AdminApp(dataclasses.replace(settings, admin_rate=0.001, admin_burst=2)), lint=True)
     try:
-        _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), "busy", ["players:read"])
-        _, calm = ops.add_api_token(world.store, ops.Context(actor="cli:test"), "calm", ["players:read"])
+        _, token = api_tokens.add_api_token(world.store, Context(actor="cli:test"), "busy", ["players:read"])
+        _, calm = api_tokens.add_api_token(world.store, Context(actor="cli:test"), "calm", ["players:read"])
         busy = {"Authorization": f"Bearer {token}"}
         assert app.get("/v1/players/4242", headers=busy).status_int == 200
         assert app.get("/v1/players/4242", headers=busy).status_int == 200

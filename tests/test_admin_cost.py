@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin import operations as ops
-from authsvc.admin.ratelimit import RateLimit
+from authsvc.api.ratelimit import RateLimit
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from harness.hostile_bodies import costliest_batch
@@ -136,13 +137,13 @@ def _serve(root: Path, workers: str | None = None) -> Service:
     store = open_store(settings.store, readonly=False, settings=settings)
     store.migrate()
     store.add_player(7, "patient")
-    tokens = {name: ops.add_api_token(store, ops.Context(actor="cli:test"), name,
+    tokens = {name: api_tokens.add_api_token(store, Context(actor="cli:test"), name,
                                       ["players:read", "players:write"])[1] for name in ("cost", "other")}
     store.close()
     port = free_port()
     log = root / "gunicorn.log"
     with log.open("wb") as out:
-        proc = start_gunicorn(env, "--graceful-timeout", "5", port=port, app="authsvc.admin.wsgi:application",
+        proc = start_gunicorn(env, "--graceful-timeout", "5", port=port, app="authsvc.api.wsgi:application",
                               workers=None, config=CONF, inherit_env=False, cwd=root, stdout=out, stderr=out)
     wait_for_port(port)
     return Service(proc, port, tokens, log)

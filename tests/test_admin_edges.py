@@ -16,7 +16,8 @@ import re
 
 import pytest
 
-from authsvc.admin import operations as ops
+from authsvc.operations import players as players_ops
+from authsvc.operations.context import Context, admin_store
 from tests.support import problem, store_sql
 
 
@@ -57,7 +58,7 @@ def test_if_match_compares_strongly_a_weak_tag_never_matches(admin, world, store
 
 
 def test_conditions_are_read_as_rfc_9110_writes_them():
-    from authsvc.admin.put_player import Condition, condition
+    from authsvc.operations.conditions import Condition, condition
 
     assert condition("If-Match", None) is None
     assert condition("If-Match", " * ") == Condition("If-Match", (), any=True)
@@ -104,10 +105,10 @@ def test_two_create_only_signups_of_one_id_at_once_one_201_one_412(world, settin
     never renames it; 20 such pairs."""
     import threading
 
-    from authsvc.admin.put_player import condition
     from authsvc.errors import PreconditionFailed
+    from authsvc.operations.conditions import condition
 
-    stores = [ops.admin_store(settings).__enter__() for _ in range(2)]
+    stores = [admin_store(settings).__enter__() for _ in range(2)]
     results: list = []
     try:
         for user_id in range(5000, 5020):
@@ -116,7 +117,7 @@ def test_two_create_only_signups_of_one_id_at_once_one_201_one_412(world, settin
             def signup(store, name, user_id=user_id, gate=gate):
                 gate.wait(5)
                 try:
-                    ops.put_player(store, ops.Context(actor="api:web"), user_id, name,
+                    players_ops.put_player(store, Context(actor="api:web"), user_id, name,
                                    if_none_match=condition("If-None-Match", "*"))
                     results.append("created")
                 except PreconditionFailed:
@@ -196,7 +197,7 @@ def test_a_body_of_more_values_than_the_reader_takes_is_413(admin, world):
 
 
 def test_the_shape_is_counted_without_what_strings_hold():
-    from authsvc.admin.body import check_shape
+    from authsvc.api.body import check_shape
     from authsvc.errors import BadRequest, PayloadTooLarge
 
     check_shape(b'{"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[", "b": "\\\\", "c": "\\"["}')

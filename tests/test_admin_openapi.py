@@ -31,10 +31,11 @@ from openapi_spec_validator import validate
 from schemathesis.core.parameters import ParameterLocation
 
 from authsvc import release
-from authsvc.admin import operations as ops
-from authsvc.admin.api import AdminApp
+from authsvc.api.app import AdminApp
 from authsvc.errors import Invalid
 from authsvc.names import HIDDEN_CATEGORIES, MAX_GAME_NAME, check_game_name, check_username
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, new_api_key
@@ -68,7 +69,7 @@ def test_the_document_is_valid_openapi_3_1():
 
 def test_every_route_is_described_with_its_scope():
     """Each operation of the document names the scope routes.py asks for, and each route is in it."""
-    from authsvc.admin import routes
+    from authsvc.api import routes
 
     document = _document()
     implemented = {}
@@ -117,7 +118,7 @@ class Live:
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def live(request, tmp_path_factory):
-    """A real gunicorn serving authsvc.admin.wsgi:application over TCP loopback, on a migrated store
+    """A real gunicorn serving authsvc.api.wsgi:application over TCP loopback, on a migrated store
     (each engine: a value one engine cannot hold is found on that one) holding a game, a player and
     an API token with every scope."""
     root = tmp_path_factory.mktemp("admin-openapi")
@@ -137,12 +138,12 @@ def live(request, tmp_path_factory):
     store.migrate()
     game = store.add_game("Chess", api_key_digest(new_api_key()), int(time.time()))
     store.add_player(1001, "demo_player")
-    _, token = ops.add_api_token(store, ops.Context(actor="cli:test"), "schemathesis", ALL_SCOPES, None)
+    _, token = api_tokens.add_api_token(store, Context(actor="cli:test"), "schemathesis", ALL_SCOPES, None)
     store.close()
     port = free_port()
     log_path = root / "gunicorn.log"
     proc = serve_gunicorn(env, "--graceful-timeout", "5", "--access-logfile", "-", port=port, log_path=log_path,
-                          app="authsvc.admin.wsgi:application", workers=2)
+                          app="authsvc.api.wsgi:application", workers=2)
     yield Live(f"http://127.0.0.1:{port}", token, game.id, 1001, settings)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=20)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin import operations as ops
-from authsvc.admin import routes
+from authsvc.api import routes
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, new_api_key
@@ -95,14 +96,14 @@ def world(tmp_path_factory) -> World:
     store.migrate()
     game = store.add_game("Chess", api_key_digest(new_api_key()), int(time.time()))
     store.add_player(USER_ID, "logged_player")
-    _, token = ops.add_api_token(store, ops.Context(actor="cli:test"), "serving", ALL_SCOPES, None)
+    _, token = api_tokens.add_api_token(store, Context(actor="cli:test"), "serving", ALL_SCOPES, None)
     store.close()
     return World(env, root, token, game.id)
 
 
 @pytest.fixture(scope="module", params=["sync", "gthread"])
 def admin(request, world):
-    service = _serve(world.env, world.root, "authsvc.admin.wsgi:application", request.param)
+    service = _serve(world.env, world.root, "authsvc.api.wsgi:application", request.param)
     yield service
     output = service.stop()
     assert "Traceback" not in output, output

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin import operations as ops
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from tests.support import free_port, start_gunicorn
@@ -94,7 +95,7 @@ def admin(request, tmp_path_factory):
     store = open_store(settings.store, readonly=False, settings=settings)
     store.migrate()
     store.add_player(7, "patient")
-    _, token = ops.add_api_token(store, ops.Context(actor="cli:test"), "web-tier", ["players:read"])
+    _, token = api_tokens.add_api_token(store, Context(actor="cli:test"), "web-tier", ["players:read"])
     store.close()
     if request.param == "unix":
         address: str | tuple[str, int] = str(root / "admin.sock")
@@ -103,7 +104,7 @@ def admin(request, tmp_path_factory):
         address = ("127.0.0.1", free_port())
         bind = f"127.0.0.1:{address[1]}"
     log = (root / "gunicorn.log").open("wb")
-    proc = start_gunicorn(env, "--graceful-timeout", "5", bind=bind, app="authsvc.admin.wsgi:application",
+    proc = start_gunicorn(env, "--graceful-timeout", "5", bind=bind, app="authsvc.api.wsgi:application",
                           workers=None, config=CONF, inherit_env=False, cwd=root, stdout=log, stderr=log)
     service = Admin(proc, address, token)
     deadline = time.monotonic() + 15

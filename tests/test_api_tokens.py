@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import webtest
 
-from authsvc.admin import api_tokens
-from authsvc.admin import command as cli
-from authsvc.admin import operations as ops
-from authsvc.admin.api import AdminApp
+from authsvc.api.app import AdminApp
+from authsvc.cli import command as cli
 from authsvc.errors import Conflict, Invalid, NotFound
+from authsvc.operations import api_tokens
+from authsvc.operations import api_tokens as api_tokens_ops
+from authsvc.operations.context import Context, admin_store, command_context
 from authsvc.settings import Settings
 from tests.support import init_as_owner, store_sql
 
@@ -75,18 +76,18 @@ def test_revoked_expired_unknown_and_malformed_tokens_stand_for_nothing(run, set
     live = json.loads(out)["token"]
     _, out, _ = run("api-token", "add", "gone", "--scope", "players:read", "--json")
     gone = json.loads(out)["token"]
-    with ops.admin_store(settings) as store:
-        now = ops.command_context().now()
-        assert ops.api_token_for(store, live, now).name == "live"
-        assert ops.api_token_for(store, live, now + 60) is None  # expired
-        assert ops.api_token_for(store, gone, now).name == "gone"
-        assert ops.api_token_for(store, api_tokens.new_token(), now) is None  # unknown
-        assert ops.api_token_for(store, live + "x", now) is None  # malformed
-        assert ops.api_token_for(store, api_tokens.digest(live), now) is None  # the digest is no token
+    with admin_store(settings) as store:
+        now = command_context().now()
+        assert api_tokens_ops.api_token_for(store, live, now).name == "live"
+        assert api_tokens_ops.api_token_for(store, live, now + 60) is None  # expired
+        assert api_tokens_ops.api_token_for(store, gone, now).name == "gone"
+        assert api_tokens_ops.api_token_for(store, api_tokens.new_token(), now) is None  # unknown
+        assert api_tokens_ops.api_token_for(store, live + "x", now) is None  # malformed
+        assert api_tokens_ops.api_token_for(store, api_tokens.digest(live), now) is None  # the digest is no token
     assert run("api-token", "revoke", "gone")[0] == 0
     assert run("api-token", "revoke", "gone")[0] == 0  # once more: no change
-    with ops.admin_store(settings) as store:
-        assert ops.api_token_for(store, gone, ops.command_context().now()) is None
+    with admin_store(settings) as store:
+        assert api_tokens_ops.api_token_for(store, gone, command_context().now()) is None
 
 
 def test_add_and_revoke_are_audited_without_the_token_or_its_digest(run, store_url):
@@ -104,15 +105,15 @@ def test_add_and_revoke_are_audited_without_the_token_or_its_digest(run, store_u
 
 
 def test_operations_raise_typed_errors(run, settings):
-    ctx = ops.Context(actor="api:test")
-    with ops.admin_store(settings) as store:
-        ops.add_api_token(store, ctx, "x", ["audit:read"])
+    ctx = Context(actor="api:test")
+    with admin_store(settings) as store:
+        api_tokens_ops.add_api_token(store, ctx, "x", ["audit:read"])
         with pytest.raises(Conflict):
-            ops.add_api_token(store, ctx, "x", ["audit:read"])
+            api_tokens_ops.add_api_token(store, ctx, "x", ["audit:read"])
         with pytest.raises(Invalid):
-            ops.add_api_token(store, ctx, "y", ["audit:write"])
+            api_tokens_ops.add_api_token(store, ctx, "y", ["audit:write"])
         with pytest.raises(NotFound):
-            ops.revoke_api_token(store, ctx, "y")
+            api_tokens_ops.revoke_api_token(store, ctx, "y")
 
 
 @pytest.mark.engine("postgresql")
@@ -127,7 +128,7 @@ def test_the_admin_role_manages_tokens_and_the_web_role_cannot_read_them(own_pg,
     settings = Settings.from_env()
     app = AdminApp(settings)
     try:
-        _, token = ops.add_api_token(app.store, ops.Context(actor="cli:test"), "api", list(api_tokens.SCOPES))
+        _, token = api_tokens_ops.add_api_token(app.store, Context(actor="cli:test"), "api", list(api_tokens.SCOPES))
         client = webtest.TestApp(app, lint=True)
         headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "k1"}
         assert client.put_json("/v1/players/5", {"username": "bob"}, headers=headers).status_int == 201

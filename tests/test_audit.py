@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin import command as cli
+from authsvc.cli import command as cli
 from authsvc.settings import admin_actor
 from authsvc.store.audit import COLUMNS, GENESIS, Record, record_hash
 from tests.support import init_as_owner, store_sql
@@ -204,7 +204,7 @@ def test_an_import_killed_half_way_leaves_neither_players_nor_a_record(world, st
         f.writelines(f"{n},player{n}\n" for n in range(1000, 1_501_000))
     before = records(store_url)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "authsvc.admin.command", "player", "import", str(big)],
+        [sys.executable, "-m", "authsvc.cli.command", "player", "import", str(big)],
         env={**os.environ, **env, "SUDO_USER": "alice"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     path = store_url.removeprefix("sqlite://")
@@ -402,33 +402,35 @@ def test_the_admin_role_may_only_read_and_append_and_the_web_role_not_read(own_p
 
 
 def test_operations_raise_typed_errors_and_record_the_context(world, store_url, settings):
-    from authsvc.admin import operations as ops
     from authsvc.errors import Conflict, Error, Invalid, NotFound
+    from authsvc.operations import games as games_ops
+    from authsvc.operations import players as players_ops
+    from authsvc.operations.context import Context, admin_store
 
-    ctx = ops.Context(actor="api:provisioning", request_id="req-7", clock=lambda: 1_800_000_000.25)
-    with ops.admin_store(settings) as store:
+    ctx = Context(actor="api:provisioning", request_id="req-7", clock=lambda: 1_800_000_000.25)
+    with admin_store(settings) as store:
         for call, error in [
-            (lambda: ops.revoke_player(store, ctx, 999), NotFound),
-            (lambda: ops.set_game_enabled(store, ctx, 999, False), NotFound),
-            (lambda: ops.add_player(store, ctx, 42, "x"), Conflict),
-            (lambda: ops.add_game(store, ctx, "Chess"), Conflict),
-            (lambda: ops.add_player(store, ctx, 0, "x"), Invalid),
-            (lambda: ops.add_player(store, ctx, 2**63, "x"), Invalid),
-            (lambda: ops.rename_player(store, ctx, 42, "a\u200bb"), Invalid),
-            (lambda: ops.rotate_game_key(store, ctx, 1, -1), Invalid),
-            (lambda: ops.import_players(store, ctx, b"1,ok\nx,bad\n"), Invalid),
+            (lambda: players_ops.revoke_player(store, ctx, 999), NotFound),
+            (lambda: games_ops.set_game_enabled(store, ctx, 999, False), NotFound),
+            (lambda: players_ops.add_player(store, ctx, 42, "x"), Conflict),
+            (lambda: games_ops.add_game(store, ctx, "Chess"), Conflict),
+            (lambda: players_ops.add_player(store, ctx, 0, "x"), Invalid),
+            (lambda: players_ops.add_player(store, ctx, 2**63, "x"), Invalid),
+            (lambda: players_ops.rename_player(store, ctx, 42, "a\u200bb"), Invalid),
+            (lambda: games_ops.rotate_game_key(store, ctx, 1, -1), Invalid),
+            (lambda: players_ops.import_players(store, ctx, b"1,ok\nx,bad\n"), Invalid),
         ]:
             with pytest.raises(error) as raised:
                 call()
             assert isinstance(raised.value, Error)  # the command prints it in one line, exit 1
         start = head(store_url)
-        assert ops.revoke_player(store, ctx, 42) == 1
+        assert players_ops.revoke_player(store, ctx, 42) == 1
     (record,) = new_records(store_url, start)
     assert (record.actor, record.request_id, record.at_ms) == ("api:provisioning", "req-7", 1_800_000_000_250)
     with pytest.raises(Invalid):
-        ops.Context(actor="api:x\n")
+        Context(actor="api:x\n")
     with pytest.raises(Invalid):
-        ops.Context(actor="api:x", request_id="r" * 201)
+        Context(actor="api:x", request_id="r" * 201)
 
 
 @pytest.mark.engine("sqlite")
@@ -453,17 +455,18 @@ def test_concurrent_writers_append_one_unbroken_chain(world, store_url, settings
     changing players at once leave contiguous ids, each record linked to the one before."""
     import threading
 
-    from authsvc.admin import operations as ops
+    from authsvc.operations import players as players_ops
+    from authsvc.operations.context import Context, admin_store
 
     world("player", "add", "43", "dave")
     errors = []
 
     def writer(user_id: int, actor: str) -> None:
         try:
-            ctx = ops.Context(actor=actor)
-            with ops.admin_store(settings) as store:
+            ctx = Context(actor=actor)
+            with admin_store(settings) as store:
                 for _ in range(25):
-                    ops.revoke_player(store, ctx, user_id)
+                    players_ops.revoke_player(store, ctx, user_id)
         except Exception as e:  # noqa: BLE001 - reported below with its type
             errors.append(repr(e))
 

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin import operations as ops
 from authsvc.errors import Invalid
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.store.audit import COLUMNS, Record, canonical, record_hash
@@ -43,7 +44,7 @@ def heads(tmp_path) -> Path:
 def run(command_as_alice, monkeypatch, tmp_path, heads):
     """The admin command, with no journal socket: its head lines go to stderr, kept in ``heads``
     (as `journalctl -o cat` would give them)."""
-    monkeypatch.setattr("authsvc.admin.audit.JOURNAL_SOCKET", str(tmp_path / "no-journal"), raising=False)
+    monkeypatch.setattr("authsvc.cli.audit_cmd.JOURNAL_SOCKET", str(tmp_path / "no-journal"), raising=False)
 
     def run(*argv):
         code, out, err = command_as_alice(*argv)
@@ -150,7 +151,7 @@ def test_the_command_sends_its_head_line_to_the_journal_where_there_is_one(world
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as journal:
         journal.bind(path)
         journal.settimeout(5)
-        monkeypatch.setattr("authsvc.admin.audit.JOURNAL_SOCKET", path)
+        monkeypatch.setattr("authsvc.cli.audit_cmd.JOURNAL_SOCKET", path)
         code, _, err = world("player", "revoke", "42")
         assert code == 0 and err == ""
         (record,) = records(store_url)[4:]
@@ -267,12 +268,12 @@ def test_the_admin_api_logs_each_head_to_its_journal_even_at_warning(store_url, 
     settings = Settings.from_env(env)
     store = open_store(settings.store, readonly=False, settings=settings)
     store.migrate()
-    _, token = ops.add_api_token(store, ops.Context(actor="cli:test"), "web-tier", ["players:read", "players:write"], None)
+    _, token = api_tokens.add_api_token(store, Context(actor="cli:test"), "web-tier", ["players:read", "players:write"], None)
     store.close()
     port, log = free_port(), tmp_path / "gunicorn.log"
     clean = {k: v for k, v in os.environ.items() if not k.startswith("AUTHSVC_")}
     proc = serve_gunicorn({**clean, **env, "AUTHSVC_WORKERS": "1", "AUTHSVC_LOG_LEVEL": "WARNING"},
-                          "--graceful-timeout", "5", port=port, log_path=log, app="authsvc.admin.wsgi:application",
+                          "--graceful-timeout", "5", port=port, log_path=log, app="authsvc.api.wsgi:application",
                           workers=None, config=CONF, inherit_env=False, cwd=tmp_path)
     try:
         for method, path, body in (("PUT", "/v1/players/777", {"username": "newbie"}),

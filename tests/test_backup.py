@@ -39,7 +39,7 @@ def env(tmp_path):
 
 
 def _authsvc(env: dict, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "authsvc.admin.command", *args], env=env,
+    done = subprocess.run([sys.executable, "-m", "authsvc.cli.command", *args], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -77,7 +77,7 @@ def test_backup_refuses_an_existing_target(tmp_path, env):
     _authsvc(env, "init")
     target = tmp_path / "taken.db"
     target.write_bytes(b"keep me")
-    done = subprocess.run([sys.executable, "-m", "authsvc.admin.command", "backup", str(target)], env=env,
+    done = subprocess.run([sys.executable, "-m", "authsvc.cli.command", "backup", str(target)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stderr.count("\n") == 1 and "exists" in done.stderr
     assert target.read_bytes() == b"keep me"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin.deploy import REQUESTS_PER_WORKER
+from authsvc.deployment import REQUESTS_PER_WORKER
 from benchmarks import bare, bench
 from benchmarks.bench.sections import SECTIONS, storm
 from tests.support import skip_or_fail

@@ -1,4 +1,4 @@
-"""authsvc/admin/check.py, the `authsvc check` post-install checker, piece by piece.
+"""authsvc/cli/check.py, the `authsvc check` post-install checker, piece by piece.
 
 The whole command against the real nginx + gunicorn stack is in
 tests/test_deploy.py; here each part is checked on its own, against the real
@@ -14,7 +14,7 @@ import wsgiref.simple_server
 
 import pytest
 
-from authsvc.admin import check
+from authsvc.cli import check
 from authsvc.errors import NotFound
 from authsvc.web.app import make_app
 
@@ -210,7 +210,7 @@ def test_a_changed_token_and_key_keep_their_shape():
 def test_a_secret_on_the_command_line_is_refused_and_never_repeated(capsys, tmp_path, option):
     """`--api-key SECRET` would otherwise be read as `--api-key-file SECRET` (an abbreviation),
     and the "cannot read file" error would print the secret."""
-    from authsvc.admin.command import build_parser
+    from authsvc.cli.command import build_parser
 
     secret = "0f6c2b9e-5d4a-4e7f-9c3b-1a2d3e4f5a6b"
     with pytest.raises(SystemExit) as exit_info:
@@ -229,7 +229,7 @@ def test_the_command_names_its_release_after_the_verdict(world, serve, env, tmp_
     import tomllib
     from pathlib import Path
 
-    from authsvc.admin.command import main
+    from authsvc.cli.command import main
 
     version = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]["version"]
     for name, value in env.items():

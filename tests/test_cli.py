@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from authsvc.admin import command as cli
+from authsvc.cli import command as cli
 from authsvc.store import open_store
 from authsvc.store.base import Player
 from authsvc.tokens import mint_token

@@ -316,13 +316,14 @@ def test_retention_deletes_old_finished_deliveries_and_unneeded_events_and_keeps
 
 def test_retention_deletes_a_removed_webhook_s_row_once_none_of_its_deliveries_is_left(
         admin_store, store_url, receiver, deliverer, clock):
-    from authsvc.admin import operations as ops
+    from authsvc.operations import webhooks as webhooks_ops
+    from authsvc.operations.context import Context
 
     hook = add_webhook(store_url, receiver.url(), EVENTS, SECRET)
     kept = add_webhook(store_url, receiver.url("/other"), EVENTS, SECRET)
     admin_store.add_player(7, "bob")
     rounds(deliverer)
-    ops.remove_webhook(admin_store, ops.Context(actor="cli:test"), hook)
+    webhooks_ops.remove_webhook(admin_store, Context(actor="cli:test"), hook)
     clock.ahead = 3 * 24 * HOUR_MS
     deliverer.prune()
     assert [row[0] for row in store_sql(store_url, "SELECT id FROM webhooks ORDER BY id")] == [hook, kept]
@@ -417,8 +418,9 @@ def test_after_an_outage_a_webhook_s_pending_and_failed_deliveries_are_sent_now(
     both, though the wait has not run out; audited as the single retry."""
     import webtest
 
-    from authsvc.admin import operations as ops
-    from authsvc.admin.api import AdminApp
+    from authsvc.api.app import AdminApp
+    from authsvc.operations import api_tokens
+    from authsvc.operations.context import Context
 
     receiver.answer = lambda headers, body: 503
     webhook = add_webhook(store_url, receiver.url(), EVENTS, SECRET)
@@ -431,7 +433,7 @@ def test_after_an_outage_a_webhook_s_pending_and_failed_deliveries_are_sent_now(
     rounds(deliverer)
     assert len(receiver.requests) == 2  # nothing due: the retry's wait, and a failed one is not sent
     if door == "api":
-        _, token = ops.add_api_token(admin_store, ops.Context(actor="cli:test"), "ops", ["webhooks:write"])
+        _, token = api_tokens.add_api_token(admin_store, Context(actor="cli:test"), "ops", ["webhooks:write"])
         app = AdminApp(settings)
         try:
             client = webtest.TestApp(app, lint=True)

@@ -31,7 +31,7 @@ RENAMES = 20
 def start(env: dict, port: int, log, *more_ports: int, **settings: str) -> subprocess.Popen:
     allow = ",".join(f"127.0.0.1:{p}" for p in (port, *more_ports))
     return subprocess.Popen(
-        [sys.executable, "-m", "authsvc.admin.command", "deliver"],
+        [sys.executable, "-m", "authsvc.cli.command", "deliver"],
         env={**os.environ, **env, "AUTHSVC_WEBHOOK_ALLOW_HOSTS": allow, "AUTHSVC_DELIVER_CONCURRENCY": "4", **settings},
         stdout=log, stderr=subprocess.STDOUT,
     )

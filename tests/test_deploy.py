@@ -358,7 +358,7 @@ def test_rate_limit_per_client_address_answers_429_json(stack):
 
 def _check_cmd(stack, key_file, *extra):
     return [
-        sys.executable, "-m", "authsvc.admin.command", "check",
+        sys.executable, "-m", "authsvc.cli.command", "check",
         "--base-url", f"https://{API_HOST}:{stack.https_port}",
         "--base-url", f"http://{LEGACY_HOST}:{stack.http_port}",
         "--resolve", f"{API_HOST}:{stack.https_port}:127.0.0.1",
@@ -396,7 +396,7 @@ def test_authsvc_check_fails_on_mismatch_without_showing_secrets(stack, tmp_path
         assert secret not in done.stdout + done.stderr
     # An unreachable URL is a failure too, not a crash.
     closed = subprocess.run(
-        [sys.executable, "-m", "authsvc.admin.command", "check", "--base-url", "http://127.0.0.1:9",
+        [sys.executable, "-m", "authsvc.cli.command", "check", "--base-url", "http://127.0.0.1:9",
          "--game-id", str(stack.game_id), "--user-id", str(stack.user_id), "--api-key-file", str(key_file)],
         env=stack.env, capture_output=True, text=True, timeout=60,
     )
@@ -430,13 +430,13 @@ def test_backup_while_serving_as_documented(stack, tmp_path):
     """docs/operations.md section 8: `authsvc backup` while gunicorn reads the store; the copy is in WAL mode."""
     copy = tmp_path / "backup.db"
     assert "sudo authsvc backup /var/backups/authsvc-$(date +%F).db" in DOCS.read_text()
-    done = subprocess.run([sys.executable, "-m", "authsvc.admin.command", "backup", str(copy)], env=stack.env,
+    done = subprocess.run([sys.executable, "-m", "authsvc.cli.command", "backup", str(copy)], env=stack.env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert copy.read_bytes()[18:20] == b"\x02\x02"  # WAL mode, read from the file header
     assert stack.request("https", stack.api_query()).json()["success"] is True
     env = {**stack.env, "AUTHSVC_STORE": f"sqlite://{copy}"}
-    games = subprocess.run([sys.executable, "-m", "authsvc.admin.command", "game", "list", "--json"],
+    games = subprocess.run([sys.executable, "-m", "authsvc.cli.command", "game", "list", "--json"],
                            env=env, capture_output=True, text=True, timeout=60)
     assert [g["name"] for g in json.loads(games.stdout)["games"]] == ["Chess", "Go"]
 
@@ -647,7 +647,7 @@ def test_unreadable_store_is_a_503_from_the_app_logged_without_the_query(own_sta
     gunicorn's error log."""
     stack = own_stack
     assert stack.request("https", stack.api_query()).status == 200
-    subprocess.run([sys.executable, "-m", "authsvc.admin.command", "player", "add", "9001", "bob"],
+    subprocess.run([sys.executable, "-m", "authsvc.cli.command", "player", "add", "9001", "bob"],
                    env=stack.env, check=True, capture_output=True, timeout=60)  # new WAL frames: readers re-read
     store = stack.env["AUTHSVC_STORE"].removeprefix("sqlite://")
     fd = os.open(store, os.O_WRONLY)

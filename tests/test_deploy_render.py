@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin.deploy import PLACEHOLDER, RenderError, main, render_text, render_tree
+from authsvc.deployment import PLACEHOLDER, RenderError, main, render_text, render_tree
 from authsvc.serving.redact import RedactFilter, redact
 from authsvc.settings import Settings
 
@@ -266,7 +266,7 @@ def _max_conns(rendered: Path) -> dict[str, list[str]]:
 def test_upstream_max_conns_is_per_worker_and_never_limits_monitoring(rendered, tmp_path):
     """A login storm is shed past REQUESTS_PER_WORKER x the workers per app host (docs/operations.md,
     "Login storms"); probes and scrapes go through their own upstream, never limited."""
-    from authsvc.admin.deploy import REQUESTS_PER_WORKER
+    from authsvc.deployment import REQUESTS_PER_WORKER
 
     cpus = os.cpu_count() or 1
     assert _max_conns(rendered) == {"authsvc_app": [str(REQUESTS_PER_WORKER * cpus)], "authsvc_monitor": [""]}
@@ -286,6 +286,6 @@ def test_upstream_max_conns_is_per_worker_and_never_limits_monitoring(rendered, 
 def test_the_burst_let_through_at_once_is_never_zero():
     """nginx refuses "delay=0": an app host of one slot (UPSTREAM_MAX_CONNS=1) must still render a
     site nginx loads."""
-    from authsvc.admin.deploy import values_with_defaults
+    from authsvc.deployment import values_with_defaults
 
     assert values_with_defaults({"UPSTREAM_MAX_CONNS": "1"})["RATE_DELAY"] == "1"

@@ -13,7 +13,7 @@ sends an operator to an error. So, over the files git tracks:
   code and docs mostly use) or by number (``BENCHMARKS.md section 8``) is a
   heading, or a bold paragraph lead (``**Clocks.**``), of that document;
 - each ``authsvc ...`` command in inline code or a fenced block of a Markdown
-  file names subcommands and long options that ``authsvc.admin.command.build_parser``
+  file names subcommands and long options that ``authsvc.cli.command.build_parser``
   knows (positional values are placeholders and are not checked).
 """
 
@@ -31,7 +31,7 @@ import urllib.parse
 
 import pytest
 
-from authsvc.admin import command as cli
+from authsvc.cli import command as cli
 from tests.support import skip_or_fail
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

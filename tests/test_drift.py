@@ -6,7 +6,7 @@ import argparse
 import pathlib
 import re
 
-from authsvc.admin import command as cli
+from authsvc.cli import command as cli
 from authsvc.store import base
 from authsvc.store.sqlite.store import SQLiteStore
 

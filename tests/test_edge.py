@@ -473,7 +473,7 @@ def test_the_per_address_limits_key_ipv6_clients_by_their_64(tmp_path):
     from harness.processes import nginx_main_conf, start_nginx
 
     rendered = tmp_path / "deploy"
-    subprocess.run([sys.executable, "-m", "authsvc.admin.deploy", str(REPO / "deploy" / "nginx"), str(rendered),
+    subprocess.run([sys.executable, "-m", "authsvc.deployment", str(REPO / "deploy" / "nginx"), str(rendered),
                     "--set", "API_HOST=a.test", "--set", "LEGACY_HOST=b.test"], check=True, capture_output=True)
     port = free_port()
     (tmp_path / "logs").mkdir()

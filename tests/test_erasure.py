@@ -23,13 +23,15 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin import operations as ops
+from authsvc.operations import players as players_ops
+from authsvc.operations import webhooks
+from authsvc.operations.context import Context
 from authsvc.store import audit as trail
 from authsvc.tokens import mint_token
 from tests.support import PATH, free_port, init_as_owner, problem, start_gunicorn, store_sql, wait_for_port
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
-CTX = ops.Context(actor="cli:test")
+CTX = Context(actor="cli:test")
 
 
 def actions(store_url: str, user_id: int) -> list[str]:
@@ -108,7 +110,7 @@ def test_old_tokens_are_refused_and_a_recreated_id_never_revives_one(admin, worl
     tokens = []
     for _ in range(2):
         tokens.append(world.token())
-        ops.revoke_player(world.store, CTX, world.user_id)
+        players_ops.revoke_player(world.store, CTX, world.user_id)
     tokens.append(world.token())
     assert authenticates(tokens[-1]) and not authenticates(tokens[0])
     epoch = world.store.get_player(world.user_id).epoch
@@ -116,8 +118,8 @@ def test_old_tokens_are_refused_and_a_recreated_id_never_revives_one(admin, worl
         "PUT": lambda: api.put_json("/v1/players/4242", {"username": "alice"}, headers=headers),
         "batch": lambda: api.post_json("/v1/players/batch", {"players": [{"user_id": 4242, "username": "alice"}]},
                                        headers=headers),
-        "player add": lambda: ops.add_player(world.store, CTX, 4242, "alice"),
-        "player import": lambda: ops.import_players(world.store, CTX, b"4242,alice\n"),
+        "player add": lambda: players_ops.add_player(world.store, CTX, 4242, "alice"),
+        "player import": lambda: players_ops.import_players(world.store, CTX, b"4242,alice\n"),
     }
     for how, call in recreate.items():
         assert api.delete("/v1/players/4242", headers=headers).status_int == 200
@@ -131,7 +133,7 @@ def test_old_tokens_are_refused_and_a_recreated_id_never_revives_one(admin, worl
         tokens.append(world.token())
         assert authenticates(tokens[-1]), how
         epoch = player.epoch
-    assert ops.add_player(world.store, CTX, 5, "e").epoch == 0  # an id never deleted starts at 0
+    assert players_ops.add_player(world.store, CTX, 5, "e").epoch == 0  # an id never deleted starts at 0
 
 
 # -- erasure you can prove -------------------------------------------------------------------------
@@ -175,9 +177,9 @@ def test_a_deleted_players_names_leave_the_store_the_trail_the_export_and_the_ba
     api, headers = admin.app, admin.headers("web-tier")
     run = command_as_alice
     state = {"enabled": True, "epoch": 0}
-    ops.add_webhook(world.store, CTX, "https://game.example.com/h", ["player.created", "player.renamed"], None, "")
-    ops.add_player(world.store, CTX, 42, "zelda-one")
-    ops.add_player(world.store, CTX, 43, KEPT)
+    webhooks.add_webhook(world.store, CTX, "https://game.example.com/h", ["player.created", "player.renamed"], None, "")
+    players_ops.add_player(world.store, CTX, 42, "zelda-one")
+    players_ops.add_player(world.store, CTX, 43, KEPT)
     legacy_record(world.store, 42, state | {"username": "zelda-legacy"}, state | {"username": "zelda-one"})
     legacy_record(world.store, 43, state | {"username": "kept-legacy"}, state | {"username": KEPT})
     for name in GONE[2:]:
@@ -281,7 +283,7 @@ def test_verify_names_a_kept_name_changed_or_dropped_by_hand_and_an_erased_recor
     store_sql(store_url, "INSERT INTO audit_names (record_id, user_id, names) VALUES (2, 42, ?)", (names,))
     assert run("audit", "verify")[0] == 0
     # An erased record of the release before: its new content is vouched for by the delete record.
-    from authsvc.admin.operations import admin_store
+    from authsvc.operations.context import admin_store
     from authsvc.settings import Settings
 
     with admin_store(Settings.from_env()) as store:
@@ -311,7 +313,7 @@ def test_the_schema_step_keeps_the_trail_as_it_was_and_a_deletion_then_erases_it
     its names erased from them, the other player's stay, and the chain still verifies."""
     import importlib
 
-    from authsvc.admin.audit import verify
+    from authsvc.cli.audit_cmd import verify
     from authsvc.errors import ConfigError
     from authsvc.store import open_store
 
@@ -381,7 +383,7 @@ def test_an_export_carries_the_deleted_ids_without_a_name_and_the_import_keeps_t
 def test_the_admin_role_deletes_and_erases_but_still_cannot_rewrite_a_record(own_pg, secret_file, monkeypatch, capsys):
     import psycopg
 
-    from authsvc.admin import command as cli
+    from authsvc.cli import command as cli
     from authsvc.store.postgres.store import PostgresStore
 
     monkeypatch.setenv("SUDO_USER", "alice")
@@ -415,7 +417,7 @@ def test_no_role_reads_a_deleted_name_in_postgresqls_statistics(own_pg, secret_f
     neither the web role nor the admin role finds the name there, however ANALYZE (autovacuum's) ran before."""
     import psycopg
 
-    from authsvc.admin import command as cli
+    from authsvc.cli import command as cli
     from authsvc.store.postgres.store import PostgresStore
 
     url = init_as_owner(own_pg, secret_file, monkeypatch)

@@ -17,7 +17,7 @@ import urllib.parse
 
 import pytest
 
-from authsvc.admin import command as cli
+from authsvc.cli import command as cli
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from tests.support import make_testapp
 

@@ -16,8 +16,8 @@ import subprocess
 import pytest
 import webtest
 
-from authsvc.admin.api import AdminApp
-from authsvc.admin.command import main
+from authsvc.api.app import AdminApp
+from authsvc.cli.command import main
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from harness.processes import stop

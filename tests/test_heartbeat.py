@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin.command import main
+from authsvc.cli.command import main
 from authsvc.errors import ConfigError, StoreUnreachable
 from authsvc.settings import Settings
 from authsvc.store import open_store
@@ -171,7 +171,7 @@ def _heartbeat(store_url: str, secret_file) -> subprocess.CompletedProcess:
     env = {"PATH": os.environ["PATH"], "AUTHSVC_STORE": store_url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
            "AUTHSVC_PG_CONNECT_TIMEOUT": "2"}
     try:
-        return subprocess.run([sys.executable, "-m", "authsvc.admin.command", "heartbeat"], env=env, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "authsvc.cli.command", "heartbeat"], env=env, capture_output=True,
                               text=True, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("authsvc heartbeat still running after 60 s: a misconfiguration was waited for like an outage")

@@ -181,7 +181,7 @@ def test_installed_admin_service_loads_the_admin_api_with_its_settings(staged):
     root, first = staged
     service = (root / "etc/systemd/system/authsvc-admin.service").read_text()
     assert re.search(r"^ExecStart=/opt/authsvc/venv/bin/gunicorn --config /opt/authsvc/gunicorn.conf.py "
-                     r"authsvc.admin.wsgi:application$", service, re.M)
+                     r"authsvc.api.wsgi:application$", service, re.M)
     assert "Environment=AUTHSVC_CONFIG=/etc/authsvc/admin.toml" in service
     socket_unit = (root / "etc/systemd/system/authsvc-admin.socket").read_text()
     for line in ("ListenStream=/run/authsvc-admin.sock", "SocketGroup=authsvc-admin", "SocketMode=0660"):
@@ -201,7 +201,7 @@ def test_installed_admin_service_loads_the_admin_api_with_its_settings(staged):
     }
     done = subprocess.run(
         [str(root / "opt/authsvc/venv/bin/gunicorn"), "--check-config",
-         "--config", str(root / "opt/authsvc/gunicorn.conf.py"), "authsvc.admin.wsgi:application"],
+         "--config", str(root / "opt/authsvc/gunicorn.conf.py"), "authsvc.api.wsgi:application"],
         env=env, capture_output=True, text=True, timeout=60, cwd=root,
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -294,7 +294,7 @@ def test_admin_wrapper_writes_the_store_as_the_service_user():
         etc.mkdir(mode=0o755)
         state.mkdir(mode=0o750)
         subprocess.run(
-            [sys.executable, "-m", "authsvc.admin.deploy", str(REPO / "deploy"), str(base / "r"),
+            [sys.executable, "-m", "authsvc.deployment", str(REPO / "deploy"), str(base / "r"),
              "--set", "API_HOST=a.example", "--set", "LEGACY_HOST=b.example", "--set", "USER=nobody",
              "--set", f"APP_DIR={base / 'app'}", "--set", f"CONF_DIR={etc}"],
             check=True, capture_output=True, timeout=60,

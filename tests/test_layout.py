@@ -5,12 +5,13 @@ inside a function is how a circle hides (the engine imported lazily by
 store/__init__.py, importing back from it), so it counts too. Only imports
 under ``if TYPE_CHECKING:`` are left out: they never run.
 
-The wings (README.md, "Layout"): web/ (the game-facing path), admin/ (the command and
-the operations layer), serving/ (the gunicorn integration), store/, webhooks/ (subscription
-URLs, delivery; the admin side may use it, it uses the store and the core), and the core
-(settings, tokens, names, errors, loglines). Arrows run one way: the web path and
-serving never import the admin side; the store imports no wing; the core imports
-none but the store's helpers. The web path reaches no module of the store that writes.
+The wings (README.md, "Layout"): web/ (the game-facing path), cli/ (the command), api/ (the
+admin HTTP API), operations/ (the rules of every admin write, for both), serving/ (the gunicorn
+integration), store/, webhooks/ (subscription URLs, delivery; the admin side may use it, it uses
+the store and the core), deployment (rendering deploy/), and the core (settings, tokens, names,
+errors, loglines, urls). Arrows run one way: the command and the API over the operations, the
+operations over the store; the web path and serving never import the admin side; the store
+imports no wing; the core imports no wing. The web path reaches no module of the store that writes.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_circle_among_authsvc_modules():
     modules = _modules()
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
-    assert graph["authsvc.admin.command"], "the import reader found nothing: it is broken"
+    assert graph["authsvc.cli.command"], "the import reader found nothing: it is broken"
     assert not _cycles(graph)
 
 
@@ -115,22 +116,28 @@ def test_the_circle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-CORE = {"authsvc", "authsvc.settings", "authsvc.tokens", "authsvc.names", "authsvc.errors", "authsvc.loglines"}
+CORE = {"authsvc", "authsvc.settings", "authsvc.tokens", "authsvc.names", "authsvc.errors", "authsvc.loglines",
+        "authsvc.urls"}
 # Old paths kept (README.md, "Layout"): each imports its new path and nothing else.
 ALIASES = {"authsvc.wsgi": "authsvc.web.wsgi"}
-WINGS = ("web", "admin", "serving", "store", "webhooks")
+WINGS = ("web", "cli", "api", "operations", "serving", "store", "webhooks", "deployment")
+ADMIN = {"cli", "api", "operations"}  # the admin side
 WRITERS = {"authsvc.store.sqlite.store", "authsvc.store.postgres.store", "authsvc.store.writes"}
 NEVER = {  # wing -> the wings it may not import
-    "web": {"admin", "serving", "webhooks"},
-    "serving": {"admin", "webhooks"},
-    "store": {"web", "admin", "serving", "webhooks"},
-    "core": {"web", "admin", "serving", "webhooks"},
-    "webhooks": {"web", "admin", "serving"},
+    "web": ADMIN | {"serving", "webhooks", "deployment"},
+    "serving": ADMIN | {"webhooks", "deployment"},
+    "store": ADMIN | {"web", "serving", "webhooks", "deployment"},
+    "core": ADMIN | {"web", "serving", "webhooks", "deployment", "store"},
+    "webhooks": ADMIN | {"web", "serving", "deployment"},
+    "operations": {"cli", "api", "serving", "deployment"},
+    "api": {"cli", "deployment"},
+    "cli": {"deployment"},
+    "deployment": ADMIN | {"web", "serving", "webhooks", "store"},
 }
 
 
 def wing(module: str) -> str:
-    """web, admin, serving, store, core, alias, or "" for a module on no wing."""
+    """A wing of WINGS, core, alias, or "" for a module on no wing."""
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in WINGS:
         return parts[1]
@@ -169,7 +176,7 @@ def reached_on_import(starts: set[str], modules: dict[str, pathlib.Path]) -> set
 def test_every_module_stands_in_a_wing():
     modules = _modules()
     astray = sorted(name for name in modules if not wing(name))
-    assert not astray, f"place these in web/, admin/, serving/, store/ or the core (README.md, layout): {astray}"
+    assert not astray, f"place these in a wing of WINGS or the core (README.md, layout): {astray}"
 
 
 def test_the_arrows_run_one_way():
@@ -185,12 +192,16 @@ def test_the_web_path_reaches_no_store_that_writes_and_no_admin_module():
     reached = reached_on_import(web, modules)
     assert not reached & WRITERS
     assert {"authsvc.store.sqlite.reader", "authsvc.store.postgres.reader"} <= reached, "the import reader is broken"
-    assert not {name for name in reached if wing(name) == "admin"}
+    assert not {name for name in reached if wing(name) in ADMIN}
 
 
 def test_the_direction_rules_catch_a_wrong_arrow():
-    assert wrong_way({"authsvc.web.app": {"authsvc.admin.operations"}, "authsvc.tokens": {"authsvc.errors"}}) == [
-        ("authsvc.web.app", "authsvc.admin.operations")
+    assert wrong_way({"authsvc.web.app": {"authsvc.operations.players"}, "authsvc.tokens": {"authsvc.errors"}}) == [
+        ("authsvc.web.app", "authsvc.operations.players")
+    ]
+    assert wrong_way({"authsvc.settings": {"authsvc.store.common"}}) == [("authsvc.settings", "authsvc.store.common")]
+    assert wrong_way({"authsvc.operations.players": {"authsvc.api.problems"}}) == [
+        ("authsvc.operations.players", "authsvc.api.problems")
     ]
     assert wrong_way({"authsvc.store.base": {"authsvc.serving.redact"}}) == [("authsvc.store.base", "authsvc.serving.redact")]
     assert wrong_way({"authsvc.wsgi": {"authsvc.web.wsgi", "authsvc.web.app"}}) == [("authsvc.wsgi", "authsvc.web.app")]
@@ -207,15 +218,16 @@ def test_the_web_process_holds_no_store_that_can_write(env, world):
         "assert isinstance(store, Reader) and not isinstance(store, Store), type(store)\n"
         "assert not [m for m in dir(Store) if m not in dir(Reader) and hasattr(store, m)], type(store)\n"
         "assert store.credentials('', 1) is None\n"
-        f"loaded = [m for m in sys.modules if m in {sorted(WRITERS)!r} or m.startswith('authsvc.admin')]\n"
+        f"admin = {tuple(f'authsvc.{w}' for w in sorted(ADMIN))!r}\n"
+        f"loaded = [m for m in sys.modules if m in {sorted(WRITERS)!r} or m.startswith(admin)]\n"
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True, timeout=120)
 
 
 def test_the_console_script_names_the_command():
-    """`authsvc` (the console script) runs authsvc/admin/command.py's main."""
+    """`authsvc` (the console script) runs authsvc/cli/command.py's main."""
     import tomllib
 
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["authsvc"] == "authsvc.admin.command:main"
+    assert scripts["authsvc"] == "authsvc.cli.command:main"

@@ -19,8 +19,9 @@ import time
 import pytest
 import webtest
 
-from authsvc.admin import operations as ops
-from authsvc.admin.api import AdminApp
+from authsvc.api.app import AdminApp
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from authsvc.store.base import Reader
 from authsvc.store.sqlite.store import SQLiteStore
 from authsvc.tokens import mint_token
@@ -39,7 +40,7 @@ def bounded(world):
     settings = dataclasses.replace(world.settings, max_staleness=1.0)
     web = webtest.TestApp(make_app(settings), lint=True)
     admin = AdminApp(settings)
-    _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), "web-tier",
+    _, token = api_tokens.add_api_token(world.store, Context(actor="cli:test"), "web-tier",
                                  ["players:write", "tokens:mint"])
     yield web, webtest.TestApp(admin, lint=True), {"Authorization": f"Bearer {token}"}
     web.app.store.close()
@@ -203,7 +204,7 @@ def test_under_gunicorn_a_token_minted_after_a_revoke_or_signup_works_on_every_t
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"} | {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
     admin = AdminApp(dataclasses.replace(settings, max_staleness=1.0))
     api = webtest.TestApp(admin, lint=True)
-    _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), "web-tier", ["players:write", "tokens:mint"])
+    _, token = api_tokens.add_api_token(world.store, Context(actor="cli:test"), "web-tier", ["players:write", "tokens:mint"])
     headers = {"Authorization": f"Bearer {token}"}
     port = free_port()
     proc = start_gunicorn(env, port=port)
@@ -233,7 +234,7 @@ def test_under_gunicorn_a_token_minted_after_a_deleted_id_signs_up_again_works_a
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"} | {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
     admin = AdminApp(dataclasses.replace(settings, max_staleness=1.0))
     api = webtest.TestApp(admin, lint=True)
-    _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), "web-tier",
+    _, token = api_tokens.add_api_token(world.store, Context(actor="cli:test"), "web-tier",
                                  ["players:write", "tokens:mint"])
     headers = {"Authorization": f"Bearer {token}"}
     port = free_port()

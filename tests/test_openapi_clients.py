@@ -24,10 +24,11 @@ import jsonschema
 import pytest
 import webtest
 
-from authsvc.admin import operations as ops
-from authsvc.admin.api import AdminApp
+from authsvc.api.app import AdminApp
 from authsvc.errors import Invalid
 from authsvc.names import check_game_name, check_username
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from tests.support import NODE_MODULES, free_port, node_tool, serve_gunicorn
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,7 +105,7 @@ def test_names_agree_in_the_checker_the_document_in_python_and_ajv(tmp_path):
 
 
 # Audit cursors: the service's rule is a whole number from 1 to 2^63-1, ASCII digits, no sign, no
-# leading zero (authsvc/admin/routes.py); each pattern alternative's edge on both sides.
+# leading zero (authsvc/api/routes.py); each pattern alternative's edge on both sides.
 CURSORS = [
     "1", "9", "10", "123", "999999999999999999", "1000000000000000000", "8999999999999999999",
     "9199999999999999999", "9223372036854775799", "9223372036854775806", "9223372036854775807",
@@ -119,7 +120,7 @@ def test_the_audit_cursor_agrees_in_the_service_python_and_ajv(tmp_path, setting
     answers next. Its pattern takes what GET /v1/audit takes as after, in Python and in Ajv."""
     node, _ = node_tool("ajv")
     schema = _schemas()["AuditCursor"]
-    _, token = ops.add_api_token(admin_store, ops.Context(actor="cli:test"), "auditor", ["audit:read"])
+    _, token = api_tokens.add_api_token(admin_store, Context(actor="cli:test"), "auditor", ["audit:read"])
     app = webtest.TestApp(AdminApp(settings), lint=True)
     try:
         taken = [app.get("/v1/audit", {"after": value}, headers={"Authorization": f"Bearer {token}"},
@@ -318,10 +319,10 @@ def test_the_typescript_client_calls_every_operation_of_the_live_service(tmp_pat
                            "--moduleResolution", "node10", "--lib", "es2022,dom", "--outDir", "out",
                            "admin-client.ts", "driver.ts"], cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
-    _, token = ops.add_api_token(admin_store, ops.Context(actor="cli:test"), "web-tier", ALL_SCOPES)
+    _, token = api_tokens.add_api_token(admin_store, Context(actor="cli:test"), "web-tier", ALL_SCOPES)
     port = free_port()
     server = serve_gunicorn(env | {"AUTHSVC_ADMIN_RATE": "0"}, port=port, log_path=tmp_path / "gunicorn.log",
-                            app="authsvc.admin.wsgi:application", workers=1)
+                            app="authsvc.api.wsgi:application", workers=1)
     try:
         done = subprocess.run([node, "out/driver.js"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                               env={"AUTHSVC_ADMIN_URL": f"http://127.0.0.1:{port}", "AUTHSVC_ADMIN_TOKEN": token})

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin.command import main
+from authsvc.cli.command import main
 from authsvc.errors import ConfigError
 from authsvc.settings import Settings
 from authsvc.store import open_store

@@ -14,8 +14,9 @@ import json
 import pytest
 import webtest
 
-from authsvc.admin import operations as ops
-from authsvc.admin.api import AdminApp
+from authsvc.api.app import AdminApp
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from tests.support import INVALID
 
 pytestmark = pytest.mark.engine("postgresql")
@@ -30,7 +31,7 @@ def test_the_game_facing_endpoint_on_postgresql(app, world):
 
 def test_the_admin_api_on_postgresql(app, world, settings):
     admin = webtest.TestApp(AdminApp(settings), lint=True)
-    _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), "web", ["players:read", "players:write",
+    _, token = api_tokens.add_api_token(world.store, Context(actor="cli:test"), "web", ["players:read", "players:write",
                                                                                      "tokens:mint", "audit:read"])
     headers = {"Authorization": f"Bearer {token}"}
     try:

@@ -11,7 +11,7 @@ import urllib.parse
 
 import pytest
 
-from authsvc.admin.command import main
+from authsvc.cli.command import main
 from authsvc.errors import ConfigError, StoreLocked, StoreUnavailable
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest

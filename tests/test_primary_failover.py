@@ -215,7 +215,7 @@ def _gunicorn(cluster: Cluster, store_url: str, tmp_path):
 def _admin(store_url: str, cluster: Cluster, *args: str) -> subprocess.CompletedProcess:
     env = {"PATH": os.environ["PATH"], "AUTHSVC_STORE": store_url, "AUTHSVC_TOKEN_SECRET_FILE": cluster.secret_file,
            "AUTHSVC_PG_CONNECT_TIMEOUT": "2"}
-    return subprocess.run([sys.executable, "-m", "authsvc.admin.command", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "authsvc.cli.command", *args], env=env, capture_output=True, text=True,
                           timeout=60)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin import command as cli
+from authsvc.cli import command as cli
 
 REPO = Path(__file__).resolve().parent.parent
 

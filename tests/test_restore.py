@@ -21,7 +21,7 @@ NAME_C = "carol-x7q2-erased"
 
 
 def _authsvc(env: dict, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "authsvc.admin.command", *args], env=env,
+    done = subprocess.run([sys.executable, "-m", "authsvc.cli.command", *args], env=env,
                           capture_output=True, text=True, timeout=300)
     if ok:
         assert done.returncode == 0, done.stderr

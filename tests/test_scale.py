@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from authsvc.admin.command import main
+from authsvc.cli.command import main
 
 PLAYERS = 1_000_000
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin import operations as ops
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, new_api_key
@@ -61,14 +62,14 @@ def services(tmp_path_factory):
     store.migrate()
     store.add_game("Chess", api_key_digest(new_api_key()), int(time.time()))
     store.add_player(1001, "demo_player")
-    _, token = ops.add_api_token(store, ops.Context(actor="cli:test"), "schemathesis", ALL_SCOPES, None)
+    _, token = api_tokens.add_api_token(store, Context(actor="cli:test"), "schemathesis", ALL_SCOPES, None)
     store.close()
     game_port, admin_port = free_port(), free_port()
     servers = [
         serve_gunicorn(env, "--graceful-timeout", "5", port=game_port, log_path=root / "game.log",
                        config=REPO / "deploy" / "gunicorn.conf.py"),
         serve_gunicorn(env, "--graceful-timeout", "5", port=admin_port, log_path=root / "admin.log",
-                       app="authsvc.admin.wsgi:application", workers=2),
+                       app="authsvc.api.wsgi:application", workers=2),
     ]
     yield {"game-facing": f"http://127.0.0.1:{game_port}", "admin": f"http://127.0.0.1:{admin_port}", "token": token}
     for server in servers:

@@ -115,7 +115,7 @@ def test_under_gunicorn_every_request_a_second_after_a_revoke_is_refused(env, wo
         wait_for_port(port)
         params = world.params()
         until_both_workers_counted(port, params, metrics_dir, result="success")  # both hold a snapshot
-        done = subprocess.run([sys.executable, "-m", "authsvc.admin.command", "player", "revoke", str(world.user_id)],
+        done = subprocess.run([sys.executable, "-m", "authsvc.cli.command", "player", "revoke", str(world.user_id)],
                               env=env, capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
         revoked_at = time.monotonic()

@@ -567,7 +567,7 @@ def test_the_sqlite_service_imports_no_psycopg(tmp_path):
     import sys
 
     code = (
-        "import sys, authsvc.web.app, authsvc.admin.command, authsvc.admin.transfer, authsvc.wsgi\n"
+        "import sys, authsvc.web.app, authsvc.cli.command, authsvc.operations.transfer, authsvc.wsgi\n"
         "from authsvc.store import open_store\n"
         f"s = open_store('sqlite://{tmp_path}/x.db', readonly=False); s.migrate(); s.close()\n"
         "assert not [m for m in sys.modules if m.startswith('psycopg')], 'psycopg imported'\n"

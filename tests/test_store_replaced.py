@@ -170,7 +170,7 @@ def test_a_file_swapped_while_connecting_is_not_trusted(world, tmp_path, monkeyp
 
 
 def _cli(env: dict, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "authsvc.admin.command", *args], env={**os.environ, **env},
+    done = subprocess.run([sys.executable, "-m", "authsvc.cli.command", *args], env={**os.environ, **env},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout

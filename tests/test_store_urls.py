@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 import webtest
 
-from authsvc.admin import command as cli
+from authsvc.cli import command as cli
 from authsvc.errors import ConfigError
 from authsvc.settings import Settings
 from authsvc.store import redact_url

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from authsvc.admin.deploy import REQUESTS_PER_WORKER
+from authsvc.deployment import REQUESTS_PER_WORKER
 from tests.deploy_support import LEGACY_HOST, start_stack, stop
 
 pytestmark = pytest.mark.slow

@@ -29,7 +29,7 @@ def units(tmp_path_factory):
     app.mkdir()
     (app / "venv").symlink_to(Path(sys.prefix))
     done = subprocess.run(
-        [sys.executable, "-m", "authsvc.admin.deploy", str(REPO / "deploy"), str(root / "r"),
+        [sys.executable, "-m", "authsvc.deployment", str(REPO / "deploy"), str(root / "r"),
          "--set", "API_HOST=api.example.com", "--set", "LEGACY_HOST=legacy.example.com", "--set", f"APP_DIR={app}"],
         capture_output=True, text=True, timeout=60,
     )
@@ -128,7 +128,7 @@ def test_the_admin_api_unit_runs_the_admin_app_on_a_group_restricted_socket(unit
         "StateDirectory=authsvc",
     ):
         assert re.search(rf"^{re.escape(line)}$", service, re.M), line
-    assert re.search(r"^ExecStart=\S+/venv/bin/gunicorn --config \S+/gunicorn.conf.py authsvc.admin.wsgi:application$",
+    assert re.search(r"^ExecStart=\S+/venv/bin/gunicorn --config \S+/gunicorn.conf.py authsvc.api.wsgi:application$",
                      service, re.M)
     for line in ("ListenStream=/run/authsvc-admin.sock", "SocketGroup=authsvc-admin", "SocketMode=0660"):
         assert re.search(rf"^{re.escape(line)}$", socket_unit, re.M), line

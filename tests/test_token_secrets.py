@@ -42,7 +42,7 @@ RESTORE = "from its backup copy"  # what every refusal of a wrong or missing fil
 
 def command(env: dict, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """The real `authsvc` command in a process of its own, with ``env`` only (and PATH)."""
-    return subprocess.run([sys.executable, "-m", "authsvc.admin.command", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "authsvc.cli.command", *argv], capture_output=True, text=True,
                           timeout=timeout, env={"PATH": os.environ["PATH"], "SUDO_USER": "alice", **env})
 
 
@@ -114,7 +114,7 @@ def test_a_secret_file_the_store_never_saw_is_refused_by_app_admin_api_command_a
     assert checked.returncode == 1 and all(text in checked.stderr for text in expected), checked.stderr
     assert "passed" not in checked.stdout
 
-    for app in ("authsvc.wsgi:application", "authsvc.admin.wsgi:application"):
+    for app in ("authsvc.wsgi:application", "authsvc.api.wsgi:application"):
         output = refused_at_start(env, app, tmp_path / f"{app.split(':')[0]}.log")
         assert all(text in output for text in expected), output
         assert secret_file.read_text().strip() not in output  # the secret itself never
@@ -176,7 +176,7 @@ def test_rotation_needs_no_restart_and_refuses_no_token_until_retire(env, secret
     web = serve_gunicorn(run_env | {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}, port=web_port,
                          log_path=tmp_path / "web.log", workers=2)
     admin = serve_gunicorn(run_env, port=admin_port, log_path=tmp_path / "admin.log", workers=2,
-                           app="authsvc.admin.wsgi:application")
+                           app="authsvc.api.wsgi:application")
     refused: list[tuple[int, dict]] = []
     answered = [0]
     stop = threading.Event()

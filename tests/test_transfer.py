@@ -15,7 +15,7 @@ import time
 import pytest
 import webtest
 
-from authsvc.admin.command import main
+from authsvc.cli.command import main
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key

@@ -15,8 +15,9 @@ import sqlite3
 import pytest
 import webtest
 
-from authsvc.admin import operations as ops
-from authsvc.admin.api import AdminApp
+from authsvc.api.app import AdminApp
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from tests.support import fan_out, problem, store_sql
 
 EVERY = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read",
@@ -31,7 +32,7 @@ def admin(world, settings):
     app = AdminApp(dataclasses.replace(settings, webhook_allow_hosts="127.0.0.1:9000"))
 
     def make_token(name, scopes=EVERY):
-        _, token = ops.add_api_token(world.store, ops.Context(actor="cli:test"), name, scopes)
+        _, token = api_tokens.add_api_token(world.store, Context(actor="cli:test"), name, scopes)
         return {"Authorization": f"Bearer {token}"}
 
     yield webtest.TestApp(app, lint=True), make_token

@@ -75,7 +75,9 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin import operations as ops
+from authsvc.operations import api_tokens, games
+from authsvc.operations import players as players_ops
+from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from tests.support import admin_request, free_port, start_gunicorn, store_sql, wait_for_port
@@ -259,7 +261,7 @@ class AdminService:
     def start(self) -> None:
         with (self.log_dir / f"admin-{len(self.masters)}.log").open("wb") as log:
             self.masters.append(start_gunicorn(self.env, "--reuse-port", port=self.port,
-                                               app="authsvc.admin.wsgi:application", workers=WORKERS,
+                                               app="authsvc.api.wsgi:application", workers=WORKERS,
                                                new_session=True, stdout=log, stderr=log))
 
     def kill_worker(self, rng: random.Random) -> None:
@@ -428,7 +430,7 @@ def cli_writer(load: Load, name: str, seed: int) -> None:
                 "mint": ["token", "issue", "--game", str(load.game_id), "--user", str(run.user_id)]}[kind]
         load.cli.append(run)
         try:
-            done = subprocess.run([sys.executable, "-m", "authsvc.admin.command", *argv, "--json"],
+            done = subprocess.run([sys.executable, "-m", "authsvc.cli.command", *argv, "--json"],
                                   env=load.cli_env | {"SUDO_USER": run.id}, capture_output=True, text=True,
                                   timeout=CLI_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -646,11 +648,11 @@ def provision(env: dict, token_names: list[str]) -> tuple[int, dict]:
     store = open_store(settings.store, readonly=False, settings=settings)
     try:
         store.migrate()
-        ctx = ops.Context(actor="cli:setup")
-        game, _ = ops.add_game(store, ctx, "Chess")
+        ctx = Context(actor="cli:setup")
+        game, _ = games.add_game(store, ctx, "Chess")
         for user_id in PLAYERS:
-            ops.add_player(store, ctx, user_id, f"p{user_id}")
-        tokens = {name: ops.add_api_token(store, ctx, name, SCOPES)[1] for name in token_names}
+            players_ops.add_player(store, ctx, user_id, f"p{user_id}")
+        tokens = {name: api_tokens.add_api_token(store, ctx, name, SCOPES)[1] for name in token_names}
     finally:
         store.close()
     return game.id, tokens
@@ -705,7 +707,7 @@ def test_write_history(store_url, secret_file, tmp_path, request):
     finally:
         admin.stop()
     records, epochs = read_history(store_url)
-    verify = subprocess.run([sys.executable, "-m", "authsvc.admin.command", "audit", "verify", "--json"],
+    verify = subprocess.run([sys.executable, "-m", "authsvc.cli.command", "audit", "verify", "--json"],
                             env=cli_env, capture_output=True, text=True, timeout=120)
     kinds = {op.id: op.kind for op in load.ops} | {run.id: run.kind for run in load.cli}
     found = by_write(records, kinds)

@@ -15,9 +15,11 @@ import time
 import pytest
 import webtest
 
-from authsvc.admin import idempotency
-from authsvc.admin import operations as ops
-from authsvc.admin.api import AdminApp
+from authsvc.api import idempotency
+from authsvc.api.app import AdminApp
+from authsvc.operations import players as players_ops
+from authsvc.operations import tokens
+from authsvc.operations.context import Context, admin_store
 from authsvc.store import base
 from tests.support import hold_write_lock, problem, store_sql
 
@@ -56,7 +58,7 @@ def test_a_retry_sent_while_the_first_runs_waits_for_it_and_replays_its_answer(a
     keyed = headers | {"Idempotency-Key": "revoke-2"}
     path = f"/v1/players/{world.user_id}/revoke"
     entered, go = threading.Event(), threading.Event()
-    real = ops.revoke_player
+    real = players_ops.revoke_player
 
     def slow(store, ctx, user_id):
         epoch = real(store, ctx, user_id)
@@ -64,13 +66,13 @@ def test_a_retry_sent_while_the_first_runs_waits_for_it_and_replays_its_answer(a
         go.wait(10)
         return epoch
 
-    monkeypatch.setattr(ops, "revoke_player", slow)
+    monkeypatch.setattr(players_ops, "revoke_player", slow)
     answers: list = []
     first = threading.Thread(target=lambda: answers.append(webtest.TestApp(AdminApp(app.app.settings)).post(
         path, headers=keyed)))
     first.start()
     assert entered.wait(10)
-    monkeypatch.setattr(ops, "revoke_player", real)
+    monkeypatch.setattr(players_ops, "revoke_player", real)
     threading.Timer(0.3, go.set).start()  # the first commits while the second waits for the writer lock
     second = app.post(path, headers=keyed)
     first.join(10)
@@ -83,20 +85,20 @@ def test_a_mint_racing_a_revoke_records_the_epoch_it_answers_before_the_revoke(w
                                                                               monkeypatch):
     """A revoke lands the moment after the mint read the player: along the chain, the mint's epoch is
     the player's epoch where its record stands (it is never a token of an epoch revoked before it)."""
-    other = ops.admin_store(settings)
+    other = admin_store(settings)
     store = other.__enter__()
-    real = ops.mint_token
+    real = tokens.mint_token
 
     def revoke_meanwhile(*args):
-        revoke = threading.Thread(target=ops.revoke_player,
-                                  args=(store, ops.Context(actor="cli:other"), world.user_id))
+        revoke = threading.Thread(target=players_ops.revoke_player,
+                                  args=(store, Context(actor="cli:other"), world.user_id))
         revoke.start()
         revoke.join(5)  # the release before: the revoke commits here, between the mint's read and its record
         return real(*args)
 
-    monkeypatch.setattr(ops, "mint_token", revoke_meanwhile)
+    monkeypatch.setattr(tokens, "mint_token", revoke_meanwhile)
     try:
-        _, player = ops.mint(world.store, ops.Context(actor="api:web"), settings.token_secrets[0], world.game_id,
+        _, player = tokens.mint(world.store, Context(actor="api:web"), settings.token_secrets[0], world.game_id,
                              world.user_id)
     finally:
         other.__exit__(None, None, None)
@@ -116,15 +118,15 @@ def test_a_write_is_stamped_when_it_holds_the_lock_and_never_before_the_chain_he
     monkeypatch.setattr(base, "ADMIN_LOCK_WAIT", 10.0)
     head = store_sql(store_url, "SELECT max(at_ms) FROM audit")[0][0]
     now = [head / 1000 + 5]
-    ctx = ops.Context(actor="cli:test", clock=lambda: now[0])
+    ctx = Context(actor="cli:test", clock=lambda: now[0])
     release = hold_write_lock(store_url, None)  # the writer lock itself
-    done = threading.Thread(target=ops.rename_player, args=(world.store, ctx, world.user_id, "waited"))
+    done = threading.Thread(target=players_ops.rename_player, args=(world.store, ctx, world.user_id, "waited"))
     done.start()
     time.sleep(0.5)  # the rename is waiting for the lock
     now[0] += 60  # the time when it gets it
     release()
     done.join(10)
-    ops.rename_player(world.store, ops.Context(actor="cli:test", clock=lambda: head / 1000), world.user_id, "late")
+    players_ops.rename_player(world.store, Context(actor="cli:test", clock=lambda: head / 1000), world.user_id, "late")
     stamps = [row[0] for row in store_sql(store_url, "SELECT at_ms FROM audit ORDER BY id")]
     assert stamps[-2:] == [head + 65_000, head + 65_000], stamps
     assert stamps == sorted(stamps)
@@ -134,7 +136,7 @@ def test_a_write_is_stamped_when_it_holds_the_lock_and_never_before_the_chain_he
 def test_two_signups_of_one_new_player_at_once_create_it_once_and_never_fail(world, store_url, settings):
     """Two PUTs of the same new id at the same moment (a double click, a retry with another key): one
     creates the player, the other finds it; 20 such pairs, never a 500 (nor the store's error)."""
-    stores = [ops.admin_store(settings).__enter__() for _ in range(2)]
+    stores = [admin_store(settings).__enter__() for _ in range(2)]
     results: list = []
     try:
         for user_id in range(5000, 5020):
@@ -143,7 +145,7 @@ def test_two_signups_of_one_new_player_at_once_create_it_once_and_never_fail(wor
             def signup(store, user_id=user_id, gate=gate):
                 gate.wait(5)
                 try:
-                    results.append(ops.put_player(store, ops.Context(actor="api:web"), user_id, f"p{user_id}")[1])
+                    results.append(players_ops.put_player(store, Context(actor="api:web"), user_id, f"p{user_id}")[1])
                 except Exception as e:  # the finding: psycopg's UniqueViolation, a 500 at the API
                     results.append(type(e).__name__)
 

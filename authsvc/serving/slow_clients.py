@@ -16,7 +16,7 @@ The admin API is served straight to its callers, without nginx in front to absor
   its first byte) is dropped, unanswered.
 - In the thread, what is still to come (a head past ``HEAD_CAP``, a larger or chunked body)
   must arrive within ``READ_TIMEOUT`` seconds; a read past it ends as a client gone (the app
-  answers a body it could not read 400, authsvc/admin/body.py). A body the app did not read
+  answers a body it could not read 400, authsvc/api/body.py). A body the app did not read
   (it refused the request first) is dropped with the connection unless it is in hand
   already, where gunicorn waited up to 5 s in the thread for it.
 - A connection closed after its answer waits for the client's FIN (RFC 9112 9.6) on the

@@ -8,7 +8,7 @@ deploy/gunicorn.conf.py names these classes for ``worker_class`` "sync" and "gth
 for both services: the one config serves the app named on gunicorn's command line.
 An app with its own error shape says so with a ``gunicorn_refusal(status)`` method,
 which gives the headers and body of its answer (the admin API: RFC 9457
-problem+json, authsvc/admin/api.py); the worker asks the app it loaded, so the
+problem+json, authsvc/api/app.py); the worker asks the app it loaded, so the
 answer is the served API's, whichever it is. Only the error page changes: gunicorn
 still decides the status and logs the error. The answer never holds request data
 (gunicorn's page quotes the bad line or header).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from authsvc.errors import ConfigError
 from authsvc.settings import default
 from authsvc.store.base import Store
-from authsvc.store.common import redact_url
+from authsvc.urls import redact_url
 
 __all__ = ["ledger_beside", "open_store", "redact_url"]
 

@@ -4,7 +4,7 @@
 only the SHA-256 digest of a token is kept, never the token. A name is never reused
 (the audit trail names tokens by it). ``idempotency_keys``: the first answer to a
 POST with an ``Idempotency-Key``, kept 24 hours, so a retry replays it instead of
-writing again; an answer that held a secret is not kept (authsvc/admin/idempotency.py). The
+writing again; an answer that held a secret is not kept (authsvc/api/idempotency.py). The
 answer is written in the transaction of the write it answers (store/writes.py); ``status`` 0
 ("running") is what the release before wrote while a request ran, and is read as no answer.
 

@@ -15,7 +15,7 @@ change writes one audit record (store/audit.py) in its transaction: a failed wri
 writes none. The keyword audit, an Audit (actor, request id, clock), has a default, so
 test fixtures and benchmarks that seed a store stay short, but the trail is never
 skipped: a write without one is recorded with the actor "unattributed". The
-operations layer (authsvc/admin/operations.py) always passes one.
+operations layer (authsvc/operations/) always passes one.
 
 Errors. Besides what a method's docstring names (Conflict, NotEmpty), every
 method raises only these, from authsvc/errors.py, each with a one-line message
@@ -101,7 +101,7 @@ class DeletedPlayer:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ApiToken:
-    """An admin API bearer token's row (authsvc/admin/api_tokens.py): never the token, never its digest."""
+    """An admin API bearer token's row (authsvc/operations/api_tokens.py): never the token, never its digest."""
 
     name: str
     scopes: tuple[str, ...]
@@ -364,7 +364,7 @@ class Store(Reader):
         with self.write(audit) as tx:
             return tx.prune_audit(before_ms)
 
-    # -- moving between stores (authsvc export / import, authsvc/admin/transfer.py) ---------
+    # -- moving between stores (authsvc export / import, authsvc/operations/transfer.py) ---------
     @abc.abstractmethod
     def game_id_high_water(self) -> int:
         """The highest game id ever handed out (0 if none), so a moved store never reuses one."""

@@ -58,7 +58,7 @@ def apply(tx, outside_generation: int, deleted: Mapping[int, int]) -> Restored:
     """In ``tx`` (the restored copy's first write): the three changes above. ``outside_generation``: the
     highest generation known outside the copy (the ledger, the live store); ``deleted``: user id -> the
     highest epoch each had when it was deleted, from the ledger and the live store."""
-    conn, d = tx._conn, tx.d
+    conn, d = tx.bulk_connection(), tx.d
     tx.locked()
     new = max(generation(conn, d), outside_generation) + 1
     erased = 0

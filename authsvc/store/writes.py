@@ -2,7 +2,7 @@
 
 ``store.write(audit)`` (store/base.py) opens one and hands it out; a write called while one is
 open on the same thread joins it, so the admin API's Idempotency-Key record, the change and the
-change's audit record commit together or not at all (authsvc/admin/idempotency.py).
+change's audit record commit together or not at all (authsvc/api/idempotency.py).
 
 The writer lock. A transaction's first statement takes the audit chain's row (SQLite: BEGIN
 IMMEDIATE takes the file's; PostgreSQL: ``FOR UPDATE``), before any other row, so writers run
@@ -12,7 +12,7 @@ it commits). Only then is the time read (the audit's clock), and never earlier t
 record's: along the chain, time never runs backwards, and ``updated_at`` with it.
 
 Rules are not here: a method does what it is told and says what it found (None for no such
-row, Conflict for a taken name); the operations layer (authsvc/admin/operations.py) decides.
+row, Conflict for a taken name); the operations layer (authsvc/operations/) decides.
 
 A player's records are sealed (store/audit.py): its username goes into the chain as a keyed
 digest under the player's own key, the clear value beside the record. ``delete_player`` is one
@@ -69,7 +69,7 @@ class Tx:
     """One write transaction on ``conn``; ``audit`` names who acts (each joined write may name its own).
 
     The connection stays inside the store: the admin side calls these methods, never SQL. The
-    engines' own bulk writes (an import's COPY) use ``_conn`` from their modules, in this package."""
+    engines' own bulk writes (an import's COPY, a load, a restore's changes) run on ``bulk_connection``."""
 
     def __init__(self, conn: Any, dialect: Dialect, audit: Audit, lock: _Lock | None = None, collate: str = "",
                  ledger: str | None = None):
@@ -83,6 +83,11 @@ class Tx:
     def joined(self, audit: Audit | None) -> Tx:
         """This transaction, for a write nested in it (its own audit, the same lock and time)."""
         return Tx(self._conn, self.d, audit or self.audit, self._lock, self._collate, self._ledger)
+
+    def bulk_connection(self) -> Any:
+        """This transaction's connection, for an engine's bulk write in it (COPY, executemany, an engine's
+        own statements): in this package only. What it writes is part of this transaction and its record."""
+        return self._conn
 
     def _sql(self, text: str, args: tuple = ()) -> Any:
         return self._conn.execute(self.d.sql(text), args)
@@ -144,7 +149,7 @@ class Tx:
 
     def player_keys(self, user_ids: Sequence[int]) -> dict[int, str]:
         """{user id: sealing key} of ``user_ids``, each made if it has none yet (_player_key, for many):
-        what seals a batch's names in its record's digest (authsvc/admin/batch.py's sealed_digest)."""
+        what seals a batch's names in its record's digest (authsvc/api/batch.py's sealed_digest)."""
         self.locked()
         keys: dict[int, str] = {}
         for chunk in batches(user_ids):

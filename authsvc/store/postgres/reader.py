@@ -32,14 +32,12 @@ from authsvc.store.base import Credentials, Game, Reader
 from authsvc.store.common import (
     GAMES_SQL,
     KEYS_SQL,
-    MASK,
-    SECRET_PARAMS,
     ThreadConnections,
     check_schema,
-    redact_url,
     select_games,
     select_token_secrets,
 )
+from authsvc.urls import MASK, SECRET_PARAMS, redact_url
 
 log = logging.getLogger("authsvc.store")
 

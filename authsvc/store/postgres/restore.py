@@ -24,9 +24,9 @@ from psycopg import conninfo as pg_conninfo
 from authsvc.errors import ConfigError, StoreLocked
 from authsvc.store import ledger as restore_ledger
 from authsvc.store.audit import Audit
-from authsvc.store.common import redact_url
 from authsvc.store.postgres.store import PostgresStore
 from authsvc.store.restore import Restored, apply
+from authsvc.urls import redact_url
 
 __all__ = ["backup", "restore"]
 

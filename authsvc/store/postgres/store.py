@@ -21,7 +21,7 @@ from authsvc.store import base
 from authsvc.store import events as event_tables
 from authsvc.store.audit import Audit, Chain, Record
 from authsvc.store.base import ApiToken, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
-from authsvc.store.common import BATCH, batches, redact_url, select_games
+from authsvc.store.common import BATCH, batches, select_games
 from authsvc.store.dialect import Dialect
 from authsvc.store.events import Delivery, Webhook
 from authsvc.store.postgres.reader import (
@@ -41,6 +41,7 @@ from authsvc.store.postgres.schema import (
     VERSION_TABLE_SQL,
 )
 from authsvc.store.writes import _TOKEN_COLUMNS, Tx, api_token
+from authsvc.urls import redact_url
 
 __all__ = [
     "ADMIN_GRANTS_SQL", "ADMIN_ROLE", "CREDENTIALS_SQL", "HEARTBEAT_GRANTS_SQL", "HEARTBEAT_ROLE", "MIGRATION_LOCK",
@@ -262,7 +263,7 @@ class PostgresStore(PostgresReader, Store):
         """COPY into a temporary table, then one INSERT ... ON CONFLICT; the last row of a user id wins."""
         count = 0
         with self.write(audit) as tx:
-            conn = tx._conn
+            conn = tx.bulk_connection()
             # Into a temporary table before the writer lock: other writes wait only for the upsert.
             conn.execute(
                 "CREATE TEMPORARY TABLE players_import (n bigint, user_id bigint, username text) ON COMMIT DROP"
@@ -366,7 +367,7 @@ class PostgresStore(PostgresReader, Store):
         top = game_id_high_water
         try:
             with self.write(audit) as tx:
-                conn = tx._conn
+                conn = tx.bulk_connection()
                 tx.locked()
                 conn.execute("LOCK TABLE games, api_keys, players, deleted_players IN EXCLUSIVE MODE")
                 if _value(conn.execute("SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players) "

@@ -338,16 +338,17 @@ class SQLiteStore(SQLiteReader, Store):
                 "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, "
                 "updated_at_ms = excluded.updated_at_ms WHERE players.username <> excluded.username"
             )
+            conn = tx.bulk_connection()
             changes: dict[int, str] = {}  # user id -> its event: created, or renamed
             for batch in batches(rows):
-                names = {row[0]: row[1] for row in SQLITE.current_players(tx._conn, [r[0] for r in batch])}
+                names = {row[0]: row[1] for row in SQLITE.current_players(conn, [r[0] for r in batch])}
                 for user_id, username in batch:
                     if user_id not in names:
                         changes[user_id] = "player.created"
                     elif names[user_id] != username:
                         changes.setdefault(user_id, "player.renamed")
                     names[user_id] = username
-                tx._conn.executemany(sql, batch)
+                conn.executemany(sql, batch)
                 count += len(batch)
                 if progress:
                     progress(count)
@@ -435,7 +436,7 @@ class SQLiteStore(SQLiteReader, Store):
         n_games = n_players = 0
         top = game_id_high_water
         with self.write(audit) as tx:
-            conn = tx._conn
+            conn = tx.bulk_connection()
             tx.locked()
             if conn.execute("SELECT EXISTS (SELECT 1 FROM games) OR EXISTS (SELECT 1 FROM players) "
                             "OR EXISTS (SELECT 1 FROM deleted_players)").fetchone()[0]:

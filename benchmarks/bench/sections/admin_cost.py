@@ -44,7 +44,8 @@ def _call(port: int, token: str, method: str, path: str, body: bytes | None = No
 
 def _service_env(world: World, root: Path) -> tuple[dict[str, str], dict[str, str]]:
     """The admin service's environment on a new store holding player 7, and the two tokens."""
-    from authsvc.admin import operations as ops
+    from authsvc.operations import api_tokens
+    from authsvc.operations.context import Context
     from authsvc.settings import Settings
     from authsvc.store import open_store
 
@@ -55,7 +56,7 @@ def _service_env(world: World, root: Path) -> tuple[dict[str, str], dict[str, st
     try:
         store.migrate()
         store.add_player(7, "patient")
-        tokens = {name: ops.add_api_token(store, ops.Context(actor="cli:bench"), name,
+        tokens = {name: api_tokens.add_api_token(store, Context(actor="cli:bench"), name,
                                           ["players:read", "players:write"])[1] for name in ("cost", "other")}
     finally:
         store.close()
@@ -104,7 +105,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
             time.sleep(0.03)
 
     conf = ("--config", str(REPO / "deploy" / "gunicorn.conf.py"), "--graceful-timeout", "5")
-    with gunicorn(world, "authsvc.admin.wsgi:application", logs / "admin-cost.log", bind=f"127.0.0.1:{port}",
+    with gunicorn(world, "authsvc.api.wsgi:application", logs / "admin-cost.log", bind=f"127.0.0.1:{port}",
                   args=conf, env=env) as proc:
         wait_for(lambda: port_open(port), "the admin service", proc)
         senders = [threading.Thread(target=send_costly, args=(n,), daemon=True) for n in range(4)]

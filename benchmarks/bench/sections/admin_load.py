@@ -240,10 +240,10 @@ def _measure(engine: str, world: World, args: argparse.Namespace, logs: Path, sc
                                            bind=f"127.0.0.1:{web_port}", args=core_gunicorn_args(args.workers),
                                            env=store_env))
         admin_args = ("--workers", "2", "--worker-class", "sync", "--log-level", "warning")
-        admin = stack.enter_context(gunicorn(world, "authsvc.admin.wsgi:application",
+        admin = stack.enter_context(gunicorn(world, "authsvc.api.wsgi:application",
                                              logs / f"admin-load-{engine}-admin.log", bind=f"127.0.0.1:{admin_port}",
                                              args=admin_args, env=store_env))
-        low = stack.enter_context(gunicorn(world, "authsvc.admin.wsgi:application",
+        low = stack.enter_context(gunicorn(world, "authsvc.api.wsgi:application",
                                            logs / f"admin-load-{engine}-admin-low.log", bind=f"127.0.0.1:{low_port}",
                                            args=admin_args, env=store_env, prefix=prefix))
         if (nice := group_nice()) is not None:  # gunicorn runs in a session of its own (new_session)

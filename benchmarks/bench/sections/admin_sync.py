@@ -1,7 +1,7 @@
 """Section admin-sync: an initial sync of N players through the admin API's batch, under real gunicorn.
 
 Per engine, an empty store (a new SQLite file; a temporary PostgreSQL database), the admin
-service (``authsvc.admin.wsgi:application``, 2 sync workers, loopback TCP, the default
+service (``authsvc.api.wsgi:application``, 2 sync workers, loopback TCP, the default
 rate limit) and ``--sync-clients`` clients posting ``POST /v1/players/batch`` of 1,000
 players each, until the N players are in; then again into a new store with an
 ``Idempotency-Key`` on each call (the first answer kept, as a careful web tier sends it). The bodies are
@@ -58,11 +58,12 @@ def _migrated(url: str, world: World) -> str:
 
 
 def _token(url: str, world: World, name: str = "bench-sync") -> str:
-    from authsvc.admin import operations as ops
+    from authsvc.operations import api_tokens
+    from authsvc.operations.context import Context, admin_store
     from authsvc.settings import Settings
 
-    with ops.admin_store(Settings.from_env({**world.env, "AUTHSVC_STORE": url})) as store:
-        _, token = ops.add_api_token(store, ops.Context(actor="cli:bench"), name, ["players:write"])
+    with admin_store(Settings.from_env({**world.env, "AUTHSVC_STORE": url})) as store:
+        _, token = api_tokens.add_api_token(store, Context(actor="cli:bench"), name, ["players:write"])
     return token
 
 
@@ -146,7 +147,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
             token = _token(url, world)
             port = free_port()
             env = {"AUTHSVC_STORE": url}
-            with gunicorn(world, "authsvc.admin.wsgi:application", logs / f"admin-sync-{engine}.log",
+            with gunicorn(world, "authsvc.api.wsgi:application", logs / f"admin-sync-{engine}.log",
                           bind=f"127.0.0.1:{port}", args=("--workers", "2", "--worker-class", "sync",
                                                          "--log-level", "warning"), env=env) as proc:
                 wait_for(lambda port=port: port_open(port), f"the admin service ({engine})", proc)

@@ -129,7 +129,7 @@ def provision(world: World, primary: ThrowawayPostgres) -> int:
     with psycopg.connect(primary.url, autocommit=True) as conn:
         conn.execute("CREATE DATABASE authsvc")
     owner_url = primary.url.rsplit("/", 1)[0] + "/authsvc"
-    cli = [sys.executable, "-m", "authsvc.admin.command"]
+    cli = [sys.executable, "-m", "authsvc.cli.command"]
     export = world.root / "capacity-export.jsonl"
     subprocess.run([*cli, "export", str(export)], env={**os.environ, **world.env}, check=True,
                    stdout=subprocess.DEVNULL)

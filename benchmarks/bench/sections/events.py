@@ -102,9 +102,10 @@ class Run:
         self.logs, self.name = logs, name
         self.receiver: subprocess.Popen | None = None
         self.deliverer: subprocess.Popen | None = None
-        from authsvc.admin import operations as ops
+        from authsvc.operations import webhooks
+        from authsvc.operations.context import command_context
 
-        ops.add_webhook(self.store, ops.command_context(), f"http://127.0.0.1:{self.port}/hook", EVENTS, None,
+        webhooks.add_webhook(self.store, command_context(), f"http://127.0.0.1:{self.port}/hook", EVENTS, None,
                         self.env["AUTHSVC_WEBHOOK_ALLOW_HOSTS"])
 
     def start_receiver(self, group_nice: int | None = None) -> None:
@@ -131,7 +132,7 @@ class Run:
         """``prefix``: commands that exec it (``nice -n 10``); ``group_nice``: in a session of its own at
         that nice (admin_load.group_nice: the unit's CPUWeight=)."""
         log = (self.logs / f"events-{self.name}-deliver.log").open("ab")
-        self.deliverer = subprocess.Popen([*prefix, sys.executable, "-m", "authsvc.admin.command", "deliver"],
+        self.deliverer = subprocess.Popen([*prefix, sys.executable, "-m", "authsvc.cli.command", "deliver"],
                                           env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=group_nice is not None)
         if group_nice is not None:

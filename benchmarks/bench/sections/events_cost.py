@@ -43,16 +43,17 @@ def _sync_once(engine: str, webhook: bool, world: World, args: argparse.Namespac
                payloads: list[bytes]) -> tuple[float, float | None]:
     """Players per second of one sync into a new store of ``engine`` (``webhook``: with one subscribed to all),
     and then (with the webhook) the fan-out's deliveries per second."""
-    from authsvc.admin import operations as ops
+    from authsvc.operations import webhooks
+    from authsvc.operations.context import admin_store, command_context
     from authsvc.settings import Settings
 
     with admin_sync._store(engine, world, args) as url:
         token = admin_sync._token(url, world)
         if webhook:
-            with ops.admin_store(Settings.from_env({**world.env, "AUTHSVC_STORE": url})) as store:
-                ops.add_webhook(store, ops.command_context(), "http://127.0.0.1:9/hook", EVENTS, None, "127.0.0.1:9")
+            with admin_store(Settings.from_env({**world.env, "AUTHSVC_STORE": url})) as store:
+                webhooks.add_webhook(store, command_context(), "http://127.0.0.1:9/hook", EVENTS, None, "127.0.0.1:9")
         port = free_port()
-        with gunicorn(world, "authsvc.admin.wsgi:application", logs / f"events-cost-sync-{engine}.log",
+        with gunicorn(world, "authsvc.api.wsgi:application", logs / f"events-cost-sync-{engine}.log",
                       bind=f"127.0.0.1:{port}", args=("--workers", "2", "--worker-class", "sync",
                                                      "--log-level", "warning"), env={"AUTHSVC_STORE": url}) as proc:
             wait_for(lambda: port_open(port), f"the admin service ({engine})", proc)

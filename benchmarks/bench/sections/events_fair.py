@@ -50,14 +50,15 @@ class Blackhole:
 def _latency(world: World, args: argparse.Namespace, logs: Path, blackholed: bool) -> tuple[list[int], int]:
     """Change-to-delivery of the healthy webhook's renames (ms each), and the blackholed webhook's
     deliveries pending at the end (0 alone)."""
-    from authsvc.admin import operations as ops
+    from authsvc.operations import webhooks
+    from authsvc.operations.context import command_context
 
     r = Run(world, logs, "fair-blackhole" if blackholed else "fair-alone")
     blackhole = Blackhole() if blackholed else None
     try:
         if blackhole is not None:
             r.env["AUTHSVC_WEBHOOK_ALLOW_HOSTS"] += f",127.0.0.1:{blackhole.port}"
-            ops.add_webhook(r.store, ops.command_context(), f"http://127.0.0.1:{blackhole.port}/hook",
+            webhooks.add_webhook(r.store, command_context(), f"http://127.0.0.1:{blackhole.port}/hook",
                             ["player.created"], None, r.env["AUTHSVC_WEBHOOK_ALLOW_HOSTS"])
         r.store.upsert_players((i, f"p{i}") for i in range(1, args.events_fair_pending + 1))
         r.start_receiver()

@@ -65,7 +65,7 @@ def nginx_in_front(world: World, root: Path, sock: Path, *, overrides: dict[str,
         **(overrides or {}),
     }
     sets = [a for name, value in values.items() for a in ("--set", f"{name}={value}")]
-    subprocess.run([sys.executable, "-m", "authsvc.admin.deploy", str(REPO / "deploy"), str(root / "deploy"), *sets],
+    subprocess.run([sys.executable, "-m", "authsvc.deployment", str(REPO / "deploy"), str(root / "deploy"), *sets],
                    check=True, stdout=subprocess.DEVNULL, cwd=REPO)
     if edit is not None:
         edit(root)

@@ -43,7 +43,7 @@ def postgres_copy(world: World, url: str, what: str = "a PostgreSQL row") -> Ite
     """A temporary database (temporary_database) holding the world's store, copied with authsvc
     export/init/import; its URL, dropped after."""
     with temporary_database(url, what) as pg_url:
-        cli = [sys.executable, "-m", "authsvc.admin.command"]
+        cli = [sys.executable, "-m", "authsvc.cli.command"]
         export = world.root / "export.jsonl"
         export.unlink(missing_ok=True)
         subprocess.run([*cli, "export", str(export)], env={**os.environ, **world.env}, check=True,

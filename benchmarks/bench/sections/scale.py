@@ -111,7 +111,7 @@ def engine_row(engine: str, players: int, n_auth: int, pg_url: str, workdir: Pat
         raise SystemExit(f"bench: unknown engine {engine!r} in --scale-engines (sqlite, postgresql)")
     env = {**os.environ, "AUTHSVC_STORE": url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
     env.pop("AUTHSVC_CONFIG", None)
-    admin_command = [sys.executable, "-m", "authsvc.admin.command"]
+    admin_command = [sys.executable, "-m", "authsvc.cli.command"]
     try:
         subprocess.run([*admin_command, "init"], env=env, check=True, stdout=subprocess.DEVNULL)
         csv_path = workdir / f"players-{players}.csv"

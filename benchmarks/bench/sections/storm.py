@@ -51,7 +51,7 @@ import threading
 import time
 from pathlib import Path
 
-from authsvc.admin.deploy import REQUESTS_PER_WORKER
+from authsvc.deployment import REQUESTS_PER_WORKER
 from authsvc.settings import default
 from benchmarks.bench.sections.nginx import nginx_in_front
 from benchmarks.bench.serve import (
@@ -404,7 +404,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     storm_script.write_text(STORM_SCRIPT % {"paths": ",\n".join(json.dumps(p) for p in world.paths()),
                                             "shed": json.dumps(SHED_BODY)})
     pin = pinning(args.storm_pin)
-    # authsvc/admin/deploy.py's default: REQUESTS_PER_WORKER x the workers, one per (server) CPU
+    # authsvc/deployment.py's default: REQUESTS_PER_WORKER x the workers, one per (server) CPU
     shipped = REQUESTS_PER_WORKER * server_workers(pin)
     rows = []
     for item in filter(None, args.storm_max_conns.split(",")):  # "": no storm, the shed-cost table alone

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 
-from authsvc.admin import deploy
+from authsvc import deployment
 from authsvc.errors import CommandError
 
 NGINX_DIR = "/etc/nginx"
@@ -33,9 +33,9 @@ def _render(templates: str, given: dict[str, str]) -> str:
     work = tempfile.mkdtemp(prefix="authsvc-setup-")
     try:
         if config:  # MAX_BODY_BYTES and the upstream's max_conns from the service's own settings
-            given = deploy.values_from_settings(config, given)
-        deploy.render_tree(templates, work, given)
-    except deploy.RenderError as e:
+            given = deployment.values_from_settings(config, given)
+        deployment.render_tree(templates, work, given)
+    except deployment.RenderError as e:
         shutil.rmtree(work, ignore_errors=True)
         raise CommandError(str(e)) from None
     return work
@@ -70,7 +70,7 @@ def cmd_setup(args, settings):
         raise CommandError(f"cannot write nginx's configuration: {e.strerror}: {e.filename}") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    cert = deploy.values_with_defaults(given)["TLS_CERT"]
+    cert = deployment.values_with_defaults(given)["TLS_CERT"]
     retry = "run authsvc setup again"
     done = subprocess.run(["sh", "-c", '. "$0" && authsvc_enable_site "$@"', steps, NGINX_DIR, "authsvc.conf",
                            cert, retry], capture_output=True, text=True)

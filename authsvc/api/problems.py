@@ -1,4 +1,5 @@
-"""The admin API's requests and answers: JSON, and RFC 9457 ``application/problem+json`` for every error.
+"""The admin API's errors: RFC 9457 ``application/problem+json``, one for every error (its requests and
+answers are authsvc/api/messages.py's).
 
 Unlike the game-facing endpoint (docs/api.md), whose 200-for-errors serves old game
 clients, the admin API answers with real HTTP statuses (docs/admin-api.md,
@@ -11,12 +12,8 @@ from __future__ import annotations
 
 import json
 from http import HTTPStatus
-from typing import TYPE_CHECKING
 
 from authsvc.errors import Error, Invalid
-
-if TYPE_CHECKING:
-    from authsvc.admin.operations import Context
 
 TYPE_BASE = "urn:authsvc:problem:"  # each type names a section of docs/admin-api.md, "Errors"
 
@@ -93,28 +90,3 @@ def invalid(field: str, detail: str) -> Invalid:
 def encode(obj: dict) -> bytes:
     """Compact JSON, ASCII only (``\\u`` escapes), one line."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-
-
-class Request:
-    """What a handler may read: method, path parameters, query, JSON body, headers it needs, the context."""
-
-    def __init__(self, environ: dict, params: dict, body: dict | None, ctx: Context, token_name: str):
-        self.environ = environ
-        self.method = environ["REQUEST_METHOD"]
-        self.params = params
-        self.query = environ.get("QUERY_STRING", "")
-        self.body = body
-        self.ctx = ctx
-        self.token_name = token_name
-
-    def header(self, name: str) -> str | None:
-        return self.environ.get("HTTP_" + name.upper().replace("-", "_"))
-
-
-class Response:
-    def __init__(self, status: int, obj: dict, headers: tuple[tuple[str, str], ...] = (),
-                 content_type: str = "application/json"):
-        self.status = status
-        self.obj = obj
-        self.headers = headers
-        self.content_type = content_type

@@ -15,18 +15,23 @@ import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from authsvc.admin import batch
-from authsvc.admin import operations as ops
-from authsvc.admin.problems import Request, Response, invalid
-from authsvc.admin.put_player import condition, etag
+from authsvc.api import batch
+from authsvc.api.messages import Request, Response
+from authsvc.api.problems import invalid
 from authsvc.errors import BadRequest, MethodNotAllowed, NotFound, ServiceUnavailable
 from authsvc.loglines import OTHER_ROUTE
 from authsvc.names import MAX_ID
+from authsvc.operations import games as games_ops
+from authsvc.operations import players as players_ops
+from authsvc.operations import tokens as tokens_ops
+from authsvc.operations import webhooks as webhooks_ops
+from authsvc.operations.conditions import condition, etag
+from authsvc.operations.context import at_ms
 from authsvc.store.base import Game, Player
 from authsvc.store.events import Delivery, Webhook
 
 if TYPE_CHECKING:
-    from authsvc.admin.api import AdminApp
+    from authsvc.api.app import AdminApp
 
 Handler = Callable[["AdminApp", "Request"], "Response"]
 _ID = r"([1-9][0-9]{0,18})"
@@ -104,7 +109,7 @@ def field(body: dict | None, name: str, kind: type, *, required: bool = True, de
 
 def player_json(player: Player) -> dict:
     return {"user_id": player.user_id, "username": player.username, "enabled": player.enabled, "epoch": player.epoch,
-            "updated_at": ops.updated_at(player)}
+            "updated_at": players_ops.updated_at(player)}
 
 
 def game_json(game: Game) -> dict:
@@ -119,7 +124,7 @@ PLAYER = rf"/v1/players/(?P<user_id>{_ID[1:-1]})"
 
 @route(PLAYER, "GET", "players:read")
 def get_player(app: AdminApp, req: Request) -> Response:
-    player = ops.get_player(app.store, req.params["user_id"])
+    player = players_ops.get_player(app.store, req.params["user_id"])
     return Response(200, player_json(player), (("ETag", etag(player)),))
 
 
@@ -127,7 +132,7 @@ def get_player(app: AdminApp, req: Request) -> Response:
 def put_player(app: AdminApp, req: Request) -> Response:
     username = field(req.body, "username", str)
     enabled = field(req.body, "enabled", bool, required=False, default=True)
-    player, created = ops.put_player(app.store, req.ctx, req.params["user_id"], username, enabled,
+    player, created = players_ops.put_player(app.store, req.ctx, req.params["user_id"], username, enabled,
                                      condition("If-Match", req.header("If-Match")),
                                      condition("If-None-Match", req.header("If-None-Match")))
     return Response(201 if created else 200, player_json(player), (("ETag", etag(player)),))
@@ -136,7 +141,7 @@ def put_player(app: AdminApp, req: Request) -> Response:
 @route(PLAYER + "/revoke", "POST", "players:write")
 def revoke_player(app: AdminApp, req: Request) -> Response:
     """effective_by: the commit's time plus the staleness bound, by when no web process accepts an older token."""
-    epoch = ops.revoke_player(app.store, req.ctx, req.params["user_id"])
+    epoch = players_ops.revoke_player(app.store, req.ctx, req.params["user_id"])
     effective_by = utc(req.ctx.clock() + app.settings.max_staleness)
     return Response(200, {"user_id": req.params["user_id"], "epoch": epoch, "effective_by": effective_by})
 
@@ -144,16 +149,16 @@ def revoke_player(app: AdminApp, req: Request) -> Response:
 @route(PLAYER, "DELETE", "players:write")
 def delete_player(app: AdminApp, req: Request) -> Response:
     """The player and its names go (docs/admin-api.md, "Deleting a player"); effective_by as a revoke's."""
-    ops.delete_player(app.store, req.ctx, req.params["user_id"], condition("If-Match", req.header("If-Match")))
+    players_ops.delete_player(app.store, req.ctx, req.params["user_id"], condition("If-Match", req.header("If-Match")))
     effective_by = utc(req.ctx.clock() + app.settings.max_staleness)
     return Response(200, {"user_id": req.params["user_id"], "deleted": True, "effective_by": effective_by})
 
 
 @route(r"/v1/players/batch", "POST", "players:write")
 def batch_players(app: AdminApp, req: Request) -> Response:
-    """Up to 1,000 players, a result each; the valid ones written in one transaction (authsvc/admin/batch.py)."""
+    """Up to 1,000 players, a result each; the valid ones written in one transaction (authsvc/api/batch.py)."""
     items, errors, dry_run = batch.parse(req.body)
-    status = ops.batch_players(app.store, req.ctx, items, dry_run, len(errors), req.body or {}) if items else {}
+    status = players_ops.batch_players(app.store, req.ctx, items, dry_run, len(errors), req.body or {}) if items else {}
     results, counts = batch.results(items, errors, status)
     answer: dict[str, Any] = {"dry_run": dry_run, "counts": counts, "results": results}
     if not dry_run:
@@ -179,7 +184,7 @@ def mint(app: AdminApp, req: Request) -> Response:
     if not secrets:
         raise ServiceUnavailable("this admin service has no token secret to mint with",
                                  headers=(("Retry-After", "60"),))
-    token, player = ops.mint(app.store, req.ctx, secrets[0], game_id, user_id)
+    token, player = tokens_ops.mint(app.store, req.ctx, secrets[0], game_id, user_id)
     return Response(200, {"game_id": game_id, "user_id": user_id, "game_auth_token": token, "epoch": player.epoch})
 
 
@@ -191,7 +196,7 @@ GAME = rf"/v1/games/(?P<game_id>{_ID[1:-1]})"
 @route(r"/v1/games", "POST", "games:write")
 def add_game(app: AdminApp, req: Request) -> Response:
     """The api key is in this answer only (docs/admin-api.md, "Games")."""
-    game, api_key = ops.add_game(app.store, req.ctx, field(req.body, "name", str))
+    game, api_key = games_ops.add_game(app.store, req.ctx, field(req.body, "name", str))
     return Response(201, game_json(game) | {"api_key": api_key})
 
 
@@ -206,7 +211,7 @@ def get_game(app: AdminApp, req: Request) -> Response:
 @route(GAME, "PATCH", "games:write")
 def patch_game(app: AdminApp, req: Request) -> Response:
     enabled = field(req.body, "enabled", bool)
-    ops.set_game_enabled(app.store, req.ctx, req.params["game_id"], enabled)
+    games_ops.set_game_enabled(app.store, req.ctx, req.params["game_id"], enabled)
     return get_game(app, req)
 
 
@@ -214,7 +219,7 @@ def patch_game(app: AdminApp, req: Request) -> Response:
 def rotate_key(app: AdminApp, req: Request) -> Response:
     """A new key, once; the game's older keys expire ``old_key_ttl`` seconds from now (default one day)."""
     ttl = field(req.body, "old_key_ttl", int, required=False, default=86400)
-    api_key, expires_at = ops.rotate_game_key(app.store, req.ctx, req.params["game_id"], ttl)
+    api_key, expires_at = games_ops.rotate_game_key(app.store, req.ctx, req.params["game_id"], ttl)
     return Response(201, {"game_id": req.params["game_id"], "api_key": api_key, "old_keys_expire_at": expires_at})
 
 
@@ -260,14 +265,14 @@ WEBHOOK = rf"/v1/webhooks/(?P<webhook_id>{_ID[1:-1]})"
 
 def webhook_json(hook: Webhook) -> dict:
     return {"id": hook.id, "url": hook.url, "events": list(hook.events), "game_id": hook.game_id,
-            "created_at": ops.at_ms(hook.created_at)}
+            "created_at": at_ms(hook.created_at)}
 
 
 def delivery_json(d: Delivery) -> dict:
     return {"id": d.id, "event_id": d.event_id, "event_type": d.event_type, "user_id": d.user_id, "state": d.state,
-            "created_at": ops.at_ms(d.created_at), "next_at": ops.at_ms(d.next_at) if d.state == "pending" else None,
-            "done_at": ops.at_ms(d.done_at), "last_status": d.last_status, "last_error": d.last_error,
-            "attempts": [{"n": a.n, "at": ops.at_ms(a.at), "status": a.status, "error": a.error,
+            "created_at": at_ms(d.created_at), "next_at": at_ms(d.next_at) if d.state == "pending" else None,
+            "done_at": at_ms(d.done_at), "last_status": d.last_status, "last_error": d.last_error,
+            "attempts": [{"n": a.n, "at": at_ms(a.at), "status": a.status, "error": a.error,
                           "duration_ms": a.duration_ms} for a in d.tries]}
 
 
@@ -281,25 +286,25 @@ def add_webhook(app: AdminApp, req: Request) -> Response:
     game_id = req.body.get("game_id") if req.body else None
     if game_id is not None and type(game_id) is not int:
         raise invalid("/game_id", "must be a whole number or null")
-    hook, secret = ops.add_webhook(app.store, req.ctx, url, events, game_id, app.settings.webhook_allow_hosts,
+    hook, secret = webhooks_ops.add_webhook(app.store, req.ctx, url, events, game_id, app.settings.webhook_allow_hosts,
                                    app.settings.max_webhooks)
     return Response(201, webhook_json(hook) | {"secret": secret})
 
 
 @route(r"/v1/webhooks", "GET", "webhooks:read")
 def list_webhooks(app: AdminApp, req: Request) -> Response:
-    return Response(200, {"webhooks": [webhook_json(h) for h in ops.list_webhooks(app.store)]})
+    return Response(200, {"webhooks": [webhook_json(h) for h in webhooks_ops.list_webhooks(app.store)]})
 
 
 @route(WEBHOOK, "GET", "webhooks:read")
 def get_webhook(app: AdminApp, req: Request) -> Response:
-    return Response(200, webhook_json(ops.get_webhook(app.store, req.params["webhook_id"])))
+    return Response(200, webhook_json(webhooks_ops.get_webhook(app.store, req.params["webhook_id"])))
 
 
 @route(WEBHOOK, "DELETE", "webhooks:write")
 def remove_webhook(app: AdminApp, req: Request) -> Response:
     """No new deliveries; the pending ones fail."""
-    ops.remove_webhook(app.store, req.ctx, req.params["webhook_id"])
+    webhooks_ops.remove_webhook(app.store, req.ctx, req.params["webhook_id"])
     return Response(200, {"id": req.params["webhook_id"], "deleted": True})
 
 
@@ -313,14 +318,15 @@ def deliveries(app: AdminApp, req: Request) -> Response:
     numbers = {"after": 0, "limit": 100}
     for name, value in query.items():
         if name in numbers:
-            top, top_text = (ops.MAX_DELIVERY_PAGE, str(ops.MAX_DELIVERY_PAGE)) if name == "limit" else (MAX_ID, "2^63-1")
+            page = webhooks_ops.MAX_DELIVERY_PAGE
+            top, top_text = (page, str(page)) if name == "limit" else (MAX_ID, "2^63-1")
             if not (value.isascii() and value.isdigit() and value[0] != "0" and len(value) <= len(str(top))
                     and int(value) <= top):
                 raise invalid(name, f"must be a whole number from 1 to {top_text}")
             numbers[name] = int(value)
         elif name != "state":
             raise invalid(name, "is not a parameter of this path (state, limit, after)")
-    found = ops.webhook_deliveries(app.store, req.params["webhook_id"], query.get("state"), numbers["limit"],
+    found = webhooks_ops.webhook_deliveries(app.store, req.params["webhook_id"], query.get("state"), numbers["limit"],
                                    numbers["after"])
     next_cursor = str(found[-1].id) if len(found) == numbers["limit"] else None
     return Response(200, {"deliveries": [delivery_json(d) for d in found], "next": next_cursor})
@@ -336,12 +342,12 @@ def retry_deliveries(app: AdminApp, req: Request) -> Response:
     for name in query:
         if name != "state":
             raise invalid(name, "is not a parameter of this path (state)")
-    count = ops.retry_deliveries(app.store, req.ctx, req.params["webhook_id"], query.get("state"))
+    count = webhooks_ops.retry_deliveries(app.store, req.ctx, req.params["webhook_id"], query.get("state"))
     return Response(200, {"webhook_id": req.params["webhook_id"], "due_now": count})
 
 
 @route(WEBHOOK + rf"/deliveries/(?P<delivery_id>{_ID[1:-1]})/retry", "POST", "webhooks:write")
 def retry_delivery(app: AdminApp, req: Request) -> Response:
     """A failed delivery pending again, due now."""
-    return Response(200, delivery_json(ops.retry_delivery(app.store, req.ctx, req.params["webhook_id"],
+    return Response(200, delivery_json(webhooks_ops.retry_delivery(app.store, req.ctx, req.params["webhook_id"],
                                                           req.params["delivery_id"])))

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 
-from authsvc.admin import operations as ops
 from authsvc.errors import ConfigError
+from authsvc.operations import stores
+from authsvc.operations.context import admin_store, command_context
 from authsvc.store import ledger_beside, redact_url
 from authsvc.store.sqlite.url import path_from_url
 
@@ -27,8 +28,8 @@ def _engine(url: str) -> str:
 
 def cmd_backup(args, settings):
     if _engine(settings.store) == "sqlite":
-        with ops.admin_store(settings) as store:
-            ops.backup(store, args.file)
+        with admin_store(settings) as store:
+            stores.backup(store, args.file)
         return 0, {"file": args.file}, f"backed up {redact_url(settings.store)} to {args.file} (WAL mode)"
     from authsvc.store.postgres.restore import backup
 
@@ -38,7 +39,7 @@ def cmd_backup(args, settings):
 
 def cmd_restore(args, settings):
     started = time.monotonic()
-    audit = ops.command_context().audit()
+    audit = command_context().audit()
     if _engine(settings.store) == "sqlite":
         from authsvc.store.sqlite.restore import restore
 

@@ -1,14 +1,14 @@
 """The admin API: a WSGI app of its own, for the platform's web tier (docs/admin-api.md).
 
-Run by gunicorn as its own service (authsvc/admin/wsgi.py) with the admin store
+Run by gunicorn as its own service (authsvc/api/wsgi.py) with the admin store
 settings: it writes, so the game-facing process, which never writes, never serves
 it. Every request gets an id of the service's own. Then: route (404, 405), find the
-bearer token (401), the token's limits (429, authsvc/admin/ratelimit.py: a rate where
+bearer token (401), the token's limits (429, authsvc/api/ratelimit.py: a rate where
 a body counts by its size, one large body at a time) and its scope (403), read the body
-(authsvc/admin/body.py: 413, 415, 400), then one operation of the operations layer
-(authsvc/admin/operations.py) with the actor ``api:<token name>``. One
+(authsvc/api/body.py: 413, 415, 400), then one operation of the operations layer
+(authsvc/operations/) with the actor ``api:<token name>``. One
 error boundary (``__call__``) turns every failure into an RFC 9457 problem
-(authsvc/admin/problems.py): a store that cannot answer is a 503 with
+(authsvc/api/problems.py): a store that cannot answer is a 503 with
 Retry-After, anything unexpected a 500 with an opaque body, its traceback in the
 log (no request value: no token can reach the log). ``/openapi.json`` is the API's
 OpenAPI document (authsvc/openapi/admin.json), read once when the app is built and
@@ -27,11 +27,11 @@ from collections.abc import Callable
 from importlib import resources
 
 from authsvc import release
-from authsvc.admin import body as bodies
-from authsvc.admin import idempotency, problems, routes
-from authsvc.admin import operations as ops
-from authsvc.admin.problems import Problem, Request, Response, encode, reason_phrase
-from authsvc.admin.ratelimit import BODY_UNIT, RateLimit, body_cost
+from authsvc.api import body as bodies
+from authsvc.api import idempotency, problems, routes
+from authsvc.api.messages import Request, Response
+from authsvc.api.problems import Problem, encode, reason_phrase
+from authsvc.api.ratelimit import BODY_UNIT, RateLimit, body_cost
 from authsvc.errors import (
     ConfigError,
     Error,
@@ -44,6 +44,8 @@ from authsvc.errors import (
 )
 from authsvc.loglines import REQUEST_ID_KEY, ROUTE_KEY
 from authsvc.loglines import request_id as logged_request_id
+from authsvc.operations import api_tokens
+from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.store.base import Store
@@ -145,7 +147,7 @@ class AdminApp:
                 self.rate_limit.charge(token.name, body_cost(len(raw)))
             body = bodies.parse(raw, environ)
             client_rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))  # in the logged shape, else "-"
-            ctx = ops.Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock,
+            ctx = Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock,
                               client_request_id=None if client_rid == "-" else client_rid)
             request = Request(environ, params, body, ctx, token.name)
             key = environ.get("HTTP_IDEMPOTENCY_KEY")
@@ -162,7 +164,7 @@ class AdminApp:
         m = _BEARER.fullmatch(environ.get("HTTP_AUTHORIZATION", ""))
         if m is None:
             raise unauthorized
-        token = ops.api_token_for(self.store, m[1], int(self.clock()))
+        token = api_tokens.api_token_for(self.store, m[1], int(self.clock()))
         if token is None:
             raise unauthorized
         return token

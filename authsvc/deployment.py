@@ -1,6 +1,6 @@
 """Fill the ``@NAME@`` placeholders of the files under ``deploy/``: the one way to render them.
 
-``scripts/install`` and the tests both call this (``python -m authsvc.admin.deploy``),
+``scripts/install`` and the tests both call this (``python -m authsvc.deployment``),
 so the tests run exactly what a machine gets. Rules:
 
 - a placeholder is ``@`` + upper-case letters, digits or ``_`` + ``@``
@@ -188,7 +188,7 @@ def values_from_settings(path: str, given: dict[str, str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m authsvc.admin.deploy",
+        prog="python -m authsvc.deployment",
         description="Render deploy/ templates: fill @NAME@ placeholders (see docs/operations.md).",
     )
     parser.add_argument("src", help="template directory (e.g. deploy/nginx)")
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in render_tree(args.src, args.dest, given):
             print(path)
     except (RenderError, OSError) as e:
-        print(f"authsvc.admin.deploy: error: {e}", file=sys.stderr)
+        print(f"authsvc.deployment: error: {e}", file=sys.stderr)
         return 1
     return 0
 

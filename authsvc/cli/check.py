@@ -28,7 +28,7 @@ import sys
 import urllib.parse
 
 from authsvc import release
-from authsvc.admin.explain import RefusedSecret
+from authsvc.cli.explain import RefusedSecret
 from authsvc.errors import CommandError
 from authsvc.settings import Settings
 from authsvc.store import open_store, redact_url

@@ -7,7 +7,7 @@ are written anyway, like Kratos' and Firebase's batch imports. The valid items a
 transaction with ONE audit record (``player.batch``: the counts and ``sealed_body_sha256``, the
 SHA-256 of the canonical request body with its names sealed: sealed_digest), and only the rows that change are written:
 the current rows are read under the writer lock (store/writes.py) and the changed ones written in
-one statement, so each item's status is exact (authsvc/admin/operations.py's batch_players).
+one statement, so each item's status is exact (authsvc/operations/players.py's batch_players).
 
 ``dry_run`` reads the same rows and answers the same statuses, writing nothing and no record.
 A batch that changes nothing writes no record either, as a PUT that changes nothing.
@@ -15,28 +15,18 @@ A batch that changes nothing writes no record either, as a PUT that changes noth
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 from typing import cast
 
-from authsvc.admin.problems import Problem, invalid
+from authsvc.api.problems import Problem, invalid
 from authsvc.errors import Invalid
 from authsvc.names import MAX_ID, check_username
-from authsvc.store import audit as trail
+from authsvc.operations.players import STATUSES, Item
 
 MAX_ITEMS = 1000
 # Any batch of 1,000 valid players fits, even 255-character names sent as \\u escapes (12 bytes a
 # character outside the BMP): the route's body cap instead of AUTHSVC_MAX_BODY_BYTES.
 MAX_BYTES = 4 << 20
-STATUSES = ("created", "updated", "unchanged", "error")
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Item:
-    index: int
-    user_id: int
-    username: str
-    enabled: bool
 
 
 def parse(body: dict | None) -> tuple[list[Item], dict[int, dict], bool]:
@@ -92,13 +82,6 @@ def _error(index: int, user_id: int | None, faults: list[tuple[str, str]]) -> di
     return {"index": index, "user_id": user_id, "status": "error", "error": problem.body()}
 
 
-def status_of(current: tuple[str, bool] | None, item: Item) -> str:
-    """What writing ``item`` over the player as it is (None: none) does."""
-    if current is None:
-        return "created"
-    return "unchanged" if current == (item.username, item.enabled) else "updated"
-
-
 def results(items: list[Item], errors: dict[int, dict], status: dict[int, str]) -> tuple[list[dict], dict]:
     """The per-item results in the request's order, and the count of each status."""
     out: list[dict] = [{}] * (len(items) + len(errors))
@@ -110,20 +93,3 @@ def results(items: list[Item], errors: dict[int, dict], status: dict[int, str]) 
     for result in out:
         counts[result["status"]] += 1
     return out, counts
-
-
-def sealed_digest(body: dict, items: list[Item], keys: dict[int, str]) -> str:
-    """The SHA-256 of the body's canonical JSON with each valid item's username sealed under its player's
-    key, as the chain seals names (store/audit.py), and an invalid item's left out (ERASED): whoever reads
-    the record but not the keys cannot test a guessed name against it, and no one can once the player's
-    deletion dropped its key (docs/admin.md, "Erasure")."""
-    valid = {item.index: item.user_id for item in items}
-    players = []
-    for index, entry in enumerate(cast(list, body["players"])):
-        if isinstance(entry, dict) and "username" in entry:
-            name = entry["username"]
-            user_id = valid.get(index)
-            sealed = trail.seal(keys[user_id], "username", name) if user_id is not None else trail.ERASED
-            entry = entry | {"username": sealed}
-        players.append(entry)
-    return hashlib.sha256(trail.canonical(body | {"players": players}).encode("ascii")).hexdigest()

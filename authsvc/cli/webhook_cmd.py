@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from authsvc.admin import operations as ops
-from authsvc.admin.routes import delivery_json, webhook_json
+from authsvc.api.routes import delivery_json, webhook_json
 from authsvc.errors import Invalid
+from authsvc.operations import webhooks as webhooks_ops
+from authsvc.operations.context import admin_store, at_ms, command_context
 from authsvc.store.events import DELIVERY_STATES, EVENT_TYPES
 
 # The admin API's body fields as this command's arguments, for its error lines.
@@ -20,9 +21,9 @@ _ARGUMENTS = {"/url": "URL", "/events": "--event", "/game_id": "--game"}
 
 def cmd_add(args, settings):
     try:
-        ops.check_webhook_request(args.url, args.event, args.game, settings.webhook_allow_hosts)  # before the store
-        with ops.admin_store(settings) as store:
-            hook, secret = ops.add_webhook(store, ops.command_context(), args.url, args.event, args.game,
+        webhooks_ops.check_webhook_request(args.url, args.event, args.game, settings.webhook_allow_hosts)  # before the store
+        with admin_store(settings) as store:
+            hook, secret = webhooks_ops.add_webhook(store, command_context(), args.url, args.event, args.game,
                                            settings.webhook_allow_hosts, settings.max_webhooks)
     except Invalid as e:
         if e.field not in _ARGUMENTS:
@@ -36,8 +37,8 @@ def cmd_add(args, settings):
 
 
 def cmd_list(args, settings):
-    with ops.admin_store(settings) as store:
-        hooks = ops.list_webhooks(store)
+    with admin_store(settings) as store:
+        hooks = webhooks_ops.list_webhooks(store)
     lines = [f"{'ID':>6}  {'GAME':>6}  {'URL':40}  EVENTS"]
     for h in hooks:
         lines.append(f"{h.id:>6}  {'-' if h.game_id is None else h.game_id:>6}  {h.url:40}  {' '.join(h.events)}")
@@ -45,21 +46,21 @@ def cmd_list(args, settings):
 
 
 def cmd_remove(args, settings):
-    with ops.admin_store(settings) as store:
-        hook = ops.remove_webhook(store, ops.command_context(), args.id)
+    with admin_store(settings) as store:
+        hook = webhooks_ops.remove_webhook(store, command_context(), args.id)
     return 0, {"id": hook.id, "deleted": True}, f"webhook {hook.id} removed; its pending deliveries will not be sent"
 
 
 def _delivery_line(d) -> str:
     last = d.last_error or ("" if d.last_status is None else f"HTTP {d.last_status}")
-    when = ops.at_ms(d.next_at if d.state == "pending" else d.done_at) or ""
+    when = at_ms(d.next_at if d.state == "pending" else d.done_at) or ""
     user = "-" if d.user_id is None else d.user_id
     return f"{d.id:>8}  {d.event_type:18}  {user:>10}  {d.state:9}  {d.attempts:>5}  {when:24}  {last}"
 
 
 def cmd_deliveries(args, settings):
-    with ops.admin_store(settings) as store:
-        found = ops.webhook_deliveries(store, args.id, args.state, args.limit, args.after)
+    with admin_store(settings) as store:
+        found = webhooks_ops.webhook_deliveries(store, args.id, args.state, args.limit, args.after)
     next_cursor = str(found[-1].id) if len(found) == args.limit else None
     lines = [f"{'ID':>8}  {'EVENT':18}  {'USER':>10}  {'STATE':9}  {'TRIES':>5}  {'NEXT (PENDING) OR DONE':24}  LAST ANSWER"]
     lines += [_delivery_line(d) for d in found]
@@ -71,18 +72,18 @@ def cmd_deliveries(args, settings):
 def cmd_retry(args, settings):
     if (args.delivery_id is None) == (not args.all) or (args.state and not args.all):
         raise Invalid("give a DELIVERY_ID, or --all (and --state) for every pending and failed one")
-    with ops.admin_store(settings) as store:
+    with admin_store(settings) as store:
         if args.all:
-            count = ops.retry_deliveries(store, ops.command_context(), args.id, args.state)
+            count = webhooks_ops.retry_deliveries(store, command_context(), args.id, args.state)
             which = f"{args.state} deliveries" if args.state else "pending and failed deliveries"
             return 0, {"webhook_id": args.id, "due_now": count}, f"webhook {args.id}: {count} {which} due now"
-        d = ops.retry_delivery(store, ops.command_context(), args.id, args.delivery_id)
+        d = webhooks_ops.retry_delivery(store, command_context(), args.id, args.delivery_id)
     return 0, delivery_json(d), f"delivery {d.id} of webhook {args.id} is pending again, due now"
 
 
 def _page_size(text: str) -> int:
-    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= ops.MAX_DELIVERY_PAGE):
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {ops.MAX_DELIVERY_PAGE}")
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= webhooks_ops.MAX_DELIVERY_PAGE):
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {webhooks_ops.MAX_DELIVERY_PAGE}")
     return int(text)
 
 
@@ -113,4 +114,4 @@ def add_parsers(top, common, parser_class) -> None:
     p.add_argument("id", type=int)
     p.add_argument("delivery_id", type=int, metavar="DELIVERY_ID", nargs="?")
     p.add_argument("--all", action="store_true", help="every pending and failed delivery of the webhook, due now")
-    p.add_argument("--state", choices=ops.RETRY_STATES, help="with --all: only those in this state")
+    p.add_argument("--state", choices=webhooks_ops.RETRY_STATES, help="with --all: only those in this state")

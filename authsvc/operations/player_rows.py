@@ -9,15 +9,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import sys
-import time
 from collections.abc import Iterator
 
 from authsvc.errors import Invalid
 from authsvc.names import MAX_USERNAME, check_username, check_visible
 from authsvc.web.authenticate import parse_user_id
 
-__all__ = ["MAX_USERNAME", "ProgressBar", "RowError", "check_username", "check_visible", "import_rows"]
+__all__ = ["MAX_USERNAME", "RowError", "check_username", "check_visible", "import_rows"]
 
 
 class RowError(Invalid):
@@ -79,28 +77,3 @@ def _csv_rows(text: str) -> Iterator[tuple[int, str]]:
         if len(fields) != 2:
             raise RowError(f"line {line_no}: expected 2 fields (user_id,username), got {len(fields)}")
         yield _row(line_no, fields[0].strip(), fields[1])
-
-
-class ProgressBar:
-    """A one-line progress bar on stderr, redrawn at most ten times a second."""
-
-    def __init__(self, total: int):
-        self.total = max(total, 1)
-        self.last = 0.0
-
-    def __call__(self, count: int) -> None:
-        now = time.monotonic()
-        if now - self.last >= 0.1:
-            self.last = now
-            self.draw(count, self.total)
-
-    def draw(self, count: int, total: int) -> None:
-        share = min(count / max(total, 1), 1.0)
-        filled = int(share * 30)
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {share:4.0%} {count}/{total}")
-        sys.stderr.flush()
-
-    def done(self, count: int) -> None:
-        """The final state: the total was a line count (header, blank lines), the rows are exact."""
-        self.draw(count, count)
-        sys.stderr.write("\n")

@@ -28,15 +28,16 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from authsvc.admin.problems import Response, invalid
-from authsvc.admin.problems import from_error as problem_for
+from authsvc.api.messages import Response
+from authsvc.api.problems import from_error as problem_for
+from authsvc.api.problems import invalid
 from authsvc.errors import Error, KeyReused, SecretNotKept
 from authsvc.store.audit import canonical
 from authsvc.tokens import mint_token
 
 if TYPE_CHECKING:
-    from authsvc.admin.api import AdminApp
-    from authsvc.admin.problems import Request
+    from authsvc.api.app import AdminApp
+    from authsvc.api.messages import Request
 
 WINDOW = 86400  # seconds a key's answer is kept
 RUNNING = 0  # the status the release before wrote while a request ran: no answer, the retry runs

@@ -9,14 +9,14 @@
     webhook add | list | remove | deliveries | retry
     audit [filters] | verify | prune
     export, import, backup, restore, check, explain
-    heartbeat (a long-running writer for hot standbys: authsvc/admin/heartbeat.py)
+    heartbeat (a long-running writer for hot standbys: authsvc/cli/heartbeat.py)
     deliver (a long-running sender of the events to their webhooks: authsvc/webhooks/deliver.py)
 
 Every subcommand takes ``--json`` (one JSON object on stdout). Bad input gives a
 one-line message on stderr and exit 1 (exit 2 for a malformed command line).
 The web process never writes; this command and the admin API are the store's writers. This
 module parses arguments and prints; every write and its audit record go through
-the operations layer (authsvc/admin/operations.py).
+the operations layer (authsvc/operations/).
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ import sys
 import time
 
 from authsvc import release
-from authsvc.admin import api_token_cmd, audit, secret_cmd, setup_cmd, webhook_cmd
-from authsvc.admin import operations as ops
-from authsvc.admin.operations import MAX_OLD_KEY_TTL
-from authsvc.admin.players_import import ProgressBar
+from authsvc.cli import api_token_cmd, audit_cmd, secret_cmd, setup_cmd, webhook_cmd
 from authsvc.errors import CommandError, Error
 from authsvc.names import check_game_name, check_username, shown
+from authsvc.operations import games as games_ops
+from authsvc.operations import players as players_ops
+from authsvc.operations import stores, tokens
+from authsvc.operations import token_secret as token_secret_ops
+from authsvc.operations.context import MAX_OLD_KEY_TTL, admin_store, command_context
 from authsvc.settings import Settings
 from authsvc.store import redact_url
 from authsvc.store.base import Game
@@ -82,7 +84,7 @@ _SECRET_OUTCOMES = {
 
 def cmd_init(args, settings: Settings):
     path = settings.token_secret_file
-    before, after, secret = ops.initialize(settings, ops.command_context(), new_secret=args.new_secret)
+    before, after, secret = stores.initialize(settings, command_context(), new_secret=args.new_secret)
     obj = {
         "store": redact_url(settings.store),
         "schema_version_before": before,
@@ -102,7 +104,7 @@ def cmd_init(args, settings: Settings):
 def cmd_game_add(args, settings):
     check_game_name(args.name)  # before the store is opened, as ever
     with _store(settings) as store:
-        game, api_key = ops.add_game(store, ops.command_context(), args.name)
+        game, api_key = games_ops.add_game(store, command_context(), args.name)
     obj = {"game_id": game.id, "name": game.name, "api_key": api_key}
     text = (
         f"game {game.id} ({shown(game.name)}) created\n"
@@ -114,7 +116,7 @@ def cmd_game_add(args, settings):
 
 def cmd_game_list(args, settings):
     with _store(settings) as store:
-        games = ops.list_games(store)
+        games = games_ops.list_games(store)
     now = int(time.time())
     lines = [f"{'ID':>6}  {'ENABLED':7}  {'LIVE KEYS':9}  NAME"]
     for g in games:
@@ -126,15 +128,15 @@ def cmd_game_list(args, settings):
 def cmd_game_enable(args, settings):
     enabled = args.action == "enable"
     with _store(settings) as store:
-        ops.set_game_enabled(store, ops.command_context(), args.game_id, enabled)
+        games_ops.set_game_enabled(store, command_context(), args.game_id, enabled)
     return 0, {"game_id": args.game_id, "enabled": enabled}, f"game {args.game_id} {args.action}d"
 
 
 def cmd_game_rotate_key(args, settings):
-    ctx = ops.command_context()
-    ops.check_old_key_ttl(args.old_key_ttl)  # before the store is opened, as ever
+    ctx = command_context()
+    games_ops.check_old_key_ttl(args.old_key_ttl)  # before the store is opened, as ever
     with _store(settings) as store:
-        api_key, expires_at = ops.rotate_game_key(store, ctx, args.game_id, args.old_key_ttl)
+        api_key, expires_at = games_ops.rotate_game_key(store, ctx, args.game_id, args.old_key_ttl)
     obj = {"game_id": args.game_id, "api_key": api_key, "old_keys_expire_at": expires_at}
     text = (
         f"new api key for game {args.game_id}: {api_key}\n"
@@ -146,22 +148,22 @@ def cmd_game_rotate_key(args, settings):
 
 def _player_json(player) -> dict:
     return {"user_id": player.user_id, "username": player.username, "epoch": player.epoch, "enabled": player.enabled,
-            "updated_at": ops.updated_at(player)}
+            "updated_at": players_ops.updated_at(player)}
 
 
 def cmd_player_add(args, settings):
     check_username(args.username)  # before the store is opened, as ever
     with _store(settings) as store:
-        player = ops.add_player(store, ops.command_context(), args.user_id, args.username)
+        player = players_ops.add_player(store, command_context(), args.user_id, args.username)
     return 0, _player_json(player), f"player {player.user_id} ({shown(player.username)}) added"
 
 
 def cmd_player_show(args, settings):
     with _store(settings) as store:
-        player = ops.get_player(store, args.user_id)
+        player = players_ops.get_player(store, args.user_id)
     text = f"player {player.user_id}: {shown(player.username)}, epoch {player.epoch}, " + (
         "enabled" if player.enabled else "disabled"
-    ) + (f", last changed {ops.updated_at(player)}" if player.updated_at_ms is not None else
+    ) + (f", last changed {players_ops.updated_at(player)}" if player.updated_at_ms is not None else
          ", last changed: unknown (before updated_at was recorded)")
     return 0, _player_json(player), text
 
@@ -169,27 +171,27 @@ def cmd_player_show(args, settings):
 def cmd_player_rename(args, settings):
     check_username(args.username)
     with _store(settings) as store:
-        username = ops.rename_player(store, ops.command_context(), args.user_id, args.username)
+        username = players_ops.rename_player(store, command_context(), args.user_id, args.username)
     return 0, {"user_id": args.user_id, "username": username}, f"player {args.user_id} renamed to {shown(username)}"
 
 
 def cmd_player_enable(args, settings):
     enabled = args.action == "enable"
     with _store(settings) as store:
-        ops.set_player_enabled(store, ops.command_context(), args.user_id, enabled)
+        players_ops.set_player_enabled(store, command_context(), args.user_id, enabled)
     return 0, {"user_id": args.user_id, "enabled": enabled}, f"player {args.user_id} {args.action}d"
 
 
 def cmd_player_revoke(args, settings):
     with _store(settings) as store:
-        epoch = ops.revoke_player(store, ops.command_context(), args.user_id)
+        epoch = players_ops.revoke_player(store, command_context(), args.user_id)
     text = f"player {args.user_id}: every token revoked (credential epoch now {epoch})"
     return 0, {"user_id": args.user_id, "epoch": epoch}, text
 
 
 def cmd_player_delete(args, settings):
     with _store(settings) as store:
-        ops.delete_player(store, ops.command_context(), args.user_id)
+        players_ops.delete_player(store, command_context(), args.user_id)
     text = f"player {args.user_id} deleted: every token refused, its names erased from the store and the audit trail"
     return 0, {"user_id": args.user_id, "deleted": True}, text
 
@@ -204,7 +206,7 @@ def cmd_player_import(args, settings):
         total = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
         bar = ProgressBar(total) if sys.stderr.isatty() and not args.json else None
         started = time.monotonic()
-        count = ops.import_players(store, ops.command_context(), data, progress=bar)
+        count = players_ops.import_players(store, command_context(), data, progress=bar)
         if bar:
             bar.done(count)
     seconds = time.monotonic() - started
@@ -213,14 +215,14 @@ def cmd_player_import(args, settings):
 
 def cmd_token_issue(args, settings):
     with _store(settings) as store:
-        secret = ops.token_secrets(store, settings)[0]
-        token, player = ops.mint(store, ops.command_context(), secret, args.game, args.user)
+        secret = token_secret_ops.token_secrets(store, settings)[0]
+        token, player = tokens.mint(store, command_context(), secret, args.game, args.user)
     return 0, {"game_id": args.game, "user_id": player.user_id, "game_auth_token": token}, token
 
 
 def cmd_export(args, settings):
     with _store(settings) as store:
-        games, players = ops.export_store(store, args.file)
+        games, players = stores.export_store(store, args.file)
     return 0, {"file": args.file, "games": games, "players": players}, (
         f"exported {games} games and {players} players to {args.file}"
     )
@@ -229,7 +231,7 @@ def cmd_export(args, settings):
 def cmd_import(args, settings):
     started = time.monotonic()
     with _store(settings) as store:
-        games, players = ops.import_store(store, ops.command_context(), args.file)
+        games, players = stores.import_store(store, command_context(), args.file)
     seconds = time.monotonic() - started
     return 0, {"file": args.file, "games": games, "players": players, "seconds": round(seconds, 3)}, (
         f"imported {games} games and {players} players from {args.file} in {seconds:.1f} s"
@@ -238,7 +240,32 @@ def cmd_import(args, settings):
 
 # -- plumbing ------------------------------------------------------------------------------
 
-_store = ops.admin_store  # ``with _store(settings) as store``: an admin (read-write) store, closed afterwards
+_store = admin_store  # ``with _store(settings) as store``: an admin (read-write) store, closed afterwards
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr, redrawn at most ten times a second."""
+
+    def __init__(self, total: int):
+        self.total = max(total, 1)
+        self.last = 0.0
+
+    def __call__(self, count: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= 0.1:
+            self.last = now
+            self.draw(count, self.total)
+
+    def draw(self, count: int, total: int) -> None:
+        share = min(count / max(total, 1), 1.0)
+        filled = int(share * 30)
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {share:4.0%} {count}/{total}")
+        sys.stderr.flush()
+
+    def done(self, count: int) -> None:
+        """The final state: the total was a line count (header, blank lines), the rows are exact."""
+        self.draw(count, count)
+        sys.stderr.write("\n")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -309,11 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     leaf(top, "export", cmd_export, "write the whole store to a new file (JSON lines)").add_argument("file")
     leaf(top, "import", cmd_import, "load an export file into an empty store, all or nothing").add_argument("file")
-    from authsvc.admin import restore
+    from authsvc.cli import backup_cmd
 
-    restore.add_arguments(
-        leaf(top, "backup", restore.cmd_backup, "copy the store to a new file (SQLite: a copy; PostgreSQL: pg_dump)"),
-        leaf(top, "restore", restore.cmd_restore,
+    backup_cmd.add_arguments(
+        leaf(top, "backup", backup_cmd.cmd_backup, "copy the store to a new file (SQLite: a copy; PostgreSQL: pg_dump)"),
+        leaf(top, "restore", backup_cmd.cmd_restore,
              "replace the store by a backup, voiding every token and keeping deleted players deleted (services stopped)"))
 
     token = top.add_parser("token", help="game_auth_tokens").add_subparsers(
@@ -323,22 +350,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--game", type=game_id_arg, required=True, metavar="GAME_ID")
     p.add_argument("--user", type=user_id_arg, required=True, metavar="USER_ID")
 
-    audit.add_parsers(top, common, _Parser)
+    audit_cmd.add_parsers(top, common, _Parser)
     api_token_cmd.add_parsers(top, common, _Parser)
     webhook_cmd.add_parsers(top, common, _Parser)
     secret_cmd.add_parsers(top, common, _Parser)
     setup_cmd.add_parsers(top, common, _Parser)
 
-    from authsvc.admin import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
+    from authsvc.cli import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
 
     p = leaf(top, "check", check.cmd_check, "call a running service at each URL and report each case")
     check.add_arguments(p, user_id_arg, game_id_arg)
 
-    from authsvc.admin import explain
+    from authsvc.cli import explain
 
     explain.add_arguments(leaf(top, "explain", explain.cmd_explain, "say why a request would fail, or that it succeeds"))
 
-    from authsvc.admin import heartbeat
+    from authsvc.cli import heartbeat
 
     heartbeat.add_arguments(leaf(
         top, "heartbeat", heartbeat.cmd_heartbeat,
@@ -364,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env(require_secret=False)
-        with audit.heads_logged():  # each committed write's new chain head, to the journal
+        with audit_cmd.heads_logged():  # each committed write's new chain head, to the journal
             status, obj, text = args.func(args, settings)
     except Error as e:  # the one mapping of errors to the command's line and exit code (authsvc/errors.py)
         message = _line(e)

@@ -1,14 +1,15 @@
 """``authsvc api-token add | list | revoke``: the admin API's bearer tokens (docs/admin.md, "Admin API tokens").
 
-``add`` prints the token once; the store keeps its digest (authsvc/admin/api_tokens.py).
+``add`` prints the token once; the store keeps its digest (authsvc/operations/api_tokens.py).
 """
 
 from __future__ import annotations
 
 import datetime
 
-from authsvc.admin import api_tokens
-from authsvc.admin import operations as ops
+from authsvc.operations import api_tokens
+from authsvc.operations import api_tokens as api_tokens_ops
+from authsvc.operations.context import admin_store, command_context
 
 
 def _when(seconds: int | None) -> str:
@@ -18,9 +19,9 @@ def _when(seconds: int | None) -> str:
 
 
 def cmd_add(args, settings):
-    ops.check_api_token_request(args.name, args.scope, args.expires_in)  # before the store is opened, as ever
-    with ops.admin_store(settings) as store:
-        row, token = ops.add_api_token(store, ops.command_context(), args.name, args.scope, args.expires_in)
+    api_tokens_ops.check_api_token_request(args.name, args.scope, args.expires_in)  # before the store is opened, as ever
+    with admin_store(settings) as store:
+        row, token = api_tokens_ops.add_api_token(store, command_context(), args.name, args.scope, args.expires_in)
     obj = row.as_json() | {"token": token}
     text = (
         f"api token {row.name} created, scopes {' '.join(row.scopes)}, expires {_when(row.expires_at)}\n"
@@ -31,8 +32,8 @@ def cmd_add(args, settings):
 
 
 def cmd_list(args, settings):
-    with ops.admin_store(settings) as store:
-        rows = ops.list_api_tokens(store)
+    with admin_store(settings) as store:
+        rows = api_tokens_ops.list_api_tokens(store)
     lines = [f"{'NAME':24}  {'EXPIRES':20}  {'REVOKED':20}  SCOPES"]
     for r in rows:
         lines.append(f"{r.name:24}  {_when(r.expires_at):20}  {_when(r.revoked_at):20}  {' '.join(r.scopes)}")
@@ -40,8 +41,8 @@ def cmd_list(args, settings):
 
 
 def cmd_revoke(args, settings):
-    with ops.admin_store(settings) as store:
-        row = ops.revoke_api_token(store, ops.command_context(), args.name)
+    with admin_store(settings) as store:
+        row = api_tokens_ops.revoke_api_token(store, command_context(), args.name)
     return 0, row.as_json(), f"api token {row.name} revoked"
 
 

@@ -3,7 +3,7 @@
 Signup and rename are the same idempotent call (docs/admin-api.md, "Players"). The
 ETag is a digest of the player's fields, epoch and updated_at included, so a revoke
 changes it too. The conditions are read here, as RFC 9110 writes them, and checked by
-the operations layer in the write's own transaction (authsvc/admin/operations.py's
+the operations layer in the write's own transaction (authsvc/operations/'s
 put_player), so two concurrent renames cannot both win, nor two create-only signups of one id.
 """
 

@@ -28,9 +28,10 @@ import re
 import sys
 from collections.abc import Iterable, Iterator
 
-from authsvc.admin import operations
 from authsvc.errors import Invalid
 from authsvc.names import MAX_ID, shown
+from authsvc.operations import audit as audit_ops
+from authsvc.operations.context import admin_store, command_context
 from authsvc.store.audit import ERASED, HEAD_LOG, PERSONAL, Chain, Record, seal
 
 DAY_MS = 86_400_000
@@ -311,13 +312,13 @@ def line(r: Record) -> str:
 
 
 def cmd_audit(args, settings):
-    ctx = operations.command_context()
+    ctx = command_context()
     filters = {
         "since_ms": parse_time(args.since, round(ctx.clock() * 1000)) if args.since else None,
         "user_id": args.player, "game_id": args.game, "action": args.action_name, "actor": args.actor,
         "limit": args.limit,
     }
-    with operations.admin_store(settings) as store:
+    with admin_store(settings) as store:
         records = store.audit_records(**filters)
     if args.json_lines:
         text = "\n".join(json.dumps(r.as_json()) for r in records)
@@ -328,7 +329,7 @@ def cmd_audit(args, settings):
 
 def cmd_audit_verify(args, settings):
     anchors = read_heads(args.anchor) if args.anchor else None  # before the store is opened
-    with operations.admin_store(settings) as store:
+    with admin_store(settings) as store:
         verdict = verify(store.audit_walk(), anchors)
     obj = dataclasses.asdict(verdict) | {"intact": verdict.problem is None}
     if anchors:
@@ -356,7 +357,7 @@ def _anchored(anchors: dict[int, set[str]], verdict: Verdict, summary: dict) -> 
 
 
 def cmd_audit_prune(args, settings):
-    ctx = operations.command_context()
+    ctx = command_context()
     now_ms = round(ctx.clock() * 1000)
     if args.before:
         before_ms = parse_time(args.before, now_ms)
@@ -366,8 +367,8 @@ def cmd_audit_prune(args, settings):
         raise Invalid(
             "give --before TIME, or set AUTHSVC_AUDIT_RETENTION_DAYS (docs/configuration.md); nothing was pruned"
         )
-    with operations.admin_store(settings) as store:
-        record = operations.audit_prune(store, ctx, before_ms)
+    with admin_store(settings) as store:
+        record = audit_ops.audit_prune(store, ctx, before_ms)
     after = json.loads(record.changes)["after"]
     obj = {"pruned": after["pruned"], "before": utc(before_ms), "anchor_id": after["anchor_id"], "record_id": record.id}
     return 0, obj, (f"pruned {after['pruned']} audit records from before {utc(before_ms)}; "

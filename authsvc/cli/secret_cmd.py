@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import datetime
 
-from authsvc.admin import operations as ops
+from authsvc.operations import token_secret
+from authsvc.operations.context import admin_store, command_context
 
 
 def _when(seconds: int | None) -> str:
@@ -20,8 +21,8 @@ def _when(seconds: int | None) -> str:
 
 def cmd_rotate(args, settings):
     path = settings.token_secret_file
-    with ops.admin_store(settings) as store:
-        older = ops.rotate_token_secret(store, ops.command_context(), path)
+    with admin_store(settings) as store:
+        older = token_secret.rotate_token_secret(store, command_context(), path)
     text = (
         f"token secret file {path}: a new secret, minted with from now on by every process within a second; "
         f"the {older} older one(s) still accepted.\n"
@@ -35,8 +36,8 @@ def cmd_rotate(args, settings):
 
 def cmd_retire(args, settings):
     path = settings.token_secret_file
-    with ops.admin_store(settings) as store:
-        retired = ops.retire_token_secrets(store, ops.command_context(), path)
+    with admin_store(settings) as store:
+        retired = token_secret.retire_token_secrets(store, command_context(), path)
     text = (f"token secret file {path}: {retired} older secret(s) retired; the tokens minted with them are "
             "refused within a second. Copy the file to its backup now." if retired else
             f"token secret file {path}: only the current secret, nothing to retire")
@@ -45,8 +46,8 @@ def cmd_retire(args, settings):
 
 def cmd_list(args, settings):
     path = settings.token_secret_file
-    with ops.admin_store(settings) as store:
-        rows = ops.list_token_secrets(store, path)
+    with admin_store(settings) as store:
+        rows = token_secret.list_token_secrets(store, path)
     lines = [f"{'#':>2}  {'USE':14}  {'FINGERPRINT':12}  RECORDED"]
     for r in rows:
         use = "minted with" if r["minted_with"] else "accepted"
