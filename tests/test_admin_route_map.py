@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from authsvc.admin import api  # noqa: F401  (registers the routes)
-from authsvc.admin import routes
+from authsvc.admin import (
+    api,  # noqa: F401  (registers the routes)
+    routes,
+)
 
 SITE = Path(__file__).resolve().parent.parent / "deploy" / "nginx" / "sites" / "authsvc-admin.conf"
 _ENTRY = re.compile(r'^\s*("[^"]*"|\S+)\s+("[^"]*"|\S+);\s*$')
