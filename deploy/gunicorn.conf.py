@@ -1,4 +1,5 @@
-"""gunicorn settings for authsvc: ``gunicorn -c gunicorn.conf.py authsvc.wsgi:application``.
+"""gunicorn settings for authsvc: ``gunicorn -c gunicorn.conf.py 'authsvc.wsgi:create_app()'``
+(the admin API: ``'authsvc.api.wsgi:create_app()'``, gunicorn's app factories).
 
 Installed as /opt/authsvc/gunicorn.conf.py (code, replaced on upgrade). Tuning comes
 from the ``[gunicorn]`` table of the settings file named by ``AUTHSVC_CONFIG``
@@ -40,7 +41,7 @@ try:
 except ConfigError as e:
     raise SystemExit(f"authsvc: error: {e}") from None
 
-wsgi_app = "authsvc.wsgi:application"
+wsgi_app = "authsvc.wsgi:create_app()"
 bind = [_settings.bind]
 # The SQLite store keeps a worker on the CPU for the whole request, so one worker
 # per CPU gives the same throughput as 2 x CPUs + 1 with a lower p99 (BENCHMARKS.md,
@@ -51,6 +52,8 @@ threads = _settings.threads
 # gunicorn's own sync and gthread workers, whose error answers (a request gunicorn
 # cannot parse) are the service's JSON instead of HTML (authsvc/serving/workers.py):
 # the game-facing JSON, or the admin API's problem+json when it is the app served.
+# Slow and idle clients are nginx's to absorb (both sites read a whole request before
+# passing it on): gunicorn serves only nginx, on a unix socket (docs/admin-api.md, "Slow clients").
 # "sync" with threads > 1 is gthread, as gunicorn itself decides.
 _worker_kind = "gthread" if threads > 1 else _settings.worker_class
 worker_class = {

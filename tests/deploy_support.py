@@ -149,7 +149,7 @@ def _run(cmd: list[str], env: dict) -> str:
 def start_stack(root: Path, *, values: dict | None = None, worker_connections: int = 128,
                 extra_app_hosts: int = 0, workers: int = 2, app_env: dict | None = None,
                 app_host_env: dict | None = None, admin: bool = False,
-                app: str = "authsvc.wsgi:application") -> Stack:
+                app: str = "authsvc.wsgi:create_app()") -> Stack:
     """The stack in ``root``; ``values`` override placeholder values, ``worker_connections``
     sizes nginx's main config (tests/test_edge.py makes it small to reach exhaustion).
     ``extra_app_hosts`` more gunicorn instances serve the same store on 127.0.0.1 TCP
@@ -248,7 +248,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         "NOTIFY_SOCKET": str(root / "notify.sock"),
         "AUTHSVC_WORKERS": str(workers),
         "PYTHONDONTWRITEBYTECODE": "1",
-        **({"PYTHONPATH": str(REPO)} if app != "authsvc.wsgi:application" else {}),
+        **({"PYTHONPATH": str(REPO)} if app != "authsvc.wsgi:create_app()" else {}),
         **(app_env or {}),
     }
     setenv = [arg for name, value in service_env.items() for arg in ("-E", f"{name}={value}")]
@@ -277,7 +277,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
                                       "PROMETHEUS_MULTIPROC_DIR": str(root / "admin-metrics")})
             admin_gunicorn = subprocess.Popen(
                 [str(VENV_BIN / "gunicorn"), "--config", str(rendered / "gunicorn.conf.py"),
-                 "authsvc.api.wsgi:application"],
+                 "authsvc.api.wsgi:create_app()"],
                 stdout=open(logs / "gunicorn-admin-access.log", "wb"),
                 stderr=open(logs / "gunicorn-admin-error.log", "wb"),
                 env=admin_env_service, cwd=root, start_new_session=True,

@@ -181,7 +181,7 @@ def test_installed_admin_service_loads_the_admin_api_with_its_settings(staged):
     root, first = staged
     service = (root / "etc/systemd/system/authsvc-admin.service").read_text()
     assert re.search(r"^ExecStart=/opt/authsvc/venv/bin/gunicorn --config /opt/authsvc/gunicorn.conf.py "
-                     r"authsvc.api.wsgi:application$", service, re.M)
+                     r"authsvc.api.wsgi:create_app\(\)$", service, re.M)
     assert "Environment=AUTHSVC_CONFIG=/etc/authsvc/admin.toml" in service
     socket_unit = (root / "etc/systemd/system/authsvc-admin.socket").read_text()
     for line in ("ListenStream=/run/authsvc-admin.sock", "SocketGroup=authsvc-admin", "SocketMode=0660"):

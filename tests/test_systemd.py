@@ -128,7 +128,7 @@ def test_the_admin_api_unit_runs_the_admin_app_on_a_group_restricted_socket(unit
         "StateDirectory=authsvc",
     ):
         assert re.search(rf"^{re.escape(line)}$", service, re.M), line
-    assert re.search(r"^ExecStart=\S+/venv/bin/gunicorn --config \S+/gunicorn.conf.py authsvc.api.wsgi:application$",
+    assert re.search(r"^ExecStart=\S+/venv/bin/gunicorn --config \S+/gunicorn.conf.py authsvc.api.wsgi:create_app\(\)$",
                      service, re.M)
     for line in ("ListenStream=/run/authsvc-admin.sock", "SocketGroup=authsvc-admin", "SocketMode=0660"):
         assert re.search(rf"^{re.escape(line)}$", socket_unit, re.M), line

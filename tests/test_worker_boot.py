@@ -1,7 +1,8 @@
 """A gunicorn worker that boots during a store outage starts and answers 503 (docs/stores.md, "Outages").
 
 Real gunicorn as many operators run it: no ``--preload``, no shipped config, two
-workers, each building the app itself. A throwaway PostgreSQL server of the
+workers, each building the app itself with the app factory docs/stores.md names for that
+(``authsvc.wsgi:create_app(tolerate_outage=True)``). A throwaway PostgreSQL server of the
 test's own is stopped before gunicorn starts: the server must keep running,
 answer the 503 JSON, then 200 once PostgreSQL is back, with no restart. In the
 master (``--preload``) an unreachable store at start-up stays fatal (exit 75).
@@ -31,6 +32,7 @@ from tests.support import (
 pytestmark = pytest.mark.engine("postgresql")
 AUTH = "/api/authenticate.json"
 CAROL = {"success": True, "user_id": 77, "username": "carol"}
+WORKERS_BUILD = "authsvc.wsgi:create_app(tolerate_outage=True)"  # every worker builds the app
 
 
 def with_metrics_dir(env: dict, tmp_path):
@@ -58,7 +60,7 @@ def test_workers_boot_during_an_outage_and_recover(own_pg, secret_file, tmp_path
     own_pg.stop()
     port = free_port()
     log = tmp_path / "gunicorn.log"
-    server = start_gunicorn(env, "--graceful-timeout", "2", port=port, workers=2, preload=False,
+    server = start_gunicorn(env, "--graceful-timeout", "2", port=port, workers=2, preload=False, app=WORKERS_BUILD,
                             inherit_env=False, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
     try:
         wait_for_port(port)
@@ -85,7 +87,8 @@ def test_an_unreachable_store_stays_fatal_in_the_master(own_pg, secret_file, tmp
     with 75, which the service unit restarts (a misconfiguration is 4, which it does not)."""
     _, _, env = provision_postgres(own_pg.url, secret_file)
     own_pg.stop()
-    server = start_gunicorn(env, port=free_port(), workers=2, preload=True, inherit_env=False)
+    server = start_gunicorn(env, port=free_port(), workers=2, preload=True, inherit_env=False,
+                            app="authsvc.wsgi:create_app()")
     try:
         _, err = server.communicate(timeout=60)
     finally:
@@ -117,7 +120,7 @@ def test_a_worker_replaced_during_an_outage_boots_and_serves(own_pg, secret_file
     metrics_dir = with_metrics_dir(env, tmp_path)
     port = free_port()
     log = tmp_path / "gunicorn.log"
-    server = start_gunicorn(env, "--graceful-timeout", "2", port=port, workers=2, preload=False,
+    server = start_gunicorn(env, "--graceful-timeout", "2", port=port, workers=2, preload=False, app=WORKERS_BUILD,
                             inherit_env=False, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
     try:
         wait_for_port(port)
@@ -153,7 +156,8 @@ def test_a_misconfigured_store_stays_fatal_in_a_worker(own_pg, secret_file, tmp_
     exit status the service unit keeps stopped too, never one it restarts."""
     _, _, env = provision_postgres(own_pg.url, secret_file)
     env["AUTHSVC_STORE"] = own_pg.url.rsplit("/", 1)[0] + "/no_such_database"
-    server = start_gunicorn(env, port=free_port(), workers=workers, preload=False, inherit_env=False)
+    server = start_gunicorn(env, port=free_port(), workers=workers, preload=False, inherit_env=False,
+                            app=WORKERS_BUILD)
     try:
         _, err = server.communicate(timeout=60)
     finally:

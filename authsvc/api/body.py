@@ -2,7 +2,7 @@
 
 - Framing: ``Content-Length``, or ``Transfer-Encoding: chunked`` (gunicorn hands the app the body
   dechunked), the game-facing endpoint's rule (authsvc/web/http.py). A body that cannot be read (cut
-  short, broken framing, too slow: authsvc/serving/slow_clients.py) is 400: a write never runs on a
+  short, broken framing, too slow: nginx's admin site times it out first) is 400: a write never runs on a
   body it did not read.
 - Size: the route's cap, 413; a chunked body is read to the cap and one byte more, never further.
 - Shape, on the raw bytes before parsing: nested at most ``MAX_DEPTH`` deep (400), at most

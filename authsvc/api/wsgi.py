@@ -1,6 +1,6 @@
-"""``authsvc.api.wsgi:application``: the admin API (docs/admin-api.md) for gunicorn, as its own service.
+"""``authsvc.api.wsgi:create_app()``: the admin API (docs/admin-api.md) for gunicorn, as its own service.
 
-Built when gunicorn asks for ``application`` (PEP 562), from the settings of the
+gunicorn's app factory (``authsvc.api.wsgi:application``, PEP 562, is the same app), from the settings of the
 admin service's environment: its ``AUTHSVC_STORE`` names the admin store settings
 (on PostgreSQL the admin role, which may write), never the game-facing service's
 read-only role. The store must exist at this release's schema version and the
@@ -25,16 +25,21 @@ APP_LOAD_ERROR = 4  # gunicorn.arbiter.Arbiter.APP_LOAD_ERROR
 SWITCH_INTERVAL = 0.0005  # seconds: the GIL's hand-over interval in the admin service (above)
 
 
+def create_app():
+    """gunicorn's app factory: the admin API from the environment's settings, or exit 4 (above)."""
+    try:
+        app = AdminApp(Settings.from_env())
+        app.store.check()
+        # A secret file the store was never used with would mint tokens no one accepts: refused.
+        check_known(app.settings.token_secrets, app.store.token_secrets(), app.settings.token_secret_file)
+        sys.setswitchinterval(SWITCH_INTERVAL)
+        return app
+    except ConfigError as e:
+        print(f"authsvc-admin: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(APP_LOAD_ERROR) from None
+
+
 def __getattr__(name: str):
     if name == "application":
-        try:
-            app = AdminApp(Settings.from_env())
-            app.store.check()
-            # A secret file the store was never used with would mint tokens no one accepts: refused.
-            check_known(app.settings.token_secrets, app.store.token_secrets(), app.settings.token_secret_file)
-            sys.setswitchinterval(SWITCH_INTERVAL)
-            return app
-        except ConfigError as e:
-            print(f"authsvc-admin: error: {e}", file=sys.stderr, flush=True)
-            raise SystemExit(APP_LOAD_ERROR) from None
+        return create_app()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

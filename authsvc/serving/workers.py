@@ -19,21 +19,20 @@ line and headers it has already passed on, an answer it can neither complete nor
 retry on another host (docs/scaling.md). With one write nginx gets the whole
 answer or nothing, and retries on nothing.
 
-They override gunicorn's worker methods (handle_request, handle_error; for gthread
-enqueue_req, murder_pending, handle, _keepalive_after): its internals, not its API.
-pyproject.toml bounds gunicorn's version to the releases the suite has passed with.
+They override two of gunicorn's worker methods, handle_request and handle_error, and nothing
+else: how a worker reads, queues and times out connections is stock gunicorn. Slow and idle
+clients are nginx's to absorb: it reads a request's whole head and body before gunicorn sees it
+(deploy/nginx, docs/admin-api.md "Slow clients"). pyproject.toml bounds gunicorn's version to
+the releases the suite has passed with.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gunicorn.http.errors import NoMoreData
 from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 from gunicorn.workers.sync import SyncWorker as _SyncWorker
 
-from authsvc.serving import slow_clients
-from authsvc.serving.slow_clients import SlowClients
 from authsvc.web.http import BASE_HEADERS, error_object, json_bytes
 
 # What gunicorn's handle_error can answer, in the words nginx's JSON errors use
@@ -154,45 +153,7 @@ class SyncWorker(_SyncWorker):
 
 
 class ThreadWorker(_ThreadWorker):
-    """gunicorn's gthread worker; its error answers in JSON, its answers in one write, and no thread held by a
-    slow or idle client (authsvc/serving/slow_clients.py)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.slow_clients = SlowClients(self, super().enqueue_req)
-
-    def enqueue_req(self, conn):
-        """A connection goes to a thread with its request's head in hand; until then the poller waits for it."""
-        if not self.slow_clients.take(conn):
-            super().enqueue_req(conn)
-
-    def murder_pending(self):
-        super().murder_pending()
-        self.slow_clients.sweep()
-
-    def handle(self, conn):
-        """In the thread: the rest of the request (head past the cap, body) read within READ_TIMEOUT."""
-        reading = self.slow_clients.reading(conn)
-        if reading is None:
-            return super().handle(conn)
-        unreader = conn.parser.unreader
-        sock, unreader.sock = unreader.sock, reading
-        try:
-            return super().handle(conn)
-        finally:
-            unreader.sock = sock
-
-    def _keepalive_after(self, conn, keepalive):
-        """A body the app did not read (it refused the request first) is dropped with the connection unless it
-        is in hand already: gunicorn waited up to 5 s in the thread for a client that may never send it."""
-        reading = conn.parser.unreader.sock if conn.parser is not None else None
-        if not keepalive or not isinstance(reading, slow_clients.Deadline):
-            return super()._keepalive_after(conn, keepalive)
-        reading.deadline = 0.0  # no read from the socket: only what is in hand
-        try:
-            return bool(conn.parser.finish_body())
-        except NoMoreData:
-            return False
+    """gunicorn's gthread worker; its error answers in JSON, its answers in one write."""
 
     def handle_request(self, req, conn):
         client = conn.sock

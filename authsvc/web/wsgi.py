@@ -1,21 +1,20 @@
-"""``authsvc.wsgi:application`` for gunicorn.
+"""The game-facing app for gunicorn: its app factory ``authsvc.wsgi:create_app()``.
 
-The app is built when gunicorn asks for ``application`` (PEP 562 module
-``__getattr__``), not when the module is imported: settings are read and the
-store and secret checked then, so a bad configuration stops the server at boot.
-It stops with one line on stderr (the journal), not a traceback, and gunicorn's
-"app failed to load" exit status, 4: in the master with ``preload_app`` (the
-shipped deploy/gunicorn.conf.py), or in a worker, whose 4 makes the master halt.
+gunicorn calls the factory when it loads the app (in the master with ``preload_app``, the
+shipped deploy/gunicorn.conf.py; else in each worker): settings are read and the store and
+secret checked then, so a bad configuration stops the server at boot. It stops with one line on
+stderr (the journal), not a traceback, and gunicorn's "app failed to load" exit status, 4.
+``authsvc.wsgi:application`` (PEP 562 module ``__getattr__``) is the same app, for configs that
+name it.
 
-One exception (docs/stores.md, "Outages"): a store that is merely unreachable
-when a worker boots (gunicorn without ``--preload``, the store down while a
-worker is replaced) is a warning, and the worker answers 503 until the store is
-back; in the master, at start-up, it stays fatal, with exit status 75 (EX_TEMPFAIL)
-rather than 4, so that systemd starts the service again while a misconfiguration
-stays stopped (deploy/systemd/authsvc.service).
+A store that is merely unreachable at that moment is fatal too, with exit status 75
+(EX_TEMPFAIL) rather than 4, so that systemd starts the service again while a misconfiguration
+stays stopped (deploy/systemd/authsvc.service). Where every worker builds the app itself (gunicorn
+without ``--preload``) name ``authsvc.wsgi:create_app(tolerate_outage=True)``: a worker booting
+while the store is down logs a warning and answers 503 until it is back (docs/stores.md,
+"Outages"), instead of exiting and being replaced in a loop.
 """
 
-import inspect
 import sys
 
 from authsvc.errors import ConfigError, StoreUnreachable
@@ -28,27 +27,16 @@ APP_LOAD_ERROR = 4  # gunicorn.arbiter.Arbiter.APP_LOAD_ERROR
 STORE_UNREACHABLE = 75
 
 
-def _in_gunicorn_worker() -> bool:
-    """Whether a gunicorn worker is loading the app (Worker.load_wsgi is on the stack), not its
-    master (preload_app) or another program. gunicorn tells a worker by no setting of its own. Once per
-    app load, never per request: the stack through inspect's public API."""
-    base = sys.modules.get("gunicorn.workers.base")
-    worker_class = getattr(base, "Worker", None)
-    if worker_class is None:
-        return False
-    frame = inspect.currentframe()
-    while frame is not None:
-        if isinstance(frame.f_locals.get("self"), worker_class):
-            return True
-        frame = frame.f_back
-    return False
+def create_app(tolerate_outage: bool = False):
+    """gunicorn's app factory: the game-facing app from the environment's settings (above)."""
+    try:
+        return make_app(Settings.from_env(), tolerate_outage=tolerate_outage)
+    except ConfigError as e:
+        print(f"authsvc: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(STORE_UNREACHABLE if isinstance(e, StoreUnreachable) else APP_LOAD_ERROR) from None
 
 
 def __getattr__(name: str):
     if name == "application":
-        try:
-            return make_app(Settings.from_env(), tolerate_outage=_in_gunicorn_worker())
-        except ConfigError as e:
-            print(f"authsvc: error: {e}", file=sys.stderr, flush=True)
-            raise SystemExit(STORE_UNREACHABLE if isinstance(e, StoreUnreachable) else APP_LOAD_ERROR) from None
+        return create_app()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
