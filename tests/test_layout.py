@@ -131,7 +131,7 @@ NEVER = {  # wing -> the wings it may not import
     "webhooks": ADMIN | {"web", "serving", "deployment"},
     "operations": {"cli", "api", "serving", "deployment"},
     "api": {"cli", "deployment"},
-    "cli": {"deployment"},
+    "cli": set(),  # `authsvc setup` renders the package's nginx sites with deployment's renderer
     "deployment": ADMIN | {"web", "serving", "webhooks", "store"},
 }
 
