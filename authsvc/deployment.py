@@ -29,7 +29,7 @@ import os
 import re
 import sys
 
-from authsvc.errors import ConfigError
+from authsvc.errors import CommandError, Error
 from authsvc.settings import default, read_settings
 
 PLACEHOLDER = re.compile(r"@([A-Z][A-Z0-9_]*)@")
@@ -76,7 +76,7 @@ FROM_SETTINGS = {"MAX_BODY_BYTES": "max_body_bytes"}
 REQUESTS_PER_WORKER = 40
 
 
-class RenderError(Exception):
+class RenderError(CommandError):
     """A placeholder without a value, or a value no template uses."""
 
 
@@ -178,10 +178,7 @@ def values_from_settings(path: str, given: dict[str, str]) -> dict[str, str]:
     twice = sorted(set(given) & set(FROM_SETTINGS))
     if twice:
         raise RenderError(f"@{twice[0]}@ comes from {FROM_SETTINGS[twice[0]]} in {path}: set it there, not with --set")
-    try:
-        settings = read_settings({"AUTHSVC_CONFIG": path})
-    except ConfigError as e:
-        raise RenderError(str(e)) from None
+    settings = read_settings({"AUTHSVC_CONFIG": path})  # a bad file: its ConfigError, one line
     derived = {"UPSTREAM_MAX_CONNS": str(REQUESTS_PER_WORKER * settings["workers"])}  # --set still wins
     return {**derived, **given, **{name: str(settings[setting]) for name, setting in FROM_SETTINGS.items()}}
 
@@ -202,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             given = values_from_settings(args.settings, given)
         for path in render_tree(args.src, args.dest, given):
             print(path)
-    except (RenderError, OSError) as e:
+    except (Error, OSError) as e:
         print(f"authsvc.deployment: error: {e}", file=sys.stderr)
         return 1
     return 0

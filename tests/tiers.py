@@ -20,7 +20,7 @@ from __future__ import annotations
 
 TIERS: dict[str, tuple[str, ...]] = {
     "unit": (
-        "test_admin_route_map", "test_dependencies", "test_deploy_render", "test_docs_links", "test_drift",
+        "test_admin_route_map", "test_dependencies", "test_deploy_render", "test_docs_links", "test_drift", "test_error_model",
         "test_gunicorn_config", "test_http", "test_layout", "test_loglines", "test_logredact", "test_repo_rules",
         "test_settings", "test_suite_rules", "test_tokens",
     ),

@@ -40,7 +40,7 @@ from authsvc.web.http import json_bytes
 MAX_ANSWER_BYTES = 64 * 1024
 
 
-class CheckError(Exception):
+class CheckError(CommandError):
     """The check cannot start (bad URL, unreadable file, unknown player): exit 1."""
 
 
@@ -245,7 +245,7 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> tuple[int, dict, 
             username = args.username or username
             full = store_disk_full(settings)
         context = ssl_context(args.cafile)
-    except (CheckError, OSError, ssl.SSLError) as e:
+    except (OSError, ssl.SSLError) as e:  # the stdlib's failures in the model's words
         raise CommandError(str(e)) from None
     results = run_checks(targets, args.user_id, api_key, token, username, context, args.timeout)
     if full is not None:  # a check of its own only when it fails: the service answers, the admin side cannot write

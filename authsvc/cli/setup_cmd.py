@@ -35,9 +35,9 @@ def _render(templates: str, given: dict[str, str]) -> str:
         if config:  # MAX_BODY_BYTES and the upstream's max_conns from the service's own settings
             given = deployment.values_from_settings(config, given)
         deployment.render_tree(templates, work, given)
-    except deployment.RenderError as e:
+    except BaseException:  # a RenderError, the settings' ConfigError: said by the command, nothing left behind
         shutil.rmtree(work, ignore_errors=True)
-        raise CommandError(str(e)) from None
+        raise
     return work
 
 

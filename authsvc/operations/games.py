@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import math
 
-from authsvc.errors import Conflict, Invalid, NotFound
+from authsvc.errors import Invalid, NotFound
 from authsvc.names import check_game_id, check_game_name
 from authsvc.operations.context import MAX_OLD_KEY_TTL, Context
-from authsvc.store import base
 from authsvc.store.base import Game, Store
 from authsvc.tokens import (
     api_key_digest,
@@ -20,11 +19,8 @@ def add_game(store: Store, ctx: Context, name: str) -> tuple[Game, str]:
     """A new game and its first api key: (game, api key). The key is shown once, stored as its digest."""
     name = check_game_name(name)
     api_key = new_api_key()
-    try:
-        with store.write(ctx.audit()) as tx:
-            game = tx.add_game(name, api_key_digest(api_key), ctx.now())
-    except base.Conflict as e:
-        raise Conflict(str(e)) from None
+    with store.write(ctx.audit()) as tx:
+        game = tx.add_game(name, api_key_digest(api_key), ctx.now())
     return game, api_key
 
 
@@ -52,11 +48,8 @@ def rotate_game_key(store: Store, ctx: Context, game_id: int, old_key_ttl: int) 
     api_key = new_api_key()
     at = round(ctx.clock(), 3)
     expires_at = at + old_key_ttl
-    try:
-        with store.write(ctx.audit()) as tx:
-            added = tx.add_api_key(game_id, api_key_digest(api_key), int(at), expires_at)
-    except base.Conflict as e:
-        raise Conflict(str(e)) from None
+    with store.write(ctx.audit()) as tx:
+        added = tx.add_api_key(game_id, api_key_digest(api_key), int(at), expires_at)
     if not added:
         raise NotFound(f"no game {game_id}")
     return api_key, math.ceil(expires_at)

@@ -9,24 +9,20 @@ import hashlib
 from collections.abc import Callable
 from typing import cast
 
-from authsvc.errors import Conflict, Invalid, NotFound
+from authsvc.errors import NotFound
 from authsvc.names import check_user_id, check_username
 from authsvc.operations.conditions import Condition, check_if_match, check_if_none_match
 from authsvc.operations.context import Context, at_ms
 from authsvc.operations.player_rows import import_rows
 from authsvc.store import audit as trail
-from authsvc.store import base
 from authsvc.store.base import Player, Store
 
 
 def add_player(store: Store, ctx: Context, user_id: int, username: str) -> Player:
     check_user_id(user_id)
     username = check_username(username)
-    try:
-        with store.write(ctx.audit()) as tx:
-            return tx.add_player(user_id, username)
-    except base.Conflict as e:
-        raise Conflict(str(e)) from None
+    with store.write(ctx.audit()) as tx:
+        return tx.add_player(user_id, username)
 
 
 def updated_at(player: Player) -> str | None:
@@ -92,10 +88,7 @@ def import_players(
     """Insert or rename players from a CSV or JSON-lines file's bytes, all or nothing; one audit record
     for the batch (its row count and the file's SHA-256). A bad row raises Invalid (RowError)."""
     audit = ctx.audit(file_sha256=hashlib.sha256(data).hexdigest())
-    try:
-        return store.upsert_players(import_rows(data), progress=progress, audit=audit)
-    except base.Conflict as e:
-        raise Invalid(str(e)) from None
+    return store.upsert_players(import_rows(data), progress=progress, audit=audit)
 
 
 

@@ -26,10 +26,7 @@ from authsvc.tokens import (
 
 def export_store(store: Store, path: str) -> tuple[int, int]:
     """Write the store to a new file (a read: no audit record); returns (games, players)."""
-    try:
-        return transfer.export_store(store, path)
-    except transfer.TransferError as e:
-        raise Invalid(str(e)) from None
+    return transfer.export_store(store, path)
 
 
 def import_store(store: Store, ctx: Context, path: str) -> tuple[int, int]:
@@ -39,10 +36,7 @@ def import_store(store: Store, ctx: Context, path: str) -> tuple[int, int]:
             sha256 = hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         sha256 = None  # transfer.import_store names the problem
-    try:
-        return transfer.import_store(store, path, audit=ctx.audit(file_sha256=sha256))
-    except transfer.TransferError as e:
-        raise Invalid(str(e)) from None
+    return transfer.import_store(store, path, audit=ctx.audit(file_sha256=sha256))
 
 
 def initialize(settings: Settings, ctx: Context, *, new_secret: bool = False) -> tuple[int, int, str]:

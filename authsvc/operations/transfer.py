@@ -30,8 +30,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
+from authsvc.errors import Conflict, Invalid
 from authsvc.store.audit import Audit
-from authsvc.store.base import ApiKey, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
+from authsvc.store.base import ApiKey, DeletedPlayer, Game, NotEmpty, Player, Store
 
 FORMAT = "authsvc-export"
 VERSION = 1
@@ -39,7 +40,7 @@ MAX_ID = 2**63 - 1
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
-class TransferError(Exception):
+class TransferError(Invalid):
     """A file that cannot be exported to or imported from; one line for the admin."""
 
 
@@ -99,12 +100,9 @@ def import_store(
         games = reader.games()
         try:
             return store.load(games, reader.players(), high_water, progress, audit=audit)
-        except NotEmpty:
-            raise TransferError(
-                "the target store already holds games or players; import only into a new store "
-                "(run 'authsvc init' on an empty database or file)"
-            ) from None
-        except Conflict as e:
+        except NotEmpty:  # its own words: nothing to add
+            raise
+        except Conflict as e:  # the store's words, with the file that broke the rule
             raise TransferError(f"{path} is inconsistent: {e}; nothing was imported") from None
 
 

@@ -39,6 +39,8 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from authsvc.errors import Conflict
+
 if TYPE_CHECKING:
     from authsvc.store.audit import Audit, Chain, Record
     from authsvc.store.deliveries import Due, Outcome
@@ -124,12 +126,12 @@ class ApiToken:
 ADMIN_LOCK_WAIT = 30.0
 
 
-class Conflict(Exception):
-    """The write would break a uniqueness rule (a game name, a key digest, a player id)."""
+class NotEmpty(Conflict):
+    """``load`` refuses a store that already holds games or players (``Conflict``, the model's own
+    409, is the write that would break a uniqueness rule: a game name, a key digest, a player id)."""
 
-
-class NotEmpty(Exception):
-    """``load`` refuses a store that already holds games or players."""
+    detail = ("the target store already holds games or players; import only into a new store "
+              "(run 'authsvc init' on an empty database or file)")
 
 
 class Reader(abc.ABC):

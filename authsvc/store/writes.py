@@ -32,12 +32,13 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from authsvc.errors import Conflict
 from authsvc.store import audit as trail
 from authsvc.store import events as ev
 from authsvc.store import ledger as restore_ledger
 from authsvc.store import restore
 from authsvc.store.audit import Audit, Record
-from authsvc.store.base import ApiKey, ApiToken, Conflict, Game, Player
+from authsvc.store.base import ApiKey, ApiToken, Game, Player
 from authsvc.store.common import batches, select_games, select_token_secrets
 from authsvc.store.dialect import Dialect
 from authsvc.store.events import Delivery, Webhook

@@ -34,6 +34,7 @@ import urllib.parse
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from authsvc.errors import Error
 from authsvc.webhooks.target import public
 
 MAX_BODY = 64 * 1024  # an answer's body, read and dropped; a longer one closes its connection
@@ -52,7 +53,7 @@ TIMED_OUT = "timed out"
 NOT_HTTP = "the answer is not valid HTTP"
 
 
-class Refused(Exception):
+class Refused(Error):
     """The URL may not be reached: a non-public address (``text`` NOT_PUBLIC), or a URL the client cannot
     POST to."""
 
@@ -121,7 +122,7 @@ class _Conn:
             pass
 
 
-class _Failed(Exception):
+class _Failed(Error):
     """An attempt that got no full answer: its detail, and ``text``, the error recorded."""
 
     def __init__(self, detail: str, text: str = NO_CONNECTION) -> None:
@@ -129,7 +130,7 @@ class _Failed(Exception):
         self.text = text
 
 
-class _Spent(Exception):
+class _Spent(Error):
     """The answer's bytes reached READ_LIMIT."""
 
 

@@ -15,12 +15,12 @@ from typing import Any
 import psycopg
 from psycopg import conninfo as pg_conninfo
 
-from authsvc.errors import ConfigError, StoreFull, StoreLocked, StoreUnavailable
+from authsvc.errors import ConfigError, Conflict, StoreFull, StoreLocked, StoreUnavailable
 from authsvc.store import audit as trail
 from authsvc.store import base
 from authsvc.store import events as event_tables
 from authsvc.store.audit import Audit, Chain, Record
-from authsvc.store.base import ApiToken, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
+from authsvc.store.base import ApiToken, DeletedPlayer, Game, NotEmpty, Player, Store
 from authsvc.store.common import BATCH, batches, select_games
 from authsvc.store.dialect import Dialect
 from authsvc.store.events import Delivery, Webhook
@@ -372,7 +372,7 @@ class PostgresStore(PostgresReader, Store):
                 conn.execute("LOCK TABLE games, api_keys, players, deleted_players IN EXCLUSIVE MODE")
                 if _value(conn.execute("SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players) "
                                        "OR EXISTS (SELECT FROM deleted_players)")):
-                    raise NotEmpty("the store already holds games or players")
+                    raise NotEmpty()
                 for game in games:
                     conn.execute(
                         "INSERT INTO games (id, name, enabled, created_at) VALUES (%s, %s, %s, %s)",

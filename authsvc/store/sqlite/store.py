@@ -15,13 +15,13 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from authsvc.errors import ConfigError, StoreUnavailable
+from authsvc.errors import ConfigError, Conflict, StoreUnavailable
 from authsvc.store import audit as trail
 from authsvc.store import base, restore
 from authsvc.store import events as event_tables
 from authsvc.store.api_tables import API_TABLES
 from authsvc.store.audit import Audit, Chain, Record
-from authsvc.store.base import ApiToken, Conflict, DeletedPlayer, Game, NotEmpty, Player, Store
+from authsvc.store.base import ApiToken, DeletedPlayer, Game, NotEmpty, Player, Store
 from authsvc.store.common import TOKEN_SECRETS_TABLE, batches, select_games
 from authsvc.store.dialect import SQLITE, SQLiteDialect
 from authsvc.store.events import Delivery, Webhook
@@ -440,7 +440,7 @@ class SQLiteStore(SQLiteReader, Store):
             tx.locked()
             if conn.execute("SELECT EXISTS (SELECT 1 FROM games) OR EXISTS (SELECT 1 FROM players) "
                             "OR EXISTS (SELECT 1 FROM deleted_players)").fetchone()[0]:
-                raise NotEmpty("the store already holds games or players")
+                raise NotEmpty()
             for game in games:
                 try:
                     conn.execute(
