@@ -30,15 +30,11 @@ from authsvc import release
 from authsvc.api import body as bodies
 from authsvc.api import idempotency, problems, routes
 from authsvc.api.messages import Request, Response
-from authsvc.api.problems import Problem, encode, reason_phrase
+from authsvc.api.problems import encode, reason_phrase
 from authsvc.api.ratelimit import BODY_UNIT, RateLimit, body_cost
 from authsvc.errors import (
-    ConfigError,
-    Error,
     Forbidden,
     MethodNotAllowed,
-    StoreFull,
-    StoreUnavailable,
     TooManyRequests,
     Unauthorized,
 )
@@ -53,7 +49,6 @@ from authsvc.tokens import SecretFile
 
 log = logging.getLogger("authsvc.admin")
 
-RETRY_AFTER = "2"  # seconds; a store outage or a lock held by an import
 _BEARER = re.compile(r"Bearer +(\S+) *", re.IGNORECASE)
 OPENAPI_PATH = "/openapi.json"
 
@@ -80,7 +75,7 @@ class AdminApp:
         try:
             response = self.handle(environ, rid)
         except Exception as e:  # the one error boundary
-            p = self.problem_for(e, rid)
+            p = problems.problem_for(e, rid)
             response = Response(p.status, p.body(), p.headers, content_type="application/problem+json")
         body = encode(response.obj)
         headers = [
@@ -101,21 +96,6 @@ class AdminApp:
         body = encode(problems.refusal(status).body())
         return (("Content-Type", "application/problem+json"), ("Cache-Control", "no-store"),
                 ("X-Content-Type-Options", "nosniff")), body
-
-    def problem_for(self, error: Exception, rid: str) -> Problem:
-        """The one mapping of errors to problems (authsvc/errors.py); a 500 for anything else, its traceback logged."""
-        if isinstance(error, StoreFull):  # no retry helps until someone frees space: the detail says so
-            log.error("admin API: store full (request %s): %s", rid, str(error).splitlines()[0])
-            return Problem(503, "unavailable", "the store's disk is full; nothing was written",
-                           headers=(("Retry-After", RETRY_AFTER),))
-        if isinstance(error, (StoreUnavailable, ConfigError)):
-            log.warning("admin API: store unavailable (request %s): %s", rid, str(error).splitlines()[0])
-            return Problem(503, "unavailable", "the store cannot answer right now; try again",
-                           headers=(("Retry-After", RETRY_AFTER),))
-        if isinstance(error, Error):
-            return problems.from_error(error)
-        log.error("admin API: unexpected %s (request %s)", type(error).__name__, rid, exc_info=error)
-        return Problem(500, "internal", "unexpected failure; the request id names it in the service's log")
 
     def handle(self, environ: dict, rid: str) -> Response:
         method = environ["REQUEST_METHOD"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from authsvc.api.problems import Problem, invalid
+from authsvc.api.problems import from_error, invalid
 from authsvc.errors import Invalid
 from authsvc.names import MAX_ID, check_username
 from authsvc.operations.players import STATUSES, Item
@@ -78,8 +78,8 @@ def _item(index: int, raw: object) -> tuple[Item | None, list[tuple[str, str]]]:
 
 def _error(index: int, user_id: int | None, faults: list[tuple[str, str]]) -> dict:
     detail = "; ".join(f"{field}: {text}" for field, text in faults)
-    problem = Problem(422, "validation", detail, errors=[{"field": f, "detail": d} for f, d in faults])
-    return {"index": index, "user_id": user_id, "status": "error", "error": problem.body()}
+    error = Invalid(detail, errors=[{"field": f, "detail": d} for f, d in faults])
+    return {"index": index, "user_id": user_id, "status": "error", "error": from_error(error).body()}
 
 
 def results(items: list[Item], errors: dict[int, dict], status: dict[int, str]) -> tuple[list[dict], dict]:

@@ -29,8 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from authsvc.api.messages import Response
-from authsvc.api.problems import from_error as problem_for
-from authsvc.api.problems import invalid
+from authsvc.api.problems import invalid, problem_for
 from authsvc.errors import Error, KeyReused, SecretNotKept
 from authsvc.store.audit import canonical
 from authsvc.tokens import mint_token
@@ -104,7 +103,7 @@ def run(app: AdminApp, req: Request, key: str, call: Callable[[], Response]) -> 
         except Error as e:  # a refusal is an answer too: kept, unless a 5xx (anything else: nothing kept)
             if e.status >= 500:
                 raise
-            p = problem_for(e)
+            p = problem_for(e, req.ctx.request_id or "")
             answer = {"status": p.status, "obj": p.body(), "kind": "plain", "content_type": PROBLEM}
             tx.keep_answer(token, key, digest, now, p.status, canonical(answer))
             refused = e

@@ -11,11 +11,15 @@ no token, key or body can come back in an error.
 from __future__ import annotations
 
 import json
+import logging
 from http import HTTPStatus
 
-from authsvc.errors import Error, Invalid
+from authsvc.errors import ConfigError, Error, Invalid, StoreFull, StoreUnavailable
+
+log = logging.getLogger("authsvc.admin")
 
 TYPE_BASE = "urn:authsvc:problem:"  # each type names a section of docs/admin-api.md, "Errors"
+RETRY_AFTER = "2"  # seconds; a store outage or a lock held by an import
 
 
 # RFC 9110's names where Python's http module before 3.13 keeps RFC 7231's ("Unprocessable Entity"):
@@ -70,9 +74,28 @@ def refusal(status: int) -> Problem:
     return Problem(status, slug, detail)
 
 
+def problem_for(error: BaseException, rid: str) -> Problem:
+    """The admin API's one mapping of errors to problems (authsvc/errors.py), for its error boundary
+    (authsvc/api/app.py) and the answers an Idempotency-Key keeps (authsvc/api/idempotency.py): a
+    store that cannot answer is a 503 to retry, its reason logged; anything that is not an Error a
+    500, its traceback logged under the request id."""
+    if isinstance(error, StoreFull):  # no retry helps until someone frees space: the detail says so
+        log.error("admin API: store full (request %s): %s", rid, str(error).splitlines()[0])
+        return Problem(503, "unavailable", "the store's disk is full; nothing was written",
+                       headers=(("Retry-After", RETRY_AFTER),))
+    if isinstance(error, (StoreUnavailable, ConfigError)):
+        log.warning("admin API: store unavailable (request %s): %s", rid, str(error).splitlines()[0])
+        return Problem(503, "unavailable", "the store cannot answer right now; try again",
+                       headers=(("Retry-After", RETRY_AFTER),))
+    if isinstance(error, Error):
+        return from_error(error)
+    log.error("admin API: unexpected %s (request %s)", type(error).__name__, rid, exc_info=error)
+    return Problem(500, "internal", "unexpected failure; the request id names it in the service's log")
+
+
 def from_error(error: Error) -> Problem:
-    """The problem for one of the service's errors: its status and slug; bad input names its field
-    (``/old_key_ttl: must be ...``, and ``errors`` lists it) or, naming none, is listed with field ""."""
+    """An error's problem: its status and slug; bad input names its field (``/old_key_ttl: must be ...``,
+    and ``errors`` lists it) or, naming none, is listed with field ""."""
     if isinstance(error, Invalid) and error.errors is None:
         field = error.field or ""
         detail = f"{field}: {error.detail}" if field else error.detail
