@@ -18,6 +18,8 @@ code puts a secret into one.
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 
 class Error(Exception):
     """The base of every error the service names; ``status`` and ``slug`` say which meaning it is."""
@@ -93,7 +95,7 @@ class Unauthorized(Error):
 
 
 class Forbidden(Error):
-    status, slug = 403, "forbidden"
+    status, slug, detail = 403, "forbidden", "Forbidden"
 
 
 class NotFound(Error):
@@ -149,3 +151,47 @@ class KeyReused(Error):
 
 class TooManyRequests(Error):
     status, slug = 429, "too-many-requests"
+
+
+# -- what gunicorn refuses before an app sees the request -------------------------------------
+
+
+class UriTooLong(Error):
+    status, slug, detail = 414, "uri-too-long", "Request URI too long"
+
+
+class ExpectationFailed(Error):
+    status, slug, detail = 417, "expectation-failed", "Expectation failed"
+
+
+class HeaderTooLarge(Error):
+    status, slug, detail = 431, "header-too-large", "Request header too large"
+
+
+class NotImplementedByServer(Error):
+    status, slug, detail = 501, "not-implemented", "Not implemented"
+
+
+# The one table of gunicorn's refusals (authsvc/serving/workers.py answers them, each door in its own
+# words): the status gunicorn chose, the error it stands for. The default details are the game-facing
+# wire texts, the words nginx's JSON errors use (deploy/nginx/snippets/authsvc-json-errors.conf).
+GUNICORN_REFUSALS: dict[int, type[Error]] = {
+    400: BadRequest, 403: Forbidden, 414: UriTooLong, 417: ExpectationFailed, 431: HeaderTooLarge,
+    500: Error, 501: NotImplementedByServer,
+}
+
+
+def refused(status: int) -> type[Error]:
+    """The error of a request gunicorn refused with ``status``: another status is 400, or 500 from 500 up."""
+    return GUNICORN_REFUSALS.get(status) or (Error if status >= 500 else BadRequest)
+
+
+# RFC 9110's names where Python's http module before 3.13 keeps RFC 7231's ("Unprocessable Entity"):
+# the status line is the same on every interpreter, and as the docs show it.
+RFC_9110_PHRASES = {413: "Content Too Large", 414: "URI Too Long", 416: "Range Not Satisfiable",
+                    422: "Unprocessable Content"}
+
+
+def reason_phrase(status: int) -> str:
+    """The status's reason phrase as RFC 9110 names it."""
+    return RFC_9110_PHRASES.get(status) or HTTPStatus(status).phrase

@@ -30,13 +30,14 @@ from authsvc import release
 from authsvc.api import body as bodies
 from authsvc.api import idempotency, problems, routes
 from authsvc.api.messages import Request, Response
-from authsvc.api.problems import encode, reason_phrase
+from authsvc.api.problems import encode
 from authsvc.api.ratelimit import BODY_UNIT, RateLimit, body_cost
 from authsvc.errors import (
     Forbidden,
     MethodNotAllowed,
     TooManyRequests,
     Unauthorized,
+    reason_phrase,
 )
 from authsvc.loglines import REQUEST_ID_KEY, ROUTE_KEY
 from authsvc.loglines import request_id as logged_request_id

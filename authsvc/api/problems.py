@@ -12,25 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
-from http import HTTPStatus
 
-from authsvc.errors import ConfigError, Error, Invalid, StoreFull, StoreUnavailable
+from authsvc.errors import ConfigError, Error, Invalid, StoreFull, StoreUnavailable, reason_phrase, refused
 
 log = logging.getLogger("authsvc.admin")
 
 TYPE_BASE = "urn:authsvc:problem:"  # each type names a section of docs/admin-api.md, "Errors"
 RETRY_AFTER = "2"  # seconds; a store outage or a lock held by an import
-
-
-# RFC 9110's names where Python's http module before 3.13 keeps RFC 7231's ("Unprocessable Entity"):
-# the title and the status line are the same on every interpreter, and as docs/admin-api.md shows them.
-RFC_9110_PHRASES = {413: "Content Too Large", 414: "URI Too Long", 416: "Range Not Satisfiable",
-                    422: "Unprocessable Content"}
-
-
-def reason_phrase(status: int) -> str:
-    """The status's reason phrase as RFC 9110 names it."""
-    return RFC_9110_PHRASES.get(status) or HTTPStatus(status).phrase
 
 
 class Problem:
@@ -53,25 +41,23 @@ class Problem:
         return obj
 
 
-# What gunicorn itself refuses, before the app sees a request (authsvc/serving/workers.py): the status
-# gunicorn chose, a type and a detail of the admin API's own (docs/admin-api.md, "Errors"), no request data.
-_REFUSALS = {
-    400: ("bad-request", "the server could not read the request: a malformed request line, header or framing"),
-    403: ("forbidden", "the server refuses requests of this connection"),
-    414: ("uri-too-long", "the request line is longer than the server reads"),
-    417: ("expectation-failed", "the only Expect the server knows is 100-continue"),
-    431: ("header-too-large", "a header line is longer, or there are more header lines, than the server reads"),
-    500: ("internal", "unexpected failure; the service's log has the error"),
-    501: ("not-implemented", "the server does not implement what the request asks for"),
+# What gunicorn itself refuses, before the app sees a request (authsvc.errors.GUNICORN_REFUSALS), in the
+# admin API's words (docs/admin-api.md, "Errors"): no request data.
+_REFUSAL_DETAILS = {
+    400: "the server could not read the request: a malformed request line, header or framing",
+    403: "the server refuses requests of this connection",
+    414: "the request line is longer than the server reads",
+    417: "the only Expect the server knows is 100-continue",
+    431: "a header line is longer, or there are more header lines, than the server reads",
+    500: "unexpected failure; the service's log has the error",
+    501: "the server does not implement what the request asks for",
 }
 
 
 def refusal(status: int) -> Problem:
-    """The problem for a request gunicorn refused with ``status`` (another status: 400, or 500 from 500 up)."""
-    if status not in _REFUSALS:
-        status = 500 if status >= 500 else 400
-    slug, detail = _REFUSALS[status]
-    return Problem(status, slug, detail)
+    """The problem for a request gunicorn refused with ``status`` (authsvc/serving/workers.py)."""
+    error = refused(status)
+    return from_error(error(_REFUSAL_DETAILS[error.status]))
 
 
 def problem_for(error: BaseException, rid: str) -> Problem:

@@ -33,22 +33,11 @@ from collections.abc import Callable, Sequence
 from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 from gunicorn.workers.sync import SyncWorker as _SyncWorker
 
+from authsvc.errors import reason_phrase, refused
 from authsvc.web.http import BASE_HEADERS, error_object, json_bytes
 
-# What gunicorn's handle_error can answer, in the words nginx's JSON errors use
-# (deploy/nginx/snippets/authsvc-json-errors.conf).
-_ERRORS = {
-    400: ("Bad Request", "Bad request"),
-    403: ("Forbidden", "Forbidden"),
-    414: ("URI Too Long", "Request URI too long"),
-    417: ("Expectation Failed", "Expectation failed"),
-    431: ("Request Header Fields Too Large", "Request header too large"),
-    500: ("Internal Server Error", "Internal server error"),
-    501: ("Not Implemented", "Not implemented"),
-}
-
-
-# An app's own answer to a refused request: its headers (Content-Type first) and body, for a status of _ERRORS.
+# An app's own answer to a refused request: its headers (Content-Type first) and body, for a status of
+# authsvc.errors.GUNICORN_REFUSALS (the one table of what gunicorn refuses).
 Refusal = Callable[[int], tuple[Sequence[tuple[str, str]], bytes]]
 
 
@@ -56,16 +45,15 @@ def json_error_response(status: int, refusal: Refusal | None = None) -> bytes:
     """A complete HTTP/1.1 error answer that closes the connection, like gunicorn's own: the
     game-facing JSON, or ``refusal``'s answer (an app's own shape). A ``refusal`` that fails
     gives the game-facing JSON rather than no answer."""
-    if status not in _ERRORS:
-        status = 500 if status >= 500 else 400
-    reason, description = _ERRORS[status]
+    error = refused(status)
+    status, reason = error.status, reason_phrase(error.status)
     if refusal is not None:
         try:
             headers, body = refusal(status)
             return _answer(status, reason, headers, body)
         except Exception:
             pass
-    return _answer(status, reason, BASE_HEADERS, json_bytes(error_object(status, description)))
+    return _answer(status, reason, BASE_HEADERS, json_bytes(error_object(status, error.detail)))
 
 
 def _answer(status: int, reason: str, headers: Sequence[tuple[str, str]], body: bytes) -> bytes:
