@@ -1,6 +1,6 @@
 """One error model (authsvc/errors.py): every exception class the package defines is an ``Error``.
 
-Each front door maps ``Error`` once (docs/design.md, "One error model"); a class outside it would
+Each front door maps ``Error`` once (docs/design.md, "The wire"); a class outside it would
 need a translation block of its own wherever it is caught. The test imports every module of the
 package and checks every exception class defined there. The only exceptions are classes whose base
 a library requires, each named here with the reason.
