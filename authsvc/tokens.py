@@ -64,6 +64,7 @@ class SecretFile:
         self._monotonic = monotonic
         self._next = monotonic() + interval
         self._stamp: tuple[int, ...] | None = None  # the first look re-reads the file: it may have changed since
+        self._keyed = keyed(self._secrets)
         self._warnings = LogThrottle(RELOAD_WARNING_INTERVAL, monotonic)
 
     def __repr__(self) -> str:
@@ -78,14 +79,22 @@ class SecretFile:
 
     def current(self) -> TokenSecrets:
         """The secrets, current (the one to mint with) first."""
-        now = self._monotonic()
-        if now < self._next:
-            return self._secrets
-        self._next = now + self._interval
+        if self._monotonic() >= self._next:
+            self._look()
+        return self._secrets
+
+    def keyed(self) -> tuple[hmac.HMAC, ...]:
+        """An HMAC keyed with each secret, in the order of ``current()``: what TokenVerifier copies."""
+        if self._monotonic() >= self._next:
+            self._look()
+        return self._keyed
+
+    def _look(self) -> None:
+        """Once per interval: re-read the file if it changed."""
+        self._next = self._monotonic() + self._interval
         stamp = self._stat()
         if stamp != self._stamp and stamp is not None:
             self._reload(stamp)
-        return self._secrets
 
     def _reload(self, stamp: tuple[int, ...]) -> None:
         try:
@@ -98,8 +107,14 @@ class SecretFile:
             if self._warnings.allow() is not None:
                 log.error("%s: kept the token secrets it had", str(e).splitlines()[0])
             return  # the stamp stays: looked at again after the interval
-        self._secrets, self._stamp = found, stamp
+        self._secrets, self._stamp, self._keyed = found, stamp, keyed(found)
         log.info("token secret file %s re-read: %d secret(s)", self.path, len(found))
+
+def keyed(token_secrets: tuple[bytes, ...]) -> tuple[hmac.HMAC, ...]:
+    """An HMAC-SHA256 keyed with each secret and fed nothing: hmac's copy() of one costs less than a new one
+    (the key's pads hashed again), measured in BENCHMARKS.md, "Internals"."""
+    return tuple(hmac.new(secret, digestmod=hashlib.sha256) for secret in token_secrets)
+
 
 def mint_token(secret: bytes, game_id: int, user_id: int, epoch: int) -> str:
     message = f"{game_id}:{user_id}:{epoch}".encode("ascii")
@@ -124,23 +139,23 @@ def current_token(store: Store, secret: bytes, game_id: int, user_id: int) -> tu
 class TokenVerifier:
     """Checks a token against every token secret (current first), in constant work.
 
-    hmac.digest, OpenSSL's one-shot HMAC. Hashing each secret's key pads once instead
-    saved 0.7 to 2.4 % of a request's instructions, too little for a hand-written HMAC
-    (BENCHMARKS.md, "Internals").
+    hmac's public API: each secret's HMAC keyed once (``keyed``), then per token a copy() fed the
+    message. hmac.digest, OpenSSL's one-shot HMAC, keys it again on every call: 1.4 times the
+    instructions of a copy (BENCHMARKS.md, "Internals").
     """
 
-    __slots__ = ("_secrets",)
+    __slots__ = ("_keyed",)
 
     def __init__(self, token_secrets: tuple[bytes, ...] | SecretFile):
         """``token_secrets``: fixed, or a SecretFile (re-read when the file changes, docs/tokens.md)."""
         if isinstance(token_secrets, SecretFile):
-            self._secrets = token_secrets.current
+            self._keyed = token_secrets.keyed
         else:
-            fixed = TokenSecrets(token_secrets)
-            self._secrets = lambda: fixed
+            fixed = keyed(token_secrets)
+            self._keyed = lambda: fixed
 
     def __repr__(self) -> str:
-        return f"<TokenVerifier: {len(self._secrets())} secret(s), masked>"
+        return f"<TokenVerifier: {len(self._keyed())} secret(s), masked>"
 
     def matches(self, game_id: int, user_id: int, epoch: int, token: str) -> bool:
         """True if ``token`` was minted for (game, user, epoch) with any of the secrets.
@@ -152,8 +167,10 @@ class TokenVerifier:
         message = f"{game_id}:{user_id}:{epoch}".encode("ascii")
         given = token if token.isascii() else "?"  # compare_digest takes ASCII str only
         ok = False
-        for secret in self._secrets():
-            ok |= hmac.compare_digest(hmac.digest(secret, message, hashlib.sha256).hex(), given)
+        for secret_mac in self._keyed():
+            mac = secret_mac.copy()
+            mac.update(message)
+            ok |= hmac.compare_digest(mac.hexdigest(), given)
         return ok
 
 

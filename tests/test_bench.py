@@ -433,3 +433,13 @@ def test_the_storm_pins_client_and_server_apart_or_says_it_cannot(monkeypatch, c
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
     assert storm.pinning("auto") is None
     assert "only CPU 3 is available to this process: NOT pinned" in capsys.readouterr().err
+
+
+def test_the_gap_sections_other_checkout_must_be_one(tmp_path):
+    """--gap-against names a checkout whose own gap section runs the same rows; any other directory stops
+    the run with a line that says so, before anything is measured."""
+    result = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--only", "gap", "--players", "10",
+                             "--gap-against", str(tmp_path)], cwd=Path(__file__).resolve().parents[1],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    assert f"bench: gap: {tmp_path} is not a checkout of authsvc with a gap section" in result.stderr

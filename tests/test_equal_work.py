@@ -116,6 +116,29 @@ def test_sqlite_the_same_calls_and_instructions_for_any_player(world, max_stalen
 
 
 @pytest.mark.engine("sqlite")
+def test_a_keys_digest_is_taken_once_per_key_text_known_or_not(world, monkeypatch):
+    """The api key's SHA-256 is kept per key text sent (a game server sends its one key on every request):
+    taken on a key's first request only, the same for a key the store has and one it lacks."""
+    import authsvc.web.authenticate as authenticate_module
+
+    taken: list[str] = []
+
+    def counted(api_key: str) -> str:
+        taken.append(api_key)
+        return api_key_digest(api_key)
+
+    monkeypatch.setattr(authenticate_module, "api_key_digest", counted)
+    store = sqlite.SQLiteStore(world.settings.store, readonly=True, max_staleness=1.0, clock=FakeClock())
+    try:
+        authenticate = Authenticator(store, world.settings.token_secrets)
+        for params in [*cases(world).values()] * 3:
+            assert authenticate(params).error == 403
+    finally:
+        store.close()
+    assert sorted(taken) == sorted({world.api_key, "4f0c6a4e-0000-4000-8000-000000000000"})
+
+
+@pytest.mark.engine("sqlite")
 def test_sqlite_each_query_returns_the_same_types_for_an_existing_or_missing_player(world):
     """sqlite3 builds a str for a username it reads: a placeholder one when the player is missing. The
     last column (``enabled``) is the one that tells: NULL for a missing player only."""

@@ -180,14 +180,16 @@ class App:
             try:
                 if result >= 500 and not shed:
                     metrics.server_error(route_name(path), result)
-                metrics.request(route_name(path), time.perf_counter() - start)
+                metrics.request(path if path in ROUTE_PATHS else route_name(path), time.perf_counter() - start)
             except Exception as e:
                 self.observation_failed(e)
         if content_type is not None:
             return self.serve_metrics(start_response, method == "HEAD", body, content_type)
         record = environ.get(RECORD_KEY)  # access_record = "edge": nginx logs it, and strips the header
         extra_headers = (*extra_headers, (RESULT_HEADER, str(result) if record is None else f"{result} {record}"))
-        return respond(start_response, self.http_status(result), body, head=method == "HEAD", extra_headers=extra_headers)
+        # The 400 and 403 results (docs/api.md) travel as HTTP 200 unless AUTHSVC_ERROR_STATUS=http.
+        status = 200 if result in (400, 403) and not self.settings.errors_as_http_status else result
+        return respond(start_response, status, body, head=method == "HEAD", extra_headers=extra_headers)
 
     def store_unavailable(self, path: str) -> None:
         """Count a 503 for lack of the store, and say so in the log at most once per STORE_WARNING_INTERVAL."""
@@ -238,17 +240,12 @@ class App:
         except Exception:
             pass  # the logger is what fails
 
-    def http_status(self, error: int) -> int:
-        """The 400 and 403 results (docs/api.md) travel as HTTP 200 unless AUTHSVC_ERROR_STATUS=http."""
-        if error in (400, 403) and not self.settings.errors_as_http_status:
-            return 200
-        return error
-
     def authenticate(self, environ: dict) -> tuple[int, bytes]:
         """(the result code of docs/api.md, the body); __call__ picks the HTTP status."""
         start = time.perf_counter()
-        if waited_too_long(environ.get("HTTP_X_REQUEST_START"), self.clock(), self.settings.max_queue_wait,
-                           self.serving_since):
+        stamp = environ.get("HTTP_X_REQUEST_START")  # none: not through nginx, no clock read
+        if stamp is not None and waited_too_long(stamp, self.clock(), self.settings.max_queue_wait,
+                                                 self.serving_since):
             self.waited_too_long(environ, start)
             raise WaitedTooLong()
         try:

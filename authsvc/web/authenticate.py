@@ -18,6 +18,7 @@ tells whether the player exists.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Mapping
@@ -64,6 +65,7 @@ class Result(NamedTuple):
 FORBIDDEN_BODY = json_bytes(error_object(403, INVALID_DESCRIPTION))
 MISSING = Result(400, json_bytes(error_object(400, MISSING_DESCRIPTION)), MISSING_PARAMETERS)
 MALFORMED_RESULT = Result(403, FORBIDDEN_BODY, MALFORMED)
+KEY_DIGESTS = 64  # api keys whose digests an Authenticator keeps: a few per game, and each game's servers send one
 NOTHING_FOUND = Credentials(game_id=0, game_enabled=False, key_expires_at=None, username=None, epoch=0,
                             player_enabled=False)
 
@@ -95,6 +97,10 @@ class Authenticator:
                  clock: Callable[[], float] = time.time):
         self.store = store
         self.tokens = TokenVerifier(token_secrets)
+        # The digests of the last KEY_DIGESTS keys sent: a game server sends its one key on every request,
+        # and its SHA-256 was about 6,000 instructions of each (BENCHMARKS.md, "Internals"). The
+        # work depends on the text sent, never on whether the store has that key (tests/test_equal_work.py).
+        self.key_digest = functools.lru_cache(maxsize=KEY_DIGESTS)(api_key_digest)
         self.clock = clock
         self.player_reasons = player_reasons()
 
@@ -110,7 +116,7 @@ class Authenticator:
 
         # Placeholder game 0 / epoch 0 keep the HMAC work the same when no key was found.
         game_id, game_enabled, expires_at, username, epoch, player_enabled = (
-            self.store.credentials(api_key_digest(api_key), user_id) or NOTHING_FOUND
+            self.store.credentials(self.key_digest(api_key), user_id) or NOTHING_FOUND
         )
         token_ok = self.tokens.matches(game_id, user_id, epoch, token)
         # Comparisons only (no call but the clock, as before, for a key with an expiry),
@@ -144,7 +150,7 @@ class Authenticator:
         change), so bad tokens make no extra store work. The lookahead is one epoch: a token of e + 2 (two
         revokes since the data) waits, as every other change does, for the bound."""
         game_id, game_enabled, expires_at, username, now_epoch, player_enabled = (
-            self.store.fresh_credentials(api_key_digest(api_key), user_id) or NOTHING_FOUND
+            self.store.fresh_credentials(self.key_digest(api_key), user_id) or NOTHING_FOUND
         )
         if not game_id:
             reason = UNKNOWN_KEY

@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap-rows", default="",
                         help="gap section: only these rows: comma-separated numbers (from 1, as the table lists them) "
                              "or texts found in their labels (default: every row)")
+    parser.add_argument("--gap-against", default="", metavar="CHECKOUT",
+                        help="gap section: also run these rows in another checkout of authsvc (e.g. `git worktree add "
+                             "/tmp/old COMMIT`), its own scripts/bench and deploy/ with this virtualenv, in the same "
+                             "run; a column of its figures and the ratio")
     parser.add_argument("--storm-connections", type=int, default=2000, help="storm section: clients (default 2,000)")
     parser.add_argument("--storm-seconds", type=int, default=30, help="storm section: storm length (default 30)")
     parser.add_argument("--storm-factor", default="4",

@@ -110,11 +110,12 @@ class _Snapshot:
     while it ends one, so a connection is never used by two threads at once.
     """
 
-    __slots__ = ("lock", "conn", "taken_at", "missed_at", "keys", "__weakref__")
+    __slots__ = ("lock", "conn", "cursor", "taken_at", "missed_at", "keys", "__weakref__")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.lock = threading.Lock()
         self.conn = conn
+        self.cursor = conn.cursor()  # reused by every lookup of the snapshot: no Cursor made per request
         self.taken_at = 0.0
         self.missed_at = -math.inf  # when a key this thread's snapshot lacked last renewed it
         self.keys: dict[str, tuple] | None = None  # None: no snapshot open
@@ -292,7 +293,9 @@ class SQLiteReader(ThreadConnections, Reader):
             conn.execute("COMMIT")
         conn.execute("BEGIN")  # the snapshot is taken by the next SELECT, after ``now``
         keys = {digest: (game_id, enabled, expires_at) for digest, game_id, enabled, expires_at in conn.execute(KEYS_SQL)}
-        snapshot.conn, snapshot.taken_at, snapshot.keys = conn, now, keys
+        if snapshot.conn is not conn:
+            snapshot.conn, snapshot.cursor = conn, conn.cursor()
+        snapshot.taken_at, snapshot.keys = now, keys
         return keys
 
     def close(self) -> None:
@@ -339,7 +342,7 @@ class SQLiteReader(ThreadConnections, Reader):
                         # only before this branch, so a known key does the same calls (tests/test_equal_work.py).
                         snapshot.missed_at = now
                         keys = self._new_snapshot(snapshot)
-                    player = snapshot.conn.execute(PLAYER_SQL, (user_id,)).fetchone()
+                    player = snapshot.cursor.execute(PLAYER_SQL, (user_id,)).fetchone()
                 row = (*keys.get(key_digest, NO_KEY), *player)
             # The contract's username None for a missing player, picked by indexing, not by a branch.
             game_id, game_enabled, expires_at, username, epoch, enabled = row

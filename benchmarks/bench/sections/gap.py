@@ -12,6 +12,8 @@ thing costs (BENCHMARKS.md, "The shipped path against plain"). The shipped rows 
 the unit does: deploy/gunicorn.conf.py with the shipped settings file
 (deploy/etc/authsvc.toml: access_record = "edge", nginx's line the one record);
 the access_record = "app" rows say what gunicorn's access line and the auth line cost.
+``--gap-against CHECKOUT`` runs the same rows in another checkout (an earlier commit's
+worktree) in the same run, by its own gap section, and prints both with their ratio.
 """
 
 from __future__ import annotations
@@ -211,9 +213,41 @@ def instructions(world: World, args: argparse.Namespace, root: Path, config: Con
     return int(found.group(1)) / args.gap_requests
 
 
+def against(args: argparse.Namespace, checkout: Path, numbers: list[int]) -> dict[str, float]:
+    """The rows ``numbers`` (this checkout's) measured by another checkout's own gap section, with its own store,
+    deploy/ files and code, run by this virtualenv's Python: {label: instructions per request}. Rows are
+    matched by label; one the other checkout lacks is absent."""
+    command = [str(VENV_BIN / "python"), "-m", "benchmarks.bench", "--only", "gap", "--players", str(args.players),
+               "--gap-warm", str(args.gap_warm), "--gap-requests", str(args.gap_requests),
+               "--gap-rows", ",".join(map(str, numbers)), "--pg", args.pg]
+    environ = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run(command, cwd=checkout, env=environ, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"bench: gap: the run in {checkout} failed:\n{done.stderr[-2000:]}")
+    return {m.group(1).strip(): float(m.group(2).replace(",", ""))
+            for m in re.finditer(r"^  gap: (.+?)\s+([0-9,]+) instructions/request$", done.stderr, re.M)}
+
+
+def other_checkout(args: argparse.Namespace) -> Path | None:
+    """--gap-against's checkout, refused before anything is measured unless it has a gap section."""
+    if not args.gap_against:
+        return None
+    checkout = Path(args.gap_against).resolve()
+    if not (checkout / "benchmarks" / "bench" / "sections" / "gap.py").is_file():
+        raise SystemExit(f"bench: gap: {checkout} is not a checkout of authsvc with a gap section")
+    return checkout
+
+
+def checkout_name(checkout: Path) -> str:
+    """The other checkout's commit, short, for the table's header."""
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or str(checkout)
+
+
 def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
     if not shutil.which("valgrind"):
         raise SystemExit("bench: the gap section needs valgrind (Debian: apt-get install valgrind)")
+    checkout = other_checkout(args)
     root = world.root / "gap"
     root.mkdir(exist_ok=True)
     configs = selected(CONFIGS, args.gap_rows)
@@ -239,6 +273,16 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         count = rows[config.label]
         vs_plain, vs_shipped = (f"{count / ref:.3f}" if ref else "-" for ref in (plain, shipped))
         print(f"| {config.label} | {count:,.0f} | {vs_plain} | {vs_shipped} |")
+    if checkout is not None:
+        other = against(args, checkout, [CONFIGS.index(c) + 1 for c in configs])
+        name = checkout_name(checkout)
+        print(f"\nThe same rows in {name} ({checkout}), same run:\n")
+        print(f"| configuration | {name} | this checkout | this / {name} |")
+        print("|---|---|---|---|")
+        for config in configs:
+            theirs = other.get(config.label)
+            ratio = f"{rows[config.label] / theirs:.3f}" if theirs else "-"
+            print(f"| {config.label} | {f'{theirs:,.0f}' if theirs else '-'} | {rows[config.label]:,.0f} | {ratio} |")
     print()
     for engine, suffix in (("SQLite", ""), ("PostgreSQL", PG)):
         if PLAIN + suffix in rows and SHIPPED + suffix in rows:
