@@ -26,7 +26,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, timeout: float = 15.0, host: str = "127.0.0.1") -> None:
+def wait_for_port(port: int, timeout: float = 60.0, host: str = "127.0.0.1") -> None:
+    """Until something listens on the port. A minute by default: a gunicorn start took over 15 s on a
+    2-core machine with a CI run and other jobs beside it; a process that never listens still fails."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
