@@ -93,7 +93,8 @@ def import_players(
     for the batch (its row count and the file's SHA-256). A bad row raises Invalid (RowError)."""
     audit = ctx.audit(file_sha256=hashlib.sha256(data).hexdigest())
     try:
-        return store.upsert_players(import_rows(data), progress=progress, audit=audit)
+        with store.write(audit) as tx:
+            return tx.import_players(import_rows(data), progress=progress)
     except base.Conflict as e:
         raise Invalid(str(e)) from None
 

@@ -98,7 +98,8 @@ def import_store(
         high_water = reader.header()
         games = reader.games()
         try:
-            return store.load(games, reader.players(), high_water, progress, audit=audit)
+            with store.write(audit) as tx:
+                return tx.load(games, reader.players(), high_water, progress)
         except NotEmpty:
             raise TransferError(
                 "the target store already holds games or players; import only into a new store "
