@@ -1,4 +1,5 @@
-"""Every setting declared once (``SETTINGS``), read from the environment and one TOML file.
+"""Every setting declared once, by its field in Settings or GunicornSettings (``SETTINGS`` lists
+them), read from the environment and one TOML file.
 
 This is the only module that reads ``os.environ`` or the settings file: the app,
 the admin command and deploy/gunicorn.conf.py all come here. Precedence:
@@ -117,75 +118,48 @@ class Setting:
 
 _TYPE_WORDS = {str: "a string", int: "an integer", float: "a number"}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-SETTINGS = (
-    Setting("store", "AUTHSVC_STORE", str, _default_store),
-    Setting("token_secret_file", "AUTHSVC_TOKEN_SECRET_FILE", str, _default_secret_file),
-    Setting("error_status", "AUTHSVC_ERROR_STATUS", str, "200", choices=("200", "http")),
-    Setting("max_body_bytes", "AUTHSVC_MAX_BODY_BYTES", int, 16 * 1024, rule="positive", check=lambda v: v > 0),
-    Setting("pg_connect_timeout", "AUTHSVC_PG_CONNECT_TIMEOUT", float, 2.0, rule="positive", check=lambda v: v > 0),
-    Setting("pg_statement_timeout", "AUTHSVC_PG_STATEMENT_TIMEOUT", float, 2.0, rule="positive", check=lambda v: v > 0),
-    # The app's own bound on the wait for PostgreSQL's reply (docs/stores.md, "Outages"): below gunicorn's
-    # timeout, so a worker is never killed for waiting on the store; above the statement timeout, so a
-    # slow query is cancelled by the server first and keeps its connection.
-    Setting("pg_reply_timeout", "AUTHSVC_PG_REPLY_TIMEOUT", float, 3.0, rule="positive", check=lambda v: v > 0),
-    # After a connect or a reply that timed out, a worker answers 503 without trying the store this long.
-    Setting("pg_retry_after", "AUTHSVC_PG_RETRY_AFTER", float, 2.0, rule="positive", check=lambda v: v > 0),
-    # An authentication that waited in gunicorn's queue longer than this (nginx's X-Request-Start) is
-    # answered 503 before any store work (authsvc/web/queueing.py, docs/operations.md "Login storms"); 0: off.
-    Setting("max_queue_wait", "AUTHSVC_MAX_QUEUE_WAIT", float, 0.5,
-            rule="0 (off) or seconds, at most 60", check=lambda v: 0 <= v <= 60),
-    Setting("max_staleness", "AUTHSVC_MAX_STALENESS", float, 1.0,
-            rule=f"from 0 to {MAX_STALENESS_BOUND:g} seconds", check=lambda v: 0 <= v <= MAX_STALENESS_BOUND),
-    # `authsvc audit prune` without --before removes records older than this many days; 0 keeps them forever.
-    Setting("audit_retention_days", "AUTHSVC_AUDIT_RETENTION_DAYS", int, 0,
-            rule="0 (keep forever) or more days", check=lambda v: v >= 0),
-    # The admin API's rate limit per API token and worker process (authsvc/api/ratelimit.py); admin_rate 0: off.
-    Setting("admin_rate", "AUTHSVC_ADMIN_RATE", float, 50.0, rule="0 (off) or requests a second", check=lambda v: v >= 0),
-    Setting("admin_burst", "AUTHSVC_ADMIN_BURST", int, 100, rule="at least 1", check=lambda v: v >= 1),
-    # The webhook hosts (host or host:port) a subscription may name though plain http:// or a private address
-    # (authsvc/webhooks/target.py, docs/admin-api.md "Webhooks"): a test receiver, a game server on the LAN;
-    # `authsvc deliver` reaches them though they resolve to such an address (authsvc/webhooks/connect.py).
-    Setting("webhook_allow_hosts", "AUTHSVC_WEBHOOK_ALLOW_HOSTS", str, "",
-            rule="host or host:port items, comma-separated ([v6 address] in brackets)", check=_host_list),
-    # Live webhooks a store may have (authsvc/operations/webhooks.py's add_webhook): each one is a POST of every event.
-    Setting("max_webhooks", "AUTHSVC_MAX_WEBHOOKS", int, 50, rule="from 1 to 10000", check=lambda v: 1 <= v <= 10_000),
-    # The level of the app's "authsvc" logger, set by deploy/gunicorn.conf.py's logconfig_dict.
-    Setting("log_level", "AUTHSVC_LOG_LEVEL", str, "INFO", choices=_LOG_LEVELS),
-    Setting("access_record", "AUTHSVC_ACCESS_RECORD", str, "app", choices=("app", "edge")),  # docs/logs.md
-    # `authsvc deliver` (authsvc/webhooks/): its POSTs at once, and each one's bound (connecting: at most 3 s of it).
-    Setting("deliver_concurrency", "AUTHSVC_DELIVER_CONCURRENCY", int, 16, rule="from 1 to 256",
-            check=lambda v: 1 <= v <= 256),
-    # Where `authsvc deliver` serves its Prometheus metrics (authsvc/webhooks/metrics.py); empty: nowhere.
-    Setting("deliver_metrics", "AUTHSVC_DELIVER_METRICS", str, "", rule="empty (off) or host:port",
-            check=lambda v: v == "" or _listen(v) is not None),
-    Setting("webhook_timeout", "AUTHSVC_WEBHOOK_TIMEOUT", float, 10.0, rule="from 1 to 60 seconds",
-            check=lambda v: 1 <= v <= 60),
-    # How long `authsvc deliver` keeps a delivered or failed delivery, and an event no delivery needs
-    # (store/deliveries.py's prune): a failed one may be re-driven until then.
-    Setting("webhook_retention", "AUTHSVC_WEBHOOK_RETENTION", int, 7 * 24 * 3600, rule="at least 3600 seconds",
-            check=lambda v: v >= 3600),
-    # The restore ledger (store/ledger.py): each deletion's id and epoch, each restore's generation, kept
-    # outside the store. Empty: beside a SQLite store's file (PATH.restore-ledger); none for PostgreSQL.
-    Setting("restore_ledger", "AUTHSVC_RESTORE_LEDGER", str, ""),
-    Setting("workers", "AUTHSVC_WORKERS", int, lambda env: _cpu_count(), GUNICORN, rule="at least 1", check=lambda v: v >= 1),
-    Setting("worker_class", "AUTHSVC_WORKER_CLASS", str, "sync", GUNICORN, choices=("sync", "gthread")),
-    Setting("threads", "AUTHSVC_THREADS", int, 1, GUNICORN, rule="at least 1", check=lambda v: v >= 1),
-    # gunicorn's 0 (never time out) is refused: a hung worker would never be replaced.
-    Setting("timeout", "AUTHSVC_TIMEOUT", int, 30, GUNICORN, rule="at least 1 (seconds)", check=lambda v: v >= 1),
-    Setting("bind", "AUTHSVC_BIND", str, "unix:/run/authsvc.sock", GUNICORN),
-    # The peers whose X-Forwarded-For and X-Forwarded-Proto gunicorn believes (an nginx on
-    # another host: docs/scaling.md); any other peer is logged by its own address.
-    Setting("forwarded_allow_ips", "AUTHSVC_FORWARDED_ALLOW_IPS", str, "127.0.0.1,::1", GUNICORN,
-            rule="IP addresses or networks, comma-separated ('*' would let any client write the log's address)",
-            check=_address_list),
-)
+_ROW = "authsvc.setting"  # the metadata key of a dataclass field that declares a setting
 
 
-def default(name: str) -> Any:
-    """The declared default of a setting that does not depend on the environment."""
-    (setting,) = (s for s in SETTINGS if s.name == name)
-    return setting.default_for({})
+def _row(
+    env: str,
+    *,
+    from_env: Callable[[Mapping[str, str]], Any] | None = None,
+    table: str = APP,
+    rule: str = "",
+    check: Callable[[Any], bool] | None = None,
+    choices: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """A field's metadata declaring it a setting; its name, type and default are the field's own
+    (``from_env``: a default that depends on the environment, for a field without one)."""
+    return {
+        _ROW: {
+            "env": env,
+            "from_env": from_env,
+            "table": table,
+            "rule": rule,
+            "check": check,
+            "choices": choices,
+        }
+    }
+
+
+def _declared(*classes: type) -> tuple[Setting, ...]:
+    """SETTINGS: the fields of ``classes`` that carry a ``_row``, in their order, each once."""
+    types = {"str": str, "int": int, "float": float}
+    found = []
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            if _ROW not in f.metadata:
+                continue
+            row = dict(f.metadata[_ROW])
+            from_env = row.pop("from_env")
+            default = from_env if from_env is not None else f.default
+            kind = types.get(str(f.type))
+            if default is dataclasses.MISSING or kind is None:
+                raise TypeError(f"setting {f.name} needs a default and the type str, int or float")
+            found.append(Setting(f.name, type=kind, default=default, **row))
+    return tuple(found)
 
 
 class TokenSecrets(tuple):
@@ -197,33 +171,145 @@ class TokenSecrets(tuple):
     __str__ = __repr__
 
 
+def _positive(v: Any) -> bool:
+    return bool(v > 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """The app's settings (the ``authsvc`` part of SETTINGS, log_level aside; forwarded_allow_ips too: which peer is nginx)."""
+    """The app's settings. Each field with a ``_row`` declares a setting (SETTINGS), read from the
+    environment and the file (read_settings); the ``[gunicorn]`` table's and log_level are
+    GunicornSettings' (forwarded_allow_ips is both's: which peer is nginx)."""
 
-    store: str
-    token_secret_file: str
-    token_secrets: TokenSecrets = TokenSecrets()
-    error_status: str = default("error_status")
-    max_body_bytes: int = default("max_body_bytes")
-    pg_connect_timeout: float = default("pg_connect_timeout")
-    pg_statement_timeout: float = default("pg_statement_timeout")
-    pg_reply_timeout: float = default("pg_reply_timeout")
-    pg_retry_after: float = default("pg_retry_after")
-    max_queue_wait: float = default("max_queue_wait")
-    max_staleness: float = default("max_staleness")
-    audit_retention_days: int = default("audit_retention_days")
-    admin_rate: float = default("admin_rate")
-    admin_burst: int = default("admin_burst")
-    access_record: str = default("access_record")
-    forwarded_allow_ips: str = default("forwarded_allow_ips")
-    deliver_concurrency: int = default("deliver_concurrency")
-    deliver_metrics: str = default("deliver_metrics")
-    webhook_timeout: float = default("webhook_timeout")
-    webhook_allow_hosts: str = default("webhook_allow_hosts")
-    max_webhooks: int = default("max_webhooks")
-    webhook_retention: int = default("webhook_retention")
-    restore_ledger: str = default("restore_ledger")
+    store: str = dataclasses.field(metadata=_row("AUTHSVC_STORE", from_env=_default_store))
+    token_secret_file: str = dataclasses.field(
+        metadata=_row("AUTHSVC_TOKEN_SECRET_FILE", from_env=_default_secret_file)
+    )
+    token_secrets: TokenSecrets = TokenSecrets()  # read from token_secret_file, not a setting
+    error_status: str = dataclasses.field(
+        default="200", metadata=_row("AUTHSVC_ERROR_STATUS", choices=("200", "http"))
+    )
+    max_body_bytes: int = dataclasses.field(
+        default=16 * 1024, metadata=_row("AUTHSVC_MAX_BODY_BYTES", rule="positive", check=_positive)
+    )
+    pg_connect_timeout: float = dataclasses.field(
+        default=2.0, metadata=_row("AUTHSVC_PG_CONNECT_TIMEOUT", rule="positive", check=_positive)
+    )
+    pg_statement_timeout: float = dataclasses.field(
+        default=2.0, metadata=_row("AUTHSVC_PG_STATEMENT_TIMEOUT", rule="positive", check=_positive)
+    )
+    # The app's own bound on the wait for PostgreSQL's reply (docs/stores.md, "Outages"): below gunicorn's
+    # timeout, so a worker is never killed for waiting on the store; above the statement timeout, so a
+    # slow query is cancelled by the server first and keeps its connection.
+    pg_reply_timeout: float = dataclasses.field(
+        default=3.0, metadata=_row("AUTHSVC_PG_REPLY_TIMEOUT", rule="positive", check=_positive)
+    )
+    # After a connect or a reply that timed out, a worker answers 503 without trying the store this long.
+    pg_retry_after: float = dataclasses.field(
+        default=2.0, metadata=_row("AUTHSVC_PG_RETRY_AFTER", rule="positive", check=_positive)
+    )
+    # An authentication that waited in gunicorn's queue longer than this (nginx's X-Request-Start) is
+    # answered 503 before any store work (authsvc/web/queueing.py, docs/operations.md "Login storms"); 0: off.
+    max_queue_wait: float = dataclasses.field(
+        default=0.5,
+        metadata=_row(
+            "AUTHSVC_MAX_QUEUE_WAIT",
+            rule="0 (off) or seconds, at most 60",
+            check=lambda v: 0 <= v <= 60,
+        ),
+    )
+    max_staleness: float = dataclasses.field(
+        default=1.0,
+        metadata=_row(
+            "AUTHSVC_MAX_STALENESS",
+            rule=f"from 0 to {MAX_STALENESS_BOUND:g} seconds",
+            check=lambda v: 0 <= v <= MAX_STALENESS_BOUND,
+        ),
+    )
+    # `authsvc audit prune` without --before removes records older than this many days; 0 keeps them forever.
+    audit_retention_days: int = dataclasses.field(
+        default=0,
+        metadata=_row(
+            "AUTHSVC_AUDIT_RETENTION_DAYS",
+            rule="0 (keep forever) or more days",
+            check=lambda v: v >= 0,
+        ),
+    )
+    # The admin API's rate limit per API token and worker process (authsvc/api/ratelimit.py); admin_rate 0: off.
+    admin_rate: float = dataclasses.field(
+        default=50.0,
+        metadata=_row(
+            "AUTHSVC_ADMIN_RATE", rule="0 (off) or requests a second", check=lambda v: v >= 0
+        ),
+    )
+    admin_burst: int = dataclasses.field(
+        default=100, metadata=_row("AUTHSVC_ADMIN_BURST", rule="at least 1", check=lambda v: v >= 1)
+    )
+    # The webhook hosts (host or host:port) a subscription may name though plain http:// or a private address
+    # (authsvc/webhooks/target.py, docs/admin-api.md "Webhooks"): a test receiver, a game server on the LAN;
+    # `authsvc deliver` reaches them though they resolve to such an address (authsvc/webhooks/connect.py).
+    webhook_allow_hosts: str = dataclasses.field(
+        default="",
+        metadata=_row(
+            "AUTHSVC_WEBHOOK_ALLOW_HOSTS",
+            rule="host or host:port items, comma-separated ([v6 address] in brackets)",
+            check=_host_list,
+        ),
+    )
+    # Live webhooks a store may have (authsvc/operations/webhooks.py's add_webhook): each one is a POST of every event.
+    max_webhooks: int = dataclasses.field(
+        default=50,
+        metadata=_row(
+            "AUTHSVC_MAX_WEBHOOKS", rule="from 1 to 10000", check=lambda v: 1 <= v <= 10_000
+        ),
+    )
+    access_record: str = dataclasses.field(
+        default="app", metadata=_row("AUTHSVC_ACCESS_RECORD", choices=("app", "edge"))
+    )  # docs/logs.md
+    # `authsvc deliver` (authsvc/webhooks/): its POSTs at once, and each one's bound (connecting: at most 3 s of it).
+    deliver_concurrency: int = dataclasses.field(
+        default=16,
+        metadata=_row(
+            "AUTHSVC_DELIVER_CONCURRENCY", rule="from 1 to 256", check=lambda v: 1 <= v <= 256
+        ),
+    )
+    # Where `authsvc deliver` serves its Prometheus metrics (authsvc/webhooks/metrics.py); empty: nowhere.
+    deliver_metrics: str = dataclasses.field(
+        default="",
+        metadata=_row(
+            "AUTHSVC_DELIVER_METRICS",
+            rule="empty (off) or host:port",
+            check=lambda v: v == "" or _listen(v) is not None,
+        ),
+    )
+    webhook_timeout: float = dataclasses.field(
+        default=10.0,
+        metadata=_row(
+            "AUTHSVC_WEBHOOK_TIMEOUT", rule="from 1 to 60 seconds", check=lambda v: 1 <= v <= 60
+        ),
+    )
+    # How long `authsvc deliver` keeps a delivered or failed delivery, and an event no delivery needs
+    # (store/deliveries.py's prune): a failed one may be re-driven until then.
+    webhook_retention: int = dataclasses.field(
+        default=7 * 24 * 3600,
+        metadata=_row(
+            "AUTHSVC_WEBHOOK_RETENTION", rule="at least 3600 seconds", check=lambda v: v >= 3600
+        ),
+    )
+    # The restore ledger (store/ledger.py): each deletion's id and epoch, each restore's generation, kept
+    # outside the store. Empty: beside a SQLite store's file (PATH.restore-ledger); none for PostgreSQL.
+    restore_ledger: str = dataclasses.field(default="", metadata=_row("AUTHSVC_RESTORE_LEDGER"))
+    # The peers whose X-Forwarded-For and X-Forwarded-Proto gunicorn believes (an nginx on
+    # another host: docs/scaling.md); any other peer is logged by its own address.
+    forwarded_allow_ips: str = dataclasses.field(
+        default="127.0.0.1,::1",
+        metadata=_row(
+            "AUTHSVC_FORWARDED_ALLOW_IPS",
+            table=GUNICORN,
+            rule="IP addresses or networks, comma-separated ('*' would let any client write the log's address)",
+            check=_address_list,
+        ),
+    )
 
     def __repr__(self) -> str:
         """The fields, with the store URL's password masked: a repr can reach a log or a traceback."""
@@ -259,19 +345,53 @@ class Settings:
 class GunicornSettings:
     """What deploy/gunicorn.conf.py reads: the [gunicorn] table, and the app's log level."""
 
-    workers: int
-    worker_class: str
-    threads: int
-    timeout: int
-    bind: str
-    forwarded_allow_ips: str
-    log_level: str
-    access_record: str
+    forwarded_allow_ips: str  # declared in Settings
+    access_record: str  # declared in Settings
+    workers: int = dataclasses.field(
+        metadata=_row(
+            "AUTHSVC_WORKERS",
+            from_env=lambda env: _cpu_count(),
+            table=GUNICORN,
+            rule="at least 1",
+            check=lambda v: v >= 1,
+        )
+    )
+    worker_class: str = dataclasses.field(
+        default="sync",
+        metadata=_row("AUTHSVC_WORKER_CLASS", table=GUNICORN, choices=("sync", "gthread")),
+    )
+    threads: int = dataclasses.field(
+        default=1,
+        metadata=_row("AUTHSVC_THREADS", table=GUNICORN, rule="at least 1", check=lambda v: v >= 1),
+    )
+    # gunicorn's 0 (never time out) is refused: a hung worker would never be replaced.
+    timeout: int = dataclasses.field(
+        default=30,
+        metadata=_row(
+            "AUTHSVC_TIMEOUT", table=GUNICORN, rule="at least 1 (seconds)", check=lambda v: v >= 1
+        ),
+    )
+    bind: str = dataclasses.field(
+        default="unix:/run/authsvc.sock", metadata=_row("AUTHSVC_BIND", table=GUNICORN)
+    )
+    # The level of the app's "authsvc" logger, set by deploy/gunicorn.conf.py's logconfig_dict.
+    log_level: str = dataclasses.field(
+        default="INFO", metadata=_row("AUTHSVC_LOG_LEVEL", choices=_LOG_LEVELS)
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GunicornSettings:
         values = read_settings(os.environ if environ is None else environ)
         return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+
+
+SETTINGS = _declared(Settings, GunicornSettings)  # every setting, declared once: by its field
+
+
+def default(name: str) -> Any:
+    """The declared default of a setting that does not depend on the environment."""
+    (setting,) = (s for s in SETTINGS if s.name == name)
+    return setting.default_for({})
 
 
 def admin_actor(environ: Mapping[str, str] | None = None) -> str:

@@ -50,6 +50,18 @@ DEPLOY_PG = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
 NODE_MODULES = Path(__file__).resolve().parent.parent / "node_modules"
 
 
+def import_players(store, rows, progress=None, *, audit=None) -> int:
+    """Players written as the operations write them: one ``store.write()``, the transaction's bulk import."""
+    with store.write(audit) as tx:
+        return tx.import_players(rows, progress)
+
+
+def load_store(store, games, players, game_id_high_water: int, progress=None, *, audit=None) -> tuple[int, int]:
+    """An export's games and players loaded as ``authsvc import`` loads them: one write, ``Tx.load``."""
+    with store.write(audit) as tx:
+        return tx.load(games, players, game_id_high_water, progress)
+
+
 def skip_or_fail(reason: str):
     """Skip (laptop) or fail (CI, AUTHSVC_TEST_STRICT=1) a test whose server is missing."""
     if STRICT:

@@ -21,7 +21,7 @@ import time
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from tests.support import Receiver, add_webhook, free_port, store_sql
+from tests.support import Receiver, add_webhook, free_port, import_players, store_sql
 
 SECRET = "whsec_" + base64.b64encode(b"the deliverer's own secret").decode()
 PLAYERS = 300
@@ -129,7 +129,7 @@ def test_a_deliverer_killed_mid_run_loses_no_event_and_keeps_each_player_s_order
     log_path = tmp_path / "deliver.log"
     try:
         add_webhook(store_url, receiver.url(), ["player.created", "player.renamed"], SECRET)
-        admin_store.upsert_players([(i, f"p{i}") for i in range(1, PLAYERS + 1)])
+        import_players(admin_store, [(i, f"p{i}") for i in range(1, PLAYERS + 1)])
         for n in range(1, RENAMES + 1):
             admin_store.rename_player(1, f"p1-{n}")
         total = PLAYERS + RENAMES
@@ -345,7 +345,7 @@ def test_a_blackholed_webhook_with_1000_players_pending_holds_up_no_other_webhoo
     healthy = Receiver(note)
     try:
         stuck = add_webhook(store_url, f"http://127.0.0.1:{blackhole.port}/hook", ["player.created"], SECRET)
-        admin_store.upsert_players([(i, f"p{i}") for i in range(1, 1001)])
+        import_players(admin_store, [(i, f"p{i}") for i in range(1, 1001)])
         add_webhook(store_url, healthy.url(), ["player.renamed"], SECRET)
         with open(tmp_path / "deliver.log", "ab") as log:
             process = start(env, blackhole.port, log, healthy.port)

@@ -9,7 +9,7 @@ The wings (README.md, "Layout"): web/ (the game-facing path), cli/ (the command)
 admin HTTP API), operations/ (the rules of every admin write, for both), serving/ (the gunicorn
 integration), store/, webhooks/ (subscription URLs, delivery; the admin side may use it, it uses
 the store and the core), deployment (rendering deploy/), and the core (settings, tokens, names,
-errors, loglines, urls). Arrows run one way: the command and the API over the operations, the
+errors, loglines, urls, times). Arrows run one way: the command and the API over the operations, the
 operations over the store; the web path and serving never import the admin side; the store
 imports no wing; the core imports no wing. The web path reaches no module of the store that writes.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -117,7 +118,7 @@ def test_the_circle_finder_finds_a_circle():
 
 
 CORE = {"authsvc", "authsvc.settings", "authsvc.tokens", "authsvc.names", "authsvc.errors", "authsvc.loglines",
-        "authsvc.urls"}
+        "authsvc.urls", "authsvc.times"}
 # Old paths kept (README.md, "Layout"): each imports its new path and nothing else.
 ALIASES = {"authsvc.wsgi": "authsvc.web.wsgi"}
 WINGS = ("web", "cli", "api", "operations", "serving", "store", "webhooks", "deployment")
@@ -184,6 +185,20 @@ def test_the_arrows_run_one_way():
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
     assert graph["authsvc.web.app"] and graph["authsvc.serving.access_log"], "the import reader found nothing"
     assert not wrong_way(graph)
+
+
+def test_times_are_shown_by_one_formatter():
+    """A unix time becomes text in authsvc/times.py only: the API's, the command's and the webhooks'
+    RFC 3339 stamps cannot drift apart (a second copy would round or pad its own way)."""
+    calls = re.compile(r"\.(strftime|fromtimestamp|utcfromtimestamp|isoformat)\(")
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != PACKAGE / "times.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if calls.search(line)
+    ]
+    assert not found, "format times with authsvc.times.utc:\n" + "\n".join(found)
 
 
 def test_the_web_path_reaches_no_store_that_writes_and_no_admin_module():

@@ -17,7 +17,7 @@ from authsvc.store import open_store
 from authsvc.store.audit import Audit
 from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player
 from authsvc.tokens import api_key_digest
-from tests.support import free_port, hold_write_lock, skip_or_fail
+from tests.support import free_port, hold_write_lock, import_players, load_store, skip_or_fail
 
 NOW = 1_700_000_000
 
@@ -306,8 +306,8 @@ def test_updated_at_is_the_time_of_the_write_that_last_changed_the_row(admin_sto
         (lambda ms: admin_store.set_player_enabled(5, False, audit=at(ms)), True),
         (lambda ms: admin_store.set_player_enabled(5, True, audit=at(ms)), True),
         (lambda ms: admin_store.revoke_player(5, audit=at(ms)), True),
-        (lambda ms: admin_store.upsert_players([(5, "bob"), (6, "carol")], audit=at(ms)), False),
-        (lambda ms: admin_store.upsert_players([(5, "bobby")], audit=at(ms)), True),
+        (lambda ms: import_players(admin_store, [(5, "bob"), (6, "carol")], audit=at(ms)), False),
+        (lambda ms: import_players(admin_store, [(5, "bobby")], audit=at(ms)), True),
     ]
     expected = t
     for n, (step, changes) in enumerate(steps, start=1):
@@ -324,20 +324,20 @@ def test_player_ids_up_to_2_63_minus_1(admin_store):
     assert unstamped(admin_store.get_player(big)) == Player(big, "max", 0, True)
 
 
-def test_upsert_players_inserts_renames_and_keeps_epochs(admin_store):
+def test_import_players_inserts_renames_and_keeps_epochs(admin_store):
     admin_store.add_player(1, "one")
     admin_store.revoke_player(1)
     admin_store.set_player_enabled(1, False)
     seen = []
     rows = [(i, f"user{i}") for i in range(1, 25_001)] + [(7, "seven-again")]
-    assert admin_store.upsert_players(rows, progress=seen.append) == 25_001
+    assert import_players(admin_store, rows, progress=seen.append) == 25_001
     assert seen and seen[-1] == 25_001 and seen == sorted(seen)
     assert unstamped(admin_store.get_player(1)) == Player(1, "user1", 1, False)  # renamed; epoch and flag kept
     assert admin_store.get_player(7).username == "seven-again"  # the last row of an id wins
     assert unstamped(admin_store.get_player(25_000)) == Player(25_000, "user25000", 0, True)
 
 
-def test_upsert_players_is_all_or_nothing(admin_store):
+def test_import_players_is_all_or_nothing(admin_store):
     admin_store.add_player(1, "one")
 
     def rows():
@@ -345,11 +345,11 @@ def test_upsert_players_is_all_or_nothing(admin_store):
         raise ValueError("line 15001: broken")
 
     with pytest.raises(ValueError, match="broken"):
-        admin_store.upsert_players(rows())
+        import_players(admin_store, rows())
     assert admin_store.get_player(1).username == "one"
     assert admin_store.get_player(2) is None
     assert admin_store.get_player(15_000) is None
-    assert admin_store.upsert_players([(2, "two")]) == 1  # the store is usable afterwards
+    assert import_players(admin_store, [(2, "two")]) == 1  # the store is usable afterwards
 
 
 # -- failures: locked, missing, unreadable, full (the "Errors" section of store/base.py) ------
@@ -425,7 +425,7 @@ def test_a_full_store_raises_store_full_and_writes_nothing(admin_store):
     pages = conn.execute("PRAGMA page_count").fetchone()[0]
     conn.execute(f"PRAGMA max_page_count = {pages:d}")
     with pytest.raises(StoreFull) as caught:
-        admin_store.upsert_players((i, "x" * 200) for i in range(2, 20_002))
+        import_players(admin_store, ((i, "x" * 200) for i in range(2, 20_002)))
     assert type(caught.value) is StoreFull and "full" in str(caught.value)
     assert admin_store.get_player(2) is None and admin_store.get_player(1).username == "one"
 
@@ -497,7 +497,7 @@ def _fill(store) -> list:
     store.add_api_key(g1.id, digest(2), NOW + 1, NOW + 3600)
     g2 = store.add_game("Go", digest(3), NOW + 2)
     store.set_game_enabled(g2.id, False)
-    store.upsert_players([(i, f"p{i}") for i in (30, 10, 20)])
+    import_players(store, [(i, f"p{i}") for i in (30, 10, 20)])
     store.revoke_player(20)
     store.set_player_enabled(30, False)
     return list(store.dump())
@@ -523,13 +523,13 @@ def test_load_into_an_empty_store_keeps_ids_keys_and_epochs(admin_store, empty_u
     try:
         target.migrate()
         counts = []
-        assert target.load(games, iter(players), 10, progress=counts.append) == (2, 3)
+        assert load_store(target, games, iter(players), 10, progress=counts.append) == (2, 3)
         assert counts[-1] == 3
         assert list(target.dump()) == items
         assert target.game_id_high_water() == 10
         assert target.add_game("Chess 2", digest(50), NOW).id == 11  # past the high-water mark
         with pytest.raises(NotEmpty):
-            target.load([], [Player(99, "x", 0, True)], 0)
+            load_store(target, [], [Player(99, "x", 0, True)], 0)
         assert target.get_player(99) is None
     finally:
         target.close()
@@ -541,23 +541,23 @@ def test_load_is_all_or_nothing(admin_store):
         raise ValueError("truncated file")
 
     with pytest.raises(ValueError, match="truncated"):
-        admin_store.load([Game(4, "Chess", True, NOW, (ApiKey(digest(1), NOW, None),))], players(), 4)
+        load_store(admin_store, [Game(4, "Chess", True, NOW, (ApiKey(digest(1), NOW, None),))], players(), 4)
     assert admin_store.list_games() == [] and admin_store.get_player(1) is None
 
     with pytest.raises(Conflict):
-        admin_store.load([], [Player(1, "one", 0, True), Player(1, "again", 0, True)], 0)
+        load_store(admin_store, [], [Player(1, "one", 0, True), Player(1, "again", 0, True)], 0)
     with pytest.raises(Conflict):
-        admin_store.load(
-            [Game(1, "A", True, NOW, ()), Game(2, "A", True, NOW, ())], [], 0
+        load_store(
+            admin_store, [Game(1, "A", True, NOW, ()), Game(2, "A", True, NOW, ())], [], 0
         )
     assert admin_store.list_games() == [] and admin_store.get_player(1) is None
-    assert admin_store.load([], [Player(1, "one", 0, True)], 0) == (0, 1)
+    assert load_store(admin_store, [], [Player(1, "one", 0, True)], 0) == (0, 1)
 
 
 def test_load_refuses_a_store_that_holds_anything(admin_store):
     admin_store.add_game("Chess", digest(1), NOW)
     with pytest.raises(NotEmpty):
-        admin_store.load([], [Player(1, "one", 0, True)], 0)
+        load_store(admin_store, [], [Player(1, "one", 0, True)], 0)
     assert admin_store.get_player(1) is None
 
 
@@ -609,7 +609,7 @@ def test_a_full_postgresql_disk_raises_store_full_and_writes_nothing(store_url, 
         su.execute(f"ALTER TABLE players SET TABLESPACE {space}")
         store.add_player(1, "one")
         with pytest.raises(StoreFull) as caught:
-            store.upsert_players((i, "x" * 200) for i in range(2, 20_002))
+            import_players(store, ((i, "x" * 200) for i in range(2, 20_002)))
         assert type(caught.value) is StoreFull and "full" in str(caught.value) and "\n" not in str(caught.value)
         assert store.get_player(2) is None and store.get_player(1).username == "one"
     finally:

@@ -20,6 +20,7 @@ from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from authsvc.web.app import make_app
+from tests.support import import_players
 
 PLAYERS = 100_000
 
@@ -85,7 +86,7 @@ def test_round_trip_sqlite_postgres_sqlite(tmp_path, pg_databases, secret_file, 
     store.add_api_key(chess.id, api_key_digest(keys[1]), now + 1, now + 3600)  # keys[0] expires in an hour
     go = store.add_game("Go ♟", api_key_digest(keys[2]), now)
     store.set_game_enabled(go.id, False)
-    store.upsert_players((i * 3, f"player-{i}-é") for i in range(1, PLAYERS + 1))
+    import_players(store, ((i * 3, f"player-{i}-é") for i in range(1, PLAYERS + 1)))
     store.close()
     raw = sqlite3.connect(source.removeprefix("sqlite://"))
     with raw:
@@ -139,7 +140,7 @@ def _small_export(tmp_path, monkeypatch, capsys, secret_file) -> str:
     store = open_store(source, readonly=False)
     store.migrate()
     store.add_game("Chess", api_key_digest(new_api_key()), 1_700_000_000)
-    store.upsert_players([(1, "one"), (2, "two"), (3, "three")])
+    import_players(store, [(1, "one"), (2, "two"), (3, "three")])
     store.close()
     path = tmp_path / "small.jsonl"
     assert run(monkeypatch, capsys, source, secret_file, "export", str(path))[0] == 0
@@ -204,7 +205,7 @@ def test_a_move_keeps_names_stored_before_the_visible_name_rule(
     store = open_store(source, readonly=False)
     store.migrate()
     store.add_game("Chess\u202eevil", api_key_digest(new_api_key()), 1_700_000_000)
-    store.upsert_players([(1, "line\u2028break"), (2, "\u200b")])
+    import_players(store, [(1, "line\u2028break"), (2, "\u200b")])
     store.close()
     path = tmp_path / "old.jsonl"
     assert run(monkeypatch, capsys, source, secret_file, "export", str(path))[0] == 0

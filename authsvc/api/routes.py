@@ -7,7 +7,6 @@ engine.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import math
 import re
@@ -15,6 +14,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from authsvc import times
 from authsvc.api import batch
 from authsvc.api.messages import Request, Response
 from authsvc.api.problems import invalid
@@ -89,9 +89,7 @@ def route_template(path: str) -> str:
 
 def utc(seconds: float) -> str:
     """RFC 3339 UTC with milliseconds, rounded up: a promise is never stated earlier than it holds."""
-    ms = math.ceil(seconds * 1000)
-    when = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    return times.utc(math.ceil(seconds * 1000))
 
 
 def field(body: dict | None, name: str, kind: type, *, required: bool = True, default: Any = None) -> Any:

@@ -5,8 +5,7 @@
 
 from __future__ import annotations
 
-import datetime
-
+from authsvc import times
 from authsvc.operations import api_tokens
 from authsvc.operations import api_tokens as api_tokens_ops
 from authsvc.operations.context import admin_store, command_context
@@ -15,7 +14,7 @@ from authsvc.operations.context import admin_store, command_context
 def _when(seconds: int | None) -> str:
     if seconds is None:
         return "-"
-    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return times.utc(seconds * 1000, millis=False)
 
 
 def cmd_add(args, settings):

@@ -28,6 +28,7 @@ import re
 import sys
 from collections.abc import Iterable, Iterator
 
+from authsvc import times
 from authsvc.errors import Invalid
 from authsvc.names import MAX_ID, shown
 from authsvc.operations import audit as audit_ops
@@ -57,7 +58,7 @@ def parse_time(text: str, now_ms: int) -> int:
 
 
 def utc(ms: int) -> str:
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return times.utc(ms, millis=False, sep=" ")
 
 
 # -- the command's head lines -------------------------------------------------------------------

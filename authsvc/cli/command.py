@@ -26,7 +26,7 @@ import json
 import sys
 import time
 
-from authsvc import release
+from authsvc import release, times
 from authsvc.cli import api_token_cmd, audit_cmd, secret_cmd, setup_cmd, webhook_cmd
 from authsvc.errors import CommandError, Error
 from authsvc.names import check_game_name, check_username, shown
@@ -140,7 +140,7 @@ def cmd_game_rotate_key(args, settings):
     obj = {"game_id": args.game_id, "api_key": api_key, "old_keys_expire_at": expires_at}
     text = (
         f"new api key for game {args.game_id}: {api_key}\n"
-        f"older keys stop working at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(expires_at))}\n"
+        f"older keys stop working at {times.utc(expires_at * 1000, millis=False, sep=' ', zone=' UTC')}\n"
         "The key is shown only this once."
     )
     return 0, obj, text

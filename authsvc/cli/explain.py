@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import hmac
 import re
 import sys
 import time
 
+from authsvc import times
 from authsvc.errors import CommandError
 from authsvc.names import shown
 from authsvc.settings import Settings, load_token_secrets
@@ -57,7 +57,7 @@ class Verdict:
 
 
 def _when(seconds: int, now: float) -> str:
-    stamp = datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    stamp = times.utc(seconds * 1000, millis=False, sep=" ", zone=" UTC")
     ago = int(now - seconds)
     return f"{stamp} ({_span(ago)} ago)" if ago >= 0 else f"{stamp} (in {_span(-ago)})"
 

@@ -7,8 +7,7 @@ fingerprint (authsvc/tokens.py), never a secret, and no output shows one.
 
 from __future__ import annotations
 
-import datetime
-
+from authsvc import times
 from authsvc.operations import token_secret
 from authsvc.operations.context import admin_store, command_context
 
@@ -16,7 +15,7 @@ from authsvc.operations.context import admin_store, command_context
 def _when(seconds: int | None) -> str:
     if seconds is None:
         return "not recorded in the store"
-    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return times.utc(seconds * 1000, millis=False)
 
 
 def cmd_rotate(args, settings):

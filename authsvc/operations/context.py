@@ -5,10 +5,10 @@ ten-year cap on an expiry, and how a time is shown.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import time
 from collections.abc import Callable
 
+from authsvc import times
 from authsvc.errors import ConfigError, Invalid
 from authsvc.settings import (
     Settings,
@@ -81,4 +81,4 @@ def at_ms(ms: int | None) -> str | None:
     """Unix milliseconds as the admin API and the command show them: RFC 3339 UTC with milliseconds."""
     if ms is None:
         return None
-    return datetime.datetime.fromtimestamp(ms // 1000, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    return times.utc(ms)

@@ -88,7 +88,8 @@ def import_players(
     """Insert or rename players from a CSV or JSON-lines file's bytes, all or nothing; one audit record
     for the batch (its row count and the file's SHA-256). A bad row raises Invalid (RowError)."""
     audit = ctx.audit(file_sha256=hashlib.sha256(data).hexdigest())
-    return store.upsert_players(import_rows(data), progress=progress, audit=audit)
+    with store.write(audit) as tx:
+        return tx.import_players(import_rows(data), progress=progress)
 
 
 

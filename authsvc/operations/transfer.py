@@ -99,7 +99,8 @@ def import_store(
         high_water = reader.header()
         games = reader.games()
         try:
-            return store.load(games, reader.players(), high_water, progress, audit=audit)
+            with store.write(audit) as tx:
+                return tx.load(games, reader.players(), high_water, progress)
         except NotEmpty:  # its own words: nothing to add
             raise
         except Conflict as e:  # the store's words, with the file that broke the rule

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -238,16 +238,6 @@ class Store(Reader):
         with self.write(audit) as tx:
             return tx.delete_player(user_id)
 
-    @abc.abstractmethod
-    def upsert_players(
-        self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None,
-        *, audit: Audit | None = None,
-    ) -> int:
-        """Insert or rename players in one transaction; returns the row count.
-
-        If ``rows`` raises part-way, nothing is written. One audit record for the batch.
-        """
-
     # -- the admin API's bearer tokens (reads; the writes are Tx's) ---------------------------
     @abc.abstractmethod
     def api_tokens(self) -> list[ApiToken]:
@@ -375,20 +365,3 @@ class Store(Reader):
     def dump(self) -> Iterator[Game | Player | DeletedPlayer]:
         """Every game (with its keys) by id, then every player by user_id, then every deleted player by
         user_id, from one snapshot."""
-
-    @abc.abstractmethod
-    def load(
-        self,
-        games: Iterable[Game],
-        players: Iterable[Player | DeletedPlayer],
-        game_id_high_water: int,
-        progress: Callable[[int], None] | None = None,
-        *, audit: Audit | None = None,
-    ) -> tuple[int, int]:
-        """Write games (ids kept) and players (epochs kept), then deleted players, into an empty store, in
-        one transaction.
-
-        Returns (games, players) written. Raises NotEmpty if the store holds any game, player or
-        deleted player; Conflict if an id is both a player and a deleted one; if an iterator raises
-        part-way, nothing is written.
-        """

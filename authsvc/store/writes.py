@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from authsvc.errors import Conflict
@@ -38,7 +38,7 @@ from authsvc.store import events as ev
 from authsvc.store import ledger as restore_ledger
 from authsvc.store import restore
 from authsvc.store.audit import Audit, Record
-from authsvc.store.base import ApiKey, ApiToken, Game, Player
+from authsvc.store.base import ApiKey, ApiToken, DeletedPlayer, Game, Player
 from authsvc.store.common import batches, select_games, select_token_secrets
 from authsvc.store.dialect import Dialect
 from authsvc.store.events import Delivery, Webhook
@@ -83,12 +83,33 @@ class Tx:
 
     def joined(self, audit: Audit | None) -> Tx:
         """This transaction, for a write nested in it (its own audit, the same lock and time)."""
-        return Tx(self._conn, self.d, audit or self.audit, self._lock, self._collate, self._ledger)
+        return type(self)(self._conn, self.d, audit or self.audit, self._lock, self._collate, self._ledger)
 
     def bulk_connection(self) -> Any:
         """This transaction's connection, for an engine's bulk write in it (COPY, executemany, an engine's
         own statements): in this package only. What it writes is part of this transaction and its record."""
         return self._conn
+
+    # -- the engines' bulk writes: each engine's Tx implements them (store/sqlite/store.py, store/postgres/store.py)
+    def import_players(self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None) -> int:
+        """Insert or rename players (the last row of a user id wins); returns the row count. One audit
+        record for the batch; if ``rows`` raises part-way, the write rolls back and nothing is written."""
+        raise NotImplementedError
+
+    def load(
+        self,
+        games: Iterable[Game],
+        players: Iterable[Player | DeletedPlayer],
+        game_id_high_water: int,
+        progress: Callable[[int], None] | None = None,
+    ) -> tuple[int, int]:
+        """Write games (ids kept) and players (epochs kept), then deleted players, into an empty store.
+
+        Returns (games, players) written. Raises NotEmpty if the store holds any game, player or
+        deleted player; Conflict if an id is both a player and a deleted one; if an iterator raises
+        part-way, the write rolls back and nothing is written.
+        """
+        raise NotImplementedError
 
     def _sql(self, text: str, args: tuple = ()) -> Any:
         return self._conn.execute(self.d.sql(text), args)

@@ -53,6 +53,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from authsvc import times
 from authsvc.errors import ConfigError, StoreUnavailable
 from authsvc.settings import Settings, host_list
 from authsvc.store import open_store, redact_url
@@ -87,13 +88,9 @@ def backoff_ms(attempts: int, rand: Callable[[], float] = random.random) -> int:
     return int(base * 1000 * (1 + 0.1 * rand()))
 
 
-def iso(ms: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
-
-
 def body(item: Due, data: str) -> bytes:
     """``{"type", "timestamp", "data"}``: the event's data is JSON already (an object)."""
-    return b'{"type":%s,"timestamp":"%s","data":%s}' % (json.dumps(item.type).encode(), iso(item.at_ms).encode(),
+    return b'{"type":%s,"timestamp":"%s","data":%s}' % (json.dumps(item.type).encode(), times.utc(item.at_ms).encode(),
                                                          data.encode())
 
 

@@ -91,7 +91,8 @@ def make_world(root: Path, players: int, seed: int = 1) -> World:
         api_key = new_api_key()
         game = store.add_game("Bench", api_key_digest(api_key), int(time.time()))
         store.add_game("Other", api_key_digest(new_api_key()), int(time.time()))
-        store.upsert_players((i, username(i)) for i in range(1, players + 1))
+        with store.write() as tx:
+            tx.import_players((i, username(i)) for i in range(1, players + 1))
     finally:
         store.close()
     rng = random.Random(seed)

@@ -186,7 +186,7 @@ class PostgresStore(PostgresReader, Store):
             yield open_tx.joined(audit)
             return
         with self._admin() as conn:
-            tx = self._local.tx = Tx(conn, POSTGRES, audit or trail.unattributed(), collate=COLLATE_C,
+            tx = self._local.tx = PostgresTx(conn, POSTGRES, audit or trail.unattributed(), collate=COLLATE_C,
                                      ledger=self.ledger)
             try:
                 yield tx
@@ -255,36 +255,6 @@ class PostgresStore(PostgresReader, Store):
                 "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players WHERE user_id = %s", (user_id,)
             ).fetchone()
         return Player(*row) if row else None
-
-    def upsert_players(
-        self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None,
-        *, audit: Audit | None = None,
-    ) -> int:
-        """COPY into a temporary table, then one INSERT ... ON CONFLICT; the last row of a user id wins."""
-        count = 0
-        with self.write(audit) as tx:
-            conn = tx.bulk_connection()
-            # Into a temporary table before the writer lock: other writes wait only for the upsert.
-            conn.execute(
-                "CREATE TEMPORARY TABLE players_import (n bigint, user_id bigint, username text) ON COMMIT DROP"
-            )
-            with conn.cursor().copy("COPY players_import (n, user_id, username) FROM STDIN") as copy:
-                for batch in batches(rows):
-                    for user_id, username in batch:
-                        count += 1
-                        copy.write_row((count, user_id, username))
-                    if progress:
-                        progress(count)
-            try:
-                with conn.transaction():
-                    changes = conn.execute(IMPORT_CHANGES_SQL).fetchall()
-                    conn.execute(UPSERT_SQL, (tx.at_ms,))
-            except psycopg.errors.CheckViolation:
-                raise Conflict("user ids must be from 1 to 2^63-1") from None
-            tx.continue_epochs()
-            tx.emit_players((user_id, "player.created" if new else "player.renamed") for user_id, new in changes)
-            tx.record("player.import", after={"rows": count})
-        return count
 
     # -- the admin API's bearer tokens ----------------------------------------------------
     def api_tokens(self) -> list[ApiToken]:
@@ -355,65 +325,93 @@ class PostgresStore(PostgresReader, Store):
                 for row in cur:
                     yield DeletedPlayer(*row)
 
+
+class PostgresTx(Tx):
+    """A write transaction on PostgreSQL: the engine's bulk writes (store/writes.py's Tx declares them)."""
+
+    def import_players(self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None) -> int:
+        """COPY into a temporary table, then one INSERT ... ON CONFLICT; the last row of a user id wins."""
+        count = 0
+        conn = self.bulk_connection()
+        # Into a temporary table before the writer lock: other writes wait only for the upsert.
+        conn.execute(
+            "CREATE TEMPORARY TABLE players_import (n bigint, user_id bigint, username text) ON COMMIT DROP"
+        )
+        with conn.cursor().copy("COPY players_import (n, user_id, username) FROM STDIN") as copy:
+            for batch in batches(rows):
+                for user_id, username in batch:
+                    count += 1
+                    copy.write_row((count, user_id, username))
+                if progress:
+                    progress(count)
+        try:
+            with conn.transaction():
+                changes = conn.execute(IMPORT_CHANGES_SQL).fetchall()
+                conn.execute(UPSERT_SQL, (self.at_ms,))
+        except psycopg.errors.CheckViolation:
+            raise Conflict("user ids must be from 1 to 2^63-1") from None
+        self.continue_epochs()
+        self.emit_players((user_id, "player.created" if new else "player.renamed") for user_id, new in changes)
+        self.record("player.import", after={"rows": count})
+        return count
+
     def load(
         self,
         games: Iterable[Game],
         players: Iterable[Player | DeletedPlayer],
         game_id_high_water: int,
         progress: Callable[[int], None] | None = None,
-        *, audit: Audit | None = None,
     ) -> tuple[int, int]:
         n_games = n_players = 0
         top = game_id_high_water
         try:
-            with self.write(audit) as tx:
-                conn = tx.bulk_connection()
-                tx.locked()
-                conn.execute("LOCK TABLE games, api_keys, players, deleted_players IN EXCLUSIVE MODE")
-                if _value(conn.execute("SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players) "
-                                       "OR EXISTS (SELECT FROM deleted_players)")):
-                    raise NotEmpty()
-                for game in games:
+            conn = self.bulk_connection()
+            self.locked()
+            conn.execute("LOCK TABLE games, api_keys, players, deleted_players IN EXCLUSIVE MODE")
+            if _value(conn.execute("SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players) "
+                                   "OR EXISTS (SELECT FROM deleted_players)")):
+                raise NotEmpty()
+            for game in games:
+                conn.execute(
+                    "INSERT INTO games (id, name, enabled, created_at) VALUES (%s, %s, %s, %s)",
+                    (game.id, game.name, game.enabled, game.created_at),
+                )
+                for key in game.keys:
                     conn.execute(
-                        "INSERT INTO games (id, name, enabled, created_at) VALUES (%s, %s, %s, %s)",
-                        (game.id, game.name, game.enabled, game.created_at),
+                        "INSERT INTO api_keys (digest, game_id, created_at, expires_at) VALUES (%s, %s, %s, %s)",
+                        (key.digest, game.id, key.created_at, key.expires_at),
                     )
-                    for key in game.keys:
-                        conn.execute(
-                            "INSERT INTO api_keys (digest, game_id, created_at, expires_at) VALUES (%s, %s, %s, %s)",
-                            (key.digest, game.id, key.created_at, key.expires_at),
-                        )
-                    n_games += 1
-                    top = max(top, game.id)
-                if top > 0:
-                    conn.execute("SELECT setval(pg_get_serial_sequence('games', 'id'), %s)", (top,))
-                columns = "user_id, username, epoch, enabled, updated_at_ms"
-                # After the players (dump's order), the deleted players: written in batches of their own.
-                deleted: list[Player | DeletedPlayer] = []
-                rest = iter(players)
-                with conn.cursor().copy(f"COPY players ({columns}) FROM STDIN") as copy:
-                    for batch in batches(rest):
-                        for p in batch:
-                            if isinstance(p, DeletedPlayer) or deleted:
-                                deleted.append(p)
-                            else:
-                                copy.write_row((p.user_id, p.username, p.epoch, p.enabled, p.updated_at_ms))
-                                n_players += 1
-                        if progress:
-                            progress(n_players)
-                        if deleted:
-                            break
-                for chunk in itertools.chain([deleted], batches(rest)):
-                    rows = [(p.user_id, p.epoch) for p in chunk if isinstance(p, DeletedPlayer)]
-                    if len(rows) < len(chunk):
-                        raise Conflict("the players must come before the deleted players")
-                    if rows:
-                        conn.cursor().executemany("INSERT INTO deleted_players (user_id, epoch) VALUES (%s, %s)", rows)
-                if _value(conn.execute("SELECT EXISTS (SELECT FROM deleted_players AS d JOIN players AS p "
-                                       "ON p.user_id = d.user_id)")):
-                    raise Conflict("a player appears both as a player and as a deleted one")
-                after = {"games": n_games, "players": n_players}
-                tx.record("store.import", after=after)
+                n_games += 1
+                top = max(top, game.id)
+            if top > 0:
+                conn.execute("SELECT setval(pg_get_serial_sequence('games', 'id'), %s)", (top,))
+            columns = "user_id, username, epoch, enabled, updated_at_ms"
+            # After the players (dump's order), the deleted players: written in batches of their own.
+            deleted: list[Player | DeletedPlayer] = []
+            rest = iter(players)
+            with conn.cursor().copy(f"COPY players ({columns}) FROM STDIN") as copy:
+                for batch in batches(rest):
+                    for p in batch:
+                        if isinstance(p, DeletedPlayer) or deleted:
+                            deleted.append(p)
+                        else:
+                            copy.write_row((p.user_id, p.username, p.epoch, p.enabled, p.updated_at_ms))
+                            n_players += 1
+                    if progress:
+                        progress(n_players)
+                    if deleted:
+                        break
+            for chunk in itertools.chain([deleted], batches(rest)):
+                rows = [(p.user_id, p.epoch) for p in chunk if isinstance(p, DeletedPlayer)]
+                if len(rows) < len(chunk):
+                    raise Conflict("the players must come before the deleted players")
+                if rows:
+                    conn.cursor().executemany("INSERT INTO deleted_players (user_id, epoch) VALUES (%s, %s)", rows)
+            if _value(conn.execute("SELECT EXISTS (SELECT FROM deleted_players AS d JOIN players AS p "
+                                   "ON p.user_id = d.user_id)")):
+                raise Conflict("a player appears both as a player and as a deleted one")
+            after = {"games": n_games, "players": n_players}
+            self.record("store.import", after=after)
         except psycopg.errors.IntegrityError as e:
             raise _conflict(e) from None
         return n_games, n_players

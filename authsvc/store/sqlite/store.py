@@ -269,7 +269,7 @@ class SQLiteStore(SQLiteReader, Store):
             return
         try:
             with self._write() as conn:
-                tx = self._local.tx = Tx(conn, SQLITE, audit or trail.unattributed(), ledger=self.ledger)
+                tx = self._local.tx = SQLiteTx(conn, SQLITE, audit or trail.unattributed(), ledger=self.ledger)
                 try:
                     yield tx
                     head = tx.head()
@@ -323,39 +323,6 @@ class SQLiteStore(SQLiteReader, Store):
             "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players WHERE user_id = ?", (user_id,)
         ).fetchone()
         return Player(row[0], row[1], row[2], bool(row[3]), row[4]) if row else None
-
-    @_mapped
-    def upsert_players(
-        self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None,
-        *, audit: Audit | None = None,
-    ) -> int:
-        count = 0
-        with self.write(audit) as tx:
-            # The record's time as a literal (an int), so the rows go to executemany as they come; a row
-            # whose name is already the one given is left as it is, its updated_at_ms with it.
-            sql = (
-                f"INSERT INTO players (user_id, username, updated_at_ms) VALUES (?, ?, {tx.at_ms:d}) "
-                "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, "
-                "updated_at_ms = excluded.updated_at_ms WHERE players.username <> excluded.username"
-            )
-            conn = tx.bulk_connection()
-            changes: dict[int, str] = {}  # user id -> its event: created, or renamed
-            for batch in batches(rows):
-                names = {row[0]: row[1] for row in SQLITE.current_players(conn, [r[0] for r in batch])}
-                for user_id, username in batch:
-                    if user_id not in names:
-                        changes[user_id] = "player.created"
-                    elif names[user_id] != username:
-                        changes.setdefault(user_id, "player.renamed")
-                    names[user_id] = username
-                conn.executemany(sql, batch)
-                count += len(batch)
-                if progress:
-                    progress(count)
-            tx.continue_epochs()
-            tx.emit_players((user_id, event) for user_id, event in changes.items())
-            tx.record("player.import", after={"rows": count})
-        return count
 
     # -- the admin API's bearer tokens ----------------------------------------------------
     @_mapped
@@ -424,60 +391,89 @@ class SQLiteStore(SQLiteReader, Store):
             for user_id, epoch in conn.execute("SELECT user_id, epoch FROM deleted_players ORDER BY user_id"):
                 yield DeletedPlayer(user_id, epoch)
 
-    @_mapped
+
+class SQLiteTx(Tx):
+    """A write transaction on SQLite: the engine's bulk writes (store/writes.py's Tx declares them)."""
+
+    def import_players(self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None) -> int:
+        count = 0
+        # The record's time as a literal (an int), so the rows go to executemany as they come; a row
+        # whose name is already the one given is left as it is, its updated_at_ms with it.
+        sql = (
+            f"INSERT INTO players (user_id, username, updated_at_ms) VALUES (?, ?, {self.at_ms:d}) "
+            "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, "
+            "updated_at_ms = excluded.updated_at_ms WHERE players.username <> excluded.username"
+        )
+        conn = self.bulk_connection()
+        changes: dict[int, str] = {}  # user id -> its event: created, or renamed
+        for batch in batches(rows):
+            names = {row[0]: row[1] for row in SQLITE.current_players(conn, [r[0] for r in batch])}
+            for user_id, username in batch:
+                if user_id not in names:
+                    changes[user_id] = "player.created"
+                elif names[user_id] != username:
+                    changes.setdefault(user_id, "player.renamed")
+                names[user_id] = username
+            conn.executemany(sql, batch)
+            count += len(batch)
+            if progress:
+                progress(count)
+        self.continue_epochs()
+        self.emit_players((user_id, event) for user_id, event in changes.items())
+        self.record("player.import", after={"rows": count})
+        return count
+
     def load(
         self,
         games: Iterable[Game],
         players: Iterable[Player | DeletedPlayer],
         game_id_high_water: int,
         progress: Callable[[int], None] | None = None,
-        *, audit: Audit | None = None,
     ) -> tuple[int, int]:
         n_games = n_players = 0
         top = game_id_high_water
-        with self.write(audit) as tx:
-            conn = tx.bulk_connection()
-            tx.locked()
-            if conn.execute("SELECT EXISTS (SELECT 1 FROM games) OR EXISTS (SELECT 1 FROM players) "
-                            "OR EXISTS (SELECT 1 FROM deleted_players)").fetchone()[0]:
-                raise NotEmpty()
-            for game in games:
+        conn = self.bulk_connection()
+        self.locked()
+        if conn.execute("SELECT EXISTS (SELECT 1 FROM games) OR EXISTS (SELECT 1 FROM players) "
+                        "OR EXISTS (SELECT 1 FROM deleted_players)").fetchone()[0]:
+            raise NotEmpty()
+        for game in games:
+            try:
+                conn.execute(
+                    "INSERT INTO games (id, name, enabled, created_at) VALUES (?, ?, ?, ?)",
+                    (game.id, game.name, int(game.enabled), game.created_at),
+                )
+            except sqlite3.IntegrityError:
+                raise Conflict("two games have the same id or name") from None
+            for key in game.keys:
                 try:
-                    conn.execute(
-                        "INSERT INTO games (id, name, enabled, created_at) VALUES (?, ?, ?, ?)",
-                        (game.id, game.name, int(game.enabled), game.created_at),
-                    )
+                    conn.execute("INSERT INTO api_keys (digest, game_id, created_at, expires_at) VALUES (?, ?, ?, ?)",
+                                 (key.digest, game.id, key.created_at, key.expires_at))
                 except sqlite3.IntegrityError:
-                    raise Conflict("two games have the same id or name") from None
-                for key in game.keys:
-                    try:
-                        conn.execute("INSERT INTO api_keys (digest, game_id, created_at, expires_at) VALUES (?, ?, ?, ?)",
-                                     (key.digest, game.id, key.created_at, key.expires_at))
-                    except sqlite3.IntegrityError:
-                        raise Conflict("that api key digest is already in use") from None
-                n_games += 1
-                top = max(top, game.id)
-            # AUTOINCREMENT keeps its high-water mark here: ids are never handed out twice.
-            if conn.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'games'", (top,)).rowcount == 0:
-                conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('games', ?)", (top,))
-            sql = "INSERT INTO players (user_id, username, epoch, enabled, updated_at_ms) VALUES (?, ?, ?, ?, ?)"
-            for batch in batches(players):
-                alive = [p for p in batch if isinstance(p, Player)]
-                try:
-                    conn.executemany(
-                        sql, [(p.user_id, p.username, p.epoch, int(p.enabled), p.updated_at_ms) for p in alive])
-                    conn.executemany("INSERT INTO deleted_players (user_id, epoch) VALUES (?, ?)",
-                                     [(p.user_id, p.epoch) for p in batch if isinstance(p, DeletedPlayer)])
-                except sqlite3.IntegrityError:
-                    raise Conflict("a player appears twice") from None
-                n_players += len(alive)
-                if progress:
-                    progress(n_players)
-            if conn.execute("SELECT EXISTS (SELECT 1 FROM deleted_players AS d JOIN players AS p "
-                            "ON p.user_id = d.user_id)").fetchone()[0]:
-                raise Conflict("a player appears both as a player and as a deleted one")
-            after = {"games": n_games, "players": n_players}
-            tx.record("store.import", after=after)
+                    raise Conflict("that api key digest is already in use") from None
+            n_games += 1
+            top = max(top, game.id)
+        # AUTOINCREMENT keeps its high-water mark here: ids are never handed out twice.
+        if conn.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'games'", (top,)).rowcount == 0:
+            conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('games', ?)", (top,))
+        sql = "INSERT INTO players (user_id, username, epoch, enabled, updated_at_ms) VALUES (?, ?, ?, ?, ?)"
+        for batch in batches(players):
+            alive = [p for p in batch if isinstance(p, Player)]
+            try:
+                conn.executemany(
+                    sql, [(p.user_id, p.username, p.epoch, int(p.enabled), p.updated_at_ms) for p in alive])
+                conn.executemany("INSERT INTO deleted_players (user_id, epoch) VALUES (?, ?)",
+                                 [(p.user_id, p.epoch) for p in batch if isinstance(p, DeletedPlayer)])
+            except sqlite3.IntegrityError:
+                raise Conflict("a player appears twice") from None
+            n_players += len(alive)
+            if progress:
+                progress(n_players)
+        if conn.execute("SELECT EXISTS (SELECT 1 FROM deleted_players AS d JOIN players AS p "
+                        "ON p.user_id = d.user_id)").fetchone()[0]:
+            raise Conflict("a player appears both as a player and as a deleted one")
+        after = {"games": n_games, "players": n_players}
+        self.record("store.import", after=after)
         return n_games, n_players
 
 

@@ -201,7 +201,8 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     # 1. throughput
     r = Run(world, logs, "burst")
     try:
-        r.store.upsert_players((i, f"p{i}") for i in range(1, args.events_burst + 1))
+        with r.store.write() as tx:
+            tx.import_players((i, f"p{i}") for i in range(1, args.events_burst + 1))
         r.start_receiver()
         r.start_deliverer()
         done = until(lambda: r.delivered() >= args.events_burst, 600)
@@ -214,7 +215,8 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     # 2. latency
     r = Run(world, logs, "latency")
     try:
-        r.store.upsert_players([(1, "p1")])
+        with r.store.write() as tx:
+            tx.import_players([(1, "p1")])
         r.start_receiver()
         r.start_deliverer()
         until(lambda: r.delivered() >= 1, 30)
@@ -233,7 +235,8 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     r = Run(world, logs, "backlog")
     try:
         t0 = time.monotonic()
-        r.store.upsert_players((i, f"p{i}") for i in range(1, args.events_pending + 1))
+        with r.store.write() as tx:
+            tx.import_players((i, f"p{i}") for i in range(1, args.events_pending + 1))
         made = time.monotonic() - t0
         r.start_deliverer()
         time.sleep(args.events_down)

@@ -114,7 +114,8 @@ def _auth_runs(world: World, args: argparse.Namespace, logs: Path, script: Path)
                     if variant == "alone":
                         runs["alone"].append(wrk(server, script, args))
                         continue
-                    r.store.upsert_players((i, f"e{i}") for i in range(first, first + args.events_cost_backlog))
+                    with r.store.write() as tx:
+                        tx.import_players((i, f"e{i}") for i in range(first, first + args.events_cost_backlog))
                     first += args.events_cost_backlog
                     before = r.delivered()
                     r.start_deliverer(prefix=_nice(), group_nice=group_nice(DELIVER_UNIT))

@@ -60,7 +60,8 @@ def _latency(world: World, args: argparse.Namespace, logs: Path, blackholed: boo
             r.env["AUTHSVC_WEBHOOK_ALLOW_HOSTS"] += f",127.0.0.1:{blackhole.port}"
             webhooks.add_webhook(r.store, command_context(), f"http://127.0.0.1:{blackhole.port}/hook",
                             ["player.created"], None, r.env["AUTHSVC_WEBHOOK_ALLOW_HOSTS"])
-        r.store.upsert_players((i, f"p{i}") for i in range(1, args.events_fair_pending + 1))
+        with r.store.write() as tx:
+            tx.import_players((i, f"p{i}") for i in range(1, args.events_fair_pending + 1))
         r.start_receiver()
         r.start_deliverer()
         if not until(lambda: r.delivered() >= args.events_fair_pending, 120):
