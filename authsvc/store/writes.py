@@ -26,6 +26,7 @@ rolled-back one leaves none. The deliverer fans the events out to the subscribed
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import math
@@ -66,7 +67,7 @@ class _Lock:
         self.erased = False  # a player deleted, a webhook removed: the store clears what that freed once it commits
 
 
-class Tx:
+class Tx(abc.ABC):
     """One write transaction on ``conn``; ``audit`` names who acts (each joined write may name its own).
 
     The connection stays inside the store: the admin side calls these methods, never SQL. The
@@ -91,11 +92,12 @@ class Tx:
         return self._conn
 
     # -- the engines' bulk writes: each engine's Tx implements them (store/sqlite/store.py, store/postgres/store.py)
+    @abc.abstractmethod
     def import_players(self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None) -> int:
         """Insert or rename players (the last row of a user id wins); returns the row count. One audit
         record for the batch; if ``rows`` raises part-way, the write rolls back and nothing is written."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def load(
         self,
         games: Iterable[Game],
@@ -109,7 +111,6 @@ class Tx:
         deleted player; Conflict if an id is both a player and a deleted one; if an iterator raises
         part-way, the write rolls back and nothing is written.
         """
-        raise NotImplementedError
 
     def _sql(self, text: str, args: tuple = ()) -> Any:
         return self._conn.execute(self.d.sql(text), args)
