@@ -68,7 +68,7 @@ FROM_SETTINGS = {"MAX_BODY_BYTES": "max_body_bytes"}
 # Login storms (docs/operations.md, "Login storms"): nginx lets an app host hold this
 # many requests per gunicorn worker (UPSTREAM_MAX_CONNS, nginx's max_conns); past it,
 # the JSON 503 at once, at no cost to the workers. 40: a burst of 32 per worker arriving
-# at once is queued and served, not shed (tests/test_storm.py), and a full queue's wait
+# at once is queued and served, not shed (tests/system/test_storm.py), and a full queue's wait
 # (40 x the time per request) stays far below AUTHSVC_MAX_QUEUE_WAIT, the app's shed of
 # a request that waited too long (authsvc/web/queueing.py), which costs a worker as much as
 # serving it: a deeper queue makes every request wait past it and throughput collapses

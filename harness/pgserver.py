@@ -46,7 +46,7 @@ def _run_as() -> str | None:
 class ThrowawayPostgres:
     """initdb + pg_ctl start/stop on 127.0.0.1:<free port>; superuser ``postgres``, trust auth.
     With ``netns`` (root only) every command runs in that network namespace and the server listens
-    on ``address`` there, trusting its subnet (tests/test_store_network.py cuts the link to it).
+    on ``address`` there, trusting its subnet (tests/system/test_store_network.py cuts the link to it).
     ``max_connections``: a small one shows connections left behind as refusals."""
 
     def __init__(self, bin_dir: str, *, netns: str | None = None, address: str = "127.0.0.1",

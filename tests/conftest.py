@@ -2,14 +2,14 @@
 
 Every test that uses ``store_url`` (and so ``env``, ``settings``, ``admin_store``,
 ``world``, ``app``) runs twice, on SQLite and on PostgreSQL, in the store, integration
-and system tiers; in the functional tier, on SQLite (tests/tiers.py). A test that is
+and system tiers; in the functional tier, on SQLite (the tier is the folder: tests/tiers.py). A test that is
 about one engine says so in one way only, the ``engine`` marker::
 
     @pytest.mark.engine("sqlite")          # one test
     pytestmark = pytest.mark.engine("postgresql")  # a whole module
 
 (no ``parametrize("store_url", ...)``, no module overriding the ``store_url``
-fixture; tests/test_suite_rules.py checks it). Tests that need a PostgreSQL
+fixture; tests/unit/test_suite_rules.py checks it). Tests that need a PostgreSQL
 server of their own use the ``own_pg`` fixture.
 
 PostgreSQL is ``AUTHSVC_TEST_POSTGRES_URL`` (a superuser URL) if set, else a
@@ -178,10 +178,10 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """Mark each test with its module's tier (tests/tiers.py), so ``-m unit`` and friends select tiers, and a
-    system-tier test with its lane."""
+    """Mark each test with its module's tier, the folder it sits in (tests/unit/, ...: tests/tiers.py), so
+    ``-m unit`` and friends select tiers, and a system-tier test with its lane."""
     for item in items:
-        tier = tier_of(item.path.stem)
+        tier = tier_of(item.path)
         if tier is not None:
             item.add_marker(tier)
         if tier == "system":
@@ -197,7 +197,7 @@ def pytest_generate_tests(metafunc):
     if marker is not None:
         engines = marker.args
     else:
-        engines = ENGINES if tier_of(metafunc.definition.path.stem) in BOTH_ENGINES else ("sqlite",)
+        engines = ENGINES if tier_of(metafunc.definition.path) in BOTH_ENGINES else ("sqlite",)
     unknown = set(engines) - set(ENGINES)
     if unknown:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: unknown engine {sorted(unknown)}; known: {ENGINES}")
@@ -220,7 +220,7 @@ def env(store_url, secret_file):
 
     AUTHSVC_MAX_STALENESS=0: these suites check that each change is seen by the
     very next request. The default (the SQLite reader keeps a snapshot for up to
-    1 s) has tests of its own in tests/test_staleness.py.
+    1 s) has tests of its own in tests/functional/test_staleness.py.
     """
     return {"AUTHSVC_STORE": store_url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), "AUTHSVC_MAX_STALENESS": "0"}
 

@@ -151,7 +151,7 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
                 app_host_env: dict | None = None, admin: bool = False,
                 app: str = "authsvc.wsgi:create_app()") -> Stack:
     """The stack in ``root``; ``values`` override placeholder values, ``worker_connections``
-    sizes nginx's main config (tests/test_edge.py makes it small to reach exhaustion).
+    sizes nginx's main config (tests/integration/test_edge.py makes it small to reach exhaustion).
     ``extra_app_hosts`` more gunicorn instances serve the same store on 127.0.0.1 TCP
     ports (``AUTHSVC_BIND``), named after the unix socket in ``UPSTREAMS``; ``workers``
     is each gunicorn's AUTHSVC_WORKERS; ``app_env`` more of gunicorn's environment (settings), for

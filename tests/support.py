@@ -1,6 +1,6 @@
 """Test helpers that are not fixtures, shared by the test modules.
 
-A test module (test_*.py) never imports another test module (tests/test_suite_rules.py
+A test module (test_*.py) never imports another test module (tests/unit/test_suite_rules.py
 checks it): what two modules share lives here, in tests/deploy_support.py (the real
 nginx + gunicorn stack), tests/pgserver.py, or harness/ (shared with benchmarks/).
 
@@ -337,8 +337,8 @@ def until_both_workers_counted(port: int, params: dict, metrics_dir, limit: int 
     """Authentications, each on a new connection, until two gunicorn workers have each counted more
     of them (of ``result``, if given) than when called: the kernel may hand one worker every
     connection for a while. Each must be answered ``status`` (and ``answer``, if given). The
-    workers count in PROMETHEUS_MULTIPROC_DIR=``metrics_dir`` (tests/test_metrics.py,
-    tests/test_prometheus.py, the "both workers" tests). Returns how many were sent; at most ``limit``."""
+    workers count in PROMETHEUS_MULTIPROC_DIR=``metrics_dir`` (tests/functional/test_metrics.py,
+    tests/integration/test_prometheus.py, the "both workers" tests). Returns how many were sent; at most ``limit``."""
     before = authentications_by_worker(metrics_dir, result)
     sent = 0
     query = PATH + "?" + urllib.parse.urlencode(params)

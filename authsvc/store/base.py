@@ -3,7 +3,7 @@
 Both engines implement it (SQLiteReader and PostgresReader in sqlite/reader.py and
 postgres/reader.py, which the web process opens through store/readers.py; SQLiteStore
 and PostgresStore in sqlite/store.py and postgres/store.py extend them with the writes) and pass
-the same contract tests (tests/test_store_contract.py). A Reader (``credentials``,
+the same contract tests (tests/store/test_store_contract.py). A Reader (``credentials``,
 ``fresh_credentials``, ``check``, ``close``, ``list_games``; on SQLite also
 ``journal_mode_warning``) has no method that writes, so the web process holds no object that can.
 ``SQLiteStore.backup`` (``authsvc backup``) exists on SQLite only.

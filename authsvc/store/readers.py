@@ -1,7 +1,7 @@
 """open_reader(url): what the web process holds, a Reader (store/base.py) that has no method that writes.
 
 It imports the chosen engine's reader module only (sqlite/reader.py or postgres/reader.py), never
-the admin side's sqlite/store.py or postgres/store.py: the web path cannot reach a write (tests/test_layout.py).
+the admin side's sqlite/store.py or postgres/store.py: the web path cannot reach a write (tests/unit/test_layout.py).
 """
 
 from __future__ import annotations

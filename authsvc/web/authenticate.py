@@ -4,7 +4,7 @@ Rules (docs/api.md): any parameter missing or empty -> 400; anything present but
 wrong -> 403; all three right -> the player. The store is asked once, and does
 the same work whether or not the key and the player exist (docs/stores.md); the
 token HMAC is computed either way, so the time of a 403 tells neither
-(tests/test_equal_work.py). A refusal also computes the token of the next epoch,
+(tests/functional/test_equal_work.py). A refusal also computes the token of the next epoch,
 either way; only a token that matches it (minted after a change the store's answer
 predates) has the store asked again, for the latest commit (docs/stores.md,
 "A token minted after a change").
@@ -99,7 +99,7 @@ class Authenticator:
         self.tokens = TokenVerifier(token_secrets)
         # The digests of the last KEY_DIGESTS keys sent: a game server sends its one key on every request,
         # and its SHA-256 was about 6,000 instructions of each (BENCHMARKS.md, "Internals"). The
-        # work depends on the text sent, never on whether the store has that key (tests/test_equal_work.py).
+        # work depends on the text sent, never on whether the store has that key (tests/functional/test_equal_work.py).
         self.key_digest = functools.lru_cache(maxsize=KEY_DIGESTS)(api_key_digest)
         self.clock = clock
         self.player_reasons = player_reasons()
@@ -120,7 +120,7 @@ class Authenticator:
         )
         token_ok = self.tokens.matches(game_id, user_id, epoch, token)
         # Comparisons only (no call but the clock, as before, for a key with an expiry),
-        # so the work stays the same for any key and player (tests/test_equal_work.py).
+        # so the work stays the same for any key and player (tests/functional/test_equal_work.py).
         if not game_id:  # ids start at 1: 0 is the placeholder of an unknown key
             reason = UNKNOWN_KEY
         elif expires_at is not None and expires_at <= self.clock():

@@ -65,7 +65,7 @@ def unquote_to_bytes(raw: bytes) -> bytes:
     Quoted-printable writes a byte as "=XX" where we have "%XX", so with
     each '=' first written as "=3D", binascii's decoder does the same work in C;
     every '=' is then followed by two hex digits, so none is a soft line break.
-    tests/test_http.py checks it against urllib's for arbitrary input.
+    tests/unit/test_http.py checks it against urllib's for arbitrary input.
     """
     return binascii.a2b_qp(raw.replace(b"=", b"=3D").replace(b"%", b"="))
 
@@ -362,7 +362,7 @@ def json_bytes(obj: dict) -> bytes:
 
 def success_bytes(user_id: int, username: str) -> bytes:
     """The success answer, byte for byte what ``json_bytes`` makes of it, without building a dict
-    and an encoder per request (tests/test_http.py compares the two)."""
+    and an encoder per request (tests/unit/test_http.py compares the two)."""
     return b'{"success":true,"user_id":%d,"username":%s}' % (user_id, encode_basestring_ascii(username).encode("ascii"))
 
 

@@ -5,7 +5,7 @@
  *     npx openapi-typescript http://127.0.0.1:8081/openapi.json -o admin-api.d.ts
  *
  * No package at run time: the global fetch and crypto of Node 20 or a browser-like runtime (the web
- * tier's server, never a player's browser: the API token must not reach one). tests/test_openapi_clients.py
+ * tier's server, never a player's browser: the API token must not reach one). tests/integration/test_openapi_clients.py
  * type-checks it (tsc --strict --noEmit) against the repository's document, and runs each method against
  * the admin API under gunicorn.
  *

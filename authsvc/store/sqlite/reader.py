@@ -339,7 +339,7 @@ class SQLiteReader(ThreadConnections, Reader):
                         keys = self._new_snapshot(snapshot)
                     elif key_digest not in keys and now - snapshot.missed_at >= KEY_LOOK_AGAIN:
                         # A key added since the snapshot (a rotation, a new game) works at once. Comparisons
-                        # only before this branch, so a known key does the same calls (tests/test_equal_work.py).
+                        # only before this branch, so a known key does the same calls (tests/functional/test_equal_work.py).
                         snapshot.missed_at = now
                         keys = self._new_snapshot(snapshot)
                     player = snapshot.cursor.execute(PLAYER_SQL, (user_id,)).fetchone()
