@@ -49,6 +49,8 @@ class ThrowawayPostgres:
     on ``address`` there, trusting its subnet (tests/system/test_store_network.py cuts the link to it).
     ``max_connections``: a small one shows connections left behind as refusals."""
 
+    _started = False  # started once: its port is named by clients and standbys from then on
+
     def __init__(self, bin_dir: str, *, netns: str | None = None, address: str = "127.0.0.1",
                  max_connections: int = 50):
         self.bin_dir = bin_dir
@@ -82,12 +84,32 @@ class ThrowawayPostgres:
             raise RuntimeError(f"{program} failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
 
     def start(self) -> None:
-        options = (
-            f"-p {self.port} -c listen_addresses={self.address} -c unix_socket_directories='' "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-            f"-c max_connections={self.max_connections}"
-        )
-        self._run("pg_ctl", "-D", self.data, "-l", self.logfile, "-o", options, "-w", "-t", "30", "start")
+        """Start the server; the log's last lines in the error if it does not. Its first start takes another
+        free port when the one chosen was taken meanwhile (a test beside it bound it first); a restart keeps
+        its port, which clients and standbys already name."""
+        for attempt in range(3):
+            options = (
+                f"-p {self.port} -c listen_addresses={self.address} -c unix_socket_directories='' "
+                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                f"-c max_connections={self.max_connections}"
+            )
+            try:
+                self._run("pg_ctl", "-D", self.data, "-l", self.logfile, "-o", options, "-w", "-t", "30", "start")
+            except RuntimeError as e:
+                log = self._log_tail()
+                if attempt < 2 and not self._started and not self.netns and "could not bind" in log:
+                    self.port = free_port()
+                    continue
+                raise RuntimeError(f"{e}\n{log}") from None
+            self._started = True
+            return
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self.logfile, errors="replace") as f:
+                return "".join(f.readlines()[-20:])
+        except OSError:
+            return ""
 
     def stop(self) -> None:
         """A fast shutdown: open connections are closed, as in a real restart."""
