@@ -136,14 +136,16 @@ DECLARE
     expected jsonb;
     side text;
 BEGIN
-    SELECT a.changes, a.user_id INTO old, player FROM audit AS a WHERE a.id = record AND a.erased_by IS NULL
+    SELECT a.changes, a.user_id INTO old, player FROM audit AS a
+        WHERE a.id = record AND a.erased_by IS NULL
         FOR UPDATE;
     IF NOT FOUND OR player IS NULL THEN
         RAISE EXCEPTION 'audit record % is not a record of a player that was never erased', record;
     END IF;
-    IF NOT EXISTS (SELECT FROM audit AS d WHERE d.id = by_record AND d.id > record AND d.action = 'player.delete'
-                   AND d.user_id = player) THEN
-        RAISE EXCEPTION 'audit record % is not a later player.delete of player %', by_record, player;
+    IF NOT EXISTS (SELECT FROM audit AS d WHERE d.id = by_record AND d.id > record
+                   AND d.action = 'player.delete' AND d.user_id = player) THEN
+        RAISE EXCEPTION 'audit record % is not a later player.delete of player %',
+            by_record, player;
     END IF;
     expected := old::jsonb;
     FOREACH side IN ARRAY ARRAY['before', 'after'] LOOP
@@ -152,7 +154,8 @@ BEGIN
         END IF;
     END LOOP;
     IF expected = old::jsonb OR expected IS DISTINCT FROM erased::jsonb THEN
-        RAISE EXCEPTION 'the new changes of audit record % differ from it by more than its usernames', record;
+        RAISE EXCEPTION
+            'the new changes of audit record % differ from it by more than its usernames', record;
     END IF;
     UPDATE audit SET changes = erased, erased_by = by_record WHERE id = record;
 END

@@ -94,7 +94,8 @@ def release_lease(conn: Any, d: Dialect, holder: str) -> None:
 
 # One delivery (pending, due now) per event in (mark, end] that the webhook subscribed to: its type;
 # a game's event, that game or every game. The 24 hours run from the event (created_at).
-_FAN_OUT = """INSERT INTO deliveries (webhook_id, event_id, user_id, state, attempts, next_at, created_at)
+_FAN_OUT = """INSERT INTO deliveries
+(webhook_id, event_id, user_id, state, attempts, next_at, created_at)
 SELECT w.id, e.id, e.user_id, 'pending', 0, ?, e.at_ms FROM webhooks AS w JOIN events AS e
 ON (e.game_id IS NULL OR w.game_id IS NULL OR w.game_id = e.game_id) AND {subscribed}
 WHERE w.id = ? AND e.id > ? AND e.id <= ? ORDER BY e.id"""
@@ -125,7 +126,8 @@ def fan_out(conn: Any, d: Dialect, now_ms: int, limit: int) -> tuple[int, bool]:
 
 
 _DUE = """
-SELECT d.id, d.webhook_id, d.user_id, d.attempts, d.created_at, d.next_at, w.url, w.secret, e.type, e.at_ms,
+SELECT d.id, d.webhook_id, d.user_id, d.attempts, d.created_at, d.next_at, w.url, w.secret,
+    e.type, e.at_ms,
     d.user_id IS NOT NULL AND EXISTS (SELECT 1 FROM deliveries AS f WHERE f.state = 'pending'
         AND f.webhook_id = d.webhook_id AND f.user_id = d.user_id AND f.id > d.id) AS more
 FROM deliveries AS d JOIN webhooks AS w ON w.id = d.webhook_id JOIN events AS e ON e.id = d.event_id
@@ -134,8 +136,9 @@ FROM deliveries AS d JOIN webhooks AS w ON w.id = d.webhook_id JOIN events AS e 
 # One webhook's first due chain heads, by due time (the index deliveries_webhook_due: as many entries
 # read as heads taken, plus the chains' later ones passed over).
 _HEADS = _DUE + """WHERE d.webhook_id = ? AND d.state = 'pending' AND d.next_at <= ?
-AND NOT EXISTS (SELECT 1 FROM deliveries AS p WHERE p.state = 'pending' AND p.webhook_id = d.webhook_id
-    AND p.user_id = d.user_id AND p.id < d.id)
+AND NOT EXISTS (SELECT 1 FROM deliveries AS p
+    WHERE p.state = 'pending' AND p.webhook_id = d.webhook_id AND p.user_id = d.user_id
+    AND p.id < d.id)
 ORDER BY d.next_at, d.id LIMIT ?"""
 
 

@@ -42,8 +42,9 @@ from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIServer, make_server
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS accounts (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, salt BLOB, hash BLOB,
-                                     platform_user_id INTEGER UNIQUE, coins INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS accounts (
+    id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, salt BLOB, hash BLOB,
+    platform_user_id INTEGER UNIQUE, coins INTEGER NOT NULL DEFAULT 0);
 """
 
 
@@ -302,7 +303,8 @@ def main(argv=None) -> None:
 
 
 PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>Demo game</title>
-<style>body{font-family:sans-serif;background:#eef4ea;margin:.6em} .notice{color:#a40;font-weight:bold}
+<style>body{font-family:sans-serif;background:#eef4ea;margin:.6em}
+.notice{color:#a40;font-weight:bold}
 #guest,#link,#reload{display:none}</style></head><body>
 <h3>Coin Collector (demo game)</h3>
 <p id="status">Connecting to the platform ...</p>
@@ -311,7 +313,8 @@ PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>Demo game</tit
 <div id="playing" style="display:none"><p>Playing as <b id="who"></b></p>
   <button id="play">Collect a coin</button> coins: <span id="coins">0</span></div>
 <form id="link"><p>Played here before the platform? Link your game account:
-  <input id="link-name" placeholder="game username"> <input id="link-password" type="password" placeholder="game password">
+  <input id="link-name" placeholder="game username">
+  <input id="link-password" type="password" placeholder="game password">
   <button>Link</button></p></form>
 <p id="reload"><button>Reload</button></p>
 <script src="{platform_script}"></script>
@@ -325,8 +328,10 @@ function say(text, notice) {
   s.className = notice ? "notice" : "";
 }
 function call(path, extra) {
-  var body = Object.assign({user_id: player.user_id, game_auth_token: player.game_auth_token}, extra || {});
-  return fetch(path, {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)})
+  var body = Object.assign({user_id: player.user_id, game_auth_token: player.game_auth_token},
+                           extra || {});
+  return fetch(path, {method: "POST", headers: {"Content-Type": "application/json"},
+                      body: JSON.stringify(body)})
     .then(function (r) { return r.json(); })
     .catch(function () { return {status: "unavailable"}; })
     .then(handle);
@@ -339,9 +344,13 @@ function handle(a) {
   }
   if (a.status === "new") { say("New account created: " + a.account.name); show("link", true); }
   else if (a.status === "welcome") say("Welcome back, " + a.account.name + " (logged in)");
-  else if (a.status === "linked") { say("Linked: you play as " + a.account.name); show("link", false); }
+  else if (a.status === "linked") {
+    say("Linked: you play as " + a.account.name);
+    show("link", false);
+  }
   else if (a.status === "link-refused") say("That game username and password do not match.", true);
-  else if (a.status === "too-many-attempts") say("Too many tries: try again in " + a.retry_after + " s.", true);
+  else if (a.status === "too-many-attempts")
+    say("Too many tries: try again in " + a.retry_after + " s.", true);
   else if (a.status === "played") say("A coin!");
   else if (a.status === "reload") {
     say("Your platform sign-in has changed (a new password?). Please reload the page.", true);
@@ -354,19 +363,23 @@ function guest() {
   show("guest", true); show("playing", false); show("link", false);
 }
 document.getElementById("play").onclick = function () { call("/api/play"); };
-// Reload: the platform page mints a fresh token and pushes it (reloading this frame alone would get the
-// token the platform page holds, the one just refused, again).
+// Reload: the platform page mints a fresh token and pushes it (reloading this frame alone would
+// get the token the platform page holds, the one just refused, again).
 document.querySelector("#reload button").onclick = function () {
   say("Signing in again ...");
   show("reload", false);
   AuthsvcPlatform.refresh({platformOrigin: platformOrigin}).then(function (p) {
     player = p;
     if (!p) guest(); else call("/api/login");
-  }, function () { say("The platform did not answer: reload the page.", true); show("reload", true); });
+  }, function () {
+    say("The platform did not answer: reload the page.", true);
+    show("reload", true);
+  });
 };
 document.getElementById("link").onsubmit = function (e) {
   e.preventDefault();
-  call("/api/link", {name: document.getElementById("link-name").value, password: document.getElementById("link-password").value});
+  call("/api/link", {name: document.getElementById("link-name").value,
+                     password: document.getElementById("link-password").value});
 };
 AuthsvcPlatform.connect({platformOrigin: platformOrigin}).then(function (p) {
   player = p;

@@ -224,21 +224,25 @@ def render(user, player, error, game_url, game_origin, csrf: str) -> str:
     token = f'<input type="hidden" name="csrf" value="{e(csrf)}">'
     if user is None:
         account = f"""<h2>Sign up</h2><form method="post" action="/signup" id="signup">{token}
-<input name="username" placeholder="username"> <input name="password" type="password" placeholder="password">
+<input name="username" placeholder="username">
+<input name="password" type="password" placeholder="password">
 <button>Sign up</button></form>
 <h2>Sign in</h2><form method="post" action="/signin" id="signin">{token}
-<input name="username" placeholder="username"> <input name="password" type="password" placeholder="password">
+<input name="username" placeholder="username">
+<input name="password" type="password" placeholder="password">
 <button>Sign in</button></form>"""
     else:
         account = f"""<p id="me">Signed in as <b>{e(user[1])}</b> (user {user[0]})</p>
 <form method="post" action="/signout" id="signout">{token}<button>Sign out</button></form>
-<form method="post" action="/password" id="password">{token}<input name="current_password" type="password"
- placeholder="current password"> <input name="new_password" type="password" placeholder="new password">
+<form method="post" action="/password" id="password">{token}
+<input name="current_password" type="password" placeholder="current password">
+<input name="new_password" type="password" placeholder="new password">
  <button>Change password</button></form>"""
     # The page's script: what this player's game gets, nothing more (json.dumps, then no "</" can end the script).
     config = json.dumps({"gameOrigin": game_origin, "player": player}).replace("</", "<\\/")
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Demo platform</title>
-<style>body{{font-family:sans-serif;margin:1em 2em}} iframe{{width:640px;height:300px;border:2px solid #468}}
+<style>body{{font-family:sans-serif;margin:1em 2em}}
+iframe{{width:640px;height:300px;border:2px solid #468}}
 .error{{color:#b00}}</style><script src="/authsvc-platform.js"></script></head><body>
 <h1>Demo platform</h1>{f'<p class="error" id="error">{e(error)}</p>' if error else ''}{account}
 <h2>Play</h2><iframe id="game" src="{e(game_url)}" title="game"></iframe>
@@ -251,8 +255,11 @@ config.refresh = function () {{
     if (!r.ok) throw new Error("no new token");
     return r.json();
   }}).then(function (answer) {{
-    document.querySelectorAll("input[name=csrf]").forEach(function (input) {{ input.value = answer.csrf; }});
-    var now = answer.player && answer.player.user_id, before = config.player && config.player.user_id;
+    document.querySelectorAll("input[name=csrf]").forEach(function (input) {{
+      input.value = answer.csrf;
+    }});
+    var now = answer.player && answer.player.user_id;
+    var before = config.player && config.player.user_id;
     if (now !== before) {{ location.reload(); return new Promise(function () {{}}); }}
     return answer.player;
   }});

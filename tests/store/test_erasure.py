@@ -208,7 +208,11 @@ def test_a_deleted_players_names_leave_the_store_the_trail_the_export_and_the_ba
         thread = threading.Thread(target=hammer, args=(port, {"user_id": "42", "game_auth_token": token,
                                                                "api_key": world.api_key}, stop, seen))
         thread.start()
-        time.sleep(1.5)
+        # The first answer, before the delete: a busy machine may take seconds to boot the workers.
+        started = time.monotonic()
+        while not seen and thread.is_alive() and time.monotonic() - started < 60:
+            time.sleep(0.05)
+        time.sleep(1)
     try:
         answer = api.delete("/v1/players/42", headers=headers)
         answered = time.monotonic()

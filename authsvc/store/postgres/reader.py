@@ -51,8 +51,8 @@ COLLATE_C = ' COLLATE "C"'  # key digests in SQLite's (byte) order, whatever the
 # its ``enabled`` is NULL, which is how the reader tells it is missing. A key's expiry in unix
 # milliseconds: the earlier of expires_at_ms and the whole seconds the previous release writes.
 CREDENTIALS_SQL = """
-SELECT k.game_id, g.enabled, least(k.expires_at_ms, k.expires_at * 1000), coalesce(p.username, 'no-such-player'),
-       coalesce(p.epoch, 0), p.enabled
+SELECT k.game_id, g.enabled, least(k.expires_at_ms, k.expires_at * 1000),
+       coalesce(p.username, 'no-such-player'), coalesce(p.epoch, 0), p.enabled
 FROM (SELECT %s AS user_id, %s AS digest) AS q
 LEFT JOIN players AS p ON p.user_id = q.user_id
 LEFT JOIN api_keys AS k ON k.digest = q.digest

@@ -152,7 +152,8 @@ DO $$
 BEGIN
     IF EXISTS (SELECT FROM pg_roles WHERE rolname = '{HEARTBEAT_ROLE}') THEN
         GRANT SELECT ON authsvc_schema TO {HEARTBEAT_ROLE};
-        GRANT SELECT, INSERT, UPDATE ON authsvc_heartbeat TO {HEARTBEAT_ROLE};  -- ON CONFLICT needs SELECT
+        -- ON CONFLICT needs SELECT
+        GRANT SELECT, INSERT, UPDATE ON authsvc_heartbeat TO {HEARTBEAT_ROLE};
     END IF;
 END
 $$
@@ -179,10 +180,13 @@ BEGIN
         GRANT SELECT, UPDATE (head_id, head_hash) ON audit_chain TO {ADMIN_ROLE};
         GRANT SELECT, INSERT, UPDATE ON api_tokens TO {ADMIN_ROLE};
         GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO {ADMIN_ROLE};
-        GRANT SELECT, INSERT, UPDATE, DELETE ON webhooks TO {ADMIN_ROLE};  -- retention
-        GRANT SELECT, INSERT, UPDATE, DELETE ON events, deliveries, delivery_attempts TO {ADMIN_ROLE};  -- retention
+        -- retention
+        GRANT SELECT, INSERT, UPDATE, DELETE ON webhooks TO {ADMIN_ROLE};
+        GRANT SELECT, INSERT, UPDATE, DELETE ON events, deliveries, delivery_attempts
+            TO {ADMIN_ROLE};
         GRANT SELECT, INSERT, UPDATE, DELETE ON deliverer_lease TO {ADMIN_ROLE};
-        GRANT SELECT ON restore_generation TO {ADMIN_ROLE};  -- a new player's floor (store/restore.py)
+        -- a new player's floor (store/restore.py)
+        GRANT SELECT ON restore_generation TO {ADMIN_ROLE};
         GRANT SELECT, INSERT, DELETE ON token_secret_fingerprints TO {ADMIN_ROLE};
     END IF;
 END

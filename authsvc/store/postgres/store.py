@@ -63,14 +63,17 @@ def _value(cursor: psycopg.Cursor) -> Any:
 HEARTBEAT_SQL = """
 SET LOCAL synchronous_commit = local;
 SET LOCAL statement_timeout = '2s';
-INSERT INTO authsvc_heartbeat (id, at) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = EXCLUDED.at
+INSERT INTO authsvc_heartbeat (id, at) VALUES (1, now())
+ON CONFLICT (id) DO UPDATE SET at = EXCLUDED.at
 """
 
 # A row whose name is already the one given is left as it is, its updated_at_ms with it.
 UPSERT_SQL = """
 INSERT INTO players (user_id, username, updated_at_ms)
-SELECT DISTINCT ON (user_id) user_id, username, %s::bigint FROM players_import ORDER BY user_id, n DESC
-ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username, updated_at_ms = EXCLUDED.updated_at_ms
+SELECT DISTINCT ON (user_id) user_id, username, %s::bigint FROM players_import
+ORDER BY user_id, n DESC
+ON CONFLICT (user_id) DO UPDATE
+SET username = EXCLUDED.username, updated_at_ms = EXCLUDED.updated_at_ms
 WHERE players.username <> EXCLUDED.username
 """
 
