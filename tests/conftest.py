@@ -41,7 +41,7 @@ import webtest
 from authsvc.settings import Settings
 from authsvc.store import open_store, redact_url
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
-from tests import pgserver
+from tests import factories, pgserver
 from tests.support import AdminClient, make_testapp, skip_or_fail
 from tests.tiers import BOTH_ENGINES, LANES, ORDER, system_lane, tier_of
 
@@ -288,15 +288,15 @@ class World:
 
     def add_game(self, name: str) -> tuple[int, str]:
         key = new_api_key()
-        game = self.store.add_game(name, api_key_digest(key), int(time.time()))
+        game = factories.add_game(self.store, name, api_key_digest(key), int(time.time()))
         return game.id, key
 
 
 @pytest.fixture
 def world(settings, admin_store) -> World:
     api_key = new_api_key()
-    game = admin_store.add_game("Chess", api_key_digest(api_key), int(time.time()))
-    admin_store.add_player(4242, "alice")
+    game = factories.add_game(admin_store, "Chess", api_key_digest(api_key), int(time.time()))
+    factories.add_player(admin_store, 4242, "alice")
     return World(settings, admin_store, game.id, api_key, 4242, "alice")
 
 

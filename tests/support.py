@@ -36,6 +36,7 @@ from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from authsvc.web.app import make_app
 from harness.processes import free_port, start_gunicorn, wait_for_port
+from tests import factories
 
 __all__ = [
     "ALL_SCOPES", "ERROR_KEYS", "INVALID", "MISSING", "NODE_MODULES", "PATH", "STRICT", "AdminClient", "FakeClock",
@@ -48,18 +49,6 @@ __all__ = [
 STRICT = os.environ.get("AUTHSVC_TEST_STRICT") == "1"
 DEPLOY_PG = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
 NODE_MODULES = Path(__file__).resolve().parent.parent / "node_modules"
-
-
-def import_players(store, rows, progress=None, *, audit=None) -> int:
-    """Players written as the operations write them: one ``store.write()``, the transaction's bulk import."""
-    with store.write(audit) as tx:
-        return tx.import_players(rows, progress)
-
-
-def load_store(store, games, players, game_id_high_water: int, progress=None, *, audit=None) -> tuple[int, int]:
-    """An export's games and players loaded as ``authsvc import`` loads them: one write, ``Tx.load``."""
-    with store.write(audit) as tx:
-        return tx.load(games, players, game_id_high_water, progress)
 
 
 def skip_or_fail(reason: str):
@@ -366,8 +355,8 @@ def provision_postgres(url: str, secret_file) -> tuple[Settings, dict, dict]:
     store = open_store(url, readonly=False, settings=settings)
     try:
         store.migrate()
-        game = store.add_game("Chess", api_key_digest(api_key), int(time.time()))
-        store.add_player(77, "carol")
+        game = factories.add_game(store, "Chess", api_key_digest(api_key), int(time.time()))
+        factories.add_player(store, 77, "carol")
     finally:
         store.close()
     token = mint_token(settings.token_secrets[0], game.id, 77, 0)

@@ -9,13 +9,13 @@ the same contract tests (tests/store/test_store_contract.py). A Reader (``creden
 ``SQLiteStore.backup`` (``authsvc backup``) exists on SQLite only.
 
 Writes. ``Store.write(audit)`` opens one write transaction (store/writes.py's Tx, the
-only place the admin side's statements are written); every write method below is one
-such transaction, and a write made while one is open on the thread joins it. Each
-change writes one audit record (store/audit.py) in its transaction: a failed write
-writes none. The keyword audit, an Audit (actor, request id, clock), has a default, so
-test fixtures and benchmarks that seed a store stay short, but the trail is never
-skipped: a write without one is recorded with the actor "unattributed". The
-operations layer (authsvc/operations/) always passes one.
+only place the admin side's statements are written) and is the one way to write: every
+change is a method of that transaction, and a write made while one is open on the
+thread joins it. Each change writes one audit record (store/audit.py) in its
+transaction: a failed write writes none. The audit, an Audit (actor, request id,
+clock), has a default, so test fixtures and benchmarks that seed a store stay short,
+but the trail is never skipped: a write without one is recorded with the actor
+"unattributed". The operations layer (authsvc/operations/) always passes one.
 
 Errors. Besides what a method's docstring names (Conflict, NotEmpty), every
 method raises only these, from authsvc/errors.py, each with a one-line message
@@ -190,53 +190,11 @@ class Store(Reader):
         """``with store.write(audit) as tx``: one write transaction, committed at the end, rolled back
         on any exception; inside another on the same thread, that one (store/writes.py)."""
 
-    def add_game(self, name: str, key_digest: str, now: int, *, audit: Audit | None = None) -> Game:
-        """Raise Conflict if the name or the digest is taken."""
-        with self.write(audit) as tx:
-            return tx.add_game(name, key_digest, now)
-
     @abc.abstractmethod
     def get_game(self, game_id: int) -> Game | None: ...
 
-    def set_game_enabled(self, game_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
-        """False if there is no such game."""
-        with self.write(audit) as tx:
-            return tx.set_game_enabled(game_id, enabled)
-
-    def add_api_key(
-        self, game_id: int, key_digest: str, now: int, old_keys_expire_at: float | None, *, audit: Audit | None = None
-    ) -> bool:
-        """Add a key; keys of the game with no expiry, or a later one, expire at ``old_keys_expire_at`` (unix
-        seconds, kept to the millisecond)."""
-        with self.write(audit) as tx:
-            return tx.add_api_key(game_id, key_digest, now, old_keys_expire_at)
-
     @abc.abstractmethod
     def get_player(self, user_id: int) -> Player | None: ...
-
-    def add_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> Player:
-        """Raise Conflict if the player exists."""
-        with self.write(audit) as tx:
-            return tx.add_player(user_id, username)
-
-    def rename_player(self, user_id: int, username: str, *, audit: Audit | None = None) -> bool:
-        with self.write(audit) as tx:
-            return tx.rename_player(user_id, username)
-
-    def set_player_enabled(self, user_id: int, enabled: bool, *, audit: Audit | None = None) -> bool:
-        with self.write(audit) as tx:
-            return tx.set_player_enabled(user_id, enabled)
-
-    def revoke_player(self, user_id: int, *, audit: Audit | None = None) -> int | None:
-        """Bump the credential epoch; returns the new epoch, None if no such player."""
-        with self.write(audit) as tx:
-            return tx.revoke_player(user_id)
-
-    def delete_player(self, user_id: int, *, audit: Audit | None = None) -> int | None:
-        """Delete the player and erase its names (store/writes.py's delete_player); returns the epoch it had,
-        None if no such player."""
-        with self.write(audit) as tx:
-            return tx.delete_player(user_id)
 
     # -- the admin API's bearer tokens (reads; the writes are Tx's) ---------------------------
     @abc.abstractmethod
@@ -338,11 +296,6 @@ class Store(Reader):
         """The webhook's deliveries by id after ``after``, at most ``limit``, each with its attempts."""
 
     # -- the audit trail (store/audit.py) -------------------------------------------------
-    def note(self, action: str, *, audit: Audit, game_id=None, user_id=None, after: dict | None = None) -> Record:
-        """Append a record of an event that changes no row (a token minted)."""
-        with self.write(audit) as tx:
-            return tx.record(action, game_id=game_id, user_id=user_id, after=after)
-
     @abc.abstractmethod
     def audit_records(self, **filters) -> list[Record]:
         """Records matching store.audit.select's filters, newest first."""
@@ -350,11 +303,6 @@ class Store(Reader):
     @abc.abstractmethod
     def audit_walk(self) -> Iterator[Chain | Record]:
         """The audit_chain row, then every record oldest first, from one snapshot."""
-
-    def audit_prune(self, before_ms: int, *, audit: Audit) -> Record:
-        """Delete the records before ``before_ms`` (a prefix of the chain), keep the anchor, record the prune."""
-        with self.write(audit) as tx:
-            return tx.prune_audit(before_ms)
 
     # -- moving between stores (authsvc export / import, authsvc/operations/transfer.py) ---------
     @abc.abstractmethod

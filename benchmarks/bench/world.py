@@ -89,8 +89,9 @@ def make_world(root: Path, players: int, seed: int = 1) -> World:
     try:
         store.migrate()
         api_key = new_api_key()
-        game = store.add_game("Bench", api_key_digest(api_key), int(time.time()))
-        store.add_game("Other", api_key_digest(new_api_key()), int(time.time()))
+        with store.write() as tx:
+            game = tx.add_game("Bench", api_key_digest(api_key), int(time.time()))
+            tx.add_game("Other", api_key_digest(new_api_key()), int(time.time()))
         with store.write() as tx:
             tx.import_players((i, username(i)) for i in range(1, players + 1))
     finally:

@@ -21,6 +21,7 @@ from authsvc.errors import StoreUnavailable
 from authsvc.operations import api_tokens
 from authsvc.operations.context import Context
 from authsvc.tokens import mint_token
+from tests import factories
 from tests.support import audit_rows, problem, store_sql
 
 # -- who may call --------------------------------------------------------------------------------
@@ -195,7 +196,7 @@ def test_mint_answers_the_current_token_and_404_for_what_is_not_enabled(admin, w
     app.put_json("/v1/players/4242", {"username": "alice", "enabled": False}, headers=headers)
     problem(app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers,
                           expect_errors=True), 404, "not-found")
-    world.store.set_game_enabled(world.game_id, False)
+    factories.set_game_enabled(world.store, world.game_id, False)
     app.put_json("/v1/players/4242", {"username": "alice"}, headers=headers)
     problem(app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers,
                           expect_errors=True), 404, "not-found")

@@ -14,6 +14,7 @@ from authsvc.cli import command as cli
 from authsvc.store import open_store
 from authsvc.store.base import Player
 from authsvc.tokens import mint_token
+from tests import factories
 from tests.support import free_port, hold_write_lock, skip_or_fail
 
 
@@ -363,9 +364,9 @@ def test_player_import_refuses_invisible_characters_with_the_line(initialised, t
 def test_names_stored_before_are_escaped_in_text_output_and_exact_in_json(initialised, settings):
     store = open_store(settings.store, readonly=False, settings=settings)
     try:
-        store.add_game("\u200b", "0" * 64, 1)
-        store.add_game("Chess\u202eevil", "1" * 64, 1)
-        store.add_player(42, "admin\u2066\u2028\ufeff")
+        factories.add_game(store, "\u200b", "0" * 64, 1)
+        factories.add_game(store, "Chess\u202eevil", "1" * 64, 1)
+        factories.add_player(store, 42, "admin\u2066\u2028\ufeff")
     finally:
         store.close()
     code, out, _ = initialised("game", "list")

@@ -13,6 +13,7 @@ import pytest
 import webtest
 
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from tests import factories
 from tests.support import ERROR_KEYS, INVALID, MISSING, PATH, assert_contract_headers, make_testapp
 
 SUCCESS_KEYS = {"success", "user_id", "username"}
@@ -88,7 +89,7 @@ def test_non_canonical_user_id_is_invalid_credentials(app, world, user_id):
 
 def test_largest_user_id_is_accepted(app, world):
     biggest = 2**63 - 1
-    world.store.add_player(biggest, "max")
+    factories.add_player(world.store, biggest, "max")
     r = app.get(PATH, world.params(user_id=str(biggest), game_auth_token=world.token(user_id=biggest)))
     assert r.json == {"success": True, "user_id": biggest, "username": "max"}
 
@@ -154,7 +155,7 @@ def test_token_minted_with_another_secret_is_invalid(app, world):
 
 
 def test_token_of_another_player_is_invalid(app, world):
-    world.store.add_player(7, "bob")
+    factories.add_player(world.store, 7, "bob")
     assert app.get(PATH, world.params(user_id="7")).json == INVALID
     assert app.get(PATH, world.params(user_id="7", game_auth_token=world.token(user_id=7))).json["username"] == "bob"
 
@@ -170,44 +171,44 @@ def test_token_in_upper_case_is_invalid(app, world):
 
 def test_revoked_player_old_token_stops_working_new_one_works(app, world):
     old = world.token()
-    assert world.store.revoke_player(world.user_id) == 1
+    assert factories.revoke_player(world.store, world.user_id) == 1
     assert app.get(PATH, world.params(game_auth_token=old)).json == INVALID
     assert app.get(PATH, world.params(game_auth_token=world.token())).json == ok(world)
 
 
 def test_disabled_player_is_invalid_until_enabled(app, world):
-    world.store.set_player_enabled(world.user_id, False)
+    factories.set_player_enabled(world.store, world.user_id, False)
     assert app.get(PATH, world.params()).json == INVALID
-    world.store.set_player_enabled(world.user_id, True)
+    factories.set_player_enabled(world.store, world.user_id, True)
     assert app.get(PATH, world.params()).json == ok(world)
 
 
 def test_disabled_game_is_invalid_until_enabled(app, world):
-    world.store.set_game_enabled(world.game_id, False)
+    factories.set_game_enabled(world.store, world.game_id, False)
     assert app.get(PATH, world.params()).json == INVALID
-    world.store.set_game_enabled(world.game_id, True)
+    factories.set_game_enabled(world.store, world.game_id, True)
     assert app.get(PATH, world.params()).json == ok(world)
 
 
 def test_rename_is_seen_at_once(app, world):
     assert app.get(PATH, world.params()).json == ok(world)
-    world.store.rename_player(world.user_id, "alice2")
+    factories.rename_player(world.store, world.user_id, "alice2")
     assert app.get(PATH, world.params()).json == ok(world, "alice2")
 
 
 def test_rotated_key_both_work_until_the_old_one_expires(app, world):
     new_key = new_api_key()
     now = int(time.time())
-    world.store.add_api_key(world.game_id, api_key_digest(new_key), now, now + 3600)
+    factories.add_api_key(world.store, world.game_id, api_key_digest(new_key), now, now + 3600)
     assert app.get(PATH, world.params()).json == ok(world)
     assert app.get(PATH, world.params(api_key=new_key)).json == ok(world)
-    world.store.add_api_key(world.game_id, api_key_digest(new_api_key()), now, now - 1)  # expire both
+    factories.add_api_key(world.store, world.game_id, api_key_digest(new_api_key()), now, now - 1)  # expire both
     assert app.get(PATH, world.params()).json == INVALID
     assert app.get(PATH, world.params(api_key=new_key)).json == INVALID
 
 
 def test_non_ascii_username_is_escaped_to_ascii(app, world):
-    world.store.rename_player(world.user_id, "Zoë 🎮")
+    factories.rename_player(world.store, world.user_id, "Zoë 🎮")
     r = app.get(PATH, world.params())
     assert r.body == b'{"success":true,"user_id":4242,"username":"Zo\\u00eb \\ud83c\\udfae"}'
     assert r.json["username"] == "Zoë 🎮"

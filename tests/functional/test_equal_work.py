@@ -36,6 +36,7 @@ from authsvc.tokens import api_key_digest, new_api_key
 from authsvc.web.app import make_app
 from authsvc.web.authenticate import EXPIRED_KEY, GAME_DISABLED, PLAYER_DISABLED, UNKNOWN_KEY, UNKNOWN_PLAYER, Authenticator
 from authsvc.web.authenticate import WRONG_TOKEN as WRONG_TOKEN_REASON
+from tests import factories
 from tests.support import INVALID, PATH, FakeClock, instructions, profile
 
 WRONG_TOKEN = "0" * 64
@@ -336,12 +337,12 @@ def reason_cases(world) -> dict[str, dict]:
     """One request per 403 reason decided after the store was asked (docs/logs.md), all with a wrong token."""
     now = int(time.time())
     expired_key, disabled_key = new_api_key(), new_api_key()
-    expired_game = world.store.add_game("Expired", api_key_digest(expired_key), now - 100)
-    world.store.add_api_key(expired_game.id, api_key_digest(new_api_key()), now - 100, now - 10)  # rotated
-    disabled_game = world.store.add_game("Disabled", api_key_digest(disabled_key), now)
-    world.store.set_game_enabled(disabled_game.id, False)
-    world.store.add_player(DISABLED_USER, "bob")
-    world.store.set_player_enabled(DISABLED_USER, False)
+    expired_game = factories.add_game(world.store, "Expired", api_key_digest(expired_key), now - 100)
+    factories.add_api_key(world.store, expired_game.id, api_key_digest(new_api_key()), now - 100, now - 10)  # rotated
+    disabled_game = factories.add_game(world.store, "Disabled", api_key_digest(disabled_key), now)
+    factories.set_game_enabled(world.store, disabled_game.id, False)
+    factories.add_player(world.store, DISABLED_USER, "bob")
+    factories.set_player_enabled(world.store, DISABLED_USER, False)
     key, user = world.api_key, world.user_id
     return {
         reason: {"user_id": str(user_id), "game_auth_token": WRONG_TOKEN, "api_key": api_key}

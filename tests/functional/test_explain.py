@@ -19,6 +19,7 @@ import pytest
 
 from authsvc.cli import command as cli
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from tests import factories
 from tests.support import make_testapp
 
 
@@ -103,20 +104,20 @@ def test_unknown_key(world, explain):
 
 def test_expired_key_says_since_when(world, explain):
     now = int(time.time())
-    world.store.add_api_key(world.game_id, api_key_digest(new_api_key()), now - 7200, now - 3600)
+    factories.add_api_key(world.store, world.game_id, api_key_digest(new_api_key()), now - 7200, now - 3600)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now - 3600))
     check(world, explain, "expired_key", in_detail=(f"expired at {stamp} (1 h ago)",))
 
 
 def test_disabled_game(world, explain):
-    world.store.set_game_enabled(world.game_id, False)
+    factories.set_game_enabled(world.store, world.game_id, False)
     check(world, explain, "game_disabled", in_detail=(f"game {world.game_id} (Chess) is disabled",))
 
 
 def test_unknown_and_disabled_player(world, explain):
     token = mint_token(world.settings.token_secrets[0], world.game_id, 4243, 0)
     check(world, explain, "unknown_player", {"user_id": "4243", "game_auth_token": token}, in_detail=("no such player",))
-    world.store.set_player_enabled(world.user_id, False)
+    factories.set_player_enabled(world.store, world.user_id, False)
     check(world, explain, "player_disabled", in_detail=("the player is disabled",))
 
 
@@ -129,8 +130,8 @@ def test_a_token_of_this_player_for_another_game(world, explain):
 
 def test_a_token_of_an_earlier_epoch_is_revoked(world, explain):
     old = world.token()
-    world.store.revoke_player(world.user_id)
-    world.store.revoke_player(world.user_id)
+    factories.revoke_player(world.store, world.user_id)
+    factories.revoke_player(world.store, world.user_id)
     check(world, explain, "wrong_token", {"game_auth_token": old},
           in_detail=("a token of credential epoch 0, revoked: the player is at epoch 2",))
 
@@ -160,7 +161,7 @@ def test_by_game_id_and_arguments_instead_of_a_url(world, explain, tmp_path):
                       stdin=world.token())
     assert verdict["reason"] == "success"
     old = world.token()
-    world.store.revoke_player(world.user_id)
+    factories.revoke_player(world.store, world.user_id)
     token_file = tmp_path / "token.txt"
     token_file.write_text(old + "\n")
     verdict = explain("--game-id", str(world.game_id), "--user-id", str(world.user_id), "--token-file", str(token_file))

@@ -26,6 +26,7 @@ from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from authsvc.web.app import App, make_app
 from authsvc.web.metrics import Metrics
+from tests import factories
 from tests.support import PATH, free_port, get_text, skip_or_fail, start_gunicorn, until_both_workers_counted, wait_for_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -118,13 +119,13 @@ def test_the_expiry_gauges(metrics_app, world):
     """Newest live key: +Inf after a rotation (the new key never expires); next expiry: the retired key's."""
     now = int(time.time())
     other_id, _ = world.add_game("Go")
-    world.store.add_api_key(other_id, api_key_digest(new_api_key()), now + 1, now + 3 * 86400)
+    factories.add_api_key(world.store, other_id, api_key_digest(new_api_key()), now + 1, now + 3 * 86400)
     got = samples(metrics_app.get("/metrics").text)
     for game_id in (world.game_id, other_id):
         assert got[f'authsvc_api_key_expiry_timestamp_seconds{{game="{game_id}"}}'] == math.inf
     assert got[f'authsvc_api_key_next_expiry_timestamp_seconds{{game="{world.game_id}"}}'] == math.inf
     assert got[f'authsvc_api_key_next_expiry_timestamp_seconds{{game="{other_id}"}}'] == now + 3 * 86400
-    world.store.set_game_enabled(other_id, False)
+    factories.set_game_enabled(world.store, other_id, False)
     got = samples(metrics_app.get("/metrics").text)
     assert f'authsvc_api_key_expiry_timestamp_seconds{{game="{other_id}"}}' not in got
 

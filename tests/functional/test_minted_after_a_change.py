@@ -26,6 +26,7 @@ from authsvc.store.base import Reader
 from authsvc.store.sqlite.store import SQLiteStore
 from authsvc.tokens import mint_token
 from authsvc.web.app import App, make_app
+from tests import factories
 from tests.support import INVALID, FakeClock, free_port, get, profile, start_gunicorn, until_both_workers_counted, wait_for_port
 
 PATH = "/api/authenticate.json"
@@ -124,7 +125,7 @@ def _token(world, epoch: int, user_id: int | None = None) -> str:
 def test_a_wrong_forged_or_revoked_token_never_makes_the_reader_look_again(counted, world, clock):
     web, reader = counted
     assert web.get(PATH, world.params()).json["success"] is True
-    world.store.revoke_player(world.user_id)
+    factories.revoke_player(world.store, world.user_id)
     clock.now += 1.0
     for token in ("0" * 64, _token(world, 0), _token(world, 5), "not a token", mint_token(b"x", world.game_id,
                                                                                          world.user_id, 2)):
@@ -152,8 +153,8 @@ def test_two_revokes_then_a_mint_wait_for_the_bound(counted, world, clock):
     is renewed (within the bound), as any change is seen, without looking again."""
     web, reader = counted
     assert web.get(PATH, world.params()).json["success"] is True
-    world.store.revoke_player(world.user_id)
-    world.store.revoke_player(world.user_id)
+    factories.revoke_player(world.store, world.user_id)
+    factories.revoke_player(world.store, world.user_id)
     newest = world.params(game_auth_token=_token(world, 2))
     assert web.get(PATH, newest).json == REFUSED
     assert reader.fresh_reads == 0
@@ -167,12 +168,12 @@ def test_a_token_of_the_next_epoch_is_checked_against_the_latest_commit(counted,
     web, reader = counted
     looks = 1 if world.settings.store.startswith("sqlite://") else 0  # a PostgreSQL primary sees each change at once
     assert web.get(PATH, world.params()).json["success"] is True  # snapshot: epoch 0
-    world.store.revoke_player(world.user_id)
-    world.store.revoke_player(world.user_id)
+    factories.revoke_player(world.store, world.user_id)
+    factories.revoke_player(world.store, world.user_id)
     assert web.get(PATH, world.params(game_auth_token=_token(world, 1))).json == REFUSED
     assert reader.fresh_reads == looks
-    world.store.revoke_player(world.user_id)  # epoch 3
-    world.store.set_player_enabled(world.user_id, False)
+    factories.revoke_player(world.store, world.user_id)  # epoch 3
+    factories.set_player_enabled(world.store, world.user_id, False)
     assert web.get(PATH, world.params(game_auth_token=_token(world, 3))).json == REFUSED
     assert reader.fresh_reads == 2 * looks
 
@@ -184,7 +185,7 @@ def test_looking_again_renews_the_snapshot(counted, world, clock):
     web, reader = counted
     old = world.params()
     assert web.get(PATH, old).json["success"] is True
-    world.store.revoke_player(world.user_id)
+    factories.revoke_player(world.store, world.user_id)
     new = world.params(game_auth_token=_token(world, 1))
     for _ in range(3):
         assert web.get(PATH, new).json["success"] is True

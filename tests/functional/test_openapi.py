@@ -28,6 +28,7 @@ from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from authsvc.web.app import make_app, route_name
+from tests import factories
 from tests.support import INVALID, free_port, schemathesis_check, serve_gunicorn
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,8 +97,8 @@ def _serve(tmp_path_factory, error_status: str | None):
     store = open_store(settings.store, readonly=False, settings=settings)
     store.migrate()
     api_key = new_api_key()
-    game = store.add_game("Chess", api_key_digest(api_key), int(time.time()))
-    store.add_player(1001, "demo_player")
+    game = factories.add_game(store, "Chess", api_key_digest(api_key), int(time.time()))
+    factories.add_player(store, 1001, "demo_player")
     token = mint_token(settings.token_secrets[0], game.id, 1001, store.get_player(1001).epoch)
     store.close()
     credentials = {"user_id": "1001", "game_auth_token": token, "api_key": api_key}

@@ -17,6 +17,7 @@ import pytest
 
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from authsvc.web.authenticate import REASONS
+from tests import factories
 from tests.support import INVALID as FORBIDDEN
 from tests.support import MISSING, PATH, make_testapp
 
@@ -29,12 +30,12 @@ LINE = re.compile(
 def _expire_key(world):
     """A rotation whose old key expired ten seconds ago."""
     now = int(time.time())
-    world.store.add_api_key(world.game_id, api_key_digest(new_api_key()), now - 100, now - 10)
+    factories.add_api_key(world.store, world.game_id, api_key_digest(new_api_key()), now - 100, now - 10)
 
 
 def _other_player(world):
-    world.store.add_player(4243, "bob")
-    world.store.set_player_enabled(4243, False)
+    factories.add_player(world.store, 4243, "bob")
+    factories.set_player_enabled(world.store, 4243, False)
     return {"user_id": "4243", "game_auth_token": world.token(user_id=4243)}
 
 
@@ -45,7 +46,7 @@ CASES = {
     "malformed": (None, {"user_id": "07"}, FORBIDDEN, False),
     "unknown_key": (None, {"api_key": new_api_key()}, FORBIDDEN, False),
     "expired_key": (_expire_key, {}, FORBIDDEN, True),
-    "game_disabled": (lambda w: w.store.set_game_enabled(w.game_id, False), {}, FORBIDDEN, True),
+    "game_disabled": (lambda w: factories.set_game_enabled(w.store, w.game_id, False), {}, FORBIDDEN, True),
     "unknown_player": (None, "unknown_player", FORBIDDEN, True),
     "player_disabled": (_other_player, {}, FORBIDDEN, True),
     "wrong_token": (None, {"game_auth_token": "0" * 64}, FORBIDDEN, True),

@@ -21,19 +21,20 @@ import webtest
 from authsvc.store.sqlite.store import SQLiteStore
 from authsvc.tokens import api_key_digest, new_api_key
 from authsvc.web.app import App, make_app
+from tests import factories
 from tests.support import INVALID, FakeClock, free_port, get, start_gunicorn, until_both_workers_counted, wait_for_port
 
 
 def _rotate(world):
     """A new key for the game; the world's key expired a second ago."""
     now = int(time.time())
-    world.store.add_api_key(world.game_id, api_key_digest(new_api_key()), now, now - 1)
+    factories.add_api_key(world.store, world.game_id, api_key_digest(new_api_key()), now, now - 1)
 
 
 CHANGES = {
-    "revoke": lambda world: world.store.revoke_player(world.user_id),
-    "disable player": lambda world: world.store.set_player_enabled(world.user_id, False),
-    "disable game": lambda world: world.store.set_game_enabled(world.game_id, False),
+    "revoke": lambda world: factories.revoke_player(world.store, world.user_id),
+    "disable player": lambda world: factories.set_player_enabled(world.store, world.user_id, False),
+    "disable game": lambda world: factories.set_game_enabled(world.store, world.game_id, False),
     "old key expired by a rotation": _rotate,
 }
 
@@ -68,7 +69,7 @@ def test_a_change_is_seen_within_the_bound_and_not_before(stale_app, world, cloc
 @pytest.mark.engine("sqlite")
 def test_a_rename_is_seen_within_the_bound(stale_app, world, clock):
     assert stale_app.get("/api/authenticate.json", world.params()).json["username"] == "alice"
-    world.store.rename_player(world.user_id, "alice2")
+    factories.rename_player(world.store, world.user_id, "alice2")
     clock.now += 0.5
     assert stale_app.get("/api/authenticate.json", world.params()).json["username"] == "alice"
     clock.now += 0.5
@@ -80,7 +81,7 @@ def test_a_stored_expiry_needs_no_new_snapshot(world, clock):
     """An expiry already in the store is checked against the wall clock on every request."""
     settings = dataclasses.replace(world.settings, max_staleness=1.0)
     expires_at = 2_000_000_000
-    world.store.add_api_key(world.game_id, "0" * 64, 0, expires_at)  # the world's key now expires then
+    factories.add_api_key(world.store, world.game_id, "0" * 64, 0, expires_at)  # the world's key now expires then
     store = SQLiteStore(settings.store, readonly=True, max_staleness=1.0, clock=clock)  # a snapshot that never ages
     wall = [expires_at - 1.0]
     app = webtest.TestApp(App(settings, store, clock=lambda: wall[0]))
@@ -97,7 +98,7 @@ def test_postgresql_keeps_no_snapshot(world):
     app = webtest.TestApp(make_app(settings))
     params = world.params()
     assert app.get("/api/authenticate.json", params).json["success"] is True
-    world.store.revoke_player(world.user_id)
+    factories.revoke_player(world.store, world.user_id)
     assert app.get("/api/authenticate.json", params).json == INVALID
     app.app.store.close()
 
@@ -143,7 +144,7 @@ def test_a_key_added_since_the_snapshot_works_at_once_and_unknown_keys_renew_it_
     statements: list[str] = []
     store._conn().set_trace_callback(statements.append)
     new_key = new_api_key()
-    world.store.add_api_key(world.game_id, api_key_digest(new_key), int(time.time()), time.time() + 60)
+    factories.add_api_key(world.store, world.game_id, api_key_digest(new_key), int(time.time()), time.time() + 60)
     assert app.get("/api/authenticate.json", world.params(api_key=new_key)).json["success"] is True
     assert app.get("/api/authenticate.json", world.params()).json["success"] is True  # the old key still works
     key_reads = sum("FROM api_keys" in sql for sql in statements)

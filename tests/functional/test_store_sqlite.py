@@ -10,6 +10,7 @@ import webtest
 
 from authsvc.store.sqlite.store import SQLiteStore, path_from_url
 from authsvc.web.app import make_app
+from tests import factories
 
 pytestmark = pytest.mark.engine("sqlite")
 
@@ -100,18 +101,18 @@ def test_the_snapshot_path_answers_exactly_as_the_one_query_path(admin_store, se
     """Every (key, player) pair of a varied store: the snapshot reader gives the fresh reader's Credentials."""
     keys = {}
     for n, (enabled, expires_at) in enumerate([(True, None), (False, None), (True, 1_000), (True, 2**40)]):
-        game = admin_store.add_game(f"game{n}", f"{n:064x}", 0)
+        game = factories.add_game(admin_store, f"game{n}", f"{n:064x}", 0)
         keys[f"{n:064x}"] = game.id
         if expires_at is not None:
-            admin_store.add_api_key(game.id, f"{n + 100:064x}", 0, expires_at)  # the first key gets the expiry
+            factories.add_api_key(admin_store, game.id, f"{n + 100:064x}", 0, expires_at)  # the first key gets the expiry
             keys[f"{n + 100:064x}"] = game.id
         if not enabled:
-            admin_store.set_game_enabled(game.id, False)
+            factories.set_game_enabled(admin_store, game.id, False)
     for user_id, enabled, revokes in [(1, True, 0), (2, False, 0), (3, True, 2), (2**63 - 1, True, 1)]:
-        admin_store.add_player(user_id, f"p{user_id}")
-        admin_store.set_player_enabled(user_id, enabled)
+        factories.add_player(admin_store, user_id, f"p{user_id}")
+        factories.set_player_enabled(admin_store, user_id, enabled)
         for _ in range(revokes):
-            admin_store.revoke_player(user_id)
+            factories.revoke_player(admin_store, user_id)
     fresh = SQLiteStore(settings.store, readonly=True)
     ticks = iter(range(10_000))
     snapshot = SQLiteStore(settings.store, readonly=True, max_staleness=1.0, clock=lambda: float(next(ticks)))

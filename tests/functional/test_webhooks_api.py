@@ -18,6 +18,7 @@ import webtest
 from authsvc.api.app import AdminApp
 from authsvc.operations import api_tokens
 from authsvc.operations.context import Context
+from tests import factories
 from tests.support import fan_out, problem, store_sql
 
 EVERY = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read",
@@ -320,7 +321,7 @@ def test_the_deliveries_listing_names_no_resolved_address_and_no_port_state(admi
     deliverer = Deliverer(world.store, Client({"127.0.0.1"}, connect_timeout=1.0, timeout=2.0), concurrency=4,
                           log=lines.append)
     try:
-        world.store.add_player(7, "bob")
+        factories.add_player(world.store, 7, "bob")
         for _ in range(2):  # the fan-out, then the attempts
             deliverer.step()
             deliverer.settle()

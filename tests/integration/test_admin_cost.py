@@ -26,6 +26,7 @@ from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from harness.hostile_bodies import costliest_batch
+from tests import factories
 from tests.support import FakeClock, free_port, problem, start_gunicorn, wait_for_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,7 +137,7 @@ def _serve(root: Path, workers: str | None = None) -> Service:
     settings = Settings.from_env(env)
     store = open_store(settings.store, readonly=False, settings=settings)
     store.migrate()
-    store.add_player(7, "patient")
+    factories.add_player(store, 7, "patient")
     tokens = {name: api_tokens.add_api_token(store, Context(actor="cli:test"), name,
                                       ["players:read", "players:write"])[1] for name in ("cost", "other")}
     store.close()

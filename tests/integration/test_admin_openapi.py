@@ -39,6 +39,7 @@ from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, new_api_key
+from tests import factories
 from tests.support import fan_out, free_port, schemathesis_check, serve_gunicorn
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,8 +137,8 @@ def live(request, tmp_path_factory):
     settings = Settings.from_env(env)
     store = open_store(settings.store, readonly=False, settings=settings)
     store.migrate()
-    game = store.add_game("Chess", api_key_digest(new_api_key()), int(time.time()))
-    store.add_player(1001, "demo_player")
+    game = factories.add_game(store, "Chess", api_key_digest(new_api_key()), int(time.time()))
+    factories.add_player(store, 1001, "demo_player")
     _, token = api_tokens.add_api_token(store, Context(actor="cli:test"), "schemathesis", ALL_SCOPES, None)
     store.close()
     port = free_port()

@@ -24,6 +24,7 @@ from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, new_api_key
+from tests import factories
 from tests.support import admin_request, free_port, raw_request, serve_gunicorn
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,8 +95,8 @@ def world(tmp_path_factory) -> World:
     settings = Settings.from_env(env)
     store = open_store(settings.store, readonly=False, settings=settings)
     store.migrate()
-    game = store.add_game("Chess", api_key_digest(new_api_key()), int(time.time()))
-    store.add_player(USER_ID, "logged_player")
+    game = factories.add_game(store, "Chess", api_key_digest(new_api_key()), int(time.time()))
+    factories.add_player(store, USER_ID, "logged_player")
     _, token = api_tokens.add_api_token(store, Context(actor="cli:test"), "serving", ALL_SCOPES, None)
     store.close()
     return World(env, root, token, game.id)

@@ -21,7 +21,8 @@ import time
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from tests.support import Receiver, add_webhook, free_port, import_players, store_sql
+from tests import factories
+from tests.support import Receiver, add_webhook, free_port, store_sql
 
 SECRET = "whsec_" + base64.b64encode(b"the deliverer's own secret").decode()
 PLAYERS = 300
@@ -53,12 +54,12 @@ def test_one_player_s_six_events_arrive_in_order_each_within_2_s_and_verified(en
         return 204
 
     receiver = Receiver(note)
-    changes = [("player.created", lambda: admin_store.add_player(7, "bob")),
-               ("player.renamed", lambda: admin_store.rename_player(7, "robert")),
-               ("player.disabled", lambda: admin_store.set_player_enabled(7, False)),
-               ("player.enabled", lambda: admin_store.set_player_enabled(7, True)),
-               ("player.revoked", lambda: admin_store.revoke_player(7)),
-               ("player.deleted", lambda: admin_store.delete_player(7))]
+    changes = [("player.created", lambda: factories.add_player(admin_store, 7, "bob")),
+               ("player.renamed", lambda: factories.rename_player(admin_store, 7, "robert")),
+               ("player.disabled", lambda: factories.set_player_enabled(admin_store, 7, False)),
+               ("player.enabled", lambda: factories.set_player_enabled(admin_store, 7, True)),
+               ("player.revoked", lambda: factories.revoke_player(admin_store, 7)),
+               ("player.deleted", lambda: factories.delete_player(admin_store, 7))]
     try:
         add_webhook(store_url, receiver.url(), [t for t, _ in changes], SECRET)
         with open(tmp_path / "deliver.log", "ab") as log:
@@ -96,8 +97,8 @@ def test_a_receiver_down_for_5_s_gets_every_missed_event_once_it_is_back(env, ad
             try:
                 down = time.monotonic()
                 for user_id in (1, 2, 3):
-                    admin_store.add_player(user_id, f"p{user_id}")
-                admin_store.rename_player(1, "p1-b")
+                    factories.add_player(admin_store, user_id, f"p{user_id}")
+                factories.rename_player(admin_store, 1, "p1-b")
                 until(lambda: store_sql(store_url, "SELECT count(*) FROM deliveries WHERE attempts > 0")[0][0] == 3,
                       "a refused first attempt for each player", 10)
                 time.sleep(max(0.0, 5.0 - (time.monotonic() - down)))
@@ -129,9 +130,9 @@ def test_a_deliverer_killed_mid_run_loses_no_event_and_keeps_each_player_s_order
     log_path = tmp_path / "deliver.log"
     try:
         add_webhook(store_url, receiver.url(), ["player.created", "player.renamed"], SECRET)
-        import_players(admin_store, [(i, f"p{i}") for i in range(1, PLAYERS + 1)])
+        factories.import_players(admin_store, [(i, f"p{i}") for i in range(1, PLAYERS + 1)])
         for n in range(1, RENAMES + 1):
-            admin_store.rename_player(1, f"p1-{n}")
+            factories.rename_player(admin_store, 1, f"p1-{n}")
         total = PLAYERS + RENAMES
         with open(log_path, "ab") as log:
             processes.append(start(env, receiver.port, log))
@@ -173,7 +174,7 @@ def test_a_failing_receiver_is_logged_without_the_secret_or_the_url_s_query(env,
     log_path = tmp_path / "deliver.log"
     try:
         add_webhook(store_url, receiver.url("/hook?token=" + SECRET), ["player.created"], SECRET)
-        admin_store.add_player(7, "bob")
+        factories.add_player(admin_store, 7, "bob")
         with open(log_path, "ab") as log:
             process = start(env, receiver.port, log)
             try:
@@ -202,7 +203,7 @@ def test_sigterm_lets_the_post_under_way_end_and_records_it(env, admin_store, st
     receiver = Receiver(slowly)
     try:
         add_webhook(store_url, receiver.url(), ["player.created"], SECRET)
-        admin_store.add_player(7, "bob")
+        factories.add_player(admin_store, 7, "bob")
         with open(tmp_path / "deliver.log", "ab") as log:
             process = start(env, receiver.port, log)
             try:
@@ -255,10 +256,10 @@ def test_no_post_that_arrives_after_a_deletion_s_answer_carries_the_deleted_play
     try:
         add_webhook(store_url, receiver.url(), ["player.created", "player.renamed", "player.deleted"], SECRET)
         for user_id in range(1, CHAINED + 1):
-            admin_store.add_player(user_id, names_of(user_id)[0])
+            factories.add_player(admin_store, user_id, names_of(user_id)[0])
         for k in range(1, RENAMED + 1):
             for user_id in range(1, CHAINED + 1):
-                admin_store.rename_player(user_id, names_of(user_id)[k])
+                factories.rename_player(admin_store, user_id, names_of(user_id)[k])
         gate.set()
         with open(tmp_path / "deliver.log", "ab") as log:
             process = start(env, receiver.port, log, AUTHSVC_WEBHOOK_TIMEOUT="60")
@@ -279,7 +280,7 @@ def test_no_post_that_arrives_after_a_deletion_s_answer_carries_the_deleted_play
                     # the players whose POSTs are held (their chains read past them) and one not started
                     doomed = [u for u in left if u in under_way] + [u for u in reversed(left) if u not in under_way][:1]
                     for user_id in doomed:
-                        admin_store.delete_player(user_id)
+                        factories.delete_player(admin_store, user_id)
                         answered[user_id] = time.monotonic()
                         left.remove(user_id)
                     seen = len(arrivals)
@@ -345,7 +346,7 @@ def test_a_blackholed_webhook_with_1000_players_pending_holds_up_no_other_webhoo
     healthy = Receiver(note)
     try:
         stuck = add_webhook(store_url, f"http://127.0.0.1:{blackhole.port}/hook", ["player.created"], SECRET)
-        import_players(admin_store, [(i, f"p{i}") for i in range(1, 1001)])
+        factories.import_players(admin_store, [(i, f"p{i}") for i in range(1, 1001)])
         add_webhook(store_url, healthy.url(), ["player.renamed"], SECRET)
         with open(tmp_path / "deliver.log", "ab") as log:
             process = start(env, blackhole.port, log, healthy.port)
@@ -354,7 +355,7 @@ def test_a_blackholed_webhook_with_1000_players_pending_holds_up_no_other_webhoo
                 waits = []
                 for n in range(1, 11):
                     made = time.monotonic()
-                    admin_store.rename_player(n, f"renamed{n}")
+                    factories.rename_player(admin_store, n, f"renamed{n}")
                     until(lambda n=n: f"renamed{n}" in arrived, f"the healthy webhook's event {n}", 30)
                     waits.append(round(arrived[f"renamed{n}"] - made, 3))
                 pending = store_sql(store_url, "SELECT count(*) FROM deliveries WHERE webhook_id = ? "

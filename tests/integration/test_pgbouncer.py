@@ -21,6 +21,7 @@ import urllib.parse
 import pytest
 
 from authsvc.tokens import api_key_digest
+from tests import factories
 from tests.pgserver import ThrowawayPgbouncer, find_pgbouncer
 from tests.support import INVALID, MISSING_TEXT, PATH, make_testapp, skip_or_fail, wait_for_port
 
@@ -89,7 +90,7 @@ def test_core_cases_through_pgbouncer_in_transaction_mode(world, pgbouncer, pg_s
                 assert app.get(PATH, world.params(user_id="4243")).json == INVALID
                 assert app.get(PATH, world.params(api_key=None)).json == MISSING
                 assert app.get("/readyz").json["success"] is True
-        assert world.store.revoke_player(world.user_id) == 1  # the admin side, straight to PostgreSQL
+        assert factories.revoke_player(world.store, world.user_id) == 1  # the admin side, straight to PostgreSQL
         for app in apps:
             assert app.get(PATH, world.params(game_auth_token=old_token)).json == INVALID
             assert app.get(PATH, world.params()).json == ok

@@ -28,6 +28,7 @@ from authsvc.errors import StoreUnavailable
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from tests import factories
 from tests.pgserver import (
     Heartbeat,
     ThrowawayPgbouncer,
@@ -81,10 +82,10 @@ def cluster(secret_file, tmp_path):
         admin = open_store(primary.url, readonly=False, settings=settings)
         try:
             admin.migrate()
-            game = admin.add_game("Chess", api_key_digest(api_key), int(time.time()))
-            admin.add_player(77, "carol")
-            admin.add_player(78, "dave")
-            assert admin.revoke_player(78) == 1
+            game = factories.add_game(admin, "Chess", api_key_digest(api_key), int(time.time()))
+            factories.add_player(admin, 77, "carol")
+            factories.add_player(admin, 78, "dave")
+            assert factories.revoke_player(admin, 78) == 1
         finally:
             admin.close()
         sql(primary.url, f"CREATE ROLE {WEB_ROLE} LOGIN IN ROLE authsvc_reader")
@@ -338,7 +339,7 @@ def test_a_pooled_connection_checks_freshness_whatever_server_answers(cluster, b
         sql(cluster.standby.url, "SELECT pg_wal_replay_pause()")
         admin = open_store(cluster.primary.url, readonly=False, settings=cluster.settings)
         try:
-            assert admin.revoke_player(77) == 1
+            assert factories.revoke_player(admin, 77) == 1
         finally:
             admin.close()
         time.sleep(1.5)  # the revoke is older than AUTHSVC_MAX_STALENESS, and not replayed on the standby

@@ -24,6 +24,7 @@ import urllib.request
 import pytest
 
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from tests import factories
 from tests.support import free_port, skip_or_fail, start_gunicorn, until_both_workers_counted, wait_for_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -210,17 +211,17 @@ def test_prometheus_sees_the_exact_counts_of_both_workers(served, world, tmp_pat
         call(world.params(user_id="4243", game_auth_token=mint_token(secret, world.game_id, 4243, 0)),
              (game, "unknown_player"), 1)
         call(world.params(game_auth_token="0" * 64), (game, "wrong_token"), 5)
-    world.store.add_player(4244, "dora")
-    world.store.set_player_enabled(4244, False)
+    factories.add_player(world.store, 4244, "dora")
+    factories.set_player_enabled(world.store, 4244, False)
     call(world.params(user_id="4244", game_auth_token=mint_token(secret, world.game_id, 4244, 0)),
          (game, "player_disabled"), 2)
     go_id, go_key = world.add_game("Go")
     now = int(time.time())
-    world.store.add_api_key(go_id, api_key_digest(new_api_key()), now - 100, now - 10)  # Go's first key expired
+    factories.add_api_key(world.store, go_id, api_key_digest(new_api_key()), now - 100, now - 10)  # Go's first key expired
     call(world.params(api_key=go_key, game_auth_token=mint_token(secret, go_id, world.user_id, 0)),
          (str(go_id), "expired_key"), 3)
     shogi_id, shogi_key = world.add_game("Shogi")
-    world.store.set_game_enabled(shogi_id, False)
+    factories.set_game_enabled(world.store, shogi_id, False)
     call(world.params(api_key=shogi_key, game_auth_token=mint_token(secret, shogi_id, world.user_id, 0)),
          (str(shogi_id), "game_disabled"), 1)
     params = world.params()  # before the store goes: the admin connection would make a new file

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from authsvc.cli.command import main
+from tests import factories
 
 PLAYERS = 1_000_000
 
@@ -35,7 +36,7 @@ def test_player_import_of_a_million_rows_into_postgres(pg_databases, tmp_path, s
 
 
 def test_player_import_with_a_bad_row_writes_nothing(admin_store, store_url, tmp_path, secret_file, monkeypatch, capsys):
-    admin_store.add_player(1, "one")
+    factories.add_player(admin_store, 1, "one")
     path = tmp_path / "players.csv"
     path.write_text("".join(f"{i},player{i}\n" for i in range(1, 20_001)) + "0,zero\n")
     monkeypatch.setenv("AUTHSVC_STORE", store_url)

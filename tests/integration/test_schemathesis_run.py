@@ -31,6 +31,7 @@ from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, new_api_key
+from tests import factories
 from tests.support import free_port, serve_gunicorn
 
 pytestmark = pytest.mark.slow
@@ -60,8 +61,8 @@ def services(tmp_path_factory):
     settings = Settings.from_env(env)
     store = open_store(settings.store, readonly=False, settings=settings)
     store.migrate()
-    store.add_game("Chess", api_key_digest(new_api_key()), int(time.time()))
-    store.add_player(1001, "demo_player")
+    factories.add_game(store, "Chess", api_key_digest(new_api_key()), int(time.time()))
+    factories.add_player(store, 1001, "demo_player")
     _, token = api_tokens.add_api_token(store, Context(actor="cli:test"), "schemathesis", ALL_SCOPES, None)
     store.close()
     game_port, admin_port = free_port(), free_port()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import factories
 from tests.support import (
     PATH,
     admin_request,
@@ -153,7 +154,7 @@ def test_init_on_a_store_with_players_and_no_secret_file_refuses_and_writes_noth
 
 @pytest.mark.engine("sqlite")
 def test_init_adopts_the_secret_of_a_store_from_before_fingerprints(env, secret_file, admin_store):
-    admin_store.add_player(USER_ID, "alice")  # a store migrated and used without `authsvc init` recording it
+    factories.add_player(admin_store, USER_ID, "alice")  # a store migrated and used without `authsvc init` recording it
     adopted = command(env, "init", "--json")
     assert adopted.returncode == 0, adopted.stderr
     assert json.loads(adopted.stdout)["token_secret"] == "adopted"

@@ -23,6 +23,7 @@ from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from authsvc.web.app import make_app
 from harness.processes import stop
+from tests import factories
 from tests.support import free_port, serve_gunicorn, store_sql
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -73,8 +74,8 @@ def test_the_previous_release_stays_ready_on_a_compatibly_migrated_store(own_sto
     try:
         admin.migrate()
         api_key = new_api_key()
-        game = admin.add_game("Chess", api_key_digest(api_key), int(time.time()))
-        admin.add_player(4242, "alice")
+        game = factories.add_game(admin, "Chess", api_key_digest(api_key), int(time.time()))
+        factories.add_player(admin, 4242, "alice")
     finally:
         admin.close()
     token = mint_token(settings.token_secrets[0], game.id, 4242, 0)

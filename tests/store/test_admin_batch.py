@@ -20,6 +20,7 @@ from authsvc.operations import players as players_ops
 from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store.audit import canonical
+from tests import factories
 from tests.support import audit_rows, problem, store_sql
 
 BATCH = "/v1/players/batch"
@@ -32,7 +33,7 @@ def players(store) -> dict[int, tuple[str, bool]]:
 def test_a_batch_answers_a_result_per_item_and_writes_in_one_transaction(admin, world, store_url, caplog):
     app, make_token = admin.app, admin.bearer
     headers, token = make_token("sync", ["players:write"])
-    world.store.add_player(7, "gus")
+    factories.add_player(world.store, 7, "gus")
     body = {"players": [
         {"user_id": 1, "username": "ann"},  # new
         {"user_id": 4242, "username": "alice", "enabled": True},  # the world's player as it is
@@ -124,8 +125,8 @@ def test_a_batch_stamps_the_rows_it_writes_with_its_record_time_and_leaves_the_o
     audit record; an unchanged one keeps its own, and a dry run stamps nothing."""
     app, make_token = admin.app, admin.bearer
     headers, _ = make_token("sync", ["players:write"])
-    gus = world.store.add_player(7, "gus").updated_at_ms
-    hal = world.store.add_player(8, "hal").updated_at_ms
+    gus = factories.add_player(world.store, 7, "gus").updated_at_ms
+    hal = factories.add_player(world.store, 8, "hal").updated_at_ms
     time.sleep(0.01)  # so the batch's stamp differs from the adds'
     body = {"players": [{"user_id": 1, "username": "ann"}, {"user_id": 7, "username": "gus", "enabled": False},
                         {"user_id": 8, "username": "hal"}]}

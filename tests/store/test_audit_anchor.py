@@ -28,6 +28,7 @@ from authsvc.operations.context import Context
 from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.store.audit import COLUMNS, Record, canonical, record_hash
+from tests import factories
 from tests.support import admin_request, free_port, serve_gunicorn, store_sql
 
 sql = store_sql
@@ -124,7 +125,7 @@ def test_a_record_a_savepoint_undid_logs_no_head_and_a_joined_write_logs_once(ad
     """The head is read as the transaction commits it: a record undone by a savepoint (the admin API's
     refused call under an Idempotency-Key) is no head; writes joined in one transaction are one line."""
     caplog.set_level(logging.INFO, logger="authsvc.audit")
-    admin_store.add_player(42, "carol")  # record 1
+    factories.add_player(admin_store, 42, "carol")  # record 1
     caplog.clear()
     with admin_store.write() as tx:
         try:
@@ -136,7 +137,7 @@ def test_a_record_a_savepoint_undid_logs_no_head_and_a_joined_write_logs_once(ad
     assert caplog.messages == []
     with admin_store.write() as tx:
         tx.revoke_player(42)
-        admin_store.set_player_enabled(42, False)  # joins the open write
+        factories.set_player_enabled(admin_store, 42, False)  # joins the open write
     (head,) = records_of(admin_store)[-1:]
     assert caplog.messages == [f"head id=3 hash={head.hash}"] and head.id == 3
 

@@ -23,6 +23,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from authsvc.tokens import api_key_digest
 from authsvc.webhooks.connect import Client
 from authsvc.webhooks.deliver import Deliverer
+from tests import factories
 from tests.support import Receiver, add_webhook, fan_out, store_sql
 
 SECRET = "whsec_" + base64.b64encode(b"a webhook's secret, 24b!").decode()
@@ -83,7 +84,7 @@ def attempts(store_url: str, delivery_id: int) -> list[tuple]:
 
 def test_an_event_arrives_signed_so_that_standard_webhooks_verifies_it(admin_store, store_url, receiver, deliverer):
     add_webhook(store_url, receiver.url(), EVENTS, SECRET)
-    admin_store.add_player(7, "bob")
+    factories.add_player(admin_store, 7, "bob")
     rounds(deliverer)
     ((headers, body),) = receiver.requests
     payload = Webhook(SECRET).verify(body, headers)
@@ -107,14 +108,17 @@ def test_every_event_as_sent_is_what_both_openapi_documents_describe(admin_store
              "player.deleted", "game.key_rotated"]
     assert all(sorted(doc["webhooks"]) == sorted(types) for doc in documents)
     add_webhook(store_url, receiver.url(), types, SECRET)
-    game = admin_store.add_game("Chess", api_key_digest("k1"), 1_700_000_000)
-    for change in (lambda: admin_store.add_player(7, "bob"), lambda: admin_store.rename_player(7, "robert"),
-                   lambda: admin_store.set_player_enabled(7, False), lambda: admin_store.set_player_enabled(7, True),
-                   lambda: admin_store.revoke_player(7),
-                   lambda: admin_store.add_api_key(game.id, api_key_digest("k2"), 1_700_000_001, 1_700_003_600),
-                   lambda: admin_store.add_api_key(game.id, api_key_digest("k3"), 1_700_000_002, None),
-                   lambda: admin_store.delete_player(7),
-                   lambda: (admin_store.add_player(8, "eve"), admin_store.delete_player(8))):  # sent after: no name
+    game = factories.add_game(admin_store, "Chess", api_key_digest("k1"), 1_700_000_000)
+    for change in (lambda: factories.add_player(admin_store, 7, "bob"),
+                   lambda: factories.rename_player(admin_store, 7, "robert"),
+                   lambda: factories.set_player_enabled(admin_store, 7, False),
+                   lambda: factories.set_player_enabled(admin_store, 7, True),
+                   lambda: factories.revoke_player(admin_store, 7),
+                   lambda: factories.add_api_key(admin_store, game.id, api_key_digest("k2"), 1_700_000_001, 1_700_003_600),
+                   lambda: factories.add_api_key(admin_store, game.id, api_key_digest("k3"), 1_700_000_002, None),
+                   lambda: factories.delete_player(admin_store, 7),
+                   # sent after: no name
+                   lambda: (factories.add_player(admin_store, 8, "eve"), factories.delete_player(admin_store, 8))):
         change()
         rounds(deliverer)
     sent = [(headers, json.loads(body)) for headers, body in receiver.requests]
@@ -149,9 +153,9 @@ def test_a_player_s_events_wait_for_the_one_before_it_through_its_retries(
 
     receiver.answer = answer
     add_webhook(store_url, receiver.url(), EVENTS, SECRET)
-    admin_store.add_player(7, "bob")
-    admin_store.rename_player(7, "bobby")
-    admin_store.add_player(8, "carol")
+    factories.add_player(admin_store, 7, "bob")
+    factories.rename_player(admin_store, 7, "bobby")
+    factories.add_player(admin_store, 8, "carol")
     rounds(deliverer)
     assert sorted((b["type"], b["data"]["user_id"]) for b in receiver.bodies()) == [
         ("player.created", 7), ("player.created", 8)]
@@ -160,7 +164,7 @@ def test_a_player_s_events_wait_for_the_one_before_it_through_its_retries(
     ((n, at, status, error),) = attempts(store_url, first[0])
     assert (n, status) == (1, 500) and error == "answered 500"
     assert 5000 <= first[5] - at <= 5500  # the first wait: 5 s and up to 10 % jitter
-    admin_store.rename_player(7, "robert")  # due at once, but behind the one waiting for its retry
+    factories.rename_player(admin_store, 7, "robert")  # due at once, but behind the one waiting for its retry
     clock.ahead = 4000
     rounds(deliverer, 2)
     assert len(receiver.requests) == 2
@@ -178,8 +182,8 @@ def test_a_delivery_not_taken_within_24_hours_is_failed_and_the_next_one_goes(
         admin_store, store_url, receiver, deliverer, clock):
     receiver.answer = lambda headers, body: 503
     add_webhook(store_url, receiver.url(), EVENTS, SECRET)
-    admin_store.add_player(7, "bob")
-    admin_store.rename_player(7, "bobby")
+    factories.add_player(admin_store, 7, "bob")
+    factories.rename_player(admin_store, 7, "bobby")
     rounds(deliverer)
     (head, follower) = deliveries(store_url)
     clock.ahead = 23 * HOUR_MS
@@ -198,7 +202,7 @@ def test_a_delivery_not_taken_within_24_hours_is_failed_and_the_next_one_goes(
 def test_a_deleted_webhook_s_pending_deliveries_are_failed_not_sent(admin_store, store_url, receiver, deliverer):
     """A webhook marked deleted by other means than the API (which fails them itself): a restored backup."""
     webhook = add_webhook(store_url, receiver.url(), EVENTS, SECRET)
-    admin_store.add_player(7, "bob")
+    factories.add_player(admin_store, 7, "bob")
     assert fan_out(admin_store) == (1, False)
     store_sql(store_url, "UPDATE webhooks SET deleted_at = ? WHERE id = ?", (int(time.time() * 1000), webhook))
     rounds(deliverer)
@@ -227,10 +231,10 @@ def test_one_deliverer_works_on_a_store_and_another_takes_over_when_it_stops(adm
         return [b["data"]["username"] for b in receiver.bodies()]
 
     try:
-        admin_store.add_player(7, "bob")
+        factories.add_player(admin_store, 7, "bob")
         rounds(deliverer)
         standby = another()
-        admin_store.rename_player(7, "bobby")
+        factories.rename_player(admin_store, 7, "bobby")
         rounds(standby)
         if store_url.startswith("sqlite://"):  # a waiting deliverer only reads: it never asks for the write lock
             with contextlib.closing(sqlite3.connect(store_url.removeprefix("sqlite://"), isolation_level=None)) as conn:
@@ -246,7 +250,7 @@ def test_one_deliverer_works_on_a_store_and_another_takes_over_when_it_stops(adm
         assert names() == ["bob", "bobby"] and standby.lines[-1] == f"took over the store from {deliverer.holder}"
 
         third = another()
-        admin_store.rename_player(7, "robert")
+        factories.rename_player(admin_store, 7, "robert")
         clock.ahead = 20_000  # the standby's lease, taken at 0, holds until 30 s
         rounds(third)
         assert names() == ["bob", "bobby"]
@@ -258,7 +262,7 @@ def test_one_deliverer_works_on_a_store_and_another_takes_over_when_it_stops(adm
         gone.wait()
         store_sql(store_url, "UPDATE deliverer_lease SET holder = ?, until_ms = ?",
                   (f"{socket.gethostname()}:{gone.pid}:abcdef", clock() + 3_600_000))
-        admin_store.rename_player(7, "rob")
+        factories.rename_player(admin_store, 7, "rob")
         rounds(another())
         assert names()[-1] == "rob"  # at once: its holder is gone
     finally:
@@ -275,18 +279,18 @@ def test_retention_deletes_old_finished_deliveries_and_unneeded_events_and_keeps
     pending one and its event stay; events no delivery needs (no subscriber, a type not subscribed)
     go once 7 days old, unless a webhook has yet to fan them out. A deleted player's username is in
     none of what stays."""
-    admin_store.add_player(1, "nobody")  # before any webhook: an event with no delivery
+    factories.add_player(admin_store, 1, "nobody")  # before any webhook: an event with no delivery
     add_webhook(store_url, receiver.url(), EVENTS, SECRET)
     receiver.answer = lambda headers, body: 204 if b'"bob"' in body else 503
-    admin_store.add_player(7, "bob")
-    admin_store.set_player_enabled(7, False)  # not subscribed: no delivery
-    admin_store.add_player(9, "dave")
+    factories.add_player(admin_store, 7, "bob")
+    factories.set_player_enabled(admin_store, 7, False)  # not subscribed: no delivery
+    factories.add_player(admin_store, 9, "dave")
     rounds(deliverer)  # bob's delivered, dave's waits for its retry
     clock.ahead = 24 * HOUR_MS + 1
     rounds(deliverer)  # dave's is failed, 24 h on
-    admin_store.delete_player(9)  # player.deleted: not subscribed
+    factories.delete_player(admin_store, 9)  # player.deleted: not subscribed
     clock.ahead = 0
-    admin_store.rename_player(7, "bobby")  # pending: its first try fails, its retry waits
+    factories.rename_player(admin_store, 7, "bobby")  # pending: its first try fails, its retry waits
     rounds(deliverer)
 
     def kept() -> tuple[list, list, list]:
@@ -309,7 +313,7 @@ def test_retention_deletes_old_finished_deliveries_and_unneeded_events_and_keeps
     clock.ahead = 7 * 24 * HOUR_MS + 25 * HOUR_MS  # 7 days after dave's failed
     deliverer.prune()
     assert kept() == ([(7, "pending")], [("player.renamed", 7)], [(3, 1)])
-    admin_store.rename_player(7, "bobbie")  # not fanned out yet: no delivery needs it, but the webhook does
+    factories.rename_player(admin_store, 7, "bobbie")  # not fanned out yet: no delivery needs it, but the webhook does
     deliverer.prune()
     assert kept()[1] == [("player.renamed", 7), ("player.renamed", 7)]
 
@@ -321,7 +325,7 @@ def test_retention_deletes_a_removed_webhook_s_row_once_none_of_its_deliveries_i
 
     hook = add_webhook(store_url, receiver.url(), EVENTS, SECRET)
     kept = add_webhook(store_url, receiver.url("/other"), EVENTS, SECRET)
-    admin_store.add_player(7, "bob")
+    factories.add_player(admin_store, 7, "bob")
     rounds(deliverer)
     webhooks_ops.remove_webhook(admin_store, Context(actor="cli:test"), hook)
     clock.ahead = 3 * 24 * HOUR_MS
@@ -339,7 +343,7 @@ def test_the_bookkeeping_takes_no_writer_lock(admin_store, store_url, receiver, 
     import psycopg
 
     add_webhook(store_url, receiver.url(), EVENTS, SECRET)
-    admin_store.add_player(7, "bob")
+    factories.add_player(admin_store, 7, "bob")
 
     with psycopg.connect(store_url) as other:
         other.execute("SELECT head_id FROM audit_chain WHERE id = 1 FOR UPDATE")
@@ -371,10 +375,10 @@ def test_the_reference_game_server_verifies_and_applies_renames_and_deletions(ad
         add_webhook(store_url, f"http://127.0.0.1:{port}/webhooks/authsvc", ["player.deleted", "player.renamed"],
                     SECRET)
         for user_id, name in ((7, "bob"), (8, "carol"), (9, "dave")):
-            admin_store.add_player(user_id, name)
-        admin_store.rename_player(7, "bobby")
-        admin_store.delete_player(8)
-        admin_store.delete_player(9)
+            factories.add_player(admin_store, user_id, name)
+        factories.rename_player(admin_store, 7, "bobby")
+        factories.delete_player(admin_store, 8)
+        factories.delete_player(admin_store, 9)
         rounds(d)
         assert [row[2:5] for row in deliveries(store_url)] == [("delivered", 1, 204)] * 3
         rows = game.db.execute("SELECT name, platform_user_id FROM accounts ORDER BY name").fetchall()
@@ -424,8 +428,8 @@ def test_after_an_outage_a_webhook_s_pending_and_failed_deliveries_are_sent_now(
 
     receiver.answer = lambda headers, body: 503
     webhook = add_webhook(store_url, receiver.url(), EVENTS, SECRET)
-    admin_store.add_player(7, "bob")
-    admin_store.add_player(8, "carol")
+    factories.add_player(admin_store, 7, "bob")
+    factories.add_player(admin_store, 8, "carol")
     rounds(deliverer)
     assert [row[2:4] for row in deliveries(store_url)] == [("pending", 1), ("pending", 1)]
     store_sql(store_url, "UPDATE deliveries SET state = 'failed', done_at = 1 WHERE user_id = 8")
@@ -485,8 +489,8 @@ def test_the_deliverer_s_metrics_count_attempts_and_read_the_backlog_at_each_scr
     try:
         receiver.answer = lambda headers, body: 503
         webhook = add_webhook(store_url, receiver.url(), EVENTS, SECRET)
-        admin_store.add_player(7, "bob")
-        admin_store.add_player(8, "carol")
+        factories.add_player(admin_store, 7, "bob")
+        factories.add_player(admin_store, 8, "carol")
         rounds(d)
         store_sql(store_url, "UPDATE deliveries SET created_at = created_at - ? WHERE user_id = 8",
                   (24 * HOUR_MS,))  # its 24 hours ran out: the next attempt gives up

@@ -28,6 +28,7 @@ from authsvc.operations import webhooks
 from authsvc.operations.context import Context
 from authsvc.store import audit as trail
 from authsvc.tokens import mint_token
+from tests import factories
 from tests.support import PATH, free_port, init_as_owner, problem, start_gunicorn, store_sql, wait_for_port
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "postgres"
@@ -345,14 +346,14 @@ def test_the_schema_step_keeps_the_trail_as_it_was_and_a_deletion_then_erases_it
         store.check()
         assert store_sql(url, "SELECT id, changes, hash FROM audit ORDER BY id") == written
         assert verify(store.audit_walk()).problem is None
-        assert store.delete_player(42, audit=trail.Audit("cli:test", None)) == 1
+        assert factories.delete_player(store, 42, audit=trail.Audit("cli:test", None)) == 1
         verdict = verify(store.audit_walk())
         assert verdict.problem is None and verdict.records == 4
         rows = live_rows(url)
         assert "zelda" not in rows and KEPT in rows and "kept-legacy" in rows
         (delete,) = store.audit_records(action="player.delete")
         assert json.loads(delete.changes)["after"]["records_erased"].keys() == {"1", "3"}
-        assert store.add_player(42, "zelda-one-again").epoch == 2
+        assert factories.add_player(store, 42, "zelda-one-again").epoch == 2
     finally:
         store.close()
 
@@ -428,8 +429,8 @@ def test_no_role_reads_a_deleted_name_in_postgresqls_statistics(own_pg, secret_f
     store = PostgresStore(url("authsvc_admin"), readonly=False)
     try:
         for n in range(1, 61):
-            store.add_player(n, f"stats-player-{n:03d}")
-        store.rename_player(5, "zelda-in-stats")
+            factories.add_player(store, n, f"stats-player-{n:03d}")
+        factories.rename_player(store, 5, "zelda-in-stats")
     finally:
         store.close()
     stats = ("SELECT tablename, attname, coalesce(most_common_vals::text, '') || coalesce(histogram_bounds::text, '') "

@@ -21,6 +21,7 @@ from authsvc.operations import webhooks as webhooks_ops
 from authsvc.operations.conditions import condition, etag
 from authsvc.operations.context import Context
 from authsvc.store.base import Player
+from tests import factories
 from tests.support import fan_out, store_sql
 
 CTX = Context(actor="cli:test")
@@ -217,9 +218,9 @@ def test_a_fan_out_running_beside_the_writes_takes_each_event_once_and_misses_no
     def writer(user_id: int) -> None:
         store = open_store(settings.store, readonly=False, settings=settings)
         try:
-            store.add_player(user_id, f"w{user_id}")
+            factories.add_player(store, user_id, f"w{user_id}")
             for n in range(40):
-                store.rename_player(user_id, f"w{user_id}-{n}")
+                factories.rename_player(store, user_id, f"w{user_id}-{n}")
         finally:
             store.close()
 

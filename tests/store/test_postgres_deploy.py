@@ -23,6 +23,7 @@ from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.store.postgres.store import MIGRATION_LOCK, MIGRATIONS
 from authsvc.tokens import api_key_digest
+from tests import factories
 from tests.pgserver import Heartbeat, ThrowawayPostgres, find_bin_dir
 from tests.support import apply_roles, make_testapp, skip_or_fail
 
@@ -95,8 +96,8 @@ def deployed(pg_server_url):
         apply_roles(server)
         owner = open_store(role_url(server, "authsvc_owner"), readonly=False)
         owner.migrate()
-        owner.add_game("Chess", api_key_digest("k" * 40), 0)
-        owner.add_player(5, "bob")
+        factories.add_game(owner, "Chess", api_key_digest("k" * 40), 0)
+        factories.add_player(owner, 5, "bob")
         owner.close()
         yield server
     finally:

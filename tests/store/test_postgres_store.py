@@ -16,6 +16,7 @@ from authsvc.errors import ConfigError, StoreLocked, StoreUnavailable
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest
 from authsvc.web.app import make_app
+from tests import factories
 from tests.support import free_port, make_testapp
 
 
@@ -131,7 +132,7 @@ def test_the_updated_at_step_waits_briefly_for_a_long_read_of_players_then_fails
             assert time.monotonic() - started < 60  # MIGRATION_LOCK_WAIT (2 s), far below the admin's 120 s
             dump.rollback()
         assert store.migrate() == (4, len(current))
-        store.add_player(5, "bob")
+        factories.add_player(store, 5, "bob")
         assert store.get_player(5).updated_at_ms is not None
     finally:
         store.close()

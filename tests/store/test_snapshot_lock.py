@@ -24,6 +24,7 @@ import pytest
 
 from authsvc.store.sqlite.store import SQLiteStore
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
+from tests import factories
 from tests.support import PATH, free_port, get_text, skip_or_fail, start_gunicorn, wait_for_port
 
 pytestmark = pytest.mark.engine("sqlite")
@@ -88,7 +89,7 @@ def test_under_gthread_probes_and_scrapes_beside_authentications(env, world, tmp
         skip_or_fail("prometheus_client is not installed (pip install -e '.[metrics]')")
     games = [world.game_id] + [world.add_game(f"game-{n}")[0] for n in range(40)]
     other_user = 4243
-    world.store.add_player(other_user, "bob")
+    factories.add_player(world.store, other_user, "bob")
     secret = world.settings.token_secrets[0]
     good = urllib.parse.urlencode(world.params())
     bob = urllib.parse.urlencode(world.params(user_id=str(other_user),

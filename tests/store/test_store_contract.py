@@ -17,7 +17,8 @@ from authsvc.store import open_store
 from authsvc.store.audit import Audit
 from authsvc.store.base import ApiKey, Conflict, Credentials, Game, NotEmpty, Player
 from authsvc.tokens import api_key_digest
-from tests.support import free_port, hold_write_lock, import_players, load_store, skip_or_fail
+from tests import factories
+from tests.support import free_port, hold_write_lock, skip_or_fail
 
 NOW = 1_700_000_000
 
@@ -61,7 +62,7 @@ def test_migrate_from_scratch_then_rerun_is_a_no_op(empty_url, settings):
         before, after = store.migrate()
         assert before == 0 and after >= 1
         assert store.migrate() == (after, after)
-        store.add_player(1, "a")
+        factories.add_player(store, 1, "a")
         assert store.migrate() == (after, after)
         assert unstamped(store.get_player(1)) == Player(1, "a", 0, True)  # rerun kept the data
     finally:
@@ -157,7 +158,7 @@ def test_migrating_a_store_of_the_previous_version_keeps_every_row_and_adds_upda
             reader.check()
         finally:
             reader.close()
-        assert store.revoke_player(10, audit=at(1_800_000_000_123)) == 2
+        assert factories.revoke_player(store, 10, audit=at(1_800_000_000_123)) == 2
         assert store.get_player(10) == Player(10, "user10", 2, False, 1_800_000_000_123)
         assert store.get_player(11).updated_at_ms is None  # untouched rows stay unknown
     finally:
@@ -168,8 +169,8 @@ def test_migrating_a_store_of_the_previous_version_keeps_every_row_and_adds_upda
 
 
 def test_add_game_gives_increasing_ids_and_one_live_key(admin_store):
-    g1 = admin_store.add_game("Chess", digest(1), NOW)
-    g2 = admin_store.add_game("Go", digest(2), NOW + 1)
+    g1 = factories.add_game(admin_store, "Chess", digest(1), NOW)
+    g2 = factories.add_game(admin_store, "Go", digest(2), NOW + 1)
     assert g1 == Game(g1.id, "Chess", True, NOW, (ApiKey(digest(1), NOW, None),))
     assert g2.id > g1.id
     assert admin_store.get_game(g1.id) == g1
@@ -178,30 +179,30 @@ def test_add_game_gives_increasing_ids_and_one_live_key(admin_store):
 
 
 def test_add_game_refuses_a_taken_name_or_key_and_writes_nothing(admin_store):
-    g1 = admin_store.add_game("Chess", digest(1), NOW)
+    g1 = factories.add_game(admin_store, "Chess", digest(1), NOW)
     with pytest.raises(Conflict, match="Chess"):
-        admin_store.add_game("Chess", digest(2), NOW)
+        factories.add_game(admin_store, "Chess", digest(2), NOW)
     with pytest.raises(Conflict):
-        admin_store.add_game("Go", digest(1), NOW)  # the key digest is taken
+        factories.add_game(admin_store, "Go", digest(1), NOW)  # the key digest is taken
     assert admin_store.list_games() == [g1]  # no half-made "Go"
 
 
 def test_game_ids_are_never_handed_out_twice(admin_store):
     assert admin_store.game_id_high_water() == 0
-    g1 = admin_store.add_game("Chess", digest(1), NOW)
+    g1 = factories.add_game(admin_store, "Chess", digest(1), NOW)
     with pytest.raises(Conflict):
-        admin_store.add_game("Chess", digest(2), NOW)
+        factories.add_game(admin_store, "Chess", digest(2), NOW)
     high = admin_store.game_id_high_water()
     assert high >= g1.id
-    g2 = admin_store.add_game("Go", digest(3), NOW)
+    g2 = factories.add_game(admin_store, "Go", digest(3), NOW)
     assert g2.id > high
     assert admin_store.game_id_high_water() == g2.id
 
 
 def test_list_games_in_id_order_with_their_keys(admin_store):
     assert admin_store.list_games() == []
-    games = [admin_store.add_game(name, digest(i), NOW) for i, name in enumerate(["b", "a", "c"])]
-    admin_store.add_api_key(games[1].id, digest(9), NOW + 5, None)
+    games = [factories.add_game(admin_store, name, digest(i), NOW) for i, name in enumerate(["b", "a", "c"])]
+    factories.add_api_key(admin_store, games[1].id, digest(9), NOW + 5, None)
     listed = admin_store.list_games()
     assert [g.id for g in listed] == sorted(g.id for g in games)
     assert [g.name for g in listed] == ["b", "a", "c"]
@@ -209,28 +210,28 @@ def test_list_games_in_id_order_with_their_keys(admin_store):
 
 
 def test_set_game_enabled(admin_store):
-    g = admin_store.add_game("Chess", digest(1), NOW)
-    assert admin_store.set_game_enabled(g.id, False) is True
+    g = factories.add_game(admin_store, "Chess", digest(1), NOW)
+    assert factories.set_game_enabled(admin_store, g.id, False) is True
     assert admin_store.get_game(g.id).enabled is False
-    assert admin_store.set_game_enabled(g.id, True) is True
+    assert factories.set_game_enabled(admin_store, g.id, True) is True
     assert admin_store.get_game(g.id).enabled is True
-    assert admin_store.set_game_enabled(g.id + 1, False) is False
+    assert factories.set_game_enabled(admin_store, g.id + 1, False) is False
 
 
 def test_add_api_key_expires_older_keys(admin_store):
-    g = admin_store.add_game("Chess", digest(1), NOW)
-    other = admin_store.add_game("Go", digest(7), NOW)
-    assert admin_store.add_api_key(g.id, digest(2), NOW + 10, NOW + 100) is True
+    g = factories.add_game(admin_store, "Chess", digest(1), NOW)
+    other = factories.add_game(admin_store, "Go", digest(7), NOW)
+    assert factories.add_api_key(admin_store, g.id, digest(2), NOW + 10, NOW + 100) is True
     # key 1 had no expiry: now NOW+100; the new key has none
     assert admin_store.get_game(g.id).keys == (ApiKey(digest(1), NOW, NOW + 100), ApiKey(digest(2), NOW + 10, None))
     # a later rotation with a later expiry leaves the earlier expiry alone
-    assert admin_store.add_api_key(g.id, digest(3), NOW + 20, NOW + 500) is True
+    assert factories.add_api_key(admin_store, g.id, digest(3), NOW + 20, NOW + 500) is True
     assert [k.expires_at for k in admin_store.get_game(g.id).keys] == [NOW + 100, NOW + 500, None]
     # an earlier expiry pulls every later one in
-    assert admin_store.add_api_key(g.id, digest(4), NOW + 30, NOW + 50) is True
+    assert factories.add_api_key(admin_store, g.id, digest(4), NOW + 30, NOW + 50) is True
     assert [k.expires_at for k in admin_store.get_game(g.id).keys] == [NOW + 50, NOW + 50, NOW + 50, None]
     # None adds a key and leaves the others as they are
-    assert admin_store.add_api_key(g.id, digest(5), NOW + 40, None) is True
+    assert factories.add_api_key(admin_store, g.id, digest(5), NOW + 40, None) is True
     assert [k.expires_at for k in admin_store.get_game(g.id).keys] == [NOW + 50, NOW + 50, NOW + 50, None, None]
     assert admin_store.get_game(other.id).keys == (ApiKey(digest(7), NOW, None),)  # untouched
 
@@ -242,22 +243,22 @@ def test_a_key_expiry_is_read_to_the_millisecond_and_the_previous_releases_whole
     rotation during a rolling upgrade stays expired, and a row written before the column reads its seconds."""
     from tests.support import store_sql
 
-    g = admin_store.add_game("Chess", digest(1), NOW)
+    g = factories.add_game(admin_store, "Chess", digest(1), NOW)
     reader = open_store(store_url, readonly=True, settings=dataclasses.replace(settings, max_staleness=0.0))
     try:
-        assert admin_store.add_api_key(g.id, digest(2), NOW, NOW + 8.123) is True
+        assert factories.add_api_key(admin_store, g.id, digest(2), NOW, NOW + 8.123) is True
         assert store_sql(store_url, "SELECT expires_at, expires_at_ms FROM api_keys WHERE expires_at IS NOT NULL") == [
             (NOW + 9, (NOW + 8) * 1000 + 123)]
         assert reader.credentials(digest(1), 42).key_expires_at == NOW + 8.123
         listed = {k.digest: k.expires_at for k in admin_store.get_game(g.id).keys}
         assert listed == {digest(1): NOW + 9, digest(2): None}  # listed: rounded up
         # a later expiry leaves it alone, to the millisecond
-        assert admin_store.add_api_key(g.id, digest(3), NOW, NOW + 8.5) is True
+        assert factories.add_api_key(admin_store, g.id, digest(3), NOW, NOW + 8.5) is True
         assert reader.credentials(digest(1), 42).key_expires_at == NOW + 8.123
         store_sql(store_url, f"UPDATE api_keys SET expires_at = {NOW + 3} WHERE expires_at = {NOW + 9}")  # the previous release
         assert reader.credentials(digest(1), 42).key_expires_at == NOW + 3
         # a later rotation does not bring it back
-        assert admin_store.add_api_key(g.id, digest(4), NOW, NOW + 60) is True
+        assert factories.add_api_key(admin_store, g.id, digest(4), NOW, NOW + 60) is True
         assert reader.credentials(digest(1), 42).key_expires_at == NOW + 3
         store_sql(store_url, "UPDATE api_keys SET expires_at_ms = NULL")  # rows from before the column
         assert reader.credentials(digest(1), 42).key_expires_at == NOW + 3
@@ -266,10 +267,10 @@ def test_a_key_expiry_is_read_to_the_millisecond_and_the_previous_releases_whole
 
 
 def test_add_api_key_to_a_missing_game_or_with_a_taken_digest(admin_store):
-    g = admin_store.add_game("Chess", digest(1), NOW)
-    assert admin_store.add_api_key(g.id + 1, digest(2), NOW, NOW) is False
+    g = factories.add_game(admin_store, "Chess", digest(1), NOW)
+    assert factories.add_api_key(admin_store, g.id + 1, digest(2), NOW, NOW) is False
     with pytest.raises(Conflict):
-        admin_store.add_api_key(g.id, digest(1), NOW + 1, NOW + 5)
+        factories.add_api_key(admin_store, g.id, digest(1), NOW + 1, NOW + 5)
     assert admin_store.get_game(g.id).keys == (ApiKey(digest(1), NOW, None),)  # expiry not half-applied
 
 
@@ -278,18 +279,18 @@ def test_add_api_key_to_a_missing_game_or_with_a_taken_digest(admin_store):
 
 def test_players_add_get_rename_enable_revoke(admin_store):
     assert admin_store.get_player(5) is None
-    assert unstamped(admin_store.add_player(5, "alice")) == Player(5, "alice", 0, True)
+    assert unstamped(factories.add_player(admin_store, 5, "alice")) == Player(5, "alice", 0, True)
     with pytest.raises(Conflict):
-        admin_store.add_player(5, "mallory")
-    assert admin_store.rename_player(5, "Alice ✓") is True
-    assert admin_store.rename_player(6, "nobody") is False
-    assert admin_store.set_player_enabled(5, False) is True
-    assert admin_store.set_player_enabled(6, False) is False
-    assert admin_store.revoke_player(5) == 1
-    assert admin_store.revoke_player(5) == 2
-    assert admin_store.revoke_player(6) is None
+        factories.add_player(admin_store, 5, "mallory")
+    assert factories.rename_player(admin_store, 5, "Alice ✓") is True
+    assert factories.rename_player(admin_store, 6, "nobody") is False
+    assert factories.set_player_enabled(admin_store, 5, False) is True
+    assert factories.set_player_enabled(admin_store, 6, False) is False
+    assert factories.revoke_player(admin_store, 5) == 1
+    assert factories.revoke_player(admin_store, 5) == 2
+    assert factories.revoke_player(admin_store, 6) is None
     assert unstamped(admin_store.get_player(5)) == Player(5, "Alice ✓", 2, False)
-    assert admin_store.set_player_enabled(5, True) is True
+    assert factories.set_player_enabled(admin_store, 5, True) is True
     assert unstamped(admin_store.get_player(5)) == Player(5, "Alice ✓", 2, True)
 
 
@@ -297,17 +298,17 @@ def test_updated_at_is_the_time_of_the_write_that_last_changed_the_row(admin_sto
     """Every write that changes a player's row stamps it with its audit record's time; one that
     leaves the row as it was (the same name, the same flag) does not."""
     t = 1_800_000_000_000
-    added = admin_store.add_player(5, "alice", audit=at(t))
+    added = factories.add_player(admin_store, 5, "alice", audit=at(t))
     assert added == Player(5, "alice", 0, True, t) == admin_store.get_player(5)
     steps = [
-        (lambda ms: admin_store.rename_player(5, "bob", audit=at(ms)), True),
-        (lambda ms: admin_store.rename_player(5, "bob", audit=at(ms)), False),  # the same name
-        (lambda ms: admin_store.set_player_enabled(5, True, audit=at(ms)), False),  # already enabled
-        (lambda ms: admin_store.set_player_enabled(5, False, audit=at(ms)), True),
-        (lambda ms: admin_store.set_player_enabled(5, True, audit=at(ms)), True),
-        (lambda ms: admin_store.revoke_player(5, audit=at(ms)), True),
-        (lambda ms: import_players(admin_store, [(5, "bob"), (6, "carol")], audit=at(ms)), False),
-        (lambda ms: import_players(admin_store, [(5, "bobby")], audit=at(ms)), True),
+        (lambda ms: factories.rename_player(admin_store, 5, "bob", audit=at(ms)), True),
+        (lambda ms: factories.rename_player(admin_store, 5, "bob", audit=at(ms)), False),  # the same name
+        (lambda ms: factories.set_player_enabled(admin_store, 5, True, audit=at(ms)), False),  # already enabled
+        (lambda ms: factories.set_player_enabled(admin_store, 5, False, audit=at(ms)), True),
+        (lambda ms: factories.set_player_enabled(admin_store, 5, True, audit=at(ms)), True),
+        (lambda ms: factories.revoke_player(admin_store, 5, audit=at(ms)), True),
+        (lambda ms: factories.import_players(admin_store, [(5, "bob"), (6, "carol")], audit=at(ms)), False),
+        (lambda ms: factories.import_players(admin_store, [(5, "bobby")], audit=at(ms)), True),
     ]
     expected = t
     for n, (step, changes) in enumerate(steps, start=1):
@@ -320,17 +321,17 @@ def test_updated_at_is_the_time_of_the_write_that_last_changed_the_row(admin_sto
 
 def test_player_ids_up_to_2_63_minus_1(admin_store):
     big = 2**63 - 1
-    admin_store.add_player(big, "max")
+    factories.add_player(admin_store, big, "max")
     assert unstamped(admin_store.get_player(big)) == Player(big, "max", 0, True)
 
 
 def test_import_players_inserts_renames_and_keeps_epochs(admin_store):
-    admin_store.add_player(1, "one")
-    admin_store.revoke_player(1)
-    admin_store.set_player_enabled(1, False)
+    factories.add_player(admin_store, 1, "one")
+    factories.revoke_player(admin_store, 1)
+    factories.set_player_enabled(admin_store, 1, False)
     seen = []
     rows = [(i, f"user{i}") for i in range(1, 25_001)] + [(7, "seven-again")]
-    assert import_players(admin_store, rows, progress=seen.append) == 25_001
+    assert factories.import_players(admin_store, rows, progress=seen.append) == 25_001
     assert seen and seen[-1] == 25_001 and seen == sorted(seen)
     assert unstamped(admin_store.get_player(1)) == Player(1, "user1", 1, False)  # renamed; epoch and flag kept
     assert admin_store.get_player(7).username == "seven-again"  # the last row of an id wins
@@ -338,18 +339,18 @@ def test_import_players_inserts_renames_and_keeps_epochs(admin_store):
 
 
 def test_import_players_is_all_or_nothing(admin_store):
-    admin_store.add_player(1, "one")
+    factories.add_player(admin_store, 1, "one")
 
     def rows():
         yield from ((i, f"user{i}") for i in range(1, 15_001))
         raise ValueError("line 15001: broken")
 
     with pytest.raises(ValueError, match="broken"):
-        import_players(admin_store, rows())
+        factories.import_players(admin_store, rows())
     assert admin_store.get_player(1).username == "one"
     assert admin_store.get_player(2) is None
     assert admin_store.get_player(15_000) is None
-    assert import_players(admin_store, [(2, "two")]) == 1  # the store is usable afterwards
+    assert factories.import_players(admin_store, [(2, "two")]) == 1  # the store is usable afterwards
 
 
 # -- failures: locked, missing, unreadable, full (the "Errors" section of store/base.py) ------
@@ -364,16 +365,16 @@ def short_lock_wait(monkeypatch):
 
 
 def test_a_write_lock_held_elsewhere_raises_store_locked_and_writes_nothing(admin_store, settings, short_lock_wait):
-    admin_store.add_player(42, "alice")
+    factories.add_player(admin_store, 42, "alice")
     release = hold_write_lock(settings.store, 42)
     try:
         with pytest.raises(StoreLocked) as caught:
-            admin_store.revoke_player(42)
+            factories.revoke_player(admin_store, 42)
         assert "\n" not in str(caught.value) and "lock" in str(caught.value)
     finally:
         release()
     assert admin_store.get_player(42).epoch == 0
-    assert admin_store.revoke_player(42) == 1  # usable once the lock is gone
+    assert factories.revoke_player(admin_store, 42) == 1  # usable once the lock is gone
 
 
 def test_a_missing_store_fails_check_with_config_error_and_other_calls_with_store_unavailable(
@@ -396,7 +397,7 @@ def test_a_missing_store_fails_check_with_config_error_and_other_calls_with_stor
 
 
 def test_an_unreadable_store_raises_store_unavailable(admin_store, settings, tmp_path):
-    admin_store.add_player(1, "one")
+    factories.add_player(admin_store, 1, "one")
     admin_store.close()
     if settings.store.startswith("sqlite://"):
         path = settings.store.removeprefix("sqlite://")
@@ -407,7 +408,7 @@ def test_an_unreadable_store_raises_store_unavailable(admin_store, settings, tmp
         store = admin_store
     else:  # a server that went away
         store = open_store(f"postgresql://postgres@127.0.0.1:{free_port()}/x", readonly=False, settings=settings)
-    for call in (lambda: store.get_player(1), lambda: store.revoke_player(1), lambda: store.list_games()):
+    for call in (lambda: store.get_player(1), lambda: factories.revoke_player(store, 1), lambda: store.list_games()):
         with pytest.raises(StoreUnavailable) as caught:
             call()
         assert type(caught.value) is StoreUnavailable and "\n" not in str(caught.value)
@@ -420,12 +421,12 @@ def test_a_full_store_raises_store_full_and_writes_nothing(admin_store):
 
     On a full disk SQLite answers the same SQLITE_FULL; tests/functional/test_cli.py fills a real tmpfs.
     """
-    admin_store.add_player(1, "one")
+    factories.add_player(admin_store, 1, "one")
     conn = admin_store._conn()
     pages = conn.execute("PRAGMA page_count").fetchone()[0]
     conn.execute(f"PRAGMA max_page_count = {pages:d}")
     with pytest.raises(StoreFull) as caught:
-        import_players(admin_store, ((i, "x" * 200) for i in range(2, 20_002)))
+        factories.import_players(admin_store, ((i, "x" * 200) for i in range(2, 20_002)))
     assert type(caught.value) is StoreFull and "full" in str(caught.value)
     assert admin_store.get_player(2) is None and admin_store.get_player(1).username == "one"
 
@@ -434,16 +435,16 @@ def test_a_full_store_raises_store_full_and_writes_nothing(admin_store):
 
 
 def test_credentials_in_one_call(admin_store, reader):
-    g = admin_store.add_game("Chess", digest(1), NOW)
-    admin_store.add_player(42, "alice")
+    g = factories.add_game(admin_store, "Chess", digest(1), NOW)
+    factories.add_player(admin_store, 42, "alice")
     assert reader.credentials(digest(99), 42) is None  # no such key
     assert reader.credentials(digest(1), 42) == Credentials(g.id, True, None, "alice", 0, True)
     nobody = reader.credentials(digest(1), 43)
     assert nobody is not None and nobody.game_id == g.id and nobody.username is None
-    admin_store.revoke_player(42)
-    admin_store.set_player_enabled(42, False)
-    admin_store.set_game_enabled(g.id, False)
-    admin_store.add_api_key(g.id, digest(2), NOW, NOW + 60)
+    factories.revoke_player(admin_store, 42)
+    factories.set_player_enabled(admin_store, 42, False)
+    factories.set_game_enabled(admin_store, g.id, False)
+    factories.add_api_key(admin_store, g.id, digest(2), NOW, NOW + 60)
     assert reader.credentials(digest(1), 42) == Credentials(g.id, False, NOW + 60, "alice", 1, False)
     assert reader.credentials(digest(2), 42) == Credentials(g.id, False, None, "alice", 1, False)
 
@@ -454,11 +455,11 @@ def test_fresh_credentials_read_the_latest_commit(admin_store, settings, max_sta
     it agree (SQLite's snapshot renewed)."""
     reader = open_store(settings.store, readonly=True, settings=dataclasses.replace(settings, max_staleness=max_staleness))
     try:
-        g = admin_store.add_game("Chess", digest(1), NOW)
-        admin_store.add_player(42, "alice")
+        g = factories.add_game(admin_store, "Chess", digest(1), NOW)
+        factories.add_player(admin_store, 42, "alice")
         assert reader.credentials(digest(1), 42) == Credentials(g.id, True, None, "alice", 0, True)
-        admin_store.revoke_player(42)
-        admin_store.add_player(43, "bob")
+        factories.revoke_player(admin_store, 42)
+        factories.add_player(admin_store, 43, "bob")
         assert reader.fresh_credentials(digest(1), 42) == Credentials(g.id, True, None, "alice", 1, True)
         assert reader.credentials(digest(1), 43) == Credentials(g.id, True, None, "bob", 0, True)
         assert reader.fresh_credentials(digest(99), 42) is None  # no such key
@@ -468,20 +469,20 @@ def test_fresh_credentials_read_the_latest_commit(admin_store, settings, max_sta
 
 
 def test_the_reader_cannot_write(admin_store, reader):
-    admin_store.add_player(1, "one")
+    factories.add_player(admin_store, 1, "one")
     reader.credentials(digest(1), 1)  # opens its connection
     # SQLite: "attempt to write a readonly database"; PostgreSQL: "this role may not write".
     with pytest.raises(Exception, match="readonly|may not write"):  # noqa: B017 (engine-specific types)
-        reader.add_player(2, "two")
+        factories.add_player(reader, 2, "two")
     with pytest.raises(Exception, match="readonly|may not write"):  # noqa: B017
-        reader.rename_player(1, "changed")
+        factories.rename_player(reader, 1, "changed")
     reader.close()
     assert admin_store.get_player(2) is None
     assert admin_store.get_player(1).username == "one"
 
 
 def test_close_then_use_again(admin_store, reader):
-    admin_store.add_player(1, "one")
+    factories.add_player(admin_store, 1, "one")
     reader.close()
     reader.close()  # twice is harmless
     assert reader.credentials(digest(1), 1) is None
@@ -493,13 +494,13 @@ def test_close_then_use_again(admin_store, reader):
 
 
 def _fill(store) -> list:
-    g1 = store.add_game("Chess", digest(1), NOW)
-    store.add_api_key(g1.id, digest(2), NOW + 1, NOW + 3600)
-    g2 = store.add_game("Go", digest(3), NOW + 2)
-    store.set_game_enabled(g2.id, False)
-    import_players(store, [(i, f"p{i}") for i in (30, 10, 20)])
-    store.revoke_player(20)
-    store.set_player_enabled(30, False)
+    g1 = factories.add_game(store, "Chess", digest(1), NOW)
+    factories.add_api_key(store, g1.id, digest(2), NOW + 1, NOW + 3600)
+    g2 = factories.add_game(store, "Go", digest(3), NOW + 2)
+    factories.set_game_enabled(store, g2.id, False)
+    factories.import_players(store, [(i, f"p{i}") for i in (30, 10, 20)])
+    factories.revoke_player(store, 20)
+    factories.set_player_enabled(store, 30, False)
     return list(store.dump())
 
 
@@ -523,13 +524,13 @@ def test_load_into_an_empty_store_keeps_ids_keys_and_epochs(admin_store, empty_u
     try:
         target.migrate()
         counts = []
-        assert load_store(target, games, iter(players), 10, progress=counts.append) == (2, 3)
+        assert factories.load_store(target, games, iter(players), 10, progress=counts.append) == (2, 3)
         assert counts[-1] == 3
         assert list(target.dump()) == items
         assert target.game_id_high_water() == 10
-        assert target.add_game("Chess 2", digest(50), NOW).id == 11  # past the high-water mark
+        assert factories.add_game(target, "Chess 2", digest(50), NOW).id == 11  # past the high-water mark
         with pytest.raises(NotEmpty):
-            load_store(target, [], [Player(99, "x", 0, True)], 0)
+            factories.load_store(target, [], [Player(99, "x", 0, True)], 0)
         assert target.get_player(99) is None
     finally:
         target.close()
@@ -541,23 +542,23 @@ def test_load_is_all_or_nothing(admin_store):
         raise ValueError("truncated file")
 
     with pytest.raises(ValueError, match="truncated"):
-        load_store(admin_store, [Game(4, "Chess", True, NOW, (ApiKey(digest(1), NOW, None),))], players(), 4)
+        factories.load_store(admin_store, [Game(4, "Chess", True, NOW, (ApiKey(digest(1), NOW, None),))], players(), 4)
     assert admin_store.list_games() == [] and admin_store.get_player(1) is None
 
     with pytest.raises(Conflict):
-        load_store(admin_store, [], [Player(1, "one", 0, True), Player(1, "again", 0, True)], 0)
+        factories.load_store(admin_store, [], [Player(1, "one", 0, True), Player(1, "again", 0, True)], 0)
     with pytest.raises(Conflict):
-        load_store(
+        factories.load_store(
             admin_store, [Game(1, "A", True, NOW, ()), Game(2, "A", True, NOW, ())], [], 0
         )
     assert admin_store.list_games() == [] and admin_store.get_player(1) is None
-    assert load_store(admin_store, [], [Player(1, "one", 0, True)], 0) == (0, 1)
+    assert factories.load_store(admin_store, [], [Player(1, "one", 0, True)], 0) == (0, 1)
 
 
 def test_load_refuses_a_store_that_holds_anything(admin_store):
-    admin_store.add_game("Chess", digest(1), NOW)
+    factories.add_game(admin_store, "Chess", digest(1), NOW)
     with pytest.raises(NotEmpty):
-        load_store(admin_store, [], [Player(1, "one", 0, True)], 0)
+        factories.load_store(admin_store, [], [Player(1, "one", 0, True)], 0)
     assert admin_store.get_player(1) is None
 
 
@@ -607,9 +608,9 @@ def test_a_full_postgresql_disk_raises_store_full_and_writes_nothing(store_url, 
         except psycopg.Error as e:
             skip_or_fail(f"the PostgreSQL server cannot use {disk} (not on this machine?): {e}")
         su.execute(f"ALTER TABLE players SET TABLESPACE {space}")
-        store.add_player(1, "one")
+        factories.add_player(store, 1, "one")
         with pytest.raises(StoreFull) as caught:
-            import_players(store, ((i, "x" * 200) for i in range(2, 20_002)))
+            factories.import_players(store, ((i, "x" * 200) for i in range(2, 20_002)))
         assert type(caught.value) is StoreFull and "full" in str(caught.value) and "\n" not in str(caught.value)
         assert store.get_player(2) is None and store.get_player(1).username == "one"
     finally:

@@ -23,7 +23,8 @@ import pytest
 from authsvc.errors import StoreUnavailable
 from authsvc.store.sqlite.store import SQLiteStore
 from authsvc.tokens import api_key_digest
-from tests.support import INVALID, FakeClock, free_port, get, load_store, start_gunicorn, wait_for_port
+from tests import factories
+from tests.support import INVALID, FakeClock, free_port, get, start_gunicorn, wait_for_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -47,8 +48,8 @@ def _init_new_store(world, path: str, games, players) -> None:
     """``authsvc init`` a new file at the same path, ``authsvc import`` the old content, revoke there."""
     new = SQLiteStore("sqlite://" + path, readonly=False)
     new.migrate()
-    load_store(new, games, players, 0)
-    assert new.revoke_player(world.user_id) == 1
+    factories.load_store(new, games, players, 0)
+    assert factories.revoke_player(new, world.user_id) == 1
     new.close()
 
 

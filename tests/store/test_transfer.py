@@ -20,7 +20,7 @@ from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from authsvc.web.app import make_app
-from tests.support import import_players
+from tests import factories
 
 PLAYERS = 100_000
 
@@ -82,11 +82,11 @@ def test_round_trip_sqlite_postgres_sqlite(tmp_path, pg_databases, secret_file, 
     keys = [new_api_key() for _ in range(4)]
     store = open_store(source, readonly=False)
     store.migrate()
-    chess = store.add_game("Chess", api_key_digest(keys[0]), now)
-    store.add_api_key(chess.id, api_key_digest(keys[1]), now + 1, now + 3600)  # keys[0] expires in an hour
-    go = store.add_game("Go ♟", api_key_digest(keys[2]), now)
-    store.set_game_enabled(go.id, False)
-    import_players(store, ((i * 3, f"player-{i}-é") for i in range(1, PLAYERS + 1)))
+    chess = factories.add_game(store, "Chess", api_key_digest(keys[0]), now)
+    factories.add_api_key(store, chess.id, api_key_digest(keys[1]), now + 1, now + 3600)  # keys[0] expires in an hour
+    go = factories.add_game(store, "Go ♟", api_key_digest(keys[2]), now)
+    factories.set_game_enabled(store, go.id, False)
+    factories.import_players(store, ((i * 3, f"player-{i}-é") for i in range(1, PLAYERS + 1)))
     store.close()
     raw = sqlite3.connect(source.removeprefix("sqlite://"))
     with raw:
@@ -131,7 +131,7 @@ def test_round_trip_sqlite_postgres_sqlite(tmp_path, pg_databases, secret_file, 
         ] == 403
         moved = open_store(url, readonly=False)
         assert moved.game_id_high_water() == 9
-        assert moved.add_game("New", api_key_digest(keys[3] + url), now).id == 10  # no id handed out twice
+        assert factories.add_game(moved, "New", api_key_digest(keys[3] + url), now).id == 10  # no id handed out twice
         moved.close()
 
 
@@ -139,8 +139,8 @@ def _small_export(tmp_path, monkeypatch, capsys, secret_file) -> str:
     source = "sqlite://" + str(tmp_path / "small.db")
     store = open_store(source, readonly=False)
     store.migrate()
-    store.add_game("Chess", api_key_digest(new_api_key()), 1_700_000_000)
-    import_players(store, [(1, "one"), (2, "two"), (3, "three")])
+    factories.add_game(store, "Chess", api_key_digest(new_api_key()), 1_700_000_000)
+    factories.import_players(store, [(1, "one"), (2, "two"), (3, "three")])
     store.close()
     path = tmp_path / "small.jsonl"
     assert run(monkeypatch, capsys, source, secret_file, "export", str(path))[0] == 0
@@ -149,7 +149,7 @@ def _small_export(tmp_path, monkeypatch, capsys, secret_file) -> str:
 
 def test_import_refuses_a_store_that_holds_anything(store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file):
     path = _small_export(tmp_path, monkeypatch, capsys, secret_file)
-    admin_store.add_player(99, "already here")
+    factories.add_player(admin_store, 99, "already here")
     code, answer = run(monkeypatch, capsys, store_url, secret_file, "import", str(path))
     assert code == 1 and "already holds" in answer["error"]
     assert admin_store.get_player(1) is None and admin_store.list_games() == []
@@ -183,7 +183,7 @@ def test_import_of_a_damaged_file_writes_nothing(
 
 
 def test_export_never_overwrites_and_keeps_the_file_private(store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file):
-    admin_store.add_player(1, "one")
+    factories.add_player(admin_store, 1, "one")
     path = tmp_path / "out.jsonl"
     path.write_text("precious")
     code, answer = run(monkeypatch, capsys, store_url, secret_file, "export", str(path))
@@ -204,8 +204,8 @@ def test_a_move_keeps_names_stored_before_the_visible_name_rule(
     source = "sqlite://" + str(tmp_path / "old.db")
     store = open_store(source, readonly=False)
     store.migrate()
-    store.add_game("Chess\u202eevil", api_key_digest(new_api_key()), 1_700_000_000)
-    import_players(store, [(1, "line\u2028break"), (2, "\u200b")])
+    factories.add_game(store, "Chess\u202eevil", api_key_digest(new_api_key()), 1_700_000_000)
+    factories.import_players(store, [(1, "line\u2028break"), (2, "\u200b")])
     store.close()
     path = tmp_path / "old.jsonl"
     assert run(monkeypatch, capsys, source, secret_file, "export", str(path))[0] == 0

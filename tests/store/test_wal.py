@@ -17,6 +17,7 @@ import pytest
 
 from authsvc.store import open_store
 from authsvc.store.sqlite.store import WAL_LIMIT_BYTES, SQLiteStore
+from tests import factories
 from tests.support import free_port, get, start_gunicorn, wait_for_port
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ def test_an_idle_reader_ends_its_snapshot_by_itself(world):
         while conn.in_transaction and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not conn.in_transaction
-        world.store.revoke_player(world.user_id)  # the next request takes a new snapshot and sees it
+        factories.revoke_player(world.store, world.user_id)  # the next request takes a new snapshot and sees it
         digest = next(iter(reader._conn().execute("SELECT digest FROM api_keys")))[0]
         assert reader.credentials(digest, world.user_id).epoch == 1
     finally:
@@ -56,7 +57,7 @@ def test_admin_writes_against_an_idle_service_leave_a_small_wal(env, world, tmp_
             assert get(port, world.params()).status == 200
         for n in range(WRITES):  # as 1,000 admin commands would: open, write, close
             admin = open_store(world.settings.store, readonly=False, settings=world.settings)
-            admin.add_game(f"game {n}", f"{n:064x}", int(time.time()))
+            factories.add_game(admin, f"game {n}", f"{n:064x}", int(time.time()))
             admin.close()
         time.sleep(2.0)
         size = os.path.getsize(wal)

@@ -25,6 +25,7 @@ from authsvc.settings import Settings
 from authsvc.store import open_store
 from authsvc.tokens import api_key_digest, mint_token
 from authsvc.web.authenticate import Authenticator
+from tests import factories
 from tests.pgserver import Heartbeat, primary_with_standby, sql, wait_replayed
 from tests.support import free_port, skip_or_fail, wait_for_port
 
@@ -45,8 +46,8 @@ def world(servers, tmp_path_factory):
     primary, standby = servers
     admin = open_store(primary.url, readonly=False)
     admin.migrate()
-    game = admin.add_game("standby-game", api_key_digest(KEY), int(time.time()))
-    alice, bob = admin.add_player(1001, "alice"), admin.add_player(1002, "bob")
+    game = factories.add_game(admin, "standby-game", api_key_digest(KEY), int(time.time()))
+    alice, bob = factories.add_player(admin, 1001, "alice"), factories.add_player(admin, 1002, "bob")
     heartbeat = Heartbeat(primary.url, tmp_path_factory.mktemp("heartbeat") / "heartbeat.log")
     heartbeat.start()
     reader = _reader(standby)
@@ -95,7 +96,7 @@ def test_a_standby_never_answers_from_beyond_the_bound(servers, world):
     # (b) replay paused, alice revoked on the primary 1.5 s ago: no answer from the standby
     # for her (the revoke is not visible there) nor for bob (a 403 from lag would be wrong).
     sql(standby.url, "SELECT pg_wal_replay_pause()")
-    revoked_epoch = admin.revoke_player(alice.user_id)
+    revoked_epoch = factories.revoke_player(admin, alice.user_id)
     time.sleep(PAST_BOUND)
     _unavailable_for(reader, alice.user_id, bob.user_id)
 
@@ -129,14 +130,14 @@ def test_a_token_minted_after_a_signup_is_accepted_once_the_standby_has_replayed
 
     sql(standby.url, "SELECT pg_wal_replay_pause()")
     try:
-        admin.add_player(1003, "carol")
+        factories.add_player(admin, 1003, "carol")
         assert reason(0) in ("unknown_player", "store_unavailable")
     finally:
         sql(standby.url, "SELECT pg_wal_replay_resume()")
     wait_replayed(primary, standby)
     _until_answers(reader, heartbeat, 1003)
     assert reason(0) == "success"
-    admin.revoke_player(1003)
+    factories.revoke_player(admin, 1003)
     wait_replayed(primary, standby)
     assert reason(1) == "success"
 
@@ -154,7 +155,7 @@ def test_a_standby_cut_off_from_the_primary_answers_503(servers, world):
             assert time.monotonic() < deadline, "the WAL receiver did not stop in 30 s"
             time.sleep(0.05)
         assert sql(standby.url, "SELECT pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn()")[0] is True
-        revoked_epoch = admin.revoke_player(alice.user_id)
+        revoked_epoch = factories.revoke_player(admin, alice.user_id)
         time.sleep(PAST_BOUND)
         _unavailable_for(reader, alice.user_id, bob.user_id)
     finally:

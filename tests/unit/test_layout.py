@@ -240,6 +240,38 @@ def test_the_web_process_holds_no_store_that_can_write(env, world):
     subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True, timeout=120)
 
 
+def _store_methods_that_open_a_write(source: str) -> list[str]:
+    """The methods of the class Store in ``source`` that call ``self.write(``: a one-call write wrapper."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == "Store":
+            for method in node.body:
+                if isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+                    isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "write"
+                    and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"
+                    for call in ast.walk(method)
+                ):
+                    found.append(method.name)
+    return found
+
+
+def test_the_store_has_one_way_to_write():
+    """Every write goes through ``with store.write(audit) as tx`` and the transaction's methods
+    (store/writes.py): the Store class wraps no write of its own, so there is one way to write."""
+    assert _store_methods_that_open_a_write((PACKAGE / "store" / "base.py").read_text()) == []
+
+
+def test_the_write_wrapper_finder_finds_a_wrapper():
+    source = (
+        "class Store:\n"
+        "    def add_player(self, user_id, username, *, audit=None):\n"
+        "        with self.write(audit) as tx:\n"
+        "            return tx.add_player(user_id, username)\n"
+        "    def get_player(self, user_id): ...\n"
+    )
+    assert _store_methods_that_open_a_write(source) == ["add_player"]
+
+
 def test_the_console_script_names_the_command():
     """`authsvc` (the console script) runs authsvc/cli/command.py's main."""
     import tomllib

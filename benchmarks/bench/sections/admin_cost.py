@@ -55,7 +55,8 @@ def _service_env(world: World, root: Path) -> tuple[dict[str, str], dict[str, st
     store = open_store(settings.store, readonly=False, settings=settings)
     try:
         store.migrate()
-        store.add_player(7, "patient")
+        with store.write() as tx:
+            tx.add_player(7, "patient")
         tokens = {name: api_tokens.add_api_token(store, Context(actor="cli:bench"), name,
                                           ["players:read", "players:write"])[1] for name in ("cost", "other")}
     finally:

@@ -222,7 +222,8 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         until(lambda: r.delivered() >= 1, 30)
         start = len(r.lines())
         for n in range(args.events_changes):
-            r.store.rename_player(1, f"p1-{n}")
+            with r.store.write() as tx:
+                tx.rename_player(1, f"p1-{n}")
             time.sleep(0.02)
         until(lambda: r.delivered() >= 1 + args.events_changes, 60)
         time.sleep(0.5)

@@ -71,7 +71,8 @@ def _latency(world: World, args: argparse.Namespace, logs: Path, blackholed: boo
         time.sleep(0.5)  # the receiver's last lines written
         start = len(r.lines())
         for n in range(args.events_changes):
-            r.store.rename_player(1 + n % args.events_fair_pending, f"renamed-{n}")
+            with r.store.write() as tx:
+                tx.rename_player(1 + n % args.events_fair_pending, f"renamed-{n}")
             time.sleep(0.02)
         until(lambda: len(r.lines()) >= start + args.events_changes, 120)
         time.sleep(0.5)

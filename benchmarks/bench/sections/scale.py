@@ -125,7 +125,8 @@ def engine_row(engine: str, players: int, n_auth: int, pg_url: str, workdir: Pat
         settings = Settings.from_env({"AUTHSVC_STORE": url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)})
         api_key = new_api_key()
         admin = open_store(url, readonly=False, settings=settings)
-        game = admin.add_game("Scale", api_key_digest(api_key), int(time.time()))
+        with admin.write() as tx:
+            game = tx.add_game("Scale", api_key_digest(api_key), int(time.time()))
         admin.close()
 
         rng = random.Random(players)
