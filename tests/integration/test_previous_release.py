@@ -9,14 +9,17 @@ back with 0.1.0's own steps, and 0.1.0 serves again what the backup held. On bot
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -89,11 +92,11 @@ class Release:
                 "app": "authsvc.wsgi:application" if self.tree else "authsvc.wsgi:create_app()",
                 "log_path": self.log_dir / f"{self.name.replace(' ', '-')}-{self.starts}.log"}
 
-    def serve(self) -> tuple[subprocess.Popen, int, Path]:
+    def serve(self, store: str) -> tuple[subprocess.Popen, int, Path]:
         port = free_port()
         args = self.gunicorn_args(port)
         log = args.pop("log_path")
-        proc = serve_gunicorn(self.env, port=args.pop("port"), log_path=log, **args)
+        proc = serve_gunicorn({**self.env, "AUTHSVC_STORE": store}, port=args.pop("port"), log_path=log, **args)
         return proc, port, log
 
 
@@ -119,14 +122,49 @@ def _seconds(started: float) -> float:
     return round(time.monotonic() - started, 2)
 
 
+@dataclasses.dataclass
+class Store:
+    """The store under test, not yet made: ``owner`` for the commands (the role that migrates, backs up and
+    restores), ``web`` for gunicorn. SQLite: one file. PostgreSQL: a database of its own, owned by a role of its
+    own (as deploy/postgres/roles.sql makes authsvc_owner the database's owner), served by a login role in
+    authsvc_reader, the role the migrations grant reading to (as authsvc_web is)."""
+
+    owner: str
+    web: str
+
+    @property
+    def engine(self) -> str:
+        return "sqlite" if self.owner.startswith("sqlite://") else "postgresql"
+
+
 @pytest.fixture
 def own_store(store_url, request, tmp_path):
-    """A store of this test's own, not yet made: a new SQLite file, or a new PostgreSQL database (dropped at the
-    end of the session) that 0.1.0's `authsvc init` migrates from nothing."""
     if store_url.startswith("sqlite://"):
         (tmp_path / "state").mkdir()
-        return f"sqlite://{tmp_path}/state/authsvc.db"
-    return request.getfixturevalue("pg_databases").create(migrate=False)
+        url = f"sqlite://{tmp_path}/state/authsvc.db"
+        yield Store(url, url)
+        return
+    import psycopg
+
+    databases = request.getfixturevalue("pg_databases")
+    suffix = secrets.token_hex(5)
+    owner, web = f"authsvc_t_owner_{suffix}", f"authsvc_t_web_{suffix}"
+    name = None
+    with psycopg.connect(databases.server_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {owner} LOGIN")
+        conn.execute("DO $$ BEGIN CREATE ROLE authsvc_reader NOLOGIN; "
+                     "EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$")
+        conn.execute(f"CREATE ROLE {web} LOGIN IN ROLE authsvc_reader")
+        try:
+            url = databases.create(migrate=False, owner=owner)
+            name = urllib.parse.urlsplit(url).path.lstrip("/")
+            yield Store(databases.url(name).replace("://postgres@", f"://{owner}@"),
+                        databases.url(name).replace("://postgres@", f"://{web}@"))
+        finally:
+            if name is not None:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            conn.execute(f"DROP ROLE IF EXISTS {web}")
+            conn.execute(f"DROP ROLE IF EXISTS {owner}")
 
 
 def _back_up(previous: Release, url: str, backup: Path) -> None:
@@ -167,9 +205,9 @@ def _restore(previous: Release, url: str, backup: Path) -> None:
 
 def test_upgrade_from_0_1_0_and_roll_back_to_it(previous_tree, own_store, secret_file, tmp_path):
     this_release = importlib.metadata.version("authsvc")  # pyproject.toml's
-    engine = "sqlite" if own_store.startswith("sqlite://") else "postgresql"
+    engine = own_store.engine
     old_schema, new_schema = SCHEMA[engine]
-    env = {"AUTHSVC_STORE": own_store, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), "AUTHSVC_MAX_STALENESS": "0"}
+    env = {"AUTHSVC_STORE": own_store.owner, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), "AUTHSVC_MAX_STALENESS": "0"}
     previous = Release(env, previous_tree, tmp_path)
     current = Release(env, None, tmp_path)
     figures: dict[str, object] = {"engine": engine}
@@ -189,7 +227,7 @@ def test_upgrade_from_0_1_0_and_roll_back_to_it(previous_tree, own_store, secret
     tokens = {user: previous.json("token", "issue", "--game", str(game_id), "--user", str(user))["game_auth_token"]
               for user in PLAYERS}
     assert previous.json("audit", "verify")["intact"] is True
-    old_proc, old_port, _ = previous.serve()
+    old_proc, old_port, _ = previous.serve(own_store.web)
     try:
         assert _openapi_version(old_port) == "1"  # 0.1.0's document; this release's, its version
         for user, token in tokens.items():
@@ -197,8 +235,9 @@ def test_upgrade_from_0_1_0_and_roll_back_to_it(previous_tree, own_store, secret
 
         # Back up first (docs/operations.md section 9), while 0.1.0 serves.
         backup = tmp_path / ("before-upgrade.db" if engine == "sqlite" else "before-upgrade.dump")
+        backed_up_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         started = time.monotonic()
-        _back_up(previous, own_store, backup)
+        _back_up(previous, own_store.owner, backup)
         figures["backup_s"] = _seconds(started)
         assert backup.stat().st_size > 0
 
@@ -225,22 +264,29 @@ def test_upgrade_from_0_1_0_and_roll_back_to_it(previous_tree, own_store, secret
 
     # This release serves the migrated store: 0.1.0's tokens, its counts, its checks.
     started = time.monotonic()
-    new_proc, new_port, _ = current.serve()
+    new_proc, new_port, _ = current.serve(own_store.web)
     figures["new_start_s"] = _seconds(started)
     try:
         assert _openapi_version(new_port) == this_release
         for user, token in tokens.items():
             assert _answer(new_port, api_key, user, token) == _ok(user)
-        assert _counts(own_store) == (1, 3)
+        assert _counts(own_store.owner) == (1, 3)
         key_file = tmp_path / "api-key"
         key_file.write_text(api_key + "\n")
         checked = current.command("check", "--game-id", str(game_id), "--user-id", "2", "--api-key-file",
                                   str(key_file), "--base-url", f"http://127.0.0.1:{new_port}")
         assert checked.stdout.endswith(f"all 4 checks passed (authsvc {this_release})\n"), checked.stdout
         assert current.json("audit", "verify")["intact"] is True
-        # Written after the backup, with this release: player 1 revoked, player 4 added with a token.
+        # Written after the backup, with this release: player 1 revoked, player 3 deleted, player 4 added with a
+        # token, player 2 given a new token, then disabled.
         current.command("player", "revoke", "1")
         assert _answer(new_port, api_key, 1, tokens[1]) == REFUSED
+        current.command("player", "delete", "3")
+        assert _answer(new_port, api_key, 3, tokens[3]) == REFUSED
+        since_backup = current.json("token", "issue", "--game", str(game_id), "--user", "2")["game_auth_token"]
+        assert _answer(new_port, api_key, 2, since_backup) == _ok(2)
+        current.command("player", "disable", "2")
+        assert _answer(new_port, api_key, 2, since_backup) == REFUSED
         current.command("player", "add", "4", "dora")
         PLAYERS[4] = "dora"
         tokens[4] = current.json("token", "issue", "--game", str(game_id), "--user", "4")["game_auth_token"]
@@ -249,7 +295,12 @@ def test_upgrade_from_0_1_0_and_roll_back_to_it(previous_tree, own_store, secret
         stop(new_proc)
         PLAYERS.pop(4, None)
 
-    # Roll back (docs/operations.md section 9): 0.1.0's `authsvc init` and a fresh 0.1.0 refuse the migrated store.
+    # Roll back (docs/operations.md section 9). First, with this release, what changed since the backup: the
+    # restore undoes it.
+    since = [json.loads(line) for line in current.command("audit", "--since", backed_up_at, "--json").stdout.splitlines()]
+    changed = {(record["action"], record["user_id"]) for record in since}
+    assert {("player.revoke", 1), ("player.delete", 3), ("player.add", 4), ("player.disable", 2)} <= changed, since
+    # 0.1.0's `authsvc init` and a fresh 0.1.0 refuse the migrated store.
     refused = previous.command("init", ok=False)
     assert refused.returncode == 1
     assert f"store schema version {new_schema} is newer than this release" in refused.stderr, refused.stderr
@@ -266,24 +317,29 @@ def test_upgrade_from_0_1_0_and_roll_back_to_it(previous_tree, own_store, secret
 
     # So the pre-upgrade backup goes back, with 0.1.0's own steps, and 0.1.0 serves what it held.
     started = time.monotonic()
-    _restore(previous, own_store, backup)
+    _restore(previous, own_store.owner, backup)
     figures["restore_s"] = _seconds(started)
     started = time.monotonic()
-    old_proc, old_port, _ = previous.serve()
+    old_proc, old_port, _ = previous.serve(own_store.web)
     figures["old_start_s"] = _seconds(started)
     try:
         assert get_text(old_port, "/readyz") == (200, '{"success":true,"status":"ready"}')
         assert _openapi_version(old_port) == "1"
-        for user in (2, 3):
-            assert _answer(old_port, api_key, user, tokens[user]) == _ok(user)
-        # Written since the backup is lost: player 4 is gone (its token refused), and player 1's revocation
-        # with it, so its old token authenticates again until revoked again (CHANGELOG.md).
+        assert _answer(old_port, api_key, 2, tokens[2]) == _ok(2)
+        assert _answer(old_port, api_key, 2, since_backup) == _ok(2)  # 0.1.0's restore voids no token
+        # Written since the backup is lost: player 4 is gone (its token refused); player 1's revocation, player
+        # 2's disabling and player 3's deletion with it, so their tokens authenticate again, with player 3's
+        # name, until revoked, disabled and deleted again (docs/operations.md section 9, "Roll back").
         assert _answer(old_port, api_key, 4, tokens[4]) == REFUSED
         assert _answer(old_port, api_key, 1, tokens[1]) == _ok(1)
-        assert _counts(own_store) == (1, 3)
+        assert _answer(old_port, api_key, 3, tokens[3]) == _ok(3)
+        assert _counts(own_store.owner) == (1, 3)
         assert previous.json("audit", "verify")["intact"] is True
         previous.command("player", "revoke", "1")
+        previous.command("player", "delete", "3")
         assert _answer(old_port, api_key, 1, tokens[1]) == REFUSED
+        assert _answer(old_port, api_key, 3, tokens[3]) == REFUSED
+        assert _counts(own_store.owner) == (1, 2)
     finally:
         stop(old_proc)
     print("figures:", json.dumps(figures))
