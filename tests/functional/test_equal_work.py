@@ -164,12 +164,11 @@ def test_sqlite_the_query_steps_about_the_same_for_any_key_and_player(world, max
     """SQLite bytecode steps, counted with a progress handler. A lookup that finds no row takes a few
     steps more than one that does (SQLite 3.40, one query: 44 to 57 steps); a skipped lookup is
     the difference between 11 and 27 to 32 steps (an unknown key, before the query always looked
-    the player up). The warm-up sends the unknown key too: a key the snapshot lacks renews it, at most
-    once per 0.05 s per thread (a bounded exception, docs/design.md "Freshness"; tests/functional/test_staleness.py),
-    and the clock here does not move."""
+    the player up). Nothing is committed meanwhile, so a key the snapshot lacks makes no lookup (only the
+    first one after a commit does: docs/design.md "Freshness"; tests/functional/test_staleness.py)."""
     store = sqlite.SQLiteStore(world.settings.store, readonly=True, max_staleness=max_staleness, clock=FakeClock())
     digests = {"known": api_key_digest(world.api_key), "unknown": api_key_digest("no such key")}
-    for _ in range(2):  # warm up: schema, snapshot, the renewal for the unknown key
+    for _ in range(2):  # warm up: schema, snapshot
         store.credentials(digests["known"], world.user_id)
         store.credentials(digests["unknown"], world.user_id)
     conn = store._conn()

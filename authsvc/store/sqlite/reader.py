@@ -13,8 +13,10 @@ lookup of the player: together more than half of the store's cost
 ``max_staleness`` seconds earlier (AUTHSVC_MAX_STALENESS, default 1 s, at most
 1 s; docs/stores.md). With 0, every authentication is one query of its own.
 ``fresh_credentials`` starts a new snapshot at once: asked for a token minted
-after a change the snapshot predates (web/authenticate.py). So does an api key
-the snapshot lacks (a key added since), at most once per KEY_LOOK_AGAIN per thread.
+after a change the snapshot predates (web/authenticate.py). An api key the
+snapshot lacks is looked up again only if something was committed since the
+snapshot began, which the WAL index header in the -shm file tells without a
+system call (``_Snapshot.header``).
 An idle worker ends its snapshot too: a thread per process ends any snapshot
 older than the bound, since a checkpoint cannot pass an open read transaction
 and the -wal file would grow with every admin write ("The -wal file").
@@ -31,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import mmap
 import os
 import sqlite3
 import threading
@@ -79,10 +82,13 @@ FROM (SELECT ? AS user_id) AS q LEFT JOIN players AS p ON p.user_id = q.user_id
 LEFT JOIN deleted_players AS d ON d.user_id = q.user_id
 """
 NO_KEY = (None, 0, None)  # game_id NULL, as CREDENTIALS_SQL gives for an unknown key
-# A key the snapshot lacks (a key added since, or no key at all) renews the snapshot at once, but at
-# most once per KEY_LOOK_AGAIN seconds per worker thread: a new key authenticates at once, and a
-# stream of unknown keys costs at most 1 / KEY_LOOK_AGAIN renewals a second (docs/design.md, "Freshness").
-KEY_LOOK_AGAIN = 0.05
+# A key the snapshot lacks, looked up in a new transaction once something was committed since the snapshot
+# (docs/design.md, "Freshness"): found, the snapshot is renewed.
+KEY_SQL = "SELECT 1 FROM api_keys WHERE digest = ?"
+# The WAL index header (https://www.sqlite.org/walformat.html): the first 48 bytes of the -shm file, which
+# every commit rewrites (its change counter, last frame and checksums). SQLite itself compares it to tell
+# whether its cache is still current.
+WAL_INDEX_HEADER = 48
 
 
 def _identity(path: str) -> tuple[int, int]:
@@ -110,14 +116,18 @@ class _Snapshot:
     while it ends one, so a connection is never used by two threads at once.
     """
 
-    __slots__ = ("lock", "conn", "cursor", "taken_at", "missed_at", "keys", "__weakref__")
+    __slots__ = ("lock", "conn", "cursor", "taken_at", "shm", "header", "keys", "__weakref__")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.lock = threading.Lock()
         self.conn = conn
         self.cursor = conn.cursor()  # reused by every lookup of the snapshot: no Cursor made per request
         self.taken_at = 0.0
-        self.missed_at = -math.inf  # when a key this thread's snapshot lacked last renewed it
+        # The connection's -shm file mapped (b"": not in WAL mode, where a snapshot's shared lock keeps
+        # any commit out until it ends), and its WAL index header just before the snapshot began: equal
+        # now, nothing was committed since.
+        self.shm: mmap.mmap | bytes = b""
+        self.header = b""
         self.keys: dict[str, tuple] | None = None  # None: no snapshot open
 
     def end(self) -> None:
@@ -291,12 +301,44 @@ class SQLiteReader(ThreadConnections, Reader):
         conn = self._conn()
         if conn.in_transaction:
             conn.execute("COMMIT")
+        shm = getattr(self._local, "shm", None)
+        if shm is None:
+            shm = self._local.shm = self._map_shm(conn)
+        snapshot.shm, snapshot.header = shm, shm[:WAL_INDEX_HEADER]  # before the snapshot: a commit after is seen
         conn.execute("BEGIN")  # the snapshot is taken by the next SELECT, after ``now``
         keys = {digest: (game_id, enabled, expires_at) for digest, game_id, enabled, expires_at in conn.execute(KEYS_SQL)}
         if snapshot.conn is not conn:
             snapshot.conn, snapshot.cursor = conn, conn.cursor()
         snapshot.taken_at, snapshot.keys = now, keys
         return keys
+
+    def _map_shm(self, conn: sqlite3.Connection) -> mmap.mmap | bytes:
+        """The -shm file of this thread's connection, mapped read-only (b"" when the store is not in WAL mode).
+
+        Called after ``_check_file``, with the connection open: the path names its file, so the -shm
+        beside it is the one SQLite uses, and no connection truncates a -shm while another has it open.
+        """
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            return b""
+        with open(self.path + "-shm", "rb") as f:
+            if os.fstat(f.fileno()).st_size < WAL_INDEX_HEADER:
+                return b""
+            return mmap.mmap(f.fileno(), WAL_INDEX_HEADER, access=mmap.ACCESS_READ)
+
+    def _key_committed(self, snapshot: _Snapshot, keys: dict[str, tuple], key_digest: str) -> dict[str, tuple]:
+        """Something was committed since the snapshot began, and it lacks ``key_digest``: is that key there now?
+
+        A new transaction, one lookup by primary key; found (a key added since), the snapshot is renewed.
+        Not found, the keys stay as they were (as old as ``taken_at``, within the bound) and the next unknown
+        key costs no lookup until the next commit. So unknown keys cost at most one lookup per commit.
+        """
+        conn = snapshot.conn
+        conn.execute("COMMIT")
+        snapshot.header = snapshot.shm[:WAL_INDEX_HEADER]
+        conn.execute("BEGIN")
+        if snapshot.cursor.execute(KEY_SQL, (key_digest,)).fetchone() is None:
+            return keys
+        return self._new_snapshot(snapshot)
 
     def close(self) -> None:
         self._drop()
@@ -318,6 +360,9 @@ class SQLiteReader(ThreadConnections, Reader):
         conn = getattr(local, "conn", None)
         if conn is not None:
             conn.close()
+        shm = getattr(local, "shm", None)
+        if isinstance(shm, mmap.mmap):
+            shm.close()
         local.__dict__.clear()
         if snapshot is not None:
             local.snapshot = snapshot  # the reaper knows it: the next request fills it again
@@ -337,11 +382,11 @@ class SQLiteReader(ThreadConnections, Reader):
                     keys, now = snapshot.keys, self.clock()
                     if keys is None or now - snapshot.taken_at >= self.max_staleness:
                         keys = self._new_snapshot(snapshot)
-                    elif key_digest not in keys and now - snapshot.missed_at >= KEY_LOOK_AGAIN:
-                        # A key added since the snapshot (a rotation, a new game) works at once. Comparisons
-                        # only before this branch, so a known key does the same calls (tests/functional/test_equal_work.py).
-                        snapshot.missed_at = now
-                        keys = self._new_snapshot(snapshot)
+                    elif key_digest not in keys and snapshot.shm[:WAL_INDEX_HEADER] != snapshot.header:
+                        # A key added since the snapshot (a rotation, a new game) works at once. No call before
+                        # this branch (a slice, a comparison), so a known key does the same calls
+                        # (tests/functional/test_equal_work.py); a lookup only after a commit.
+                        keys = self._key_committed(snapshot, keys, key_digest)
                     player = snapshot.cursor.execute(PLAYER_SQL, (user_id,)).fetchone()
                 row = (*keys.get(key_digest, NO_KEY), *player)
             # The contract's username None for a missing player, picked by indexing, not by a branch.
@@ -405,6 +450,7 @@ class SQLiteReader(ThreadConnections, Reader):
         try:
             conn.execute(CREDENTIALS_SQL, (0, "")).fetchall()
             conn.execute(KEYS_SQL).fetchall()
+            conn.execute(KEY_SQL, ("",)).fetchall()
             conn.execute(PLAYER_SQL, (0,)).fetchall()
             select_games(conn)
             select_token_secrets(conn)
