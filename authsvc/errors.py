@@ -4,9 +4,9 @@ Each class is one meaning, with the HTTP status it stands for and a short ``slug
 carries a ``detail`` worded for no front door in particular, and, for bad input, the ``field``
 at fault. Each front door maps them once:
 
-- the game-facing endpoint (authsvc/web/app.py): ``{"success": false, "error": status,
+- the game-facing endpoint (authsvc/web/answers.py): ``{"success": false, "error": status,
   "error_description": detail}``; the web path's own errors keep their wire texts as the
-  classes' default details ("Not found", "Bad request", ...);
+  classes' default details ("Not found", "Bad request", "Invalid credentials", ...);
 - the admin API (authsvc/api/app.py, ``problem_for``): an RFC 9457 problem of that status
   and slug, ``field`` as the body's JSON pointer (``/old_key_ttl``);
 - the admin command (authsvc/cli/command.py): one line on stderr and exit 1, ``field`` as
@@ -96,6 +96,19 @@ class Unauthorized(Error):
 
 class Forbidden(Error):
     status, slug, detail = 403, "forbidden", "Forbidden"
+
+
+class MissingCredentials(BadRequest):
+    """An authentication without all three of its parameters (docs/api.md): the game door's 400."""
+
+    detail = "user_id, game_auth_token, and api_key are required parameters"
+
+
+class InvalidCredentials(Forbidden):
+    """An authentication refused, whatever was wrong (docs/api.md): the game door's 403, one answer for
+    every reason, so it tells no one which keys or players exist."""
+
+    detail = "Invalid credentials"
 
 
 class NotFound(Error):

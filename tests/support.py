@@ -39,14 +39,18 @@ from harness.processes import free_port, start_gunicorn, wait_for_port
 from tests import factories
 
 __all__ = [
-    "ALL_SCOPES", "ERROR_KEYS", "INVALID", "MISSING", "NODE_MODULES", "PATH", "STRICT", "AdminClient", "FakeClock",
+    "ADMIN_WINGS", "ALL_SCOPES", "ERROR_KEYS", "INVALID", "MISSING", "NODE_MODULES", "PATH", "STRICT", "AdminClient", "FakeClock",
     "admin_request",
     "assert_contract_headers", "free_port", "get", "get_text", "hold_write_lock", "kept_stopped", "make_testapp",
     "node_tool", "raw_exchange", "raw_request", "schemathesis_check", "serve_gunicorn", "skip_or_fail", "start_gunicorn",
-    "until_both_workers_counted", "wait_for_port", "workers_that_authenticated", "apply_roles", "init_as_owner",
+    "until_both_workers_counted", "wait_for_port", "WRITER_MODULES", "workers_that_authenticated", "apply_roles", "init_as_owner",
 ]
 
 STRICT = os.environ.get("AUTHSVC_TEST_STRICT") == "1"
+# The package's admin side (cli/, api/, operations/) and the store modules that write: the web path reaches
+# neither (tests/unit/test_layout.py reads the imports; tests/integration/test_web_process.py loads the app).
+ADMIN_WINGS = {"cli", "api", "operations"}
+WRITER_MODULES = {"authsvc.store.sqlite.store", "authsvc.store.postgres.store", "authsvc.store.writes"}
 DEPLOY_PG = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
 NODE_MODULES = Path(__file__).resolve().parent.parent / "node_modules"
 

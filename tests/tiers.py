@@ -1,7 +1,8 @@
 """The suite's tiers (README.md, "Test it"): each test module sits in its tier's folder, tests/TIER/,
 and tests/conftest.py marks its tests with the folder's name.
 
-- unit: no I/O beyond a temporary file: parsers, rules, the repository's own rules.
+- unit: no I/O beyond a temporary file: parsers, rules, the repository's own rules. A socket or a
+  process is an error there (tests/unit/conftest.py).
 - functional: the WSGI apps through WebTest and the admin command, on a SQLite store: the front
   doors are engine-blind (every statement is the store's), so PostgreSQL gets a smoke test of
   each door (tests/functional/test_postgres_smoke.py) instead of a second copy of every file.

@@ -29,12 +29,12 @@ import urllib.parse
 
 from authsvc import release
 from authsvc.cli.explain import RefusedSecret
-from authsvc.errors import CommandError
+from authsvc.errors import CommandError, Error, InvalidCredentials, MissingCredentials
 from authsvc.settings import Settings
 from authsvc.store import open_store, redact_url
 from authsvc.tokens import check_known, current_token
+from authsvc.web.answers import body_of
 from authsvc.web.app import AUTHENTICATE_PATH as API_PATH
-from authsvc.web.authenticate import INVALID_DESCRIPTION, MISSING_DESCRIPTION
 from authsvc.web.http import json_bytes
 
 MAX_ANSWER_BYTES = 64 * 1024
@@ -137,11 +137,14 @@ def fetch(target: Target, query: dict[str, str], context: ssl.SSLContext, timeou
     return status, obj, None
 
 
-def _expect_error(code: int, description: str):
+def _expect_error(error: type[Error]):
+    """The game door's answer to ``error`` (its one table, authsvc/web/answers.py), with HTTP 200 or its status."""
+    expected = body_of(error)
+    want, code = json.loads(expected), error.status
+
     def judge(status: int, obj: dict) -> str | None:
-        want = {"success": False, "error": code, "error_description": description}
         if obj != want:
-            return f"expected {json_bytes(want).decode()}, got {json_bytes(obj).decode()}"
+            return f"expected {expected.decode()}, got {json_bytes(obj).decode()}"
         if status not in (200, code):
             return f"expected HTTP 200 or {code}"
         return None
@@ -178,9 +181,9 @@ def run_checks(
     good = {"user_id": str(user_id), "game_auth_token": token, "api_key": api_key}
     cases = [
         ("success", good, _expect_success(user_id, username)),
-        ("bad token", {**good, "game_auth_token": _bad_token(token)}, _expect_error(403, INVALID_DESCRIPTION)),
-        ("bad api key", {**good, "api_key": _bad_key(api_key)}, _expect_error(403, INVALID_DESCRIPTION)),
-        ("missing parameter", {"user_id": str(user_id), "api_key": api_key}, _expect_error(400, MISSING_DESCRIPTION)),
+        ("bad token", {**good, "game_auth_token": _bad_token(token)}, _expect_error(InvalidCredentials)),
+        ("bad api key", {**good, "api_key": _bad_key(api_key)}, _expect_error(InvalidCredentials)),
+        ("missing parameter", {"user_id": str(user_id), "api_key": api_key}, _expect_error(MissingCredentials)),
     ]
     results = []
     for target in targets:

@@ -34,7 +34,8 @@ from gunicorn.workers.gthread import ThreadWorker as _ThreadWorker
 from gunicorn.workers.sync import SyncWorker as _SyncWorker
 
 from authsvc.errors import reason_phrase, refused
-from authsvc.web.http import BASE_HEADERS, error_object, json_bytes
+from authsvc.web.answers import body_of
+from authsvc.web.http import BASE_HEADERS
 
 # An app's own answer to a refused request: its headers (Content-Type first) and body, for a status of
 # authsvc.errors.GUNICORN_REFUSALS (the one table of what gunicorn refuses).
@@ -53,7 +54,7 @@ def json_error_response(status: int, refusal: Refusal | None = None) -> bytes:
             return _answer(status, reason, headers, body)
         except Exception:
             pass
-    return _answer(status, reason, BASE_HEADERS, json_bytes(error_object(status, error.detail)))
+    return _answer(status, reason, BASE_HEADERS, body_of(error))
 
 
 def _answer(status: int, reason: str, headers: Sequence[tuple[str, str]], body: bytes) -> bytes:

@@ -47,8 +47,9 @@ from authsvc.store.base import Reader
 from authsvc.store.readers import open_reader
 from authsvc.store.sqlite.reader import SQLiteReader
 from authsvc.tokens import SecretFile, check_known
+from authsvc.web.answers import REFUSALS, body_of, http_statuses
 from authsvc.web.authenticate import MALFORMED, STORE_UNAVAILABLE, WAITED_TOO_LONG, Authenticator
-from authsvc.web.http import error_object, json_bytes, request_params, respond
+from authsvc.web.http import request_params, respond
 from authsvc.web.queueing import WaitedTooLong, waited_too_long
 
 if TYPE_CHECKING:
@@ -125,6 +126,7 @@ class App:
                                       settings.max_staleness, monotonic)
         self.authenticator = Authenticator(store, self.secret_file, clock)
         self.openapi_document = openapi_document()
+        self.http_statuses = http_statuses(settings.errors_as_http_status)
         self.routes = {
             AUTHENTICATE_PATH: self.authenticate, HEALTH_PATH: self.health, READY_PATH: self.ready,
             OPENAPI_PATH: self.openapi,
@@ -167,15 +169,14 @@ class App:
                 raise NotFound()
         except StoreUnavailable:
             self.store_unavailable(path)
-            unavailable = ServiceUnavailable()
-            result, body = unavailable.status, json_bytes(error_object(unavailable.status, unavailable.detail))
-        except Error as error:  # the one mapping of errors to this door's JSON (authsvc/errors.py)
-            body, extra_headers = json_bytes(error_object(error.status, error.detail)), error.headers
+            result, body = ServiceUnavailable.status, body_of(ServiceUnavailable)
+        except Error as error:  # this door's answers: authsvc/web/answers.py
+            body, extra_headers = body_of(error), error.headers
             result = error.status
             shed = isinstance(error, WaitedTooLong)
         except Exception as e:
             self.unhandled(e, method, path)
-            result, body = 500, json_bytes(error_object(500, "Internal server error"))
+            result, body = Error.status, body_of(Error)
         if metrics is not None:
             try:
                 if result >= 500 and not shed:
@@ -188,7 +189,7 @@ class App:
         record = environ.get(RECORD_KEY)  # access_record = "edge": nginx logs it, and strips the header
         extra_headers = (*extra_headers, (RESULT_HEADER, str(result) if record is None else f"{result} {record}"))
         # The 400 and 403 results (docs/api.md) travel as HTTP 200 unless AUTHSVC_ERROR_STATUS=http.
-        status = 200 if result in (400, 403) and not self.settings.errors_as_http_status else result
+        status = self.http_statuses.get(result, result)
         return respond(start_response, status, body, head=method == "HEAD", extra_headers=extra_headers)
 
     def store_unavailable(self, path: str) -> None:
@@ -257,7 +258,9 @@ class App:
             self.observe(environ, start, MALFORMED, None, None)
             raise
         self.observe(environ, start, result.reason, result.game_id, result.user_id)
-        return result.error or 200, result.body
+        if result.error is None:
+            return 200, result.body
+        return result.error.status, REFUSALS[result.error]
 
     def waited_too_long(self, environ: dict, start: float) -> None:
         """Count and log an authentication shed for its time in the queue (authsvc/web/queueing.py): its auth

@@ -1,7 +1,8 @@
-"""The use case: three parameters in, a verified player or an error code out.
+"""The use case: three parameters in, a verified player or an error of the model out.
 
-Rules (docs/api.md): any parameter missing or empty -> 400; anything present but
-wrong -> 403; all three right -> the player. The store is asked once, and does
+Rules (docs/api.md): any parameter missing or empty -> 400 (MissingCredentials);
+anything present but wrong -> 403 (InvalidCredentials); all three right -> the
+player. The store is asked once, and does
 the same work whether or not the key and the player exist (docs/stores.md); the
 token HMAC is computed either way, so the time of a 403 tells neither
 (tests/functional/test_equal_work.py). A refusal also computes the token of the next epoch,
@@ -24,12 +25,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+from authsvc.errors import Error, InvalidCredentials, MissingCredentials
 from authsvc.store.base import Credentials, Reader
 from authsvc.tokens import SecretFile, TokenVerifier, api_key_digest
-from authsvc.web.http import Param, error_object, json_bytes, success_bytes
+from authsvc.web.http import Param, success_bytes
 
-MISSING_DESCRIPTION = "user_id, game_auth_token, and api_key are required parameters"
-INVALID_DESCRIPTION = "Invalid credentials"
 MAX_USER_ID = 2**63 - 1
 
 # Reasons, in the order they are decided (docs/logs.md). STORE_UNAVAILABLE and WAITED_TOO_LONG are the app's (503s).
@@ -49,22 +49,23 @@ REASONS = (SUCCESS, MISSING_PARAMETERS, MALFORMED, UNKNOWN_KEY, EXPIRED_KEY, GAM
 
 
 class Result(NamedTuple):
-    """Either a player (error is None) or an error code of docs/api.md (400, 403), and its JSON body.
+    """Either a player (error is None) and the success's JSON body, or the refusal of docs/api.md
+    (MissingCredentials, InvalidCredentials), returned rather than raised: the game door's table
+    (authsvc/web/answers.py) gives its body.
 
     ``reason`` says why, for logs and metrics only; ``game_id`` is the game of the api key
     (None when no game has it) and ``user_id`` the parsed user id (None unless canonical).
     """
 
-    error: int | None
-    body: bytes
+    error: type[Error] | None
+    body: bytes  # the success's; a refusal's is the table's
     reason: str = SUCCESS
     game_id: int | None = None
     user_id: int | None = None
 
 
-FORBIDDEN_BODY = json_bytes(error_object(403, INVALID_DESCRIPTION))
-MISSING = Result(400, json_bytes(error_object(400, MISSING_DESCRIPTION)), MISSING_PARAMETERS)
-MALFORMED_RESULT = Result(403, FORBIDDEN_BODY, MALFORMED)
+MISSING = Result(MissingCredentials, b"", MISSING_PARAMETERS)
+MALFORMED_RESULT = Result(InvalidCredentials, b"", MALFORMED)
 KEY_DIGESTS = 64  # api keys whose digests an Authenticator keeps: a few per game, and each game's servers send one
 NOTHING_FOUND = Credentials(game_id=0, game_enabled=False, key_expires_at=None, username=None, epoch=0,
                             player_enabled=False)
@@ -141,7 +142,7 @@ class Authenticator:
         ahead = epoch + (username is not None)
         if self.tokens.matches(game_id, user_id, ahead, token) and game_id:
             return self.look_again(api_key, user_id, ahead)
-        return Result(403, FORBIDDEN_BODY, reason, game_id or None, user_id)
+        return Result(InvalidCredentials, b"", reason, game_id or None, user_id)
 
     def look_again(self, api_key: str, user_id: int, epoch: int) -> Result:
         """The answer from the latest commit (``fresh_credentials``) for a token of ``epoch``: accepted if
@@ -162,4 +163,4 @@ class Authenticator:
             reason = self.player_reasons[username is None, not player_enabled, now_epoch != epoch]
             if reason is SUCCESS and username is not None:
                 return Result(None, success_bytes(user_id, username), SUCCESS, game_id, user_id)
-        return Result(403, FORBIDDEN_BODY, reason, game_id or None, user_id)
+        return Result(InvalidCredentials, b"", reason, game_id or None, user_id)

@@ -366,10 +366,6 @@ def success_bytes(user_id: int, username: str) -> bytes:
     return b'{"success":true,"user_id":%d,"username":%s}' % (user_id, encode_basestring_ascii(username).encode("ascii"))
 
 
-def error_object(code: int, description: str) -> dict:
-    return {"success": False, "error": code, "error_description": description}
-
-
 def respond(start_response, status: int, body: bytes, *, head: bool, extra_headers=()) -> list[bytes]:
     """Send a complete response: always Content-Length, never chunked; HEAD gets headers only."""
     headers = [*BASE_HEADERS, ("Content-Length", str(len(body))), *extra_headers]

@@ -30,6 +30,7 @@ import urllib.parse
 
 import pytest
 
+from authsvc.errors import InvalidCredentials
 from authsvc.store import open_store
 from authsvc.store.sqlite import store as sqlite
 from authsvc.tokens import api_key_digest, new_api_key
@@ -65,7 +66,7 @@ def test_sqlite_the_same_statements_and_calls_for_any_key_and_player(world, max_
     requests = cases(world)
     for params in requests.values():  # warm up: a snapshot, prepared statements, the player's pages
         for _ in range(3):
-            assert authenticate(params).error == 403
+            assert authenticate(params).error is InvalidCredentials
     statements: list[str] = []
     store._conn().set_trace_callback(statements.append)
     seen = {}
@@ -88,7 +89,7 @@ def assert_same_work(requests: dict[str, dict], authenticate) -> None:
     known one, by a branch or two: that tells a caller about the key it sent, not about a player)."""
     for params in requests.values():  # warm up: a connection, prepared statements, the player's pages
         for _ in range(3):
-            assert authenticate(params).error == 403
+            assert authenticate(params).error is InvalidCredentials
     seen = {name: (profile(lambda params=params: authenticate(params)),
                    instructions(lambda params=params: authenticate(params)))
             for name, params in requests.items()}
@@ -133,7 +134,7 @@ def test_a_keys_digest_is_taken_once_per_key_text_known_or_not(world, monkeypatc
     try:
         authenticate = Authenticator(store, world.settings.token_secrets)
         for params in [*cases(world).values()] * 3:
-            assert authenticate(params).error == 403
+            assert authenticate(params).error is InvalidCredentials
     finally:
         store.close()
     assert sorted(taken) == sorted({world.api_key, "4f0c6a4e-0000-4000-8000-000000000000"})
