@@ -160,7 +160,7 @@ def test_a_key_added_since_the_snapshot_works_at_once_and_unknown_keys_look_agai
     assert app.get("/api/authenticate.json", world.params(api_key=new_key)).json["success"] is True
     assert app.get("/api/authenticate.json", world.params()).json["success"] is True  # the old key still works
     assert key_reads() == (1, 1)  # looked up, found: the snapshot renewed
-    world.store.add_player(4343, "bob")  # a commit that adds no key
+    factories.add_player(world.store, 4343, "bob")  # a commit that adds no key
     for _ in range(20):
         assert app.get("/api/authenticate.json", world.params(api_key=new_api_key())).json["error"] == 403
     assert key_reads() == (1, 0)  # the first unknown key after the commit looks, not found: no renewal

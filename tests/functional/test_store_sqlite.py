@@ -92,7 +92,7 @@ def test_with_a_snapshot_one_query_per_authentication_and_one_per_snapshot(world
     # An unknown key, nothing committed since the snapshot: the player looked up all the same
     # (tests/functional/test_equal_work.py), nothing else.
     assert [s.split()[0] for s in statements[5:]] == ["SELECT"]
-    world.store.add_player(4343, "bob")
+    factories.add_player(world.store, 4343, "bob")
     # After a commit: a new transaction, the key looked up (not there), then the player.
     assert app.get("/api/authenticate.json", world.params(api_key="nope")).json["error"] == 403
     assert [s.split()[0] for s in statements[6:]] == ["COMMIT", "BEGIN", "SELECT", "SELECT"]
@@ -124,7 +124,7 @@ def test_not_in_wal_mode_a_key_the_snapshot_lacks_is_refused_without_a_lookup(wo
     assert [s.split()[0] for s in statements] == ["SELECT"] * 3
     store.close()  # the snapshot ends (as the bound or the reaper ends it): now a key can be added
     new_key = new_api_key()
-    world.store.add_api_key(world.game_id, api_key_digest(new_key), 0, None)
+    factories.add_api_key(world.store, world.game_id, api_key_digest(new_key), 0, None)
     assert app.get("/api/authenticate.json", world.params(api_key=new_key)).json["success"] is True
     store.close()
 
