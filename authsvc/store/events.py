@@ -199,7 +199,8 @@ CREATE INDEX deliveries_webhook_due ON deliveries (webhook_id, next_at, id) WHER
 
 WEBHOOK_COLUMNS = "id, url, events, game_id, created_at, deleted_at"  # never the secret
 _DELIVERY = """SELECT d.id, d.webhook_id, d.event_id, e.type, d.user_id, d.state, d.attempts,
-d.next_at, d.created_at, d.done_at, d.last_status, d.last_error FROM deliveries AS d JOIN events AS e ON e.id = d.event_id"""
+d.next_at, d.created_at, d.done_at, d.last_status, d.last_error
+FROM deliveries AS d JOIN events AS e ON e.id = d.event_id"""
 
 
 def webhook(row: Sequence) -> Webhook:

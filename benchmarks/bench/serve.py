@@ -117,7 +117,8 @@ def check_answers(server: Server, world: World, sample: int = 3) -> None:
         "error_description": "user_id, game_auth_token, and api_key are required parameters",
     })
 
-WRK_SCRIPT = """-- written by benchmarks/bench (scripts/bench): cycle through valid requests of many players
+WRK_SCRIPT = """-- written by benchmarks/bench (scripts/bench):
+-- cycle through valid requests of many players
 local paths = {%(paths)s}
 local requests, n, i = {}, 0, 0
 function init(args)
@@ -131,7 +132,8 @@ function request()
 end
 function done(summary, latency, _)
   local e = summary.errors
-  io.write(string.format('WRK_RESULT {"requests":%%d,"duration_us":%%d,"p50_us":%%d,"p99_us":%%d,' ..
+  io.write(string.format('WRK_RESULT {"requests":%%d,"duration_us":%%d,' ..
+    '"p50_us":%%d,"p99_us":%%d,' ..
     '"connect":%%d,"read":%%d,"write":%%d,"status":%%d,"timeout":%%d}\\n',
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
     e.connect, e.read, e.write, e.status, e.timeout))

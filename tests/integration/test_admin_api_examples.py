@@ -99,8 +99,10 @@ function expectError(string $step, callable $call): void
         $call();
         show($step, 'no error');
     } catch (AdminError $error) {
-        show($step, ['isAdminError' => true, 'status' => $error->status, 'type' => $error->problem['type'] ?? null,
-                     'detail' => $error->problem['detail'] ?? null, 'message' => $error->getMessage()]);
+        show($step, ['isAdminError' => true, 'status' => $error->status,
+                     'type' => $error->problem['type'] ?? null,
+                     'detail' => $error->problem['detail'] ?? null,
+                     'message' => $error->getMessage()]);
     }
 }
 

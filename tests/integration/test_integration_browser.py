@@ -187,13 +187,16 @@ def test_the_interface_drops_messages_from_another_origin(browser, loop):
         game = next(frame for frame in page.frames if frame.url.endswith("/play"))
         game_origin = game.evaluate("location.origin")
         game.evaluate("""() => { window.seen = [];
-            window.addEventListener("authsvc:player", e => window.seen.push(e.detail && e.detail.user_id)); }""")
+            window.addEventListener("authsvc:player",
+                e => window.seen.push(e.detail && e.detail.user_id)); }""")
 
         # The game's half: a player from another origin, or from a window other than its parent, is dropped.
         forged = {"type": "authsvc:player", "player": {"user_id": 666, "username": "mallory", "game_auth_token": "0" * 64}}
         game.evaluate("""([forged, platform]) => {
-            window.dispatchEvent(new MessageEvent("message", {data: forged, origin: "http://evil.example", source: parent}));
-            window.dispatchEvent(new MessageEvent("message", {data: forged, origin: platform, source: window}));
+            window.dispatchEvent(new MessageEvent("message",
+                {data: forged, origin: "http://evil.example", source: parent}));
+            window.dispatchEvent(new MessageEvent("message",
+                {data: forged, origin: platform, source: window}));
         }""", [forged, loop["platform_url"].rstrip("/")])
         assert game.evaluate("window.seen") == []
         game.evaluate("""([forged, platform]) => window.dispatchEvent(
@@ -205,8 +208,12 @@ def test_the_interface_drops_messages_from_another_origin(browser, loop):
         # and a refresh from there asks the platform's server for nothing (the page's fetch calls are counted: a
         # refresh taken would call it before the genuine hello's answer arrives).
         page.evaluate("""() => { window.fetches = 0; var fetch = window.fetch;
-            window.fetch = function () { window.fetches++; return fetch.apply(this, arguments); }; }""")
-        post = """([type, origin, own]) => { var frame = document.getElementById("game").contentWindow;
+            window.fetch = function () {
+                window.fetches++;
+                return fetch.apply(this, arguments);
+            }; }""")
+        post = """([type, origin, own]) => {
+            var frame = document.getElementById("game").contentWindow;
             window.dispatchEvent(new MessageEvent("message",
                 {data: {type: type}, origin: origin, source: own ? window : frame})); }"""
         for kind in ("authsvc:hello", "authsvc:refresh"):

@@ -254,7 +254,8 @@ declare const process: { env: Record<string, string | undefined>; exitCode: numb
 const print = (step: string, value: unknown) => console.log(JSON.stringify({ step, value }));
 
 async function main(): Promise<void> {
-  const client = new AdminClient(process.env.AUTHSVC_ADMIN_URL ?? "", process.env.AUTHSVC_ADMIN_TOKEN ?? "");
+  const client = new AdminClient(
+    process.env.AUTHSVC_ADMIN_URL ?? "", process.env.AUTHSVC_ADMIN_TOKEN ?? "");
   const signup = await client.putPlayer(777, { username: "newbie" });
   print("putPlayer", signup);
   print("playerEtag", await client.playerEtag(777));
@@ -268,24 +269,28 @@ async function main(): Promise<void> {
     print("stale rename", { status: error.status, type: error.problem.type });
   }
   print("revokePlayer", await client.revokePlayer(777));
-  print("batchPlayers", await client.batchPlayers([{ user_id: 778, username: "bob" }, { user_id: 779, username: " bad" }], true));
+  print("batchPlayers", await client.batchPlayers(
+    [{ user_id: 778, username: "bob" }, { user_id: 779, username: " bad" }], true));
   const game = await client.addGame("TypeScript Chess");
   print("addGame", game);
   print("getGame", await client.getGame(game.game_id));
-  print("gameExists", [await client.gameExists(game.game_id), await client.gameExists(game.game_id + 1000)]);
+  print("gameExists",
+    [await client.gameExists(game.game_id), await client.gameExists(game.game_id + 1000)]);
   print("setGameEnabled", [(await client.setGameEnabled(game.game_id, false)).enabled,
                            (await client.setGameEnabled(game.game_id, true)).enabled]);
   print("mintToken", await client.mintToken(game.game_id, 777));
   print("rotateGameKey", await client.rotateGameKey(game.game_id, 60));
   print("audit", await client.audit({ limit: 2 }));
   const actions: string[] = [];
-  for await (const record of client.auditRecords({ player: 777, limit: 1 })) actions.push(record.action);
+  for await (const record of client.auditRecords({ player: 777, limit: 1 }))
+    actions.push(record.action);
   print("auditRecords", actions);
   print("canReadAudit", await client.canReadAudit());
   print("document", (await client.document()).openapi);
   print("documentLength", await client.documentLength());
   print("deletePlayer", await client.deletePlayer(777));
-  const hook = await client.addWebhook({ url: "https://game.example.com/events", events: ["player.deleted"] });
+  const hook = await client.addWebhook(
+    { url: "https://game.example.com/events", events: ["player.deleted"] });
   print("addWebhook", { id: hook.id, secret: hook.secret.startsWith("whsec_") });
   print("listWebhooks", (await client.listWebhooks()).map((h) => h.id));
   print("getWebhook", await client.getWebhook(hook.id));

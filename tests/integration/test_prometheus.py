@@ -56,13 +56,17 @@ evaluation_interval: 1m
 tests:
   - interval: 1m
     input_series:
-      - series: 'authsvc_webhook_oldest_pending_seconds{job="authsvc-deliver",instance="d1",webhook="3"}'
+      - series: 'authsvc_webhook_oldest_pending_seconds{job="authsvc-deliver",
+          instance="d1",webhook="3"}'
         values: '0+60x45'
-      - series: 'authsvc_webhook_oldest_pending_seconds{job="authsvc-deliver",instance="d1",webhook="4"}'
+      - series: 'authsvc_webhook_oldest_pending_seconds{job="authsvc-deliver",
+          instance="d1",webhook="4"}'
         values: '0x45'
-      - series: 'authsvc_webhook_deliveries{job="authsvc-deliver",instance="d1",webhook="3",state="failed"}'
+      - series: 'authsvc_webhook_deliveries{job="authsvc-deliver",instance="d1",
+          webhook="3",state="failed"}'
         values: '0x19 1 2x25'
-      - series: 'authsvc_webhook_deliveries{job="authsvc-deliver",instance="d1",webhook="4",state="failed"}'
+      - series: 'authsvc_webhook_deliveries{job="authsvc-deliver",instance="d1",
+          webhook="4",state="failed"}'
         values: '5x45'
       - series: 'up{job="authsvc-deliver",instance="d1"}'
         values: '1x39 0x6'
@@ -78,8 +82,8 @@ tests:
           - exp_labels: {severity: warning, webhook: "3"}
             exp_annotations:
               summary: "Webhook 3: a delivery has waited 21m 0s"
-              description: "authsvc webhook deliveries 3 --state pending shows the receiver's answers;
-                once it answers, authsvc webhook retry 3 --all."
+              description: "authsvc webhook deliveries 3 --state pending shows the receiver's
+                answers; once it answers, authsvc webhook retry 3 --all."
       - eval_time: 19m
         alertname: AuthsvcWebhookDeliveriesFailing
         exp_alerts: []

@@ -33,7 +33,8 @@ from tests.support import skip_or_fail
 DURATION = 15  # seconds of wrk
 KILL_AFTER = 7  # seconds after the run's first answer
 
-WRK_SCRIPT = """-- tests/system/test_app_failover.py: authentications, GET and POST alternately; counts answers
+WRK_SCRIPT = """-- tests/system/test_app_failover.py:
+-- authentications, GET and POST alternately; counts answers
 local get_path, post_path, body = %(get)s, %(post)s, %(body)s
 local threads = {}
 function setup(thread) table.insert(threads, thread) end
@@ -48,7 +49,8 @@ function request()
   return get_req
 end
 function response(status, headers, resp_body)
-  if status == 200 and resp_body:find('"success":true', 1, true) and resp_body:find(%(user)s, 1, true) then
+  if status == 200 and resp_body:find('"success":true', 1, true)
+      and resp_body:find(%(user)s, 1, true) then
     good = good + 1
   else
     bad = bad + 1
@@ -59,7 +61,8 @@ function done(summary, latency, requests)
   local good, bad = 0, 0
   for _, t in ipairs(threads) do good = good + t:get("good"); bad = bad + t:get("bad") end
   local e = summary.errors
-  io.write(string.format('WRK_RESULT {"requests":%%d,"good":%%d,"bad":%%d,"connect":%%d,"read":%%d,' ..
+  io.write(string.format('WRK_RESULT {"requests":%%d,"good":%%d,"bad":%%d,' ..
+    '"connect":%%d,"read":%%d,' ..
     '"write":%%d,"status":%%d,"timeout":%%d,"p99_us":%%d}\\n', summary.requests, good, bad,
     e.connect, e.read, e.write, e.status, e.timeout, latency:percentile(99)))
 end

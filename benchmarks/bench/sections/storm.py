@@ -106,7 +106,8 @@ end
 function response(status, headers, body)
   local key = tostring(status)
   counts[key] = (counts[key] or 0) + 1
-  if status == 503 and (body ~= shed_body or (headers["Retry-After"] or headers["retry-after"]) == nil) then
+  local retry_after = headers["Retry-After"] or headers["retry-after"]
+  if status == 503 and (body ~= shed_body or retry_after == nil) then
     bad_shed = bad_shed + 1
   end
   if string.sub(body, 1, 1) == "<" then html = html + 1 end
@@ -120,7 +121,8 @@ function done(summary, latency, _)
   end
   for k, v in pairs(total) do table.insert(parts, string.format('"%%s":%%d', k, v)) end
   local e = summary.errors
-  io.write(string.format('WRK_STORM {"requests":%%d,"duration_us":%%d,"p50_us":%%d,"p99_us":%%d,"max_us":%%d,' ..
+  io.write(string.format('WRK_STORM {"requests":%%d,"duration_us":%%d,"p50_us":%%d,' ..
+    '"p99_us":%%d,"max_us":%%d,' ..
     '"connect":%%d,"read":%%d,"write":%%d,"timeout":%%d,"bad_shed":%%d,"html":%%d,"statuses":{%%s}}\\n',
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(99), latency.max,
     e.connect, e.read, e.write, e.timeout, bad, h, table.concat(parts, ",")))
