@@ -13,6 +13,9 @@ so the tests run exactly what a machine gets. Rules:
 - ``MAX_BODY_BYTES`` (nginx's body limit) is the service's ``max_body_bytes``: from
   the settings file given with ``--settings`` (then ``--set MAX_BODY_BYTES`` is
   refused: one number, one source), else its declared default (authsvc/settings.py).
+- ``ACCESS_RECORD`` is the service's ``access_record``, from the same settings file or its default
+  (``app``): the proxy snippet includes ``authsvc-forwarded-<value>.conf``, which sends
+  X-Forwarded-For, X-Forwarded-Proto and X-Request-Id only for ``app`` (with ``edge`` nothing reads them).
 - ``UPSTREAM_MAX_CONNS`` (nginx's max_conns per app host) is REQUESTS_PER_WORKER x
   the ``[gunicorn] workers`` of that settings file, else of the declared default (this
   machine's CPUs); ``--set`` overrides it (app hosts with other worker counts).
@@ -64,7 +67,7 @@ DEFAULTS = {
     "USER": "authsvc",
 }
 # Placeholders that are settings of the service, not of the deploy: name -> setting.
-FROM_SETTINGS = {"MAX_BODY_BYTES": "max_body_bytes"}
+FROM_SETTINGS = {"MAX_BODY_BYTES": "max_body_bytes", "ACCESS_RECORD": "access_record"}
 # Login storms (docs/operations.md, "Login storms"): nginx lets an app host hold this
 # many requests per gunicorn worker (UPSTREAM_MAX_CONNS, nginx's max_conns); past it,
 # the JSON 503 at once, at no cost to the workers. 40: a burst of 32 per worker arriving
@@ -191,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("src", help="template directory (e.g. deploy/nginx)")
     parser.add_argument("dest", help="output directory")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a placeholder value")
-    parser.add_argument("--settings", metavar="FILE", help="the service's settings file: fills MAX_BODY_BYTES")
+    parser.add_argument("--settings", metavar="FILE", help="the service's settings file: fills MAX_BODY_BYTES and ACCESS_RECORD")
     args = parser.parse_args(argv)
     try:
         given = parse_assignments(args.set)

@@ -111,8 +111,8 @@ umask = 0o077
 # 403 for wrong credentials, though HTTP 200 on the wire; docs/logs.md).
 # Behind nginx (access_record = "edge") nginx's access line is a request's one record, and
 # this log is off: the gunicorn.access logger above INFO, so RouteLogger returns at once
-# (it costs a worker 396,185 instructions a request: BENCHMARKS.md, "The shipped path against
-# plain", rows 4 - 2).
+# (it costs a worker 390,000 instructions a request: BENCHMARKS.md, "The shipped path against
+# plain", rows 4 - 6).
 logger_class = "authsvc.serving.access_log.RouteLogger"
 access_log_format = (
     '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms '

@@ -104,6 +104,10 @@ def test_staged_install_puts_everything_in_place(staged):
     assert "rate=50r/s" in site
     # nginx's body limit is the service's default max_body_bytes until the settings file says otherwise.
     assert _body_limits(root) == ("16384", "16384")
+    # Rendered from the installed authsvc.toml (access_record = "edge"): no X-Forwarded-* or X-Request-Id upstream.
+    proxy = (root / "etc/nginx/snippets/authsvc-proxy.conf").read_text()
+    assert "include /etc/nginx/snippets/authsvc-forwarded-edge.conf;" in proxy
+    assert "proxy_set_header" not in (root / "etc/nginx/snippets/authsvc-forwarded-edge.conf").read_text()
     assert "ExecStart=/opt/authsvc/venv/bin/gunicorn --config /opt/authsvc/gunicorn.conf.py" in (
         root / "etc/systemd/system/authsvc.service"
     ).read_text()

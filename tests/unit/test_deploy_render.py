@@ -215,6 +215,31 @@ def test_nginx_body_limit_from_the_settings_file(tmp_path):
                  "--set", "API_HOST=a.example", "--set", "LEGACY_HOST=b.example"]) == 1
 
 
+def _upstream_headers(rendered: Path) -> list[str]:
+    """The headers the API location's proxy snippet sets, the snippets it includes followed."""
+    snippets = rendered / "nginx" / "snippets"
+    text = (snippets / "authsvc-proxy.conf").read_text()
+    text = re.sub(r"^include \S+/snippets/(\S+);$", lambda m: (snippets / m.group(1)).read_text(), text, flags=re.M)
+    return re.findall(r"^proxy_set_header (\S+) ", text, re.M)
+
+
+def test_forwarded_headers_only_for_the_app_record(tmp_path):
+    """X-Forwarded-For, X-Forwarded-Proto and X-Request-Id feed gunicorn's access line and the auth line
+    (access_record = "app", the default); rendered with the shipped authsvc.toml ("edge": nginx's line is
+    the record) none is sent, each a header less for gunicorn to parse."""
+    forwarded = ["X-Forwarded-For", "X-Forwarded-Proto", "X-Request-Id"]
+    render_tree(str(REPO / "deploy"), str(tmp_path / "default"), dict(HOSTS))
+    assert _upstream_headers(tmp_path / "default") == ["Connection", "Content-Type", "Host", *forwarded, "X-Request-Start"]
+    sets = [arg for name, value in HOSTS.items() for arg in ("--set", f"{name}={value}")]
+    shipped = REPO / "deploy" / "etc" / "authsvc.toml"
+    assert main([str(REPO / "deploy"), str(tmp_path / "shipped"), "--settings", str(shipped), *sets]) == 0
+    assert _upstream_headers(tmp_path / "shipped") == ["Connection", "Content-Type", "Host", "X-Request-Start"]
+    config = tmp_path / "authsvc.toml"
+    config.write_text('store = "sqlite:///srv/a.db"\naccess_record = "app"\n')
+    assert main([str(REPO / "deploy"), str(tmp_path / "app"), "--settings", str(config), *sets]) == 0
+    assert _upstream_headers(tmp_path / "app") == ["Connection", "Content-Type", "Host", *forwarded, "X-Request-Start"]
+
+
 def test_redact_removes_query_strings_and_quoted_request_data():
     key = "0f8e1c55-7d1b-4f9a-9a52-3c1b8f7e2d10"
     line = f"Invalid request from ip=: Invalid HTTP request line: 'GET /api/authenticate.json?api_key={key} HTTP/1.1'"

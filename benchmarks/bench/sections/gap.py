@@ -45,10 +45,8 @@ PLAIN_FLAGS = ("--workers", "1", "--worker-class", "sync", "--preload", "--log-l
 CLIENT_HEADERS = {"User-Agent": "game-server/1.0", "Accept": "application/json", "Accept-Encoding": "gzip, deflate"}
 # The shipped proxy snippet as it was: every client header passed on, nginx's own set on top.
 FORWARD_ALL = ("proxy_pass_request_headers off;", "proxy_pass_request_headers on;")
-# No request id, queue stamp or X-Forwarded-* headers (an empty value: nginx sends no such header).
-NO_STAMPS = tuple((f"proxy_set_header {name} {value};", "") for name, value in (
-    ("X-Forwarded-For", "$remote_addr"), ("X-Forwarded-Proto", "$scheme"), ("X-Request-Id", "$request_id"),
-    ('X-Request-Start', '"t=${msec}"')))
+# The site rendered for access_record = "app": nginx also sends X-Forwarded-For, X-Forwarded-Proto, X-Request-Id.
+RENDER_APP = {"ACCESS_RECORD": "app"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +55,8 @@ class Config:
     flags PLAIN_FLAGS and nothing else; ``nginx`` False: the client talks to gunicorn over TCP;
     ``bind`` "unix" or "tcp" (behind nginx); ``snippet``: (old, new) replacements in the rendered
     proxy snippet; ``engine`` "sqlite" or "postgresql" (the store of --pg); ``client_headers`` False: the
-    client sends no header but Host (and http.client's Accept-Encoding: identity)."""
+    client sends no header but Host (and http.client's Accept-Encoding: identity); ``render``: placeholder
+    values of the nginx site (the shipped authsvc.toml's access_record unless told)."""
 
     label: str
     conf: str = "shipped"
@@ -69,6 +68,7 @@ class Config:
     snippet: tuple = ()
     engine: str = "sqlite"
     client_headers: bool = True  # False: the client sends Host only
+    render: dict = dataclasses.field(default_factory=dict)
 
 
 PLAIN = "plain: gunicorn -w1 -k sync --preload, no nginx"
@@ -79,12 +79,13 @@ CONFIGS = [
     Config(PLAIN, conf="plain", nginx=False),
     Config(SHIPPED),
     # What access_record = "app" costs behind nginx: the two lines, then gunicorn's alone.
-    Config(APP, env=APP_RECORD),
+    Config(APP, env=APP_RECORD, render=RENDER_APP),
     Config("shipped with access_record = app, no auth line (gunicorn's access line alone)",
-           env={**APP_RECORD, **NO_AUTH_LINE}),
+           env={**APP_RECORD, **NO_AUTH_LINE}, render=RENDER_APP),
     # One thing changed against the shipped row each.
     Config("shipped, every client header forwarded (as before)", snippet=(FORWARD_ALL,)),
-    Config("shipped, no X-Request-Id, X-Request-Start, X-Forwarded-*", snippet=NO_STAMPS),
+    Config("shipped, with X-Forwarded-For, X-Forwarded-Proto, X-Request-Id (the site rendered for app)",
+           render=RENDER_APP),
     Config("shipped, TCP instead of the unix socket", bind="tcp"),
     Config("shipped, gunicorn's own sync worker", extra="worker_class = 'sync'\n"),
     Config("shipped, no --preload", extra="preload_app = False\n"),
@@ -103,7 +104,7 @@ CONFIGS = [
     # The other engine.
     Config(PLAIN + PG, conf="plain", nginx=False, engine="postgresql"),
     Config(SHIPPED + PG, engine="postgresql"),
-    Config(APP + PG, engine="postgresql", env=APP_RECORD),
+    Config(APP + PG, engine="postgresql", env=APP_RECORD, render=RENDER_APP),
 ]
 MARKER = """
 import binascii as _binascii
@@ -184,7 +185,7 @@ def instructions(world: World, args: argparse.Namespace, root: Path, config: Con
                *command, config.app]
     with contextlib.ExitStack() as stack:
         if config.nginx:
-            upstream = {} if config.bind == "unix" else {"UPSTREAMS": bind}
+            upstream = {**config.render, **({} if config.bind == "unix" else {"UPSTREAMS": bind})}
             _, http_port, _ = stack.enter_context(nginx_in_front(
                 world, root / f"nginx-{slug}", sock, overrides=upstream,
                 edit=lambda site: edit_snippet(site, config.snippet)))

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from authsvc.settings import read_settings
 from benchmarks.bench.serve import (
     API_HOST,
     LEGACY_HOST,
@@ -62,6 +63,8 @@ def nginx_in_front(world: World, root: Path, sock: Path, *, overrides: dict[str,
         "ACME_ROOT": str(root / "acme"),
         "RATE": "1000000r/s", "RATE_BURST": "100000", "CONN_LIMIT": "65535",  # throughput, not the limiters (nginx: < 65536)
         "UPSTREAM_MAX_CONNS": "0",  # nor the per-app-host limit (0: none; the storm section sets its own)
+        # As scripts/install renders it from the shipped authsvc.toml: its access_record (edge: no forwarded headers).
+        "ACCESS_RECORD": str(read_settings(SHIPPED_ENV)["access_record"]),
         **(overrides or {}),
     }
     sets = [a for name, value in values.items() for a in ("--set", f"{name}={value}")]
