@@ -330,9 +330,10 @@ def test_upgrade_from_0_1_0_and_roll_back_to_it(previous_tree, own_store, secret
     assert f"is at schema version {new_schema}, this release needs {old_schema} (run 'authsvc init')" in \
         log.read_text(errors="replace")
 
-    # So the pre-upgrade backup goes back, with 0.1.0's own steps, under a new token secret (0.1.0's `authsvc
-    # init` writes one when there is none: the old one moved away), and the players deleted since the backup
-    # are deleted again with 0.1.0's `player delete` before it serves.
+    # So the pre-upgrade backup goes back, with 0.1.0's own steps, under a new token secret (the old one moved
+    # away; the runbook has 0.1.0's scripts/install write the new one, here its `authsvc init` does, as that
+    # installer would), and the players deleted since the backup are deleted again with 0.1.0's `player delete`
+    # before it serves.
     old_secret = secret_file.read_bytes()
     secret_file.rename(tmp_path / "token-secret.before-rollback")
     started = time.monotonic()
