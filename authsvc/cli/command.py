@@ -2,7 +2,7 @@
 
     init
     game add | list | enable | disable | rotate-key
-    player add | show | rename | enable | disable | revoke | delete | import
+    player add | show | rename | enable | disable | revoke | delete | deleted | import
     token issue
     secret rotate | retire | list
     api-token add | list | revoke
@@ -196,6 +196,13 @@ def cmd_player_delete(args, settings):
     return 0, {"user_id": args.user_id, "deleted": True}, text
 
 
+def cmd_player_deleted(args, settings):
+    since_ms = audit_cmd.parse_time(args.since, round(command_context().clock() * 1000))
+    with _store(settings) as store:
+        ids = players_ops.deleted_since(store, since_ms)
+    return 0, {"since": times.utc(since_ms), "user_ids": ids}, "\n".join(str(i) for i in ids)
+
+
 def cmd_player_import(args, settings):
     try:
         f = open(args.file, "rb")
@@ -330,6 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
     leaf(player, "delete", cmd_player_delete, "delete a player: every token refused, its names erased").add_argument(
         "user_id", type=user_id_arg
     )
+    p = leaf(player, "deleted", cmd_player_deleted,
+             "print the ids of the players deleted since TIME, one a line (read only; for a roll back)")
+    p.add_argument("--since", required=True, metavar="TIME",
+                   help="a date or date and time (UTC unless given), or 30d, 12h, 90m")
     leaf(player, "import", cmd_player_import, "insert or rename players from CSV or JSON lines").add_argument(
         "file"
     )

@@ -82,6 +82,24 @@ def delete_player(store: Store, ctx: Context, user_id: int, if_match: Condition 
     return current.epoch if epoch is None else epoch
 
 
+DELETED_PAGE = 1000  # audit records read at a time by deleted_since
+
+
+def deleted_since(store: Store, since_ms: int) -> list[int]:
+    """The ids of the players deleted at or after ``since_ms``, ascending, from the audit trail's
+    ``player.delete`` records: what a roll back to a release without `authsvc restore` deletes again
+    after putting back a backup taken then (docs/operations.md section 9). A read: no audit record."""
+    ids: set[int] = set()
+    before_id = None
+    while True:  # each page ends below the last: at most records/DELETED_PAGE + 1 pages
+        page = store.audit_records(since_ms=since_ms, action="player.delete", limit=DELETED_PAGE,
+                                   before_id=before_id)
+        ids.update(r.user_id for r in page if r.user_id is not None)
+        if len(page) < DELETED_PAGE:
+            return sorted(ids)
+        before_id = page[-1].id
+
+
 def import_players(
     store: Store, ctx: Context, data: bytes, progress: Callable[[int], None] | None = None
 ) -> int:

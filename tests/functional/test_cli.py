@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
 import stat
 import subprocess
+import time
 
 import pytest
 
@@ -129,6 +131,37 @@ def test_player_lifecycle(initialised):
     assert shown["updated_at"] >= added["updated_at"]  # the revoke's time (RFC 3339 sorts as time)
     code, out, _ = initialised("player", "show", "42")
     assert code == 0 and f", last changed {shown['updated_at']}" in out
+
+
+def _records(run, *argv):
+    code, out, err = run("audit", "--limit", "1000", "--json", *argv)
+    assert code == 0, err
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_player_deleted_lists_the_ids_deleted_since_a_time(initialised, monkeypatch):
+    """What a roll back to 0.1.0 deletes again (docs/operations.md section 9): read from the audit trail, page by
+    page, each id once, and nothing written."""
+    from authsvc.operations import players as players_ops
+
+    monkeypatch.setattr(players_ops, "DELETED_PAGE", 2)  # several pages
+    for user, name in ((1, "anna"), (2, "bert"), (3, "cleo"), (4, "dora")):
+        run_json(initialised, "player", "add", str(user), name)
+    run_json(initialised, "player", "delete", "2")
+    first = _records(initialised, "--action", "player.delete")[0]["at_ms"]
+    time.sleep(0.01)  # the next record's millisecond is later
+    cut = datetime.datetime.fromtimestamp((first + 1) / 1000, datetime.UTC)
+    for argv in (("delete", "4"), ("delete", "3"), ("add", "3", "cleo"), ("delete", "3")):
+        initialised("player", *argv)
+    records = len(_records(initialised))
+    assert initialised("player", "deleted", "--since", cut.isoformat()) == (0, "3\n4\n", "")
+    assert initialised("player", "deleted", "--since", "1d") == (0, "2\n3\n4\n", "")
+    assert run_json(initialised, "player", "deleted", "--since", "2999-01-01") == {
+        "since": "2999-01-01T00:00:00.000Z", "user_ids": []}
+    assert initialised("player", "deleted", "--since", "2999-01-01")[1] == "\n"
+    assert len(_records(initialised)) == records
+    code, _, err = initialised("player", "deleted")
+    assert code == 2 and "--since" in err
 
 
 @pytest.mark.parametrize(
@@ -277,7 +310,7 @@ COMMANDS = {
     ("secret",): ["rotate", "retire", "list"],
     ("webhook",): ["add", "list", "remove", "deliveries", "retry"],
     ("game",): ["add", "list", "enable", "disable", "rotate-key"],
-    ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "delete", "import"],
+    ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "delete", "deleted", "import"],
     ("token",): ["issue"],
     ("audit",): ["verify", "prune"],
 }

@@ -5,7 +5,9 @@ venv's python with PYTHONPATH on it, served by gunicorn with its own deploy/guni
 0.1.0 makes the store, a game, players and tokens; the runbook's backup; this release's `authsvc init`
 migrates and its gunicorn serves 0.1.0's tokens, `authsvc check` and `audit verify` pass. 0.1.0 then refuses
 the migrated store (its `init`, a fresh start, the running workers' /readyz), so the pre-upgrade backup goes
-back with 0.1.0's own steps, and 0.1.0 serves again what the backup held. On both engines."""
+back with 0.1.0's own steps, under a new token secret, and the players deleted since the backup are deleted
+again: no token minted before the roll back authenticates, no deleted player's name is back, and a token
+0.1.0 mints then works. On both engines."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ SCHEMA = {"sqlite": (8, 12), "postgresql": (9, 14)}
 # The tables this release's migrations add (PostgreSQL): 0.1.0's restore drops them with the backup's own.
 NEW_TABLES = "token_secret_fingerprints, restore_generation"
 REFUSED = b'{"success":false,"error":403,"error_description":"Invalid credentials"}'
-PLAYERS = {1: "anna", 2: "bert", 3: "cleo", 4: "dora"}  # 0.1.0 adds 1 to 3, this release 4
+PLAYERS = {1: "anna", 2: "bert", 3: "cleopatra", 4: "dora", 5: "emil"}  # 0.1.0 adds 1 to 4, this release 5
 NOT_READY = '{"success":false,"error":503,"error_description":"Service temporarily unavailable, try again"}'
 WAIT = 120  # seconds any one command may take on a busy machine
 
@@ -117,6 +119,18 @@ def _counts(url: str) -> tuple[int, int]:
     return (store_sql(url, "SELECT count(*) FROM games")[0][0], store_sql(url, "SELECT count(*) FROM players")[0][0])
 
 
+def _holds(store: Store, text: bytes, tmp_path: Path) -> bool:
+    """Whether ``text`` is anywhere in the store: in any file of the SQLite store's directory (the -wal file and
+    the restore ledger included), or in a pg_dump --data-only of the PostgreSQL database."""
+    if store.engine == "sqlite":
+        state = Path(store.owner.removeprefix("sqlite://")).parent
+        return any(text in path.read_bytes() for path in sorted(state.iterdir()) if path.is_file())
+    dump = tmp_path / "data.sql"
+    subprocess.run(["pg_dump", "--data-only", "--file", str(dump), "--dbname", store.owner], check=True,
+                   capture_output=True, timeout=WAIT)
+    return text in dump.read_bytes()
+
+
 def _seconds(started: float) -> float:
     return round(time.monotonic() - started, 2)
 
@@ -184,10 +198,11 @@ def _back_up(previous: Release, url: str, backup: Path) -> None:
                    check=True, capture_output=True, timeout=WAIT)
 
 
-def _restore(previous: Release, url: str, backup: Path) -> None:
-    """0.1.0's restore of the pre-upgrade backup, the services stopped (docs/operations.md section 9, "Roll
-    back"). SQLite: its own section 8, the file put in place and its `authsvc init`. PostgreSQL: as the owner,
-    this release's tables dropped, the dump restored over the rest in one transaction, then its `authsvc init`."""
+def _restore(previous: Release, url: str, backup: Path) -> str:
+    """0.1.0's restore of the pre-upgrade backup, the services stopped (docs/operations.md section 9, "Back to
+    0.1.0"). SQLite: its own section 8, the file put in place and its `authsvc init`. PostgreSQL: as the owner,
+    this release's tables dropped, the dump restored over the rest in one transaction, then its `authsvc init`.
+    Returns what that `authsvc init` printed (it writes a token secret if there is none)."""
     if url.startswith("sqlite://"):
         store = Path(url.removeprefix("sqlite://"))
         subprocess.run(["install", "-m", "600", str(backup), str(store)], check=True, timeout=WAIT)
@@ -204,7 +219,9 @@ def _restore(previous: Release, url: str, backup: Path) -> None:
                                "--exit-on-error", f"--use-list={listing}", "--dbname", url, str(backup)],
                               capture_output=True, text=True, timeout=WAIT)
         assert done.returncode == 0 and not done.stderr.strip(), done.stderr
-    assert "(up to date)" in previous.command("init").stdout
+    initialized = previous.command("init").stdout
+    assert "(up to date)" in initialized
+    return initialized
 
 
 def test_upgrade_from_0_1_0_and_roll_back_to_it(previous_tree, own_store, secret_file, tmp_path):
@@ -226,10 +243,10 @@ def test_upgrade_from_0_1_0_and_roll_back_to_it(previous_tree, own_store, secret
     assert (made["schema_version_before"], made["schema_version"]) == (0, old_schema)
     game = previous.json("game", "add", "Chess")
     game_id, api_key = game["game_id"], game["api_key"]
-    for user in (1, 2, 3):
+    for user in (1, 2, 3, 4):
         previous.command("player", "add", str(user), PLAYERS[user])
     tokens = {user: previous.json("token", "issue", "--game", str(game_id), "--user", str(user))["game_auth_token"]
-              for user in (1, 2, 3)}
+              for user in (1, 2, 3, 4)}
     assert previous.json("audit", "verify")["intact"] is True
     old_proc, old_port, _ = previous.serve(own_store.web)
     try:
@@ -268,15 +285,15 @@ def test_upgrade_from_0_1_0_and_roll_back_to_it(previous_tree, own_store, secret
         assert _openapi_version(new_port) == this_release
         for user, token in tokens.items():
             assert _answer(new_port, api_key, user, token) == _ok(user)
-        assert _counts(own_store.owner) == (1, 3)
+        assert _counts(own_store.owner) == (1, 4)
         key_file = tmp_path / "api-key"
         key_file.write_text(api_key + "\n")
         checked = current.command("check", "--game-id", str(game_id), "--user-id", "2", "--api-key-file",
                                   str(key_file), "--base-url", f"http://127.0.0.1:{new_port}")
         assert checked.stdout.endswith(f"all 4 checks passed (authsvc {this_release})\n"), checked.stdout
         assert current.json("audit", "verify")["intact"] is True
-        # Written after the backup, with this release: player 1 revoked, player 3 deleted, player 4 added with a
-        # token, player 2 given a new token, then disabled.
+        # Written after the backup, with this release: player 1 revoked, player 3 deleted, player 5 added with a
+        # token, player 2 given a new token, then disabled; player 4 untouched.
         current.command("player", "revoke", "1")
         assert _answer(new_port, api_key, 1, tokens[1]) == REFUSED
         current.command("player", "delete", "3")
@@ -285,17 +302,19 @@ def test_upgrade_from_0_1_0_and_roll_back_to_it(previous_tree, own_store, secret
         assert _answer(new_port, api_key, 2, since_backup) == _ok(2)
         current.command("player", "disable", "2")
         assert _answer(new_port, api_key, 2, since_backup) == REFUSED
-        current.command("player", "add", "4", PLAYERS[4])
-        tokens[4] = current.json("token", "issue", "--game", str(game_id), "--user", "4")["game_auth_token"]
-        assert _answer(new_port, api_key, 4, tokens[4]) == _ok(4)
+        current.command("player", "add", "5", PLAYERS[5])
+        tokens[5] = current.json("token", "issue", "--game", str(game_id), "--user", "5")["game_auth_token"]
+        assert _answer(new_port, api_key, 5, tokens[5]) == _ok(5)
     finally:
         stop(new_proc)
 
-    # Roll back (docs/operations.md section 9). First, with this release, what changed since the backup: the
-    # restore undoes it.
+    # Roll back (docs/operations.md section 9). First, with this release, what changed since the backup (the
+    # restore undoes it), and the players deleted since, to delete again.
     since = [json.loads(line) for line in current.command("audit", "--since", backed_up_at, "--json").stdout.splitlines()]
     changed = {(record["action"], record["user_id"]) for record in since}
-    assert {("player.revoke", 1), ("player.delete", 3), ("player.add", 4), ("player.disable", 2)} <= changed, since
+    assert {("player.revoke", 1), ("player.delete", 3), ("player.add", 5), ("player.disable", 2)} <= changed, since
+    deleted = current.command("player", "deleted", "--since", backed_up_at).stdout.split()
+    assert deleted == ["3"]
     # 0.1.0's `authsvc init` and a fresh 0.1.0 refuse the migrated store.
     refused = previous.command("init", ok=False)
     assert refused.returncode == 1
@@ -311,31 +330,43 @@ def test_upgrade_from_0_1_0_and_roll_back_to_it(previous_tree, own_store, secret
     assert f"is at schema version {new_schema}, this release needs {old_schema} (run 'authsvc init')" in \
         log.read_text(errors="replace")
 
-    # So the pre-upgrade backup goes back, with 0.1.0's own steps, and 0.1.0 serves what it held.
+    # So the pre-upgrade backup goes back, with 0.1.0's own steps, under a new token secret (the old one moved
+    # away; the runbook has 0.1.0's scripts/install write the new one, here its `authsvc init` does, as that
+    # installer would), and the players deleted since the backup are deleted again with 0.1.0's `player delete`
+    # before it serves.
+    old_secret = secret_file.read_bytes()
+    secret_file.rename(tmp_path / "token-secret.before-rollback")
     started = time.monotonic()
-    _restore(previous, own_store.owner, backup)
+    initialized = _restore(previous, own_store.owner, backup)
     figures["restore_s"] = _seconds(started)
+    assert f"token secret {secret_file}: created (mode 0600)" in initialized, initialized
+    assert secret_file.read_bytes() != old_secret
+    started = time.monotonic()
+    for user in deleted:
+        previous.command("player", "delete", user)
+    figures["delete_again_s"] = _seconds(started)
+    assert _counts(own_store.owner) == (1, 3)
+    assert not _holds(own_store, PLAYERS[3].encode(), tmp_path), f"{PLAYERS[3]!r} is still in the store"
+    assert _holds(own_store, PLAYERS[4].encode(), tmp_path)  # what the search would find
     started = time.monotonic()
     old_proc, old_port, _ = previous.serve(own_store.web)
     figures["old_start_s"] = _seconds(started)
     try:
         assert get_text(old_port, "/readyz") == (200, '{"success":true,"status":"ready"}')
         assert _openapi_version(old_port) == "1"
-        assert _answer(old_port, api_key, 2, tokens[2]) == _ok(2)
-        assert _answer(old_port, api_key, 2, since_backup) == _ok(2)  # 0.1.0's restore voids no token
-        # Written since the backup is lost: player 4 is gone (its token refused); player 1's revocation, player
-        # 2's disabling and player 3's deletion with it, so their tokens authenticate again, with player 3's
-        # name, until revoked, disabled and deleted again (docs/operations.md section 9, "Roll back").
-        assert _answer(old_port, api_key, 4, tokens[4]) == REFUSED
-        assert _answer(old_port, api_key, 1, tokens[1]) == _ok(1)
-        assert _answer(old_port, api_key, 3, tokens[3]) == _ok(3)
-        assert _counts(own_store.owner) == (1, 3)
+        # Every token minted before the roll back is refused, whatever the backup says of its player: those of
+        # players revoked (1), disabled (2: one minted before the backup, one after), deleted (3) and added
+        # (5) since the backup, and that of player 4, untouched.
+        pre_rollback = [*tokens.items(), (2, since_backup)]
+        answers = [_answer(old_port, api_key, user, token) for user, token in pre_rollback]
+        figures["old_tokens_authenticated"] = f"{sum(a != REFUSED for a in answers)} of {len(answers)}"
+        assert answers == [REFUSED] * len(pre_rollback), json.dumps(figures)
+        # A token 0.1.0 mints now authenticates; the deleted player has none.
+        fresh = previous.json("token", "issue", "--game", str(game_id), "--user", "4")["game_auth_token"]
+        assert _answer(old_port, api_key, 4, fresh) == _ok(4)
+        gone = previous.command("player", "show", "3", ok=False)
+        assert (gone.returncode, gone.stderr) == (1, "authsvc: error: no player 3\n")
         assert previous.json("audit", "verify")["intact"] is True
-        previous.command("player", "revoke", "1")
-        previous.command("player", "delete", "3")
-        assert _answer(old_port, api_key, 1, tokens[1]) == REFUSED
-        assert _answer(old_port, api_key, 3, tokens[3]) == REFUSED
-        assert _counts(own_store.owner) == (1, 2)
     finally:
         stop(old_proc)
     print("figures:", json.dumps(figures))
