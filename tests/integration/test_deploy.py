@@ -498,7 +498,7 @@ NGINX_LINE = re.compile(
 CRAFTED_USER = "4242%20reason%3Dsuccess%20game%3D777%20user%3D777%22%0Aforged-user-text"
 
 
-def test_one_authentication_behind_nginx_is_one_line_of_nginx_and_the_header_never_reaches_the_client(stack):
+def test_an_authentication_behind_nginx_is_one_nginx_line_and_the_header_stays_inside(stack):
     """access_record = "edge" (the shipped authsvc.toml): nginx's line holds result, reason, game and user
     (the app's X-Authsvc-Result, which nginx strips); gunicorn's access log and the app's auth line
     hold nothing. A client's own X-Authsvc-Result request header changes nothing."""

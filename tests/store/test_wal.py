@@ -79,7 +79,10 @@ def test_a_removed_webhooks_secret_leaves_the_wal_and_the_main_file(admin, world
     kept = admin.app.post_json("/v1/webhooks", {"url": "https://game.example.com/k", "events": ["player.created"]},
                                headers=headers).json["secret"]
     path = world.store.path
-    files = lambda: b"".join(pathlib.Path(path + s).read_bytes() for s in ("", "-wal") if os.path.exists(path + s))  # noqa: E731
+
+    def files() -> bytes:
+        return b"".join(pathlib.Path(path + s).read_bytes() for s in ("", "-wal") if os.path.exists(path + s))
+
     assert secret.encode() in files()  # the search finds what is there
     assert admin.app.delete(f"/v1/webhooks/{hook_id}", headers=headers).status_int in (200, 204)
     answered = time.monotonic()
