@@ -8,7 +8,8 @@ from importlib import metadata
 
 
 def release() -> str:
-    """This release's version (pyproject.toml), or "unknown" when authsvc runs without being installed."""
+    """This release's version (pyproject.toml), or "unknown" when authsvc runs without being
+    installed."""
     try:
         return metadata.version("authsvc")
     except metadata.PackageNotFoundError:

@@ -15,7 +15,8 @@ so the tests run exactly what a machine gets. Rules:
   refused: one number, one source), else its declared default (authsvc/settings.py).
 - ``ACCESS_RECORD`` is the service's ``access_record``, from the same settings file or its default
   (``app``): the proxy snippet includes ``authsvc-forwarded-<value>.conf``, which sends
-  X-Forwarded-For, X-Forwarded-Proto and X-Request-Id only for ``app`` (with ``edge`` nothing reads them).
+  X-Forwarded-For, X-Forwarded-Proto and X-Request-Id only for ``app`` (with ``edge`` nothing reads
+  them).
 - ``UPSTREAM_MAX_CONNS`` (nginx's max_conns per app host) is REQUESTS_PER_WORKER x
   the ``[gunicorn] workers`` of that settings file, else of the declared default (this
   machine's CPUs); ``--set`` overrides it (app hosts with other worker counts).
@@ -101,17 +102,25 @@ def values_with_defaults(given: dict[str, str]) -> dict[str, str]:
     admin_host = values.setdefault("ADMIN_HOST", f"admin.{api_host}")
     values.setdefault("ADMIN_TLS_CERT", f"/etc/letsencrypt/live/{admin_host}/fullchain.pem")
     values.setdefault("ADMIN_TLS_KEY", f"/etc/letsencrypt/live/{admin_host}/privkey.pem")
-    values.setdefault("UPSTREAM_MAX_CONNS", str(REQUESTS_PER_WORKER * default("workers")))  # this machine's CPUs
+    values.setdefault(
+        "UPSTREAM_MAX_CONNS", str(REQUESTS_PER_WORKER * default("workers"))
+    )  # this machine's CPUs
     if "RATE_DELAY" not in values:
-        max_conns = int(values["UPSTREAM_MAX_CONNS"]) if values["UPSTREAM_MAX_CONNS"].isdigit() else 0
+        max_conns = (
+            int(values["UPSTREAM_MAX_CONNS"]) if values["UPSTREAM_MAX_CONNS"].isdigit() else 0
+        )
         burst = int(values["RATE_BURST"]) if values["RATE_BURST"].isdigit() else max_conns
         # At least 1: nginx refuses delay=0 (one slot per app host).
-        values["RATE_DELAY"] = str(max(1, min(max_conns // 2, burst))) if max_conns else values["RATE_BURST"]
+        values["RATE_DELAY"] = (
+            str(max(1, min(max_conns // 2, burst))) if max_conns else values["RATE_BURST"]
+        )
     for name, value in values.items():
         # A list's items are separated by spaces; no item may hold nginx syntax either.
         items = value.split(" ") if is_list(name) else [value]
         if "\n" in value or any(re.search(r"[\s;{}'\"]", item) for item in items if item):
-            raise RenderError(f"value of @{name}@ must not hold white space, quotes, ';' or braces: {value!r}")
+            raise RenderError(
+                f"value of @{name}@ must not hold white space, quotes, ';' or braces: {value!r}"
+            )
         if is_list(name) and not value.split():
             raise RenderError(f"@{name}@ needs at least one item")
     return values
@@ -131,22 +140,29 @@ def render_text(text: str, values: dict[str, str], used: set[str] | None = None)
         variants: list[str | None] = list(values[lists[0]].split()) if lists else [None]
         for variant in variants:
 
-            def fill(m: re.Match[str], variant: str | None = variant, lists: list[str] = lists) -> str:
-                return variant if variant is not None and m.group(1) in lists else values[m.group(1)]
+            def fill(
+                m: re.Match[str], variant: str | None = variant, lists: list[str] = lists
+            ) -> str:
+                return (
+                    variant if variant is not None and m.group(1) in lists else values[m.group(1)]
+                )
 
             out.append(PLACEHOLDER.sub(fill, line))
     return "".join(out)
 
 
 def render_tree(src: str, dest: str, given: dict[str, str]) -> list[str]:
-    """Render every file under ``src`` to the same relative path under ``dest``; returns the paths written."""
+    """Render every file under ``src`` to the same relative path under ``dest``; returns the paths
+    written."""
     values = values_with_defaults(given)
     if not values.get("API_HOST") or not values.get("LEGACY_HOST"):
         raise RenderError("API_HOST and LEGACY_HOST need values")
     used: set[str] = set()
     rendered: dict[str, str] = {}
     for root, dirs, files in os.walk(src):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")  # left by a gunicorn run from deploy/
+        dirs[:] = sorted(
+            d for d in dirs if d != "__pycache__"
+        )  # left by a gunicorn run from deploy/
         for name in sorted(files):
             path = os.path.join(root, name)
             with open(path, encoding="utf-8") as f:
@@ -177,13 +193,23 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
 
 
 def values_from_settings(path: str, given: dict[str, str]) -> dict[str, str]:
-    """``given`` plus the FROM_SETTINGS placeholders read from the settings file at ``path`` (checked whole)."""
+    """``given`` plus the FROM_SETTINGS placeholders read from the settings file at ``path``
+    (checked whole)."""
     twice = sorted(set(given) & set(FROM_SETTINGS))
     if twice:
-        raise RenderError(f"@{twice[0]}@ comes from {FROM_SETTINGS[twice[0]]} in {path}: set it there, not with --set")
+        raise RenderError(
+            f"@{twice[0]}@ comes from {FROM_SETTINGS[twice[0]]} in {path}: set it there, not with "
+            "--set"
+        )
     settings = read_settings({"AUTHSVC_CONFIG": path})  # a bad file: its ConfigError, one line
-    derived = {"UPSTREAM_MAX_CONNS": str(REQUESTS_PER_WORKER * settings["workers"])}  # --set still wins
-    return {**derived, **given, **{name: str(settings[setting]) for name, setting in FROM_SETTINGS.items()}}
+    derived = {
+        "UPSTREAM_MAX_CONNS": str(REQUESTS_PER_WORKER * settings["workers"])
+    }  # --set still wins
+    return {
+        **derived,
+        **given,
+        **{name: str(settings[setting]) for name, setting in FROM_SETTINGS.items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,8 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("src", help="template directory (e.g. deploy/nginx)")
     parser.add_argument("dest", help="output directory")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a placeholder value")
-    parser.add_argument("--settings", metavar="FILE", help="the service's settings file: fills MAX_BODY_BYTES and ACCESS_RECORD")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE", help="a placeholder value"
+    )
+    parser.add_argument(
+        "--settings",
+        metavar="FILE",
+        help="the service's settings file: fills MAX_BODY_BYTES and ACCESS_RECORD",
+    )
     args = parser.parse_args(argv)
     try:
         given = parse_assignments(args.set)

@@ -22,20 +22,29 @@ from http import HTTPStatus
 
 
 class Error(Exception):
-    """The base of every error the service names; ``status`` and ``slug`` say which meaning it is."""
+    """The base of every error the service names; ``status`` and ``slug`` say which meaning it
+    is."""
 
     status = 500
     slug = "internal"
     detail = "Internal server error"
     headers: tuple[tuple[str, str], ...] = ()  # a class may set its own (a shed 503's Retry-After)
 
-    def __init__(self, detail: str | None = None, *, field: str | None = None,
-                 headers: tuple[tuple[str, str], ...] = (), extra: dict | None = None,
-                 errors: list[dict] | None = None):
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        field: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+        extra: dict | None = None,
+        errors: list[dict] | None = None,
+    ):
         super().__init__(detail or self.detail)
         if detail:
             self.detail = detail
-        self.field = field  # the input at fault: a body field's JSON pointer, a query or header name
+        self.field = (
+            field  # the input at fault: a body field's JSON pointer, a query or header name
+        )
         if headers:
             self.headers = headers
         self.extra = extra or {}
@@ -53,11 +62,13 @@ class ConfigError(Error):
 
 class StoreUnreachable(ConfigError):
     """The store did not answer the start-up check (down, restarting): fatal in the master at
-    start-up, tolerated in a gunicorn worker that boots during an outage (docs/stores.md, "Outages")."""
+    start-up, tolerated in a gunicorn worker that boots during an outage (docs/stores.md,
+    "Outages")."""
 
 
 class StoreUnavailable(Error):
-    """The store cannot answer right now (down, missing, unreadable): HTTP 503, one line for the admin."""
+    """The store cannot answer right now (down, missing, unreadable): HTTP 503, one line for the
+    admin."""
 
     status, slug = 503, "unavailable"
 
@@ -87,7 +98,8 @@ class BadRequest(Error):
 
 
 class CommandError(BadRequest):
-    """The admin command's own input (a file it cannot read, an option out of range): one line, exit 1."""
+    """The admin command's own input (a file it cannot read, an option out of range): one line, exit
+    1."""
 
 
 class Unauthorized(Error):
@@ -105,7 +117,8 @@ class MissingCredentials(BadRequest):
 
 
 class InvalidCredentials(Forbidden):
-    """An authentication refused, whatever was wrong (docs/api.md): the game door's 403, one answer for
+    """An authentication refused, whatever was wrong (docs/api.md): the game door's 403, one answer
+    for
     every reason, so it tells no one which keys or players exist."""
 
     detail = "Invalid credentials"
@@ -151,7 +164,8 @@ class UnsupportedMediaType(Error):
 
 
 class Invalid(Error):
-    """Input that breaks a rule: a name, an id, a TTL, a file's rows; ``field`` names it if one does."""
+    """Input that breaks a rule: a name, an id, a TTL, a file's rows; ``field`` names it if one
+    does."""
 
     status, slug = 422, "validation"
 
@@ -185,24 +199,35 @@ class NotImplementedByServer(Error):
     status, slug, detail = 501, "not-implemented", "Not implemented"
 
 
-# The one table of gunicorn's refusals (authsvc/serving/workers.py answers them, each door in its own
-# words): the status gunicorn chose, the error it stands for. The default details are the game-facing
-# wire texts, the words nginx's JSON errors use (deploy/nginx/snippets/authsvc-json-errors.conf).
+# The one table of gunicorn's refusals (authsvc/serving/workers.py answers them, each door in its
+# own words): the status gunicorn chose, the error it stands for. The default details are the
+# game-facing wire texts, the words nginx's JSON errors use
+# (deploy/nginx/snippets/authsvc-json-errors.conf).
 GUNICORN_REFUSALS: dict[int, type[Error]] = {
-    400: BadRequest, 403: Forbidden, 414: UriTooLong, 417: ExpectationFailed, 431: HeaderTooLarge,
-    500: Error, 501: NotImplementedByServer,
+    400: BadRequest,
+    403: Forbidden,
+    414: UriTooLong,
+    417: ExpectationFailed,
+    431: HeaderTooLarge,
+    500: Error,
+    501: NotImplementedByServer,
 }
 
 
 def refused(status: int) -> type[Error]:
-    """The error of a request gunicorn refused with ``status``: another status is 400, or 500 from 500 up."""
+    """The error of a request gunicorn refused with ``status``: another status is 400, or 500 from
+    500 up."""
     return GUNICORN_REFUSALS.get(status) or (Error if status >= 500 else BadRequest)
 
 
 # RFC 9110's names where Python's http module before 3.13 keeps RFC 7231's ("Unprocessable Entity"):
 # the status line is the same on every interpreter, and as the docs show it.
-RFC_9110_PHRASES = {413: "Content Too Large", 414: "URI Too Long", 416: "Range Not Satisfiable",
-                    422: "Unprocessable Content"}
+RFC_9110_PHRASES = {
+    413: "Content Too Large",
+    414: "URI Too Long",
+    416: "Range Not Satisfiable",
+    422: "Unprocessable Content",
+}
 
 
 def reason_phrase(status: int) -> str:

@@ -1,5 +1,6 @@
 """Log lines: the time of day formatted once a second (CachedTimeFormatter); the one shape of a
-logged request id; and a throttle for the lines an outage would write on every request (LogThrottle).
+logged request id; and a throttle for the lines an outage would write on every request
+(LogThrottle).
 
 ``logging.Formatter`` formats the time (``localtime`` and ``strftime``) for each line; with a
 ``datefmt`` (whole seconds) ``CachedTimeFormatter`` keeps the text of the current second.
@@ -25,8 +26,8 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # app's route names. No request header can set it (headers are HTTP_* keys).
 ROUTE_KEY = "authsvc.route"
 OTHER_ROUTE = "<other>"  # a path that is no route of the app
-# The request id an app answered with and recorded (the admin API makes its own for every request): the
-# access line's rid= is that one, else the X-Request-Id header's.
+# The request id an app answered with and recorded (the admin API makes its own for every request):
+# the access line's rid= is that one, else the X-Request-Id header's.
 REQUEST_ID_KEY = "authsvc.request_id"
 
 
@@ -36,11 +37,14 @@ def request_id(value: str | None) -> str:
 
 
 class CachedTimeFormatter(logging.Formatter):
-    """logging.Formatter; with a ``datefmt``, the time text is made once per second, not per line."""
+    """logging.Formatter; with a ``datefmt``, the time text is made once per second, not per
+    line."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._stamp: tuple[int, str, str] | None = None  # (second, datefmt, text): one tuple, for threads
+        self._stamp: tuple[int, str, str] | None = (
+            None  # (second, datefmt, text): one tuple, for threads
+        )
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         if datefmt is None:  # logging's default format holds the milliseconds
@@ -66,7 +70,8 @@ class LogThrottle:
         self.lock = threading.Lock()  # gthread workers serve requests from several threads
 
     def allow(self) -> int | None:
-        """The number of lines held back since the last one if a line may be written now, else None."""
+        """The number of lines held back since the last one if a line may be written now, else
+        None."""
         with self.lock:
             now = self.clock()
             if now < self.next_at:

@@ -25,7 +25,9 @@ def hidden_character(name: str) -> str | None:
 
     Names the code point, never the character itself, so the error line cannot lie either.
     """
-    if name.isprintable():  # no hidden character: each of their categories is one str.isprintable refuses
+    if (
+        name.isprintable()
+    ):  # no hidden character: each of their categories is one str.isprintable refuses
         return None
     for position, char in enumerate(name, start=1):
         if unicodedata.category(char) in HIDDEN_CATEGORIES:
@@ -80,7 +82,9 @@ def shown(name: str) -> str:
     """``name`` for text output: each hidden character written as an escape such as ``\\u202e``."""
     if not any(unicodedata.category(char) in HIDDEN_CATEGORIES for char in name):
         return name
-    return "".join(_escape(char) if unicodedata.category(char) in HIDDEN_CATEGORIES else char for char in name)
+    return "".join(
+        _escape(char) if unicodedata.category(char) in HIDDEN_CATEGORIES else char for char in name
+    )
 
 
 def _escape(char: str) -> str:

@@ -33,7 +33,9 @@ DEFAULT_STATE_DIR = "/var/lib/authsvc"
 DEFAULT_SECRET_FILE = "/etc/authsvc/token-secret"
 MIN_SECRET_BYTES = 16
 UTF8_BOM = b"\xef\xbb\xbf"
-MAX_STALENESS_BOUND = 1.0  # seconds: a revoked player, disabled game or expired key stops within this
+MAX_STALENESS_BOUND = (
+    1.0  # seconds: a revoked player, disabled game or expired key stops within this
+)
 
 APP = "authsvc"  # the app's settings: the file's top level, or its [authsvc] table
 GUNICORN = "gunicorn"  # the [gunicorn] table, read by deploy/gunicorn.conf.py
@@ -59,7 +61,8 @@ def _address_list(value: str) -> bool:
 
 
 def host_list(value: str) -> frozenset[str]:
-    """AUTHSVC_WEBHOOK_ALLOW_HOSTS as a set of ``host`` or ``host:port`` (lower case; IPv6 in brackets);
+    """AUTHSVC_WEBHOOK_ALLOW_HOSTS as a set of ``host`` or ``host:port`` (lower case; IPv6 in
+    brackets);
     ValueError for an item that is neither."""
     found = set()
     for item in filter(None, (i.strip().lower() for i in value.split(","))):
@@ -101,7 +104,8 @@ def _cpu_count() -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One setting: its key in the file, its environment variable, type, default and allowed values."""
+    """One setting: its key in the file, its environment variable, type, default and allowed
+    values."""
 
     name: str
     env: str
@@ -198,18 +202,20 @@ class Settings:
     pg_statement_timeout: float = dataclasses.field(
         default=2.0, metadata=_row("AUTHSVC_PG_STATEMENT_TIMEOUT", rule="positive", check=_positive)
     )
-    # The app's own bound on the wait for PostgreSQL's reply (docs/stores.md, "Outages"): below gunicorn's
-    # timeout, so a worker is never killed for waiting on the store; above the statement timeout, so a
-    # slow query is cancelled by the server first and keeps its connection.
+    # The app's own bound on the wait for PostgreSQL's reply (docs/stores.md, "Outages"): below
+    # gunicorn's timeout, so a worker is never killed for waiting on the store; above the statement
+    # timeout, so a slow query is cancelled by the server first and keeps its connection.
     pg_reply_timeout: float = dataclasses.field(
         default=3.0, metadata=_row("AUTHSVC_PG_REPLY_TIMEOUT", rule="positive", check=_positive)
     )
-    # After a connect or a reply that timed out, a worker answers 503 without trying the store this long.
+    # After a connect or a reply that timed out, a worker answers 503 without trying the store this
+    # long.
     pg_retry_after: float = dataclasses.field(
         default=2.0, metadata=_row("AUTHSVC_PG_RETRY_AFTER", rule="positive", check=_positive)
     )
-    # An authentication that waited in gunicorn's queue longer than this (nginx's X-Request-Start) is
-    # answered 503 before any store work (authsvc/web/queueing.py, docs/operations.md "Login storms"); 0: off.
+    # An authentication that waited in gunicorn's queue longer than this (nginx's X-Request-Start)
+    # is answered 503 before any store work (authsvc/web/queueing.py, docs/operations.md "Login
+    # storms"); 0: off.
     max_queue_wait: float = dataclasses.field(
         default=0.5,
         metadata=_row(
@@ -226,7 +232,8 @@ class Settings:
             check=lambda v: 0 <= v <= MAX_STALENESS_BOUND,
         ),
     )
-    # `authsvc audit prune` without --before removes records older than this many days; 0 keeps them forever.
+    # `authsvc audit prune` without --before removes records older than this many days; 0 keeps them
+    # forever.
     audit_retention_days: int = dataclasses.field(
         default=0,
         metadata=_row(
@@ -235,7 +242,8 @@ class Settings:
             check=lambda v: v >= 0,
         ),
     )
-    # The admin API's rate limit per API token and worker process (authsvc/api/ratelimit.py); admin_rate 0: off.
+    # The admin API's rate limit per API token and worker process (authsvc/api/ratelimit.py);
+    # admin_rate 0: off.
     admin_rate: float = dataclasses.field(
         default=50.0,
         metadata=_row(
@@ -245,9 +253,10 @@ class Settings:
     admin_burst: int = dataclasses.field(
         default=100, metadata=_row("AUTHSVC_ADMIN_BURST", rule="at least 1", check=lambda v: v >= 1)
     )
-    # The webhook hosts (host or host:port) a subscription may name though plain http:// or a private address
-    # (authsvc/webhooks/target.py, docs/admin-api.md "Webhooks"): a test receiver, a game server on the LAN;
-    # `authsvc deliver` reaches them though they resolve to such an address (authsvc/webhooks/connect.py).
+    # The webhook hosts (host or host:port) a subscription may name though plain http:// or a
+    # private address (authsvc/webhooks/target.py, docs/admin-api.md "Webhooks"): a test receiver, a
+    # game server on the LAN; `authsvc deliver` reaches them though they resolve to such an address
+    # (authsvc/webhooks/connect.py).
     webhook_allow_hosts: str = dataclasses.field(
         default="",
         metadata=_row(
@@ -256,7 +265,8 @@ class Settings:
             check=_host_list,
         ),
     )
-    # Live webhooks a store may have (authsvc/operations/webhooks.py's add_webhook): each one is a POST of every event.
+    # Live webhooks a store may have (authsvc/operations/webhooks.py's add_webhook): each one is a
+    # POST of every event.
     max_webhooks: int = dataclasses.field(
         default=50,
         metadata=_row(
@@ -266,14 +276,16 @@ class Settings:
     access_record: str = dataclasses.field(
         default="app", metadata=_row("AUTHSVC_ACCESS_RECORD", choices=("app", "edge"))
     )  # docs/logs.md
-    # `authsvc deliver` (authsvc/webhooks/): its POSTs at once, and each one's bound (connecting: at most 3 s of it).
+    # `authsvc deliver` (authsvc/webhooks/): its POSTs at once, and each one's bound (connecting: at
+    # most 3 s of it).
     deliver_concurrency: int = dataclasses.field(
         default=16,
         metadata=_row(
             "AUTHSVC_DELIVER_CONCURRENCY", rule="from 1 to 256", check=lambda v: 1 <= v <= 256
         ),
     )
-    # Where `authsvc deliver` serves its Prometheus metrics (authsvc/webhooks/metrics.py); empty: nowhere.
+    # Where `authsvc deliver` serves its Prometheus metrics (authsvc/webhooks/metrics.py); empty:
+    # nowhere.
     deliver_metrics: str = dataclasses.field(
         default="",
         metadata=_row(
@@ -288,16 +300,17 @@ class Settings:
             "AUTHSVC_WEBHOOK_TIMEOUT", rule="from 1 to 60 seconds", check=lambda v: 1 <= v <= 60
         ),
     )
-    # How long `authsvc deliver` keeps a delivered or failed delivery, and an event no delivery needs
-    # (store/deliveries.py's prune): a failed one may be re-driven until then.
+    # How long `authsvc deliver` keeps a delivered or failed delivery, and an event no delivery
+    # needs (store/deliveries.py's prune): a failed one may be re-driven until then.
     webhook_retention: int = dataclasses.field(
         default=7 * 24 * 3600,
         metadata=_row(
             "AUTHSVC_WEBHOOK_RETENTION", rule="at least 3600 seconds", check=lambda v: v >= 3600
         ),
     )
-    # The restore ledger (store/ledger.py): each deletion's id and epoch, each restore's generation, kept
-    # outside the store. Empty: beside a SQLite store's file (PATH.restore-ledger); none for PostgreSQL.
+    # The restore ledger (store/ledger.py): each deletion's id and epoch, each restore's generation,
+    # kept outside the store. Empty: beside a SQLite store's file (PATH.restore-ledger); none for
+    # PostgreSQL.
     restore_ledger: str = dataclasses.field(default="", metadata=_row("AUTHSVC_RESTORE_LEDGER"))
     # The peers whose X-Forwarded-For and X-Forwarded-Proto gunicorn believes (an nginx on
     # another host: docs/scaling.md); any other peer is logged by its own address.
@@ -306,13 +319,15 @@ class Settings:
         metadata=_row(
             "AUTHSVC_FORWARDED_ALLOW_IPS",
             table=GUNICORN,
-            rule="IP addresses or networks, comma-separated ('*' would let any client write the log's address)",
+            rule="IP addresses or networks, comma-separated ('*' would let any client write the "
+            "log's address)",
             check=_address_list,
         ),
     )
 
     def __repr__(self) -> str:
-        """The fields, with the store URL's password masked: a repr can reach a log or a traceback."""
+        """The fields, with the store URL's password masked: a repr can reach a log or a
+        traceback."""
 
         fields = (
             f"{f.name}={redact_url(self.store) if f.name == 'store' else getattr(self, f.name)!r}"
@@ -325,7 +340,9 @@ class Settings:
         return self.error_status == "http"
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, *, require_secret: bool = True) -> Settings:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, require_secret: bool = True
+    ) -> Settings:
         """Build settings; with ``require_secret`` a missing secret is a ConfigError."""
         env = os.environ if environ is None else environ
         values = read_settings(env)
@@ -336,7 +353,9 @@ class Settings:
             # systemd's LoadCredential= copy is 0400 plus an ACL for the service user,
             # and an ACL's mask shows as the group bits: no group warning there.
             cred_dir = env.get("CREDENTIALS_DIRECTORY")
-            credential = bool(cred_dir) and os.path.dirname(os.path.abspath(path)) == os.path.abspath(cred_dir or "")
+            credential = bool(cred_dir) and os.path.dirname(
+                os.path.abspath(path)
+            ) == os.path.abspath(cred_dir or "")
             kwargs["token_secrets"] = load_token_secrets(path, systemd_credential=credential)
         return cls(**kwargs)
 
@@ -439,7 +458,9 @@ def read_settings(env: Mapping[str, str]) -> dict[str, Any]:
         prefix, table = tables.get(setting.table, ("", {}))
         if setting.name in table:
             where = f"{path}: {prefix}{setting.name}"
-            values[setting.name] = _checked(setting, _from_toml(setting, table[setting.name], where), where)
+            values[setting.name] = _checked(
+                setting, _from_toml(setting, table[setting.name], where), where
+            )
         raw = env.get(setting.env, "")
         if raw != "":
             values[setting.name] = _checked(setting, _from_text(setting, raw), setting.env)
@@ -449,7 +470,8 @@ def read_settings(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _read_file(path: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    """The file's two parts: APP and GUNICORN, each as (how an error line prefixes its keys, its keys)."""
+    """The file's two parts: APP and GUNICORN, each as (how an error line prefixes its keys, its
+    keys)."""
     try:
         with open(path, "rb") as f:
             mode = os.fstat(f.fileno()).st_mode
@@ -463,14 +485,20 @@ def _read_file(path: str) -> dict[str, tuple[str, dict[str, Any]]]:
     for key, value in data.items():
         if key in (APP, GUNICORN):
             if not isinstance(value, dict):
-                raise ConfigError(f"{path}: {key} must be a table ([{key}]), got {_describe(value)}")
+                raise ConfigError(
+                    f"{path}: {key} must be a table ([{key}]), got {_describe(value)}"
+                )
         elif isinstance(value, dict) and key not in names[APP]:
-            raise ConfigError(f"{path}: unknown table [{key}]{_did_you_mean(key, [APP, GUNICORN], '[{}]')}")
+            raise ConfigError(
+                f"{path}: unknown table [{key}]{_did_you_mean(key, [APP, GUNICORN], '[{}]')}"
+            )
         else:
             top[key] = value
     if top and APP in data:
-        raise ConfigError(f"{path}: settings both at the top level ({', '.join(sorted(top))}) and in [{APP}]: "
-                          "keep them in one place")
+        raise ConfigError(
+            f"{path}: settings both at the top level ({', '.join(sorted(top))}) and in [{APP}]: "
+            "keep them in one place"
+        )
     parts = {
         APP: (f"[{APP}] ", data[APP]) if APP in data else ("", top),
         GUNICORN: (f"[{GUNICORN}] ", data.get(GUNICORN, {})),
@@ -484,7 +512,9 @@ def _read_file(path: str) -> dict[str, tuple[str, dict[str, Any]]]:
             other = GUNICORN if part == APP else APP
             if key in names[other]:
                 raise ConfigError(f"{path}: {prefix}{key} belongs {homes[other]}")
-            raise ConfigError(f"{path}: unknown setting {prefix}{key}{_did_you_mean(key, names[part], '{}')}")
+            raise ConfigError(
+                f"{path}: unknown setting {prefix}{key}{_did_you_mean(key, names[part], '{}')}"
+            )
     return parts
 
 
@@ -496,8 +526,10 @@ def _refuse_open_password(path: str, mode: int, store: Any) -> None:
         return
 
     if redact_url(store) != store:
-        raise ConfigError(f"settings file {path} holds the store's password and is open to other users "
-                          f"(mode {stat.S_IMODE(mode):04o}): run 'chmod 640 {path}' (group: the service user's)")
+        raise ConfigError(
+            f"settings file {path} holds the store's password and is open to other users "
+            f"(mode {stat.S_IMODE(mode):04o}): run 'chmod 640 {path}' (group: the service user's)"
+        )
 
 
 def _did_you_mean(key: str, known: list[str], form: str) -> str:
@@ -519,7 +551,8 @@ def _describe(value: Any) -> str:
 
 
 def _from_toml(setting: Setting, value: Any, where: str) -> Any:
-    """The file's value if its TOML type is the setting's: no true for 1, no 1.9 for 1, no "8" for 8."""
+    """The file's value if its TOML type is the setting's: no true for 1, no 1.9 for 1, no "8" for
+    8."""
     ok = not isinstance(value, bool) and (
         isinstance(value, setting.type) or (setting.type is float and isinstance(value, int))
     )
@@ -564,17 +597,23 @@ def load_token_secrets(path: str, *, systemd_credential: bool = False) -> TokenS
             mode = os.fstat(f.fileno()).st_mode
             raw = f.read()
     except OSError as e:
-        raise ConfigError(f"cannot read token secret file {path}: {e.strerror} "
-                          "(restore it from its backup copy: a new secret would refuse every token issued; "
-                          "or set AUTHSVC_TOKEN_SECRET_FILE)") from None
+        raise ConfigError(
+            f"cannot read token secret file {path}: {e.strerror} "
+            "(restore it from its backup copy: a new secret would refuse every token issued; "
+            "or set AUTHSVC_TOKEN_SECRET_FILE)"
+        ) from None
     if mode & (stat.S_IROTH | stat.S_IWOTH):
-        raise ConfigError(f"token secret file {path} is open to other users (mode {stat.S_IMODE(mode):04o}): "
-                          f"run 'chmod 600 {path}' (owner: the service user)")
+        raise ConfigError(
+            f"token secret file {path} is open to other users (mode {stat.S_IMODE(mode):04o}): "
+            f"run 'chmod 600 {path}' (owner: the service user)"
+        )
     if mode & (stat.S_IRGRP | stat.S_IWGRP) and not systemd_credential:
         logging.getLogger("authsvc").warning(
             "token secret file %s is open to its group (mode %04o): run 'chmod 600 %s' "
             "unless every member of the group may mint tokens",
-            path, stat.S_IMODE(mode), path,
+            path,
+            stat.S_IMODE(mode),
+            path,
         )
     lines = (line.strip() for line in raw.removeprefix(UTF8_BOM).splitlines())
     secrets = [line for line in lines if line and not line.startswith(b"#")]

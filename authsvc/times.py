@@ -1,4 +1,5 @@
-"""Unix times as text: the one formatter behind the admin API's, the command's and the webhooks' stamps.
+"""Unix times as text: the one formatter behind the admin API's, the command's and the webhooks'
+stamps.
 
 RFC 3339 in UTC (``2026-11-01T12:00:00.250Z``); the command's readable forms are the same text
 with a space for the ``T`` (which RFC 3339 allows) or `` UTC`` for the ``Z``. The stamps the tests

@@ -32,22 +32,28 @@ RELOAD_WARNING_INTERVAL = 60.0  # seconds between two lines about a secret file 
 
 
 def fingerprint(secret: bytes) -> str:
-    """What the store keeps of a token secret (docs/tokens.md, "Rotation"): HMAC-SHA256 of a fixed label
+    """What the store keeps of a token secret (docs/tokens.md, "Rotation"): HMAC-SHA256 of a fixed
+    label
     under the secret. Whoever reads the store learns nothing that mints a token."""
     return hmac.new(secret, FINGERPRINT_LABEL, hashlib.sha256).hexdigest()
 
 
 def check_known(token_secrets: tuple[bytes, ...], known: Mapping[str, int], path: str) -> None:
-    """ConfigError unless some secret of the file at ``path`` is one the store was used with. A store that
-    knows none yet (migrated from before fingerprints: `authsvc init` adopts the file's) is not judged."""
+    """ConfigError unless some secret of the file at ``path`` is one the store was used with. A
+    store that
+    knows none yet (migrated from before fingerprints: `authsvc init` adopts the file's) is not
+    judged."""
     if known and not any(fingerprint(secret) in known for secret in token_secrets):
         raise ConfigError(
-            f"token secret file {path} holds none of the secrets this store was used with: every token "
-            f"would be refused; restore {path} from its backup copy (docs/operations.md section 21)")
+            f"token secret file {path} holds none of the secrets this store was used with: every "
+            "token "
+            f"would be refused; restore {path} from its backup copy (docs/operations.md section 21)"
+        )
 
 
 class SecretFile:
-    """The token secret file as a running process sees it: the secrets it had at start, re-read when the
+    """The token secret file as a running process sees it: the secrets it had at start, re-read when
+    the
     file changes (its inode, size, mtime or ctime), which is looked at most once per ``interval``
     (AUTHSVC_MAX_STALENESS): one stat a second per worker, and a clock read per call.
 
@@ -55,15 +61,23 @@ class SecretFile:
     taken: the process keeps the secrets it has, says so in the log, and looks again a second later.
     """
 
-    def __init__(self, path: str, token_secrets: tuple[bytes, ...], known: Callable[[], Mapping[str, int]],
-                 interval: float = 1.0, monotonic: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        path: str,
+        token_secrets: tuple[bytes, ...],
+        known: Callable[[], Mapping[str, int]],
+        interval: float = 1.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
         self.path = path
         self._secrets = TokenSecrets(token_secrets)
         self._known = known
         self._interval = interval
         self._monotonic = monotonic
         self._next = monotonic() + interval
-        self._stamp: tuple[int, ...] | None = None  # the first look re-reads the file: it may have changed since
+        self._stamp: tuple[int, ...] | None = (
+            None  # the first look re-reads the file: it may have changed since
+        )
         self._keyed = keyed(self._secrets)
         self._warnings = LogThrottle(RELOAD_WARNING_INTERVAL, monotonic)
 
@@ -84,7 +98,8 @@ class SecretFile:
         return self._secrets
 
     def keyed(self) -> tuple[hmac.HMAC, ...]:
-        """An HMAC keyed with each secret, in the order of ``current()``: what TokenVerifier copies."""
+        """An HMAC keyed with each secret, in the order of ``current()``: what TokenVerifier
+        copies."""
         if self._monotonic() >= self._next:
             self._look()
         return self._keyed
@@ -99,7 +114,9 @@ class SecretFile:
     def _reload(self, stamp: tuple[int, ...]) -> None:
         try:
             found = load_token_secrets(self.path)
-            if found == self._secrets:  # touched or copied, not changed (the first look after start, mostly)
+            if (
+                found == self._secrets
+            ):  # touched or copied, not changed (the first look after start, mostly)
                 self._stamp = stamp
                 return
             check_known(found, self._known(), self.path)
@@ -110,8 +127,10 @@ class SecretFile:
         self._secrets, self._stamp, self._keyed = found, stamp, keyed(found)
         log.info("token secret file %s re-read: %d secret(s)", self.path, len(found))
 
+
 def keyed(token_secrets: tuple[bytes, ...]) -> tuple[hmac.HMAC, ...]:
-    """An HMAC-SHA256 keyed with each secret and fed nothing: hmac's copy() of one costs less than a new one
+    """An HMAC-SHA256 keyed with each secret and fed nothing: hmac's copy() of one costs less than a
+    new one
     (the key's pads hashed again), measured in BENCHMARKS.md, "Internals"."""
     return tuple(hmac.new(secret, digestmod=hashlib.sha256) for secret in token_secrets)
 
@@ -122,7 +141,8 @@ def mint_token(secret: bytes, game_id: int, user_id: int, epoch: int) -> str:
 
 
 def current_token(store: Store, secret: bytes, game_id: int, user_id: int) -> tuple[str, Player]:
-    """The token the service accepts now for this game and player (their current epoch), and the player.
+    """The token the service accepts now for this game and player (their current epoch), and the
+    player.
 
     The one place the admin side mints from the store: ``authsvc token issue`` and
     ``authsvc check``. NotFound (authsvc/errors.py) names a game or player the store lacks.
@@ -147,7 +167,8 @@ class TokenVerifier:
     __slots__ = ("_keyed",)
 
     def __init__(self, token_secrets: tuple[bytes, ...] | SecretFile):
-        """``token_secrets``: fixed, or a SecretFile (re-read when the file changes, docs/tokens.md)."""
+        """``token_secrets``: fixed, or a SecretFile (re-read when the file changes,
+        docs/tokens.md)."""
         if isinstance(token_secrets, SecretFile):
             self._keyed = token_secrets.keyed
         else:
@@ -180,7 +201,8 @@ def new_api_key() -> str:
 
 
 def new_webhook_secret() -> str:
-    """A webhook's signing secret as Standard Webhooks spells it: ``whsec_`` and 32 random bytes in base64."""
+    """A webhook's signing secret as Standard Webhooks spells it: ``whsec_`` and 32 random bytes in
+    base64."""
     return "whsec_" + base64.b64encode(os.urandom(32)).decode("ascii")
 
 

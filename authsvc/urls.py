@@ -11,7 +11,9 @@ import urllib.parse
 # libpq's parameters that hold a secret: those PQconndefaults marks "*" (shown masked) and
 # the SCRAM keys it takes for pass-through authentication. Any other parameter whose name
 # holds "password" or "secret" is masked too: a newer libpq may add one.
-SECRET_PARAMS = frozenset({"password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key"})
+SECRET_PARAMS = frozenset(
+    {"password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key"}
+)
 MASK = "***"
 
 

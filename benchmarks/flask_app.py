@@ -4,7 +4,8 @@ Same rules as authsvc for the cases the benchmark sends (valid, 403, 400), the
 same SQLite query on the same store file, the same HMAC check, the 400/403
 results with HTTP 200. Dev-only: Flask is not a dependency of the service.
 
-    AUTHSVC_STORE=sqlite:///path.db AUTHSVC_TOKEN_SECRET_FILE=... gunicorn benchmarks.flask_app:application
+    AUTHSVC_STORE=sqlite:///path.db AUTHSVC_TOKEN_SECRET_FILE=... gunicorn
+    benchmarks.flask_app:application
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import time
 
 from flask import Flask, jsonify, request
 
-from authsvc.store.sqlite.store import CREDENTIALS_SQL  # the very query authsvc sends without a snapshot
+from authsvc.store.sqlite.store import (
+    CREDENTIALS_SQL,
+)  # the very query authsvc sends without a snapshot
 from benchmarks.common import app_from_env
 
 MISSING = "user_id, game_auth_token, and api_key are required parameters"
@@ -30,7 +33,9 @@ def create_app(db_path: str, secret: bytes) -> Flask:
     def db() -> sqlite3.Connection:
         pid = os.getpid()
         if pid not in connections:
-            connections[pid] = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, check_same_thread=False)
+            connections[pid] = sqlite3.connect(
+                f"file:{db_path}?mode=ro", uri=True, check_same_thread=False
+            )
         return connections[pid]
 
     def failure(code: int, description: str):
@@ -49,8 +54,17 @@ def create_app(db_path: str, secret: bytes) -> Flask:
         uid = int(user_id)
         digest = hashlib.sha256(api_key.encode()).hexdigest()
         row = db().execute(CREDENTIALS_SQL, (uid, digest)).fetchone()
-        game_id, game_enabled, expires_at, username, epoch, player_enabled = row or (0, 0, None, None, 0, 0)
-        expected = hmac.new(secret, f"{game_id}:{uid}:{epoch or 0}".encode(), hashlib.sha256).hexdigest()
+        game_id, game_enabled, expires_at, username, epoch, player_enabled = row or (
+            0,
+            0,
+            None,
+            None,
+            0,
+            0,
+        )
+        expected = hmac.new(
+            secret, f"{game_id}:{uid}:{epoch or 0}".encode(), hashlib.sha256
+        ).hexdigest()
         if (
             hmac.compare_digest(expected.encode(), token.encode("ascii", "replace"))
             and row is not None

@@ -1,4 +1,5 @@
-"""The same endpoint in plain standard-library Python with no tuning: the second reference (BENCHMARKS.md).
+"""The same endpoint in plain standard-library Python with no tuning: the second reference
+(BENCHMARKS.md).
 
 parse_qs, one SQLite query per request in its own transaction, hmac.new, json.dumps:
 what a first version looks like. scripts/bench measures it beside authsvc so the
@@ -15,12 +16,17 @@ import sqlite3
 import time
 import urllib.parse
 
-from authsvc.store.sqlite.store import CREDENTIALS_SQL  # the very query authsvc sends without a snapshot
+from authsvc.store.sqlite.store import (
+    CREDENTIALS_SQL,
+)  # the very query authsvc sends without a snapshot
 from benchmarks.common import app_from_env
 
 MISSING = "user_id, game_auth_token, and api_key are required parameters"
-HEADERS = [("Content-Type", "application/json; charset=utf-8"), ("Cache-Control", "no-store"),
-           ("X-Content-Type-Options", "nosniff")]
+HEADERS = [
+    ("Content-Type", "application/json; charset=utf-8"),
+    ("Cache-Control", "no-store"),
+    ("X-Content-Type-Options", "nosniff"),
+]
 
 
 def create_app(db_path: str, secret: bytes):
@@ -32,22 +38,45 @@ def create_app(db_path: str, secret: bytes):
         return [body]
 
     def application(environ, start_response):
-        params = {k: v[-1] for k, v in urllib.parse.parse_qs(environ.get("QUERY_STRING", "")).items()}
+        params = {
+            k: v[-1] for k, v in urllib.parse.parse_qs(environ.get("QUERY_STRING", "")).items()
+        }
         user_id, token, api_key = (params.get(k) for k in ("user_id", "game_auth_token", "api_key"))
         if not user_id or not token or not api_key:
-            return answer(start_response, {"success": False, "error": 400, "error_description": MISSING})
+            return answer(
+                start_response, {"success": False, "error": 400, "error_description": MISSING}
+            )
         invalid = {"success": False, "error": 403, "error_description": "Invalid credentials"}
         if not user_id.isdigit() or user_id.startswith("0") or int(user_id) >= 2**63:
             return answer(start_response, invalid)
         if os.getpid() not in connections:
-            connections[os.getpid()] = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, isolation_level=None)
+            connections[os.getpid()] = sqlite3.connect(
+                f"file:{db_path}?mode=ro", uri=True, isolation_level=None
+            )
         digest = hashlib.sha256(api_key.encode()).hexdigest()
         row = connections[os.getpid()].execute(CREDENTIALS_SQL, (int(user_id), digest)).fetchone()
-        game_id, game_enabled, expires_at, username, epoch, player_enabled = row or (0, 0, None, None, 0, 0)
-        expected = hmac.new(secret, f"{game_id}:{user_id}:{epoch or 0}".encode(), hashlib.sha256).hexdigest()
-        if (hmac.compare_digest(expected.encode(), token.encode("ascii", "replace")) and row and game_enabled
-                and username is not None and player_enabled and (expires_at is None or expires_at > time.time())):
-            return answer(start_response, {"success": True, "user_id": int(user_id), "username": username})
+        game_id, game_enabled, expires_at, username, epoch, player_enabled = row or (
+            0,
+            0,
+            None,
+            None,
+            0,
+            0,
+        )
+        expected = hmac.new(
+            secret, f"{game_id}:{user_id}:{epoch or 0}".encode(), hashlib.sha256
+        ).hexdigest()
+        if (
+            hmac.compare_digest(expected.encode(), token.encode("ascii", "replace"))
+            and row
+            and game_enabled
+            and username is not None
+            and player_enabled
+            and (expires_at is None or expires_at > time.time())
+        ):
+            return answer(
+                start_response, {"success": True, "user_id": int(user_id), "username": username}
+            )
         return answer(start_response, invalid)
 
     return application

@@ -18,7 +18,8 @@ def bare_with_authsvc_headers(environ, start_response):
 
 
 def __getattr__(name: str):
-    """``authsvc_without_metrics``: authsvc.wsgi's app, built when gunicorn asks for it, with metrics off."""
+    """``authsvc_without_metrics``: authsvc.wsgi's app, built when gunicorn asks for it, with
+    metrics off."""
     if name == "authsvc_without_metrics":
         from authsvc.settings import Settings
         from authsvc.web.app import make_app

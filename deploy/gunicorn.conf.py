@@ -61,7 +61,8 @@ worker_class = {
     "gthread": "authsvc.serving.workers.ThreadWorker",
 }[_worker_kind]
 # Above every wait of a request on the store (AUTHSVC_PG_REPLY_TIMEOUT, 3 s; a connect, 2 s per
-# address): a worker waiting on PostgreSQL answers 503 itself and is never killed (docs/stores.md, "Outages").
+# address): a worker waiting on PostgreSQL answers 503 itself and is never killed (docs/stores.md,
+# "Outages").
 timeout = _settings.timeout
 graceful_timeout = 30
 keepalive = 5
@@ -116,7 +117,7 @@ umask = 0o077
 logger_class = "authsvc.serving.access_log.RouteLogger"
 access_log_format = (
     '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms '
-    'proto=%({x-forwarded-proto}i)s rid=%({x-request-id}i)s result=%({x-authsvc-result}o)s'
+    "proto=%({x-forwarded-proto}i)s rid=%({x-request-id}i)s result=%({x-authsvc-result}o)s"
 )
 _access_log_on = _settings.access_record == "app"
 accesslog = "-" if _access_log_on else None
@@ -136,14 +137,30 @@ logconfig_dict = {
         "access": {"format": "%(message)s"},
     },
     "handlers": {
-        "error": {"class": "logging.StreamHandler", "formatter": "error", "stream": "ext://sys.stderr"},
-        "access": {"class": "logging.StreamHandler", "formatter": "access", "stream": "ext://sys.stdout"},
+        "error": {
+            "class": "logging.StreamHandler",
+            "formatter": "error",
+            "stream": "ext://sys.stderr",
+        },
+        "access": {
+            "class": "logging.StreamHandler",
+            "formatter": "access",
+            "stream": "ext://sys.stdout",
+        },
     },
     "root": {"level": "WARNING", "handlers": ["error"]},
     "loggers": {
-        "gunicorn.error": {"level": "INFO", "handlers": ["error"], "propagate": False, "filters": ["redact"]},
-        "gunicorn.access": {"level": "INFO" if _access_log_on else "WARNING", "handlers": ["access"],
-                            "propagate": False},
+        "gunicorn.error": {
+            "level": "INFO",
+            "handlers": ["error"],
+            "propagate": False,
+            "filters": ["redact"],
+        },
+        "gunicorn.access": {
+            "level": "INFO" if _access_log_on else "WARNING",
+            "handlers": ["access"],
+            "propagate": False,
+        },
         # The app logs the frames of unexpected errors, never the query string;
         # gunicorn's own request errors go through authsvc/serving/redact.py.
         "authsvc": {
@@ -151,9 +168,10 @@ logconfig_dict = {
             "handlers": ["error"],
             "propagate": False,
         },
-        # The admin API's head lines: the audit chain's head after each committed write (docs/logs.md,
-        # "The audit head line"), what `authsvc audit verify --anchor` checks the chain against. At
-        # INFO whatever log_level says: a line not written leaves its records unanchored.
+        # The admin API's head lines: the audit chain's head after each committed write
+        # (docs/logs.md, "The audit head line"), what `authsvc audit verify --anchor` checks the
+        # chain against. At INFO whatever log_level says: a line not written leaves its records
+        # unanchored.
         "authsvc.audit": {"level": "INFO", "handlers": ["error"], "propagate": False},
     },
 }

@@ -27,8 +27,10 @@ def free_port() -> int:
 
 
 def wait_for_port(port: int, timeout: float = 60.0, host: str = "127.0.0.1") -> None:
-    """Until something listens on the port. A minute by default: a gunicorn start took over 15 s on a
-    2-core machine with a CI run and other jobs beside it; a process that never listens still fails."""
+    """Until something listens on the port. A minute by default: a gunicorn start took over 15 s on
+    a
+    2-core machine with a CI run and other jobs beside it; a process that never listens still
+    fails."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -40,10 +42,21 @@ def wait_for_port(port: int, timeout: float = 60.0, host: str = "127.0.0.1") -> 
 
 
 def start_gunicorn(
-    env: dict, *args: str, port: int | None = None, bind: str | None = None, app: str = "authsvc.wsgi:application",
-    workers: int | None = 2, preload: bool = False, config: str | os.PathLike | None = None,
-    inherit_env: bool = True, cwd: str | os.PathLike | None = None, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    gunicorn: str | os.PathLike | None = None, new_session: bool = False, prefix: tuple[str, ...] = (),
+    env: dict,
+    *args: str,
+    port: int | None = None,
+    bind: str | None = None,
+    app: str = "authsvc.wsgi:application",
+    workers: int | None = 2,
+    preload: bool = False,
+    config: str | os.PathLike | None = None,
+    inherit_env: bool = True,
+    cwd: str | os.PathLike | None = None,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    gunicorn: str | os.PathLike | None = None,
+    new_session: bool = False,
+    prefix: tuple[str, ...] = (),
 ) -> subprocess.Popen:
     """gunicorn serving ``app`` on 127.0.0.1:``port`` (or ``bind``), with ``env`` over os.environ
     (``inherit_env=False``: over PATH only). ``workers=None`` leaves the count to the config file.
@@ -63,16 +76,29 @@ def start_gunicorn(
     if app:
         command.append(app)
     base = dict(os.environ) if inherit_env else {"PATH": os.environ["PATH"]}
-    text = stdout == subprocess.PIPE or stderr == subprocess.PIPE  # str out of pipes, bytes into files
-    return subprocess.Popen(command, env={**base, **env}, cwd=cwd, stdout=stdout, stderr=stderr, text=text,
-                            start_new_session=new_session)
+    text = (
+        stdout == subprocess.PIPE or stderr == subprocess.PIPE
+    )  # str out of pipes, bytes into files
+    return subprocess.Popen(
+        command,
+        env={**base, **env},
+        cwd=cwd,
+        stdout=stdout,
+        stderr=stderr,
+        text=text,
+        start_new_session=new_session,
+    )
 
 
 def start_nginx(nginx: str, prefix: Path, conf: Path, log: Path) -> subprocess.Popen:
     """nginx in the foreground with ``prefix`` and main config ``conf``, its own output in ``log``,
     in its own process group (for ``stop``)."""
-    return subprocess.Popen([nginx, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [nginx, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
@@ -91,7 +117,9 @@ def stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: floa
 
 
 def find_nginx() -> str | None:
-    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None
+    )
 
 
 def ipv6_loopback() -> bool:
@@ -103,13 +131,17 @@ def ipv6_loopback() -> bool:
         return False
 
 
-def nginx_main_conf(root: Path, logs: Path, site: Path, worker_processes: str = "1", worker_connections: int = 128) -> str:
+def nginx_main_conf(
+    root: Path, logs: Path, site: Path, worker_processes: str = "1", worker_connections: int = 128
+) -> str:
     """Debian's main nginx.conf, shortened: the http-level settings a machine has (TLSv1 and
     TLSv1.1 on, the combined access log) around the shipped site; temp paths in ``root``.
-    The deployment tests use it with one worker, scripts/bench with Debian's ``worker_processes auto``."""
+    The deployment tests use it with one worker, scripts/bench with Debian's ``worker_processes
+    auto``."""
     user = "user root;\n" if os.geteuid() == 0 else ""
     temp = "\n".join(
-        f"    {kind}_temp_path {root}/tmp/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+        f"    {kind}_temp_path {root}/tmp/{kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
     return f"""{user}worker_processes {worker_processes};
 pid {root}/nginx.pid;

@@ -88,7 +88,9 @@ class Relay:
                     if not data:
                         return self._close(a, b)
                     chance, longest = self.stalls
-                    if sock is b and chance and self._random.random() < chance:  # b: the server's side
+                    if (
+                        sock is b and chance and self._random.random() < chance
+                    ):  # b: the server's side
                         self.stopped.wait(self._random.uniform(0, longest))
                     peer[sock].sendall(data)
             except OSError:

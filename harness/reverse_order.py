@@ -1,4 +1,5 @@
-"""A pytest plugin that runs the collected tests in reverse order: ``pytest -p harness.reverse_order``.
+"""A pytest plugin that runs the collected tests in reverse order: ``pytest -p
+harness.reverse_order``.
 
 No test may depend on another having run first (tests/conftest.py); running the
 suite backwards, modules and the tests in each, shows it. Opt-in: the default

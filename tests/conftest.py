@@ -2,7 +2,8 @@
 
 Every test that uses ``store_url`` (and so ``env``, ``settings``, ``admin_store``,
 ``world``, ``app``) runs twice, on SQLite and on PostgreSQL, in the store, integration
-and system tiers; in the functional tier, on SQLite (the tier is the folder: tests/tiers.py). A test that is
+and system tiers; in the functional tier, on SQLite (the tier is the folder: tests/tiers.py). A test
+that is
 about one engine says so in one way only, the ``engine`` marker::
 
     @pytest.mark.engine("sqlite")          # one test
@@ -48,7 +49,6 @@ from tests.tiers import BOTH_ENGINES, LANES, ORDER, system_lane, tier_of
 ENGINES = ("sqlite", "postgresql")
 
 
-
 @pytest.fixture
 def secret_file(tmp_path):
     """A throwaway token secret, made fresh for each test."""
@@ -75,12 +75,17 @@ def pg_server_url():
         try:
             psycopg.connect(url, connect_timeout=5).close()
         except psycopg.Error as e:
-            skip_or_fail(f"AUTHSVC_TEST_POSTGRES_URL={redact_url(url)} is unreachable: {type(e).__name__}")
+            skip_or_fail(
+                f"AUTHSVC_TEST_POSTGRES_URL={redact_url(url)} is unreachable: {type(e).__name__}"
+            )
         yield url
         return
     bin_dir = pgserver.find_bin_dir()
     if bin_dir is None:
-        skip_or_fail("no PostgreSQL: set AUTHSVC_TEST_POSTGRES_URL or install the server binaries (initdb, pg_ctl)")
+        skip_or_fail(
+            "no PostgreSQL: set AUTHSVC_TEST_POSTGRES_URL or install the server binaries (initdb, "
+            "pg_ctl)"
+        )
     server = pgserver.ThrowawayPostgres(bin_dir)
     try:
         server.start()
@@ -94,7 +99,10 @@ def own_pg(pg_server_url):
     """A PostgreSQL server of this test's own (stopping it or adding roles disturbs nobody)."""
     bin_dir = pgserver.find_bin_dir()
     if bin_dir is None:
-        skip_or_fail("this test needs the PostgreSQL server binaries (initdb, pg_ctl) to run a server of its own")
+        skip_or_fail(
+            "this test needs the PostgreSQL server binaries (initdb, pg_ctl) to run a server of "
+            "its own"
+        )
     server = pgserver.ThrowawayPostgres(bin_dir)
     try:
         server.start()
@@ -115,7 +123,9 @@ class PgDatabases:
 
     def url(self, name: str) -> str:
         """The server URL with another database name (AUTHSVC_TEST_POSTGRES_URL must be a URL)."""
-        return urllib.parse.urlunsplit(urllib.parse.urlsplit(self.server_url)._replace(path="/" + name))
+        return urllib.parse.urlunsplit(
+            urllib.parse.urlsplit(self.server_url)._replace(path="/" + name)
+        )
 
     def create(self, migrate: bool = True, owner: str | None = None) -> str:
         """A new empty database (migrated unless told not to); returns its URL."""
@@ -162,23 +172,32 @@ def _empty_pg(conn) -> None:
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
         "WHERE datname = current_database() AND pid <> pg_backend_pid()"
     )
-    conn.execute("TRUNCATE games, api_keys, players, deleted_players, audit, audit_names, player_keys, api_tokens, "
-                 "idempotency_keys, webhooks, events, deliveries, delivery_attempts, deliverer_lease, restore_generation, "
-                 "token_secret_fingerprints "
-                 "RESTART IDENTITY")
-    conn.execute("UPDATE audit_chain SET anchor_id = 0, anchor_hash = %s, head_id = 0, head_hash = %s", ("0" * 64,) * 2)
+    conn.execute(
+        "TRUNCATE games, api_keys, players, deleted_players, audit, audit_names, player_keys, "
+        "api_tokens, idempotency_keys, webhooks, events, deliveries, delivery_attempts, "
+        "deliverer_lease, restore_generation, token_secret_fingerprints RESTART IDENTITY"
+    )
+    conn.execute(
+        "UPDATE audit_chain SET anchor_id = 0, anchor_hash = %s, head_id = 0, head_hash = %s",
+        ("0" * 64,) * 2,
+    )
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "engine(name): run this test on one store engine only ('sqlite' or 'postgresql')")
+    config.addinivalue_line(
+        "markers", "engine(name): run this test on one store engine only ('sqlite' or 'postgresql')"
+    )
     for tier in ORDER:
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (tests/tiers.py)")
     for lane in LANES:
-        config.addinivalue_line("markers", f"lane_{lane}: the system tier's {lane} lane (tests/tiers.py)")
+        config.addinivalue_line(
+            "markers", f"lane_{lane}: the system tier's {lane} lane (tests/tiers.py)"
+        )
 
 
 def pytest_collection_modifyitems(items):
-    """Mark each test with its module's tier, the folder it sits in (tests/unit/, ...: tests/tiers.py), so
+    """Mark each test with its module's tier, the folder it sits in (tests/unit/, ...:
+    tests/tiers.py), so
     ``-m unit`` and friends select tiers, and a system-tier test with its lane."""
     for item in items:
         tier = tier_of(item.path)
@@ -189,8 +208,10 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_generate_tests(metafunc):
-    """Run each test that uses ``store_url`` on the engine its ``engine`` marker names, else on both in the
-    tiers about engines (tests/tiers.py) and on SQLite in the functional tier, whose front doors are engine-blind."""
+    """Run each test that uses ``store_url`` on the engine its ``engine`` marker names, else on both
+    in the
+    tiers about engines (tests/tiers.py) and on SQLite in the functional tier, whose front doors are
+    engine-blind."""
     if "store_url" not in metafunc.fixturenames:
         return
     marker = metafunc.definition.get_closest_marker("engine")
@@ -200,7 +221,9 @@ def pytest_generate_tests(metafunc):
         engines = ENGINES if tier_of(metafunc.definition.path) in BOTH_ENGINES else ("sqlite",)
     unknown = set(engines) - set(ENGINES)
     if unknown:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: unknown engine {sorted(unknown)}; known: {ENGINES}")
+        raise pytest.UsageError(
+            f"{metafunc.definition.nodeid}: unknown engine {sorted(unknown)}; known: {ENGINES}"
+        )
     metafunc.parametrize("store_url", engines, indirect=True)
 
 
@@ -222,7 +245,12 @@ def env(store_url, secret_file):
     very next request. The default (the SQLite reader keeps a snapshot for up to
     1 s) has tests of its own in tests/functional/test_staleness.py.
     """
-    return {"AUTHSVC_STORE": store_url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), "AUTHSVC_MAX_STALENESS": "0"}
+    return {
+        "AUTHSVC_STORE": store_url,
+        "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+        "AUTHSVC_MAX_STALENESS": "0",
+    }
+
 
 @pytest.fixture
 def command_as_alice(monkeypatch, env, capsys):
@@ -244,7 +272,6 @@ def command_as_alice(monkeypatch, env, capsys):
         return code, out, err
 
     return run
-
 
 
 @pytest.fixture
@@ -282,7 +309,11 @@ class World:
         )
 
     def params(self, **overrides) -> dict:
-        params = {"user_id": str(self.user_id), "game_auth_token": self.token(), "api_key": self.api_key}
+        params = {
+            "user_id": str(self.user_id),
+            "game_auth_token": self.token(),
+            "api_key": self.api_key,
+        }
         params.update(overrides)
         return {k: v for k, v in params.items() if v is not None}
 
@@ -310,7 +341,8 @@ def app(world) -> webtest.TestApp:
 
 @pytest.fixture
 def admin(world, settings) -> AdminClient:
-    """The admin API on the world's store through WebTest (``.app``), and its tokens (``.headers(name, scopes)``)."""
+    """The admin API on the world's store through WebTest (``.app``), and its tokens
+    (``.headers(name, scopes)``)."""
     client = AdminClient(settings, world.store)
     yield client
     client.close()

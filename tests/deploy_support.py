@@ -25,7 +25,15 @@ from pathlib import Path
 
 import trustme
 
-from harness.processes import find_nginx, free_port, ipv6_loopback, nginx_main_conf, start_nginx, stop, wait_for_port
+from harness.processes import (
+    find_nginx,
+    free_port,
+    ipv6_loopback,
+    nginx_main_conf,
+    start_nginx,
+    stop,
+    wait_for_port,
+)
 from tests.support import skip_or_fail
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,16 +92,29 @@ class Stack:
             setattr(ctx, name, value)
         return ctx
 
-    def request(self, scheme: str, path: str, *, host: str | None = None, method: str = "GET",
-                body: bytes | None = None, headers: dict | None = None, source: str = "127.0.0.1",
-                sni: str | None = None, context: ssl.SSLContext | None = None, address: str = "127.0.0.1",
-                port: int | None = None) -> Answer:
+    def request(
+        self,
+        scheme: str,
+        path: str,
+        *,
+        host: str | None = None,
+        method: str = "GET",
+        body: bytes | None = None,
+        headers: dict | None = None,
+        source: str = "127.0.0.1",
+        sni: str | None = None,
+        context: ssl.SSLContext | None = None,
+        address: str = "127.0.0.1",
+        port: int | None = None,
+    ) -> Answer:
         port = port or (self.https_port if scheme == "https" else self.http_port)
         host = host or (API_HOST if scheme == "https" else LEGACY_HOST)
         sock = socket.create_connection((address, port), timeout=10, source_address=(source, 0))
         try:
             if scheme == "https":
-                sock = (context or self.client_context()).wrap_socket(sock, server_hostname=sni or host)
+                sock = (context or self.client_context()).wrap_socket(
+                    sock, server_hostname=sni or host
+                )
             conn = http.client.HTTPConnection(host, port, timeout=10)
             conn.sock = sock
             all_headers = {"Host": host, **(headers or {})}
@@ -104,13 +125,23 @@ class Stack:
             sock.close()
 
     def api_query(self, **overrides) -> str:
-        params = {"user_id": str(self.user_id), "game_auth_token": self.token, "api_key": self.api_key}
+        params = {
+            "user_id": str(self.user_id),
+            "game_auth_token": self.token,
+            "api_key": self.api_key,
+        }
         params.update(overrides)
-        return "/api/authenticate.json?" + "&".join(f"{k}={v}" for k, v in params.items() if v is not None)
+        return "/api/authenticate.json?" + "&".join(
+            f"{k}={v}" for k, v in params.items() if v is not None
+        )
 
     def log_texts(self) -> dict[str, str]:
         """Every log file nginx and gunicorn wrote, by name."""
-        return {p.name: p.read_text(errors="replace") for p in sorted(self.logs.iterdir()) if p.is_file()}
+        return {
+            p.name: p.read_text(errors="replace")
+            for p in sorted(self.logs.iterdir())
+            if p.is_file()
+        }
 
     def gunicorn_worker_pids(self) -> set[int]:
         children = Path(f"/proc/{self.gunicorn.pid}/task/{self.gunicorn.pid}/children")
@@ -121,7 +152,8 @@ class Stack:
 
 
 def wait_for_log(stack, name: str, needles: list[str]) -> str:
-    """The log's text once it holds every needle (access logs are written as requests end); at most 5 s."""
+    """The log's text once it holds every needle (access logs are written as requests end); at most
+    5 s."""
     deadline = time.monotonic() + 5
     while True:
         text = (stack.logs / name).read_text()
@@ -132,11 +164,20 @@ def wait_for_log(stack, name: str, needles: list[str]) -> str:
 
 
 def forty_client_headers(user_agent: str, accept: str) -> dict[str, str]:
-    """40 headers a client might send, its own X-Forwarded-*, Forwarded and X-Request-Start among them: none
+    """40 headers a client might send, its own X-Forwarded-*, Forwarded and X-Request-Start among
+    them: none
     of them may reach gunicorn through nginx."""
     headers = {f"X-Client-{i}": f"value {i}" for i in range(34)}
-    headers.update({"User-Agent": user_agent, "Accept": accept, "Cookie": "a=b", "Forwarded": "for=203.0.113.9",
-                    "X-Forwarded-Host": "evil.example", "X-Request-Start": "t=1"})
+    headers.update(
+        {
+            "User-Agent": user_agent,
+            "Accept": accept,
+            "Cookie": "a=b",
+            "Forwarded": "for=203.0.113.9",
+            "X-Forwarded-Host": "evil.example",
+            "X-Request-Start": "t=1",
+        }
+    )
     return headers
 
 
@@ -146,16 +187,25 @@ def _run(cmd: list[str], env: dict) -> str:
     return done.stdout
 
 
-def start_stack(root: Path, *, values: dict | None = None, worker_connections: int = 128,
-                extra_app_hosts: int = 0, workers: int = 2, app_env: dict | None = None,
-                app_host_env: dict | None = None, admin: bool = False,
-                app: str = "authsvc.wsgi:create_app()") -> Stack:
+def start_stack(
+    root: Path,
+    *,
+    values: dict | None = None,
+    worker_connections: int = 128,
+    extra_app_hosts: int = 0,
+    workers: int = 2,
+    app_env: dict | None = None,
+    app_host_env: dict | None = None,
+    admin: bool = False,
+    app: str = "authsvc.wsgi:create_app()",
+) -> Stack:
     """The stack in ``root``; ``values`` override placeholder values, ``worker_connections``
     sizes nginx's main config (tests/integration/test_edge.py makes it small to reach exhaustion).
     ``extra_app_hosts`` more gunicorn instances serve the same store on 127.0.0.1 TCP
     ports (``AUTHSVC_BIND``), named after the unix socket in ``UPSTREAMS``; ``workers``
     is each gunicorn's AUTHSVC_WORKERS; ``app_env`` more of gunicorn's environment (settings), for
-    every app host; ``app_host_env`` more environment for the TCP ones only. ``admin`` opts in to the
+    every app host; ``app_host_env`` more environment for the TCP ones only. ``admin`` opts in to
+    the
     admin server, as ``scripts/install --admin-host`` does: both sites included, the admin API
     served on its unix socket, only 127.0.0.1 allowed (127.0.0.2 is another address)."""
     nginx = find_nginx()
@@ -183,7 +233,9 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
     game = json.loads(_run([*cli, "game", "add", "Chess", "--json"], admin_env))
     other = json.loads(_run([*cli, "game", "add", "Go", "--json"], admin_env))
     _run([*cli, "player", "add", "4242", "alice"], admin_env)
-    token = _run([*cli, "token", "issue", "--game", str(game["game_id"]), "--user", "4242"], admin_env).strip()
+    token = _run(
+        [*cli, "token", "issue", "--game", str(game["game_id"]), "--user", "4242"], admin_env
+    ).strip()
 
     # Certificates from a throwaway CA.
     ca = trustme.CA()
@@ -197,7 +249,12 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
     admin_cert.private_key_pem.write_to_path(str(root / "admin-key.pem"))
     (root / "admin-key.pem").chmod(0o600)
 
-    https_port, http_port, metrics_port, admin_port = free_port(), free_port(), free_port(), free_port()
+    https_port, http_port, metrics_port, admin_port = (
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+    )
     v6 = ipv6_loopback()
     listen = lambda port: f"127.0.0.1:{port}" + (f" [::1]:{port}" if v6 else "")  # noqa: E731
     rendered = root / "deploy"
@@ -230,7 +287,10 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         **(values or {}),
     }
     sets = [arg for name, value in values.items() for arg in ("--set", f"{name}={value}")]
-    _run([sys.executable, "-m", "authsvc.deployment", str(REPO / "deploy"), str(rendered), *sets], admin_env)
+    _run(
+        [sys.executable, "-m", "authsvc.deployment", str(REPO / "deploy"), str(rendered), *sets],
+        admin_env,
+    )
 
     # gunicorn as systemd would start it: socket activation, credentials, state
     # directory, NOTIFY_SOCKET; HOME and TMPDIR empty dirs to prove nothing lands there.
@@ -268,19 +328,50 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
     try:
         if admin:
             # The admin API as authsvc-admin.service runs it: the shipped config, the admin app.
-            admin_token = json.loads(_run([*cli, "api-token", "add", "deploy-test", "--json", *(
-                arg for scope in ("players:read", "players:write", "tokens:mint", "games:read", "audit:read")
-                for arg in ("--scope", scope))], admin_env))["token"]
+            admin_token = json.loads(
+                _run(
+                    [
+                        *cli,
+                        "api-token",
+                        "add",
+                        "deploy-test",
+                        "--json",
+                        *(
+                            arg
+                            for scope in (
+                                "players:read",
+                                "players:write",
+                                "tokens:mint",
+                                "games:read",
+                                "audit:read",
+                            )
+                            for arg in ("--scope", scope)
+                        ),
+                    ],
+                    admin_env,
+                )
+            )["token"]
             admin_env_service = {k: v for k, v in service_env.items() if k != "NOTIFY_SOCKET"}
-            admin_env_service.update({"AUTHSVC_CONFIG": str(rendered / "etc" / "admin.toml"),  # as the unit's
-                                      "AUTHSVC_BIND": f"unix:{root / 'authsvc-admin.sock'}", "AUTHSVC_WORKERS": "1",
-                                      "PROMETHEUS_MULTIPROC_DIR": str(root / "admin-metrics")})
+            admin_env_service.update(
+                {
+                    "AUTHSVC_CONFIG": str(rendered / "etc" / "admin.toml"),  # as the unit's
+                    "AUTHSVC_BIND": f"unix:{root / 'authsvc-admin.sock'}",
+                    "AUTHSVC_WORKERS": "1",
+                    "PROMETHEUS_MULTIPROC_DIR": str(root / "admin-metrics"),
+                }
+            )
             admin_gunicorn = subprocess.Popen(
-                [str(VENV_BIN / "gunicorn"), "--config", str(rendered / "gunicorn.conf.py"),
-                 "authsvc.api.wsgi:create_app()"],
+                [
+                    str(VENV_BIN / "gunicorn"),
+                    "--config",
+                    str(rendered / "gunicorn.conf.py"),
+                    "authsvc.api.wsgi:create_app()",
+                ],
                 stdout=open(logs / "gunicorn-admin-access.log", "wb"),
                 stderr=open(logs / "gunicorn-admin-error.log", "wb"),
-                env=admin_env_service, cwd=root, start_new_session=True,
+                env=admin_env_service,
+                cwd=root,
+                start_new_session=True,
             )
         # Another app host: gunicorn bound to TCP by AUTHSVC_BIND, as on a machine
         # without nginx (docs/scaling.md), started directly (no socket activation).
@@ -288,14 +379,19 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
             host_env = {k: v for k, v in service_env.items() if k != "NOTIFY_SOCKET"}
             host_env["AUTHSVC_BIND"] = f"127.0.0.1:{port}"
             host_env.update(app_host_env or {})
-            app_hosts.append((f"127.0.0.1:{port}", subprocess.Popen(
-                gunicorn_cmd,
-                stdout=open(logs / f"gunicorn-{port}-access.log", "wb"),
-                stderr=open(logs / f"gunicorn-{port}-error.log", "wb"),
-                env=host_env,
-                cwd=root,
-                start_new_session=True,
-            )))
+            app_hosts.append(
+                (
+                    f"127.0.0.1:{port}",
+                    subprocess.Popen(
+                        gunicorn_cmd,
+                        stdout=open(logs / f"gunicorn-{port}-access.log", "wb"),
+                        stderr=open(logs / f"gunicorn-{port}-error.log", "wb"),
+                        env=host_env,
+                        cwd=root,
+                        start_new_session=True,
+                    ),
+                )
+            )
         for port in extra_ports:
             wait_for_port(port, timeout=30)
         # systemd-socket-activate starts gunicorn on the first connection, like a .socket unit.
@@ -310,12 +406,16 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
                     first.connect(str(sock_path))
                 break
             except ConnectionRefusedError:
-                assert gunicorn.poll() is None and time.monotonic() < deadline, "socket never listened"
+                assert gunicorn.poll() is None and time.monotonic() < deadline, (
+                    "socket never listened"
+                )
                 time.sleep(0.05)
         ready = ""
         deadline = time.monotonic() + 30
         while "READY=1" not in ready:
-            assert gunicorn.poll() is None, "gunicorn exited: " + (logs / "gunicorn-error.log").read_text()
+            assert gunicorn.poll() is None, (
+                "gunicorn exited: " + (logs / "gunicorn-error.log").read_text()
+            )
             assert time.monotonic() < deadline, "gunicorn never sent READY=1"
             try:
                 ready += notify.recv(4096).decode()
@@ -327,7 +427,9 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
         # Opting in to the admin server links its file beside the site's, as scripts/install does.
         site = rendered / "nginx" / "sites" / ("*.conf" if admin else "authsvc.conf")
         conf.write_text(nginx_main_conf(root, logs, site, worker_connections=worker_connections))
-        check = subprocess.run([nginx, "-t", "-q", "-p", str(root), "-c", str(conf)], capture_output=True, text=True)
+        check = subprocess.run(
+            [nginx, "-t", "-q", "-p", str(root), "-c", str(conf)], capture_output=True, text=True
+        )
         assert check.returncode == 0, f"nginx -t: {check.stderr}"
         nginx_proc = start_nginx(nginx, root, conf, logs / "nginx-stdout.log")
         wait_for_port(https_port)
@@ -336,7 +438,9 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
             wait_for_port(admin_port)
             deadline = time.monotonic() + 30
             while not (root / "authsvc-admin.sock").exists():
-                assert admin_gunicorn.poll() is None, (logs / "gunicorn-admin-error.log").read_text()
+                assert admin_gunicorn.poll() is None, (
+                    logs / "gunicorn-admin-error.log"
+                ).read_text()
                 assert time.monotonic() < deadline, "the admin API's socket never appeared"
                 time.sleep(0.05)
     except BaseException:
@@ -347,10 +451,26 @@ def start_stack(root: Path, *, values: dict | None = None, worker_connections: i
             stop(proc)
         raise
     return Stack(
-        root=root, https_port=https_port, http_port=http_port, ca=ca, ca_file=root / "ca.pem",
-        game_id=game["game_id"], api_key=game["api_key"], other_api_key=other["api_key"],
-        user_id=4242, username="alice", token=token, token_secret=token_secret, env=admin_env,
-        gunicorn=gunicorn, nginx=nginx_proc, ready_message=ready, logs=logs, metrics_port=metrics_port,
-        app_hosts=app_hosts, admin_port=admin_port if admin else 0, admin_gunicorn=admin_gunicorn,
+        root=root,
+        https_port=https_port,
+        http_port=http_port,
+        ca=ca,
+        ca_file=root / "ca.pem",
+        game_id=game["game_id"],
+        api_key=game["api_key"],
+        other_api_key=other["api_key"],
+        user_id=4242,
+        username="alice",
+        token=token,
+        token_secret=token_secret,
+        env=admin_env,
+        gunicorn=gunicorn,
+        nginx=nginx_proc,
+        ready_message=ready,
+        logs=logs,
+        metrics_port=metrics_port,
+        app_hosts=app_hosts,
+        admin_port=admin_port if admin else 0,
+        admin_gunicorn=admin_gunicorn,
         admin_token=admin_token,
     )

@@ -1,4 +1,5 @@
-"""Rows a test sets up, written as the operations write them: one ``store.write()``, the transaction's method.
+"""Rows a test sets up, written as the operations write them: one ``store.write()``, the
+transaction's method.
 
 The Store has one way to write (``with store.write(audit) as tx``, store/writes.py's Tx): these
 one-call helpers keep a test's setup to one line. ``audit`` defaults to None, recorded as the actor
@@ -18,8 +19,9 @@ def set_game_enabled(store, game_id: int, enabled: bool, *, audit=None) -> bool:
         return tx.set_game_enabled(game_id, enabled)
 
 
-def add_api_key(store, game_id: int, key_digest: str, now: int, old_keys_expire_at: float | None, *,
-                audit=None) -> bool:
+def add_api_key(
+    store, game_id: int, key_digest: str, now: int, old_keys_expire_at: float | None, *, audit=None
+) -> bool:
     with store.write(audit) as tx:
         return tx.add_api_key(game_id, key_digest, now, old_keys_expire_at)
 
@@ -66,7 +68,10 @@ def import_players(store, rows, progress=None, *, audit=None) -> int:
         return tx.import_players(rows, progress)
 
 
-def load_store(store, games, players, game_id_high_water: int, progress=None, *, audit=None) -> tuple[int, int]:
-    """An export's games and players loaded as ``authsvc import`` loads them: one write, ``Tx.load``."""
+def load_store(
+    store, games, players, game_id_high_water: int, progress=None, *, audit=None
+) -> tuple[int, int]:
+    """An export's games and players loaded as ``authsvc import`` loads them: one write,
+    ``Tx.load``."""
     with store.write(audit) as tx:
         return tx.load(games, players, game_id_high_water, progress)

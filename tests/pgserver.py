@@ -13,8 +13,17 @@ from harness.pgserver import (
     find_pgbouncer,
 )
 
-__all__ = ["Heartbeat", "ThrowawayPgbouncer", "ThrowawayPostgres", "ThrowawayStandby", "find_bin_dir",
-           "find_pgbouncer", "primary_with_standby", "sql", "wait_replayed"]
+__all__ = [
+    "Heartbeat",
+    "ThrowawayPgbouncer",
+    "ThrowawayPostgres",
+    "ThrowawayStandby",
+    "find_bin_dir",
+    "find_pgbouncer",
+    "primary_with_standby",
+    "sql",
+    "wait_replayed",
+]
 
 
 def sql(url: str, statement: str):
@@ -43,8 +52,11 @@ def wait_replayed(primary, standby) -> None:
 
 
 @contextlib.contextmanager
-def primary_with_standby(*, migrate: bool = False) -> Iterator[tuple[ThrowawayPostgres, ThrowawayStandby]]:
-    """A throwaway primary and its ``pg_basebackup -R`` hot standby, both removed afterwards; the primary
+def primary_with_standby(
+    *, migrate: bool = False
+) -> Iterator[tuple[ThrowawayPostgres, ThrowawayStandby]]:
+    """A throwaway primary and its ``pg_basebackup -R`` hot standby, both removed afterwards; the
+    primary
     migrated first when asked, so the standby starts with the schema. Without PostgreSQL's binaries:
     skipped on a laptop, a failure under AUTHSVC_TEST_STRICT=1."""
     from authsvc.store import open_store

@@ -1,6 +1,7 @@
 """The shipped app (authsvc.wsgi:application) with the schema check of /readyz every
 AUTHSVC_TEST_SCHEMA_CHECK_INTERVAL seconds instead of once a minute, so a test sees many checks
-in a few seconds (tests/integration/test_upgrade.py). Loaded by gunicorn with the repository on PYTHONPATH."""
+in a few seconds (tests/integration/test_upgrade.py). Loaded by gunicorn with the repository on
+PYTHONPATH."""
 
 import os
 

@@ -39,18 +39,49 @@ from harness.processes import free_port, start_gunicorn, wait_for_port
 from tests import factories
 
 __all__ = [
-    "ADMIN_WINGS", "ALL_SCOPES", "ERROR_KEYS", "INVALID", "MISSING", "NODE_MODULES", "PATH", "STRICT", "AdminClient", "FakeClock",
+    "ADMIN_WINGS",
+    "ALL_SCOPES",
+    "ERROR_KEYS",
+    "INVALID",
+    "MISSING",
+    "NODE_MODULES",
+    "PATH",
+    "STRICT",
+    "AdminClient",
+    "FakeClock",
     "admin_request",
-    "assert_contract_headers", "free_port", "get", "get_text", "hold_write_lock", "kept_stopped", "make_testapp",
-    "node_tool", "raw_exchange", "raw_request", "schemathesis_check", "serve_gunicorn", "skip_or_fail", "start_gunicorn",
-    "until_both_workers_counted", "wait_for_port", "WRITER_MODULES", "workers_that_authenticated", "apply_roles", "init_as_owner",
+    "assert_contract_headers",
+    "free_port",
+    "get",
+    "get_text",
+    "hold_write_lock",
+    "kept_stopped",
+    "make_testapp",
+    "node_tool",
+    "raw_exchange",
+    "raw_request",
+    "schemathesis_check",
+    "serve_gunicorn",
+    "skip_or_fail",
+    "start_gunicorn",
+    "until_both_workers_counted",
+    "wait_for_port",
+    "WRITER_MODULES",
+    "workers_that_authenticated",
+    "apply_roles",
+    "init_as_owner",
 ]
 
 STRICT = os.environ.get("AUTHSVC_TEST_STRICT") == "1"
-# The package's admin side (cli/, api/, operations/) and the store modules that write: the web path reaches
-# neither (tests/unit/test_layout.py reads the imports; tests/integration/test_web_process.py loads the app).
+# The package's admin side (cli/, api/, operations/) and the store modules that write: the web path
+# reaches neither (tests/unit/test_layout.py reads the imports;
+# tests/integration/test_web_process.py loads the app).
 ADMIN_WINGS = {"cli", "api", "operations"}
-WRITER_MODULES = {"authsvc.store.sqlite.store", "authsvc.store.postgres.store", "authsvc.store.writes"}
+WRITER_MODULES = {
+    "authsvc.store.sqlite.store",
+    "authsvc.store.postgres.store",
+    "authsvc.store.writes",
+}
 DEPLOY_PG = Path(__file__).resolve().parent.parent / "deploy" / "postgres"
 NODE_MODULES = Path(__file__).resolve().parent.parent / "node_modules"
 
@@ -64,13 +95,17 @@ def skip_or_fail(reason: str):
 
 def node_tool(name: str) -> tuple[str, Path]:
     """(node, the path of ``name`` under node_modules/): a package of package.json, pinned in
-    package-lock.json and installed by scripts/test (npm ci), or skip_or_fail saying what is missing."""
+    package-lock.json and installed by scripts/test (npm ci), or skip_or_fail saying what is
+    missing."""
     node = shutil.which("node")
     if node is None:
         skip_or_fail("node is not installed (.ci/run installs nodejs and npm)")
     path = NODE_MODULES / name
     if not path.exists():
-        skip_or_fail(f"node_modules/{name} is missing: scripts/test installs package-lock.json's packages (npm ci)")
+        skip_or_fail(
+            f"node_modules/{name} is missing: scripts/test installs package-lock.json's packages "
+            "(npm ci)"
+        )
     return node, path
 
 
@@ -84,11 +119,14 @@ def schemathesis_check(name: str):
 
 
 def hold_write_lock(url: str, user_id: int | None):
-    """Another session that holds a write lock on the store (as a long import does); returns release().
+    """Another session that holds a write lock on the store (as a long import does); returns
+    release().
     On PostgreSQL the player's row, or with no user id the writer lock (the audit chain's row,
     authsvc/store/writes.py); on SQLite the file's write lock either way."""
     if url.startswith("sqlite://"):
-        conn = sqlite3.connect(url.removeprefix("sqlite://"), isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(
+            url.removeprefix("sqlite://"), isolation_level=None, check_same_thread=False
+        )
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("UPDATE players SET username = username WHERE user_id = ?", (user_id or 0,))
     else:
@@ -99,7 +137,8 @@ def hold_write_lock(url: str, user_id: int | None):
             conn.execute("SELECT 1 FROM audit_chain FOR UPDATE")
         else:
             conn.execute("SELECT 1 FROM players WHERE user_id = %s FOR UPDATE", (user_id,))
-    # Bounded even if the waiting side never gives up (before the lock wait existed, PostgreSQL waited forever).
+    # Bounded even if the waiting side never gives up (before the lock wait existed, PostgreSQL
+    # waited forever).
     timer = threading.Timer(10, conn.rollback)
     timer.start()
 
@@ -150,9 +189,12 @@ def get(port: int, params: dict, method: str = "GET") -> http.client.HTTPRespons
 
 
 def serve_gunicorn(env: dict, *args: str, port: int, log_path: Path, **options) -> subprocess.Popen:
-    """gunicorn (harness.processes.start_gunicorn: ``env``, ``args`` and ``options``) on 127.0.0.1:``port``,
-    once it listens. Its output goes to ``log_path``, not a pipe: every request writes log lines, and a
-    pipe nobody reads until the end fills up and blocks the workers. If nothing listens in time, it is
+    """gunicorn (harness.processes.start_gunicorn: ``env``, ``args`` and ``options``) on
+    127.0.0.1:``port``,
+    once it listens. Its output goes to ``log_path``, not a pipe: every request writes log lines,
+    and a
+    pipe nobody reads until the end fills up and blocks the workers. If nothing listens in time, it
+    is
     killed and the test fails with that output."""
     with log_path.open("wb") as log:
         proc = start_gunicorn(env, *args, port=port, stdout=log, stderr=log, **options)
@@ -161,17 +203,28 @@ def serve_gunicorn(env: dict, *args: str, port: int, log_path: Path, **options) 
     except TimeoutError:
         proc.kill()
         proc.wait(timeout=20)
-        raise AssertionError("gunicorn did not start:\n" + log_path.read_text(errors="replace")) from None
+        raise AssertionError(
+            "gunicorn did not start:\n" + log_path.read_text(errors="replace")
+        ) from None
     return proc
 
 
 # Every scope an API token may hold (docs/admin-api.md, "Tokens and scopes").
-ALL_SCOPES = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read"]
+ALL_SCOPES = [
+    "players:read",
+    "players:write",
+    "tokens:mint",
+    "games:read",
+    "games:write",
+    "audit:read",
+]
 
 
 class AdminClient:
-    """The admin API (an AdminApp on ``settings``) through WebTest with its WSGI lint on, and API tokens for
-    it added to ``store`` as the command adds them (actor ``cli:test``). tests/conftest.py's ``admin``."""
+    """The admin API (an AdminApp on ``settings``) through WebTest with its WSGI lint on, and API
+    tokens for
+    it added to ``store`` as the command adds them (actor ``cli:test``). tests/conftest.py's
+    ``admin``."""
 
     def __init__(self, settings: Settings, store):
         from authsvc.api.app import AdminApp
@@ -180,12 +233,16 @@ class AdminClient:
         self.app = webtest.TestApp(self.api, lint=True)
         self.store = store
 
-    def bearer(self, name: str, scopes=ALL_SCOPES, expires_in: int | None = None) -> tuple[dict, str]:
+    def bearer(
+        self, name: str, scopes=ALL_SCOPES, expires_in: int | None = None
+    ) -> tuple[dict, str]:
         """(the Authorization header of a new token, the token)."""
         from authsvc.operations import api_tokens
         from authsvc.operations.context import Context
 
-        _, token = api_tokens.add_api_token(self.store, Context(actor="cli:test"), name, scopes, expires_in)
+        _, token = api_tokens.add_api_token(
+            self.store, Context(actor="cli:test"), name, scopes, expires_in
+        )
         return {"Authorization": f"Bearer {token}"}, token
 
     def headers(self, name: str, scopes=ALL_SCOPES, expires_in: int | None = None) -> dict:
@@ -197,17 +254,29 @@ class AdminClient:
 
 
 def apply_roles(pg):
-    """deploy/postgres/roles.sql run by psql as the DBA on the throwaway server ``pg`` (tests/pgserver.py);
+    """deploy/postgres/roles.sql run by psql as the DBA on the throwaway server ``pg``
+    (tests/pgserver.py);
     returns url(role): the authsvc database as ``role``, over TCP."""
     subprocess.run(
-        [os.path.join(pg.bin_dir, "psql"), pg.url, "-q", "-v", "ON_ERROR_STOP=1", "-f", str(DEPLOY_PG / "roles.sql")],
-        check=True, capture_output=True, timeout=60,
+        [
+            os.path.join(pg.bin_dir, "psql"),
+            pg.url,
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-f",
+            str(DEPLOY_PG / "roles.sql"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
     return lambda role: f"postgresql://{role}@127.0.0.1:{pg.port}/authsvc"
 
 
 def init_as_owner(pg, secret_file, monkeypatch):
-    """apply_roles, then ``authsvc init`` as the owner (the environment: ``secret_file``, no settings file);
+    """apply_roles, then ``authsvc init`` as the owner (the environment: ``secret_file``, no
+    settings file);
     the environment then names the store as the admin role, as the everyday admin command has it.
     Returns url(role)."""
     from authsvc.cli import command as cli
@@ -221,9 +290,16 @@ def init_as_owner(pg, secret_file, monkeypatch):
     return url
 
 
-def admin_request(conn: http.client.HTTPConnection, method: str, path: str, token: str, body: dict | None = None,
-                  headers: dict | None = None) -> http.client.HTTPResponse:
-    """One admin API request on ``conn``: the bearer ``token``, ``headers``, ``body`` as JSON; its response
+def admin_request(
+    conn: http.client.HTTPConnection,
+    method: str,
+    path: str,
+    token: str,
+    body: dict | None = None,
+    headers: dict | None = None,
+) -> http.client.HTTPResponse:
+    """One admin API request on ``conn``: the bearer ``token``, ``headers``, ``body`` as JSON; its
+    response
     (not yet read)."""
     headers = {"Authorization": f"Bearer {token}", **(headers or {})}
     data = None
@@ -265,9 +341,11 @@ def raw_exchange(sock: socket.socket, data: bytes, timeout: float = 10) -> tuple
     return status, headers, body
 
 
-def raw_request(port: int, data: bytes, *, tls_host: str | None = None, ca_file=None,
-                source: str = "127.0.0.1") -> tuple[int, dict, bytes]:
-    """``data`` sent to 127.0.0.1:``port`` on a new connection (TLS with ``tls_host``, from ``source``):
+def raw_request(
+    port: int, data: bytes, *, tls_host: str | None = None, ca_file=None, source: str = "127.0.0.1"
+) -> tuple[int, dict, bytes]:
+    """``data`` sent to 127.0.0.1:``port`` on a new connection (TLS with ``tls_host``, from
+    ``source``):
     raw_exchange's answer."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
     try:
@@ -301,19 +379,28 @@ def get_text(port: int, path: str) -> tuple[int, str]:
 
 
 def authentications_by_worker(metrics_dir, result: str | None = None) -> dict[str, float]:
-    """Each worker file's (prometheus_client's counter_<pid>.db, one per process) authentication count,
+    """Each worker file's (prometheus_client's counter_<pid>.db, one per process) authentication
+    count,
     of one ``result`` (the reason label: "success", "store_unavailable", ...) or of all."""
     try:
         from prometheus_client.mmap_dict import MmapedDict
     except ImportError:
-        skip_or_fail("prometheus_client is not installed (pip install -e '.[metrics]'): it tells the workers apart")
+        skip_or_fail(
+            "prometheus_client is not installed (pip install -e '.[metrics]'): it tells the "
+            "workers apart"
+        )
+
     def counted(key: str) -> bool:  # key: prometheus_client's JSON [metric, sample, labels, help]
         metric, _, labels, *_ = json.loads(key)
         return metric == "authsvc_authentications" and result in (None, labels.get("result"))
 
     def count(path) -> float:
         try:
-            return sum(value for key, value, *_ in MmapedDict.read_all_values_from_file(str(path)) if counted(key))
+            return sum(
+                value
+                for key, value, *_ in MmapedDict.read_all_values_from_file(str(path))
+                if counted(key)
+            )
         except struct.error:  # a worker that is booting has made its file but not yet sized it
             return 0
 
@@ -321,22 +408,36 @@ def authentications_by_worker(metrics_dir, result: str | None = None) -> dict[st
 
 
 def workers_that_authenticated(metrics_dir) -> int:
-    """Worker files (prometheus_client's, one per process) holding a non-zero authentication count."""
+    """Worker files (prometheus_client's, one per process) holding a non-zero authentication
+    count."""
     return sum(bool(count) for count in authentications_by_worker(metrics_dir).values())
 
 
-def until_both_workers_counted(port: int, params: dict, metrics_dir, limit: int = 2000, status: int = 200,
-                               result: str | None = None, answer: dict | None = None) -> int:
+def until_both_workers_counted(
+    port: int,
+    params: dict,
+    metrics_dir,
+    limit: int = 2000,
+    status: int = 200,
+    result: str | None = None,
+    answer: dict | None = None,
+) -> int:
     """Authentications, each on a new connection, until two gunicorn workers have each counted more
     of them (of ``result``, if given) than when called: the kernel may hand one worker every
     connection for a while. Each must be answered ``status`` (and ``answer``, if given). The
     workers count in PROMETHEUS_MULTIPROC_DIR=``metrics_dir`` (tests/functional/test_metrics.py,
-    tests/integration/test_prometheus.py, the "both workers" tests). Returns how many were sent; at most ``limit``."""
+    tests/integration/test_prometheus.py, the "both workers" tests). Returns how many were sent; at
+    most ``limit``."""
     before = authentications_by_worker(metrics_dir, result)
     sent = 0
     query = PATH + "?" + urllib.parse.urlencode(params)
-    while sum(n > before.get(f, 0) for f, n in authentications_by_worker(metrics_dir, result).items()) < 2:
-        assert sent < limit, f"one worker answered every request: {authentications_by_worker(metrics_dir, result)}"
+    while (
+        sum(n > before.get(f, 0) for f, n in authentications_by_worker(metrics_dir, result).items())
+        < 2
+    ):
+        assert sent < limit, (
+            f"one worker answered every request: {authentications_by_worker(metrics_dir, result)}"
+        )
         got_status, body = get_text(port, query)
         assert got_status == status, (got_status, body)
         if answer is not None:
@@ -393,11 +494,19 @@ def profile(call) -> list[str]:
 
 
 def kept_stopped() -> set[int]:
-    """The exit statuses after which systemd does not start the service again: the RestartPreventExitStatus
+    """The exit statuses after which systemd does not start the service again: the
+    RestartPreventExitStatus
     of deploy/systemd/authsvc.service (docs/operations.md, "Exit statuses")."""
-    unit = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deploy", "systemd", "authsvc.service")
+    unit = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        "deploy",
+        "systemd",
+        "authsvc.service",
+    )
     with open(unit) as f:
-        (line,) = [line for line in f.read().splitlines() if line.startswith("RestartPreventExitStatus=")]
+        (line,) = [
+            line for line in f.read().splitlines() if line.startswith("RestartPreventExitStatus=")
+        ]
     return {int(word) for word in line.partition("=")[2].split()}
 
 
@@ -440,7 +549,8 @@ def store_sql(store_url: str, statement: str, params: tuple = ()) -> list[tuple]
 
 
 def problem(response, status: int, slug: str) -> dict:
-    """A WebTest answer of the admin API: the RFC 9457 problem of that status and type, no traceback."""
+    """A WebTest answer of the admin API: the RFC 9457 problem of that status and type, no
+    traceback."""
     assert response.status_int == status
     assert response.headers["Content-Type"] == "application/problem+json"
     body = response.json
@@ -464,7 +574,8 @@ def audit_rows(store_url: str) -> list[tuple]:
 
 class Receiver:
     """A webhook receiver on 127.0.0.1 (HTTP/1.1, keep-alive): keeps each POST as (headers, body) in
-    ``requests``; ``answer(headers, body)`` gives the status (and optional headers) of each answer."""
+    ``requests``; ``answer(headers, body)`` gives the status (and optional headers) of each
+    answer."""
 
     def __init__(self, answer=None, tls: ssl.SSLContext | None = None, port: int = 0):
         import http.server
@@ -502,7 +613,9 @@ class Receiver:
         if tls is not None:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
 
     def url(self, path: str = "/hook", host: str = "127.0.0.1") -> str:
@@ -518,14 +631,20 @@ class Receiver:
 
 
 def fan_out(store, limit: int = 10_000) -> tuple[int, bool]:
-    """The deliverer's fan-out step (store/deliveries.py) at the wall clock: (deliveries written, events left)."""
+    """The deliverer's fan-out step (store/deliveries.py) at the wall clock: (deliveries written,
+    events left)."""
     return store.fan_out_events(int(time.time() * 1000), limit)
 
 
-def add_webhook(store_url: str, url: str, events: list[str], secret: str, game_id: int | None = None) -> int:
+def add_webhook(
+    store_url: str, url: str, events: list[str], secret: str, game_id: int | None = None
+) -> int:
     """A webhook row as a subscription writes it (its events from the next one on); its id."""
     now = int(time.time() * 1000)
-    store_sql(store_url, "INSERT INTO webhooks (url, events, game_id, secret, created_at, fanned_out) "
-                         "VALUES (?, ?, ?, ?, ?, (SELECT coalesce(max(id), 0) FROM events))",
-              (url, json.dumps(events), game_id, secret, now))
+    store_sql(
+        store_url,
+        "INSERT INTO webhooks (url, events, game_id, secret, created_at, fanned_out) "
+        "VALUES (?, ?, ?, ?, ?, (SELECT coalesce(max(id), 0) FROM events))",
+        (url, json.dumps(events), game_id, secret, now),
+    )
     return store_sql(store_url, "SELECT max(id) FROM webhooks")[0][0]

@@ -57,27 +57,41 @@ OPENAPI_PATH = "/openapi.json"
 class AdminApp:
     """The admin API's WSGI callable; the store opened read-write, once per process."""
 
-    def __init__(self, settings: Settings, store: Store | None = None, clock: Callable[[], float] = time.time):
+    def __init__(
+        self, settings: Settings, store: Store | None = None, clock: Callable[[], float] = time.time
+    ):
         self.settings = settings
-        self.store = store if store is not None else open_store(settings.store, readonly=False, settings=settings)
+        self.store = (
+            store
+            if store is not None
+            else open_store(settings.store, readonly=False, settings=settings)
+        )
         self.clock = clock
         self.rate_limit = RateLimit(settings.admin_rate, settings.admin_burst)
-        # Minted with: the file's first secret, re-read at most every AUTHSVC_MAX_STALENESS (docs/tokens.md).
-        self.secret_file = SecretFile(settings.token_secret_file, settings.token_secrets,
-                                      lambda: self.store.token_secrets(), settings.max_staleness)
+        # Minted with: the file's first secret, re-read at most every AUTHSVC_MAX_STALENESS
+        # (docs/tokens.md).
+        self.secret_file = SecretFile(
+            settings.token_secret_file,
+            settings.token_secrets,
+            lambda: self.store.token_secrets(),
+            settings.max_staleness,
+        )
         self.openapi_document = openapi_document()
 
     def __call__(self, environ: dict, start_response):
-        # The request's id is the service's own, for every request: the answer's X-Request-Id, the access
-        # line's rid= (authsvc/serving/access_log.py) and every audit record it writes. A client's
-        # X-Request-Id names nothing here (two callers may send one); it is kept beside it (handle).
+        # The request's id is the service's own, for every request: the answer's X-Request-Id, the
+        # access line's rid= (authsvc/serving/access_log.py) and every audit record it writes. A
+        # client's X-Request-Id names nothing here (two callers may send one); it is kept beside it
+        # (handle).
         rid = uuid.uuid4().hex
         environ[REQUEST_ID_KEY] = rid
         try:
             response = self.handle(environ, rid)
         except Exception as e:  # the one error boundary
             p = problems.problem_for(e, rid)
-            response = Response(p.status, p.body(), p.headers, content_type="application/problem+json")
+            response = Response(
+                p.status, p.body(), p.headers, content_type="application/problem+json"
+            )
         body = encode(response.obj)
         headers = [
             ("Content-Type", response.content_type),
@@ -91,17 +105,22 @@ class AdminApp:
         return [body if environ["REQUEST_METHOD"] != "HEAD" else b""]
 
     def gunicorn_refusal(self, status: int) -> tuple[tuple[tuple[str, str], ...], bytes]:
-        """The answer to a request gunicorn refused before this app saw it (a request line or header it
+        """The answer to a request gunicorn refused before this app saw it (a request line or header
+        it
         cannot read, a limit passed): a problem+json like every admin error, for the worker to send
         (authsvc/serving/workers.py). No request id: there is no request to name."""
         body = encode(problems.refusal(status).body())
-        return (("Content-Type", "application/problem+json"), ("Cache-Control", "no-store"),
-                ("X-Content-Type-Options", "nosniff")), body
+        return (
+            ("Content-Type", "application/problem+json"),
+            ("Cache-Control", "no-store"),
+            ("X-Content-Type-Options", "nosniff"),
+        ), body
 
     def handle(self, environ: dict, rid: str) -> Response:
         method = environ["REQUEST_METHOD"]
         path = environ.get("PATH_INFO", "")
-        # The access line's name of the request (authsvc/serving/access_log.py): a template, never the path.
+        # The access line's name of the request (authsvc/serving/access_log.py): a template, never
+        # the path.
         environ[ROUTE_KEY] = OPENAPI_PATH if path == OPENAPI_PATH else routes.route_template(path)
         if path == OPENAPI_PATH:
             if method not in ("GET", "HEAD"):
@@ -112,24 +131,37 @@ class AdminApp:
         size = bodies.declared(environ)  # None: chunked, known once read
         wait = self.rate_limit.wait(token.name, 1 + body_cost(size or 0))
         if wait:
-            raise TooManyRequests(f"this api token is over its rate of {self.settings.admin_rate:g} "
-                                  "requests a second (a body counts one more for each 64 KiB); try again after "
-                                  "Retry-After seconds", headers=(("Retry-After", str(max(1, math.ceil(wait)))),))
+            raise TooManyRequests(
+                f"this api token is over its rate of {self.settings.admin_rate:g} "
+                "requests a second (a body counts one more for each 64 KiB); try again after "
+                "Retry-After seconds",
+                headers=(("Retry-After", str(max(1, math.ceil(wait)))),),
+            )
         if scope not in token.scopes:
             raise Forbidden(f"this api token lacks the scope {scope}")
         large = size is None or size > BODY_UNIT
         if large and not self.rate_limit.hold_large(token.name):
-            raise TooManyRequests("this api token has another large body in flight (over 64 KiB, or chunked): "
-                                  "send them one at a time; try again after Retry-After seconds",
-                                  headers=(("Retry-After", "1"),))
+            raise TooManyRequests(
+                "this api token has another large body in flight (over 64 KiB, or chunked): "
+                "send them one at a time; try again after Retry-After seconds",
+                headers=(("Retry-After", "1"),),
+            )
         try:
-            raw = bodies.read_raw(environ, getattr(handler, "max_body_bytes", self.settings.max_body_bytes))
+            raw = bodies.read_raw(
+                environ, getattr(handler, "max_body_bytes", self.settings.max_body_bytes)
+            )
             if size is None:
                 self.rate_limit.charge(token.name, body_cost(len(raw)))
             body = bodies.parse(raw, environ)
-            client_rid = logged_request_id(environ.get("HTTP_X_REQUEST_ID"))  # in the logged shape, else "-"
-            ctx = Context(actor=f"api:{token.name}", request_id=rid, clock=self.clock,
-                              client_request_id=None if client_rid == "-" else client_rid)
+            client_rid = logged_request_id(
+                environ.get("HTTP_X_REQUEST_ID")
+            )  # in the logged shape, else "-"
+            ctx = Context(
+                actor=f"api:{token.name}",
+                request_id=rid,
+                clock=self.clock,
+                client_request_id=None if client_rid == "-" else client_rid,
+            )
             request = Request(environ, params, body, ctx, token.name)
             key = environ.get("HTTP_IDEMPOTENCY_KEY")
             if method in ("POST", "DELETE") and key is not None:
@@ -140,8 +172,10 @@ class AdminApp:
                 self.rate_limit.release_large(token.name)
 
     def authenticate(self, environ: dict):
-        unauthorized = Unauthorized("give a live admin api token: Authorization: Bearer <token>",
-                               headers=(("WWW-Authenticate", 'Bearer realm="authsvc-admin"'),))
+        unauthorized = Unauthorized(
+            "give a live admin api token: Authorization: Bearer <token>",
+            headers=(("WWW-Authenticate", 'Bearer realm="authsvc-admin"'),),
+        )
         m = _BEARER.fullmatch(environ.get("HTTP_AUTHORIZATION", ""))
         if m is None:
             raise unauthorized
@@ -152,11 +186,11 @@ class AdminApp:
 
 
 def openapi_document() -> dict:
-    """authsvc/openapi/admin.json (package data): read when the app is built, so a broken document fails
+    """authsvc/openapi/admin.json (package data): read when the app is built, so a broken document
+    fails
     start-up, not a request."""
-    document = json.loads(resources.files("authsvc").joinpath("openapi", "admin.json").read_text(encoding="utf-8"))
+    document = json.loads(
+        resources.files("authsvc").joinpath("openapi", "admin.json").read_text(encoding="utf-8")
+    )
     document["info"]["version"] = release()  # one source: pyproject.toml
     return document
-
-
-

@@ -1,4 +1,5 @@
-"""``Idempotency-Key`` on the admin API's POSTs and DELETEs (docs/admin-api.md, "Retries and Idempotency-Key").
+"""``Idempotency-Key`` on the admin API's POSTs and DELETEs (docs/admin-api.md, "Retries and
+Idempotency-Key").
 
 The first request with a key (per API token) runs and its answer is kept 24 hours
 (table idempotency_keys, store/api_tables.py); the same key with the same method,
@@ -42,6 +43,7 @@ WINDOW = 86400  # seconds a key's answer is kept
 RUNNING = 0  # the status the release before wrote while a request ran: no answer, the retry runs
 PROBLEM = "application/problem+json"
 
+
 def check_key(key: str) -> str:
     if not (1 <= len(key) <= 255 and key.isascii() and key.isprintable()):
         raise invalid("Idempotency-Key", "must be 1 to 255 printable ASCII characters")
@@ -54,7 +56,8 @@ def request_hash(req: Request) -> str:
 
 
 def _kept(response: Response) -> dict:
-    """What is kept of an answer: never a token or an api key (the module's docstring says what instead)."""
+    """What is kept of an answer: never a token or an api key (the module's docstring says what
+    instead)."""
     obj = dict(response.obj)
     kind = "plain"
     if "game_auth_token" in obj:
@@ -66,27 +69,41 @@ def _kept(response: Response) -> dict:
     elif "secret" in obj:
         del obj["secret"]
         kind = "webhook"
-    return {"status": response.status, "obj": obj, "kind": kind, "content_type": response.content_type}
+    return {
+        "status": response.status,
+        "obj": obj,
+        "kind": kind,
+        "content_type": response.content_type,
+    }
 
 
 def _replay(app: AdminApp, kept: dict) -> Response:
     obj, replayed = kept["obj"], (("Idempotent-Replayed", "true"),)
     if kept["kind"] == "mint":
         secret = app.secret_file.current()[0]
-        obj = obj | {"game_auth_token": mint_token(secret, obj["game_id"], obj["user_id"], obj["epoch"])}
+        obj = obj | {
+            "game_auth_token": mint_token(secret, obj["game_id"], obj["user_id"], obj["epoch"])
+        }
     elif kept["kind"] == "key":
-        raise SecretNotKept(f"the first request with this Idempotency-Key already made game {obj['game_id']}'s key, "
-                            "shown once and not kept; rotate the key if that answer was lost",
-                            headers=replayed, extra={"game_id": obj["game_id"]})
+        raise SecretNotKept(
+            f"the first request with this Idempotency-Key already made game {obj['game_id']}'s "
+            "key, shown once and not kept; rotate the key if that answer was lost",
+            headers=replayed,
+            extra={"game_id": obj["game_id"]},
+        )
     elif kept["kind"] == "webhook":
-        raise SecretNotKept(f"the first request with this Idempotency-Key already made webhook {obj['id']}, whose "
-                            "secret was shown once and not kept; remove it and add another if that answer was lost",
-                            headers=replayed, extra={"webhook_id": obj["id"]})
+        raise SecretNotKept(
+            f"the first request with this Idempotency-Key already made webhook {obj['id']}, whose "
+            "secret was shown once and not kept; remove it and add another if that answer was lost",
+            headers=replayed,
+            extra={"webhook_id": obj["id"]},
+        )
     return Response(kept["status"], obj, replayed, content_type=kept["content_type"])
 
 
 def run(app: AdminApp, req: Request, key: str, call: Callable[[], Response]) -> Response:
-    """The request once per key: the first answer, kept, or that answer again; one transaction either way."""
+    """The request once per key: the first answer, kept, or that answer again; one transaction
+    either way."""
     check_key(key)
     token, now, digest = req.token_name, req.ctx.now(), request_hash(req)
     refused: Error | None = None
@@ -94,13 +111,17 @@ def run(app: AdminApp, req: Request, key: str, call: Callable[[], Response]) -> 
         found = tx.kept_answer(token, key, now - WINDOW)
         if found is not None and found[1] != RUNNING:
             if found[0] != digest:
-                raise KeyReused("this Idempotency-Key was used with another request (method, path or body) "
-                                "in the last 24 h")
+                raise KeyReused(
+                    "this Idempotency-Key was used with another request (method, path or body) "
+                    "in the last 24 h"
+                )
             return _replay(app, json.loads(found[2] or "{}"))
         try:
             with tx.savepoint():  # the call's own writes, undone if it is refused
                 response = call()
-        except Error as e:  # a refusal is an answer too: kept, unless a 5xx (anything else: nothing kept)
+        except (
+            Error
+        ) as e:  # a refusal is an answer too: kept, unless a 5xx (anything else: nothing kept)
             if e.status >= 500:
                 raise
             p = problem_for(e, req.ctx.request_id or "")

@@ -1,4 +1,5 @@
-"""The admin API's messages: a ``Request`` as a handler reads it and the ``Response`` it answers with
+"""The admin API's messages: a ``Request`` as a handler reads it and the ``Response`` it answers
+with
 (JSON; authsvc/api/problems.py makes an error's).
 """
 
@@ -11,9 +12,12 @@ if TYPE_CHECKING:
 
 
 class Request:
-    """What a handler may read: method, path parameters, query, JSON body, headers it needs, the context."""
+    """What a handler may read: method, path parameters, query, JSON body, headers it needs, the
+    context."""
 
-    def __init__(self, environ: dict, params: dict, body: dict | None, ctx: Context, token_name: str):
+    def __init__(
+        self, environ: dict, params: dict, body: dict | None, ctx: Context, token_name: str
+    ):
         self.environ = environ
         self.method = environ["REQUEST_METHOD"]
         self.params = params
@@ -27,8 +31,13 @@ class Request:
 
 
 class Response:
-    def __init__(self, status: int, obj: dict, headers: tuple[tuple[str, str], ...] = (),
-                 content_type: str = "application/json"):
+    def __init__(
+        self,
+        status: int,
+        obj: dict,
+        headers: tuple[tuple[str, str], ...] = (),
+        content_type: str = "application/json",
+    ):
         self.status = status
         self.obj = obj
         self.headers = headers

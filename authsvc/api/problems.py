@@ -1,4 +1,5 @@
-"""The admin API's errors: RFC 9457 ``application/problem+json``, one for every error (its requests and
+"""The admin API's errors: RFC 9457 ``application/problem+json``, one for every error (its requests
+and
 answers are authsvc/api/messages.py's).
 
 Unlike the game-facing endpoint (docs/api.md), whose 200-for-errors serves old game
@@ -13,7 +14,15 @@ from __future__ import annotations
 import json
 import logging
 
-from authsvc.errors import ConfigError, Error, Invalid, StoreFull, StoreUnavailable, reason_phrase, refused
+from authsvc.errors import (
+    ConfigError,
+    Error,
+    Invalid,
+    StoreFull,
+    StoreUnavailable,
+    reason_phrase,
+    refused,
+)
 
 log = logging.getLogger("authsvc.admin")
 
@@ -22,10 +31,19 @@ RETRY_AFTER = "2"  # seconds; a store outage or a lock held by an import
 
 
 class Problem:
-    """An error answer: status, a short type slug, a detail for people; ``errors``: the fields at fault."""
+    """An error answer: status, a short type slug, a detail for people; ``errors``: the fields at
+    fault."""
 
-    def __init__(self, status: int, slug: str, detail: str, *, errors: list[dict] | None = None,
-                 headers: tuple[tuple[str, str], ...] = (), extra: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        slug: str,
+        detail: str,
+        *,
+        errors: list[dict] | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+        extra: dict | None = None,
+    ):
         self.status = status
         self.slug = slug
         self.detail = detail
@@ -34,15 +52,19 @@ class Problem:
         self.extra = extra or {}
 
     def body(self) -> dict:
-        obj = {"type": TYPE_BASE + self.slug, "title": reason_phrase(self.status), "status": self.status,
-               "detail": self.detail} | self.extra
+        obj = {
+            "type": TYPE_BASE + self.slug,
+            "title": reason_phrase(self.status),
+            "status": self.status,
+            "detail": self.detail,
+        } | self.extra
         if self.errors is not None:
             obj["errors"] = self.errors
         return obj
 
 
-# What gunicorn itself refuses, before the app sees a request (authsvc.errors.GUNICORN_REFUSALS), in the
-# admin API's words (docs/admin-api.md, "Errors"): no request data.
+# What gunicorn itself refuses, before the app sees a request (authsvc.errors.GUNICORN_REFUSALS), in
+# the admin API's words (docs/admin-api.md, "Errors"): no request data.
 _REFUSAL_DETAILS = {
     400: "the server could not read the request: a malformed request line, header or framing",
     403: "the server refuses requests of this connection",
@@ -67,32 +89,58 @@ def problem_for(error: BaseException, rid: str) -> Problem:
     500, its traceback logged under the request id."""
     if isinstance(error, StoreFull):  # no retry helps until someone frees space: the detail says so
         log.error("admin API: store full (request %s): %s", rid, str(error).splitlines()[0])
-        return Problem(503, "unavailable", "the store's disk is full; nothing was written",
-                       headers=(("Retry-After", RETRY_AFTER),))
+        return Problem(
+            503,
+            "unavailable",
+            "the store's disk is full; nothing was written",
+            headers=(("Retry-After", RETRY_AFTER),),
+        )
     if isinstance(error, (StoreUnavailable, ConfigError)):
-        log.warning("admin API: store unavailable (request %s): %s", rid, str(error).splitlines()[0])
-        return Problem(503, "unavailable", "the store cannot answer right now; try again",
-                       headers=(("Retry-After", RETRY_AFTER),))
+        log.warning(
+            "admin API: store unavailable (request %s): %s", rid, str(error).splitlines()[0]
+        )
+        return Problem(
+            503,
+            "unavailable",
+            "the store cannot answer right now; try again",
+            headers=(("Retry-After", RETRY_AFTER),),
+        )
     if isinstance(error, Error):
         return from_error(error)
     log.error("admin API: unexpected %s (request %s)", type(error).__name__, rid, exc_info=error)
-    return Problem(500, "internal", "unexpected failure; the request id names it in the service's log")
+    return Problem(
+        500, "internal", "unexpected failure; the request id names it in the service's log"
+    )
 
 
 def from_error(error: Error) -> Problem:
-    """An error's problem: its status and slug; bad input names its field (``/old_key_ttl: must be ...``,
+    """An error's problem: its status and slug; bad input names its field (``/old_key_ttl: must be
+    ...``,
     and ``errors`` lists it) or, naming none, is listed with field ""."""
     if isinstance(error, Invalid) and error.errors is None:
         field = error.field or ""
         detail = f"{field}: {error.detail}" if field else error.detail
-        return Problem(error.status, error.slug, detail, errors=[{"field": field, "detail": error.detail}],
-                       headers=error.headers, extra=error.extra)
-    return Problem(error.status, error.slug, error.detail, errors=error.errors, headers=error.headers,
-                   extra=error.extra)
+        return Problem(
+            error.status,
+            error.slug,
+            detail,
+            errors=[{"field": field, "detail": error.detail}],
+            headers=error.headers,
+            extra=error.extra,
+        )
+    return Problem(
+        error.status,
+        error.slug,
+        error.detail,
+        errors=error.errors,
+        headers=error.headers,
+        extra=error.extra,
+    )
 
 
 def invalid(field: str, detail: str) -> Invalid:
-    """422 naming one field (a JSON pointer into the body, or a query parameter's or header's name)."""
+    """422 naming one field (a JSON pointer into the body, or a query parameter's or header's
+    name)."""
     return Invalid(detail, field=field)
 
 

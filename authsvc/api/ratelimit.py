@@ -1,4 +1,5 @@
-"""The admin API's limits per API token, in each worker process: what one caller may cost the others.
+"""The admin API's limits per API token, in each worker process: what one caller may cost the
+others.
 
 - A rate: ``AUTHSVC_ADMIN_RATE`` units a second per token, in bursts of up to
   ``AUTHSVC_ADMIN_BURST`` (docs/admin-api.md, "Rate limit"). A request costs one unit, and one
@@ -24,7 +25,9 @@ import threading
 import time
 from collections.abc import Callable
 
-BODY_UNIT = 64 * 1024  # bytes of body a unit of the rate pays for; a body longer than this is "large"
+BODY_UNIT = (
+    64 * 1024
+)  # bytes of body a unit of the rate pays for; a body longer than this is "large"
 
 
 def body_cost(size: int) -> int:
@@ -33,7 +36,8 @@ def body_cost(size: int) -> int:
 
 
 class RateLimit:
-    """Token buckets by API token name (``rate`` 0 turns the rate off), and each token's large-body slot."""
+    """Token buckets by API token name (``rate`` 0 turns the rate off), and each token's large-body
+    slot."""
 
     def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic):
         self.rate = rate
@@ -44,7 +48,8 @@ class RateLimit:
         self._lock = threading.Lock()  # gthread workers serve requests in threads
 
     def wait(self, name: str, cost: int = 1) -> float:
-        """0 if a request of ``cost`` units may run now (and they are counted), else the seconds until it
+        """0 if a request of ``cost`` units may run now (and they are counted), else the seconds
+        until it
         may. A request never costs more than a full bucket: one that large waits for a full one."""
         if self.rate <= 0:
             return 0.0
@@ -59,7 +64,8 @@ class RateLimit:
             return (cost - units) / self.rate
 
     def charge(self, name: str, cost: int) -> None:
-        """Count ``cost`` more units for a request already running (a chunked body, once read): the bucket may
+        """Count ``cost`` more units for a request already running (a chunked body, once read): the
+        bucket may
         go below zero, and the token's next requests wait for it."""
         if self.rate <= 0 or cost <= 0:
             return

@@ -49,7 +49,8 @@ def parse_time(text: str, now_ms: int) -> int:
         when = datetime.datetime.fromisoformat(text.strip())
     except ValueError:
         raise Invalid(
-            f"a time must be a date or date and time (2026-11-01, 2026-11-01T12:00:00Z) or a span ago "
+            "a time must be a date or date and time (2026-11-01, 2026-11-01T12:00:00Z) or a span "
+            "ago "
             f"(30d, 12h, 90m), got {text!r}"
         ) from None
     if when.tzinfo is None:
@@ -67,7 +68,8 @@ JOURNAL_SOCKET = "/dev/log"  # syslog's socket: journald reads it on a systemd h
 
 
 class _Journal(logging.handlers.SysLogHandler):
-    """syslog's socket, as ``authsvc``; a line the journal did not take goes to stderr, never lost silently."""
+    """syslog's socket, as ``authsvc``; a line the journal did not take goes to stderr, never lost
+    silently."""
 
     def handleError(self, record: logging.LogRecord) -> None:
         print(self.format(record), file=sys.stderr, flush=True)
@@ -75,9 +77,12 @@ class _Journal(logging.handlers.SysLogHandler):
 
 @contextlib.contextmanager
 def heads_logged() -> Iterator[None]:
-    """While the command runs, its head lines (``authsvc.audit: head id=N hash=H``, docs/logs.md) go to the
-    journal through syslog's socket where there is one (any systemd host, also under sudo), else to stderr:
-    the command's own log (a container's, a test's). The admin API's go to gunicorn's error log instead
+    """While the command runs, its head lines (``authsvc.audit: head id=N hash=H``, docs/logs.md) go
+    to the
+    journal through syslog's socket where there is one (any systemd host, also under sudo), else to
+    stderr:
+    the command's own log (a container's, a test's). The admin API's go to gunicorn's error log
+    instead
     (deploy/gunicorn.conf.py). Nothing else of the command is logged."""
     handler: logging.Handler
     if os.path.exists(JOURNAL_SOCKET):
@@ -113,15 +118,18 @@ class Verdict:
     record_id: int | None = None
 
 
-# A head line as store/audit.py logs it (HEAD_LOG, HEAD_LINE), after whatever the log put before it: gunicorn's
-# prefix (time, process, level), journalctl's (time, host, "authsvc[PID]:"), or nothing (journalctl -o cat).
+# A head line as store/audit.py logs it (HEAD_LOG, HEAD_LINE), after whatever the log put before it:
+# gunicorn's prefix (time, process, level), journalctl's (time, host, "authsvc[PID]:"), or nothing
+# (journalctl -o cat).
 _LOGGED = re.compile(rf"(?:^|\s){re.escape(HEAD_LOG.name)}: (.*)")
 _HEAD = re.compile(r"head id=([1-9][0-9]{0,18}) hash=([0-9a-f]{64})")
 
 
 def read_heads(path: str) -> dict[int, set[str]]:
-    """The heads a log anchors, {record id: its hashes} (one, unless the chain was written twice from there):
-    from each line of the logger ``authsvc.audit``; every other line is skipped. Invalid for a line of that
+    """The heads a log anchors, {record id: its hashes} (one, unless the chain was written twice
+    from there):
+    from each line of the logger ``authsvc.audit``; every other line is skipped. Invalid for a line
+    of that
     logger that is not a head line as authsvc writes it, and for a file without one."""
     heads: dict[int, set[str]] = {}
     try:
@@ -132,21 +140,27 @@ def read_heads(path: str) -> dict[int, set[str]]:
                 head = _HEAD.fullmatch(logged[1].rstrip())
                 if head is None or int(head[1]) > MAX_ID:
                     raise Invalid(
-                        f"{path} line {number}: not a head line as authsvc writes it ('{HEAD_LOG.name}: head id=N "
-                        f"hash=H', N from 1 to 2^63-1, H 64 lower-case hex digits): {shown(line.strip()[:200])!r}"
+                        f"{path} line {number}: not a head line as authsvc writes it "
+                        f"('{HEAD_LOG.name}: head id=N "
+                        "hash=H', N from 1 to 2^63-1, H 64 lower-case hex digits): "
+                        f"{shown(line.strip()[:200])!r}"
                     )
                 heads.setdefault(int(head[1]), set()).add(head[2])
     except OSError as e:
         raise Invalid(f"cannot read the anchor file {path}: {e.strerror}") from None
     if not heads:
-        raise Invalid(f"{path} holds no head line ('{HEAD_LOG.name}: head id=N hash=H'): give the log of the "
-                      "admin command and the admin API (docs/admin.md, \"Anchoring the head in the journal\")")
+        raise Invalid(
+            f"{path} holds no head line ('{HEAD_LOG.name}: head id=N hash=H'): give the log of the "
+            'admin command and the admin API (docs/admin.md, "Anchoring the head in the journal")'
+        )
     return heads
 
 
 def verify(items: Iterable[Chain | Record], anchors: dict[int, set[str]] | None = None) -> Verdict:
-    """Walk the chain (the audit_chain row, then the records oldest first) to its head; with ``anchors``
-    (read_heads), also check that the chain holds each head the log anchors after the chain's start, the
+    """Walk the chain (the audit_chain row, then the records oldest first) to its head; with
+    ``anchors``
+    (read_heads), also check that the chain holds each head the log anchors after the chain's start,
+    the
     newest one included: nothing was cut from the end, even with the head row moved to match."""
     anchors = anchors or {}
     it = iter(items)
@@ -155,32 +169,55 @@ def verify(items: Iterable[Chain | Record], anchors: dict[int, set[str]] | None 
         raise TypeError("verify() takes the audit_chain row first (Store.audit_walk)")
     expected, prev, count = chain.anchor_id + 1, chain.anchor_hash, 0
     last_prune: Record | None = None
-    erased: dict[int, tuple[str, int, int | None]] = {}  # record id -> (its hash now, erased by, user id)
-    unnamed: dict[int, int] = {}  # user id -> the first record whose sealed names are gone, awaiting its deletion
-    beside: tuple[int, str] | None = None  # the first problem of what is kept beside the chain: named last
+    erased: dict[
+        int, tuple[str, int, int | None]
+    ] = {}  # record id -> (its hash now, erased by, user id)
+    unnamed: dict[
+        int, int
+    ] = {}  # user id -> the first record whose sealed names are gone, awaiting its deletion
+    beside: tuple[int, str] | None = (
+        None  # the first problem of what is kept beside the chain: named last
+    )
 
     def bad(record_id: int, problem: str) -> Verdict:
-        return Verdict(count, chain.anchor_id + 1, chain.head_id, chain.head_hash, problem, record_id)
+        return Verdict(
+            count, chain.anchor_id + 1, chain.head_id, chain.head_hash, problem, record_id
+        )
 
     for r in it:
         if not isinstance(r, Record):
             raise TypeError("verify() takes records after the audit_chain row (Store.audit_walk)")
         if r.id > chain.head_id:
-            return bad(r.id, f"record {r.id} was inserted: the chain ends at record {chain.head_id}")
+            return bad(
+                r.id, f"record {r.id} was inserted: the chain ends at record {chain.head_id}"
+            )
         if r.id < expected:
-            return bad(r.id, f"record {r.id} was inserted: the chain starts after record {chain.anchor_id}")
+            return bad(
+                r.id, f"record {r.id} was inserted: the chain starts after record {chain.anchor_id}"
+            )
         if r.id > expected:
-            gone = f"record {expected} was" if r.id == expected + 1 else f"records {expected} to {r.id - 1} were"
+            gone = (
+                f"record {expected} was"
+                if r.id == expected + 1
+                else f"records {expected} to {r.id - 1} were"
+            )
             return bad(expected, f"{gone} removed")
         if r.erased_by is None and r.computed_hash() != r.hash:
             return bad(r.id, f"record {r.id} was altered: its hash does not match its content")
-        if r.erased_by is not None:  # its names erased since: the deletion's record must list it as it is now
+        if (
+            r.erased_by is not None
+        ):  # its names erased since: the deletion's record must list it as it is now
             if r.erased_by <= r.id:
-                return bad(r.id, f"record {r.id} was altered: it names no later deletion that erased it")
+                return bad(
+                    r.id, f"record {r.id} was altered: it names no later deletion that erased it"
+                )
             erased[r.id] = (r.computed_hash(), r.erased_by, r.user_id)
         if r.prev_hash != prev:
-            return bad(r.id, f"record {r.id} does not follow record {r.id - 1}: one of them was altered, "
-                             f"or record {r.id} was inserted out of order")
+            return bad(
+                r.id,
+                f"record {r.id} does not follow record {r.id - 1}: one of them was altered, "
+                f"or record {r.id} was inserted out of order",
+            )
         if (logged := anchors.get(r.id)) is not None and logged != {r.hash}:
             return bad(r.id, _not_anchored(r.id, logged))
         if beside is None and (problem := _names_problem(r, unnamed)):
@@ -193,32 +230,63 @@ def verify(items: Iterable[Chain | Record], anchors: dict[int, set[str]] | None 
             for record_id, (now, by, user_id) in sorted(erased.items()):
                 if by == r.id:
                     if listed.get(str(record_id)) != now or user_id != r.user_id:
-                        return bad(record_id, f"record {record_id} was altered: it is not as the deletion that "
-                                              f"erased its names (record {r.id}) left it")
+                        return bad(
+                            record_id,
+                            f"record {record_id} was altered: it is not as the deletion that "
+                            f"erased its names (record {r.id}) left it",
+                        )
                     confirmed.add(str(record_id))
                     del erased[record_id]
             back = sorted(int(i) for i in set(listed) - confirmed if int(i) > chain.anchor_id)
             if back:
-                return bad(back[0], f"record {back[0]} was altered: it holds again what the deletion of "
-                                    f"player {r.user_id} (record {r.id}) erased")
+                return bad(
+                    back[0],
+                    f"record {back[0]} was altered: it holds again what the deletion of "
+                    f"player {r.user_id} (record {r.id}) erased",
+                )
             if r.user_id is not None:
                 unnamed.pop(r.user_id, None)
         prev, expected, count = r.hash, r.id + 1, count + 1
     if expected <= chain.head_id:
-        gone = f"record {expected} was" if expected == chain.head_id else f"records {expected} to {chain.head_id} were"
+        gone = (
+            f"record {expected} was"
+            if expected == chain.head_id
+            else f"records {expected} to {chain.head_id} were"
+        )
         return bad(expected, f"{gone} removed (from the end of the chain)")
     if prev != chain.head_hash:
-        return bad(chain.head_id, f"record {chain.head_id} was altered or replaced: the chain's head holds another hash")
+        return bad(
+            chain.head_id,
+            f"record {chain.head_id} was altered or replaced: the chain's head holds another hash",
+        )
     if chain.anchor_id:
         named = json.loads(last_prune.changes)["after"] if last_prune else {}
-        if (named.get("anchor_id"), named.get("anchor_hash")) != (chain.anchor_id, chain.anchor_hash):
-            return bad(chain.anchor_id + 1, f"the chain starts after record {chain.anchor_id}, "
-                                            "but no prune record names that start")
+        if (named.get("anchor_id"), named.get("anchor_hash")) != (
+            chain.anchor_id,
+            chain.anchor_hash,
+        ):
+            return bad(
+                chain.anchor_id + 1,
+                f"the chain starts after record {chain.anchor_id}, "
+                "but no prune record names that start",
+            )
     # The chain holds; then what is kept beside it, the first record at fault named.
-    problems = [(record_id, f"record {record_id} was altered: no deletion erased its names (record {by} is not one)")
-                for record_id, (_, by, _) in erased.items()]
-    problems += [(record_id, f"record {record_id}: the names kept beside it were removed, but player {user_id} "
-                             "was not deleted after it") for user_id, record_id in unnamed.items()]
+    problems = [
+        (
+            record_id,
+            f"record {record_id} was altered: no deletion erased its names (record {by} is not "
+            "one)",
+        )
+        for record_id, (_, by, _) in erased.items()
+    ]
+    problems += [
+        (
+            record_id,
+            f"record {record_id}: the names kept beside it were removed, but player {user_id} "
+            "was not deleted after it",
+        )
+        for user_id, record_id in unnamed.items()
+    ]
     if beside is not None:
         problems.append(beside)
     if problems:
@@ -226,28 +294,48 @@ def verify(items: Iterable[Chain | Record], anchors: dict[int, set[str]] | None 
     if anchors:
         newest, first_cut = max(anchors), chain.head_id + 1
         if newest > chain.head_id:
-            gone = f"record {newest} was" if newest == first_cut else f"records {first_cut} to {newest} were"
-            return bad(first_cut, f"{gone} cut from the end of the chain: the log anchors record {newest}, "
-                                  f"the chain ends at record {chain.head_id}")
+            gone = (
+                f"record {newest} was"
+                if newest == first_cut
+                else f"records {first_cut} to {newest} were"
+            )
+            return bad(
+                first_cut,
+                f"{gone} cut from the end of the chain: the log anchors record {newest}, "
+                f"the chain ends at record {chain.head_id}",
+            )
         if newest <= chain.anchor_id:
-            return bad(newest, f"the log's newest head, record {newest}, is not in the chain: it starts after "
-                               f"record {chain.anchor_id} (a prune the log does not show, or a log older than the "
-                               "last prune: give the log up to now)")
+            return bad(
+                newest,
+                f"the log's newest head, record {newest}, is not in the chain: it starts after "
+                f"record {chain.anchor_id} (a prune the log does not show, or a log older than the "
+                "last prune: give the log up to now)",
+            )
         if (logged := anchors.get(chain.anchor_id)) is not None and logged != {chain.anchor_hash}:
-            return bad(chain.anchor_id, _not_anchored(chain.anchor_id, logged) + " (the record the chain starts after)")
+            return bad(
+                chain.anchor_id,
+                _not_anchored(chain.anchor_id, logged) + " (the record the chain starts after)",
+            )
     return Verdict(count, chain.anchor_id + 1, chain.head_id, chain.head_hash)
 
 
 def _not_anchored(record_id: int, logged: set[str]) -> str:
     if len(logged) > 1:
-        return (f"the log anchors {len(logged)} different records {record_id}: the chain was cut and written "
-                f"again from there (a restored backup?), or the file holds the logs of two stores")
-    return (f"record {record_id} is not the record the log anchored (another hash): it was rewritten, or the "
-            f"chain was cut and written again from there")
+        return (
+            f"the log anchors {len(logged)} different records {record_id}: the chain was cut and "
+            "written "
+            f"again from there (a restored backup?), or the file holds the logs of two stores"
+        )
+    return (
+        f"record {record_id} is not the record the log anchored (another hash): it was rewritten, "
+        "or the "
+        f"chain was cut and written again from there"
+    )
 
 
 def _names_problem(r: Record, unnamed: dict[int, int]) -> str | None:
-    """What is wrong with the values kept beside ``r`` (None: nothing). Sealed names with none kept are
+    """What is wrong with the values kept beside ``r`` (None: nothing). Sealed names with none kept
+    are
     noted in ``unnamed`` (they must be the names of a player deleted later)."""
     changes = json.loads(r.changes)
     clear = json.loads(r.names) if r.names else None
@@ -257,7 +345,10 @@ def _names_problem(r: Record, unnamed: dict[int, int]) -> str | None:
             if name not in PERSONAL:
                 continue
             if r.erased_by is not None and value != ERASED:
-                return f"record {r.id} was altered: its names were erased, but its {name} ({side}) is not"
+                return (
+                    f"record {r.id} was altered: its names were erased, but its {name} "
+                    f"({side}) is not"
+                )
             if isinstance(value, dict) and isinstance(value.get("hmac"), str):
                 sealed.append((side, name, value["hmac"]))
     if clear is not None and not sealed:
@@ -273,7 +364,10 @@ def _names_problem(r: Record, unnamed: dict[int, int]) -> str | None:
     for side, name, digest in sealed:
         value = clear.get(side, {}).get(name)
         if not isinstance(value, str) or seal(r.key, name, value)["hmac"] != digest:
-            return f"record {r.id}: the {name} ({side}) kept beside it is not the one its hash covers (changed by hand?)"
+            return (
+                f"record {r.id}: the {name} ({side}) kept beside it is not the one its hash "
+                "covers (changed by hand?)"
+            )
     return None
 
 
@@ -306,17 +400,32 @@ def _value(key: str, value) -> str:
 
 
 def line(r: Record) -> str:
-    target = " ".join(t for t in (f"game {r.game_id}" if r.game_id is not None else "",
-                                  f"player {r.user_id}" if r.user_id is not None else "") if t) or "-"
+    target = (
+        " ".join(
+            t
+            for t in (
+                f"game {r.game_id}" if r.game_id is not None else "",
+                f"player {r.user_id}" if r.user_id is not None else "",
+            )
+            if t
+        )
+        or "-"
+    )
     request = f" [request {shown(r.request_id)}]" if r.request_id else ""
-    return f"{r.id:>6}  {utc(r.at_ms)}  {shown(r.actor)}{request}  {r.action}  {target}  {_describe(r.shown_changes())}"
+    return (
+        f"{r.id:>6}  {utc(r.at_ms)}  {shown(r.actor)}{request}  {r.action}  {target}  "
+        f"{_describe(r.shown_changes())}"
+    )
 
 
 def cmd_audit(args, settings):
     ctx = command_context()
     filters = {
         "since_ms": parse_time(args.since, round(ctx.clock() * 1000)) if args.since else None,
-        "user_id": args.player, "game_id": args.game, "action": args.action_name, "actor": args.actor,
+        "user_id": args.player,
+        "game_id": args.game,
+        "action": args.action_name,
+        "actor": args.actor,
         "limit": args.limit,
     }
     with admin_store(settings) as store:
@@ -335,7 +444,11 @@ def cmd_audit_verify(args, settings):
     obj = dataclasses.asdict(verdict) | {"intact": verdict.problem is None}
     if anchors:
         newest = max(anchors)
-        obj["anchor"] = {"heads": len(anchors), "newest_id": newest, "after_newest": max(0, verdict.head_id - newest)}
+        obj["anchor"] = {
+            "heads": len(anchors),
+            "newest_id": newest,
+            "after_newest": max(0, verdict.head_id - newest),
+        }
     if verdict.problem:
         return 1, obj, f"audit chain broken: {verdict.problem}"
     text = f"{verdict.records} records, chain intact from id {verdict.first_id}"
@@ -345,16 +458,21 @@ def cmd_audit_verify(args, settings):
 
 
 def _anchored(anchors: dict[int, set[str]], verdict: Verdict, summary: dict) -> str:
-    """What an intact chain and the log's heads show: ``; it holds the 4 heads the log anchors (...)``."""
+    """What an intact chain and the log's heads show: ``; it holds the 4 heads the log anchors
+    (...)``."""
     pruned = sum(1 for record_id in anchors if record_id < verdict.first_id)
     held = len(anchors) - pruned
     notes = [f"{pruned} before it were pruned"] if pruned else []
     notes.append(f"the newest: record {summary['newest_id']}")
     if (later := summary["after_newest"]) > 0:
-        notes[-1] += f"; {later} record{'s' if later > 1 else ''} after it {'are' if later > 1 else 'is'} " \
-                     "newer than the log"
-    return (f"; it holds the {held} head{'s' if held > 1 else ''} the log anchors"
-            f"{' after its start' if pruned else ''} ({'; '.join(notes)})")
+        notes[-1] += (
+            f"; {later} record{'s' if later > 1 else ''} after it {'are' if later > 1 else 'is'} "
+            "newer than the log"
+        )
+    return (
+        f"; it holds the {held} head{'s' if held > 1 else ''} the log anchors"
+        f"{' after its start' if pruned else ''} ({'; '.join(notes)})"
+    )
 
 
 def cmd_audit_prune(args, settings):
@@ -366,18 +484,31 @@ def cmd_audit_prune(args, settings):
         before_ms = now_ms - settings.audit_retention_days * DAY_MS
     else:
         raise Invalid(
-            "give --before TIME, or set AUTHSVC_AUDIT_RETENTION_DAYS (docs/configuration.md); nothing was pruned"
+            "give --before TIME, or set AUTHSVC_AUDIT_RETENTION_DAYS (docs/configuration.md); "
+            "nothing was pruned"
         )
     with admin_store(settings) as store:
         record = audit_ops.audit_prune(store, ctx, before_ms)
     after = json.loads(record.changes)["after"]
-    obj = {"pruned": after["pruned"], "before": utc(before_ms), "anchor_id": after["anchor_id"], "record_id": record.id}
-    return 0, obj, (f"pruned {after['pruned']} audit records from before {utc(before_ms)}; "
-                    f"the chain now starts after record {after['anchor_id']} (this prune is record {record.id})")
+    obj = {
+        "pruned": after["pruned"],
+        "before": utc(before_ms),
+        "anchor_id": after["anchor_id"],
+        "record_id": record.id,
+    }
+    return (
+        0,
+        obj,
+        (
+            f"pruned {after['pruned']} audit records from before {utc(before_ms)}; the chain now "
+            f"starts after record {after['anchor_id']} (this prune is record {record.id})"
+        ),
+    )
 
 
 def add_parsers(top, common, parser_class) -> None:
-    """``authsvc audit [filters]``, ``authsvc audit verify``, ``authsvc audit prune [--before TIME]``.
+    """``authsvc audit [filters]``, ``authsvc audit verify``, ``authsvc audit prune [--before
+    TIME]``.
 
     ``audit`` lists with its own ``--json``: JSON lines, one record a line (an error
     is then one line on stderr only).
@@ -385,26 +516,50 @@ def add_parsers(top, common, parser_class) -> None:
     text = "list audit records, newest first (without ACTION); verify the chain; prune old records"
     p = top.add_parser("audit", help=text, description=text)
     p.set_defaults(func=cmd_audit, json=False)
-    p.add_argument("--since", metavar="TIME", help="records at or after TIME (2026-11-01, 2026-11-01T12:00Z, 30d, 12h)")
+    p.add_argument(
+        "--since",
+        metavar="TIME",
+        help="records at or after TIME (2026-11-01, 2026-11-01T12:00Z, 30d, 12h)",
+    )
     p.add_argument("--player", type=_positive, metavar="USER_ID", help="records about this player")
     p.add_argument("--game", type=_positive, metavar="GAME_ID", help="records about this game")
-    p.add_argument("--action", dest="action_name", metavar="ACTION", help="records of this action (player.revoke, ...)")
+    p.add_argument(
+        "--action",
+        dest="action_name",
+        metavar="ACTION",
+        help="records of this action (player.revoke, ...)",
+    )
     p.add_argument("--actor", metavar="ACTOR", help="records of this actor (cli:alice, ...)")
-    p.add_argument("--limit", type=_positive, default=100, metavar="N", help="at most N records (default 100)")
-    p.add_argument("--json", dest="json_lines", action="store_true", help="one JSON object a line (JSON lines)")
-    sub = p.add_subparsers(dest="audit_command", required=False, metavar="ACTION", parser_class=parser_class)
+    p.add_argument(
+        "--limit", type=_positive, default=100, metavar="N", help="at most N records (default 100)"
+    )
+    p.add_argument(
+        "--json", dest="json_lines", action="store_true", help="one JSON object a line (JSON lines)"
+    )
+    sub = p.add_subparsers(
+        dest="audit_command", required=False, metavar="ACTION", parser_class=parser_class
+    )
     text = "check the hash chain; names the first record altered, removed or inserted (exit 1)"
     verify_parser = sub.add_parser("verify", parents=[common], help=text, description=text)
     verify_parser.set_defaults(func=cmd_audit_verify)
     verify_parser.add_argument(
-        "--anchor", metavar="FILE",
-        help="a log of the chain's heads (journalctl -u authsvc-admin -o cat; journalctl -t authsvc -o cat): "
-             "the chain must hold each head logged since its start, so nothing was cut from its end",
+        "--anchor",
+        metavar="FILE",
+        help="a log of the chain's heads (journalctl -u authsvc-admin -o cat; journalctl -t "
+        "authsvc -o cat): "
+        "the chain must hold each head logged since its start, so nothing was cut from its end",
     )
-    text = "delete the records older than TIME (default: AUTHSVC_AUDIT_RETENTION_DAYS); the chain stays verifiable"
+    text = (
+        "delete the records older than TIME (default: AUTHSVC_AUDIT_RETENTION_DAYS); the chain "
+        "stays verifiable"
+    )
     prune = sub.add_parser("prune", parents=[common], help=text, description=text)
     prune.set_defaults(func=cmd_audit_prune)
-    prune.add_argument("--before", metavar="TIME", help="a date or date and time (UTC unless given), or 90d, 12h, 30m")
+    prune.add_argument(
+        "--before",
+        metavar="TIME",
+        help="a date or date and time (UTC unless given), or 90d, 12h, 30m",
+    )
 
 
 def _positive(text: str) -> int:

@@ -1,4 +1,5 @@
-"""``authsvc backup`` and ``authsvc restore`` (docs/operations.md, section 8): the rules around the store's copy.
+"""``authsvc backup`` and ``authsvc restore`` (docs/operations.md, section 8): the rules around the
+store's copy.
 
 A restore stops nothing: it refuses while any process has the store open (SQLite: an exclusive lock;
 PostgreSQL: another session, or the deliverer's fresh lease) and names the units to stop. What the
@@ -30,11 +31,19 @@ def cmd_backup(args, settings):
     if _engine(settings.store) == "sqlite":
         with admin_store(settings) as store:
             stores.backup(store, args.file)
-        return 0, {"file": args.file}, f"backed up {redact_url(settings.store)} to {args.file} (WAL mode)"
+        return (
+            0,
+            {"file": args.file},
+            f"backed up {redact_url(settings.store)} to {args.file} (WAL mode)",
+        )
     from authsvc.store.postgres.restore import backup
 
     backup(settings.store, args.file)
-    return 0, {"file": args.file}, f"backed up {redact_url(settings.store)} to {args.file} (pg_dump, custom format)"
+    return (
+        0,
+        {"file": args.file},
+        f"backed up {redact_url(settings.store)} to {args.file} (pg_dump, custom format)",
+    )
 
 
 def cmd_restore(args, settings):
@@ -54,17 +63,35 @@ def cmd_restore(args, settings):
         ledger = settings.restore_ledger or None
         done, live = pg_restore(args.file, settings.store, ledger, audit, settings)
     seconds = time.monotonic() - started
-    obj = {"file": args.file, "generation": done.generation, "players": done.players, "erased": done.erased,
-           "webhooks_removed": done.webhooks, "live_store_read": live, "seconds": round(seconds, 3)}
-    text = (f"restored {args.file} to {redact_url(settings.store)} in {seconds:.1f} s: restore generation "
-            f"{done.generation}; every token minted before now is void ({done.players} players: each needs a new "
-            f"one, re-sync them from the platform); {done.erased} players deleted after the backup deleted again; "
-            f"{done.webhooks} webhooks removed (subscribe again)"
-            + ("" if live else "; the live store could not be read: only the restore ledger said who was deleted")
-            + f"\nnext: systemctl start {UNITS_TO_START}")
+    obj = {
+        "file": args.file,
+        "generation": done.generation,
+        "players": done.players,
+        "erased": done.erased,
+        "webhooks_removed": done.webhooks,
+        "live_store_read": live,
+        "seconds": round(seconds, 3),
+    }
+    text = (
+        f"restored {args.file} to {redact_url(settings.store)} in {seconds:.1f} s: restore "
+        "generation "
+        f"{done.generation}; every token minted before now is void ({done.players} players: each "
+        "needs a new "
+        f"one, re-sync them from the platform); {done.erased} players deleted after the backup "
+        "deleted again; "
+        f"{done.webhooks} webhooks removed (subscribe again)"
+        + (
+            ""
+            if live
+            else "; the live store could not be read: only the restore ledger said who was deleted"
+        )
+        + f"\nnext: systemctl start {UNITS_TO_START}"
+    )
     return 0, obj, text
 
 
 def add_arguments(backup_parser, restore_parser) -> None:
-    backup_parser.add_argument("file", help="a new file: SQLite, a copy in WAL mode; PostgreSQL, a pg_dump archive")
+    backup_parser.add_argument(
+        "file", help="a new file: SQLite, a copy in WAL mode; PostgreSQL, a pg_dump archive"
+    )
     restore_parser.add_argument("file", help="a file 'authsvc backup' made")

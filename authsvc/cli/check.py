@@ -54,12 +54,16 @@ class Result:
 
     def line(self) -> str:
         status = f"HTTP {self.status}" if self.status is not None else "no answer"
-        return f"{'ok  ' if self.ok else 'FAIL'}  {self.base_url}  {self.case:<17} {status}: {self.detail}"
+        return (
+            f"{'ok  ' if self.ok else 'FAIL'}  {self.base_url}  {self.case:<17} {status}: "
+            f"{self.detail}"
+        )
 
 
 @dataclasses.dataclass
 class Target:
-    """Where one base URL points: scheme, host (for SNI and Host), port, path prefix, address to dial."""
+    """Where one base URL points: scheme, host (for SNI and Host), port, path prefix, address to
+    dial."""
 
     base_url: str
     scheme: str
@@ -72,12 +76,21 @@ class Target:
     def parse(cls, base_url: str, resolve: dict[tuple[str, int], str]) -> Target:
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise CheckError(f"--base-url must be http://HOST[:PORT] or https://HOST[:PORT], got {base_url!r}")
+            raise CheckError(
+                f"--base-url must be http://HOST[:PORT] or https://HOST[:PORT], got {base_url!r}"
+            )
         if parts.query or parts.fragment or parts.username:
             raise CheckError(f"--base-url takes no query, fragment or user: {base_url!r}")
         port = parts.port or (443 if parts.scheme == "https" else 80)
         address = resolve.get((parts.hostname.lower(), port), parts.hostname)
-        return cls(base_url.rstrip("/"), parts.scheme, parts.hostname, port, parts.path.rstrip("/"), address)
+        return cls(
+            base_url.rstrip("/"),
+            parts.scheme,
+            parts.hostname,
+            port,
+            parts.path.rstrip("/"),
+            address,
+        )
 
 
 def _read_secret_file(path: str, what: str) -> str:
@@ -88,7 +101,9 @@ def _read_secret_file(path: str, what: str) -> str:
             with open(path, encoding="utf-8") as f:
                 text = f.readline()
     except (OSError, UnicodeDecodeError) as e:
-        raise CheckError(f"cannot read the {what} file {path}: {getattr(e, 'strerror', None) or 'not UTF-8'}") from None
+        raise CheckError(
+            f"cannot read the {what} file {path}: {getattr(e, 'strerror', None) or 'not UTF-8'}"
+        ) from None
     value = text.strip()
     if not value:
         raise CheckError(f"the {what} file {path} is empty")
@@ -125,7 +140,11 @@ def fetch(target: Target, query: dict[str, str], context: ssl.SSLContext, timeou
     finally:
         sock.close()
     if 300 <= status < 400:
-        return status, None, f"redirected{' elsewhere' if location else ''}: game servers do not follow redirects"
+        return (
+            status,
+            None,
+            f"redirected{' elsewhere' if location else ''}: game servers do not follow redirects",
+        )
     if not content_type.startswith("application/json"):
         return status, None, f"Content-Type is {content_type or 'missing'}, not application/json"
     try:
@@ -138,7 +157,8 @@ def fetch(target: Target, query: dict[str, str], context: ssl.SSLContext, timeou
 
 
 def _expect_error(error: type[Error]):
-    """The game door's answer to ``error`` (its one table, authsvc/web/answers.py), with HTTP 200 or its status."""
+    """The game door's answer to ``error`` (its one table, authsvc/web/answers.py), with HTTP 200 or
+    its status."""
     expected = body_of(error)
     want, code = json.loads(expected), error.status
 
@@ -175,15 +195,28 @@ def _bad_key(api_key: str) -> str:
 
 
 def run_checks(
-    targets: list[Target], user_id: int, api_key: str, token: str, username: str | None,
-    context: ssl.SSLContext, timeout: float,
+    targets: list[Target],
+    user_id: int,
+    api_key: str,
+    token: str,
+    username: str | None,
+    context: ssl.SSLContext,
+    timeout: float,
 ) -> list[Result]:
     good = {"user_id": str(user_id), "game_auth_token": token, "api_key": api_key}
     cases = [
         ("success", good, _expect_success(user_id, username)),
-        ("bad token", {**good, "game_auth_token": _bad_token(token)}, _expect_error(InvalidCredentials)),
+        (
+            "bad token",
+            {**good, "game_auth_token": _bad_token(token)},
+            _expect_error(InvalidCredentials),
+        ),
         ("bad api key", {**good, "api_key": _bad_key(api_key)}, _expect_error(InvalidCredentials)),
-        ("missing parameter", {"user_id": str(user_id), "api_key": api_key}, _expect_error(MissingCredentials)),
+        (
+            "missing parameter",
+            {"user_id": str(user_id), "api_key": api_key},
+            _expect_error(MissingCredentials),
+        ),
     ]
     results = []
     for target in targets:
@@ -191,15 +224,27 @@ def run_checks(
             try:
                 status, obj, problem = fetch(target, query, context, timeout)
             except ssl.SSLError as e:
-                results.append(Result(target.base_url, name, False, None, f"TLS failed: {e.reason or type(e).__name__}"))
+                results.append(
+                    Result(
+                        target.base_url,
+                        name,
+                        False,
+                        None,
+                        f"TLS failed: {e.reason or type(e).__name__}",
+                    )
+                )
                 continue
             except (OSError, http.client.HTTPException) as e:
                 reason = getattr(e, "strerror", None) or type(e).__name__
-                results.append(Result(target.base_url, name, False, None, f"cannot connect or read: {reason}"))
+                results.append(
+                    Result(target.base_url, name, False, None, f"cannot connect or read: {reason}")
+                )
                 continue
             if problem is None:
                 problem = judge(status, obj)
-            results.append(Result(target.base_url, name, problem is None, status, problem or "as expected"))
+            results.append(
+                Result(target.base_url, name, problem is None, status, problem or "as expected")
+            )
     return results
 
 
@@ -210,13 +255,15 @@ def ssl_context(cafile: str | None) -> ssl.SSLContext:
 
 
 def player_token(settings: Settings, game_id: int, user_id: int) -> tuple[str, str]:
-    """(token, username) from the store and the current token secret, as `authsvc token issue` mints it."""
+    """(token, username) from the store and the current token secret, as `authsvc token issue` mints
+    it."""
     if not settings.token_secrets:
         raise CheckError(f"no token secret at {settings.token_secret_file} (or give --token-file)")
     store = open_store(settings.store, readonly=True, settings=settings)
     try:
         store.check()  # a missing or unmigrated store: ConfigError, one line (run 'authsvc init')
-        # A secret the store was never used with would mint a token only a service as wrong accepts: refused.
+        # A secret the store was never used with would mint a token only a service as wrong accepts:
+        # refused.
         check_known(settings.token_secrets, store.token_secrets(), settings.token_secret_file)
         token, player = current_token(store, settings.token_secrets[0], game_id, user_id)
     finally:
@@ -225,7 +272,8 @@ def player_token(settings: Settings, game_id: int, user_id: int) -> tuple[str, s
 
 
 def store_disk_full(settings: Settings) -> str | None:
-    """Why the store's disk cannot take an admin write (SQLite: its free space), or None (PostgreSQL: not
+    """Why the store's disk cannot take an admin write (SQLite: its free space), or None
+    (PostgreSQL: not
     visible from here)."""
     store = open_store(settings.store, readonly=True, settings=settings)
     try:
@@ -235,7 +283,8 @@ def store_disk_full(settings: Settings) -> str | None:
 
 
 def cmd_check(args: argparse.Namespace, settings: Settings) -> tuple[int, dict, str]:
-    """The `authsvc check` subcommand: (exit status, report object, report text); status 1 on any mismatch."""
+    """The `authsvc check` subcommand: (exit status, report object, report text); status 1 on any
+    mismatch."""
     try:
         resolve = _parse_resolve(args.resolve)
         targets = [Target.parse(url, resolve) for url in args.base_url]
@@ -251,35 +300,68 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> tuple[int, dict, 
     except (OSError, ssl.SSLError) as e:  # the stdlib's failures in the model's words
         raise CommandError(str(e)) from None
     results = run_checks(targets, args.user_id, api_key, token, username, context, args.timeout)
-    if full is not None:  # a check of its own only when it fails: the service answers, the admin side cannot write
+    if (
+        full is not None
+    ):  # a check of its own only when it fails: the service answers, the admin side cannot write
         results.append(Result(redact_url(settings.store), "store disk", False, None, full))
     failed = [r for r in results if not r.ok]
-    # The release of the command that checked (CHANGELOG.md): what a sysadmin pastes into a ticket says it.
-    obj = {"ok": not failed, "version": release(), "results": [dataclasses.asdict(r) for r in results]}
-    text = "\n".join(r.line() for r in results) + (
-        f"\n{len(failed)} of {len(results)} checks FAILED" if failed else f"\nall {len(results)} checks passed"
-    ) + f" (authsvc {release()})"
+    # The release of the command that checked (CHANGELOG.md): what a sysadmin pastes into a ticket
+    # says it.
+    obj = {
+        "ok": not failed,
+        "version": release(),
+        "results": [dataclasses.asdict(r) for r in results],
+    }
+    text = (
+        "\n".join(r.line() for r in results)
+        + (
+            f"\n{len(failed)} of {len(results)} checks FAILED"
+            if failed
+            else f"\nall {len(results)} checks passed"
+        )
+        + f" (authsvc {release()})"
+    )
     return (1 if failed else 0), obj, text
 
 
 def add_arguments(p: argparse.ArgumentParser, user_id_type, game_id_type) -> None:
     p.add_argument(
-        "--base-url", action="append", required=True, metavar="URL",
+        "--base-url",
+        action="append",
+        required=True,
+        metavar="URL",
         help="service address, e.g. https://api.example.com (repeat for the legacy host)",
     )
     p.add_argument("--game-id", type=game_id_type, required=True, help="a game of the store")
     p.add_argument("--user-id", type=user_id_type, required=True, help="a player of the store")
-    p.add_argument("--api-key-file", required=True, metavar="FILE", help="file holding the game's api key ('-': stdin)")
     p.add_argument(
-        "--token-file", metavar="FILE",
-        help="file holding the player's game_auth_token; default: mint it from the token secret and the store",
+        "--api-key-file",
+        required=True,
+        metavar="FILE",
+        help="file holding the game's api key ('-': stdin)",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="file holding the player's game_auth_token; default: mint it from the token secret "
+        "and the store",
     )
     # Not abbreviations of the -file options: a secret given here would be quoted as a file name.
     p.add_argument("--token", "--api-key", action=RefusedSecret, help=argparse.SUPPRESS)
     p.add_argument("--username", help="expected username (default: the store's)")
-    p.add_argument("--cafile", metavar="PEM", help="CA certificates to verify HTTPS with (default: the system's)")
     p.add_argument(
-        "--resolve", action="append", default=[], metavar="HOST:PORT:ADDRESS",
-        help="connect to ADDRESS for HOST:PORT (like curl --resolve), e.g. before DNS points at the machine",
+        "--cafile",
+        metavar="PEM",
+        help="CA certificates to verify HTTPS with (default: the system's)",
     )
-    p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="per request (default 5)")
+    p.add_argument(
+        "--resolve",
+        action="append",
+        default=[],
+        metavar="HOST:PORT:ADDRESS",
+        help="connect to ADDRESS for HOST:PORT (like curl --resolve), e.g. before DNS points at "
+        "the machine",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=5.0, metavar="SECONDS", help="per request (default 5)"
+    )

@@ -49,7 +49,9 @@ __all__ = ["MAX_OLD_KEY_TTL", "build_parser", "main"]
 def user_id_arg(text: str) -> int:
     user_id = parse_user_id(text)
     if user_id is None:
-        raise argparse.ArgumentTypeError(f"user id must be a whole number from 1 to 2^63-1, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"user id must be a whole number from 1 to 2^63-1, got {text!r}"
+        )
     return user_id
 
 
@@ -76,15 +78,18 @@ def game_json(game: Game) -> dict:
 _SECRET_OUTCOMES = {
     "kept": "exists, kept",
     "created": "created (mode 0600), its fingerprint recorded in the store",
-    "adopted": "exists, kept; its secrets' fingerprints recorded in the store (a store from before them)",
-    "new": "a NEW secret written (mode 0600): every token issued before is refused from now on; the platform "
-           "must mint new ones",
+    "adopted": "exists, kept; its secrets' fingerprints recorded in the store (a store from before "
+    "them)",
+    "new": "a NEW secret written (mode 0600): every token issued before is refused from now on; "
+    "the platform must mint new ones",
 }
 
 
 def cmd_init(args, settings: Settings):
     path = settings.token_secret_file
-    before, after, secret = stores.initialize(settings, command_context(), new_secret=args.new_secret)
+    before, after, secret = stores.initialize(
+        settings, command_context(), new_secret=args.new_secret
+    )
     obj = {
         "store": redact_url(settings.store),
         "schema_version_before": before,
@@ -96,7 +101,8 @@ def cmd_init(args, settings: Settings):
     text = (
         f"store {redact_url(settings.store)}: schema version {after}"
         + (f" (migrated from {before})" if before != after else " (up to date)")
-        + f"\ntoken secret {path}: " + _SECRET_OUTCOMES[secret]
+        + f"\ntoken secret {path}: "
+        + _SECRET_OUTCOMES[secret]
     )
     return 0, obj, text
 
@@ -107,8 +113,7 @@ def cmd_game_add(args, settings):
         game, api_key = games_ops.add_game(store, command_context(), args.name)
     obj = {"game_id": game.id, "name": game.name, "api_key": api_key}
     text = (
-        f"game {game.id} ({shown(game.name)}) created\n"
-        f"api key: {api_key}\n"
+        f"game {game.id} ({shown(game.name)}) created\napi key: {api_key}\n"
         "The key is shown only this once: give it to the game's server operator now."
     )
     return 0, obj, text
@@ -140,15 +145,21 @@ def cmd_game_rotate_key(args, settings):
     obj = {"game_id": args.game_id, "api_key": api_key, "old_keys_expire_at": expires_at}
     text = (
         f"new api key for game {args.game_id}: {api_key}\n"
-        f"older keys stop working at {times.utc(expires_at * 1000, millis=False, sep=' ', zone=' UTC')}\n"
+        "older keys stop working at "
+        f"{times.utc(expires_at * 1000, millis=False, sep=' ', zone=' UTC')}\n"
         "The key is shown only this once."
     )
     return 0, obj, text
 
 
 def _player_json(player) -> dict:
-    return {"user_id": player.user_id, "username": player.username, "epoch": player.epoch, "enabled": player.enabled,
-            "updated_at": players_ops.updated_at(player)}
+    return {
+        "user_id": player.user_id,
+        "username": player.username,
+        "epoch": player.epoch,
+        "enabled": player.enabled,
+        "updated_at": players_ops.updated_at(player),
+    }
 
 
 def cmd_player_add(args, settings):
@@ -161,10 +172,15 @@ def cmd_player_add(args, settings):
 def cmd_player_show(args, settings):
     with _store(settings) as store:
         player = players_ops.get_player(store, args.user_id)
-    text = f"player {player.user_id}: {shown(player.username)}, epoch {player.epoch}, " + (
-        "enabled" if player.enabled else "disabled"
-    ) + (f", last changed {players_ops.updated_at(player)}" if player.updated_at_ms is not None else
-         ", last changed: unknown (before updated_at was recorded)")
+    text = (
+        f"player {player.user_id}: {shown(player.username)}, epoch {player.epoch}, "
+        + ("enabled" if player.enabled else "disabled")
+        + (
+            f", last changed {players_ops.updated_at(player)}"
+            if player.updated_at_ms is not None
+            else ", last changed: unknown (before updated_at was recorded)"
+        )
+    )
     return 0, _player_json(player), text
 
 
@@ -172,7 +188,11 @@ def cmd_player_rename(args, settings):
     check_username(args.username)
     with _store(settings) as store:
         username = players_ops.rename_player(store, command_context(), args.user_id, args.username)
-    return 0, {"user_id": args.user_id, "username": username}, f"player {args.user_id} renamed to {shown(username)}"
+    return (
+        0,
+        {"user_id": args.user_id, "username": username},
+        f"player {args.user_id} renamed to {shown(username)}",
+    )
 
 
 def cmd_player_enable(args, settings):
@@ -192,7 +212,10 @@ def cmd_player_revoke(args, settings):
 def cmd_player_delete(args, settings):
     with _store(settings) as store:
         players_ops.delete_player(store, command_context(), args.user_id)
-    text = f"player {args.user_id} deleted: every token refused, its names erased from the store and the audit trail"
+    text = (
+        f"player {args.user_id} deleted: every token refused, its names erased from the store "
+        "and the audit trail"
+    )
     return 0, {"user_id": args.user_id, "deleted": True}, text
 
 
@@ -217,7 +240,11 @@ def cmd_player_import(args, settings):
         if bar:
             bar.done(count)
     seconds = time.monotonic() - started
-    return 0, {"rows": count, "seconds": round(seconds, 3)}, f"imported {count} players in {seconds:.1f} s"
+    return (
+        0,
+        {"rows": count, "seconds": round(seconds, 3)},
+        f"imported {count} players in {seconds:.1f} s",
+    )
 
 
 def cmd_token_issue(args, settings):
@@ -230,8 +257,10 @@ def cmd_token_issue(args, settings):
 def cmd_export(args, settings):
     with _store(settings) as store:
         games, players = stores.export_store(store, args.file)
-    return 0, {"file": args.file, "games": games, "players": players}, (
-        f"exported {games} games and {players} players to {args.file}"
+    return (
+        0,
+        {"file": args.file, "games": games, "players": players},
+        (f"exported {games} games and {players} players to {args.file}"),
     )
 
 
@@ -240,14 +269,17 @@ def cmd_import(args, settings):
     with _store(settings) as store:
         games, players = stores.import_store(store, command_context(), args.file)
     seconds = time.monotonic() - started
-    return 0, {"file": args.file, "games": games, "players": players, "seconds": round(seconds, 3)}, (
-        f"imported {games} games and {players} players from {args.file} in {seconds:.1f} s"
+    return (
+        0,
+        {"file": args.file, "games": games, "players": players, "seconds": round(seconds, 3)},
+        (f"imported {games} games and {players} players from {args.file} in {seconds:.1f} s"),
     )
 
 
 # -- plumbing ------------------------------------------------------------------------------
 
-_store = admin_store  # ``with _store(settings) as store``: an admin (read-write) store, closed afterwards
+# ``with _store(settings) as store``: an admin (read-write) store, closed afterwards
+_store = admin_store
 
 
 class ProgressBar:
@@ -276,14 +308,17 @@ class ProgressBar:
 
 
 class _Parser(argparse.ArgumentParser):
-    """No abbreviated options: `--api-key SECRET` must never be taken for `--api-key-file SECRET`."""
+    """No abbreviated options: `--api-key SECRET` must never be taken for `--api-key-file
+    SECRET`."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
-        if message.startswith("unrecognized arguments:"):  # a stray argument may be a secret: never repeated
+        if message.startswith(
+            "unrecognized arguments:"
+        ):  # a stray argument may be a secret: never repeated
             message = "unrecognized arguments (not repeated here)"
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
@@ -292,30 +327,49 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
-    parser = _Parser(prog="authsvc", description="Admin command of the player-authentication service.")
+    parser = _Parser(
+        prog="authsvc", description="Admin command of the player-authentication service."
+    )
     parser.add_argument("--version", action="version", version=f"authsvc {release()}")
-    top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    top = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
 
     def leaf(parent, name, func, help_text):
         p = parent.add_parser(name, parents=[common], help=help_text, description=help_text)
         p.set_defaults(func=func)
         return p
 
-    p = leaf(top, "init", cmd_init, "create or migrate the store and create the token secret if missing")
-    p.add_argument("--new-secret", action="store_true",
-                   help="write a new token secret even though the store has players: every token issued is refused")
+    p = leaf(
+        top, "init", cmd_init, "create or migrate the store and create the token secret if missing"
+    )
+    p.add_argument(
+        "--new-secret",
+        action="store_true",
+        help="write a new token secret even though the store has players: every token issued is "
+        "refused",
+    )
 
     game = top.add_parser("game", help="games and their api keys").add_subparsers(
         dest="action", required=True, metavar="ACTION", parser_class=_Parser
     )
-    leaf(game, "add", cmd_game_add, "add a game; prints its id and api key (once)").add_argument("name")
+    leaf(game, "add", cmd_game_add, "add a game; prints its id and api key (once)").add_argument(
+        "name"
+    )
     leaf(game, "list", cmd_game_list, "list games")
     for action in ("enable", "disable"):
-        leaf(game, action, cmd_game_enable, f"{action} a game").add_argument("game_id", type=game_id_arg)
-    p = leaf(game, "rotate-key", cmd_game_rotate_key, "give a game a new api key; older keys expire")
+        leaf(game, action, cmd_game_enable, f"{action} a game").add_argument(
+            "game_id", type=game_id_arg
+        )
+    p = leaf(
+        game, "rotate-key", cmd_game_rotate_key, "give a game a new api key; older keys expire"
+    )
     p.add_argument("game_id", type=game_id_arg)
     p.add_argument(
-        "--old-key-ttl", type=int, default=86400, metavar="SECONDS",
+        "--old-key-ttl",
+        type=int,
+        default=86400,
+        metavar="SECONDS",
         help="seconds until the game's older keys stop working (default 86400)",
     )
 
@@ -330,29 +384,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("user_id", type=user_id_arg)
     p.add_argument("username")
     for action in ("enable", "disable"):
-        leaf(player, action, cmd_player_enable, f"{action} a player").add_argument("user_id", type=user_id_arg)
-    leaf(player, "revoke", cmd_player_revoke, "revoke every token of a player (password change)").add_argument(
-        "user_id", type=user_id_arg
+        leaf(player, action, cmd_player_enable, f"{action} a player").add_argument(
+            "user_id", type=user_id_arg
+        )
+    leaf(
+        player, "revoke", cmd_player_revoke, "revoke every token of a player (password change)"
+    ).add_argument("user_id", type=user_id_arg)
+    leaf(
+        player,
+        "delete",
+        cmd_player_delete,
+        "delete a player: every token refused, its names erased",
+    ).add_argument("user_id", type=user_id_arg)
+    p = leaf(
+        player,
+        "deleted",
+        cmd_player_deleted,
+        "print the ids of the players deleted since TIME, one a line (read only; for a roll back)",
     )
-    leaf(player, "delete", cmd_player_delete, "delete a player: every token refused, its names erased").add_argument(
-        "user_id", type=user_id_arg
+    p.add_argument(
+        "--since",
+        required=True,
+        metavar="TIME",
+        help="a date or date and time (UTC unless given), or 30d, 12h, 90m",
     )
-    p = leaf(player, "deleted", cmd_player_deleted,
-             "print the ids of the players deleted since TIME, one a line (read only; for a roll back)")
-    p.add_argument("--since", required=True, metavar="TIME",
-                   help="a date or date and time (UTC unless given), or 30d, 12h, 90m")
-    leaf(player, "import", cmd_player_import, "insert or rename players from CSV or JSON lines").add_argument(
-        "file"
-    )
+    leaf(
+        player, "import", cmd_player_import, "insert or rename players from CSV or JSON lines"
+    ).add_argument("file")
 
-    leaf(top, "export", cmd_export, "write the whole store to a new file (JSON lines)").add_argument("file")
-    leaf(top, "import", cmd_import, "load an export file into an empty store, all or nothing").add_argument("file")
+    leaf(
+        top, "export", cmd_export, "write the whole store to a new file (JSON lines)"
+    ).add_argument("file")
+    leaf(
+        top, "import", cmd_import, "load an export file into an empty store, all or nothing"
+    ).add_argument("file")
     from authsvc.cli import backup_cmd
 
     backup_cmd.add_arguments(
-        leaf(top, "backup", backup_cmd.cmd_backup, "copy the store to a new file (SQLite: a copy; PostgreSQL: pg_dump)"),
-        leaf(top, "restore", backup_cmd.cmd_restore,
-             "replace the store by a backup, voiding every token and keeping deleted players deleted (services stopped)"))
+        leaf(
+            top,
+            "backup",
+            backup_cmd.cmd_backup,
+            "copy the store to a new file (SQLite: a copy; PostgreSQL: pg_dump)",
+        ),
+        leaf(
+            top,
+            "restore",
+            backup_cmd.cmd_restore,
+            "replace the store by a backup, voiding every token and keeping deleted players "
+            "deleted (services stopped)",
+        ),
+    )
 
     token = top.add_parser("token", help="game_auth_tokens").add_subparsers(
         dest="action", required=True, metavar="ACTION", parser_class=_Parser
@@ -367,31 +449,51 @@ def build_parser() -> argparse.ArgumentParser:
     secret_cmd.add_parsers(top, common, _Parser)
     setup_cmd.add_parsers(top, common, _Parser)
 
-    from authsvc.cli import check  # imported here: only `authsvc check` needs its HTTP and TLS modules
+    from authsvc.cli import (
+        check,
+    )  # imported here: only `authsvc check` needs its HTTP and TLS modules
 
-    p = leaf(top, "check", check.cmd_check, "call a running service at each URL and report each case")
+    p = leaf(
+        top, "check", check.cmd_check, "call a running service at each URL and report each case"
+    )
     check.add_arguments(p, user_id_arg, game_id_arg)
 
     from authsvc.cli import explain
 
-    explain.add_arguments(leaf(top, "explain", explain.cmd_explain, "say why a request would fail, or that it succeeds"))
+    explain.add_arguments(
+        leaf(
+            top, "explain", explain.cmd_explain, "say why a request would fail, or that it succeeds"
+        )
+    )
 
     from authsvc.cli import heartbeat
 
-    heartbeat.add_arguments(leaf(
-        top, "heartbeat", heartbeat.cmd_heartbeat,
-        "write the primary's time several times a second, for hot standbys to prove their freshness (runs until stopped)",
-    ))
+    heartbeat.add_arguments(
+        leaf(
+            top,
+            "heartbeat",
+            heartbeat.cmd_heartbeat,
+            "write the primary's time several times a second, for hot standbys to prove their "
+            "freshness (runs until stopped)",
+        )
+    )
     from authsvc.webhooks import deliver
 
-    leaf(top, "deliver", deliver.cmd_deliver,
-         "send the events to their webhooks, signed, in order per player, retried (runs until stopped)")
+    leaf(
+        top,
+        "deliver",
+        deliver.cmd_deliver,
+        "send the events to their webhooks, signed, in order per player, retried (runs until "
+        "stopped)",
+    )
     return parser
 
 
 def _line(error: Error) -> str:
-    """An error as the command says it: its first line, bad input as the option at fault (``--old-key-ttl must be
-    from 0 ...``: the body field ``/old_key_ttl`` of the admin API is the option ``--old-key-ttl`` here)."""
+    """An error as the command says it: its first line, bad input as the option at fault
+    (``--old-key-ttl must be
+    from 0 ...``: the body field ``/old_key_ttl`` of the admin API is the option ``--old-key-ttl``
+    here)."""
     detail = str(error).splitlines()[0] if str(error) else type(error).__name__
     if error.field and error.field.startswith("/"):
         return f"--{error.field[1:].replace('_', '-')} {detail}"
@@ -404,7 +506,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_env(require_secret=False)
         with audit_cmd.heads_logged():  # each committed write's new chain head, to the journal
             status, obj, text = args.func(args, settings)
-    except Error as e:  # the one mapping of errors to the command's line and exit code (authsvc/errors.py)
+    except (
+        Error
+    ) as e:  # the one mapping of errors to the command's line and exit code (authsvc/errors.py)
         message = _line(e)
         if args.json:
             print(json.dumps({"error": message}))

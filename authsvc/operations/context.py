@@ -18,14 +18,16 @@ from authsvc.store import open_store
 from authsvc.store.audit import Audit
 from authsvc.store.base import Store
 
-# Keys retired by rotate-key expire within ten years: now + TTL stays a 64-bit number on both engines.
+# Keys retired by rotate-key expire within ten years: now + TTL stays a 64-bit number on both
+# engines.
 MAX_OLD_KEY_TTL = 10 * 365 * 86400
 MAX_REQUEST_ID = 200  # characters
 
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-    """Who acts (``cli:<login>``, ``api:<token name>``), for which request (the service's id, and the id the
+    """Who acts (``cli:<login>``, ``api:<token name>``), for which request (the service's id, and
+    the id the
     client sent, if any: kept beside it in each record), and the clock to stamp with."""
 
     actor: str
@@ -44,7 +46,8 @@ class Context:
         return int(self.clock())
 
     def audit(self, **detail) -> Audit:
-        """The store's Audit for one write; ``detail``: non-secret facts for the record (a file's SHA-256),
+        """The store's Audit for one write; ``detail``: non-secret facts for the record (a file's
+        SHA-256),
         and the client's request id."""
         if self.client_request_id is not None:
             detail["client_request_id"] = self.client_request_id
@@ -76,9 +79,9 @@ class admin_store:
         self.store.close()
 
 
-
 def at_ms(ms: int | None) -> str | None:
-    """Unix milliseconds as the admin API and the command show them: RFC 3339 UTC with milliseconds."""
+    """Unix milliseconds as the admin API and the command show them: RFC 3339 UTC with
+    milliseconds."""
     if ms is None:
         return None
     return times.utc(ms)

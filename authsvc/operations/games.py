@@ -1,5 +1,5 @@
-"""Games and their api keys: add, list, enable or disable, rotate the key (docs/admin.md; docs/tokens.md).
-"""
+"""Games and their api keys: add, list, enable or disable, rotate the key (docs/admin.md;
+docs/tokens.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from authsvc.tokens import (
 
 
 def add_game(store: Store, ctx: Context, name: str) -> tuple[Game, str]:
-    """A new game and its first api key: (game, api key). The key is shown once, stored as its digest."""
+    """A new game and its first api key: (game, api key). The key is shown once, stored as its
+    digest."""
     name = check_game_name(name)
     api_key = new_api_key()
     with store.write(ctx.audit()) as tx:
@@ -37,11 +38,14 @@ def set_game_enabled(store: Store, ctx: Context, game_id: int, enabled: bool) ->
 
 def check_old_key_ttl(old_key_ttl: int) -> None:
     if type(old_key_ttl) is not int or not 0 <= old_key_ttl <= MAX_OLD_KEY_TTL:
-        raise Invalid(f"must be from 0 to {MAX_OLD_KEY_TTL} seconds (ten years)", field="/old_key_ttl")
+        raise Invalid(
+            f"must be from 0 to {MAX_OLD_KEY_TTL} seconds (ten years)", field="/old_key_ttl"
+        )
 
 
 def rotate_game_key(store: Store, ctx: Context, game_id: int, old_key_ttl: int) -> tuple[str, int]:
-    """A new api key for the game; its older keys expire ``old_key_ttl`` seconds from now, to the millisecond
+    """A new api key for the game; its older keys expire ``old_key_ttl`` seconds from now, to the
+    millisecond
     (docs/tokens.md): (key, that time rounded up to the whole second, as shown)."""
     check_game_id(game_id)
     check_old_key_ttl(old_key_ttl)

@@ -23,7 +23,8 @@ class RowError(Invalid):
 
 
 def import_rows(data: bytes) -> Iterator[tuple[int, str]]:
-    """(user_id, username) rows from CSV or JSON lines; a bad row raises RowError with its line number."""
+    """(user_id, username) rows from CSV or JSON lines; a bad row raises RowError with its line
+    number."""
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -53,7 +54,10 @@ def _json_rows(text: str) -> Iterator[tuple[int, str]]:
             continue
         try:
             obj = json.loads(line)
-        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack allows
+        except (
+            ValueError,
+            RecursionError,
+        ):  # RecursionError: nested deeper than Python's stack allows
             raise RowError(f"line {line_no}: not a JSON object") from None
         if not isinstance(obj, dict) or "user_id" not in obj or "username" not in obj:
             raise RowError(f"line {line_no}: needs the fields user_id and username")
@@ -67,7 +71,9 @@ def _csv_rows(text: str) -> Iterator[tuple[int, str]]:
             fields = next(reader)
         except StopIteration:
             return
-        except csv.Error as e:  # a field over csv.field_size_limit() (131,072 characters), a stray NUL
+        except (
+            csv.Error
+        ) as e:  # a field over csv.field_size_limit() (131,072 characters), a stray NUL
             raise RowError(f"line {reader.line_num}: not valid CSV ({e})") from None
         line_no = reader.line_num
         if not fields:
@@ -75,5 +81,7 @@ def _csv_rows(text: str) -> Iterator[tuple[int, str]]:
         if line_no == 1 and [f.strip().lower() for f in fields] == ["user_id", "username"]:
             continue  # header
         if len(fields) != 2:
-            raise RowError(f"line {line_no}: expected 2 fields (user_id,username), got {len(fields)}")
+            raise RowError(
+                f"line {line_no}: expected 2 fields (user_id,username), got {len(fields)}"
+            )
         yield _row(line_no, fields[0].strip(), fields[1])

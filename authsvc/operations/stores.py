@@ -30,7 +30,8 @@ def export_store(store: Store, path: str) -> tuple[int, int]:
 
 
 def import_store(store: Store, ctx: Context, path: str) -> tuple[int, int]:
-    """Load an export file into an empty store, all or nothing; one audit record (counts, the file's SHA-256)."""
+    """Load an export file into an empty store, all or nothing; one audit record (counts, the file's
+    SHA-256)."""
     try:
         with open(path, "rb") as f:
             sha256 = hashlib.file_digest(f, "sha256").hexdigest()
@@ -39,20 +40,29 @@ def import_store(store: Store, ctx: Context, path: str) -> tuple[int, int]:
     return transfer.import_store(store, path, audit=ctx.audit(file_sha256=sha256))
 
 
-def initialize(settings: Settings, ctx: Context, *, new_secret: bool = False) -> tuple[int, int, str]:
-    """``authsvc init``: create or migrate the store, then settle the token secret file against the store's
-    fingerprints (authsvc/tokens.py); returns (schema version before, after, what became of the secret):
+def initialize(
+    settings: Settings, ctx: Context, *, new_secret: bool = False
+) -> tuple[int, int, str]:
+    """``authsvc init``: create or migrate the store, then settle the token secret file against the
+    store's
+    fingerprints (authsvc/tokens.py); returns (schema version before, after, what became of the
+    secret):
 
-    - "kept": the file holds a secret the store knows; a file that holds none is refused (ConfigError);
+    - "kept": the file holds a secret the store knows; a file that holds none is refused
+    (ConfigError);
     - "adopted": a store from before fingerprints (none recorded): the file's secrets are recorded;
     - "created": no file and no player: a new secret (mode 0600), recorded;
-    - "new": ``new_secret``, said in words: a new secret replaces the file and every recorded one, and
+    - "new": ``new_secret``, said in words: a new secret replaces the file and every recorded one,
+    and
       every token issued before is refused. Without it, a missing file of a store with players is
       refused (Invalid): restore it from its backup copy.
 
-    Setting a store up (the migration, the first secret, the adopted ones) writes no audit record; a new
+    Setting a store up (the migration, the first secret, the adopted ones) writes no audit record; a
+    new
     secret that replaces the recorded ones (``new_secret``) has one."""
-    store_context = admin_store(settings, check=False)  # a bad AUTHSVC_STORE stops here, before any file is made
+    store_context = admin_store(
+        settings, check=False
+    )  # a bad AUTHSVC_STORE stops here, before any file is made
     path = settings.token_secret_file
     with store_context as store:
         if isinstance(store, SQLiteStore):  # the file's directory may not exist yet
@@ -63,11 +73,15 @@ def initialize(settings: Settings, ctx: Context, *, new_secret: bool = False) ->
             known = tx.token_secrets()
             if new_secret or not present:
                 if not new_secret and tx.any_player():
-                    raise Invalid(f"token secret file {path} is missing and the store has players: restore it "
-                                  "from its backup copy (a new secret would refuse every token issued; "
-                                  "'authsvc init --new-secret' makes one all the same)")
+                    raise Invalid(
+                        f"token secret file {path} is missing and the store has players: restore "
+                        "it from its backup copy (a new secret would refuse every token issued; "
+                        "'authsvc init --new-secret' makes one all the same)"
+                    )
                 secret = new_token_secret().encode("ascii")
-                tx.record_token_secrets([fingerprint(secret)], "token_secret.new" if new_secret else None, replace=True)
+                tx.record_token_secrets(
+                    [fingerprint(secret)], "token_secret.new" if new_secret else None, replace=True
+                )
                 os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
                 write_secret_file(path, [secret])
                 return before, after, "new" if new_secret else "created"
@@ -79,9 +93,11 @@ def initialize(settings: Settings, ctx: Context, *, new_secret: bool = False) ->
     return before, after, "kept"
 
 
-
 def backup(store: Store, path: str) -> None:
-    """``authsvc backup``: a SQLite store copied to a new file (a read: no audit record; the copy holds the trail)."""
+    """``authsvc backup``: a SQLite store copied to a new file (a read: no audit record; the copy
+    holds the trail)."""
     if not isinstance(store, SQLiteStore):
-        raise Invalid("backup copies a SQLite store; back up PostgreSQL with pg_dump (docs/operations.md)")
+        raise Invalid(
+            "backup copies a SQLite store; back up PostgreSQL with pg_dump (docs/operations.md)"
+        )
     store.backup(path)

@@ -1,4 +1,5 @@
-"""A player's token, minted for a game and recorded as ``token.mint`` (never the token): who could log
+"""A player's token, minted for a game and recorded as ``token.mint`` (never the token): who could
+log
 in as this player has an answer (docs/admin.md, "The audit trail").
 """
 
@@ -13,10 +14,13 @@ from authsvc.tokens import (
 )
 
 
-def mint(store: Store, ctx: Context, secret: bytes, game_id: int, user_id: int) -> tuple[str, Player]:
+def mint(
+    store: Store, ctx: Context, secret: bytes, game_id: int, user_id: int
+) -> tuple[str, Player]:
     """The token the service accepts now for this enabled game and enabled player, and the player;
     recorded as token.mint. The epoch is read under the writer lock and recorded in the same
-    transaction, so no revoke falls between: the token is never of an epoch revoked before the answer."""
+    transaction, so no revoke falls between: the token is never of an epoch revoked before the
+    answer."""
     check_game_id(game_id)
     check_user_id(user_id)
     with store.write(ctx.audit()) as tx:
@@ -26,5 +30,7 @@ def mint(store: Store, ctx: Context, secret: bytes, game_id: int, user_id: int) 
             raise NotFound(f"no enabled game {game_id}")
         if player is None or not player.enabled:
             raise NotFound(f"no enabled player {user_id}")
-        tx.record("token.mint", game_id=game.id, user_id=player.user_id, after={"epoch": player.epoch})
+        tx.record(
+            "token.mint", game_id=game.id, user_id=player.user_id, after={"epoch": player.epoch}
+        )
     return mint_token(secret, game.id, player.user_id, player.epoch), player

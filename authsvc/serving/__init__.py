@@ -1,1 +1,2 @@
-"""The gunicorn integration: workers answering in JSON, the access logger, redaction (README.md, "Layout")."""
+"""The gunicorn integration: workers answering in JSON, the access logger, redaction (README.md,
+"Layout")."""

@@ -54,7 +54,8 @@ def _networks(allowed: tuple[str, ...]) -> tuple | None:
 
 
 def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """``text`` as an IP address, its IPv6 zone dropped (Python takes any text there, spaces too)."""
+    """``text`` as an IP address, its IPv6 zone dropped (Python takes any text there, spaces
+    too)."""
     try:
         return ipaddress.ip_address(text.partition("%")[0])
     except ValueError:
@@ -66,7 +67,9 @@ def client_address(environ: dict, allowed: tuple[str, ...]) -> str:
     when it is an address), else the peer's. A peer that is not an IP address (the unix
     socket) is trusted, as gunicorn trusts it. Only digits, hex letters, ':' and '.' come out."""
     forwarded = environ.get("HTTP_X_FORWARDED_FOR", "").rpartition(",")[2].strip()
-    if len(forwarded) > MAX_ADDRESS:  # no address is that long; and the cache below keeps short keys only
+    if (
+        len(forwarded) > MAX_ADDRESS
+    ):  # no address is that long; and the cache below keeps short keys only
         forwarded = ""
     return _client(environ.get("REMOTE_ADDR") or "", forwarded, allowed)
 
@@ -76,7 +79,8 @@ MAX_ADDRESS = 64  # characters: the longest IPv6 text (45) and a zone
 
 @functools.lru_cache(maxsize=4096)
 def _client(remote_addr: str, forwarded: str, allowed: tuple[str, ...]) -> str:
-    """Cached: an address parse costs microseconds per line, and the callers are a few game servers."""
+    """Cached: an address parse costs microseconds per line, and the callers are a few game
+    servers."""
     peer = _ip(remote_addr)
     networks = _networks(allowed)
     if peer is None or networks is None or any(peer in n for n in networks):
@@ -96,7 +100,9 @@ class RouteLogger(Logger):
     def access(self, resp, req, environ, request_time):
         log = self.access_log
         if not log.isEnabledFor(logging.DEBUG) and (
-            not log.isEnabledFor(logging.INFO)  # off: gunicorn's access() would build every atom first
+            not log.isEnabledFor(
+                logging.INFO
+            )  # off: gunicorn's access() would build every atom first
             or (environ.get("PATH_INFO") in PROBE_PATHS and str(resp.status).startswith("2"))
         ):
             return
@@ -104,14 +110,19 @@ class RouteLogger(Logger):
 
     def atoms(self, resp, req, environ, request_time):
         atoms = {
-            k: v for k, v in super().atoms(resp, req, environ, request_time).items()
+            k: v
+            for k, v in super().atoms(resp, req, environ, request_time).items()
             if not (k.endswith("}e") or k.endswith("}i"))
         }
         route = environ.get(ROUTE_KEY) or route_name(environ.get("PATH_INFO"))
         atoms["U"] = route
         atoms["r"] = f"{atoms.get('m')} {route} {atoms.get('H')}"
         atoms["q"] = atoms["f"] = atoms["a"] = atoms["u"] = "-"
-        atoms["h"] = atoms["{x-forwarded-for}i"] = client_address(environ, tuple(self.cfg.forwarded_allow_ips))
+        atoms["h"] = atoms["{x-forwarded-for}i"] = client_address(
+            environ, tuple(self.cfg.forwarded_allow_ips)
+        )
         atoms["{x-forwarded-proto}i"] = environ.get("wsgi.url_scheme") or "-"
-        atoms["{x-request-id}i"] = request_id(environ.get(REQUEST_ID_KEY) or environ.get("HTTP_X_REQUEST_ID"))
+        atoms["{x-request-id}i"] = request_id(
+            environ.get(REQUEST_ID_KEY) or environ.get("HTTP_X_REQUEST_ID")
+        )
         return atoms

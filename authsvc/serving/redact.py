@@ -102,10 +102,14 @@ def frames_only(exc: BaseException) -> str:
     current: BaseException | None = exc
     while current is not None and len(chain) < 20:
         chain.append(current)
-        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
     for i, error in enumerate(reversed(chain)):
         if i:
-            parts.append("\nDuring handling of, or caused by, the above exception, another occurred:\n\n")
+            parts.append(
+                "\nDuring handling of, or caused by, the above exception, another occurred:\n\n"
+            )
         parts.append("Traceback (most recent call last):\n")
         parts.extend(traceback.extract_tb(error.__traceback__).format())
         exc_type = type(error)

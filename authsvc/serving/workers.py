@@ -37,8 +37,8 @@ from authsvc.errors import reason_phrase, refused
 from authsvc.web.answers import body_of
 from authsvc.web.http import BASE_HEADERS
 
-# An app's own answer to a refused request: its headers (Content-Type first) and body, for a status of
-# authsvc.errors.GUNICORN_REFUSALS (the one table of what gunicorn refuses).
+# An app's own answer to a refused request: its headers (Content-Type first) and body, for a status
+# of authsvc.errors.GUNICORN_REFUSALS (the one table of what gunicorn refuses).
 Refusal = Callable[[int], tuple[Sequence[tuple[str, str]], bytes]]
 
 
@@ -65,7 +65,8 @@ def _answer(status: int, reason: str, headers: Sequence[tuple[str, str]], body: 
 
 
 def app_refusal(app) -> Refusal | None:
-    """The served app's own answer to what gunicorn refuses (its ``gunicorn_refusal``), if it has one."""
+    """The served app's own answer to what gunicorn refuses (its ``gunicorn_refusal``), if it has
+    one."""
     refusal = getattr(app, "gunicorn_refusal", None)
     return refusal if callable(refusal) else None
 
@@ -138,7 +139,9 @@ class SyncWorker(_SyncWorker):
             sock.flush()
 
     def handle_error(self, req, client, addr, exc):
-        super().handle_error(req, _JsonErrorSocket(client, app_refusal(getattr(self, "wsgi", None))), addr, exc)
+        super().handle_error(
+            req, _JsonErrorSocket(client, app_refusal(getattr(self, "wsgi", None))), addr, exc
+        )
 
 
 class ThreadWorker(_ThreadWorker):
@@ -154,4 +157,6 @@ class ThreadWorker(_ThreadWorker):
             sock.flush()
 
     def handle_error(self, req, client, addr, exc):
-        super().handle_error(req, _JsonErrorSocket(client, app_refusal(getattr(self, "wsgi", None))), addr, exc)
+        super().handle_error(
+            req, _JsonErrorSocket(client, app_refusal(getattr(self, "wsgi", None))), addr, exc
+        )

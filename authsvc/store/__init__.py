@@ -25,7 +25,9 @@ def open_store(url: str, *, readonly: bool, settings=None) -> Store:
         staleness = settings.max_staleness if settings is not None else default("max_staleness")
         embedded = SQLiteStore(url, readonly=readonly, max_staleness=staleness)
         if not readonly:
-            embedded.ledger = getattr(settings, "restore_ledger", "") or ledger_beside(embedded.path)
+            embedded.ledger = getattr(settings, "restore_ledger", "") or ledger_beside(
+                embedded.path
+            )
         return embedded
     if scheme in ("postgresql", "postgres"):
         try:

@@ -1,4 +1,5 @@
-"""The audit trail in the store: one hash-chained record per change (docs/admin.md, "The audit trail").
+"""The audit trail in the store: one hash-chained record per change (docs/admin.md, "The audit
+trail").
 
 Every write (store/writes.py) takes an ``Audit`` (who, which request, which clock),
 reads the target's non-secret state before the change, makes the change, and
@@ -37,9 +38,21 @@ if TYPE_CHECKING:
     from authsvc.store.dialect import Dialect
 
 GENESIS = "0" * 64
-COLUMNS = ("id", "at_ms", "actor", "request_id", "action", "game_id", "user_id", "changes", "prev_hash", "hash")
-# The tables, each engine's migration (store/sqlite/store.py, store/postgres/store.py). The ids are given by
-# append(), never by the database: the hash covers the id, so it must be known before the INSERT.
+COLUMNS = (
+    "id",
+    "at_ms",
+    "actor",
+    "request_id",
+    "action",
+    "game_id",
+    "user_id",
+    "changes",
+    "prev_hash",
+    "hash",
+)
+# The tables, each engine's migration (store/sqlite/store.py, store/postgres/store.py). The ids are
+# given by append(), never by the database: the hash covers the id, so it must be known before the
+# INSERT.
 SQLITE_TABLES = f"""
     CREATE TABLE audit (
         id         INTEGER PRIMARY KEY,
@@ -64,8 +77,9 @@ SQLITE_TABLES = f"""
     );
     INSERT INTO audit_chain VALUES (1, 0, '{GENESIS}', 0, '{GENESIS}');
 """
-# PostgreSQL: the web process's roles get no grant at all; the admin role (deploy/postgres/roles.sql)
-# may only read and append (`authsvc init` grants it: postgres/store.py's ADMIN_GRANTS_SQL). {reader}: READER_ROLE.
+# PostgreSQL: the web process's roles get no grant at all; the admin role
+# (deploy/postgres/roles.sql) may only read and append (`authsvc init` grants it:
+# postgres/store.py's ADMIN_GRANTS_SQL). {reader}: READER_ROLE.
 POSTGRES_TABLES = f"""
 CREATE TABLE audit (
     id         bigint PRIMARY KEY,
@@ -91,8 +105,9 @@ CREATE TABLE audit_chain (
 INSERT INTO audit_chain VALUES (1, 0, '{GENESIS}', 0, '{GENESIS}');
 REVOKE ALL ON audit, audit_chain FROM PUBLIC;
 """
-# The chain's head after each committed write that appended records (store/writes.py's Tx.head(), logged
-# by the engines' write() once the COMMIT returned): what `authsvc audit verify --anchor` reads back.
+# The chain's head after each committed write that appended records (store/writes.py's Tx.head(),
+# logged by the engines' write() once the COMMIT returned): what `authsvc audit verify --anchor`
+# reads back.
 HEAD_LOG = logging.getLogger("authsvc.audit")
 HEAD_LINE = "head id={id} hash={hash}"
 
@@ -162,17 +177,26 @@ END
 $$;
 REVOKE ALL ON FUNCTION authsvc_erase_names(bigint, text, bigint) FROM PUBLIC;
 """
-PERSONAL = ("username",)  # a player's fields that name a person: sealed in the chain, erased with the player
-ERASED = {"erased": True}  # what a personal value shows as (and a clear one becomes) once its player is deleted
-UNATTRIBUTED = "unattributed"  # the actor of a write made without an Audit (test fixtures, benchmarks)
+PERSONAL = (
+    "username",
+)  # a player's fields that name a person: sealed in the chain, erased with the player
+ERASED = {
+    "erased": True
+}  # what a personal value shows as (and a clear one becomes) once its player is deleted
+UNATTRIBUTED = (
+    "unattributed"  # the actor of a write made without an Audit (test fixtures, benchmarks)
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Audit:
-    """Who makes a write and by which clock; ``detail``: non-secret facts only the caller knows (a file's SHA-256).
+    """Who makes a write and by which clock; ``detail``: non-secret facts only the caller knows (a
+    file's SHA-256).
 
-    ``at_ms`` None (the operations layer's): the write reads ``clock`` once it holds the writer lock.
-    A fixed ``at_ms`` (fixtures that seed a store) is used as it is, but never before the chain's head."""
+    ``at_ms`` None (the operations layer's): the write reads ``clock`` once it holds the writer
+    lock.
+    A fixed ``at_ms`` (fixtures that seed a store) is used as it is, but never before the chain's
+    head."""
 
     actor: str
     request_id: str | None
@@ -212,7 +236,8 @@ class Record:
         return record_hash({name: getattr(self, name) for name in COLUMNS if name != "hash"})
 
     def shown_changes(self) -> dict:
-        """``changes`` as it is shown: each sealed value as its clear value while it is kept, else ERASED."""
+        """``changes`` as it is shown: each sealed value as its clear value while it is kept, else
+        ERASED."""
         changes = json.loads(self.changes)
         clear = json.loads(self.names) if self.names else {}
         for side, values in changes.items():
@@ -224,7 +249,8 @@ class Record:
         return changes
 
     def as_json(self) -> dict:
-        """The record for ``authsvc audit --json``: its columns, ``changes`` as shown (shown_changes)."""
+        """The record for ``authsvc audit --json``: its columns, ``changes`` as shown
+        (shown_changes)."""
         obj = {name: getattr(self, name) for name in COLUMNS}
         obj["changes"] = self.shown_changes()
         return obj
@@ -249,19 +275,23 @@ def record_hash(fields: dict) -> str:
 
 
 def game_state(conn, d: Dialect, game_id: int) -> dict | None:
-    """A game's non-secret fields (name, enabled, key count, keys that never expire); None if no such game."""
+    """A game's non-secret fields (name, enabled, key count, keys that never expire); None if no
+    such game."""
     row = conn.execute(d.sql("SELECT name, enabled FROM games WHERE id = ?"), (game_id,)).fetchone()
     if row is None:
         return None
     keys, never = conn.execute(
-        d.sql("SELECT count(*), count(*) - count(expires_at) FROM api_keys WHERE game_id = ?"), (game_id,)
+        d.sql("SELECT count(*), count(*) - count(expires_at) FROM api_keys WHERE game_id = ?"),
+        (game_id,),
     ).fetchone()
     return {"name": row[0], "enabled": bool(row[1]), "keys": keys, "keys_never_expiring": never}
 
 
 def player_state(conn, d: Dialect, user_id: int) -> dict | None:
     """A player's username, enabled flag and credential epoch; None if no such player."""
-    row = conn.execute(d.sql("SELECT username, enabled, epoch FROM players WHERE user_id = ?"), (user_id,)).fetchone()
+    row = conn.execute(
+        d.sql("SELECT username, enabled, epoch FROM players WHERE user_id = ?"), (user_id,)
+    ).fetchone()
     return None if row is None else {"username": row[0], "enabled": bool(row[1]), "epoch": row[2]}
 
 
@@ -271,13 +301,15 @@ def new_key() -> str:
 
 
 def seal(key: str, name: str, value: str) -> dict:
-    """A personal value as the chain holds it: its HMAC-SHA256 under the player's key (the field's name in it)."""
+    """A personal value as the chain holds it: its HMAC-SHA256 under the player's key (the field's
+    name in it)."""
     message = f"{name}\0{value}".encode("utf-8", "surrogatepass")
     return {"hmac": hmac.new(bytes.fromhex(key), message, hashlib.sha256).hexdigest()}
 
 
 def sealed(key: str, state: dict | None) -> tuple[dict, dict]:
-    """``state`` with each personal value sealed, and those values in clear: (for the chain, for audit_names)."""
+    """``state`` with each personal value sealed, and those values in clear: (for the chain, for
+    audit_names)."""
     out, clear = dict(state or {}), {}
     for name in PERSONAL:
         if isinstance(out.get(name), str):
@@ -287,7 +319,9 @@ def sealed(key: str, state: dict | None) -> tuple[dict, dict]:
 
 
 def read_chain(conn, d: Dialect) -> Chain:
-    row = conn.execute("SELECT anchor_id, anchor_hash, head_id, head_hash FROM audit_chain WHERE id = 1").fetchone()
+    row = conn.execute(
+        "SELECT anchor_id, anchor_hash, head_id, head_hash FROM audit_chain WHERE id = 1"
+    ).fetchone()
     return Chain(*row)
 
 
@@ -304,8 +338,17 @@ def head_time(conn, d: Dialect, head_id: int) -> int:
 
 
 def append(
-    conn, d: Dialect, audit: Audit, at_ms: int, action: str, *, game_id: int | None = None,
-    user_id: int | None = None, before: dict | None = None, after: dict | None = None, names: dict | None = None,
+    conn,
+    d: Dialect,
+    audit: Audit,
+    at_ms: int,
+    action: str,
+    *,
+    game_id: int | None = None,
+    user_id: int | None = None,
+    before: dict | None = None,
+    after: dict | None = None,
+    names: dict | None = None,
 ) -> Record:
     """Append one record after the chain's head, in the caller's transaction, and move the head.
     ``names``: the clear values of what ``before`` and ``after`` hold sealed, kept in audit_names.
@@ -314,29 +357,45 @@ def append(
     chain = read_chain(conn, d)
     changes = canonical({"before": before or {}, "after": (after or {}) | dict(audit.detail)})
     fields: dict[str, Any] = {
-        "id": chain.head_id + 1, "at_ms": at_ms, "actor": audit.actor, "request_id": audit.request_id,
-        "action": action, "game_id": game_id, "user_id": user_id, "changes": changes, "prev_hash": chain.head_hash,
+        "id": chain.head_id + 1,
+        "at_ms": at_ms,
+        "actor": audit.actor,
+        "request_id": audit.request_id,
+        "action": action,
+        "game_id": game_id,
+        "user_id": user_id,
+        "changes": changes,
+        "prev_hash": chain.head_hash,
     }
     record = Record(**fields, hash=record_hash(fields))
     conn.execute(
         d.sql(f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"),
         tuple(getattr(record, name) for name in COLUMNS),
     )
-    conn.execute(d.sql("UPDATE audit_chain SET head_id = ?, head_hash = ? WHERE id = 1"), (record.id, record.hash))
+    conn.execute(
+        d.sql("UPDATE audit_chain SET head_id = ?, head_hash = ? WHERE id = 1"),
+        (record.id, record.hash),
+    )
     if names and any(names.values()):
         kept = canonical(names)
-        conn.execute(d.sql("INSERT INTO audit_names (record_id, user_id, names) VALUES (?, ?, ?)"),
-                     (record.id, user_id, kept))
+        conn.execute(
+            d.sql("INSERT INTO audit_names (record_id, user_id, names) VALUES (?, ?, ?)"),
+            (record.id, user_id, kept),
+        )
         record = dataclasses.replace(record, names=kept)
     return record
 
 
 def erase_clear_names(conn, d: Dialect, user_id: int) -> list[tuple[int, str, str]]:
-    """The records of ``user_id`` written before sealing that hold a personal value in clear: each as
+    """The records of ``user_id`` written before sealing that hold a personal value in clear: each
+    as
     (id, its changes with every such value ERASED, the hash of the record with those changes)."""
     like = " OR ".join("changes LIKE ?" for _ in PERSONAL)
     rows = conn.execute(
-        d.sql(f"SELECT {', '.join(COLUMNS)} FROM audit WHERE user_id = ? AND erased_by IS NULL AND ({like}) ORDER BY id"),
+        d.sql(
+            f"SELECT {', '.join(COLUMNS)} FROM audit WHERE user_id = ? AND erased_by IS NULL AND "
+            f"({like}) ORDER BY id"
+        ),
         (user_id, *(f'%"{name}":"%' for name in PERSONAL)),
     ).fetchall()
     erased = []
@@ -349,7 +408,9 @@ def erase_clear_names(conn, d: Dialect, user_id: int) -> list[tuple[int, str, st
                     values[name] = ERASED
         text = canonical(changes)
         if text != record.changes:
-            erased.append((record.id, text, dataclasses.replace(record, changes=text).computed_hash()))
+            erased.append(
+                (record.id, text, dataclasses.replace(record, changes=text).computed_hash())
+            )
     return erased
 
 
@@ -358,13 +419,28 @@ _FROM = "FROM audit AS a LEFT JOIN audit_names AS n ON n.record_id = a.id"
 
 
 def select(
-    conn, d: Dialect, *, since_ms: int | None = None, user_id: int | None = None, game_id: int | None = None,
-    action: str | None = None, actor: str | None = None, limit: int = 100, before_id: int | None = None,
+    conn,
+    d: Dialect,
+    *,
+    since_ms: int | None = None,
+    user_id: int | None = None,
+    game_id: int | None = None,
+    action: str | None = None,
+    actor: str | None = None,
+    limit: int = 100,
+    before_id: int | None = None,
 ) -> list[Record]:
-    """Records matching every filter given, newest first; ``before_id``: older than that record (a page's cursor)."""
+    """Records matching every filter given, newest first; ``before_id``: older than that record (a
+    page's cursor)."""
     where, args = [], []
-    for column, op, value in (("at_ms", ">=", since_ms), ("user_id", "=", user_id), ("game_id", "=", game_id),
-                              ("action", "=", action), ("actor", "=", actor), ("id", "<", before_id)):
+    for column, op, value in (
+        ("at_ms", ">=", since_ms),
+        ("user_id", "=", user_id),
+        ("game_id", "=", game_id),
+        ("action", "=", action),
+        ("actor", "=", actor),
+        ("id", "<", before_id),
+    ):
         if value is not None:
             where.append(f"a.{column} {op} ?")
             args.append(value)
@@ -374,12 +450,16 @@ def select(
 
 
 def walk(conn, d: Dialect, batch: int = 10_000) -> Iterator[Record]:
-    """Every record, oldest first, with its player's key, in batches (the caller holds one snapshot)."""
+    """Every record, oldest first, with its player's key, in batches (the caller holds one
+    snapshot)."""
     last = -1
     while True:
         rows = conn.execute(
-            d.sql(f"SELECT {_SELECTED}, k.key {_FROM} LEFT JOIN player_keys AS k ON k.user_id = a.user_id "
-                  "WHERE a.id > ? ORDER BY a.id LIMIT ?"), (last, batch)
+            d.sql(
+                f"SELECT {_SELECTED}, k.key {_FROM} LEFT JOIN player_keys AS k ON k.user_id = "
+                "a.user_id WHERE a.id > ? ORDER BY a.id LIMIT ?"
+            ),
+            (last, batch),
         ).fetchall()
         for row in rows:
             yield Record(*row)
@@ -392,7 +472,9 @@ def prune(conn, d: Dialect, audit: Audit, at_ms: int, before_ms: int) -> Record:
     """Delete the oldest records up to the first one at or after ``before_ms``; the last deleted one
     becomes the anchor, and the prune itself is recorded (its record names the anchor)."""
     chain = read_chain(conn, d)
-    first_kept = conn.execute(d.sql("SELECT min(id) FROM audit WHERE at_ms >= ?"), (before_ms,)).fetchone()[0]
+    first_kept = conn.execute(
+        d.sql("SELECT min(id) FROM audit WHERE at_ms >= ?"), (before_ms,)
+    ).fetchone()[0]
     cut = chain.head_id if first_kept is None else first_kept - 1
     anchor_id, anchor_hash = chain.anchor_id, chain.anchor_hash
     pruned = 0
@@ -403,8 +485,14 @@ def prune(conn, d: Dialect, audit: Audit, at_ms: int, before_ms: int) -> Record:
             pruned = conn.execute(d.sql("DELETE FROM audit WHERE id <= ?"), (cut,)).rowcount
             conn.execute(d.sql("DELETE FROM audit_names WHERE record_id <= ?"), (cut,))
             conn.execute(
-                d.sql("UPDATE audit_chain SET anchor_id = ?, anchor_hash = ? WHERE id = 1"), (anchor_id, anchor_hash)
+                d.sql("UPDATE audit_chain SET anchor_id = ?, anchor_hash = ? WHERE id = 1"),
+                (anchor_id, anchor_hash),
             )
     before = {"anchor_id": chain.anchor_id, "anchor_hash": chain.anchor_hash}
-    after = {"anchor_id": anchor_id, "anchor_hash": anchor_hash, "pruned": pruned, "before_ms": before_ms}
+    after = {
+        "anchor_id": anchor_id,
+        "anchor_hash": anchor_hash,
+        "pruned": pruned,
+        "before_ms": before_ms,
+    }
     return append(conn, d, audit, at_ms, "audit.prune", before=before, after=after)

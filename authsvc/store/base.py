@@ -1,4 +1,5 @@
-"""The Store contract, in two: Reader, what the web process reads, and Store, what the admin side writes.
+"""The Store contract, in two: Reader, what the web process reads, and Store, what the admin side
+writes.
 
 Both engines implement it (SQLiteReader and PostgresReader in sqlite/reader.py and
 postgres/reader.py, which the web process opens through store/readers.py; SQLiteStore
@@ -85,16 +86,19 @@ class Player:
     username: str
     epoch: int
     enabled: bool
-    # When the row last changed (added, renamed, enabled or disabled, revoked), in unix milliseconds: the
-    # time of that write's audit record. None for a row no write has changed since the schema step that
-    # added the column (SQLite 4, PostgreSQL 5): when it last changed is not known. The web path never reads it.
+    # When the row last changed (added, renamed, enabled or disabled, revoked), in unix
+    # milliseconds: the time of that write's audit record. None for a row no write has changed since
+    # the schema step that added the column (SQLite 4, PostgreSQL 5): when it last changed is not
+    # known. The web path never reads it.
     updated_at_ms: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeletedPlayer:
-    """What is kept of a deleted player (table deleted_players): its id and the credential epoch it had,
-    no name. The same id signed up again starts at ``epoch + 1``: no token of the deleted player, of any
+    """What is kept of a deleted player (table deleted_players): its id and the credential epoch it
+    had,
+    no name. The same id signed up again starts at ``epoch + 1``: no token of the deleted player, of
+    any
     epoch, authenticates again (store/writes.py's continue_epochs)."""
 
     user_id: int
@@ -103,7 +107,8 @@ class DeletedPlayer:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ApiToken:
-    """An admin API bearer token's row (authsvc/operations/api_tokens.py): never the token, never its digest."""
+    """An admin API bearer token's row (authsvc/operations/api_tokens.py): never the token, never
+    its digest."""
 
     name: str
     scopes: tuple[str, ...]
@@ -115,8 +120,13 @@ class ApiToken:
         return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
 
     def as_json(self) -> dict:
-        return {"name": self.name, "scopes": list(self.scopes), "created_at": self.created_at,
-                "expires_at": self.expires_at, "revoked_at": self.revoked_at}
+        return {
+            "name": self.name,
+            "scopes": list(self.scopes),
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "revoked_at": self.revoked_at,
+        }
 
 
 # How long an admin write waits for a lock another session holds (a long `player import`,
@@ -128,29 +138,37 @@ ADMIN_LOCK_WAIT = 30.0
 
 class NotEmpty(Conflict):
     """``load`` refuses a store that already holds games or players (``Conflict``, the model's own
-    409, is the write that would break a uniqueness rule: a game name, a key digest, a player id)."""
+    409, is the write that would break a uniqueness rule: a game name, a key digest, a player
+    id)."""
 
-    detail = ("the target store already holds games or players; import only into a new store "
-              "(run 'authsvc init' on an empty database or file)")
+    detail = (
+        "the target store already holds games or players; import only into a new store "
+        "(run 'authsvc init' on an empty database or file)"
+    )
 
 
 class Reader(abc.ABC):
-    """One engine's read-only connection(s): all the web process holds (store/readers.py opens it)."""
+    """One engine's read-only connection(s): all the web process holds (store/readers.py opens
+    it)."""
 
     @abc.abstractmethod
     def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
         """The game of this key and the player ``user_id`` in one query; None if no such key.
 
-        The answer may be up to AUTHSVC_MAX_STALENESS old (SQLite's snapshot, a hot standby's replay;
+        The answer may be up to AUTHSVC_MAX_STALENESS old (SQLite's snapshot, a hot standby's
+        replay;
         docs/stores.md, "Bounded staleness")."""
 
     @abc.abstractmethod
     def fresh_credentials(self, key_digest: str, user_id: int) -> Credentials | None:
-        """``credentials`` read from the latest commit the reader can reach, whatever the age of the data
+        """``credentials`` read from the latest commit the reader can reach, whatever the age of the
+        data
         ``credentials`` answers from (SQLite: a new snapshot, kept for the next reads).
 
-        The authenticator asks for it only when a token is of the epoch a change newer than that data
-        would give, to accept a token minted right after a revoke or signup (web/authenticate.py)."""
+        The authenticator asks for it only when a token is of the epoch a change newer than that
+        data
+        would give, to accept a token minted right after a revoke or signup
+        (web/authenticate.py)."""
 
     @abc.abstractmethod
     def check(self) -> None:
@@ -161,23 +179,28 @@ class Reader(abc.ABC):
 
     @abc.abstractmethod
     def list_games(self) -> list[Game]:
-        """Every game with its keys, by id: the key expiry gauges of /metrics, and `authsvc game list`."""
+        """Every game with its keys, by id: the key expiry gauges of /metrics, and `authsvc game
+        list`."""
 
     @abc.abstractmethod
     def token_secrets(self) -> dict[str, int]:
-        """The fingerprints of the token secrets the store was used with, each with when it was recorded
-        (unix ms): empty for a store no `authsvc init` of this release has seen (authsvc/tokens.py)."""
+        """The fingerprints of the token secrets the store was used with, each with when it was
+        recorded
+        (unix ms): empty for a store no `authsvc init` of this release has seen
+        (authsvc/tokens.py)."""
 
 
 class Store(Reader):
     """A Reader that also writes: what the admin side opens (open_store in store/__init__.py)."""
 
-    # The restore ledger each deletion appends to before it commits (store/ledger.py); None: none is kept.
+    # The restore ledger each deletion appends to before it commits (store/ledger.py); None: none is
+    # kept.
     ledger: str | None = None
 
     # -- admin --------------------------------------------------------------------
     def disk_full(self) -> str | None:
-        """Why an admin write would fail for lack of disk space now (`authsvc check`), or None. PostgreSQL:
+        """Why an admin write would fail for lack of disk space now (`authsvc check`), or None.
+        PostgreSQL:
         None, its server's disk is not visible to a client; a write there fails with StoreFull."""
         return None
 
@@ -187,7 +210,8 @@ class Store(Reader):
 
     @abc.abstractmethod
     def write(self, audit: Audit | None = None) -> AbstractContextManager[Tx]:
-        """``with store.write(audit) as tx``: one write transaction, committed at the end, rolled back
+        """``with store.write(audit) as tx``: one write transaction, committed at the end, rolled
+        back
         on any exception; inside another on the same thread, that one (store/writes.py)."""
 
     @abc.abstractmethod
@@ -205,21 +229,28 @@ class Store(Reader):
     def api_token_by_digest(self, token_digest: str) -> ApiToken | None:
         """The row of the token with this digest: a read, never waiting for a writer."""
 
-    # -- webhook deliveries (store/deliveries.py): the deliverer's bookkeeping, never the writer lock --------
+    # -- webhook deliveries (store/deliveries.py): the deliverer's bookkeeping, never the writer
+    # lock --------
     @abc.abstractmethod
     def bookkeeping(self, write: bool) -> AbstractContextManager[tuple[Any, Any]]:
-        """``with store.bookkeeping(write) as (conn, dialect)``: a short transaction (``write``) or an
-        autocommit read, taking no writer lock and writing no audit record; errors mapped as a write's."""
+        """``with store.bookkeeping(write) as (conn, dialect)``: a short transaction (``write``) or
+        an
+        autocommit read, taking no writer lock and writing no audit record; errors mapped as a
+        write's."""
 
-    def take_deliverer_lease(self, holder: str, now_ms: int, until_ms: int, dead: str | None = None) -> str | None:
-        """The deliverer's lease (store/deliveries.py's take_lease): None if ``holder`` holds it now, else who does."""
+    def take_deliverer_lease(
+        self, holder: str, now_ms: int, until_ms: int, dead: str | None = None
+    ) -> str | None:
+        """The deliverer's lease (store/deliveries.py's take_lease): None if ``holder`` holds it
+        now, else who does."""
         from authsvc.store import deliveries
 
         with self.bookkeeping(True) as (conn, d):
             return deliveries.take_lease(conn, d, holder, now_ms, until_ms, dead)
 
     def deliverer_lease(self) -> tuple[str, int] | None:
-        """(holder, until_ms) of the deliverer's lease, None if free: a read, so a waiting deliverer writes nothing."""
+        """(holder, until_ms) of the deliverer's lease, None if free: a read, so a waiting deliverer
+        writes nothing."""
         from authsvc.store import deliveries
 
         with self.bookkeeping(False) as (conn, d):
@@ -232,14 +263,18 @@ class Store(Reader):
             deliveries.release_lease(conn, d, holder)
 
     def fan_out_events(self, now_ms: int, limit: int) -> tuple[int, bool]:
-        """Deliveries of the events after each webhook's mark (store/deliveries.py's fan_out): (written, more)."""
+        """Deliveries of the events after each webhook's mark (store/deliveries.py's fan_out):
+        (written, more)."""
         from authsvc.store import deliveries
 
         with self.bookkeeping(True) as (conn, d):
             return deliveries.fan_out(conn, d, now_ms, limit)
 
-    def due_deliveries(self, now_ms: int, per_webhook: int, limit: int, skip: Collection[int] = ()) -> list[Due]:
-        """The due chains' first deliveries, at most ``per_webhook`` of each webhook but those of ``skip``
+    def due_deliveries(
+        self, now_ms: int, per_webhook: int, limit: int, skip: Collection[int] = ()
+    ) -> list[Due]:
+        """The due chains' first deliveries, at most ``per_webhook`` of each webhook but those of
+        ``skip``
         (store/deliveries.py's due)."""
         from authsvc.store import deliveries
 
@@ -247,7 +282,8 @@ class Store(Reader):
             return deliveries.due(conn, d, now_ms, per_webhook, limit, skip)
 
     def event_data(self, delivery_id: int) -> str | None:
-        """The delivery's event data as it is now (a deletion erased its names), None if nothing is to be sent."""
+        """The delivery's event data as it is now (a deletion erased its names), None if nothing is
+        to be sent."""
         from authsvc.store import deliveries
 
         with self.bookkeeping(False) as (conn, d):
@@ -266,7 +302,8 @@ class Store(Reader):
             deliveries.record(conn, d, outcomes)
 
     def delivery_backlog(self) -> list[tuple[int, int, int, int | None]]:
-        """Per live webhook (id, pending, failed, oldest pending's created_at): store/deliveries.py's backlog."""
+        """Per live webhook (id, pending, failed, oldest pending's created_at):
+        store/deliveries.py's backlog."""
         from authsvc.store import deliveries
 
         with self.bookkeeping(False) as (conn, d):
@@ -279,7 +316,8 @@ class Store(Reader):
             return deliveries.fail_orphans(conn, d, now_ms)
 
     def prune_deliveries(self, before_ms: int, limit: int) -> tuple[int, int, int]:
-        """The retention's step (store/deliveries.py's prune): (deliveries, events, removed webhooks) deleted."""
+        """The retention's step (store/deliveries.py's prune): (deliveries, events, removed
+        webhooks) deleted."""
         from authsvc.store import deliveries
 
         with self.bookkeeping(True) as (conn, d):
@@ -288,12 +326,16 @@ class Store(Reader):
     # -- webhook subscriptions (reads; the writes are Tx's: store/events.py) ----------------
     @abc.abstractmethod
     def webhooks(self, webhook_id: int | None = None, *, removed: bool = False) -> list[Webhook]:
-        """The live webhooks by id (``webhook_id``: that one, if live): never a secret. ``removed``: also
+        """The live webhooks by id (``webhook_id``: that one, if live): never a secret. ``removed``:
+        also
         the removed ones retention has not deleted yet."""
 
     @abc.abstractmethod
-    def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:
-        """The webhook's deliveries by id after ``after``, at most ``limit``, each with its attempts."""
+    def deliveries(
+        self, webhook_id: int, *, state: str | None, limit: int, after: int
+    ) -> list[Delivery]:
+        """The webhook's deliveries by id after ``after``, at most ``limit``, each with its
+        attempts."""
 
     # -- the audit trail (store/audit.py) -------------------------------------------------
     @abc.abstractmethod
@@ -311,5 +353,6 @@ class Store(Reader):
 
     @abc.abstractmethod
     def dump(self) -> Iterator[Game | Player | DeletedPlayer]:
-        """Every game (with its keys) by id, then every player by user_id, then every deleted player by
+        """Every game (with its keys) by id, then every player by user_id, then every deleted player
+        by
         user_id, from one snapshot."""

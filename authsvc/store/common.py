@@ -29,16 +29,26 @@ def batches(rows: Iterable[T], size: int = BATCH) -> Iterator[list[T]]:
 
 
 def games_with_keys(games: Iterable[Sequence], keys: Iterable[Sequence]) -> list[Game]:
-    """Game rows (id, name, enabled, created_at) with their key rows (game_id, digest, created_at, expires_at).
+    """Game rows (id, name, enabled, created_at) with their key rows (game_id, digest, created_at,
+    expires_at).
 
     ``keys`` ordered by game id (then created_at, digest), as both engines select them.
     """
-    by_game = {gid: tuple(ApiKey(*k[1:]) for k in group) for gid, group in itertools.groupby(keys, lambda k: k[0])}
-    return [Game(gid, name, bool(enabled), created, by_game.get(gid, ())) for gid, name, enabled, created in games]
+    by_game = {
+        gid: tuple(ApiKey(*k[1:]) for k in group)
+        for gid, group in itertools.groupby(keys, lambda k: k[0])
+    }
+    return [
+        Game(gid, name, bool(enabled), created, by_game.get(gid, ()))
+        for gid, name, enabled, created in games
+    ]
 
 
 GAMES_SQL = "SELECT id, name, enabled, created_at FROM games {where} ORDER BY id"
-KEYS_SQL = "SELECT game_id, digest, created_at, expires_at FROM api_keys ORDER BY game_id, created_at, digest{collate}"
+KEYS_SQL = (
+    "SELECT game_id, digest, created_at, expires_at FROM api_keys ORDER BY game_id, "
+    "created_at, digest{collate}"
+)
 
 
 def select_games(conn: Any, where: str = "", args: tuple = (), collate: str = "") -> list[Game]:
@@ -49,7 +59,8 @@ def select_games(conn: Any, where: str = "", args: tuple = (), collate: str = ""
     return games_with_keys(games, keys)
 
 
-# The token secrets' fingerprints (authsvc/tokens.py), never a secret: SQLite's migration 9, PostgreSQL's 10.
+# The token secrets' fingerprints (authsvc/tokens.py), never a secret: SQLite's migration 9,
+# PostgreSQL's 10.
 TOKEN_SECRETS_TABLE = """
 CREATE TABLE token_secret_fingerprints (
     fingerprint TEXT PRIMARY KEY,
@@ -59,29 +70,45 @@ CREATE TABLE token_secret_fingerprints (
 
 
 def select_token_secrets(conn: Any) -> dict[str, int]:
-    """Each token secret's fingerprint the store knows (authsvc/tokens.py), with when it was recorded (unix
+    """Each token secret's fingerprint the store knows (authsvc/tokens.py), with when it was
+    recorded (unix
     ms), on an sqlite3 or psycopg connection."""
-    return dict(conn.execute("SELECT fingerprint, added_at_ms FROM token_secret_fingerprints").fetchall())
+    return dict(
+        conn.execute("SELECT fingerprint, added_at_ms FROM token_secret_fingerprints").fetchall()
+    )
 
 
-def check_schema(where: str, version: int, reads: int, readonly: bool, queries_fail: Callable[[], str | None]) -> None:
-    """The schema gate of ``check`` (docs/design.md, "Schema compatibility"): a store at ``reads``, the version
-    this release reads, passes; an older one never; a newer one passes for a reader (the web process) as long
-    as this release's read queries still run on it (``queries_fail``: None, or why not), so a compatible
-    migration of the next release takes no host of this one out of the load balancer. The admin side writes
+def check_schema(
+    where: str, version: int, reads: int, readonly: bool, queries_fail: Callable[[], str | None]
+) -> None:
+    """The schema gate of ``check`` (docs/design.md, "Schema compatibility"): a store at ``reads``,
+    the version
+    this release reads, passes; an older one never; a newer one passes for a reader (the web
+    process) as long
+    as this release's read queries still run on it (``queries_fail``: None, or why not), so a
+    compatible
+    migration of the next release takes no host of this one out of the load balancer. The admin side
+    writes
     only the schema it knows: a newer one is refused."""
     if version == reads:
         return
     if version < reads:
-        raise ConfigError(f"{where} is at schema version {version}, this release needs {reads} (run 'authsvc init')")
+        raise ConfigError(
+            f"{where} is at schema version {version}, this release needs {reads} (run 'authsvc "
+            "init')"
+        )
     if not readonly:
-        raise ConfigError(f"{where} is at schema version {version}, newer than this release ({reads}): upgrade "
-                          "authsvc on this host (docs/operations.md, section 9)")
+        raise ConfigError(
+            f"{where} is at schema version {version}, newer than this release ({reads}): upgrade "
+            "authsvc on this host (docs/operations.md, section 9)"
+        )
     reason = queries_fail()
     if reason is not None:
-        raise ConfigError(f"{where} is at schema version {version}, newer than this release ({reads}), and this "
-                          f"release's queries fail on it: {reason}; upgrade authsvc on this host, or roll the store "
-                          "back (docs/operations.md, section 9)")
+        raise ConfigError(
+            f"{where} is at schema version {version}, newer than this release ({reads}), and this "
+            f"release's queries fail on it: {reason}; upgrade authsvc on this host, or roll the "
+            "store back (docs/operations.md, section 9)"
+        )
 
 
 class ThreadConnections:

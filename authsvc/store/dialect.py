@@ -1,4 +1,5 @@
-"""What differs between the engines' SQL, in one object each: placeholders, flags, savepoints, bulk writes.
+"""What differs between the engines' SQL, in one object each: placeholders, flags, savepoints, bulk
+writes.
 
 The statements of a write (store/writes.py) and of the audit trail (store/audit.py) are written
 once, with ``?`` placeholders, and run on either engine through its dialect. What cannot be
@@ -22,9 +23,11 @@ class Dialect(abc.ABC):
     # Taken by every write before its first statement (store/writes.py): the audit chain's one row,
     # so writers run one at a time, in the order their records take along the chain.
     WRITER_LOCK = "SELECT head_id, head_hash FROM audit_chain WHERE id = 1"
-    # Whether webhook ``w`` subscribed to the type of event ``e`` (its events: a JSON array of types).
+    # Whether webhook ``w`` subscribed to the type of event ``e`` (its events: a JSON array of
+    # types).
     SUBSCRIBED = ""
-    # An event's data with its username removed (a deleted player's earlier events: store/writes.py).
+    # An event's data with its username removed (a deleted player's earlier events:
+    # store/writes.py).
     DATA_WITHOUT_USERNAME = ""
 
     def sql(self, text: str) -> str:
@@ -59,7 +62,8 @@ class Dialect(abc.ABC):
 
     @abc.abstractmethod
     def erase_names(self, conn: Any, record_id: int, changes: str, by_record: int) -> None:
-        """Put ``changes`` (its usernames erased) into record ``record_id`` written before sealing, marked
+        """Put ``changes`` (its usernames erased) into record ``record_id`` written before sealing,
+        marked
         erased by the deletion's record ``by_record`` (store/audit.py)."""
 
 
@@ -83,30 +87,44 @@ class SQLiteDialect(Dialect):
         conn.execute("RELEASE part")
 
     def insert_game(self, conn: Any, name: str, now: int) -> int:
-        return conn.execute("INSERT INTO games (name, created_at) VALUES (?, ?)", (name, now)).lastrowid
+        return conn.execute(
+            "INSERT INTO games (name, created_at) VALUES (?, ?)", (name, now)
+        ).lastrowid
 
     def current_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
-        return conn.execute("SELECT user_id, username, enabled, epoch FROM players WHERE user_id IN "
-                            "(SELECT value FROM json_each(?))", (json.dumps(list(user_ids)),)).fetchall()
+        return conn.execute(
+            "SELECT user_id, username, enabled, epoch FROM players WHERE user_id IN "
+            "(SELECT value FROM json_each(?))",
+            (json.dumps(list(user_ids)),),
+        ).fetchall()
 
     def write_players(self, conn: Any, rows: Sequence[tuple[int, str, bool]], at_ms: int) -> None:
         conn.executemany(
             "INSERT INTO players (user_id, username, enabled, updated_at_ms) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, enabled = excluded.enabled, "
-            "updated_at_ms = excluded.updated_at_ms",
+            "ON CONFLICT (user_id) DO UPDATE SET username = excluded.username, enabled = "
+            "excluded.enabled, updated_at_ms = excluded.updated_at_ms",
             [(user_id, username, int(enabled), at_ms) for user_id, username, enabled in rows],
         )
 
     def deleted_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
-        return conn.execute("SELECT user_id, epoch FROM deleted_players WHERE user_id IN "
-                            "(SELECT value FROM json_each(?))", (json.dumps(list(user_ids)),)).fetchall()
+        return conn.execute(
+            "SELECT user_id, epoch FROM deleted_players WHERE user_id IN "
+            "(SELECT value FROM json_each(?))",
+            (json.dumps(list(user_ids)),),
+        ).fetchall()
 
     def player_keys(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
-        return conn.execute("SELECT user_id, key FROM player_keys WHERE user_id IN "
-                            "(SELECT value FROM json_each(?))", (json.dumps(list(user_ids)),)).fetchall()
+        return conn.execute(
+            "SELECT user_id, key FROM player_keys WHERE user_id IN "
+            "(SELECT value FROM json_each(?))",
+            (json.dumps(list(user_ids)),),
+        ).fetchall()
 
     def erase_names(self, conn: Any, record_id: int, changes: str, by_record: int) -> None:
-        conn.execute("UPDATE audit SET changes = ?, erased_by = ? WHERE id = ?", (changes, by_record, record_id))
+        conn.execute(
+            "UPDATE audit SET changes = ?, erased_by = ? WHERE id = ?",
+            (changes, by_record, record_id),
+        )
 
 
 SQLITE = SQLiteDialect()

@@ -1,10 +1,13 @@
-"""The restore ledger: a small file outside the store that a restore reads (docs/operations.md, section 8).
+"""The restore ledger: a small file outside the store that a restore reads (docs/operations.md,
+section 8).
 
 A backup cannot know what happened after it. Two facts must outlive the store so that restoring
 an older copy revives nothing: each deleted player's id and last credential epoch (never a name),
-written by the deletion's transaction before it commits, and each restore's generation (the credential
+written by the deletion's transaction before it commits, and each restore's generation (the
+credential
 epochs it moved every player past: store/restore.py). Lines of text, appended and fsynced:
-``deleted USER_ID EPOCH`` and ``generation N``. A line is never rewritten; a torn last line is ignored.
+``deleted USER_ID EPOCH`` and ``generation N``. A line is never rewritten; a torn last line is
+ignored.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ __all__ = ["Ledger", "append_deletion", "append_generation", "read"]
 
 
 class Ledger:
-    """What a ledger file holds: the highest restore generation and, per deleted user id, the highest epoch."""
+    """What a ledger file holds: the highest restore generation and, per deleted user id, the
+    highest epoch."""
 
     def __init__(self) -> None:
         self.generation = 0
@@ -51,7 +55,8 @@ def read(path: str | None, into: Ledger | None = None) -> Ledger:
 
 
 def _append(path: str, line: str) -> None:
-    """Append one line and fsync it (and the directory, when the file is new): on disk before the caller goes on."""
+    """Append one line and fsync it (and the directory, when the file is new): on disk before the
+    caller goes on."""
     try:
         new = not os.path.exists(path)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -67,8 +72,10 @@ def _append(path: str, line: str) -> None:
             finally:
                 os.close(dir_fd)
     except OSError as e:
-        raise ConfigError(f"restore ledger {path} cannot be written: {e.strerror} "
-                          f"(AUTHSVC_RESTORE_LEDGER, docs/operations.md section 8)") from None
+        raise ConfigError(
+            f"restore ledger {path} cannot be written: {e.strerror} "
+            f"(AUTHSVC_RESTORE_LEDGER, docs/operations.md section 8)"
+        ) from None
 
 
 def append_deletion(path: str, user_id: int, epoch: int) -> None:

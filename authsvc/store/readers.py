@@ -1,7 +1,9 @@
-"""open_reader(url): what the web process holds, a Reader (store/base.py) that has no method that writes.
+"""open_reader(url): what the web process holds, a Reader (store/base.py) that has no method that
+writes.
 
 It imports the chosen engine's reader module only (sqlite/reader.py or postgres/reader.py), never
-the admin side's sqlite/store.py or postgres/store.py: the web path cannot reach a write (tests/unit/test_layout.py).
+the admin side's sqlite/store.py or postgres/store.py: the web path cannot reach a write
+(tests/unit/test_layout.py).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from authsvc.store.base import Reader
 
 
 def open_reader(url: str, settings: Settings) -> Reader:
-    """``sqlite://PATH`` or ``postgresql://...``, opened read-only; the engine is imported only when chosen."""
+    """``sqlite://PATH`` or ``postgresql://...``, opened read-only; the engine is imported only when
+    chosen."""
     scheme = url.split(":", 1)[0].lower()
     if scheme == "sqlite":
         from authsvc.store.sqlite.reader import SQLiteReader

@@ -81,7 +81,8 @@ _SLASH_RUNS = re.compile("//+")
 def canonical_path(path: str) -> str:
     """The path as the original service's router (Rails) took it: runs of "/" squeezed and
     one trailing "/" dropped, so "//api/authenticate.json" (a base URL ending in "/") and
-    "/api/authenticate.json/" are the API path (docs/api.md). No redirect: clients do not follow them."""
+    "/api/authenticate.json/" are the API path (docs/api.md). No redirect: clients do not follow
+    them."""
     path = _SLASH_RUNS.sub("/", path)
     return path[:-1] if len(path) > 1 and path.endswith("/") else path
 
@@ -121,19 +122,28 @@ class App:
         self.settings = settings
         self.metrics = metrics
         self.store = store
-        # The secret file is looked at again at most every AUTHSVC_MAX_STALENESS: a rotation needs no restart.
-        self.secret_file = SecretFile(settings.token_secret_file, settings.token_secrets, lambda: store.token_secrets(),
-                                      settings.max_staleness, monotonic)
+        # The secret file is looked at again at most every AUTHSVC_MAX_STALENESS: a rotation needs
+        # no restart.
+        self.secret_file = SecretFile(
+            settings.token_secret_file,
+            settings.token_secrets,
+            lambda: store.token_secrets(),
+            settings.max_staleness,
+            monotonic,
+        )
         self.authenticator = Authenticator(store, self.secret_file, clock)
         self.openapi_document = openapi_document()
         self.http_statuses = http_statuses(settings.errors_as_http_status)
         self.routes = {
-            AUTHENTICATE_PATH: self.authenticate, HEALTH_PATH: self.health, READY_PATH: self.ready,
+            AUTHENTICATE_PATH: self.authenticate,
+            HEALTH_PATH: self.health,
+            READY_PATH: self.ready,
             OPENAPI_PATH: self.openapi,
         }
         self.clock = clock
-        # When this app began to serve: a request held in the socket's backlog by a restart (an upgrade's)
-        # waited for the restart, not for a worker; its queue wait counts from here (authsvc/web/queueing.py).
+        # When this app began to serve: a request held in the socket's backlog by a restart (an
+        # upgrade's) waited for the restart, not for a worker; its queue wait counts from here
+        # (authsvc/web/queueing.py).
         self.serving_since = clock()
         self.store_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
         self.queue_warnings = LogThrottle(STORE_WARNING_INTERVAL, monotonic)
@@ -143,9 +153,12 @@ class App:
         self.schema_checked_at = float("-inf")
 
     def __call__(self, environ: dict, start_response) -> list[bytes]:
-        """The one error boundary: whatever fails inside (the store, the metrics, the logger), the answer
-        is one start_response call with the JSON shape of docs/api.md, under any WSGI server. Metrics
-        and log lines only observe an answer: when they fail it goes out unchanged (observation_failed)."""
+        """The one error boundary: whatever fails inside (the store, the metrics, the logger), the
+        answer
+        is one start_response call with the JSON shape of docs/api.md, under any WSGI server.
+        Metrics
+        and log lines only observe an answer: when they fail it goes out unchanged
+        (observation_failed)."""
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "")
         extra_headers: tuple = ()
@@ -162,7 +175,11 @@ class App:
                 if method not in ALLOWED_METHODS:
                     raise MethodNotAllowed(ALLOWED_METHODS)
                 result, body = handler(environ)
-            elif metrics is not None and canonical_path(path) == METRICS_PATH and method in ALLOWED_METHODS:
+            elif (
+                metrics is not None
+                and canonical_path(path) == METRICS_PATH
+                and method in ALLOWED_METHODS
+            ):
                 body, content_type = metrics.exposition()
                 result = 200
             else:
@@ -181,19 +198,29 @@ class App:
             try:
                 if result >= 500 and not shed:
                     metrics.server_error(route_name(path), result)
-                metrics.request(path if path in ROUTE_PATHS else route_name(path), time.perf_counter() - start)
+                metrics.request(
+                    path if path in ROUTE_PATHS else route_name(path), time.perf_counter() - start
+                )
             except Exception as e:
                 self.observation_failed(e)
         if content_type is not None:
             return self.serve_metrics(start_response, method == "HEAD", body, content_type)
-        record = environ.get(RECORD_KEY)  # access_record = "edge": nginx logs it, and strips the header
-        extra_headers = (*extra_headers, (RESULT_HEADER, str(result) if record is None else f"{result} {record}"))
+        record = environ.get(
+            RECORD_KEY
+        )  # access_record = "edge": nginx logs it, and strips the header
+        extra_headers = (
+            *extra_headers,
+            (RESULT_HEADER, str(result) if record is None else f"{result} {record}"),
+        )
         # The 400 and 403 results (docs/api.md) travel as HTTP 200 unless AUTHSVC_ERROR_STATUS=http.
         status = self.http_statuses.get(result, result)
-        return respond(start_response, status, body, head=method == "HEAD", extra_headers=extra_headers)
+        return respond(
+            start_response, status, body, head=method == "HEAD", extra_headers=extra_headers
+        )
 
     def store_unavailable(self, path: str) -> None:
-        """Count a 503 for lack of the store, and say so in the log at most once per STORE_WARNING_INTERVAL."""
+        """Count a 503 for lack of the store, and say so in the log at most once per
+        STORE_WARNING_INTERVAL."""
         if self.metrics is not None:
             try:
                 self.metrics.store_unavailable()
@@ -208,7 +235,8 @@ class App:
             pass  # the logger itself fails: nothing is left to tell it with
 
     def not_ready(self, error: ConfigError) -> None:
-        """Why the schema check failed (an older store, or a newer one this release cannot read), in the log
+        """Why the schema check failed (an older store, or a newer one this release cannot read), in
+        the log
         at most once per STORE_WARNING_INTERVAL: the probe's answer is the plain 503."""
         try:
             held = self.schema_warnings.allow()
@@ -224,12 +252,15 @@ class App:
         so no credential can reach the log."""
         try:
             frames = "".join(traceback.format_tb(error.__traceback__))
-            log.error("unhandled %s on %s %s\n%s", type(error).__name__, method, route_name(path), frames)
+            log.error(
+                "unhandled %s on %s %s\n%s", type(error).__name__, method, route_name(path), frames
+            )
         except Exception:
             pass  # the logger itself fails: the answer is the 500 all the same
 
     def observation_failed(self, error: Exception) -> None:
-        """Metrics or a log line failed (a bug, a full disk under the metrics files): the answer goes
+        """Metrics or a log line failed (a bug, a full disk under the metrics files): the answer
+        goes
         out unchanged, and the log says so at most once per STORE_WARNING_INTERVAL, with the
         exception type and frames only (docs/operations.md, "Monitoring")."""
         try:
@@ -237,7 +268,9 @@ class App:
             if held is not None:
                 since = f" ({held} more since the last such line)" if held else ""
                 frames = "".join(traceback.format_tb(error.__traceback__))
-                log.error("metrics or logging failed: %s%s\n%s", type(error).__name__, since, frames)
+                log.error(
+                    "metrics or logging failed: %s%s\n%s", type(error).__name__, since, frames
+                )
         except Exception:
             pass  # the logger is what fails
 
@@ -245,8 +278,9 @@ class App:
         """(the result code of docs/api.md, the body); __call__ picks the HTTP status."""
         start = time.perf_counter()
         stamp = environ.get("HTTP_X_REQUEST_START")  # none: not through nginx, no clock read
-        if stamp is not None and waited_too_long(stamp, self.clock(), self.settings.max_queue_wait,
-                                                 self.serving_since):
+        if stamp is not None and waited_too_long(
+            stamp, self.clock(), self.settings.max_queue_wait, self.serving_since
+        ):
             self.waited_too_long(environ, start)
             raise WaitedTooLong()
         try:
@@ -263,32 +297,45 @@ class App:
         return result.error.status, REFUSALS[result.error]
 
     def waited_too_long(self, environ: dict, start: float) -> None:
-        """Count and log an authentication shed for its time in the queue (authsvc/web/queueing.py): its auth
-        line and count (reason=waited_too_long), and a warning at most once per STORE_WARNING_INTERVAL."""
+        """Count and log an authentication shed for its time in the queue (authsvc/web/queueing.py):
+        its auth
+        line and count (reason=waited_too_long), and a warning at most once per
+        STORE_WARNING_INTERVAL."""
         self.observe(environ, start, WAITED_TOO_LONG, None, None)
         try:
             held = self.queue_warnings.allow()
             if held is not None:
                 since = f" ({held} more since the last such line)" if held else ""
-                log.warning("authentication waited over AUTHSVC_MAX_QUEUE_WAIT (%gs) in the queue: 503%s",
-                            self.settings.max_queue_wait, since)
+                log.warning(
+                    "authentication waited over AUTHSVC_MAX_QUEUE_WAIT (%gs) in the queue: 503%s",
+                    self.settings.max_queue_wait,
+                    since,
+                )
         except Exception:
             pass  # the logger itself fails: the answer is the 503 all the same
 
-    def observe(self, environ: dict, start: float, reason: str, game_id: int | None, user_id: int | None) -> None:
-        """Count it (authsvc_authentications_total) and record it once (docs/logs.md): for nginx's access
-        line (access_record = "edge", a request through nginx), else in one logfmt line of the app's.
-        Only a reason word and validated ids: never a key, a token, the query string or a client's text.
+    def observe(
+        self, environ: dict, start: float, reason: str, game_id: int | None, user_id: int | None
+    ) -> None:
+        """Count it (authsvc_authentications_total) and record it once (docs/logs.md): for nginx's
+        access
+        line (access_record = "edge", a request through nginx), else in one logfmt line of the
+        app's.
+        Only a reason word and validated ids: never a key, a token, the query string or a client's
+        text.
         Neither failing changes the answer."""
         if self.metrics is not None:
             try:
                 self.metrics.authentication(game_id, reason)
             except Exception as e:
                 self.observation_failed(e)
-        if self.settings.access_record == "edge" and from_proxy(environ.get("REMOTE_ADDR") or "",
-                                                       self.settings.forwarded_allow_ips):
-            environ[RECORD_KEY] = (f"reason={reason} game={'none' if game_id is None else game_id} "
-                                   f"user={'-' if user_id is None else user_id}")
+        if self.settings.access_record == "edge" and from_proxy(
+            environ.get("REMOTE_ADDR") or "", self.settings.forwarded_allow_ips
+        ):
+            environ[RECORD_KEY] = (
+                f"reason={reason} game={'none' if game_id is None else game_id} "
+                f"user={'-' if user_id is None else user_id}"
+            )
             return
         if auth_log.isEnabledFor(logging.INFO):
             rid = request_id(environ.get("HTTP_X_REQUEST_ID"))
@@ -299,28 +346,42 @@ class App:
             line = f"auth rid={rid} host={host} game={game} user={user} reason={reason} ms={ms:.3f}"
             # One formatted string, no caller lookup (logging's findCaller walks the stack).
             try:
-                auth_log.handle(auth_log.makeRecord(auth_log.name, logging.INFO, __file__, 0, line, (), None))
+                auth_log.handle(
+                    auth_log.makeRecord(auth_log.name, logging.INFO, __file__, 0, line, (), None)
+                )
             except Exception as e:
                 self.observation_failed(e)
 
     @staticmethod
     def serve_metrics(start_response, head: bool, body: bytes, content_type: str) -> list[bytes]:
-        """The Prometheus text format of all workers, not JSON (authsvc/web/metrics.py); only with the metrics extra.
-        Called by __call__ once everything that can fail is done: start_response is the last step."""
-        start_response("200 OK", [("Content-Type", content_type), ("Cache-Control", "no-store"),
-                                  ("Content-Length", str(len(body))), (RESULT_HEADER, "200")])
+        """The Prometheus text format of all workers, not JSON (authsvc/web/metrics.py); only with
+        the metrics extra.
+        Called by __call__ once everything that can fail is done: start_response is the last
+        step."""
+        start_response(
+            "200 OK",
+            [
+                ("Content-Type", content_type),
+                ("Cache-Control", "no-store"),
+                ("Content-Length", str(len(body))),
+                (RESULT_HEADER, "200"),
+            ],
+        )
         return [] if head else [body]
 
     def openapi(self, environ: dict) -> tuple[int, bytes]:
-        """The OpenAPI document of this API (docs/api.md, "The OpenAPI document"), read when the app was built."""
+        """The OpenAPI document of this API (docs/api.md, "The OpenAPI document"), read when the app
+        was built."""
         return 200, self.openapi_document
 
     def health(self, environ: dict) -> tuple[int, bytes]:
-        """Liveness: the process serves. Never touches the store, so an outage does not get it restarted."""
+        """Liveness: the process serves. Never touches the store, so an outage does not get it
+        restarted."""
         return 200, b'{"success":true,"status":"ok"}'
 
     def ready(self, environ: dict) -> tuple[int, bytes]:
-        """Readiness: the store answers the authentication query itself and this release reads its schema
+        """Readiness: the store answers the authentication query itself and this release reads its
+        schema
         (its own version, or a newer one its queries run on: store/common.py, check_schema)."""
         self.store.credentials("", 1)
         now = self.monotonic()
@@ -336,20 +397,30 @@ class App:
 
 def openapi_document() -> bytes:
     """authsvc/openapi/authenticate.json (package data), re-encoded as the API answers: compact,
-    ASCII-only JSON, with this release's version as ``info.version`` (one source: pyproject.toml). Read when
+    ASCII-only JSON, with this release's version as ``info.version`` (one source: pyproject.toml).
+    Read when
     the app is built, so a broken document fails start-up, not a request."""
-    text = resources.files("authsvc").joinpath("openapi", "authenticate.json").read_text(encoding="utf-8")
+    text = (
+        resources.files("authsvc")
+        .joinpath("openapi", "authenticate.json")
+        .read_text(encoding="utf-8")
+    )
     document = json.loads(text)
     document["info"]["version"] = release()
     return json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
-def make_app(settings: Settings, store: Reader | None = None, *, tolerate_outage: bool = False) -> App:
+def make_app(
+    settings: Settings, store: Reader | None = None, *, tolerate_outage: bool = False
+) -> App:
     """Build the app; the store is checked now, so a bad store fails start-up, not a request.
     ``tolerate_outage``: a store that is merely unreachable (StoreUnreachable) is logged and the app
-    built anyway, answering 503 until the store is back (a gunicorn worker: docs/stores.md, "Outages")."""
+    built anyway, answering 503 until the store is back (a gunicorn worker: docs/stores.md,
+    "Outages")."""
     if store is None:
-        store = open_reader(settings.store, settings)  # read-only, and no method that writes (store/base.py)
+        store = open_reader(
+            settings.store, settings
+        )  # read-only, and no method that writes (store/base.py)
         try:
             store.check()
         except StoreUnreachable as e:
@@ -357,7 +428,8 @@ def make_app(settings: Settings, store: Reader | None = None, *, tolerate_outage
                 raise
             log.warning("%s; starting anyway, answering 503 until it answers", e)
         else:
-            # A secret file the store was never used with would refuse every token: refused at start-up.
+            # A secret file the store was never used with would refuse every token: refused at
+            # start-up.
             check_known(settings.token_secrets, store.token_secrets(), settings.token_secret_file)
         if isinstance(store, SQLiteReader) and (warning := store.journal_mode_warning()):
             log.warning("%s", warning)

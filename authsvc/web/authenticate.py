@@ -32,7 +32,8 @@ from authsvc.web.http import Param, success_bytes
 
 MAX_USER_ID = 2**63 - 1
 
-# Reasons, in the order they are decided (docs/logs.md). STORE_UNAVAILABLE and WAITED_TOO_LONG are the app's (503s).
+# Reasons, in the order they are decided (docs/logs.md). STORE_UNAVAILABLE and WAITED_TOO_LONG are
+# the app's (503s).
 SUCCESS = "success"
 MISSING_PARAMETERS = "missing_parameters"
 MALFORMED = "malformed"
@@ -44,8 +45,19 @@ PLAYER_DISABLED = "player_disabled"
 WRONG_TOKEN = "wrong_token"
 STORE_UNAVAILABLE = "store_unavailable"
 WAITED_TOO_LONG = "waited_too_long"  # shed before any store work (authsvc/web/queueing.py)
-REASONS = (SUCCESS, MISSING_PARAMETERS, MALFORMED, UNKNOWN_KEY, EXPIRED_KEY, GAME_DISABLED, UNKNOWN_PLAYER,
-           PLAYER_DISABLED, WRONG_TOKEN, STORE_UNAVAILABLE, WAITED_TOO_LONG)
+REASONS = (
+    SUCCESS,
+    MISSING_PARAMETERS,
+    MALFORMED,
+    UNKNOWN_KEY,
+    EXPIRED_KEY,
+    GAME_DISABLED,
+    UNKNOWN_PLAYER,
+    PLAYER_DISABLED,
+    WRONG_TOKEN,
+    STORE_UNAVAILABLE,
+    WAITED_TOO_LONG,
+)
 
 
 class Result(NamedTuple):
@@ -66,14 +78,21 @@ class Result(NamedTuple):
 
 MISSING = Result(MissingCredentials, b"", MISSING_PARAMETERS)
 MALFORMED_RESULT = Result(InvalidCredentials, b"", MALFORMED)
-KEY_DIGESTS = 64  # api keys whose digests an Authenticator keeps: a few per game, and each game's servers send one
-NOTHING_FOUND = Credentials(game_id=0, game_enabled=False, key_expires_at=None, username=None, epoch=0,
-                            player_enabled=False)
+# api keys whose digests an Authenticator keeps: a few per game, and each game's servers send one
+KEY_DIGESTS = 64
+NOTHING_FOUND = Credentials(
+    game_id=0, game_enabled=False, key_expires_at=None, username=None, epoch=0, player_enabled=False
+)
 
 
 def parse_user_id(value: object) -> int | None:
     """A canonical decimal 1..2^63-1 ('7', not '07', '+7', ' 7' or '7.0'); else None."""
-    if type(value) is not str or not 0 < len(value) < 20 or not value.isascii() or not value.isdigit():
+    if (
+        type(value) is not str
+        or not 0 < len(value) < 20
+        or not value.isascii()
+        or not value.isdigit()
+    ):
         return None
     if value[0] == "0":
         return None
@@ -89,18 +108,25 @@ def player_reasons() -> dict[tuple[bool, ...], str]:
     stops earlier for a missing player than for one that exists.
     """
     checks = (UNKNOWN_PLAYER, PLAYER_DISABLED, WRONG_TOKEN)
-    return {failed: next((reason for reason, no in zip(checks, failed, strict=True) if no), SUCCESS)
-            for failed in itertools.product((False, True), repeat=3)}
+    return {
+        failed: next((reason for reason, no in zip(checks, failed, strict=True) if no), SUCCESS)
+        for failed in itertools.product((False, True), repeat=3)
+    }
 
 
 class Authenticator:
-    def __init__(self, store: Reader, token_secrets: tuple[bytes, ...] | SecretFile,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        store: Reader,
+        token_secrets: tuple[bytes, ...] | SecretFile,
+        clock: Callable[[], float] = time.time,
+    ):
         self.store = store
         self.tokens = TokenVerifier(token_secrets)
-        # The digests of the last KEY_DIGESTS keys sent: a game server sends its one key on every request,
-        # and its SHA-256 was about 6,000 instructions of each (BENCHMARKS.md, "Internals"). The
-        # work depends on the text sent, never on whether the store has that key (tests/functional/test_equal_work.py).
+        # The digests of the last KEY_DIGESTS keys sent: a game server sends its one key on every
+        # request, and its SHA-256 was about 6,000 instructions of each (BENCHMARKS.md,
+        # "Internals"). The work depends on the text sent, never on whether the store has that key
+        # (tests/functional/test_equal_work.py).
         self.key_digest = functools.lru_cache(maxsize=KEY_DIGESTS)(api_key_digest)
         self.clock = clock
         self.player_reasons = player_reasons()
@@ -112,7 +138,9 @@ class Authenticator:
         if not raw_user_id or not token or not api_key:  # absent, "" or JSON null
             return MISSING
         user_id = parse_user_id(raw_user_id)
-        if user_id is None or not isinstance(token, str) or not isinstance(api_key, str):  # INVALID: undecodable
+        if (
+            user_id is None or not isinstance(token, str) or not isinstance(api_key, str)
+        ):  # INVALID: undecodable
             return MALFORMED_RESULT
 
         # Placeholder game 0 / epoch 0 keep the HMAC work the same when no key was found.
@@ -135,20 +163,24 @@ class Authenticator:
             if reason is SUCCESS and username is not None:
                 return Result(None, success_bytes(user_id, username), SUCCESS, game_id, user_id)
         # Refused. Was the token minted after a change the store's answer predates (a snapshot up to
-        # AUTHSVC_MAX_STALENESS old)? The epoch the next change gives: a revoke's e + 1, a signup's the
-        # missing player's placeholder epoch (0, or on a SQLite snapshot a deleted id's epoch + 1). One MAC
-        # more on every refusal after the store, whatever the key and player, so its time still tells
-        # neither; none on success.
+        # AUTHSVC_MAX_STALENESS old)? The epoch the next change gives: a revoke's e + 1, a signup's
+        # the missing player's placeholder epoch (0, or on a SQLite snapshot a deleted id's epoch +
+        # 1). One MAC more on every refusal after the store, whatever the key and player, so its
+        # time still tells neither; none on success.
         ahead = epoch + (username is not None)
         if self.tokens.matches(game_id, user_id, ahead, token) and game_id:
             return self.look_again(api_key, user_id, ahead)
         return Result(InvalidCredentials, b"", reason, game_id or None, user_id)
 
     def look_again(self, api_key: str, user_id: int, epoch: int) -> Result:
-        """The answer from the latest commit (``fresh_credentials``) for a token of ``epoch``: accepted if
-        the player is there, enabled, at that epoch, with the key usable. Only a token minted with a secret
-        leads here (one the service's own would accept a moment later, or a secret holder's ahead of any
-        change), so bad tokens make no extra store work. The lookahead is one epoch: a token of e + 2 (two
+        """The answer from the latest commit (``fresh_credentials``) for a token of ``epoch``:
+        accepted if
+        the player is there, enabled, at that epoch, with the key usable. Only a token minted with a
+        secret
+        leads here (one the service's own would accept a moment later, or a secret holder's ahead of
+        any
+        change), so bad tokens make no extra store work. The lookahead is one epoch: a token of e +
+        2 (two
         revokes since the data) waits, as every other change does, for the bound."""
         game_id, game_enabled, expires_at, username, now_epoch, player_enabled = (
             self.store.fresh_credentials(self.key_digest(api_key), user_id) or NOTHING_FOUND

@@ -104,7 +104,8 @@ _NOT_JSON_OBJECT = "Request body is not a valid JSON object"
 
 
 def check_param_count(separators: int) -> None:
-    """``separators`` '&' (or JSON commas) mean up to one parameter more: refuse more than MAX_PARAMS."""
+    """``separators`` '&' (or JSON commas) mean up to one parameter more: refuse more than
+    MAX_PARAMS."""
     if separators >= MAX_PARAMS:
         raise BadRequest(_TOO_MANY_PARAMS)
 
@@ -116,7 +117,9 @@ def _json_value(value: object) -> str | _Invalid:
         if not value.isascii():
             try:
                 value.encode("utf-8")
-            except UnicodeEncodeError:  # a lone surrogate ("\ud800"): JSON allows it, UTF-8 does not
+            except (
+                UnicodeEncodeError
+            ):  # a lone surrogate ("\ud800"): JSON allows it, UTF-8 does not
                 return INVALID
         return value
     if type(value) is int:  # bool is a subclass of int, hence the exact type test
@@ -147,7 +150,9 @@ def parse_json_object(body: bytes) -> dict[str, str | _Invalid]:
 # Here every step is a bytes.find or a regex that moves forward, the parts are
 # capped, and a part is never parsed beyond its headers (docs/api.md).
 
-MAX_PARTS = 8  # the endpoint reads three fields; the cost of the worst body grows with it (BENCHMARKS.md)
+MAX_PARTS = (
+    8  # the endpoint reads three fields; the cost of the worst body grows with it (BENCHMARKS.md)
+)
 _NOT_MULTIPART = "Request body is not valid multipart/form-data"
 _TOO_MANY_PARTS = f"Request body has more than {MAX_PARTS} multipart parts"
 # RFC 2046 §5.1.1: 1 to 70 characters, not ending in a space. Any printable ASCII
@@ -189,23 +194,29 @@ def _header(head: bytes, lowered: bytes, name: bytes) -> bytes | None:
         return None
     start += 1 + len(name)
     end = head.find(b"\n", start)
-    return head[start:end if end >= 0 else len(head)].strip()
+    return head[start : end if end >= 0 else len(head)].strip()
 
 
 def _read_part(part: bytes, params: dict[str, str | _Invalid]) -> None:
-    """One part: a name from Content-Disposition and a UTF-8 value; files and nested multipart skipped."""
+    """One part: a name from Content-Disposition and a UTF-8 value; files and nested multipart
+    skipped."""
     if part[:1] == b"\n" or part[:2] == b"\r\n":
         return  # no headers, so no name
     cut = part.find(b"\n\r\n", 0, MAX_PART_HEADERS)
-    bare = part.find(b"\n\n", 0, MAX_PART_HEADERS if cut < 0 else cut)  # a bare LF blank line before it
+    bare = part.find(
+        b"\n\n", 0, MAX_PART_HEADERS if cut < 0 else cut
+    )  # a bare LF blank line before it
     cut = bare if bare >= 0 else cut
     if cut < 0:
         return  # headers longer than a field's (or never ended): skipped unread
     head = b"\n" + part[:cut]
     lowered = head.lower()
     disposition = _header(head, lowered, b"content-disposition:")
-    if (disposition is None or len(disposition) > MAX_DISPOSITION
-            or disposition.count(b";") > MAX_DISPOSITION_PARAMS):
+    if (
+        disposition is None
+        or len(disposition) > MAX_DISPOSITION
+        or disposition.count(b";") > MAX_DISPOSITION_PARAMS
+    ):
         return
     folded = disposition.lower()  # the same length: offsets found in it hold in disposition
     match = _NAME_PARAM.search(folded)
@@ -213,7 +224,7 @@ def _read_part(part: bytes, params: dict[str, str | _Invalid]) -> None:
         return
     group = 1 if match.start(1) >= 0 else 2
     try:
-        name = disposition[match.start(group):match.end(group)].strip().decode("utf-8")
+        name = disposition[match.start(group) : match.end(group)].strip().decode("utf-8")
     except UnicodeDecodeError:
         return  # an undecodable name is dropped, as in a query string
     content_type = _header(head, lowered, b"content-type:")
@@ -221,9 +232,11 @@ def _read_part(part: bytes, params: dict[str, str | _Invalid]) -> None:
         return  # nested multipart: never parsed
     encoding = _header(head, lowered, b"content-transfer-encoding:")
     if encoding is not None and encoding.lower() not in _PLAIN_ENCODINGS:
-        params[name] = INVALID  # base64, quoted-printable: no HTTP client sends them (RFC 7578 §4.7)
+        params[name] = (
+            INVALID  # base64, quoted-printable: no HTTP client sends them (RFC 7578 §4.7)
+        )
         return
-    content = part[cut + (3 if part[cut + 1:cut + 2] == b"\r" else 2):]
+    content = part[cut + (3 if part[cut + 1 : cut + 2] == b"\r" else 2) :]
     try:
         params[name] = content.decode("utf-8")
     except UnicodeDecodeError:
@@ -231,7 +244,8 @@ def _read_part(part: bytes, params: dict[str, str | _Invalid]) -> None:
 
 
 def parse_multipart(body: bytes, content_type: str) -> dict[str, str | _Invalid]:
-    """multipart/form-data (curl -F, PHP curl with an array of fields): plain fields only, at most MAX_PARTS parts.
+    """multipart/form-data (curl -F, PHP curl with an array of fields): plain fields only, at most
+    MAX_PARTS parts.
 
     Each delimiter line ("--" boundary, optional blanks, a line break) starts a
     part, which runs to the line break before the next delimiter; "--" boundary
@@ -252,11 +266,15 @@ def parse_multipart(body: bytes, content_type: str) -> dict[str, str | _Invalid]
             return params  # the close delimiter
         line_end = body.find(b"\n", start)
         if line_end < 0 or body[start:line_end].strip(b" \t\r"):
-            raise BadRequest(_NOT_MULTIPART)  # truncated, or the boundary is only a prefix of the line
+            raise BadRequest(
+                _NOT_MULTIPART
+            )  # truncated, or the boundary is only a prefix of the line
         end = body.find(separator, line_end)
         if end < 0:
             raise BadRequest(_NOT_MULTIPART)  # no close delimiter
-        _read_part(body[line_end + 1:end - 1 if body[end - 1] == 13 else end], params)  # 13: the CR of CRLF
+        _read_part(
+            body[line_end + 1 : end - 1 if body[end - 1] == 13 else end], params
+        )  # 13: the CR of CRLF
         start = end + len(separator)
     if body.startswith(b"--", start):
         return params
@@ -286,14 +304,17 @@ def parse_body(body: bytes, content_type: str) -> dict[str, str | _Invalid]:
 
 
 def read_body(environ: dict, limit: int) -> bytes:
-    """The request body, at most ``limit`` bytes (413 beyond), by Content-Length or until chunked input ends.
+    """The request body, at most ``limit`` bytes (413 beyond), by Content-Length or until chunked
+    input ends.
 
     Without Content-Length and Transfer-Encoding a request has no body (RFC 9112
     §6.3), so wsgi.input is not touched: a GET costs no read through the server.
     """
     length = environ.get("CONTENT_LENGTH")
     if length:
-        if not (length.isascii() and length.isdigit()):  # "²".isdigit() is True, and int() refuses it
+        if not (
+            length.isascii() and length.isdigit()
+        ):  # "²".isdigit() is True, and int() refuses it
             raise BadRequest("Invalid Content-Length")
         if len(length) > 18:  # more than any limit; and int() refuses more than 4,300 digits
             raise PayloadTooLarge()
@@ -363,10 +384,15 @@ def json_bytes(obj: dict) -> bytes:
 def success_bytes(user_id: int, username: str) -> bytes:
     """The success answer, byte for byte what ``json_bytes`` makes of it, without building a dict
     and an encoder per request (tests/unit/test_http.py compares the two)."""
-    return b'{"success":true,"user_id":%d,"username":%s}' % (user_id, encode_basestring_ascii(username).encode("ascii"))
+    return b'{"success":true,"user_id":%d,"username":%s}' % (
+        user_id,
+        encode_basestring_ascii(username).encode("ascii"),
+    )
 
 
-def respond(start_response, status: int, body: bytes, *, head: bool, extra_headers=()) -> list[bytes]:
+def respond(
+    start_response, status: int, body: bytes, *, head: bool, extra_headers=()
+) -> list[bytes]:
     """Send a complete response: always Content-Length, never chunked; HEAD gets headers only."""
     headers = [*BASE_HEADERS, ("Content-Length", str(len(body))), *extra_headers]
     start_response(_REASONS.get(status, f"{status} Error"), headers)

@@ -1,4 +1,5 @@
-"""Prometheus metrics at ``GET /metrics``, with the optional extra ``authsvc[metrics]`` (prometheus_client).
+"""Prometheus metrics at ``GET /metrics``, with the optional extra ``authsvc[metrics]``
+(prometheus_client).
 
 Without the extra nothing here is imported by the core and ``/metrics`` is the
 JSON 404 (``create`` returns None). With it, under gunicorn, every worker counts
@@ -33,7 +34,8 @@ from authsvc.store.base import Reader
 # Seconds. An authentication takes tens of µs in-process, a few ms across a network store.
 log = logging.getLogger("authsvc")
 
-# The text format every Prometheus 2.x reads (generate_latest writes it; newer clients label it 1.0.0).
+# The text format every Prometheus 2.x reads (generate_latest writes it; newer clients label it
+# 1.0.0).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -44,8 +46,13 @@ def create(store: Reader, clock=time.time) -> Metrics | None:
         from prometheus_client import values
     except ImportError:
         return None
-    if getattr(values.ValueClass, "_multiprocess", False) and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        log.warning("metrics off: prometheus_client is in multiprocess mode but PROMETHEUS_MULTIPROC_DIR is unset")
+    if getattr(values.ValueClass, "_multiprocess", False) and not os.environ.get(
+        "PROMETHEUS_MULTIPROC_DIR"
+    ):
+        log.warning(
+            "metrics off: prometheus_client is in multiprocess mode but PROMETHEUS_MULTIPROC_DIR "
+            "is unset"
+        )
         return None
     return Metrics(store, clock)
 
@@ -61,19 +68,28 @@ class Metrics:
         self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") if multiprocess else None
         self.registry = CollectorRegistry(auto_describe=True)
         self.authentications = Counter(
-            "authsvc_authentications", "Authentications by game id (none: no game has the key) and reason (docs/logs.md).",
-            ["game", "result"], registry=self.registry,
+            "authsvc_authentications",
+            "Authentications by game id (none: no game has the key) and reason (docs/logs.md).",
+            ["game", "result"],
+            registry=self.registry,
         )
         self.durations = Histogram(
-            "authsvc_request_duration_seconds", "Time the app took to answer, by route.", ["route"],
-            buckets=BUCKETS, registry=self.registry,
+            "authsvc_request_duration_seconds",
+            "Time the app took to answer, by route.",
+            ["route"],
+            buckets=BUCKETS,
+            registry=self.registry,
         )
         self.store_unavailable_counter = Counter(
-            "authsvc_store_unavailable", "Answers of 503 because the store did not answer.", registry=self.registry,
+            "authsvc_store_unavailable",
+            "Answers of 503 because the store did not answer.",
+            registry=self.registry,
         )
         self.server_errors = Counter(
-            "authsvc_server_errors", "Answers of 5xx by the app, by route and code (503: the store; 500: a bug).",
-            ["route", "code"], registry=self.registry,
+            "authsvc_server_errors",
+            "Answers of 5xx by the app, by route and code (503: the store; 500: a bug).",
+            ["route", "code"],
+            registry=self.registry,
         )
         self.authentication, self.request = self._counters()
         self.extra = StoreCollector(store, clock)
@@ -84,7 +100,8 @@ class Metrics:
         return self.authentications.labels("none" if game_id is None else str(game_id), reason)
 
     def _counters(self) -> tuple[Callable[[int | None, str], None], Callable[[str, float], None]]:
-        """authentication(game_id, reason) and request(route, seconds): prometheus_client's own inc and
+        """authentication(game_id, reason) and request(route, seconds): prometheus_client's own inc
+        and
         observe of label children cached per (game, reason) and per route."""
         auth_children: dict[tuple[int | None, str], Any] = {}
         route_children: dict[str, Any] = {}
@@ -153,8 +170,10 @@ class WorkerFiles:
 
 
 class StoreCollector:
-    """Read at each scrape, by the worker that answers it: build info, and per enabled game the expiry
-    time of its newest live api key (+Inf when it has none; in the past when every key has expired)."""
+    """Read at each scrape, by the worker that answers it: build info, and per enabled game the
+    expiry
+    time of its newest live api key (+Inf when it has none; in the past when every key has
+    expired)."""
 
     def __init__(self, store: Reader, clock=time.time):
         self.store = store
@@ -166,13 +185,17 @@ class StoreCollector:
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
-        info = GaugeMetricFamily("authsvc_build_info", "Version of authsvc and of Python; always 1.",
-                                 labels=["version", "python"])
+        info = GaugeMetricFamily(
+            "authsvc_build_info",
+            "Version of authsvc and of Python; always 1.",
+            labels=["version", "python"],
+        )
         info.add_metric([release(), platform.python_version()], 1)
         yield info
         expiry = GaugeMetricFamily(
             "authsvc_api_key_expiry_timestamp_seconds",
-            "Per enabled game: unix time its newest live api key expires (+Inf: never).", labels=["game"],
+            "Per enabled game: unix time its newest live api key expires (+Inf: never).",
+            labels=["game"],
         )
         try:
             games = self.store.list_games()
@@ -180,7 +203,8 @@ class StoreCollector:
             return  # the 503s of the same outage are counted; the gauge is absent meanwhile
         retiring = GaugeMetricFamily(
             "authsvc_api_key_next_expiry_timestamp_seconds",
-            "Per enabled game: unix time its next live api key expires, the one a rotation retires (+Inf: none).",
+            "Per enabled game: unix time its next live api key expires, the one a rotation retires "
+            "(+Inf: none).",
             labels=["game"],
         )
         now = self.clock()
@@ -189,7 +213,9 @@ class StoreCollector:
                 continue
             live = [k for k in game.keys if k.expires_at is None or k.expires_at > now]
             newest = max(live or game.keys, key=lambda k: (k.created_at, k.expires_at or math.inf))
-            expiry.add_metric([str(game.id)], math.inf if newest.expires_at is None else float(newest.expires_at))
+            expiry.add_metric(
+                [str(game.id)], math.inf if newest.expires_at is None else float(newest.expires_at)
+            )
             ends = [k.expires_at for k in live if k.expires_at is not None]
             retiring.add_metric([str(game.id)], float(min(ends)) if ends else math.inf)
         yield expiry

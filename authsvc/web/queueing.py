@@ -1,4 +1,5 @@
-"""The time an authentication waited before a worker took it, from nginx's stamp (docs/operations.md, "Login storms").
+"""The time an authentication waited before a worker took it, from nginx's stamp
+(docs/operations.md, "Login storms").
 
 nginx stamps every request it passes on with the time it sent it on
 (``X-Request-Start: t=<unix seconds>.<ms>``, deploy/nginx/snippets/authsvc-proxy.conf;
@@ -7,7 +8,8 @@ in gunicorn's queue longer than ``AUTHSVC_MAX_QUEUE_WAIT`` is answered 503 with
 ``Retry-After`` before any store work: its client has waited long enough, and the
 worker's time goes to the requests behind it. A burst the host serves within that wait
 is served whole, however many arrive at once. A request held by a restart (the socket's backlog
-until the new app is built: an upgrade) counts its wait from the app's start. A missing or malformed stamp (gunicorn
+until the new app is built: an upgrade) counts its wait from the app's start. A missing or malformed
+stamp (gunicorn
 reached directly, with no nginx in front) is not checked.
 """
 
@@ -23,14 +25,17 @@ _STAMP = re.compile(r"t=([0-9]{1,12}(?:\.[0-9]{1,6})?)")
 
 
 class WaitedTooLong(ServiceUnavailable):
-    """The request waited in the queue past AUTHSVC_MAX_QUEUE_WAIT: the JSON 503, retry in a second."""
+    """The request waited in the queue past AUTHSVC_MAX_QUEUE_WAIT: the JSON 503, retry in a
+    second."""
 
     headers = (("Retry-After", "1"),)
 
 
 def waited_too_long(stamp: str | None, now: float, max_wait: float, since: float = 0.0) -> bool:
-    """True when nginx's ``stamp`` (the X-Request-Start header), or ``since`` if later (when the app began
-    to serve: a restart's wait is not the queue's), is more than ``max_wait`` seconds before ``now``.
+    """True when nginx's ``stamp`` (the X-Request-Start header), or ``since`` if later (when the app
+    began
+    to serve: a restart's wait is not the queue's), is more than ``max_wait`` seconds before
+    ``now``.
     False for no stamp, a malformed one, or max_wait 0 (off)."""
     if not stamp or max_wait <= 0:
         return False

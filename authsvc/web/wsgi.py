@@ -33,7 +33,9 @@ def create_app(tolerate_outage: bool = False):
         return make_app(Settings.from_env(), tolerate_outage=tolerate_outage)
     except ConfigError as e:
         print(f"authsvc: error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(STORE_UNREACHABLE if isinstance(e, StoreUnreachable) else APP_LOAD_ERROR) from None
+        raise SystemExit(
+            STORE_UNREACHABLE if isinstance(e, StoreUnreachable) else APP_LOAD_ERROR
+        ) from None
 
 
 def __getattr__(name: str):

@@ -1,1 +1,2 @@
-"""Webhooks: what a subscription's URL may be, and sending the events outbox (store/events.py) to subscribers."""
+"""Webhooks: what a subscription's URL may be, and sending the events outbox (store/events.py) to
+subscribers."""

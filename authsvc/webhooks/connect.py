@@ -1,10 +1,13 @@
-"""The deliverer's HTTP client: it reaches only public addresses, and never waits or reads without bound.
+"""The deliverer's HTTP client: it reaches only public addresses, and never waits or reads without
+bound.
 
 A webhook's URL is the subscriber's to choose, so a POST to it must not become a way into the
 platform's own network. Each new connection resolves the host once (getaddrinfo) and is refused
-unless every address the name gives is public (webhooks/target.py's ``public``: no loopback, private, link-local,
+unless every address the name gives is public (webhooks/target.py's ``public``: no loopback,
+private, link-local,
 CGNAT, multicast, reserved or unspecified address, nor one of those inside an IPv4-mapped, 6to4
-or NAT64 address, nor an IPv6 form refused outright); it then connects to the address it checked, never to the name, so a second
+or NAT64 address, nor an IPv6 form refused outright); it then connects to the address it checked,
+never to the name, so a second
 DNS answer cannot swap in another (DNS rebinding). A host[:port] on AUTHSVC_WEBHOOK_ALLOW_HOSTS
 skips the address rule (a receiver on the platform's own network, the demo's on loopback).
 
@@ -39,8 +42,12 @@ from authsvc.webhooks.target import public
 
 MAX_BODY = 64 * 1024  # an answer's body, read and dropped; a longer one closes its connection
 MAX_HEAD = 16 * 1024  # status line and headers, interim answers' included
-READ_LIMIT = MAX_HEAD + MAX_BODY + 16 * 1024  # an answer's bytes read in all, chunks' framing included
-RESOLVING = 64  # names resolved at once by one client; past that a resolution waits (within its bound)
+READ_LIMIT = (
+    MAX_HEAD + MAX_BODY + 16 * 1024
+)  # an answer's bytes read in all, chunks' framing included
+RESOLVING = (
+    64  # names resolved at once by one client; past that a resolution waits (within its bound)
+)
 IDLE_PER_HOST = 32  # kept-alive connections per host
 IDLE_FOR = 20.0  # seconds an idle connection is kept (servers close theirs after 5 to 75 s)
 USER_AGENT = "authsvc-webhooks"
@@ -54,7 +61,8 @@ NOT_HTTP = "the answer is not valid HTTP"
 
 
 class Refused(Error):
-    """The URL may not be reached: a non-public address (``text`` NOT_PUBLIC), or a URL the client cannot
+    """The URL may not be reached: a non-public address (``text`` NOT_PUBLIC), or a URL the client
+    cannot
     POST to."""
 
     def __init__(self, detail: str, text: str | None = None) -> None:
@@ -63,7 +71,8 @@ class Refused(Error):
 
 
 def allowed(host: str, port: int, allow_hosts: Collection[str]) -> bool:
-    """Whether ``host``:``port`` is on the allow list (settings.host_list's items: host, or host:port)."""
+    """Whether ``host``:``port`` is on the allow list (settings.host_list's items: host, or
+    host:port)."""
     name = f"[{host.lower()}]" if ":" in host else host.lower().rstrip(".")
     return name in allow_hosts or f"{name}:{port}" in allow_hosts
 
@@ -100,7 +109,8 @@ def parse(url: str) -> Target:
 
 @dataclass
 class Answer:
-    """One attempt's outcome: the HTTP status if one came, else None; ``error`` (a fixed text) if not a
+    """One attempt's outcome: the HTTP status if one came, else None; ``error`` (a fixed text) if
+    not a
     2xx, and ``detail``, what the operator's log may say of it."""
 
     status: int | None
@@ -137,9 +147,15 @@ class _Spent(Error):
 class Client:
     """POSTs to webhook URLs, safe to share among threads."""
 
-    def __init__(self, allow_hosts: Collection[str] = frozenset(), *, connect_timeout: float = 3.0, timeout: float = 10.0,
-                 ssl_context: ssl.SSLContext | None = None,
-                 resolve: Callable[..., list] = socket.getaddrinfo) -> None:
+    def __init__(
+        self,
+        allow_hosts: Collection[str] = frozenset(),
+        *,
+        connect_timeout: float = 3.0,
+        timeout: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None,
+        resolve: Callable[..., list] = socket.getaddrinfo,
+    ) -> None:
         self.allow_hosts = allow_hosts
         self.connect_timeout = connect_timeout
         self.timeout = timeout
@@ -163,10 +179,15 @@ class Client:
             target = parse(url)
         except Refused as e:
             return Answer(None, e.text, str(e))
-        head = (f"POST {target.path} HTTP/1.1\r\nHost: {_host_header(target)}\r\nUser-Agent: {USER_AGENT}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-                + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode("latin-1")
-        for _ in range(2):  # a kept-alive connection the server closed meanwhile: once more on a new one
+        head = (
+            f"POST {target.path} HTTP/1.1\r\nHost: {_host_header(target)}\r\nUser-Agent: "
+            f"{USER_AGENT}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            + "\r\n"
+        ).encode("latin-1")
+        for _ in range(
+            2
+        ):  # a kept-alive connection the server closed meanwhile: once more on a new one
             conn = self._take(target.key)
             fresh = conn is None
             try:
@@ -181,15 +202,21 @@ class Client:
                 if fresh or time.monotonic() >= deadline:
                     return Answer(None, e.text, f"{target.where}: {e}")
                 continue
-            if reusable and not conn.buf:  # bytes past the answer: the stream is not understood, not reused
+            if (
+                reusable and not conn.buf
+            ):  # bytes past the answer: the stream is not understood, not reused
                 self._give(target.key, conn)
             else:
                 conn.close()
             if 200 <= status < 300:
                 return Answer(status, None)
-            text = f"answered {status}" + (" (redirects are not followed)" if 300 <= status < 400 else "")
+            text = f"answered {status}" + (
+                " (redirects are not followed)" if 300 <= status < 400 else ""
+            )
             return Answer(status, text, f"{target.where} {text}")
-        return Answer(None, NO_CONNECTION, f"{target.where}: no answer")  # not reached: the second try is new
+        return Answer(
+            None, NO_CONNECTION, f"{target.where}: no answer"
+        )  # not reached: the second try is new
 
     def _take(self, key: tuple[str, str, int]) -> _Conn | None:
         now = time.monotonic()
@@ -212,7 +239,8 @@ class Client:
         conn.close()
 
     def _lookup(self, host: str, port: int, deadline: float) -> list:
-        """The name's addresses, within ``deadline``: resolved in a daemon thread of its own, which a
+        """The name's addresses, within ``deadline``: resolved in a daemon thread of its own, which
+        a
         resolver slower than that is left to finish alone (at most RESOLVING at once)."""
         if not self._resolving.acquire(timeout=max(deadline - time.monotonic(), 0)):
             raise _Failed("cannot resolve the host (timed out: too many resolutions under way)")
@@ -239,15 +267,20 @@ class Client:
 
     def _connect(self, target: Target, deadline: float) -> _Conn:
         """A new connection to the address the name resolved to, checked (module docstring)."""
-        infos = self._lookup(target.host, target.port, min(deadline, time.monotonic() + self.connect_timeout))
+        infos = self._lookup(
+            target.host, target.port, min(deadline, time.monotonic() + self.connect_timeout)
+        )
         if not infos:
             raise _Failed("the host resolves to no address")
         if not allowed(target.host, target.port, self.allow_hosts):
             for info in infos:
                 ip = ipaddress.ip_address(info[4][0].split("%")[0])
                 if not public(ip):
-                    raise Refused(f"{target.where} resolves to {ip}, not a public address "
-                                  "(AUTHSVC_WEBHOOK_ALLOW_HOSTS lists the hosts allowed anyway)", NOT_PUBLIC)
+                    raise Refused(
+                        f"{target.where} resolves to {ip}, not a public address "
+                        "(AUTHSVC_WEBHOOK_ALLOW_HOSTS lists the hosts allowed anyway)",
+                        NOT_PUBLIC,
+                    )
         failure = ""
         for family, socktype, proto, _, address in infos:  # each address the name gave, in order
             sock = socket.socket(family, socktype, proto)
@@ -262,13 +295,19 @@ class Client:
             if target.scheme == "https":
                 try:
                     sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                    sock = (self._ssl or _default_context()).wrap_socket(sock, server_hostname=target.host)
+                    sock = (self._ssl or _default_context()).wrap_socket(
+                        sock, server_hostname=target.host
+                    )
                 except ssl.SSLCertVerificationError as e:
                     sock.close()
-                    raise _Failed(f"TLS certificate not valid for the host ({e.verify_message})") from None
+                    raise _Failed(
+                        f"TLS certificate not valid for the host ({e.verify_message})"
+                    ) from None
                 except (OSError, ssl.SSLError) as e:
                     sock.close()
-                    raise _Failed(f"TLS handshake failed ({_reason(e)})") from None  # a timeout too: could not connect
+                    raise _Failed(
+                        f"TLS handshake failed ({_reason(e)})"
+                    ) from None  # a timeout too: could not connect
             return _Conn(sock)
         raise _Failed(f"cannot connect ({failure})")
 
@@ -307,19 +346,24 @@ def _recv(conn: _Conn, deadline: float) -> bytes:
         data = conn.sock.recv(min(65536, conn.left))
     except (OSError, ssl.SSLError) as e:
         reason = _reason(e)
-        raise _Failed(f"no answer ({reason})", TIMED_OUT if reason == "timed out" else NO_CONNECTION) from None
+        raise _Failed(
+            f"no answer ({reason})", TIMED_OUT if reason == "timed out" else NO_CONNECTION
+        ) from None
     conn.left -= len(data)
     return data
 
 
 def _exchange(conn: _Conn, request: bytes, deadline: float) -> tuple[int, bool]:
-    """Send the request, read the answer's head and (bounded) body: (status, whether the connection may be reused)."""
+    """Send the request, read the answer's head and (bounded) body: (status, whether the connection
+    may be reused)."""
     try:
         conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
         conn.sock.sendall(request)
     except (OSError, ssl.SSLError) as e:
         reason = _reason(e)
-        raise _Failed(f"cannot send ({reason})", TIMED_OUT if reason == "timed out" else NO_CONNECTION) from None
+        raise _Failed(
+            f"cannot send ({reason})", TIMED_OUT if reason == "timed out" else NO_CONNECTION
+        ) from None
     buf = conn.buf
     conn.left = READ_LIMIT
     status = 100
@@ -369,7 +413,9 @@ def _exchange(conn: _Conn, request: bytes, deadline: float) -> tuple[int, bool]:
             buf, whole = buf[length:], True
         else:  # the body runs to the connection's end: not read, the connection not kept
             return status, False
-    except _Spent:  # a body over the bound, framing and all: its status counts, the connection is closed
+    except (
+        _Spent
+    ):  # a body over the bound, framing and all: its status counts, the connection is closed
         return status, False
     conn.buf = buf
     return status, reusable and whole
@@ -379,7 +425,8 @@ _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}[ \t]*(?:;[^\r\n]*)?")
 
 
 def _chunked(conn: _Conn, buf: bytes, deadline: float) -> tuple[bytes, bool]:
-    """Read a chunked body up to MAX_BODY bytes: (what follows it, whether it ended within the bound).
+    """Read a chunked body up to MAX_BODY bytes: (what follows it, whether it ended within the
+    bound).
     A size line that is not 1 to 16 hex digits (and extensions) is _Failed: a negative or unparsable
     size must not move the count of what was read."""
     total = 0
@@ -413,4 +460,4 @@ def _chunked(conn: _Conn, buf: bytes, deadline: float) -> tuple[bytes, bool]:
             if not data:
                 return b"", False
             buf += data
-        buf = buf[size + 2:]
+        buf = buf[size + 2 :]

@@ -1,4 +1,5 @@
-"""``authsvc deliver``: POSTs each event to its webhooks, signed, in order per player, until each is taken.
+"""``authsvc deliver``: POSTs each event to its webhooks, signed, in order per player, until each is
+taken.
 
 The promise (docs/integrating.md, "Events"): at least once (a delivery is marked done only after
 its 2xx, so a deliverer killed mid-POST sends it again, with the same ``webhook-id``); in order per
@@ -29,7 +30,8 @@ take_lease, renewed every LEASE_RENEW, good for LEASE); a second one waits, sayi
 it, and takes over once the lease runs out, at once if the holder let it go (SIGTERM) or was a
 process of this host that is gone (a crash, then a restart). So a standby deliverer on another
 host is safe to run (the hosts' clocks in step: the lease's time is the holder's clock). While it
-waits it only reads the lease, each step. SIGTERM: no new POST starts, those under way end (within the timeout),
+waits it only reads the lease, each step. SIGTERM: no new POST starts, those under way end (within
+the timeout),
 their outcomes are written, the lease is let go.
 
 Retention: once a minute (at once again while there is a backlog), one short transaction deletes
@@ -74,7 +76,9 @@ PRUNE_EVERY = 60.0  # seconds between two retention steps (sooner while a step f
 PRUNE_BATCH = 1000  # deliveries, and events, deleted by one retention step (one short transaction)
 RETENTION_MS = 7 * 24 * 3600 * 1000  # AUTHSVC_WEBHOOK_RETENTION's default
 SUMMARY = 10.0  # seconds between two summary lines
-LEASE_MS = 30_000  # a deliverer that stops renewing its lease loses it this long after its last renewal
+LEASE_MS = (
+    30_000  # a deliverer that stops renewing its lease loses it this long after its last renewal
+)
 LEASE_RENEW_MS = 5_000  # how often the holder renews it
 
 
@@ -90,20 +94,33 @@ def backoff_ms(attempts: int, rand: Callable[[], float] = random.random) -> int:
 
 def body(item: Due, data: str) -> bytes:
     """``{"type", "timestamp", "data"}``: the event's data is JSON already (an object)."""
-    return b'{"type":%s,"timestamp":"%s","data":%s}' % (json.dumps(item.type).encode(), times.utc(item.at_ms).encode(),
-                                                         data.encode())
+    return b'{"type":%s,"timestamp":"%s","data":%s}' % (
+        json.dumps(item.type).encode(),
+        times.utc(item.at_ms).encode(),
+        data.encode(),
+    )
 
 
 def cmd_deliver(args, settings: Settings):
     """``authsvc deliver``: the loop, until SIGTERM or SIGINT."""
     store = open_store(settings.store, readonly=False, settings=settings)
-    client = Client(host_list(settings.webhook_allow_hosts), connect_timeout=min(3.0, settings.webhook_timeout),
-                    timeout=settings.webhook_timeout)
+    client = Client(
+        host_list(settings.webhook_allow_hosts),
+        connect_timeout=min(3.0, settings.webhook_timeout),
+        timeout=settings.webhook_timeout,
+    )
     try:
         store.check()  # not migrated, wrong role: stop here
-        metrics = _serve_metrics(store, settings.deliver_metrics) if settings.deliver_metrics else None
-        deliverer = Deliverer(store, client, concurrency=settings.deliver_concurrency,
-                              retention_ms=settings.webhook_retention * 1000, metrics=metrics)
+        metrics = (
+            _serve_metrics(store, settings.deliver_metrics) if settings.deliver_metrics else None
+        )
+        deliverer = Deliverer(
+            store,
+            client,
+            concurrency=settings.deliver_concurrency,
+            retention_ms=settings.webhook_retention * 1000,
+            metrics=metrics,
+        )
 
         def stop(signum, frame) -> None:
             deliverer.stopping.set()
@@ -111,7 +128,10 @@ def cmd_deliver(args, settings: Settings):
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        say(f"delivering the events of {redact_url(settings.store)}, {settings.deliver_concurrency} at once")
+        say(
+            f"delivering the events of {redact_url(settings.store)}, "
+            f"{settings.deliver_concurrency} at once"
+        )
         deliverer.run()
         say("stopped")
     finally:
@@ -121,7 +141,8 @@ def cmd_deliver(args, settings: Settings):
 
 
 def _serve_metrics(store: Store, listen: str):
-    """authsvc/webhooks/metrics.py's metrics served at ``listen`` (host:port); without prometheus_client a
+    """authsvc/webhooks/metrics.py's metrics served at ``listen`` (host:port); without
+    prometheus_client a
     ConfigError; an address it cannot listen at (a second deliverer on the host) is logged, and the
     deliveries go on without metrics."""
     try:
@@ -129,12 +150,17 @@ def _serve_metrics(store: Store, listen: str):
 
         metrics = DeliveryMetrics(store)
     except ImportError:
-        raise ConfigError("AUTHSVC_DELIVER_METRICS needs prometheus_client (pip install 'authsvc[metrics]')") from None
+        raise ConfigError(
+            "AUTHSVC_DELIVER_METRICS needs prometheus_client (pip install 'authsvc[metrics]')"
+        ) from None
     host, _, port = listen.rpartition(":")
     try:
         metrics.serve(host.strip("[]"), int(port))
     except OSError as e:
-        say(f"metrics: cannot listen at AUTHSVC_DELIVER_METRICS={listen} ({e.strerror}); delivering without them")
+        say(
+            f"metrics: cannot listen at AUTHSVC_DELIVER_METRICS={listen} ({e.strerror}); "
+            "delivering without them"
+        )
         return None
     say(f"metrics at http://{listen}/metrics")
     return metrics
@@ -162,8 +188,17 @@ def _gone(holder: str) -> bool:
 class Deliverer:
     """The loop (module docstring); ``clock`` gives unix milliseconds (tests move it)."""
 
-    def __init__(self, store: Store, client: Client, *, concurrency: int = 16, clock: Callable[[], int] = _wall_ms,
-                 log: Callable[[str], None] = say, retention_ms: int = RETENTION_MS, metrics: Any = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        client: Client,
+        *,
+        concurrency: int = 16,
+        clock: Callable[[], int] = _wall_ms,
+        log: Callable[[str], None] = say,
+        retention_ms: int = RETENTION_MS,
+        metrics: Any = None,
+    ) -> None:
         self.store = store
         self.client = client
         self.concurrency = concurrency
@@ -177,23 +212,31 @@ class Deliverer:
         self._wake = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="deliver")
         self._lock = threading.Lock()
-        self._finished: list[tuple[tuple, list[Outcome]]] = []  # chains done, outcomes not yet written
-        self._unwritten: list[tuple[tuple, list[Outcome]]] = []  # taken from _finished, a write failed
-        self._busy: dict[tuple, int] = {}  # chain key -> webhook id, while a thread has it or its outcomes are unwritten
+        self._finished: list[
+            tuple[tuple, list[Outcome]]
+        ] = []  # chains done, outcomes not yet written
+        self._unwritten: list[
+            tuple[tuple, list[Outcome]]
+        ] = []  # taken from _finished, a write failed
+        self._busy: dict[
+            tuple, int
+        ] = {}  # chain key -> webhook id, while a thread has it or its outcomes are unwritten
         self._per_webhook: dict[int, int] = {}
         self._swept = 0.0
         self._counts = {"delivered": 0, "failed_attempts": 0, "failed": 0}
         self._last_error = ""
         self._summary_at = time.monotonic()
         self._store_trouble = ""
-        # host:pid:nonce: the pid tells a process of this host that is gone (the nonce, two in one process)
+        # host:pid:nonce: the pid tells a process of this host that is gone (the nonce, two in one
+        # process)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._renew_at = 0  # clock ms of the next renewal of the lease; 0: not held
         self._waiting_for = ""  # who held the lease when this one last found it held
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
-        """Until ``stopping`` is set; then the POSTs under way end and their outcomes are written."""
+        """Until ``stopping`` is set; then the POSTs under way end and their outcomes are
+        written."""
         while not self.stopping.is_set():
             began = time.monotonic()
             self.step()
@@ -254,13 +297,19 @@ class Deliverer:
 
     def prune(self) -> bool:
         """One retention step; whether it found a full batch (more may wait)."""
-        deliveries, events, webhooks = self.store.prune_deliveries(self.clock() - self.retention_ms, PRUNE_BATCH)
+        deliveries, events, webhooks = self.store.prune_deliveries(
+            self.clock() - self.retention_ms, PRUNE_BATCH
+        )
         if deliveries or events or webhooks:
-            self.log(f"retention: {deliveries} deliveries, {events} events and {webhooks} removed webhooks deleted")
+            self.log(
+                f"retention: {deliveries} deliveries, {events} events and {webhooks} removed "
+                "webhooks deleted"
+            )
         return max(deliveries, events) >= PRUNE_BATCH
 
     def finish(self, timeout: float | None = None) -> None:
-        """Wait for the threads (each POST ends within the client's timeout), write what they did."""
+        """Wait for the threads (each POST ends within the client's timeout), write what they
+        did."""
         self._pool.shutdown(wait=True)
         deadline = time.monotonic() + (timeout if timeout is not None else 30.0)
         while time.monotonic() < deadline:
@@ -317,13 +366,19 @@ class Deliverer:
         if free <= 0 or self.stopping.is_set():
             return 0
         started = 0
-        # A webhook's chains under way are among its first due (still pending): read past them, no further.
-        # One at its share already (more webhooks with work make the share smaller, never larger) is not read.
+        # A webhook's chains under way are among its first due (still pending): read past them, no
+        # further. One at its share already (more webhooks with work make the share smaller, never
+        # larger) is not read.
         full = {w for w, n in under_way.items() if n >= self._share(len(under_way))}
-        page = self.store.due_deliveries(self.clock(), self.per_webhook, min(PAGE, free + busy), full)
+        page = self.store.due_deliveries(
+            self.clock(), self.per_webhook, min(PAGE, free + busy), full
+        )
         share = self._share(len(under_way.keys() | {item.webhook_id for item in page}))
         for item in page:
-            key = (item.webhook_id, item.user_id if item.user_id is not None else ("event", item.id))
+            key = (
+                item.webhook_id,
+                item.user_id if item.user_id is not None else ("event", item.id),
+            )
             with self._lock:
                 if key in self._busy or self._per_webhook.get(item.webhook_id, 0) >= share:
                     continue
@@ -341,7 +396,12 @@ class Deliverer:
             outcome = self.attempt(head)
             if outcome is not None:
                 outcomes.append(outcome)
-            if outcome is not None and outcome.state == DELIVERED and head.more and not self.stopping.is_set():
+            if (
+                outcome is not None
+                and outcome.state == DELIVERED
+                and head.more
+                and not self.stopping.is_set()
+            ):
                 for item in self.store.deliveries_after(head, self.clock(), CHAIN):
                     outcome = self.attempt(item)
                     if outcome is None:
@@ -351,7 +411,9 @@ class Deliverer:
                         break
         except StoreUnavailable:
             pass  # the chain's next ones wait for the next page
-        except Exception as e:  # a bug must not stop the loop's bookkeeping: the chain is handed back
+        except (
+            Exception
+        ) as e:  # a bug must not stop the loop's bookkeeping: the chain is handed back
             self.log(f"internal error delivering to webhook {head.webhook_id}: {type(e).__name__}")
         finally:
             with self._lock:
@@ -359,7 +421,8 @@ class Deliverer:
             self._wake.set()
 
     def attempt(self, item: Due) -> Outcome | None:
-        """One signed POST of the event's data as it is now, and what follows from its answer; None if
+        """One signed POST of the event's data as it is now, and what follows from its answer; None
+        if
         there is nothing to send (done meanwhile, or its webhook removed)."""
         data = self.store.event_data(item.id)  # after any deletion committed so far: no erased name
         if data is None:
@@ -371,7 +434,9 @@ class Deliverer:
         started = time.monotonic()
         answer = self.client.post(item.url, payload, headers)
         duration = int((time.monotonic() - started) * 1000)
-        if answer.error is not None:  # the log's detail; the delivery keeps the fixed text (webhooks/connect.py)
+        if (
+            answer.error is not None
+        ):  # the log's detail; the delivery keeps the fixed text (webhooks/connect.py)
             self._last_error = f"webhook {item.webhook_id}: {answer.detail or answer.error}"
         if answer.error is None:
             return Outcome(item, now, answer.status, None, duration, DELIVERED, item.next_at)
@@ -387,5 +452,8 @@ class Deliverer:
         self._summary_at = time.monotonic()
         counts, self._counts = self._counts, {"delivered": 0, "failed_attempts": 0, "failed": 0}
         if any(counts.values()):
-            self.log(f"delivered {counts['delivered']}, {counts['failed_attempts']} attempts failed, "
-                     f"{counts['failed']} given up" + (f" (last: {self._last_error})" if counts["failed_attempts"] else ""))
+            self.log(
+                f"delivered {counts['delivered']}, {counts['failed_attempts']} attempts failed, "
+                f"{counts['failed']} given up"
+                + (f" (last: {self._last_error})" if counts["failed_attempts"] else "")
+            )

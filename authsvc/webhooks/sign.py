@@ -3,7 +3,8 @@
 ``webhook-id`` is the message's id, the same on every retry of one event to one webhook, so a
 receiver drops duplicates by it; ``webhook-timestamp`` is the attempt's time (unix seconds), which a
 receiver checks against its clock to refuse replays; ``webhook-signature`` is ``v1,`` and the base64
-HMAC-SHA256 of ``{id}.{timestamp}.{body}`` keyed by the secret's bytes (the base64 after ``whsec_``).
+HMAC-SHA256 of ``{id}.{timestamp}.{body}`` keyed by the secret's bytes (the base64 after
+``whsec_``).
 Any Standard Webhooks library verifies it.
 """
 
@@ -17,7 +18,8 @@ PREFIX = "whsec_"
 
 
 def secret_key(secret: str) -> bytes:
-    """The HMAC key of a ``whsec_`` secret: its base64 part decoded (padding as the libraries add it)."""
+    """The HMAC key of a ``whsec_`` secret: its base64 part decoded (padding as the libraries add
+    it)."""
     return base64.b64decode(secret.removeprefix(PREFIX) + "==")
 
 

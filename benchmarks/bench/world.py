@@ -1,4 +1,5 @@
-"""The data every section measures: a SQLite store of N players, its secret, valid requests; in-process timing."""
+"""The data every section measures: a SQLite store of N players, its secret, valid requests;
+in-process timing."""
 
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 PATH = "/api/authenticate.json"
 
-# The shipped settings file (access_record = "edge": behind nginx, nginx's access line is a request's one
-# record, gunicorn's access log and the app's auth line off). Every section that runs the shipped path
-# (deploy/gunicorn.conf.py behind the shipped nginx site) starts gunicorn with it, as the unit does;
-# the environment (the store, the secret, the workers) beats the file.
+# The shipped settings file (access_record = "edge": behind nginx, nginx's access line is a
+# request's one record, gunicorn's access log and the app's auth line off). Every section that runs
+# the shipped path (deploy/gunicorn.conf.py behind the shipped nginx site) starts gunicorn with it,
+# as the unit does; the environment (the store, the secret, the workers) beats the file.
 SHIPPED_SETTINGS = REPO / "deploy" / "etc" / "authsvc.toml"
 SHIPPED_ENV = {"AUTHSVC_CONFIG": str(SHIPPED_SETTINGS)}
 
@@ -78,13 +79,16 @@ def username(user_id: int) -> str:
 
 
 def make_world(root: Path, players: int, seed: int = 1) -> World:
-    """A fresh SQLite store of ``players`` players (user ids 1..N) and one game; timed in the output."""
+    """A fresh SQLite store of ``players`` players (user ids 1..N) and one game; timed in the
+    output."""
     root.mkdir(parents=True, exist_ok=True)
     secret_file = root / "token-secret"
     secret_file.write_text(new_token_secret() + "\n")
     secret_file.chmod(0o600)
     url = f"sqlite://{root}/authsvc.db"
-    settings = Settings.from_env({"AUTHSVC_STORE": url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)})
+    settings = Settings.from_env(
+        {"AUTHSVC_STORE": url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
+    )
     store = open_store(url, readonly=False, settings=settings)
     try:
         store.migrate()
@@ -98,24 +102,39 @@ def make_world(root: Path, players: int, seed: int = 1) -> World:
         store.close()
     rng = random.Random(seed)
     user_ids = [rng.randint(1, players) for _ in range(SAMPLE)]
-    return World(root, url, secret_file, api_key, game.id, players, user_ids, settings.token_secrets[0])
+    return World(
+        root, url, secret_file, api_key, game.id, players, user_ids, settings.token_secrets[0]
+    )
 
 
 def environs(world: World, sample: int | None = None) -> list[dict]:
-    """Complete WSGI environs (what Flask needs too): the world's sample of valid requests, or a new one."""
+    """Complete WSGI environs (what Flask needs too): the world's sample of valid requests, or a new
+    one."""
     rng = random.Random(sample)
-    user_ids = world.user_ids if sample is None else [rng.randint(1, world.players) for _ in range(sample)]
+    user_ids = (
+        world.user_ids if sample is None else [rng.randint(1, world.players) for _ in range(sample)]
+    )
     out = []
     for uid in user_ids:
-        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": PATH, "QUERY_STRING": world.query(uid),
-                   "wsgi.input": io.BytesIO(b"")}
+        environ = {
+            "REQUEST_METHOD": "GET",
+            "PATH_INFO": PATH,
+            "QUERY_STRING": world.query(uid),
+            "wsgi.input": io.BytesIO(b""),
+        }
         wsgiref.util.setup_testing_defaults(environ)
         out.append(environ)
     return out
 
 
-def per_call_us(app, envs: list[dict], calls: int, repeats: int, check: Callable[[bytes], bool],
-                clock: Callable[[], float] = time.perf_counter) -> list[float]:
+def per_call_us(
+    app,
+    envs: list[dict],
+    calls: int,
+    repeats: int,
+    check: Callable[[bytes], bool],
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
     """``repeats`` figures, each the mean time of one call over ``calls`` calls: wall time, or
     ``clock`` (time.thread_time: CPU time, less disturbed by other processes on a busy machine)."""
 
@@ -161,10 +180,17 @@ def in_process(world: World, args: argparse.Namespace) -> dict[str, PerCall]:
     authsvc = App(settings, make_app(settings).store)
     apps = {
         "bare": (bare.application, lambda body: body == bare.BODY, args.calls),
-        "plain": (plain_app.create_app(db_path, world.secret), lambda body: b'"success":true' in body, args.calls),
+        "plain": (
+            plain_app.create_app(db_path, world.secret),
+            lambda body: b'"success":true' in body,
+            args.calls,
+        ),
         "authsvc": (authsvc, lambda body: body.startswith(b'{"success":true,'), args.calls),
-        "flask": (flask_app.create_app(db_path, world.secret), lambda body: b'"success":true' in body,
-                  max(args.calls // 5, 1)),
+        "flask": (
+            flask_app.create_app(db_path, world.secret),
+            lambda body: b'"success":true' in body,
+            max(args.calls // 5, 1),
+        ),
     }
     figures = {name: PerCall() for name in [*apps, "store"]}
     digest = api_key_digest(world.api_key)
@@ -182,12 +208,16 @@ def in_process(world: World, args: argparse.Namespace) -> dict[str, PerCall]:
 
 
 def print_in_process(figures: dict[str, PerCall], world: World) -> None:
-    print(f"\nIn-process cost per call (the WSGI callable called directly, {world.players:,} players, "
-          "random players; 3 alternating rounds of 5 runs: best and median of the 15)\n")
+    print(
+        f"\nIn-process cost per call (the WSGI callable called directly, {world.players:,} "
+        "players, random players; 3 alternating rounds of 5 runs: best and median of the 15)\n"
+    )
     print("| app | µs per call, best | median | best vs plain | best vs Flask |")
     print("|---|---|---|---|---|")
     for name in ("bare", "plain", "authsvc", "flask", "store"):
         label = "authsvc: store.credentials() alone" if name == "store" else name
         f = figures[name]
-        print(f"| {label} | {f.best:.2f} | {f.median:.2f} | {f.best / figures['plain'].best:.3f} | "
-              f"{f.best / figures['flask'].best:.3f} |")
+        print(
+            f"| {label} | {f.best:.2f} | {f.median:.2f} | {f.best / figures['plain'].best:.3f} | "
+            f"{f.best / figures['flask'].best:.3f} |"
+        )

@@ -1,5 +1,6 @@
 """The demo platform web tier (docs/integrating.md): sign up, sign in, change a password, and a page
-that embeds one game in an iframe and hands it the player's token through examples/clients/authsvc-platform.js
+that embeds one game in an iframe and hands it the player's token through
+examples/clients/authsvc-platform.js
 (and a new one when the game asks: POST /token, after a password change refused the old one).
 
 Its own tiny SQLite store holds demo accounts (scrypt password hashes) and sessions. It talks to
@@ -9,8 +10,10 @@ the game's refresh). The
 admin bearer token stays on this server; the page gets the player's token for this one game.
 
 Every POST must come from this platform's own pages: its Origin header must be the platform's origin
-(``--origin``), and every form carries a token tied to the browser's session cookie (an HMAC of it under a
-key kept in the database), checked before anything runs; a password change needs the current password.
+(``--origin``), and every form carries a token tied to the browser's session cookie (an HMAC of it
+under a
+key kept in the database), checked before anything runs; a password change needs the current
+password.
 Stdlib only; run by ``python -m examples.platform --help``.
 """
 
@@ -49,7 +52,8 @@ def password_hash(password: str, salt: bytes) -> bytes:
 
 
 class AdminApi:
-    """authsvc's admin API over HTTP, with the web tier's bearer token (scopes players:write, tokens:mint)."""
+    """authsvc's admin API over HTTP, with the web tier's bearer token (scopes players:write,
+    tokens:mint)."""
 
     def __init__(self, base_url: str, token: str):
         self.base_url, self.token = base_url.rstrip("/"), token
@@ -59,9 +63,13 @@ class AdminApi:
         if body is not None:
             headers["Content-Type"] = "application/json"
         if method == "POST":
-            headers["Idempotency-Key"] = str(uuid.uuid4())  # a retry of this very call would be safe
+            headers["Idempotency-Key"] = str(
+                uuid.uuid4()
+            )  # a retry of this very call would be safe
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
+        request = urllib.request.Request(
+            self.base_url + path, data=data, method=method, headers=headers
+        )
         with urllib.request.urlopen(request, timeout=5) as response:
             return json.load(response)
 
@@ -84,31 +92,54 @@ class Platform:
     def handle(self, environ, start_response):
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/")
         if path == "/authsvc-platform.js":
-            return respond(start_response, "200 OK", CLIENT_JS.read_bytes(), "text/javascript; charset=utf-8")
+            return respond(
+                start_response, "200 OK", CLIENT_JS.read_bytes(), "text/javascript; charset=utf-8"
+            )
         user = self.session_user(environ)
         if method == "GET" and path == "/":
             return self.page(start_response, environ, user)
         if method == "POST" and environ.get("HTTP_ORIGIN") != self.origin:
-            # Another site's page (another port of this host too: one site to the browser, which sends the
-            # session cookie along) may post here; browsers send Origin with every POST, and it cannot be forged.
-            return respond(start_response, "403 Forbidden", b"Refused: a POST must come from this platform's own pages.\n",
-                           "text/plain; charset=utf-8")
-        if method == "POST" and path == "/token":  # the page's refresh (authsvc-platform.js): a new token, as JSON
-            # No form token here: this changes nothing a player sees, and only the platform's own pages can read
-            # the answer (no CORS); the forms' token comes with it, as a password change elsewhere made a new session.
+            # Another site's page (another port of this host too: one site to the browser, which
+            # sends the session cookie along) may post here; browsers send Origin with every POST,
+            # and it cannot be forged.
+            return respond(
+                start_response,
+                "403 Forbidden",
+                b"Refused: a POST must come from this platform's own pages.\n",
+                "text/plain; charset=utf-8",
+            )
+        if (
+            method == "POST" and path == "/token"
+        ):  # the page's refresh (authsvc-platform.js): a new token, as JSON
+            # No form token here: this changes nothing a player sees, and only the platform's own
+            # pages can read the answer (no CORS); the forms' token comes with it, as a password
+            # change elsewhere made a new session.
             player, error = self.mint(user)
             if error:
-                return respond(start_response, "503 Service Unavailable", json.dumps({"error": error}).encode(),
-                               "application/json")
+                return respond(
+                    start_response,
+                    "503 Service Unavailable",
+                    json.dumps({"error": error}).encode(),
+                    "application/json",
+                )
             sid = self.cookie_value(environ)
             answer = {"player": player, "csrf": self.csrf_token(sid) if sid else None}
-            return respond(start_response, "200 OK", json.dumps(answer).encode(), "application/json")
+            return respond(
+                start_response, "200 OK", json.dumps(answer).encode(), "application/json"
+            )
         if method == "POST" and path in ("/signup", "/signin", "/signout", "/password"):
             form = read_form(environ)
             sid = self.cookie_value(environ)
-            if sid is None or not hmac.compare_digest(form.get("csrf", "").encode(), self.csrf_token(sid).encode()):
-                return self.page(start_response, environ, user, "This page was out of date (a sign-in or sign-out in "
-                                 "another tab?): try again.", "403 Forbidden")
+            if sid is None or not hmac.compare_digest(
+                form.get("csrf", "").encode(), self.csrf_token(sid).encode()
+            ):
+                return self.page(
+                    start_response,
+                    environ,
+                    user,
+                    "This page was out of date (a sign-in or sign-out in another tab?): try again.",
+                    "403 Forbidden",
+                )
             error, cookie = getattr(self, path[1:])(form, user)
             if error:
                 return self.page(start_response, environ, user, error)
@@ -119,12 +150,14 @@ class Platform:
 
     @staticmethod
     def cookie_value(environ) -> str | None:
-        """The session cookie: a signed-in player's session id, or the random id a signed-out browser got."""
+        """The session cookie: a signed-in player's session id, or the random id a signed-out
+        browser got."""
         jar = http.cookies.SimpleCookie(environ.get("HTTP_COOKIE", ""))
         return jar[COOKIE].value if COOKIE in jar else None
 
     def csrf_token(self, sid: str) -> str:
-        """The token each form carries: bound to the session cookie, so it changes with every sign-in and sign-out."""
+        """The token each form carries: bound to the session cookie, so it changes with every
+        sign-in and sign-out."""
         return hmac.new(self.csrf_key, b"csrf:" + sid.encode(), hashlib.sha256).hexdigest()
 
     def session_user(self, environ) -> tuple[int, str, str] | None:
@@ -132,12 +165,16 @@ class Platform:
         sid = self.cookie_value(environ)
         if sid is None:
             return None
-        row = self.db.execute("SELECT a.user_id, a.username, s.id FROM sessions s JOIN accounts a USING (user_id) WHERE s.id = ?",
-                              (sid,)).fetchone()
+        row = self.db.execute(
+            "SELECT a.user_id, a.username, s.id FROM sessions s JOIN accounts a USING (user_id) "
+            "WHERE s.id = ?",
+            (sid,),
+        ).fetchone()
         return (row[0], row[1], row[2]) if row else None
 
     def new_session(self, user_id: int | None) -> str:
-        """A new session cookie: a signed-in one (a row), or for None a signed-out browser's (no row, a form token)."""
+        """A new session cookie: a signed-in one (a row), or for None a signed-out browser's (no
+        row, a form token)."""
         sid = secrets.token_urlsafe(32)
         if user_id is not None:
             self.db.execute("INSERT INTO sessions VALUES (?, ?)", (sid, user_id))
@@ -146,13 +183,24 @@ class Platform:
     def signup(self, form, user):
         username, password = form.get("username", ""), form.get("password", "")
         if not (3 <= len(username) <= 20 and username.isalnum() and len(password) >= 8):
-            return "Pick a username of 3 to 20 letters or digits and a password of at least 8 characters.", None
+            return (
+                "Pick a username of 3 to 20 letters or digits and a password of at least 8 "
+                "characters.",
+                None,
+            )
         salt = secrets.token_bytes(16)
         try:
             self.db.execute("BEGIN IMMEDIATE")
-            (top,) = self.db.execute("SELECT COALESCE(MAX(user_id), ?) FROM accounts", (FIRST_USER_ID - 1,)).fetchone()
-            self.db.execute("INSERT INTO accounts VALUES (?, ?, ?, ?)", (top + 1, username, salt, password_hash(password, salt)))
-            self.admin.call("PUT", f"/v1/players/{top + 1}", {"username": username})  # the player exists in authsvc
+            (top,) = self.db.execute(
+                "SELECT COALESCE(MAX(user_id), ?) FROM accounts", (FIRST_USER_ID - 1,)
+            ).fetchone()
+            self.db.execute(
+                "INSERT INTO accounts VALUES (?, ?, ?, ?)",
+                (top + 1, username, salt, password_hash(password, salt)),
+            )
+            self.admin.call(
+                "PUT", f"/v1/players/{top + 1}", {"username": username}
+            )  # the player exists in authsvc
             self.db.execute("COMMIT")
         except sqlite3.IntegrityError:
             self.db.execute("ROLLBACK")
@@ -168,9 +216,13 @@ class Platform:
         return None, self.new_session(top + 1)
 
     def signin(self, form, user):
-        row = self.db.execute("SELECT user_id, salt, hash FROM accounts WHERE username = ?",
-                              (form.get("username", ""),)).fetchone()
-        if row is None or not hmac.compare_digest(password_hash(form.get("password", ""), row[1]), row[2]):
+        row = self.db.execute(
+            "SELECT user_id, salt, hash FROM accounts WHERE username = ?",
+            (form.get("username", ""),),
+        ).fetchone()
+        if row is None or not hmac.compare_digest(
+            password_hash(form.get("password", ""), row[1]), row[2]
+        ):
             return "Wrong username or password.", None
         return None, self.new_session(row[0])
 
@@ -182,40 +234,60 @@ class Platform:
     def password(self, form, user):
         if user is None:
             return "Sign in first.", None
-        salt, hashed = self.db.execute("SELECT salt, hash FROM accounts WHERE user_id = ?", (user[0],)).fetchone()
+        salt, hashed = self.db.execute(
+            "SELECT salt, hash FROM accounts WHERE user_id = ?", (user[0],)
+        ).fetchone()
         if not hmac.compare_digest(password_hash(form.get("current_password", ""), salt), hashed):
             return "The current password is wrong.", None
         new = form.get("new_password", "")
         if len(new) < 8:
             return "Pick a new password of at least 8 characters.", None
         try:
-            self.admin.call("POST", f"/v1/players/{user[0]}/revoke")  # every token of the player stops working
+            self.admin.call(
+                "POST", f"/v1/players/{user[0]}/revoke"
+            )  # every token of the player stops working
         except (urllib.error.URLError, OSError):
             return "Password change is unavailable right now; try again shortly.", None
         salt = secrets.token_bytes(16)
-        self.db.execute("UPDATE accounts SET salt = ?, hash = ? WHERE user_id = ?", (salt, password_hash(new, salt), user[0]))
-        self.db.execute("DELETE FROM sessions WHERE user_id = ?", (user[0],))  # sign out everywhere, then in here
+        self.db.execute(
+            "UPDATE accounts SET salt = ?, hash = ? WHERE user_id = ?",
+            (salt, password_hash(new, salt), user[0]),
+        )
+        self.db.execute(
+            "DELETE FROM sessions WHERE user_id = ?", (user[0],)
+        )  # sign out everywhere, then in here
         return None, self.new_session(user[0])
 
     def mint(self, user) -> tuple[dict | None, str | None]:
-        """(the player the game gets: its token for this game, minted now; or None for a guest), or an error."""
+        """(the player the game gets: its token for this game, minted now; or None for a guest), or
+        an error."""
         if user is None:
             return None, None
         try:
-            minted = self.admin.call("POST", "/v1/tokens", {"game_id": self.game_id, "user_id": user[0]})
+            minted = self.admin.call(
+                "POST", "/v1/tokens", {"game_id": self.game_id, "user_id": user[0]}
+            )
         except (urllib.error.URLError, OSError):
             return None, "The game cannot be started right now; try again shortly."
-        return {"user_id": user[0], "username": user[1], "game_auth_token": minted["game_auth_token"]}, None
+        return {
+            "user_id": user[0],
+            "username": user[1],
+            "game_auth_token": minted["game_auth_token"],
+        }, None
 
     def page(self, start_response, environ, user, error: str | None = None, status: str = "200 OK"):
         headers = [("Content-Security-Policy", "frame-ancestors 'none'")]
         sid = self.cookie_value(environ)
-        if sid is None:  # a browser's first visit (or after a sign-out): a cookie for its forms' token
+        if (
+            sid is None
+        ):  # a browser's first visit (or after a sign-out): a cookie for its forms' token
             cookie = self.new_session(None)
             headers.append(("Set-Cookie", cookie))
             sid = cookie.partition("=")[2].partition(";")[0]
         player, mint_error = self.mint(user)
-        body = render(user, player, error or mint_error, self.game_url, self.game_origin, self.csrf_token(sid))
+        body = render(
+            user, player, error or mint_error, self.game_url, self.game_origin, self.csrf_token(sid)
+        )
         return respond(start_response, status, body.encode(), "text/html; charset=utf-8", headers)
 
 
@@ -238,13 +310,14 @@ def render(user, player, error, game_url, game_origin, csrf: str) -> str:
 <input name="current_password" type="password" placeholder="current password">
 <input name="new_password" type="password" placeholder="new password">
  <button>Change password</button></form>"""
-    # The page's script: what this player's game gets, nothing more (json.dumps, then no "</" can end the script).
+    # The page's script: what this player's game gets, nothing more (json.dumps, then no "</" can
+    # end the script).
     config = json.dumps({"gameOrigin": game_origin, "player": player}).replace("</", "<\\/")
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Demo platform</title>
 <style>body{{font-family:sans-serif;margin:1em 2em}}
 iframe{{width:640px;height:300px;border:2px solid #468}}
 .error{{color:#b00}}</style><script src="/authsvc-platform.js"></script></head><body>
-<h1>Demo platform</h1>{f'<p class="error" id="error">{e(error)}</p>' if error else ''}{account}
+<h1>Demo platform</h1>{f'<p class="error" id="error">{e(error)}</p>' if error else ""}{account}
 <h2>Play</h2><iframe id="game" src="{e(game_url)}" title="game"></iframe>
 <script>
 var config = {config};
@@ -273,12 +346,21 @@ def read_form(environ) -> dict[str, str]:
         length = min(int(environ.get("CONTENT_LENGTH") or 0), 16384)
     except ValueError:
         length = 0
-    return dict(urllib.parse.parse_qsl(environ["wsgi.input"].read(length).decode("utf-8", "replace")))
+    return dict(
+        urllib.parse.parse_qsl(environ["wsgi.input"].read(length).decode("utf-8", "replace"))
+    )
 
 
 def respond(start_response, status, body: bytes, content_type, extra=()):
-    start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))),
-                            ("Cache-Control", "no-store"), *extra])
+    start_response(
+        status,
+        [
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            ("Cache-Control", "no-store"),
+            *extra,
+        ],
+    )
     return [body]
 
 
@@ -287,19 +369,30 @@ class ThreadingServer(ThreadingMixIn, WSGIServer):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m examples.platform", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.platform", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--port", type=int, default=8100)
-    parser.add_argument("--origin", help="the origin the platform's pages are served from, exactly "
-                                         "(default http://127.0.0.1:PORT); a POST from any other is refused")
+    parser.add_argument(
+        "--origin",
+        help="the origin the platform's pages are served from, exactly "
+        "(default http://127.0.0.1:PORT); a POST from any other is refused",
+    )
     parser.add_argument("--db", default="var/demo-platform.db")
     parser.add_argument("--admin-url", default="http://127.0.0.1:8081", help="authsvc's admin API")
-    parser.add_argument("--admin-token-file", required=True, help="file holding the admin API bearer token")
+    parser.add_argument(
+        "--admin-token-file", required=True, help="file holding the admin API bearer token"
+    )
     parser.add_argument("--game-id", type=int, required=True)
-    parser.add_argument("--game-url", default="http://127.0.0.1:8200/play", help="the game page the iframe shows")
+    parser.add_argument(
+        "--game-url", default="http://127.0.0.1:8200/play", help="the game page the iframe shows"
+    )
     args = parser.parse_args(argv)
     token = Path(args.admin_token_file).read_text().strip()
     origin = args.origin or f"http://127.0.0.1:{args.port}"
-    app = Platform(args.db, AdminApi(args.admin_url, token), args.game_id, args.game_url, origin.rstrip("/"))
+    app = Platform(
+        args.db, AdminApi(args.admin_url, token), args.game_id, args.game_url, origin.rstrip("/")
+    )
     with make_server("127.0.0.1", args.port, app, server_class=ThreadingServer) as server:
         print(f"demo platform on http://127.0.0.1:{args.port}/", flush=True)
         server.serve_forever()

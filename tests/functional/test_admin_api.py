@@ -35,9 +35,15 @@ def test_missing_unknown_malformed_expired_and_revoked_tokens_get_401(admin, wor
     api_tokens.revoke_api_token(world.store, Context(actor="cli:test"), "revoked")
     assert app.get("/v1/players/4242", headers=live).status_int == 200
     time.sleep(1.1)  # the expiry is whole seconds: a bound, not a race
-    for headers in ({}, {"Authorization": "Bearer asv_" + "A" * 43}, {"Authorization": "Basic dXNlcjpwYXNz"},
-                    {"Authorization": live["Authorization"] + "x"}, expiring, revoked,
-                    {"Authorization": live["Authorization"].replace("Bearer ", "")}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer asv_" + "A" * 43},
+        {"Authorization": "Basic dXNlcjpwYXNz"},
+        {"Authorization": live["Authorization"] + "x"},
+        expiring,
+        revoked,
+        {"Authorization": live["Authorization"].replace("Bearer ", "")},
+    ):
         r = app.get("/v1/players/4242", headers=headers, expect_errors=True)
         problem(r, 401, "unauthorized")
         assert r.headers["WWW-Authenticate"].startswith("Bearer")
@@ -51,11 +57,19 @@ def test_a_token_without_the_scope_gets_403(admin):
     app, make_token = admin.app, admin.headers
     reader = make_token("reader", ["players:read"])
     assert app.get("/v1/players/4242", headers=reader).status_int == 200
-    body = problem(app.put_json("/v1/players/4242", {"username": "x"}, headers=reader, expect_errors=True),
-                   403, "forbidden")
+    body = problem(
+        app.put_json("/v1/players/4242", {"username": "x"}, headers=reader, expect_errors=True),
+        403,
+        "forbidden",
+    )
     assert "players:write" in body["detail"]
-    problem(app.post_json("/v1/tokens", {"game_id": 1, "user_id": 4242}, headers=reader, expect_errors=True),
-            403, "forbidden")
+    problem(
+        app.post_json(
+            "/v1/tokens", {"game_id": 1, "user_id": 4242}, headers=reader, expect_errors=True
+        ),
+        403,
+        "forbidden",
+    )
 
 
 # -- players -------------------------------------------------------------------------------------
@@ -65,32 +79,57 @@ def test_put_creates_then_updates_with_etag_and_if_match(admin, world, store_url
     app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"X-Request-Id": "signup-1"}
     r = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers)
-    assert r.status_int == 201 and r.json == {"user_id": 7, "username": "dora", "enabled": True, "epoch": 0,
-                                              "updated_at": r.json["updated_at"]}
+    assert r.status_int == 201 and r.json == {
+        "user_id": 7,
+        "username": "dora",
+        "enabled": True,
+        "epoch": 0,
+        "updated_at": r.json["updated_at"],
+    }
     first, added_by = r.headers["ETag"], r.headers["X-Request-Id"]
-    r = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers)  # the same call again: no change
+    r = app.put_json(
+        "/v1/players/7", {"username": "dora"}, headers=headers
+    )  # the same call again: no change
     assert r.status_int == 200 and r.headers["ETag"] == first
-    r = app.put_json("/v1/players/7", {"username": "dora2", "enabled": False}, headers=headers | {"If-Match": first})
+    r = app.put_json(
+        "/v1/players/7",
+        {"username": "dora2", "enabled": False},
+        headers=headers | {"If-Match": first},
+    )
     assert r.status_int == 200 and r.json["username"] == "dora2" and r.json["enabled"] is False
     second, changed_by = r.headers["ETag"], r.headers["X-Request-Id"]
     assert second != first
     # a second rename that read the first version loses, and says so
-    r = app.put_json("/v1/players/7", {"username": "eve"}, headers=headers | {"If-Match": first}, expect_errors=True)
+    r = app.put_json(
+        "/v1/players/7",
+        {"username": "eve"},
+        headers=headers | {"If-Match": first},
+        expect_errors=True,
+    )
     problem(r, 412, "precondition-failed")
-    r = app.put_json("/v1/players/8", {"username": "x"}, headers=headers | {"If-Match": "*"}, expect_errors=True)
+    r = app.put_json(
+        "/v1/players/8", {"username": "x"}, headers=headers | {"If-Match": "*"}, expect_errors=True
+    )
     problem(r, 412, "precondition-failed")  # If-Match on no player: nothing to match
     r = app.get("/v1/players/7", headers=headers)
     assert r.json["username"] == "dora2" and r.headers["ETag"] == second
-    assert len({added_by, changed_by, r.headers["X-Request-Id"]}) == 3  # the service's id for each request
+    assert (
+        len({added_by, changed_by, r.headers["X-Request-Id"]}) == 3
+    )  # the service's id for each request
     rows = [row for row in audit_rows(store_url) if row[3] == 7]
     assert [(actor, rid, action) for actor, rid, action, _, _ in rows] == [
-        ("api:web", added_by, "player.add"), ("api:web", changed_by, "player.rename"),
-        ("api:web", changed_by, "player.disable")]
-    assert {json.loads(changes)["after"]["client_request_id"] for *_, changes in rows} == {"signup-1"}
+        ("api:web", added_by, "player.add"),
+        ("api:web", changed_by, "player.rename"),
+        ("api:web", changed_by, "player.disable"),
+    ]
+    assert {json.loads(changes)["after"]["client_request_id"] for *_, changes in rows} == {
+        "signup-1"
+    }
 
 
 def stamps(store_url: str, user_id: int) -> list[tuple[str, str]]:
-    """(action, at as RFC 3339 UTC with milliseconds) of the player's audit records, oldest first."""
+    """(action, at as RFC 3339 UTC with milliseconds) of the player's audit records, oldest
+    first."""
     statement = f"SELECT action, at_ms FROM audit WHERE user_id = {user_id:d} ORDER BY id"
     if store_url.startswith("sqlite://"):
         with sqlite3.connect(store_url.removeprefix("sqlite://")) as conn:
@@ -100,14 +139,19 @@ def stamps(store_url: str, user_id: int) -> list[tuple[str, str]]:
 
         with psycopg.connect(store_url, autocommit=True) as conn:
             rows = conn.execute(statement).fetchall()
-    return [(action, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z")
-            for action, ms in rows]
+    return [
+        (action, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z")
+        for action, ms in rows
+    ]
 
 
-def test_updated_at_moves_with_each_change_and_not_with_a_put_that_changes_nothing(admin, world, store_url):
+def test_updated_at_moves_with_each_change_and_not_with_a_put_that_changes_nothing(
+    admin, world, store_url
+):
     """updated_at is the time of the write that last changed the player (its audit record's), in
     RFC 3339 UTC; a PUT that changes nothing moves neither it nor the ETag; a revoke moves both; and
-    a rename and its undoing give a new ETag, since the answer (its updated_at) is not the first one."""
+    a rename and its undoing give a new ETag, since the answer (its updated_at) is not the first
+    one."""
     app, make_token = admin.app, admin.headers
     headers = make_token("web")
     created = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers)
@@ -127,32 +171,62 @@ def test_updated_at_moves_with_each_change_and_not_with_a_put_that_changes_nothi
     assert revoked.json["updated_at"] > renamed.json["updated_at"]
     assert revoked.headers["ETag"] != renamed.headers["ETag"]
     time.sleep(0.002)
-    back = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers | {"If-Match": revoked.headers["ETag"]})
+    back = app.put_json(
+        "/v1/players/7",
+        {"username": "dora"},
+        headers=headers | {"If-Match": revoked.headers["ETag"]},
+    )
     time.sleep(0.002)
-    disabled = app.put_json("/v1/players/7", {"username": "dora", "enabled": False}, headers=headers)
+    disabled = app.put_json(
+        "/v1/players/7", {"username": "dora", "enabled": False}, headers=headers
+    )
     time.sleep(0.002)
     enabled = app.put_json("/v1/players/7", {"username": "dora", "enabled": True}, headers=headers)
     assert stamps(store_url, 7)[-1] == ("player.enable", enabled.json["updated_at"])
-    assert (enabled.json | {"updated_at": None}) == (back.json | {"updated_at": None}) != (disabled.json | {"updated_at": None})
-    assert enabled.json["updated_at"] > back.json["updated_at"] and enabled.headers["ETag"] != back.headers["ETag"]
+    assert (
+        (enabled.json | {"updated_at": None})
+        == (back.json | {"updated_at": None})
+        != (disabled.json | {"updated_at": None})
+    )
+    assert (
+        enabled.json["updated_at"] > back.json["updated_at"]
+        and enabled.headers["ETag"] != back.headers["ETag"]
+    )
 
 
-def test_a_player_unchanged_since_the_upgrade_has_updated_at_null_and_its_old_etag(admin, world, store_url):
-    """A row the schema step found (written before updated_at existed) answers null, and its ETag is the
+def test_a_player_unchanged_since_the_upgrade_has_updated_at_null_and_its_old_etag(
+    admin, world, store_url
+):
+    """A row the schema step found (written before updated_at existed) answers null, and its ETag is
+    the
     one the previous release gave, so an If-Match a client kept across the upgrade still matches."""
     import hashlib
 
     app, make_token = admin.app, admin.headers
     headers = make_token("web")
     # As the previous release left it: no updated_at.
-    store_sql(store_url, "INSERT INTO players (user_id, username, epoch, enabled) VALUES (7, 'dora', 2, ?)", (True,))
+    store_sql(
+        store_url,
+        "INSERT INTO players (user_id, username, epoch, enabled) VALUES (7, 'dora', 2, ?)",
+        (True,),
+    )
     r = app.get("/v1/players/7", headers=headers)
-    assert r.json == {"user_id": 7, "username": "dora", "enabled": True, "epoch": 2, "updated_at": None}
+    assert r.json == {
+        "user_id": 7,
+        "username": "dora",
+        "enabled": True,
+        "epoch": 2,
+        "updated_at": None,
+    }
     old_etag = '"' + hashlib.sha256(b"7:dora:1:2").hexdigest()[:32] + '"'
     assert r.headers["ETag"] == old_etag
-    r = app.put_json("/v1/players/7", {"username": "dora"}, headers=headers | {"If-Match": old_etag})
+    r = app.put_json(
+        "/v1/players/7", {"username": "dora"}, headers=headers | {"If-Match": old_etag}
+    )
     assert r.json["updated_at"] is None and r.headers["ETag"] == old_etag  # nothing changed
-    r = app.put_json("/v1/players/7", {"username": "dora2"}, headers=headers | {"If-Match": old_etag})
+    r = app.put_json(
+        "/v1/players/7", {"username": "dora2"}, headers=headers | {"If-Match": old_etag}
+    )
     assert stamps(store_url, 7) == [("player.rename", r.json["updated_at"])]
 
 
@@ -160,9 +234,15 @@ def test_get_and_revoke_an_unknown_player_are_404(admin):
     app, make_token = admin.app, admin.headers
     headers = make_token("web")
     problem(app.get("/v1/players/99", headers=headers, expect_errors=True), 404, "not-found")
-    problem(app.post("/v1/players/99/revoke", headers=headers, expect_errors=True), 404, "not-found")
+    problem(
+        app.post("/v1/players/99/revoke", headers=headers, expect_errors=True), 404, "not-found"
+    )
     problem(app.get("/v1/players/0", headers=headers, expect_errors=True), 404, "not-found")
-    problem(app.get("/v1/players/9223372036854775808", headers=headers, expect_errors=True), 404, "not-found")
+    problem(
+        app.get("/v1/players/9223372036854775808", headers=headers, expect_errors=True),
+        404,
+        "not-found",
+    )
 
 
 def test_revoke_answers_the_new_epoch_and_when_it_takes_effect(admin, world, settings):
@@ -173,7 +253,9 @@ def test_revoke_answers_the_new_epoch_and_when_it_takes_effect(admin, world, set
     assert r.status_int == 200
     assert r.json["user_id"] == 4242 and r.json["epoch"] == 1
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r.json["effective_by"])
-    effective_by = time.mktime(time.strptime(r.json["effective_by"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+    effective_by = (
+        time.mktime(time.strptime(r.json["effective_by"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+    )
     assert before - 1 <= effective_by - settings.max_staleness <= time.time()
     assert world.store.get_player(4242).epoch == 1
 
@@ -181,25 +263,50 @@ def test_revoke_answers_the_new_epoch_and_when_it_takes_effect(admin, world, set
 # -- tokens --------------------------------------------------------------------------------------
 
 
-def test_mint_answers_the_current_token_and_404_for_what_is_not_enabled(admin, world, settings, store_url):
+def test_mint_answers_the_current_token_and_404_for_what_is_not_enabled(
+    admin, world, settings, store_url
+):
     app, make_token = admin.app, admin.headers
     headers = make_token("web")
     r = app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers)
     token = mint_token(settings.token_secrets[0], world.game_id, 4242, 0)
-    assert r.json == {"game_id": world.game_id, "user_id": 4242, "game_auth_token": token, "epoch": 0}
+    assert r.json == {
+        "game_id": world.game_id,
+        "user_id": 4242,
+        "game_auth_token": token,
+        "epoch": 0,
+    }
     app.post("/v1/players/4242/revoke", headers=headers)
     r = app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers)
-    assert r.json["epoch"] == 1 and r.json["game_auth_token"] == mint_token(settings.token_secrets[0], world.game_id, 4242, 1)
+    assert r.json["epoch"] == 1 and r.json["game_auth_token"] == mint_token(
+        settings.token_secrets[0], world.game_id, 4242, 1
+    )
     for body in ({"game_id": 999, "user_id": 4242}, {"game_id": world.game_id, "user_id": 999}):
         r = app.post_json("/v1/tokens", body, headers=headers, expect_errors=True)
         assert "game_auth_token" not in problem(r, 404, "not-found")
     app.put_json("/v1/players/4242", {"username": "alice", "enabled": False}, headers=headers)
-    problem(app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers,
-                          expect_errors=True), 404, "not-found")
+    problem(
+        app.post_json(
+            "/v1/tokens",
+            {"game_id": world.game_id, "user_id": 4242},
+            headers=headers,
+            expect_errors=True,
+        ),
+        404,
+        "not-found",
+    )
     factories.set_game_enabled(world.store, world.game_id, False)
     app.put_json("/v1/players/4242", {"username": "alice"}, headers=headers)
-    problem(app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers,
-                          expect_errors=True), 404, "not-found")
+    problem(
+        app.post_json(
+            "/v1/tokens",
+            {"game_id": world.game_id, "user_id": 4242},
+            headers=headers,
+            expect_errors=True,
+        ),
+        404,
+        "not-found",
+    )
     minted = [row for row in audit_rows(store_url) if row[2] == "token.mint"]
     assert [row[0] for row in minted] == ["api:web", "api:web"]
     assert token not in repr(audit_rows(store_url))
@@ -211,23 +318,59 @@ def test_mint_answers_the_current_token_and_404_for_what_is_not_enabled(admin, w
 def test_bad_requests_get_their_own_statuses(admin, settings):
     app, make_token = admin.app, admin.headers
     headers = make_token("web")
-    body = problem(app.put_json("/v1/players/7", {"username": 5}, headers=headers, expect_errors=True),
-                   422, "validation")
+    body = problem(
+        app.put_json("/v1/players/7", {"username": 5}, headers=headers, expect_errors=True),
+        422,
+        "validation",
+    )
     assert body["errors"] == [{"field": "/username", "detail": "must be a string"}]
-    body = problem(app.put_json("/v1/players/7", {}, headers=headers, expect_errors=True), 422, "validation")
+    body = problem(
+        app.put_json("/v1/players/7", {}, headers=headers, expect_errors=True), 422, "validation"
+    )
     assert body["errors"][0]["field"] == "/username"
-    body = problem(app.put_json("/v1/players/7", {"username": " x"}, headers=headers, expect_errors=True),
-                   422, "validation")
+    body = problem(
+        app.put_json("/v1/players/7", {"username": " x"}, headers=headers, expect_errors=True),
+        422,
+        "validation",
+    )
     assert "white space" in body["detail"]  # the names rule, as the command says it
-    problem(app.put_json("/v1/players/7", [1], headers=headers, expect_errors=True), 422, "validation")
-    problem(app.put("/v1/players/7", b"{", headers=headers | {"Content-Type": "application/json"},
-                    expect_errors=True), 400, "bad-request")
-    problem(app.put("/v1/players/7", b"\xff\xfe", headers=headers | {"Content-Type": "application/json"},
-                    expect_errors=True), 400, "bad-request")
-    problem(app.put("/v1/players/7", b"username=x", headers=headers | {"Content-Type": "application/x-www-form-urlencoded"},
-                    expect_errors=True), 415, "unsupported-media-type")
+    problem(
+        app.put_json("/v1/players/7", [1], headers=headers, expect_errors=True), 422, "validation"
+    )
+    problem(
+        app.put(
+            "/v1/players/7",
+            b"{",
+            headers=headers | {"Content-Type": "application/json"},
+            expect_errors=True,
+        ),
+        400,
+        "bad-request",
+    )
+    problem(
+        app.put(
+            "/v1/players/7",
+            b"\xff\xfe",
+            headers=headers | {"Content-Type": "application/json"},
+            expect_errors=True,
+        ),
+        400,
+        "bad-request",
+    )
+    problem(
+        app.put(
+            "/v1/players/7",
+            b"username=x",
+            headers=headers | {"Content-Type": "application/x-www-form-urlencoded"},
+            expect_errors=True,
+        ),
+        415,
+        "unsupported-media-type",
+    )
     big = {"username": "x" * settings.max_body_bytes}
-    problem(app.put_json("/v1/players/7", big, headers=headers, expect_errors=True), 413, "too-large")
+    problem(
+        app.put_json("/v1/players/7", big, headers=headers, expect_errors=True), 413, "too-large"
+    )
     r = app.post("/v1/players/7", headers=headers, expect_errors=True)
     problem(r, 405, "method-not-allowed")
     assert r.headers["Allow"] == "DELETE, GET, PUT, HEAD"
@@ -251,7 +394,8 @@ def test_problem_titles_and_status_lines_use_the_reason_phrases_of_rfc_9110(admi
 
 
 class FailingStore:
-    """A store whose every call fails as the error boundary's test needs (the real ones are tested above)."""
+    """A store whose every call fails as the error boundary's test needs (the real ones are tested
+    above)."""
 
     def __init__(self, error: Exception):
         self.error = error
@@ -266,15 +410,21 @@ class FailingStore:
 @pytest.mark.engine("sqlite")
 def test_a_store_outage_is_503_with_retry_after_and_anything_else_an_opaque_500(settings, caplog):
     headers = {"Authorization": "Bearer asv_" + "B" * 43, "X-Request-Id": "r-1"}
-    app = webtest.TestApp(AdminApp(settings, store=FailingStore(StoreUnavailable("down"))), lint=True)
+    app = webtest.TestApp(
+        AdminApp(settings, store=FailingStore(StoreUnavailable("down"))), lint=True
+    )
     r = app.get("/v1/players/1", headers=headers, expect_errors=True)
     problem(r, 503, "unavailable")
     assert r.headers["Retry-After"] == "2"
-    app = webtest.TestApp(AdminApp(settings, store=FailingStore(ZeroDivisionError("boom"))), lint=True)
+    app = webtest.TestApp(
+        AdminApp(settings, store=FailingStore(ZeroDivisionError("boom"))), lint=True
+    )
     r = app.get("/v1/players/1", headers=headers, expect_errors=True)
     body = problem(r, 500, "internal")
     assert "boom" not in r.text and "ZeroDivision" not in r.text
-    assert r.headers["X-Request-Id"] in caplog.text and "ZeroDivisionError" in caplog.text  # what the answer hides
+    assert (
+        r.headers["X-Request-Id"] in caplog.text and "ZeroDivisionError" in caplog.text
+    )  # what the answer hides
     assert "B" * 43 not in caplog.text
     assert json.dumps(body).isascii()
 
@@ -290,16 +440,29 @@ def test_games_add_read_disable_and_rotate_with_the_key_shown_once(admin, world,
     game_id, api_key = r.json["game_id"], r.json["api_key"]
     r = app.get(f"/v1/games/{game_id}", headers=headers)
     assert "api_key" not in r.json and api_key not in r.text and len(r.json["keys"]) == 1
-    problem(app.post_json("/v1/games", {"name": "Go"}, headers=headers, expect_errors=True), 409, "conflict")
+    problem(
+        app.post_json("/v1/games", {"name": "Go"}, headers=headers, expect_errors=True),
+        409,
+        "conflict",
+    )
     r = app.patch_json(f"/v1/games/{game_id}", {"enabled": False}, headers=headers)
     assert r.json["enabled"] is False
     r = app.post_json(f"/v1/games/{game_id}/keys", {"old_key_ttl": 60}, headers=headers)
     assert r.status_int == 201 and r.json["api_key"] != api_key
     assert r.json["old_keys_expire_at"] is not None
-    problem(app.post_json(f"/v1/games/{game_id}/keys", {"old_key_ttl": -1}, headers=headers, expect_errors=True),
-            422, "validation")
+    problem(
+        app.post_json(
+            f"/v1/games/{game_id}/keys", {"old_key_ttl": -1}, headers=headers, expect_errors=True
+        ),
+        422,
+        "validation",
+    )
     problem(app.get("/v1/games/999", headers=headers, expect_errors=True), 404, "not-found")
-    problem(app.patch_json("/v1/games/999", {"enabled": True}, headers=headers, expect_errors=True), 404, "not-found")
+    problem(
+        app.patch_json("/v1/games/999", {"enabled": True}, headers=headers, expect_errors=True),
+        404,
+        "not-found",
+    )
     trail = repr(audit_rows(store_url))
     assert api_key not in trail and r.json["api_key"] not in trail
 
@@ -318,23 +481,45 @@ def test_the_audit_trail_pages_newest_first_with_filters(admin, world):
     r = app.get(f"/v1/audit?actor=api:web&limit=2&after={r.json['next']}", headers=reader)
     assert [rec["user_id"] for rec in r.json["records"]] == [1] and r.json["next"] is None
     r = app.get("/v1/audit?player=3", headers=reader)
-    assert [(rec["action"], rec["actor"]) for rec in r.json["records"]] == [("player.add", "api:web")]
+    assert [(rec["action"], rec["actor"]) for rec in r.json["records"]] == [
+        ("player.add", "api:web")
+    ]
     for query in ("limit=0", "limit=1001", "after=x", "colour=red", "player=-1"):
-        problem(app.get(f"/v1/audit?{query}", headers=reader, expect_errors=True), 422, "validation")
+        problem(
+            app.get(f"/v1/audit?{query}", headers=reader, expect_errors=True), 422, "validation"
+        )
 
 
 def test_an_audit_limit_out_of_range_names_the_range_limit_has(admin):
-    """limit is 1 to 1000 (docs/admin-api.md, the OpenAPI document): its problem says so, whatever is wrong with
+    """limit is 1 to 1000 (docs/admin-api.md, the OpenAPI document): its problem says so, whatever
+    is wrong with
     it; the ids (after, player, game) keep their own range."""
     app, make_token = admin.app, admin.headers
     reader = make_token("auditor", ["audit:read"])
-    for query in ("limit=0", "limit=1001", "limit=x", "limit=-1", "limit=01", "limit=9223372036854775808",
-                  "limit=" + "9" * 5000):
-        body = problem(app.get(f"/v1/audit?{query}", headers=reader, expect_errors=True), 422, "validation")
+    for query in (
+        "limit=0",
+        "limit=1001",
+        "limit=x",
+        "limit=-1",
+        "limit=01",
+        "limit=9223372036854775808",
+        "limit=" + "9" * 5000,
+    ):
+        body = problem(
+            app.get(f"/v1/audit?{query}", headers=reader, expect_errors=True), 422, "validation"
+        )
         assert body["detail"] == "limit: must be a whole number from 1 to 1000", query
     for name in ("after", "player", "game"):
-        for value in ("0", "9223372036854775808", "9" * 5000):  # 5,000 digits: more than int() reads (it was a 500)
-            body = problem(app.get(f"/v1/audit?{name}={value}", headers=reader, expect_errors=True), 422, "validation")
+        for value in (
+            "0",
+            "9223372036854775808",
+            "9" * 5000,
+        ):  # 5,000 digits: more than int() reads (it was a 500)
+            body = problem(
+                app.get(f"/v1/audit?{name}={value}", headers=reader, expect_errors=True),
+                422,
+                "validation",
+            )
             assert body["detail"] == f"{name}: must be a whole number from 1 to 2^63-1", name
 
 
@@ -351,11 +536,28 @@ def test_a_retried_post_replays_the_first_answer_without_a_second_change(admin, 
     assert again.headers["Idempotent-Replayed"] == "true"
     assert world.store.get_player(4242).epoch == 1 and len(audit_rows(store_url)) == records
     # the same key for another request (path or body) is refused
-    problem(app.post("/v1/players/7/revoke", headers=headers, expect_errors=True), 422, "idempotency-key-reused")
-    problem(app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers,
-                          expect_errors=True), 422, "idempotency-key-reused")
+    problem(
+        app.post("/v1/players/7/revoke", headers=headers, expect_errors=True),
+        422,
+        "idempotency-key-reused",
+    )
+    problem(
+        app.post_json(
+            "/v1/tokens",
+            {"game_id": world.game_id, "user_id": 4242},
+            headers=headers,
+            expect_errors=True,
+        ),
+        422,
+        "idempotency-key-reused",
+    )
     # another key, or another token's same key, runs afresh
-    assert app.post("/v1/players/4242/revoke", headers=headers | {"Idempotency-Key": "b"}).json["epoch"] == 2
+    assert (
+        app.post("/v1/players/4242/revoke", headers=headers | {"Idempotency-Key": "b"}).json[
+            "epoch"
+        ]
+        == 2
+    )
     other = make_token("other") | {"Idempotency-Key": "revoke-4242-a"}
     assert app.post("/v1/players/4242/revoke", headers=other).json["epoch"] == 3
 
@@ -363,27 +565,49 @@ def test_a_retried_post_replays_the_first_answer_without_a_second_change(admin, 
 def test_an_error_answer_is_replayed_too(admin, world, store_url):
     app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"Idempotency-Key": "k"}
-    problem(app.post("/v1/players/77/revoke", headers=headers, expect_errors=True), 404, "not-found")
+    problem(
+        app.post("/v1/players/77/revoke", headers=headers, expect_errors=True), 404, "not-found"
+    )
     app.put_json("/v1/players/77", {"username": "late"}, headers=make_token("w2"))
     r = app.post("/v1/players/77/revoke", headers=headers, expect_errors=True)
     problem(r, 404, "not-found")
     assert r.headers["Idempotent-Replayed"] == "true"
-    problem(app.post("/v1/players/7/revoke", headers=headers | {"Idempotency-Key": "x" * 256}, expect_errors=True),
-            422, "validation")
+    problem(
+        app.post(
+            "/v1/players/7/revoke",
+            headers=headers | {"Idempotency-Key": "x" * 256},
+            expect_errors=True,
+        ),
+        422,
+        "validation",
+    )
 
 
 def test_no_secret_is_kept_a_token_is_made_again_and_a_key_is_not_replayed(admin, world, store_url):
     app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"Idempotency-Key": "mint-1"}
-    minted = app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers).json
+    minted = app.post_json(
+        "/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers
+    ).json
     app.post("/v1/players/4242/revoke", headers=make_token("w2"))  # the epoch moves on
-    again = app.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers)
+    again = app.post_json(
+        "/v1/tokens", {"game_id": world.game_id, "user_id": 4242}, headers=headers
+    )
     assert again.json == minted  # the first answer: the token of the epoch it was minted for
-    created = app.post_json("/v1/games", {"name": "Go"}, headers=headers | {"Idempotency-Key": "game-1"}).json
-    r = app.post_json("/v1/games", {"name": "Go"}, headers=headers | {"Idempotency-Key": "game-1"}, expect_errors=True)
+    created = app.post_json(
+        "/v1/games", {"name": "Go"}, headers=headers | {"Idempotency-Key": "game-1"}
+    ).json
+    r = app.post_json(
+        "/v1/games",
+        {"name": "Go"},
+        headers=headers | {"Idempotency-Key": "game-1"},
+        expect_errors=True,
+    )
     body = problem(r, 409, "idempotency-secret-not-kept")
     assert body["game_id"] == created["game_id"] and created["api_key"] not in r.text
-    rotated = app.post_json(f"/v1/games/{created['game_id']}/keys", {}, headers=headers | {"Idempotency-Key": "rot"})
+    rotated = app.post_json(
+        f"/v1/games/{created['game_id']}/keys", {}, headers=headers | {"Idempotency-Key": "rot"}
+    )
     kept = repr(sql_rows(store_url, "SELECT * FROM idempotency_keys"))
     for secret in (minted["game_auth_token"], created["api_key"], rotated.json["api_key"]):
         assert secret not in kept
@@ -429,11 +653,20 @@ def test_two_concurrent_renames_from_one_version_one_wins_one_gets_412(admin, wo
     try:
         for round_ in range(5):
             clients = [webtest.TestApp(a) for a in apps]
-            names = (f"bob{round_}", f"carol{round_}")  # both differ from the current name: both are changes
-            statuses = _together([
-                lambda c=c, name=name, h=headers | {"If-Match": version}: c.put_json(
-                    "/v1/players/4242", {"username": name}, headers=h, expect_errors=True).status_int
-                for c, name in zip(clients, names, strict=True)])
+            names = (
+                f"bob{round_}",
+                f"carol{round_}",
+            )  # both differ from the current name: both are changes
+            statuses = _together(
+                [
+                    lambda c=c, name=name, h=headers | {"If-Match": version}: (
+                        c.put_json(
+                            "/v1/players/4242", {"username": name}, headers=h, expect_errors=True
+                        ).status_int
+                    )
+                    for c, name in zip(clients, names, strict=True)
+                ]
+            )
             assert sorted(statuses) == [200, 412]
             player = app.get("/v1/players/4242", headers=headers)
             assert player.json["username"] in names
@@ -451,8 +684,14 @@ def test_two_concurrent_posts_with_one_key_change_once(admin, world, settings, s
         for round_ in range(5):
             clients = [webtest.TestApp(a) for a in apps]
             key = headers | {"Idempotency-Key": f"pw-change-{round_}"}
-            statuses = _together([lambda c=c, h=key: c.post("/v1/players/4242/revoke", headers=h,
-                                                          expect_errors=True).status_int for c in clients])
+            statuses = _together(
+                [
+                    lambda c=c, h=key: (
+                        c.post("/v1/players/4242/revoke", headers=h, expect_errors=True).status_int
+                    )
+                    for c in clients
+                ]
+            )
             assert sorted(statuses) in ([200, 200], [200, 409])
             assert world.store.get_player(4242).epoch == round_ + 1
     finally:
@@ -464,13 +703,28 @@ def test_two_concurrent_posts_with_one_key_change_once(admin, world, settings, s
 # -- hostile input: never a 500 ------------------------------------------------------------------
 
 HOSTILE = [
-    ("PUT", "/v1/players/7", b"[" * 20000, "application/json"),  # nesting deeper than the parser goes
+    (
+        "PUT",
+        "/v1/players/7",
+        b"[" * 20000,
+        "application/json",
+    ),  # nesting deeper than the parser goes
     ("PUT", "/v1/players/7", b'{"username": "\\ud800"}', "application/json"),  # a lone surrogate
     ("PUT", "/v1/players/7", b'{"username": "a", "enabled": 1}', "application/json"),
     ("PUT", "/v1/players/7", b'{"username": NaN}', "application/json"),
-    ("PUT", "/v1/players/7", b'\xef\xbb\xbf{"username": "a"}', "application/json"),  # a byte-order mark
+    (
+        "PUT",
+        "/v1/players/7",
+        b'\xef\xbb\xbf{"username": "a"}',
+        "application/json",
+    ),  # a byte-order mark
     ("POST", "/v1/tokens", b'{"game_id": 1e400, "user_id": 1}', "application/json"),
-    ("POST", "/v1/tokens", b'{"game_id": 100000000000000000000000, "user_id": 1}', "application/json"),
+    (
+        "POST",
+        "/v1/tokens",
+        b'{"game_id": 100000000000000000000000, "user_id": 1}',
+        "application/json",
+    ),
     ("POST", "/v1/tokens", b'{"game_id": true, "user_id": 1}', "application/json"),
     ("POST", "/v1/games", b'{"name": "\\u202egame"}', "application/json"),
     ("POST", "/v1/games/1/keys", b'{"old_key_ttl": 99999999999999999999}', "application/json"),
@@ -489,15 +743,21 @@ def test_hostile_input_gets_a_problem_never_a_500(admin, method, path, body, con
     if content_type:
         headers["Content-Type"] = content_type
     path, _, query = path.partition("?")
-    r = app.request(path + ("?" + query if query else ""), method=method, body=body, headers=headers,
-                    expect_errors=True)
+    r = app.request(
+        path + ("?" + query if query else ""),
+        method=method,
+        body=body,
+        headers=headers,
+        expect_errors=True,
+    )
     assert 400 <= r.status_int < 500, r.text
     assert r.headers["Content-Type"] == "application/problem+json"
     assert r.json["status"] == r.status_int
 
 
 def test_a_whole_number_written_with_a_fraction_or_exponent_is_that_number(admin, world, settings):
-    """JSON has one number type and JSON Schema (the OpenAPI document) counts 7.0 and 7e0 as the integer
+    """JSON has one number type and JSON Schema (the OpenAPI document) counts 7.0 and 7e0 as the
+    integer
     7: they are read exactly (9007199254740993.0 is not rounded to a float's ...992), and anything
     that is not a whole number, or is too large, is 422, at once."""
     app, make_token = admin.app, admin.headers
@@ -505,16 +765,33 @@ def test_a_whole_number_written_with_a_fraction_or_exponent_is_that_number(admin
     body = f'{{"game_id": {world.game_id}.0, "user_id": 4242e0}}'.encode()
     r = app.post("/v1/tokens", body, headers=headers)
     assert r.json["game_id"] == world.game_id and r.json["user_id"] == 4242
-    assert r.json["game_auth_token"] == mint_token(settings.token_secrets[0], world.game_id, 4242, 0)
+    assert r.json["game_auth_token"] == mint_token(
+        settings.token_secrets[0], world.game_id, 4242, 0
+    )
     app.put("/v1/players/9007199254740993", b'{"username": "big"}', headers=headers)
-    r = app.post("/v1/tokens", f'{{"game_id": {world.game_id}, "user_id": 9007199254740993.0}}'.encode(),
-                 headers=headers)
+    r = app.post(
+        "/v1/tokens",
+        f'{{"game_id": {world.game_id}, "user_id": 9007199254740993.0}}'.encode(),
+        headers=headers,
+    )
     assert r.json["user_id"] == 9007199254740993
     r = app.post(f"/v1/games/{world.game_id}/keys", b'{"old_key_ttl": 6.0e1}', headers=headers)
     assert r.status_int == 201
-    for number in ("1.5", "1e999999999", "-0.0", "9223372036854775808.0", "NaN", "Infinity", "1e-999999999"):
-        r = app.post("/v1/tokens", f'{{"game_id": {number}, "user_id": 4242}}'.encode(), headers=headers,
-                     expect_errors=True)
+    for number in (
+        "1.5",
+        "1e999999999",
+        "-0.0",
+        "9223372036854775808.0",
+        "NaN",
+        "Infinity",
+        "1e-999999999",
+    ):
+        r = app.post(
+            "/v1/tokens",
+            f'{{"game_id": {number}, "user_id": 4242}}'.encode(),
+            headers=headers,
+            expect_errors=True,
+        )
         assert problem(r, 422, "validation")["errors"][0]["field"] == "/game_id", number
 
 
@@ -524,5 +801,7 @@ def test_a_nul_in_an_audit_filter_is_422_on_both_engines(admin):
     app, make_token = admin.app, admin.headers
     headers = make_token("auditor", ["audit:read"])
     for query, name in (("actor=api%3Aweb%00", "actor"), ("action=%00", "action")):
-        body = problem(app.get(f"/v1/audit?{query}", headers=headers, expect_errors=True), 422, "validation")
+        body = problem(
+            app.get(f"/v1/audit?{query}", headers=headers, expect_errors=True), 422, "validation"
+        )
         assert body["errors"] == [{"field": name, "detail": "must not contain a NUL character"}]

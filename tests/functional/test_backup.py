@@ -39,8 +39,13 @@ def env(tmp_path):
 
 
 def _authsvc(env: dict, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "authsvc.cli.command", *args], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "authsvc.cli.command", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -77,14 +82,20 @@ def test_backup_refuses_an_existing_target(tmp_path, env):
     _authsvc(env, "init")
     target = tmp_path / "taken.db"
     target.write_bytes(b"keep me")
-    done = subprocess.run([sys.executable, "-m", "authsvc.cli.command", "backup", str(target)], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "authsvc.cli.command", "backup", str(target)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1 and done.stderr.count("\n") == 1 and "exists" in done.stderr
     assert target.read_bytes() == b"keep me"
 
 
 def test_restore_of_a_vacuum_into_copy_ends_in_wal_mode(tmp_path, env):
-    """A backup made the old way (VACUUM INTO: rollback-journal mode) is fixed by the restore's 'authsvc init'."""
+    """A backup made the old way (VACUUM INTO: rollback-journal mode) is fixed by the restore's
+    'authsvc init'."""
     store = tmp_path / "state/authsvc.db"
     _authsvc(env, "init")
     old = tmp_path / "old-backup.db"
@@ -97,8 +108,11 @@ def test_restore_of_a_vacuum_into_copy_ends_in_wal_mode(tmp_path, env):
 
 
 def _settings(env: dict) -> Settings:
-    return Settings(store=env["AUTHSVC_STORE"], token_secret_file=env["AUTHSVC_TOKEN_SECRET_FILE"],
-                    token_secrets=load_token_secrets(env["AUTHSVC_TOKEN_SECRET_FILE"]))
+    return Settings(
+        store=env["AUTHSVC_STORE"],
+        token_secret_file=env["AUTHSVC_TOKEN_SECRET_FILE"],
+        token_secrets=load_token_secrets(env["AUTHSVC_TOKEN_SECRET_FILE"]),
+    )
 
 
 def test_rollback_journal_store_warns_at_start_up(tmp_path, env, caplog):
@@ -122,4 +136,6 @@ def test_wal_store_starts_without_a_warning(env, caplog):
     _authsvc(env, "init")
     with caplog.at_level(logging.WARNING, logger="authsvc"):
         make_app(_settings(env))
-    assert not [r for r in caplog.records if r.name == "authsvc" and r.levelno >= logging.WARNING], caplog.text
+    assert not [
+        r for r in caplog.records if r.name == "authsvc" and r.levelno >= logging.WARNING
+    ], caplog.text

@@ -24,7 +24,17 @@ import pytest
 from authsvc.errors import StoreUnavailable
 from authsvc.store import open_store
 from authsvc.web.app import App
-from tests.support import ERROR_KEYS, INVALID, MISSING, PATH, free_port, get_text, skip_or_fail, start_gunicorn, wait_for_port
+from tests.support import (
+    ERROR_KEYS,
+    INVALID,
+    MISSING,
+    PATH,
+    free_port,
+    get_text,
+    skip_or_fail,
+    start_gunicorn,
+    wait_for_port,
+)
 
 pytestmark = pytest.mark.engine("sqlite")
 
@@ -78,7 +88,8 @@ class FailingHandler(logging.Handler):
 
 @pytest.fixture
 def failing_logger():
-    """Every line of the app's loggers ("authsvc", "authsvc.auth") raises, the auth lines included."""
+    """Every line of the app's loggers ("authsvc", "authsvc.auth") raises, the auth lines
+    included."""
     logger = logging.getLogger("authsvc")
     handler, level = FailingHandler(), logger.level
     logger.addHandler(handler)
@@ -89,7 +100,8 @@ def failing_logger():
 
 
 def call(app, path: str, query: str = "", method: str = "GET") -> tuple[int, dict, bytes]:
-    """One request straight to the WSGI callable (wsgiref's checker around it): (status, headers, body);
+    """One request straight to the WSGI callable (wsgiref's checker around it): (status, headers,
+    body);
     fails unless start_response was called exactly once."""
     environ: dict = {}
     wsgiref.util.setup_testing_defaults(environ)
@@ -126,9 +138,20 @@ def real_store(world):
 def requests(world) -> list[tuple[str, str, str, int, dict]]:
     """(method, path, query, HTTP status, answer) of each route when the store answers."""
     return [
-        ("GET", PATH, urllib.parse.urlencode(world.params()), 200,
-         {"success": True, "user_id": world.user_id, "username": world.username}),
-        ("POST", PATH, urllib.parse.urlencode(world.params(game_auth_token="0" * 64)), 200, INVALID),
+        (
+            "GET",
+            PATH,
+            urllib.parse.urlencode(world.params()),
+            200,
+            {"success": True, "user_id": world.user_id, "username": world.username},
+        ),
+        (
+            "POST",
+            PATH,
+            urllib.parse.urlencode(world.params(game_auth_token="0" * 64)),
+            200,
+            INVALID,
+        ),
         ("GET", PATH, urllib.parse.urlencode(world.params(api_key=None)), 200, MISSING),
         ("GET", "/healthz", "", 200, {"success": True, "status": "ok"}),
         ("GET", "/readyz", "", 200, {"success": True, "status": "ready"}),
@@ -145,8 +168,14 @@ def test_failing_metrics_change_no_answer(world):
         assert call_json(app, path, query, method) == (status, answer), (method, path)
     for method in ("GET", "HEAD"):
         status, headers, body = call(app, "/metrics", method=method)
-        assert (status, headers["Content-Type"], headers["X-Authsvc-Result"]) == (500, JSON_TYPE, "500")
-        assert body == (b"" if method == "HEAD" else json.dumps(INTERNAL, separators=(",", ":")).encode())
+        assert (status, headers["Content-Type"], headers["X-Authsvc-Result"]) == (
+            500,
+            JSON_TYPE,
+            "500",
+        )
+        assert body == (
+            b"" if method == "HEAD" else json.dumps(INTERNAL, separators=(",", ":")).encode()
+        )
     store.close()
 
 
@@ -157,7 +186,9 @@ def test_a_scrape_counted_after_it_is_answered_once(world, method):
     app = App(world.settings, store, metrics=ScrapeOnlyMetrics())  # type: ignore[arg-type]
     status, headers, body = call(app, "/metrics", method=method)
     assert (status, headers["Content-Type"]) == (200, "text/plain; version=0.0.4; charset=utf-8")
-    assert body == (b"" if method == "HEAD" else EXPOSITION) and headers["Content-Length"] == str(len(EXPOSITION))
+    assert body == (b"" if method == "HEAD" else EXPOSITION) and headers["Content-Length"] == str(
+        len(EXPOSITION)
+    )
     store.close()
 
 
@@ -169,19 +200,28 @@ def test_a_failing_logger_changes_no_answer(world, failing_logger):
     store.close()
 
 
-@pytest.mark.parametrize(("store_error", "status", "answer"), [
-    (RuntimeError("a bug"), 500, INTERNAL),
-    (StoreUnavailable("down"), 503, UNAVAILABLE),
-], ids=["bug", "outage"])
+@pytest.mark.parametrize(
+    ("store_error", "status", "answer"),
+    [
+        (RuntimeError("a bug"), 500, INTERNAL),
+        (StoreUnavailable("down"), 503, UNAVAILABLE),
+    ],
+    ids=["bug", "outage"],
+)
 @pytest.mark.parametrize("metrics", [None, FailingMetrics()], ids=["no-metrics", "failing-metrics"])
-def test_a_failing_store_with_failing_metrics_and_logger_is_still_json(world, failing_logger, store_error, status,
-                                                                       answer, metrics):
+def test_a_failing_store_with_failing_metrics_and_logger_is_still_json(
+    world, failing_logger, store_error, status, answer, metrics
+):
     """The store fails, and so does everything the error branches call to count and log it."""
     app = App(world.settings, FailingStore(store_error), metrics=metrics)  # type: ignore[arg-type]
     for path, query in ((PATH, urllib.parse.urlencode(world.params())), ("/readyz", "")):
         for method in ("GET", "HEAD"):
             status_got, headers, body = call(app, path, query, method)
-            assert (status_got, headers["Content-Type"], headers["X-Authsvc-Result"]) == (status, JSON_TYPE, str(status))
+            assert (status_got, headers["Content-Type"], headers["X-Authsvc-Result"]) == (
+                status,
+                JSON_TYPE,
+                str(status),
+            )
             if method == "GET":
                 assert json.loads(body) == answer
     assert call_json(app, "/healthz") == (200, {"success": True, "status": "ok"})
@@ -199,9 +239,14 @@ def test_failing_metrics_are_reported_once_per_interval(world, caplog):
             assert call_json(app, PATH, query)[0] == 200
         now[0] += 10
         assert call_json(app, PATH, query)[0] == 200
-    lines = [r.getMessage() for r in caplog.records if r.name == "authsvc" and r.levelno == logging.ERROR]
+    lines = [
+        r.getMessage() for r in caplog.records if r.name == "authsvc" and r.levelno == logging.ERROR
+    ]
     assert len(lines) == 2, lines
-    assert lines[0].startswith("metrics or logging failed: RuntimeError\n") and "failed\n" not in lines[0], lines[0]
+    assert (
+        lines[0].startswith("metrics or logging failed: RuntimeError\n")
+        and "failed\n" not in lines[0]
+    ), lines[0]
     assert "more since the last such line" in lines[1]
     for secret in (world.api_key, world.params()["game_auth_token"]):
         assert secret not in caplog.text
@@ -219,12 +264,20 @@ def test_a_scrape_while_a_worker_creates_its_metrics_file(env, world, tmp_path):
     metrics_dir = tmp_path / "metrics"
     env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
     port = free_port()
-    proc = start_gunicorn(env, "--graceful-timeout", "5", port=port, workers=1,
-                          config=os.path.join(REPO, "deploy", "gunicorn.conf.py"))
+    proc = start_gunicorn(
+        env,
+        "--graceful-timeout",
+        "5",
+        port=port,
+        workers=1,
+        config=os.path.join(REPO, "deploy", "gunicorn.conf.py"),
+    )
     try:
         wait_for_port(port)
         assert get_text(port, PATH + "?" + urllib.parse.urlencode(world.params()))[0] == 200
-        (metrics_dir / "counter_999999.db").touch()  # as MmapedDict leaves it between open and truncate
+        (
+            metrics_dir / "counter_999999.db"
+        ).touch()  # as MmapedDict leaves it between open and truncate
         status, text = get_text(port, "/metrics")
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -118,16 +118,30 @@ def test_game_rotate_key_expires_older_keys(initialised):
 
 def test_player_lifecycle(initialised):
     added = run_json(initialised, "player", "add", "42", "alice")
-    assert added == {"user_id": 42, "username": "alice", "epoch": 0, "enabled": True, "updated_at": added["updated_at"]}
+    assert added == {
+        "user_id": 42,
+        "username": "alice",
+        "epoch": 0,
+        "enabled": True,
+        "updated_at": added["updated_at"],
+    }
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", added["updated_at"])
     assert run_json(initialised, "player", "rename", "42", "alicia")["username"] == "alicia"
     assert run_json(initialised, "player", "disable", "42")["enabled"] is False
-    assert run_json(initialised, "player", "show", "42")["enabled"] is False  # stored, not only echoed
+    assert (
+        run_json(initialised, "player", "show", "42")["enabled"] is False
+    )  # stored, not only echoed
     assert run_json(initialised, "player", "enable", "42")["enabled"] is True
     assert run_json(initialised, "player", "show", "42")["enabled"] is True
     assert run_json(initialised, "player", "revoke", "42")["epoch"] == 1
     shown = run_json(initialised, "player", "show", "42")
-    assert shown == {"user_id": 42, "username": "alicia", "epoch": 1, "enabled": True, "updated_at": shown["updated_at"]}
+    assert shown == {
+        "user_id": 42,
+        "username": "alicia",
+        "epoch": 1,
+        "enabled": True,
+        "updated_at": shown["updated_at"],
+    }
     assert shown["updated_at"] >= added["updated_at"]  # the revoke's time (RFC 3339 sorts as time)
     code, out, _ = initialised("player", "show", "42")
     assert code == 0 and f", last changed {shown['updated_at']}" in out
@@ -140,7 +154,8 @@ def _records(run, *argv):
 
 
 def test_player_deleted_lists_the_ids_deleted_since_a_time(initialised, monkeypatch):
-    """What a roll back to 0.1.0 deletes again (docs/operations.md section 9): read from the audit trail, page by
+    """What a roll back to 0.1.0 deletes again (docs/operations.md section 9): read from the audit
+    trail, page by
     page, each id once, and nothing written."""
     from authsvc.operations import players as players_ops
 
@@ -157,7 +172,9 @@ def test_player_deleted_lists_the_ids_deleted_since_a_time(initialised, monkeypa
     assert initialised("player", "deleted", "--since", cut.isoformat()) == (0, "3\n4\n", "")
     assert initialised("player", "deleted", "--since", "1d") == (0, "2\n3\n4\n", "")
     assert run_json(initialised, "player", "deleted", "--since", "2999-01-01") == {
-        "since": "2999-01-01T00:00:00.000Z", "user_ids": []}
+        "since": "2999-01-01T00:00:00.000Z",
+        "user_ids": [],
+    }
     assert initialised("player", "deleted", "--since", "2999-01-01")[1] == "\n"
     assert len(_records(initialised)) == records
     code, _, err = initialised("player", "deleted")
@@ -203,7 +220,9 @@ def test_commands_before_init_say_so(run):
 def test_token_issue_mints_the_current_token(initialised, settings):
     initialised("game", "add", "Chess")
     initialised("player", "add", "42", "alice")
-    token = run_json(initialised, "token", "issue", "--game", "1", "--user", "42")["game_auth_token"]
+    token = run_json(initialised, "token", "issue", "--game", "1", "--user", "42")[
+        "game_auth_token"
+    ]
     assert token == mint_token(settings.token_secrets[0], 1, 42, 0)
     initialised("player", "revoke", "42")
     code, out, _ = initialised("token", "issue", "--game", "1", "--user", "42")
@@ -213,7 +232,8 @@ def test_token_issue_mints_the_current_token(initialised, settings):
 
 
 def test_token_issue_refuses_what_the_admin_api_refuses(initialised):
-    """One rule for both front doors (the operations layer's mint): a disabled player or game gets no token."""
+    """One rule for both front doors (the operations layer's mint): a disabled player or game gets
+    no token."""
     initialised("game", "add", "Chess")
     initialised("player", "add", "42", "alice")
     initialised("player", "disable", "42")
@@ -234,7 +254,9 @@ def test_token_issue_without_a_secret_says_so(initialised, monkeypatch, tmp_path
 def players(settings):
     store = open_store(settings.store, readonly=True)
     try:
-        return {p.user_id: p for p in store.dump() if isinstance(p, Player)}  # one read, not one per id
+        return {
+            p.user_id: p for p in store.dump() if isinstance(p, Player)
+        }  # one read, not one per id
     finally:
         store.close()
 
@@ -299,18 +321,51 @@ def test_progress_bar_draws_on_stderr(capsys):
 
 
 def test_store_url_password_is_redacted():
-    assert cli.redact_url("postgresql://owner:s3cret@db/authsvc") == "postgresql://owner:***@db/authsvc"
-    assert cli.redact_url("sqlite:///var/lib/authsvc/authsvc.db") == "sqlite:///var/lib/authsvc/authsvc.db"
+    assert (
+        cli.redact_url("postgresql://owner:s3cret@db/authsvc")
+        == "postgresql://owner:***@db/authsvc"
+    )
+    assert (
+        cli.redact_url("sqlite:///var/lib/authsvc/authsvc.db")
+        == "sqlite:///var/lib/authsvc/authsvc.db"
+    )
 
 
 COMMANDS = {
-    (): ["init", "game", "player", "export", "import", "backup", "restore", "token", "audit", "api-token", "webhook",
-         "secret", "setup", "check", "explain", "heartbeat", "deliver"],
+    (): [
+        "init",
+        "game",
+        "player",
+        "export",
+        "import",
+        "backup",
+        "restore",
+        "token",
+        "audit",
+        "api-token",
+        "webhook",
+        "secret",
+        "setup",
+        "check",
+        "explain",
+        "heartbeat",
+        "deliver",
+    ],
     ("api-token",): ["add", "list", "revoke"],
     ("secret",): ["rotate", "retire", "list"],
     ("webhook",): ["add", "list", "remove", "deliveries", "retry"],
     ("game",): ["add", "list", "enable", "disable", "rotate-key"],
-    ("player",): ["add", "show", "rename", "enable", "disable", "revoke", "delete", "deleted", "import"],
+    ("player",): [
+        "add",
+        "show",
+        "rename",
+        "enable",
+        "disable",
+        "revoke",
+        "delete",
+        "deleted",
+        "import",
+    ],
     ("token",): ["issue"],
     ("audit",): ["verify", "prune"],
 }
@@ -319,11 +374,17 @@ COMMANDS = {
 def listed_subcommands(help_text: str) -> list[str]:
     """The names argparse lists under COMMAND or ACTION (four spaces in, then the name)."""
     section = help_text.split("positional arguments:", 1)[1].split("options:", 1)[0]
-    return [line.split()[0] for line in section.splitlines() if line.startswith("    ") and not line.startswith("     ")]
+    return [
+        line.split()[0]
+        for line in section.splitlines()
+        if line.startswith("    ") and not line.startswith("     ")
+    ]
 
 
 @pytest.mark.engine("sqlite")  # help needs no store
-@pytest.mark.parametrize("parents", list(COMMANDS), ids=lambda parents: " ".join(parents) or "authsvc")
+@pytest.mark.parametrize(
+    "parents", list(COMMANDS), ids=lambda parents: " ".join(parents) or "authsvc"
+)
 def test_help_lists_every_command_in_order(run, parents):
     code, out, _ = run(*parents, "--help")
     assert code == 0
@@ -331,11 +392,18 @@ def test_help_lists_every_command_in_order(run, parents):
 
 
 @pytest.mark.engine("sqlite")
-@pytest.mark.parametrize("argv", [(name,) for name in COMMANDS[()] if (name,) not in COMMANDS]
-                         + [(group, action) for group in ("game", "player", "token", "api-token", "secret")
-                            for action in COMMANDS[(group,)]])
+@pytest.mark.parametrize(
+    "argv",
+    [(name,) for name in COMMANDS[()] if (name,) not in COMMANDS]
+    + [
+        (group, action)
+        for group in ("game", "player", "token", "api-token", "secret")
+        for action in COMMANDS[(group,)]
+    ],
+)
 def test_every_command_has_its_own_help(run, argv):
-    """`authsvc export --help`, `authsvc import --help`, `authsvc check --help`, ...: usage and the options they take."""
+    """`authsvc export --help`, `authsvc import --help`, `authsvc check --help`, ...: usage and the
+    options they take."""
     code, out, err = run(*argv, "--help")
     assert code == 0 and err == ""
     assert out.startswith(f"usage: authsvc {' '.join(argv)} ")
@@ -343,7 +411,14 @@ def test_every_command_has_its_own_help(run, argv):
     if argv in (("export",), ("import",), ("backup",), ("restore",)):
         assert "positional arguments:\n  file" in out
     if argv == ("check",):
-        for option in ("--base-url", "--game-id", "--user-id", "--api-key-file", "--token-file", "--resolve"):
+        for option in (
+            "--base-url",
+            "--game-id",
+            "--user-id",
+            "--api-key-file",
+            "--token-file",
+            "--resolve",
+        ):
             assert option in out
 
 
@@ -383,9 +458,12 @@ def test_a_name_of_only_a_zero_width_space_names_its_position(initialised):
 
 @pytest.mark.parametrize("char", ["\u202e", "\u2028", "\ufeff"])
 @pytest.mark.parametrize(
-    "template", ["1,a\n2,b{c}c\n", '{{"user_id": 1, "username": "a"}}\n{{"user_id": 2, "username": "b{c}"}}\n']
+    "template",
+    ["1,a\n2,b{c}c\n", '{{"user_id": 1, "username": "a"}}\n{{"user_id": 2, "username": "b{c}"}}\n'],
 )
-def test_player_import_refuses_invisible_characters_with_the_line(initialised, tmp_path, settings, template, char):
+def test_player_import_refuses_invisible_characters_with_the_line(
+    initialised, tmp_path, settings, template, char
+):
     path = tmp_path / "players"
     path.write_text(template.format(c=char), encoding="utf-8")
     code, out, err = initialised("player", "import", str(path))
@@ -409,7 +487,10 @@ def test_names_stored_before_are_escaped_in_text_output_and_exact_in_json(initia
     for char in "\u200b\u202e\u2066\u2028\ufeff":
         assert char not in initialised("game", "list")[1] + initialised("player", "show", "42")[1]
     assert run_json(initialised, "player", "show", "42")["username"] == "admin\u2066\u2028\ufeff"
-    assert [g["name"] for g in run_json(initialised, "game", "list")["games"]] == ["\u200b", "Chess\u202eevil"]
+    assert [g["name"] for g in run_json(initialised, "game", "list")["games"]] == [
+        "\u200b",
+        "Chess\u202eevil",
+    ]
 
 
 def test_ordinary_names_print_as_typed(initialised):
@@ -422,9 +503,12 @@ def test_ordinary_names_print_as_typed(initialised):
 
 
 def fails_in_one_line(run, *argv, expect: str) -> str:
-    """The command fails with one line on stderr and exit 1, with and without --json; returns the message."""
+    """The command fails with one line on stderr and exit 1, with and without --json; returns the
+    message."""
     code, out, err = run(*argv)
-    assert code == 1 and out == "" and err.startswith("authsvc: error: ") and err.count("\n") == 1, (code, out, err)
+    assert (
+        code == 1 and out == "" and err.startswith("authsvc: error: ") and err.count("\n") == 1
+    ), (code, out, err)
     assert expect in err and "Traceback" not in err
     code, out, err = run(*argv, "--json")
     assert code == 1 and err.count("\n") == 1, (code, out, err)
@@ -433,7 +517,8 @@ def fails_in_one_line(run, *argv, expect: str) -> str:
 
 
 def test_revoke_while_another_session_holds_the_write_lock(initialised, settings, monkeypatch):
-    """A revoke during a long import: it waits (30 s by default, shortened here), then says so and writes nothing."""
+    """A revoke during a long import: it waits (30 s by default, shortened here), then says so and
+    writes nothing."""
     from authsvc.store import base
 
     monkeypatch.setattr(base, "ADMIN_LOCK_WAIT", 0.3, raising=False)
@@ -450,11 +535,14 @@ def test_revoke_while_another_session_holds_the_write_lock(initialised, settings
 
 @pytest.fixture
 def tiny_disk(tmp_path):
-    """A 512 KiB tmpfs, so SQLite meets a really full disk (needs root, as in the CI container): room for a
+    """A 512 KiB tmpfs, so SQLite meets a really full disk (needs root, as in the CI container):
+    room for a
     new store (its file, -wal and -shm: about 260 KiB) and one player, not for an import of 1 MB."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True
+    )
     if done.returncode != 0:
         skip_or_fail(f"cannot mount a tmpfs (root needed): {done.stderr.decode().strip()}")
     yield mount
@@ -462,7 +550,9 @@ def tiny_disk(tmp_path):
 
 
 @pytest.mark.engine("sqlite")
-def test_a_full_disk_is_one_line_and_writes_nothing(run, monkeypatch, tiny_disk, tmp_path, settings):
+def test_a_full_disk_is_one_line_and_writes_nothing(
+    run, monkeypatch, tiny_disk, tmp_path, settings
+):
     monkeypatch.setenv("AUTHSVC_STORE", "sqlite://" + str(tiny_disk / "authsvc.db"))
     assert run("init")[0] == 0
     assert run("player", "add", "1", "one")[0] == 0
@@ -476,7 +566,9 @@ def test_a_full_disk_is_one_line_and_writes_nothing(run, monkeypatch, tiny_disk,
 @pytest.mark.parametrize("ttl", ["99999999999999999999", "9223372036854775807", "315360001"])
 def test_rotate_key_with_an_old_key_ttl_out_of_range(initialised, ttl):
     initialised("game", "add", "Chess")
-    fails_in_one_line(initialised, "game", "rotate-key", "1", "--old-key-ttl", ttl, expect="--old-key-ttl")
+    fails_in_one_line(
+        initialised, "game", "rotate-key", "1", "--old-key-ttl", ttl, expect="--old-key-ttl"
+    )
     assert len(run_json(initialised, "game", "list")["games"][0]["keys"]) == 1
 
 
@@ -485,11 +577,16 @@ def test_rotate_key_with_an_old_key_ttl_out_of_range(initialised, ttl):
     [
         ("1,a\n2," + "b" * 140_000 + "\n", "line 2: "),  # over csv.field_size_limit() (131,072)
         ('{"user_id": 1, "username": "a"}\n' + "[" * 100_000 + "\n", "line 2: not a JSON object"),
-        ('{"user_id": 1, "username": ' + "[" * 100_000 + "]" * 100_000 + "}\n", "line 1: not a JSON object"),
+        (
+            '{"user_id": 1, "username": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
+            "line 1: not a JSON object",
+        ),
     ],
     ids=["csv-field-over-131072", "deeply-nested-json", "deeply-nested-json-value"],
 )
-def test_player_import_of_a_huge_field_or_deep_json_is_one_line(initialised, tmp_path, settings, content, expect):
+def test_player_import_of_a_huge_field_or_deep_json_is_one_line(
+    initialised, tmp_path, settings, content, expect
+):
     path = tmp_path / "players"
     path.write_text(content)
     fails_in_one_line(initialised, "player", "import", str(path), expect=expect)
@@ -500,31 +597,58 @@ def test_player_import_of_a_huge_field_or_deep_json_is_one_line(initialised, tmp
 def test_check_with_a_missing_sqlite_file_says_run_init(run, tmp_path):
     key = tmp_path / "key"
     key.write_text("x" * 40)
-    argv = ("check", "--base-url", "http://127.0.0.1:9", "--game-id", "1", "--user-id", "42", "--api-key-file", str(key))
+    argv = (
+        "check",
+        "--base-url",
+        "http://127.0.0.1:9",
+        "--game-id",
+        "1",
+        "--user-id",
+        "42",
+        "--api-key-file",
+        str(key),
+    )
     fails_in_one_line(run, *argv, expect="authsvc init")
 
 
 @pytest.mark.engine("sqlite")
-def test_check_returns_exit_status_1_with_its_whole_report(monkeypatch, env, world, tmp_path, capsys):
-    """`authsvc check` returns its status to main() like every command (no SystemExit), report printed."""
+def test_check_returns_exit_status_1_with_its_whole_report(
+    monkeypatch, env, world, tmp_path, capsys
+):
+    """`authsvc check` returns its status to main() like every command (no SystemExit), report
+    printed."""
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AUTHSVC_CONFIG", raising=False)
     key = tmp_path / "key"
     key.write_text(world.api_key + "\n")
-    argv = ["check", "--base-url", "http://127.0.0.1:9", "--game-id", str(world.game_id),
-            "--user-id", str(world.user_id), "--api-key-file", str(key), "--timeout", "5"]
+    argv = [
+        "check",
+        "--base-url",
+        "http://127.0.0.1:9",
+        "--game-id",
+        str(world.game_id),
+        "--user-id",
+        str(world.user_id),
+        "--api-key-file",
+        str(key),
+        "--timeout",
+        "5",
+    ]
     assert cli.main([*argv, "--json"]) == 1  # nothing listens on port 9: every case fails
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is False and [r["ok"] for r in report["results"]] == [False] * 4
     assert cli.main(argv) == 1
     assert "4 of 4 checks FAILED" in capsys.readouterr().out
-    argv[argv.index("--user-id") + 1] = "99"  # the token is minted from the store: the same helper as token issue
+    argv[argv.index("--user-id") + 1] = (
+        "99"  # the token is minted from the store: the same helper as token issue
+    )
     assert cli.main(argv) == 1
     assert capsys.readouterr().err == "authsvc: error: no player 99\n"
 
 
-# -- the store down, or refusing: exit 1 either way, and the line says which (docs/admin.md) --------
+# -- the store down, or refusing: exit 1 either way, and the line says which (docs/admin.md)
+# --------
 
 
 @pytest.fixture
@@ -548,8 +672,14 @@ def run_on(monkeypatch, capsys, secret_file):
 
 
 STORE_COMMANDS = [
-    ("init",), ("game", "list"), ("game", "add", "Chess"), ("player", "show", "42"), ("player", "add", "42", "alice"),
-    ("player", "revoke", "42"), ("player", "delete", "42"), ("token", "issue", "--game", "1", "--user", "42"),
+    ("init",),
+    ("game", "list"),
+    ("game", "add", "Chess"),
+    ("player", "show", "42"),
+    ("player", "add", "42", "alice"),
+    ("player", "revoke", "42"),
+    ("player", "delete", "42"),
+    ("token", "issue", "--game", "1", "--user", "42"),
 ]
 
 
@@ -566,7 +696,8 @@ def test_a_store_that_is_down_is_one_line_and_exit_1(run_on, argv, tmp_path):
 
 @pytest.mark.parametrize("argv", STORE_COMMANDS, ids=" ".join)
 def test_a_store_that_refuses_the_connection_is_not_called_unreachable(run_on, argv, pg_server_url):
-    """The server answers and refuses the database: the settings' fault, exit 1, and the line says so."""
+    """The server answers and refuses the database: the settings' fault, exit 1, and the line says
+    so."""
     run = run_on(pg_server_url.rsplit("/", 1)[0] + "/authsvc_no_such_database")
     err = fails_in_one_line(run, *argv, expect='database "authsvc_no_such_database" does not exist')
     assert "unreachable" not in err, err

@@ -60,7 +60,8 @@ def test_no_parameters_at_all_is_400(app):
 
 
 def test_missing_wins_over_incorrect(app, world):
-    """Rule 1 before rule 2 (docs/api.md): a missing parameter is reported even if another one is wrong."""
+    """Rule 1 before rule 2 (docs/api.md): a missing parameter is reported even if another one is
+    wrong."""
     assert app.get(PATH, {"user_id": "07", "api_key": "nope"}).json == MISSING
 
 
@@ -80,8 +81,22 @@ def test_name_without_equals_sign_counts_as_missing(app, world):
 
 @pytest.mark.parametrize(
     "user_id",
-    ["04242", "+4242", " 4242", "4242 ", "4242.0", "4.242e3", "-4242", "0x1092", "４２４２", "٤٢٤٢", "4242\x00",
-     "9223372036854775808", "99999999999999999999", "1_000"],
+    [
+        "04242",
+        "+4242",
+        " 4242",
+        "4242 ",
+        "4242.0",
+        "4.242e3",
+        "-4242",
+        "0x1092",
+        "４２４２",
+        "٤٢٤٢",
+        "4242\x00",
+        "9223372036854775808",
+        "99999999999999999999",
+        "1_000",
+    ],
 )
 def test_non_canonical_user_id_is_invalid_credentials(app, world, user_id):
     assert app.get(PATH, world.params(user_id=user_id)).json == INVALID
@@ -90,7 +105,9 @@ def test_non_canonical_user_id_is_invalid_credentials(app, world, user_id):
 def test_largest_user_id_is_accepted(app, world):
     biggest = 2**63 - 1
     factories.add_player(world.store, biggest, "max")
-    r = app.get(PATH, world.params(user_id=str(biggest), game_auth_token=world.token(user_id=biggest)))
+    r = app.get(
+        PATH, world.params(user_id=str(biggest), game_auth_token=world.token(user_id=biggest))
+    )
     assert r.json == {"success": True, "user_id": biggest, "username": "max"}
 
 
@@ -129,7 +146,9 @@ def test_raw_non_utf8_bytes_in_query_string_are_invalid_credentials(app, world):
     """Bytes above 0x7f sent unencoded reach WSGI as latin-1 text; not UTF-8 -> 403."""
     p = world.params()
     request = webtest.TestRequest.blank(PATH)
-    request.environ["QUERY_STRING"] = f"user_id=4242&game_auth_token=\xff\xfe&api_key={p['api_key']}"
+    request.environ["QUERY_STRING"] = (
+        f"user_id=4242&game_auth_token=\xff\xfe&api_key={p['api_key']}"
+    )
     assert app.do_request(request).json == INVALID
 
 
@@ -157,7 +176,12 @@ def test_token_minted_with_another_secret_is_invalid(app, world):
 def test_token_of_another_player_is_invalid(app, world):
     factories.add_player(world.store, 7, "bob")
     assert app.get(PATH, world.params(user_id="7")).json == INVALID
-    assert app.get(PATH, world.params(user_id="7", game_auth_token=world.token(user_id=7))).json["username"] == "bob"
+    assert (
+        app.get(PATH, world.params(user_id="7", game_auth_token=world.token(user_id=7))).json[
+            "username"
+        ]
+        == "bob"
+    )
 
 
 def test_unknown_player_with_a_well_formed_token_is_invalid(app, world):
@@ -202,7 +226,9 @@ def test_rotated_key_both_work_until_the_old_one_expires(app, world):
     factories.add_api_key(world.store, world.game_id, api_key_digest(new_key), now, now + 3600)
     assert app.get(PATH, world.params()).json == ok(world)
     assert app.get(PATH, world.params(api_key=new_key)).json == ok(world)
-    factories.add_api_key(world.store, world.game_id, api_key_digest(new_api_key()), now, now - 1)  # expire both
+    factories.add_api_key(
+        world.store, world.game_id, api_key_digest(new_api_key()), now, now - 1
+    )  # expire both
     assert app.get(PATH, world.params()).json == INVALID
     assert app.get(PATH, world.params(api_key=new_key)).json == INVALID
 
@@ -236,11 +262,19 @@ def test_json_null_counts_as_missing(app, world):
     assert app.post_json(PATH, dict(world.params(), api_key=None)).json == MISSING
 
 
-@pytest.mark.parametrize("body", [b"[1, 2]", b"{not json", b'"text"', b"{\"user_id\": \xff}", b"[" * 5000])
+@pytest.mark.parametrize(
+    "body", [b"[1, 2]", b"{not json", b'"text"', b'{"user_id": \xff}', b"[" * 5000]
+)
 def test_json_body_that_is_not_an_object_is_400(app, body):
     r = app.post(PATH, body, content_type="application/json")
-    assert r.status_int == 200  # a 400 result (docs/api.md): HTTP 200 unless AUTHSVC_ERROR_STATUS=http
-    assert r.json == {"success": False, "error": 400, "error_description": "Request body is not a valid JSON object"}
+    assert (
+        r.status_int == 200
+    )  # a 400 result (docs/api.md): HTTP 200 unless AUTHSVC_ERROR_STATUS=http
+    assert r.json == {
+        "success": False,
+        "error": 400,
+        "error_description": "Request body is not a valid JSON object",
+    }
     assert_contract_headers(r)
 
 
@@ -270,12 +304,20 @@ def test_body_overrides_query(app, world):
     good = world.params()
     query = "user_id=1&game_auth_token=bad&api_key=bad"
     assert app.post_json(f"{PATH}?{query}", good).json == ok(world)
-    assert app.post_json(f"{PATH}?{'&'.join(f'{k}={v}' for k, v in good.items())}", {"user_id": "1"}).json == INVALID
+    assert (
+        app.post_json(
+            f"{PATH}?{'&'.join(f'{k}={v}' for k, v in good.items())}", {"user_id": "1"}
+        ).json
+        == INVALID
+    )
 
 
 def test_body_and_query_combine(app, world):
     p = world.params()
-    r = app.post(f"{PATH}?user_id={world.user_id}", {"game_auth_token": p["game_auth_token"], "api_key": p["api_key"]})
+    r = app.post(
+        f"{PATH}?user_id={world.user_id}",
+        {"game_auth_token": p["game_auth_token"], "api_key": p["api_key"]},
+    )
     assert r.json == ok(world)
 
 
@@ -287,7 +329,9 @@ def test_body_of_an_unknown_type_carries_no_parameters(app, world):
 BOM = b"\xef\xbb\xbf"
 
 
-@pytest.mark.parametrize("content_type", ["application/json", "text/plain", "application/x-www-form-urlencoded", None])
+@pytest.mark.parametrize(
+    "content_type", ["application/json", "text/plain", "application/x-www-form-urlencoded", None]
+)
 def test_json_body_with_a_byte_order_mark_is_read_as_json(app, world, content_type):
     """Windows tools (PowerShell's UTF8 encoding, Notepad) start a UTF-8 file with EF BB BF."""
     body = BOM + json.dumps(world.params()).encode()
@@ -298,8 +342,14 @@ def test_json_body_with_a_byte_order_mark_is_read_as_json(app, world, content_ty
     assert r.request.headers.get("Content-Type") == content_type
     assert r.json == ok(world)
     broken = BOM + b'{"user_id": '
-    r = app.request(PATH, method="POST", body=broken, headers={**headers, "Content-Length": str(len(broken))})
-    assert r.json == {"success": False, "error": 400, "error_description": "Request body is not a valid JSON object"}
+    r = app.request(
+        PATH, method="POST", body=broken, headers={**headers, "Content-Length": str(len(broken))}
+    )
+    assert r.json == {
+        "success": False,
+        "error": 400,
+        "error_description": "Request body is not a valid JSON object",
+    }
 
 
 def test_head_has_the_get_headers_and_no_body(app, world):
@@ -315,8 +365,12 @@ def test_head_has_the_get_headers_and_no_body(app, world):
 
 # Rails squeezes runs of "/" and drops a trailing one; a base URL ending in "/" joined
 # with "/api/..." makes the first form.
-PATH_VARIANTS = ["//api/authenticate.json", "/api//authenticate.json", "/api/authenticate.json/",
-                 "/api///authenticate.json//"]
+PATH_VARIANTS = [
+    "//api/authenticate.json",
+    "/api//authenticate.json",
+    "/api/authenticate.json/",
+    "/api///authenticate.json//",
+]
 
 
 @pytest.mark.parametrize("path", PATH_VARIANTS)
@@ -334,8 +388,17 @@ def test_path_with_repeated_or_trailing_slashes_answers_like_the_api_path(app, w
 # -- other results: same JSON shape, real HTTP status -----------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/", "/api/authenticate", "/API/AUTHENTICATE.JSON", "/api/authenticate.xml",
-                                  "/api/authenticate.json/x", "/api/authenticate.json/./"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/api/authenticate",
+        "/API/AUTHENTICATE.JSON",
+        "/api/authenticate.xml",
+        "/api/authenticate.json/x",
+        "/api/authenticate.json/./",
+    ],
+)
 def test_unknown_path_is_404_json(app, path):
     r = app.get(path, status=404)
     assert r.json == {"success": False, "error": 404, "error_description": "Not found"}
@@ -373,7 +436,9 @@ def test_http_error_status_mode_uses_real_400_and_403(world):
     assert app.get(PATH, world.params(api_key=""), status=400).json == MISSING
     assert app.get(PATH, world.params(), status=200).json == ok(world)
     assert app.head(PATH, world.params(api_key="nope"), status=403).body == b""
-    assert app.post(PATH, b"{broken", content_type="application/json", status=400).json["error"] == 400
+    assert (
+        app.post(PATH, b"{broken", content_type="application/json", status=400).json["error"] == 400
+    )
 
 
 def test_default_error_status_mode_answers_200(app, world):

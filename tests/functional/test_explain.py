@@ -25,7 +25,8 @@ from tests.support import make_testapp
 
 @pytest.fixture
 def explain(monkeypatch, env, capsys, world):
-    """explain(*argv, stdin=None) -> (exit code, the JSON verdict, the line); also checks no secret is printed."""
+    """explain(*argv, stdin=None) -> (exit code, the JSON verdict, the line); also checks no secret
+    is printed."""
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AUTHSVC_CONFIG", raising=False)
@@ -44,7 +45,9 @@ def explain(monkeypatch, env, capsys, world):
             lines.append(out.strip())
         verdict = json.loads(lines[0])
         # The two runs may straddle a second: compare relative times ("(3 s ago)") by shape.
-        assert _without_spans(lines[1]) == _without_spans(f"{verdict['reason']}: {verdict['detail']}")
+        assert _without_spans(lines[1]) == _without_spans(
+            f"{verdict['reason']}: {verdict['detail']}"
+        )
         return verdict
 
     return explain
@@ -55,7 +58,9 @@ def _without_spans(text: str) -> str:
 
 
 def url(world, **overrides) -> str:
-    return "https://api.example.com/api/authenticate.json?" + urllib.parse.urlencode(world.params(**overrides))
+    return "https://api.example.com/api/authenticate.json?" + urllib.parse.urlencode(
+        world.params(**overrides)
+    )
 
 
 def service_reason(world, params) -> str:
@@ -99,12 +104,20 @@ def test_missing_and_malformed(world, explain):
 
 
 def test_unknown_key(world, explain):
-    check(world, explain, "unknown_key", {"api_key": new_api_key()}, in_detail=("no game has this api key",))
+    check(
+        world,
+        explain,
+        "unknown_key",
+        {"api_key": new_api_key()},
+        in_detail=("no game has this api key",),
+    )
 
 
 def test_expired_key_says_since_when(world, explain):
     now = int(time.time())
-    factories.add_api_key(world.store, world.game_id, api_key_digest(new_api_key()), now - 7200, now - 3600)
+    factories.add_api_key(
+        world.store, world.game_id, api_key_digest(new_api_key()), now - 7200, now - 3600
+    )
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(now - 3600))
     check(world, explain, "expired_key", in_detail=(f"expired at {stamp} (1 h ago)",))
 
@@ -116,7 +129,13 @@ def test_disabled_game(world, explain):
 
 def test_unknown_and_disabled_player(world, explain):
     token = mint_token(world.settings.token_secrets[0], world.game_id, 4243, 0)
-    check(world, explain, "unknown_player", {"user_id": "4243", "game_auth_token": token}, in_detail=("no such player",))
+    check(
+        world,
+        explain,
+        "unknown_player",
+        {"user_id": "4243", "game_auth_token": token},
+        in_detail=("no such player",),
+    )
     factories.set_player_enabled(world.store, world.user_id, False)
     check(world, explain, "player_disabled", in_detail=("the player is disabled",))
 
@@ -124,16 +143,26 @@ def test_unknown_and_disabled_player(world, explain):
 def test_a_token_of_this_player_for_another_game(world, explain):
     other_id, _ = world.add_game("Go")
     token = world.token(game_id=other_id)
-    check(world, explain, "wrong_token", {"game_auth_token": token},
-          in_detail=(f"a token of this player for game {other_id} (Go), not for this game",))
+    check(
+        world,
+        explain,
+        "wrong_token",
+        {"game_auth_token": token},
+        in_detail=(f"a token of this player for game {other_id} (Go), not for this game",),
+    )
 
 
 def test_a_token_of_an_earlier_epoch_is_revoked(world, explain):
     old = world.token()
     factories.revoke_player(world.store, world.user_id)
     factories.revoke_player(world.store, world.user_id)
-    check(world, explain, "wrong_token", {"game_auth_token": old},
-          in_detail=("a token of credential epoch 0, revoked: the player is at epoch 2",))
+    check(
+        world,
+        explain,
+        "wrong_token",
+        {"game_auth_token": old},
+        in_detail=("a token of credential epoch 0, revoked: the player is at epoch 2",),
+    )
 
 
 def test_a_token_made_with_a_secret_no_longer_in_the_file(world, explain, tmp_path):
@@ -143,32 +172,63 @@ def test_a_token_made_with_a_secret_no_longer_in_the_file(world, explain, tmp_pa
     path.chmod(0o600)
     token = mint_token(retired.encode(), world.game_id, world.user_id, 0)
     check(world, explain, "wrong_token", {"game_auth_token": token}, in_detail=("simply wrong",))
-    verdict = explain("-", "--retired-secret-file", str(path), stdin=url(world, game_auth_token=token),
-                      secrets_to_hide=(retired,))
+    verdict = explain(
+        "-",
+        "--retired-secret-file",
+        str(path),
+        stdin=url(world, game_auth_token=token),
+        secrets_to_hide=(retired,),
+    )
     assert verdict["reason"] == "wrong_token"
     assert "a token made with a token secret no longer in the secret file" in verdict["detail"]
 
 
 def test_simply_wrong_and_not_a_token(world, explain):
     check(world, explain, "wrong_token", {"game_auth_token": "0" * 64}, in_detail=("simply wrong",))
-    check(world, explain, "wrong_token", {"game_auth_token": "not-a-token"},
-          in_detail=("not a token at all", "11 characters"))
+    check(
+        world,
+        explain,
+        "wrong_token",
+        {"game_auth_token": "not-a-token"},
+        in_detail=("not a token at all", "11 characters"),
+    )
 
 
 def test_by_game_id_and_arguments_instead_of_a_url(world, explain, tmp_path):
-    """Support staff with no api key: the game id, the user id and the token (on stdin, or in a file)."""
-    verdict = explain("--game-id", str(world.game_id), "--user-id", str(world.user_id), "--token-file", "-",
-                      stdin=world.token())
+    """Support staff with no api key: the game id, the user id and the token (on stdin, or in a
+    file)."""
+    verdict = explain(
+        "--game-id",
+        str(world.game_id),
+        "--user-id",
+        str(world.user_id),
+        "--token-file",
+        "-",
+        stdin=world.token(),
+    )
     assert verdict["reason"] == "success"
     old = world.token()
     factories.revoke_player(world.store, world.user_id)
     token_file = tmp_path / "token.txt"
     token_file.write_text(old + "\n")
-    verdict = explain("--game-id", str(world.game_id), "--user-id", str(world.user_id), "--token-file", str(token_file))
+    verdict = explain(
+        "--game-id",
+        str(world.game_id),
+        "--user-id",
+        str(world.user_id),
+        "--token-file",
+        str(token_file),
+    )
     assert verdict["reason"] == "wrong_token" and "revoked" in verdict["detail"]
-    verdict = explain("--game-id", "999", "--user-id", str(world.user_id), "--token-file", "-", stdin=old)
-    assert verdict == {"reason": "unknown_key", "detail": "no game 999 (error 403)", "game_id": None,
-                       "user_id": world.user_id}
+    verdict = explain(
+        "--game-id", "999", "--user-id", str(world.user_id), "--token-file", "-", stdin=old
+    )
+    assert verdict == {
+        "reason": "unknown_key",
+        "detail": "no game 999 (error 403)",
+        "game_id": None,
+        "user_id": world.user_id,
+    }
 
 
 def test_the_request_and_the_api_key_from_files(world, explain, tmp_path):
@@ -193,10 +253,15 @@ def _refused(capsys, monkeypatch, argv, *, hidden):
 
 @pytest.mark.engine("sqlite")
 def test_secrets_on_the_command_line_are_refused(world, explain, capsys, monkeypatch):
-    """Any local user sees a process's arguments (ps, /proc/PID/cmdline): no secret may come that way."""
+    """Any local user sees a process's arguments (ps, /proc/PID/cmdline): no secret may come that
+    way."""
     token, query = world.token(), urllib.parse.urlencode(world.params())
-    err = _refused(capsys, monkeypatch, ["--game-id", str(world.game_id), "--user-id", "1", "--token", token],
-                   hidden=token)
+    err = _refused(
+        capsys,
+        monkeypatch,
+        ["--game-id", str(world.game_id), "--user-id", "1", "--token", token],
+        hidden=token,
+    )
     assert "--token-file" in err
     err = _refused(capsys, monkeypatch, ["-", "--api-key", world.api_key], hidden=world.api_key)
     assert "--api-key-file" in err
@@ -205,13 +270,28 @@ def test_secrets_on_the_command_line_are_refused(world, explain, capsys, monkeyp
         assert "authsvc explain -" in err
     monkeypatch.setattr("sys.stdin", io.StringIO(url(world)))
     assert cli.main(["explain", "-", "--token-file", "-"]) == 1  # one stdin, not two
-    assert "only one of REQUEST_FILE, --token-file and --api-key-file can be '-'" in capsys.readouterr().err
+    assert (
+        "only one of REQUEST_FILE, --token-file and --api-key-file can be '-'"
+        in capsys.readouterr().err
+    )
 
 
 def test_a_non_ascii_token_is_not_a_token(world, explain):
     """As the service answers it (tokens.py): never a traceback."""
-    check(world, explain, "wrong_token", {"game_auth_token": "\u00e9" * 20},
-          in_detail=("not a token at all", "20 characters"))
-    verdict = explain("--game-id", str(world.game_id), "--user-id", str(world.user_id), "--token-file", "-",
-                      stdin="t\u00f6ken")
+    check(
+        world,
+        explain,
+        "wrong_token",
+        {"game_auth_token": "\u00e9" * 20},
+        in_detail=("not a token at all", "20 characters"),
+    )
+    verdict = explain(
+        "--game-id",
+        str(world.game_id),
+        "--user-id",
+        str(world.user_id),
+        "--token-file",
+        "-",
+        stdin="t\u00f6ken",
+    )
     assert verdict["reason"] == "wrong_token" and "not a token at all" in verdict["detail"]

@@ -35,9 +35,16 @@ MAX_PARTS = 8  # the cap docs/api.md documents
 
 def environ_for(body: bytes, content_type: str, **extra) -> dict:
     environ = {
-        "REQUEST_METHOD": "POST", "PATH_INFO": PATH, "QUERY_STRING": "", "SERVER_NAME": "localhost",
-        "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http",
-        "wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": content_type,
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": PATH,
+        "QUERY_STRING": "",
+        "SERVER_NAME": "localhost",
+        "SERVER_PORT": "80",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(body),
+        "CONTENT_LENGTH": str(len(body)),
+        "CONTENT_TYPE": content_type,
     }
     environ.update(extra)
     return environ
@@ -55,7 +62,8 @@ def call(app, environ: dict) -> tuple[str, bytes]:
 
 
 def calls_made(function) -> int:
-    """How many Python and C functions ``function()`` calls: its work, independent of the machine's speed."""
+    """How many Python and C functions ``function()`` calls: its work, independent of the machine's
+    speed."""
     count = 0
 
     def profiler(frame, event, arg):
@@ -83,17 +91,27 @@ def wsgi_app(world):
 
 @pytest.mark.engine("sqlite")
 def test_probe_multipart_bodies_get_a_400_for_bounded_work(wsgi_app, world):
-    """The nested body and the many-parts body are refused with at most 5 times the work of a plain form (8 parts against 3)."""
+    """The nested body and the many-parts body are refused with at most 5 times the work of a plain
+    form (8 parts against 3)."""
     plain = curl_form(world.params())
     nested = nested_multipart(world.params())
     many = many_parts()
-    assert call(wsgi_app, environ_for(*plain)) == ("200 OK", b'{"success":true,"user_id":4242,"username":"alice"}')
+    assert call(wsgi_app, environ_for(*plain)) == (
+        "200 OK",
+        b'{"success":true,"user_id":4242,"username":"alice"}',
+    )
     status, body = call(wsgi_app, environ_for(*nested))
-    assert status == "200 OK" and json.loads(body) == {"success": False, "error": 400,
-                                                        "error_description": MISSING_TEXT}
+    assert status == "200 OK" and json.loads(body) == {
+        "success": False,
+        "error": 400,
+        "error_description": MISSING_TEXT,
+    }
     status, body = call(wsgi_app, environ_for(*many))
     assert status == "200 OK" and json.loads(body) == {
-        "success": False, "error": 400, "error_description": f"Request body has more than {MAX_PARTS} multipart parts"}
+        "success": False,
+        "error": 400,
+        "error_description": f"Request body has more than {MAX_PARTS} multipart parts",
+    }
     reference = calls_made(lambda: call(wsgi_app, environ_for(*plain)))
     for probe in (nested, many):
         work = calls_made(lambda probe=probe: call(wsgi_app, environ_for(*probe)))
@@ -102,15 +120,24 @@ def test_probe_multipart_bodies_get_a_400_for_bounded_work(wsgi_app, world):
 
 def test_probe_multipart_bodies_through_webtest(app, world):
     """The same two bodies through WebTest with its WSGI lint on, on both stores."""
+
     def post(body: bytes, content_type: str) -> dict:
-        response = app.request(PATH, method="POST", body=body, headers={"Content-Type": content_type})
+        response = app.request(
+            PATH, method="POST", body=body, headers={"Content-Type": content_type}
+        )
         assert response.request.content_type == content_type.partition(";")[0]  # sent as built
         return response.json
 
-    assert post(*nested_multipart(world.params())) == {"success": False, "error": 400,
-                                                       "error_description": MISSING_TEXT}
-    assert post(*many_parts()) == {"success": False, "error": 400,
-                                   "error_description": f"Request body has more than {MAX_PARTS} multipart parts"}
+    assert post(*nested_multipart(world.params())) == {
+        "success": False,
+        "error": 400,
+        "error_description": MISSING_TEXT,
+    }
+    assert post(*many_parts()) == {
+        "success": False,
+        "error": 400,
+        "error_description": f"Request body has more than {MAX_PARTS} multipart parts",
+    }
 
 
 @pytest.mark.engine("sqlite")
@@ -127,7 +154,11 @@ def test_every_costly_body_gets_a_400_for_bounded_work(wsgi_app, world):
 
 @pytest.mark.engine("sqlite")
 def test_more_than_16_parameters_is_a_400_in_the_query_a_form_or_json(app, world):
-    too_many = {"success": False, "error": 400, "error_description": "Request has more than 16 parameters"}
+    too_many = {
+        "success": False,
+        "error": 400,
+        "error_description": "Request has more than 16 parameters",
+    }
     params = world.params()
     fields = "&".join(f"{k}={v}" for k, v in params.items())
     extra = {f"x{i}": "1" for i in range(13)}  # 3 + 13 = 16: still read
@@ -135,23 +166,37 @@ def test_more_than_16_parameters_is_a_400_in_the_query_a_form_or_json(app, world
     assert app.post(PATH, dict(params, **extra)).json["success"] is True
     assert app.post_json(PATH, dict(params, **extra)).json["success"] is True
     assert app.get(f"{PATH}?{fields}" + "&" * 14).json == too_many
-    assert app.post(PATH, fields + "&x=1" * 14, content_type="application/x-www-form-urlencoded").json == too_many
+    assert (
+        app.post(PATH, fields + "&x=1" * 14, content_type="application/x-www-form-urlencoded").json
+        == too_many
+    )
     assert app.post_json(PATH, dict(params, **extra, x13="1")).json == too_many
-    assert app.post(PATH, '{"a": "' + "," * 16 + '"}', content_type="application/json").json == too_many
+    assert (
+        app.post(PATH, '{"a": "' + "," * 16 + '"}', content_type="application/json").json
+        == too_many
+    )
 
 
 def test_json_with_more_than_16_arrays_and_objects_is_not_parsed():
-    assert parse_json_object(b'{"a": [[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]}') == {"a": INVALID}  # 16 containers
+    assert parse_json_object(b'{"a": [[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]}') == {
+        "a": INVALID
+    }  # 16 containers
     with pytest.raises(Exception, match="not a valid JSON object"):
         parse_json_object(b'{"a": [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}')  # 17
     with pytest.raises(Exception, match="not a valid JSON object"):
-        parse_json_object(b'{"a": "' + b"{" * 16 + b'"}')  # inside a string too: counted, not parsed
+        parse_json_object(
+            b'{"a": "' + b"{" * 16 + b'"}'
+        )  # inside a string too: counted, not parsed
 
 
 def test_names_and_values_too_long_to_be_a_parameter_are_not_decoded():
-    """Fully percent-encoded, a token is 192 characters and game_auth_token 45: over 200 and 48, never one of them."""
+    """Fully percent-encoded, a token is 192 characters and game_auth_token 45: over 200 and 48,
+    never one of them."""
     token = "%61" * 64
-    params = parse_body(f"t={token}&l={token}{'%61' * 3}&{'%61' * 16}=n&{'%61' * 17}=x&plain={'a' * 300}".encode(), "")
+    params = parse_body(
+        f"t={token}&l={token}{'%61' * 3}&{'%61' * 16}=n&{'%61' * 17}=x&plain={'a' * 300}".encode(),
+        "",
+    )
     assert params == {"t": "a" * 64, "l": INVALID, "a" * 16: "n", "plain": "a" * 300}
 
 
@@ -168,23 +213,29 @@ def test_more_parts_than_the_cap_is_a_400_and_the_cap_itself_is_read():
         parse_body(body, content_type)
 
 
-@pytest.mark.parametrize("content_type", [
-    "multipart/form-data",  # no boundary
-    "multipart/form-data; boundary=",
-    "multipart/form-data; boundary=" + "a" * 71,  # RFC 2046: at most 70
-    'multipart/form-data; boundary="b',
-])
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "multipart/form-data",  # no boundary
+        "multipart/form-data; boundary=",
+        "multipart/form-data; boundary=" + "a" * 71,  # RFC 2046: at most 70
+        'multipart/form-data; boundary="b',
+    ],
+)
 def test_a_multipart_type_without_a_usable_boundary_is_400(content_type):
     with pytest.raises(Exception, match="not valid multipart/form-data"):
         parse_body(b"--b\r\n\r\n\r\n--b--\r\n", content_type)
 
 
-@pytest.mark.parametrize("body", [
-    b"no delimiter at all",
-    b'--b\r\nContent-Disposition: form-data; name="a"\r\n\r\n1',  # no close delimiter
-    b'--b\r\nContent-Disposition: form-data; name="a"\r\n',  # headers never end
-    b"--bxyz\r\n\r\n\r\n--b--\r\n",  # the boundary is only a prefix of the line
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"no delimiter at all",
+        b'--b\r\nContent-Disposition: form-data; name="a"\r\n\r\n1',  # no close delimiter
+        b'--b\r\nContent-Disposition: form-data; name="a"\r\n',  # headers never end
+        b"--bxyz\r\n\r\n\r\n--b--\r\n",  # the boundary is only a prefix of the line
+    ],
+)
 def test_malformed_multipart_is_400(body):
     with pytest.raises(Exception, match="not valid multipart/form-data"):
         parse_body(body, "multipart/form-data; boundary=b")
@@ -193,23 +244,38 @@ def test_malformed_multipart_is_400(body):
 def test_multipart_details_curl_and_browsers_use():
     """Preamble and epilogue ignored, quoted boundary, LF line ends, header names in any case,
     filename* marks a file, an encoded transfer is not decoded (no HTTP client sends one)."""
-    body = (b"preamble\r\n--q b\r\ncontent-disposition: form-data; NAME=\"a\"\r\n\r\n1\r\n"
-            b"--q b\nContent-Disposition: form-data; name=b\n\n2\n"
-            b"--q b\r\nContent-Disposition: form-data; name=\"f\"; filename*=UTF-8''x.txt\r\n\r\nfile\r\n"
-            b"--q b\r\nContent-Disposition: form-data; name=\"e\"\r\nContent-Transfer-Encoding: base64\r\n\r\nMQ==\r\n"
-            b"--q b\r\nContent-Disposition: form-data; name=\"c\"\r\nContent-Transfer-Encoding: 8bit\r\n\r\n3\r\n"
-            b"--q b--\r\nepilogue --q b\r\n")
-    assert parse_body(body, 'multipart/form-data; boundary="q b"') == {"a": "1", "b": "2", "e": INVALID, "c": "3"}
+    body = (
+        b'preamble\r\n--q b\r\ncontent-disposition: form-data; NAME="a"\r\n\r\n1\r\n'
+        b"--q b\nContent-Disposition: form-data; name=b\n\n2\n"
+        b'--q b\r\nContent-Disposition: form-data; name="f"; '
+        b"filename*=UTF-8''x.txt\r\n\r\nfile\r\n"
+        b'--q b\r\nContent-Disposition: form-data; name="e"\r\nContent-Transfer-Encoding: '
+        b"base64\r\n\r\nMQ==\r\n"
+        b'--q b\r\nContent-Disposition: form-data; name="c"\r\nContent-Transfer-Encoding: '
+        b"8bit\r\n\r\n3\r\n--q b--\r\nepilogue --q b\r\n"
+    )
+    assert parse_body(body, 'multipart/form-data; boundary="q b"') == {
+        "a": "1",
+        "b": "2",
+        "e": INVALID,
+        "c": "3",
+    }
 
 
 def test_parts_past_the_per_part_caps_are_skipped_unread():
-    """A Content-Disposition over 256 bytes or with more than 3 parameters, headers over 512 bytes: not a field."""
+    """A Content-Disposition over 256 bytes or with more than 3 parameters, headers over 512 bytes:
+    not a field."""
+
     def part(disposition: bytes, extra: bytes = b"") -> bytes:
         return b"--b\r\nContent-Disposition: " + disposition + b"\r\n" + extra + b"\r\n1\r\n"
 
-    body = (part(b'form-data; name="a' + b"x" * 250 + b'"') + part(b"form-data; name=b; x=1; y=2; z=3")
-            + part(b"form-data; name=c", b"X: " + b"y" * 500 + b"\r\n")
-            + part(b'form-data; name="' + b"d" * 200 + b'"', b"X: " + b"y" * 200 + b"\r\n") + b"--b--\r\n")
+    body = (
+        part(b'form-data; name="a' + b"x" * 250 + b'"')
+        + part(b"form-data; name=b; x=1; y=2; z=3")
+        + part(b"form-data; name=c", b"X: " + b"y" * 500 + b"\r\n")
+        + part(b'form-data; name="' + b"d" * 200 + b'"', b"X: " + b"y" * 200 + b"\r\n")
+        + b"--b--\r\n"
+    )
     assert parse_body(body, "multipart/form-data; boundary=b") == {"d" * 200: "1"}
 
 
@@ -251,61 +317,117 @@ class FailingInput:
 
 @pytest.mark.engine("sqlite")
 @pytest.mark.parametrize("error", [ValueError("bad chunk"), OSError("reset"), RuntimeError("?")])
-@pytest.mark.parametrize("framing", [{"CONTENT_LENGTH": "10"}, {"CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"}])
+@pytest.mark.parametrize(
+    "framing",
+    [{"CONTENT_LENGTH": "10"}, {"CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"}],
+)
 def test_a_body_that_cannot_be_read_is_400(wsgi_app, error, framing):
-    status, body = call(wsgi_app, environ_for(b"", "", **framing, **{"wsgi.input": FailingInput(error)}))
+    status, body = call(
+        wsgi_app, environ_for(b"", "", **framing, **{"wsgi.input": FailingInput(error)})
+    )
     assert status == "200 OK"
-    assert json.loads(body) == {"success": False, "error": 400, "error_description": "Request body could not be read"}
+    assert json.loads(body) == {
+        "success": False,
+        "error": 400,
+        "error_description": "Request body could not be read",
+    }
 
 
 # -- property: whatever the environ, never a 500 and always the JSON shape ------------------------
 
 latin1 = st.text(st.characters(max_codepoint=255), max_size=80)
-any_text = st.one_of(latin1, st.text(max_size=40))  # a non-compliant server may pass non-latin-1 text
+any_text = st.one_of(
+    latin1, st.text(max_size=40)
+)  # a non-compliant server may pass non-latin-1 text
 boundaries = st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=75)
 
 
 @st.composite
 def multipart_bodies(draw):
     boundary = draw(boundaries)
-    parts = draw(st.lists(st.tuples(
-        st.sampled_from(["user_id", "api_key", "game_auth_token", "x", 'q"', ""]),
-        st.sampled_from(["", "; filename=f", "\r\nContent-Type: multipart/mixed; boundary=" + boundary,
-                         "\r\nContent-Transfer-Encoding: base64"]),
-        st.binary(max_size=30)), max_size=20))
+    parts = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["user_id", "api_key", "game_auth_token", "x", 'q"', ""]),
+                st.sampled_from(
+                    [
+                        "",
+                        "; filename=f",
+                        "\r\nContent-Type: multipart/mixed; boundary=" + boundary,
+                        "\r\nContent-Transfer-Encoding: base64",
+                    ]
+                ),
+                st.binary(max_size=30),
+            ),
+            max_size=20,
+        )
+    )
     delimiter = b"--" + boundary.encode()
-    body = b"".join(delimiter + b'\r\nContent-Disposition: form-data; name="%s"%s\r\n\r\n%s\r\n'
-                    % (name.encode(), extra.encode(), value) for name, extra, value in parts)
+    body = b"".join(
+        delimiter
+        + b'\r\nContent-Disposition: form-data; name="%s"%s\r\n\r\n%s\r\n'
+        % (name.encode(), extra.encode(), value)
+        for name, extra, value in parts
+    )
     body += delimiter + b"--\r\n"
     cut = draw(st.one_of(st.none(), st.integers(0, len(body))))
     quoted = draw(st.booleans())
-    content_type = f'multipart/form-data; boundary="{boundary}"' if quoted else f"multipart/form-data; boundary={boundary}"
+    content_type = (
+        f'multipart/form-data; boundary="{boundary}"'
+        if quoted
+        else f"multipart/form-data; boundary={boundary}"
+    )
     return (body if cut is None else body[:cut]), content_type
 
 
 bodies = st.one_of(
     st.tuples(st.binary(max_size=300), any_text),
     multipart_bodies(),
-    st.tuples(st.sampled_from([b'{"api_key": "x\\ud800", "user_id": "\\udcff", "game_auth_token": "\\ud800"}',
-                               b'{"user_id": 1}', b"[" * 3000, b"user_id=%ff&api_key=\xff"]),
-              st.sampled_from(["application/json", "", "text/plain"])),
+    st.tuples(
+        st.sampled_from(
+            [
+                b'{"api_key": "x\\ud800", "user_id": "\\udcff", "game_auth_token": "\\ud800"}',
+                b'{"user_id": 1}',
+                b"[" * 3000,
+                b"user_id=%ff&api_key=\xff",
+            ]
+        ),
+        st.sampled_from(["application/json", "", "text/plain"]),
+    ),
 )
 
 
-@hsettings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body_and_type=bodies,
-       content_length=st.one_of(st.none(), st.just("LEN"), any_text, st.integers(-5, 10**6).map(str)),
-       transfer_encoding=st.one_of(st.none(), st.sampled_from(["chunked", "gzip, chunked", "CHUNKED"]), any_text),
-       query=any_text,
-       path=st.one_of(st.just(PATH), st.just("/healthz"), any_text),
-       method=st.one_of(st.sampled_from(["GET", "POST", "HEAD", "PUT"]), any_text),
-       terminated=st.booleans(),
-       read_error=st.sampled_from([None, ValueError("bad chunk size"), OSError("reset")]))
+@hsettings(
+    max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    body_and_type=bodies,
+    content_length=st.one_of(st.none(), st.just("LEN"), any_text, st.integers(-5, 10**6).map(str)),
+    transfer_encoding=st.one_of(
+        st.none(), st.sampled_from(["chunked", "gzip, chunked", "CHUNKED"]), any_text
+    ),
+    query=any_text,
+    path=st.one_of(st.just(PATH), st.just("/healthz"), any_text),
+    method=st.one_of(st.sampled_from(["GET", "POST", "HEAD", "PUT"]), any_text),
+    terminated=st.booleans(),
+    read_error=st.sampled_from([None, ValueError("bad chunk size"), OSError("reset")]),
+)
 @pytest.mark.engine("sqlite")
-def test_any_environ_gets_a_json_answer_and_never_a_500(wsgi_app, body_and_type, content_length, transfer_encoding,
-                                                         query, path, method, terminated, read_error):
+def test_any_environ_gets_a_json_answer_and_never_a_500(
+    wsgi_app,
+    body_and_type,
+    content_length,
+    transfer_encoding,
+    query,
+    path,
+    method,
+    terminated,
+    read_error,
+):
     body, content_type = body_and_type
-    environ = environ_for(body, content_type, QUERY_STRING=query, PATH_INFO=path, REQUEST_METHOD=method)
+    environ = environ_for(
+        body, content_type, QUERY_STRING=query, PATH_INFO=path, REQUEST_METHOD=method
+    )
     environ["wsgi.input_terminated"] = terminated
     if content_length is None:
         del environ["CONTENT_LENGTH"]

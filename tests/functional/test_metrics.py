@@ -5,7 +5,8 @@ route, the store-outage counter, the key-expiry gauge, and the JSON 404 without 
 extra. Under a real gunicorn with two workers and the shipped config (multiprocess
 mode): every scrape, whichever worker answers it, shows the exact counts of all
 workers, and a killed worker's counts stay; a process forked after counting (a preloaded
-app's worker) counts into its own file. The real Prometheus server: tests/integration/test_prometheus.py.
+app's worker) counts into its own file. The real Prometheus server:
+tests/integration/test_prometheus.py.
 """
 
 from __future__ import annotations
@@ -27,7 +28,15 @@ from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from authsvc.web.app import App, make_app
 from authsvc.web.metrics import Metrics
 from tests import factories
-from tests.support import PATH, free_port, get_text, skip_or_fail, start_gunicorn, until_both_workers_counted, wait_for_port
+from tests.support import (
+    PATH,
+    free_port,
+    get_text,
+    skip_or_fail,
+    start_gunicorn,
+    until_both_workers_counted,
+    wait_for_port,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SQLITE_ONLY = pytest.mark.engine("sqlite")
@@ -46,7 +55,9 @@ def samples(text: str) -> dict[str, float]:
 def auth_counts(text: str) -> dict[tuple[str, str], float]:
     found = {}
     for name, value in samples(text).items():
-        m = re.fullmatch(r'authsvc_authentications_total\{game="([^"]+)",result="([a-z_]+)"\}', name)
+        m = re.fullmatch(
+            r'authsvc_authentications_total\{game="([^"]+)",result="([a-z_]+)"\}', name
+        )
         if m and value:
             found[m[1], m[2]] = value
     return found
@@ -66,7 +77,8 @@ def metrics_app(world):
 
 @pytest.fixture
 def multiprocess(tmp_path, monkeypatch):
-    """prometheus_client's value class in multiprocess mode over tmp_path, chosen again as at its import."""
+    """prometheus_client's value class in multiprocess mode over tmp_path, chosen again as at its
+    import."""
     try:
         from prometheus_client import values
     except ImportError:
@@ -85,8 +97,13 @@ def scripted_mix(world) -> tuple[list[dict], dict[tuple[str, str], int]]:
         (world.params(api_key=None), ("none", "missing_parameters")),
         (world.params(user_id="07"), ("none", "malformed")),
         (world.params(api_key=new_api_key()), ("none", "unknown_key")),
-        (world.params(user_id="4243", game_auth_token=mint_token(world.settings.token_secrets[0], world.game_id,
-                                                                  4243, 0)), (game, "unknown_player")),
+        (
+            world.params(
+                user_id="4243",
+                game_auth_token=mint_token(world.settings.token_secrets[0], world.game_id, 4243, 0),
+            ),
+            (game, "unknown_player"),
+        ),
         (world.params(game_auth_token="0" * 64), (game, "wrong_token")),
     ]
     requests, expected = [], {}
@@ -106,7 +123,9 @@ def test_counts_per_game_and_reason(metrics_app, world):
     assert "X-Authsvc-Result" in res.headers
     assert auth_counts(res.text) == expected
     got = samples(res.text)
-    assert got['authsvc_request_duration_seconds_count{route="/api/authenticate.json"}'] == len(requests)
+    assert got['authsvc_request_duration_seconds_count{route="/api/authenticate.json"}'] == len(
+        requests
+    )
     assert got["authsvc_store_unavailable_total"] == 0
     assert got[f'authsvc_api_key_expiry_timestamp_seconds{{game="{world.game_id}"}}'] == math.inf
     assert any(name.startswith("authsvc_build_info{") for name in got)
@@ -116,15 +135,23 @@ def test_counts_per_game_and_reason(metrics_app, world):
 
 
 def test_the_expiry_gauges(metrics_app, world):
-    """Newest live key: +Inf after a rotation (the new key never expires); next expiry: the retired key's."""
+    """Newest live key: +Inf after a rotation (the new key never expires); next expiry: the retired
+    key's."""
     now = int(time.time())
     other_id, _ = world.add_game("Go")
-    factories.add_api_key(world.store, other_id, api_key_digest(new_api_key()), now + 1, now + 3 * 86400)
+    factories.add_api_key(
+        world.store, other_id, api_key_digest(new_api_key()), now + 1, now + 3 * 86400
+    )
     got = samples(metrics_app.get("/metrics").text)
     for game_id in (world.game_id, other_id):
         assert got[f'authsvc_api_key_expiry_timestamp_seconds{{game="{game_id}"}}'] == math.inf
-    assert got[f'authsvc_api_key_next_expiry_timestamp_seconds{{game="{world.game_id}"}}'] == math.inf
-    assert got[f'authsvc_api_key_next_expiry_timestamp_seconds{{game="{other_id}"}}'] == now + 3 * 86400
+    assert (
+        got[f'authsvc_api_key_next_expiry_timestamp_seconds{{game="{world.game_id}"}}'] == math.inf
+    )
+    assert (
+        got[f'authsvc_api_key_next_expiry_timestamp_seconds{{game="{other_id}"}}']
+        == now + 3 * 86400
+    )
     factories.set_game_enabled(world.store, other_id, False)
     got = samples(metrics_app.get("/metrics").text)
     assert f'authsvc_api_key_expiry_timestamp_seconds{{game="{other_id}"}}' not in got
@@ -150,13 +177,18 @@ def test_without_the_extra_metrics_is_the_json_404(world, monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed: import fails
     app = webtest.TestApp(make_app(world.settings), lint=True)
     assert app.app.metrics is None
-    assert app.get("/metrics", status=404).json == {"success": False, "error": 404, "error_description": "Not found"}
+    assert app.get("/metrics", status=404).json == {
+        "success": False,
+        "error": 404,
+        "error_description": "Not found",
+    }
     assert app.get(PATH, params=world.params()).json["success"] is True
     app.app.store.close()
 
 
 def test_the_core_imports_no_prometheus_client_by_itself(world):
-    """authsvc/web/metrics.py imports prometheus_client inside functions only; App() without metrics never does."""
+    """authsvc/web/metrics.py imports prometheus_client inside functions only; App() without metrics
+    never does."""
     store = open_store(world.settings.store, readonly=True, settings=world.settings)
     app = webtest.TestApp(App(world.settings, store), lint=True)
     assert app.get("/metrics", status=404).json["error"] == 404
@@ -172,8 +204,10 @@ def worker_pids(master_pid: int) -> list[int]:
 
 
 def test_a_forked_child_counts_into_its_own_file(multiprocess):
-    """As a gunicorn worker forked from the master (preload): the child's counts go to its own file, the
-    parent's stay, and neither overwrites the other (the parent counted before and after the fork)."""
+    """As a gunicorn worker forked from the master (preload): the child's counts go to its own file,
+    the
+    parent's stay, and neither overwrites the other (the parent counted before and after the
+    fork)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.mmap_dict import MmapedDict
     from prometheus_client.multiprocess import MultiProcessCollector
@@ -195,7 +229,12 @@ def test_a_forked_child_counts_into_its_own_file(multiprocess):
     metrics.authentication(1, "success")
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(multiprocess))
-    assert samples(generate_latest(registry).decode())['authsvc_authentications_total{game="1",result="success"}'] == 9
+    assert (
+        samples(generate_latest(registry).decode())[
+            'authsvc_authentications_total{game="1",result="success"}'
+        ]
+        == 9
+    )
     for process, count in ((os.getpid(), 4), (pid, 5)):
         counts = MmapedDict.read_all_values_from_file(str(multiprocess / f"counter_{process}.db"))
         assert [value for key, value, *_ in counts if "authsvc_authentications" in key] == [count]
@@ -215,14 +254,27 @@ def test_under_gunicorn_every_scrape_shows_every_workers_counts(env, world, tmp_
     env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "AUTHSVC_THREADS": str(threads)}
     requests, expected = scripted_mix(world)
     port = free_port()
-    proc = start_gunicorn(env, "--graceful-timeout", "5", port=port, workers=2,
-                          config=os.path.join(REPO, "deploy", "gunicorn.conf.py"))
+    proc = start_gunicorn(
+        env,
+        "--graceful-timeout",
+        "5",
+        port=port,
+        workers=2,
+        config=os.path.join(REPO, "deploy", "gunicorn.conf.py"),
+    )
     try:
         wait_for_port(port)
         with concurrent.futures.ThreadPoolExecutor(1 if threads == 1 else 8) as pool:
-            list(pool.map(lambda params: get_text(port, PATH + "?" + urllib.parse.urlencode(params)), requests * 3))
+            list(
+                pool.map(
+                    lambda params: get_text(port, PATH + "?" + urllib.parse.urlencode(params)),
+                    requests * 3,
+                )
+            )
         expected = {k: v * 3 for k, v in expected.items()}
-        expected[str(world.game_id), "success"] += until_both_workers_counted(port, world.params(), metrics_dir)
+        expected[str(world.game_id), "success"] += until_both_workers_counted(
+            port, world.params(), metrics_dir
+        )
         for _ in range(10):
             status, text = get_text(port, "/metrics")
             assert status == 200 and auth_counts(text) == expected, text

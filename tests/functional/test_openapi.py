@@ -38,8 +38,12 @@ DOCUMENT = REPO / "authsvc" / "openapi" / "authenticate.json"
 # (a loaded CI machine is slow, not wrong). The coverage phase adds its own fixed cases
 # (missing parameters, boundary values, undeclared methods) on top of these.
 FUZZ = hypothesis.settings(
-    max_examples=30, deadline=None, derandomize=True, database=None,
-    suppress_health_check=list(hypothesis.HealthCheck), phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+    phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
 )
 
 
@@ -54,11 +58,16 @@ def test_the_document_is_valid_openapi_3_1():
 
 
 def test_every_operation_lists_its_4xx_answers():
-    """Redocly's operation-4xx-response is off in redocly.yaml (for the admin document's /openapi.json):
+    """Redocly's operation-4xx-response is off in redocly.yaml (for the admin document's
+    /openapi.json):
     here it holds for every operation of this one."""
     document = _document()
-    missing = [(path, method) for path, item in document["paths"].items() for method, op in item.items()
-               if not any(status.startswith("4") for status in op["responses"])]
+    missing = [
+        (path, method)
+        for path, item in document["paths"].items()
+        for method, op in item.items()
+        if not any(status.startswith("4") for status in op["responses"])
+    ]
     assert missing == []
 
 
@@ -75,11 +84,17 @@ def test_the_app_serves_the_document(settings, admin_store):
         assert response.body.isascii() and b"\n" not in response.body  # compact, like every answer
         head = app.head("/openapi.json")
         assert head.body == b"" and head.headers["Content-Length"] == str(len(response.body))
-        assert app.post("/openapi.json").body == response.body  # like the probes: GET, HEAD and POST
+        assert (
+            app.post("/openapi.json").body == response.body
+        )  # like the probes: GET, HEAD and POST
         assert route_name("/openapi.json") == "/openapi.json"  # logged by its name (docs/logs.md)
         refused = app.put("/openapi.json", status=405)
         assert refused.headers["Allow"] == "GET, HEAD, POST"
-        assert refused.json == {"success": False, "error": 405, "error_description": "Method not allowed"}
+        assert refused.json == {
+            "success": False,
+            "error": 405,
+            "error_description": "Method not allowed",
+        }
     finally:
         app.app.store.close()
 
@@ -90,7 +105,10 @@ def _serve(tmp_path_factory, error_status: str | None):
     secret = root / "token-secret"
     secret.write_text(os.urandom(32).hex() + "\n")
     secret.chmod(0o600)
-    env = {"AUTHSVC_STORE": "sqlite://" + str(root / "authsvc.db"), "AUTHSVC_TOKEN_SECRET_FILE": str(secret)}
+    env = {
+        "AUTHSVC_STORE": "sqlite://" + str(root / "authsvc.db"),
+        "AUTHSVC_TOKEN_SECRET_FILE": str(secret),
+    }
     if error_status is not None:
         env["AUTHSVC_ERROR_STATUS"] = error_status
     settings = Settings.from_env(env)
@@ -103,8 +121,14 @@ def _serve(tmp_path_factory, error_status: str | None):
     store.close()
     credentials = {"user_id": "1001", "game_auth_token": token, "api_key": api_key}
     port = free_port()
-    proc = serve_gunicorn(env, "--graceful-timeout", "5", port=port, log_path=root / "gunicorn.log",
-                          config=REPO / "deploy" / "gunicorn.conf.py")
+    proc = serve_gunicorn(
+        env,
+        "--graceful-timeout",
+        "5",
+        port=port,
+        log_path=root / "gunicorn.log",
+        config=REPO / "deploy" / "gunicorn.conf.py",
+    )
     return proc, port, credentials
 
 
@@ -149,7 +173,9 @@ def test_default_mode_matches_the_document(case, default_mode_server):
     (docs/api.md, "Answers": old clients never read a 4xx body) and as the document says. So both
     run in the http mode (test_http_mode_matches_the_document), where they apply."""
     excluded = [schemathesis_check("negative_data_rejection"), schemathesis_check("ignored_auth")]
-    case.call_and_validate(base_url=f"http://127.0.0.1:{default_mode_server[0]}", excluded_checks=excluded)
+    case.call_and_validate(
+        base_url=f"http://127.0.0.1:{default_mode_server[0]}", excluded_checks=excluded
+    )
 
 
 @pytest.mark.slow
@@ -180,12 +206,17 @@ def test_a_success_matches_the_document(request, server):
     ]
     excluded = [schemathesis_check("ignored_auth")]
     for case in cases:
-        response = case.call_and_validate(base_url=f"http://127.0.0.1:{port}", excluded_checks=excluded)
+        response = case.call_and_validate(
+            base_url=f"http://127.0.0.1:{port}", excluded_checks=excluded
+        )
         assert response.status_code == 200
         if case.method != "HEAD":
             assert response.json() == {"success": True, "user_id": 1001, "username": "demo_player"}
     wrong_key = {**credentials, "api_key": "00000000-0000-4000-8000-000000000000"}
-    response = operation["GET"].Case(query=wrong_key).call_and_validate(base_url=f"http://127.0.0.1:{port}",
-                                                                         excluded_checks=excluded)
+    response = (
+        operation["GET"]
+        .Case(query=wrong_key)
+        .call_and_validate(base_url=f"http://127.0.0.1:{port}", excluded_checks=excluded)
+    )
     assert response.status_code == (200 if server == "default_mode_server" else 403)
     assert response.json() == INVALID

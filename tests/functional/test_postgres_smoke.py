@@ -31,21 +31,43 @@ def test_the_game_facing_endpoint_on_postgresql(app, world):
 
 def test_the_admin_api_on_postgresql(app, world, settings):
     admin = webtest.TestApp(AdminApp(settings), lint=True)
-    _, token = api_tokens.add_api_token(world.store, Context(actor="cli:test"), "web", ["players:read", "players:write",
-                                                                                     "tokens:mint", "audit:read"])
+    _, token = api_tokens.add_api_token(
+        world.store,
+        Context(actor="cli:test"),
+        "web",
+        ["players:read", "players:write", "tokens:mint", "audit:read"],
+    )
     headers = {"Authorization": f"Bearer {token}"}
     try:
-        assert admin.put_json("/v1/players/7", {"username": "bob"}, headers=headers).status_int == 201
-        minted = admin.post_json("/v1/tokens", {"game_id": world.game_id, "user_id": 7},
-                                 headers=headers | {"Idempotency-Key": "m-1"}).json
-        params = {"user_id": "7", "game_auth_token": minted["game_auth_token"], "api_key": world.api_key}
-        assert app.get("/api/authenticate.json", params).json == {"success": True, "user_id": 7, "username": "bob"}
+        assert (
+            admin.put_json("/v1/players/7", {"username": "bob"}, headers=headers).status_int == 201
+        )
+        minted = admin.post_json(
+            "/v1/tokens",
+            {"game_id": world.game_id, "user_id": 7},
+            headers=headers | {"Idempotency-Key": "m-1"},
+        ).json
+        params = {
+            "user_id": "7",
+            "game_auth_token": minted["game_auth_token"],
+            "api_key": world.api_key,
+        }
+        assert app.get("/api/authenticate.json", params).json == {
+            "success": True,
+            "user_id": 7,
+            "username": "bob",
+        }
         revoked = admin.post("/v1/players/7/revoke", headers=headers).json
         assert revoked["epoch"] == 1 and app.get("/api/authenticate.json", params).json == INVALID
-        batch = admin.post_json("/v1/players/batch", {"players": [{"user_id": 7, "username": "bob"},
-                                                                  {"user_id": 8, "username": "cy"}]}, headers=headers)
+        batch = admin.post_json(
+            "/v1/players/batch",
+            {"players": [{"user_id": 7, "username": "bob"}, {"user_id": 8, "username": "cy"}]},
+            headers=headers,
+        )
         assert batch.json["counts"] == {"created": 1, "updated": 0, "unchanged": 1, "error": 0}
-        actions = [r["action"] for r in admin.get("/v1/audit?player=7", headers=headers).json["records"]]
+        actions = [
+            r["action"] for r in admin.get("/v1/audit?player=7", headers=headers).json["records"]
+        ]
         assert actions == ["player.revoke", "token.mint", "player.add"]
     finally:
         admin.app.store.close()
@@ -53,7 +75,9 @@ def test_the_admin_api_on_postgresql(app, world, settings):
 
 def test_the_command_on_postgresql(command_as_alice, world):
     assert command_as_alice("player", "add", "9", "dana")[0] == 0
-    code, out, _ = command_as_alice("token", "issue", "--game", str(world.game_id), "--user", "9", "--json")
+    code, out, _ = command_as_alice(
+        "token", "issue", "--game", str(world.game_id), "--user", "9", "--json"
+    )
     assert code == 0 and len(json.loads(out)["game_auth_token"]) == 64
     assert command_as_alice("player", "revoke", "9")[0] == 0
     code, out, _ = command_as_alice("audit", "verify")

@@ -1,4 +1,5 @@
-"""Why an authentication failed: the internal reason in the log line, never on the wire (docs/logs.md).
+"""Why an authentication failed: the internal reason in the log line, never on the wire
+(docs/logs.md).
 
 Each reason of docs/logs.md once, through the app (WebTest, WSGI lint on), on both
 engines: the client gets exactly the 400/403 of docs/api.md and no header but the
@@ -22,15 +23,17 @@ from tests.support import INVALID as FORBIDDEN
 from tests.support import MISSING, PATH, make_testapp
 
 LINE = re.compile(
-    r"^auth rid=(?P<rid>\S+) host=(?P<host>https|legacy) game=(?P<game>\d+|none) user=(?P<user>\d+|-) "
-    r"reason=(?P<reason>[a-z_]+) ms=\d+\.\d{3}$"
+    r"^auth rid=(?P<rid>\S+) host=(?P<host>https|legacy) game=(?P<game>\d+|none) "
+    r"user=(?P<user>\d+|-) reason=(?P<reason>[a-z_]+) ms=\d+\.\d{3}$"
 )
 
 
 def _expire_key(world):
     """A rotation whose old key expired ten seconds ago."""
     now = int(time.time())
-    factories.add_api_key(world.store, world.game_id, api_key_digest(new_api_key()), now - 100, now - 10)
+    factories.add_api_key(
+        world.store, world.game_id, api_key_digest(new_api_key()), now - 100, now - 10
+    )
 
 
 def _other_player(world):
@@ -46,7 +49,12 @@ CASES = {
     "malformed": (None, {"user_id": "07"}, FORBIDDEN, False),
     "unknown_key": (None, {"api_key": new_api_key()}, FORBIDDEN, False),
     "expired_key": (_expire_key, {}, FORBIDDEN, True),
-    "game_disabled": (lambda w: factories.set_game_enabled(w.store, w.game_id, False), {}, FORBIDDEN, True),
+    "game_disabled": (
+        lambda w: factories.set_game_enabled(w.store, w.game_id, False),
+        {},
+        FORBIDDEN,
+        True,
+    ),
     "unknown_player": (None, "unknown_player", FORBIDDEN, True),
     "player_disabled": (_other_player, {}, FORBIDDEN, True),
     "wrong_token": (None, {"game_auth_token": "0" * 64}, FORBIDDEN, True),
@@ -59,13 +67,19 @@ def test_each_reason_is_logged_and_never_sent(world, caplog, reason):
     extra = change(world) if change else None
     extra = extra if isinstance(extra, dict) else {}  # a change may give the params it needs
     if overrides == "unknown_player":
-        overrides = {"user_id": "4243", "game_auth_token": mint_token(world.settings.token_secrets[0], world.game_id,
-                                                                      4243, 0)}
+        overrides = {
+            "user_id": "4243",
+            "game_auth_token": mint_token(world.settings.token_secrets[0], world.game_id, 4243, 0),
+        }
     params = world.params(**{**extra, **overrides})
     app = make_testapp(world.settings, max_staleness=0.0)
     with caplog.at_level(logging.INFO, logger="authsvc.auth"):
-        res = app.get(PATH, params=params, headers={"X-Request-Id": "e403c0fcef6463d39fc7a9b815431506"},
-                      extra_environ={"wsgi.url_scheme": "https"})
+        res = app.get(
+            PATH,
+            params=params,
+            headers={"X-Request-Id": "e403c0fcef6463d39fc7a9b815431506"},
+            extra_environ={"wsgi.url_scheme": "https"},
+        )
     app.app.store.close()
     if body is None:
         assert res.json["success"] is True
@@ -83,7 +97,9 @@ def test_each_reason_is_logged_and_never_sent(world, caplog, reason):
     assert match["rid"] == "e403c0fcef6463d39fc7a9b815431506"
     assert match["host"] == "https"
     assert match["game"] == (str(world.game_id) if has_game else "none")
-    assert match["user"] == ("-" if reason in ("missing_parameters", "malformed") else params["user_id"])
+    assert match["user"] == (
+        "-" if reason in ("missing_parameters", "malformed") else params["user_id"]
+    )
     for secret in (params.get("api_key"), params.get("game_auth_token")):
         if secret:
             assert secret not in caplog.text
@@ -96,11 +112,14 @@ def test_every_reason_is_covered():
 @pytest.mark.engine("sqlite")
 def test_store_unavailable_and_unreadable_bodies_are_logged(world, caplog, tmp_path):
     """A 503 is ``store_unavailable`` with no game; a body that cannot be read is ``malformed``;
-    a request id that is not nginx's (letters and digits) is logged as "-"; plain HTTP is the legacy host."""
+    a request id that is not nginx's (letters and digits) is logged as "-"; plain HTTP is the legacy
+    host."""
     app = make_testapp(world.settings)
     params = world.params()
     with caplog.at_level(logging.INFO, logger="authsvc.auth"):
-        app.post(PATH, "{not json", content_type="application/json", headers={"X-Request-Id": "a b"})
+        app.post(
+            PATH, "{not json", content_type="application/json", headers={"X-Request-Id": "a b"}
+        )
         path = world.settings.store.removeprefix("sqlite://")
         world.store.close()
         os.rename(path, tmp_path / "moved.db")

@@ -1,4 +1,5 @@
-"""The release's version has one source, pyproject.toml, and every place a sysadmin or a client reads
+"""The release's version has one source, pyproject.toml, and every place a sysadmin or a client
+reads
 it says the same: ``authsvc --version``, both OpenAPI documents' ``info.version`` as served, the
 ``authsvc_build_info`` metric (docs/operations.md, "Upgrades")."""
 
@@ -42,5 +43,6 @@ def test_the_build_info_metric_names_the_release(app):
 
 def test_the_changelog_has_a_section_for_the_release():
     text = (REPO / "CHANGELOG.md").read_text()
-    assert re.search(rf"^## \[{re.escape(pyproject_version())}\] - \d{{4}}-\d{{2}}-\d{{2}}$", text, re.M), \
-        "CHANGELOG.md needs a Keep a Changelog section for the version in pyproject.toml"
+    assert re.search(
+        rf"^## \[{re.escape(pyproject_version())}\] - \d{{4}}-\d{{2}}-\d{{2}}$", text, re.M
+    ), "CHANGELOG.md needs a Keep a Changelog section for the version in pyproject.toml"

@@ -22,7 +22,15 @@ from authsvc.store.sqlite.store import SQLiteStore
 from authsvc.tokens import api_key_digest, new_api_key
 from authsvc.web.app import App, make_app
 from tests import factories
-from tests.support import INVALID, FakeClock, free_port, get, start_gunicorn, until_both_workers_counted, wait_for_port
+from tests.support import (
+    INVALID,
+    FakeClock,
+    free_port,
+    get,
+    start_gunicorn,
+    until_both_workers_counted,
+    wait_for_port,
+)
 
 
 def _rotate(world):
@@ -48,7 +56,9 @@ def clock():
 def stale_app(world, clock):
     """The app with the default bound, on a SQLite reader whose clock the test moves."""
     settings = dataclasses.replace(world.settings, max_staleness=1.0)
-    store = SQLiteStore(settings.store, readonly=True, max_staleness=settings.max_staleness, clock=clock)
+    store = SQLiteStore(
+        settings.store, readonly=True, max_staleness=settings.max_staleness, clock=clock
+    )
     app = webtest.TestApp(App(settings, store), lint=True)
     yield app
     store.close()
@@ -61,9 +71,13 @@ def test_a_change_is_seen_within_the_bound_and_not_before(stale_app, world, cloc
     assert stale_app.get("/api/authenticate.json", params).json["success"] is True
     CHANGES[change](world)
     clock.now += 0.999
-    assert stale_app.get("/api/authenticate.json", params).json["success"] is True  # the snapshot is kept
+    assert (
+        stale_app.get("/api/authenticate.json", params).json["success"] is True
+    )  # the snapshot is kept
     clock.now += 0.001
-    assert stale_app.get("/api/authenticate.json", params).json == INVALID  # 1 s after the snapshot: seen
+    assert (
+        stale_app.get("/api/authenticate.json", params).json == INVALID
+    )  # 1 s after the snapshot: seen
 
 
 @pytest.mark.engine("sqlite")
@@ -81,8 +95,12 @@ def test_a_stored_expiry_needs_no_new_snapshot(world, clock):
     """An expiry already in the store is checked against the wall clock on every request."""
     settings = dataclasses.replace(world.settings, max_staleness=1.0)
     expires_at = 2_000_000_000
-    factories.add_api_key(world.store, world.game_id, "0" * 64, 0, expires_at)  # the world's key now expires then
-    store = SQLiteStore(settings.store, readonly=True, max_staleness=1.0, clock=clock)  # a snapshot that never ages
+    factories.add_api_key(
+        world.store, world.game_id, "0" * 64, 0, expires_at
+    )  # the world's key now expires then
+    store = SQLiteStore(
+        settings.store, readonly=True, max_staleness=1.0, clock=clock
+    )  # a snapshot that never ages
     wall = [expires_at - 1.0]
     app = webtest.TestApp(App(settings, store, clock=lambda: wall[0]))
     assert app.get("/api/authenticate.json", world.params()).json["success"] is True
@@ -105,7 +123,8 @@ def test_postgresql_keeps_no_snapshot(world):
 
 @pytest.mark.engine("sqlite")
 def test_under_gunicorn_every_request_a_second_after_a_revoke_is_refused(env, world, tmp_path):
-    """Real workers, the default bound, the real admin command: no worker answers from a snapshot older than 1 s."""
+    """Real workers, the default bound, the real admin command: no worker answers from a snapshot
+    older than 1 s."""
     metrics_dir = tmp_path / "metrics"  # where each worker counts its answers: tells them apart
     metrics_dir.mkdir()
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"}  # the default
@@ -115,9 +134,16 @@ def test_under_gunicorn_every_request_a_second_after_a_revoke_is_refused(env, wo
     try:
         wait_for_port(port)
         params = world.params()
-        until_both_workers_counted(port, params, metrics_dir, result="success")  # both hold a snapshot
-        done = subprocess.run([sys.executable, "-m", "authsvc.cli.command", "player", "revoke", str(world.user_id)],
-                              env=env, capture_output=True, text=True, timeout=30)
+        until_both_workers_counted(
+            port, params, metrics_dir, result="success"
+        )  # both hold a snapshot
+        done = subprocess.run(
+            [sys.executable, "-m", "authsvc.cli.command", "player", "revoke", str(world.user_id)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert done.returncode == 0, done.stderr
         revoked_at = time.monotonic()
         time.sleep(1.0)
@@ -126,7 +152,9 @@ def test_under_gunicorn_every_request_a_second_after_a_revoke_is_refused(env, wo
             answers.append(json.loads(get(port, params).body))
             time.sleep(0.02)
         assert answers and all(a == INVALID for a in answers)
-        until_both_workers_counted(port, params, metrics_dir, result="wrong_token", answer=INVALID)  # each refuses
+        until_both_workers_counted(
+            port, params, metrics_dir, result="wrong_token", answer=INVALID
+        )  # each refuses
     finally:
         proc.terminate()
         proc.communicate(timeout=20)
@@ -134,9 +162,12 @@ def test_under_gunicorn_every_request_a_second_after_a_revoke_is_refused(env, wo
 
 @pytest.mark.engine("sqlite")
 def test_a_new_key_works_at_once_and_unknown_keys_look_again_only_after_a_commit(world, clock):
-    """A key the snapshot lacks is looked up in a new transaction if something was committed since the
-    snapshot began (found: the snapshot is renewed), so a rotated or new game's key works at once, the
-    reader's clock standing still; a stream of unknown keys makes no lookup while nothing is committed,
+    """A key the snapshot lacks is looked up in a new transaction if something was committed since
+    the
+    snapshot began (found: the snapshot is renewed), so a rotated or new game's key works at once,
+    the
+    reader's clock standing still; a stream of unknown keys makes no lookup while nothing is
+    committed,
     and one per commit (counted: the reads of the key table), and a known key never does
     (docs/design.md, "Freshness")."""
     settings = dataclasses.replace(world.settings, max_staleness=1.0)
@@ -148,22 +179,38 @@ def test_a_new_key_works_at_once_and_unknown_keys_look_again_only_after_a_commit
 
     def key_reads() -> tuple[int, int]:
         """(lookups of one key, reads of the whole key table) since the last call."""
-        reads = (sum("WHERE digest" in sql for sql in statements), sum("FROM api_keys AS k" in sql for sql in statements))
+        reads = (
+            sum("WHERE digest" in sql for sql in statements),
+            sum("FROM api_keys AS k" in sql for sql in statements),
+        )
         statements.clear()
         return reads
 
     for _ in range(20):  # nothing committed since the snapshot: no lookup
-        assert app.get("/api/authenticate.json", world.params(api_key=new_api_key())).json["error"] == 403
+        assert (
+            app.get("/api/authenticate.json", world.params(api_key=new_api_key())).json["error"]
+            == 403
+        )
     assert key_reads() == (0, 0)
     new_key = new_api_key()
-    factories.add_api_key(world.store, world.game_id, api_key_digest(new_key), int(time.time()), time.time() + 60)
+    factories.add_api_key(
+        world.store, world.game_id, api_key_digest(new_key), int(time.time()), time.time() + 60
+    )
     assert app.get("/api/authenticate.json", world.params(api_key=new_key)).json["success"] is True
-    assert app.get("/api/authenticate.json", world.params()).json["success"] is True  # the old key still works
+    assert (
+        app.get("/api/authenticate.json", world.params()).json["success"] is True
+    )  # the old key still works
     assert key_reads() == (1, 1)  # looked up, found: the snapshot renewed
     factories.add_player(world.store, 4343, "bob")  # a commit that adds no key
     for _ in range(20):
-        assert app.get("/api/authenticate.json", world.params(api_key=new_api_key())).json["error"] == 403
-    assert key_reads() == (1, 0)  # the first unknown key after the commit looks, not found: no renewal
+        assert (
+            app.get("/api/authenticate.json", world.params(api_key=new_api_key())).json["error"]
+            == 403
+        )
+    assert key_reads() == (
+        1,
+        0,
+    )  # the first unknown key after the commit looks, not found: no renewal
     assert app.get("/api/authenticate.json", world.params(api_key=new_key)).json["success"] is True
     assert key_reads() == (0, 0)
     store.close()

@@ -1,4 +1,5 @@
-"""What only the embedded store promises: WAL, a read-only web connection, per-process connections."""
+"""What only the embedded store promises: WAL, a read-only web connection, per-process
+connections."""
 
 from __future__ import annotations
 
@@ -78,15 +79,24 @@ def test_one_query_per_authentication(world):
 
 def test_with_a_snapshot_one_query_per_authentication_and_one_per_snapshot(world):
     clock = [0.0]
-    store = SQLiteStore(world.settings.store, readonly=True, max_staleness=1.0, clock=lambda: clock[0])
+    store = SQLiteStore(
+        world.settings.store, readonly=True, max_staleness=1.0, clock=lambda: clock[0]
+    )
     statements = []
     store._conn().set_trace_callback(statements.append)
     app = webtest.TestApp(make_app(world.settings, store=store))
     for _ in range(3):
         assert app.get("/api/authenticate.json", world.params()).json["success"] is True
-    # The journal mode (once per connection: WAL, the -shm mapped), BEGIN, the key table, then one player
-    # lookup per authentication.
-    assert [s.split()[0] for s in statements] == ["PRAGMA", "BEGIN", "SELECT", "SELECT", "SELECT", "SELECT"]
+    # The journal mode (once per connection: WAL, the -shm mapped), BEGIN, the key table, then one
+    # player lookup per authentication.
+    assert [s.split()[0] for s in statements] == [
+        "PRAGMA",
+        "BEGIN",
+        "SELECT",
+        "SELECT",
+        "SELECT",
+        "SELECT",
+    ]
     del statements[0]
     assert app.get("/api/authenticate.json", world.params(api_key="nope")).json["error"] == 403
     # An unknown key, nothing committed since the snapshot: the player looked up all the same
@@ -105,8 +115,10 @@ def test_with_a_snapshot_one_query_per_authentication_and_one_per_snapshot(world
 
 
 def test_not_in_wal_mode_a_key_the_snapshot_lacks_is_refused_without_a_lookup(world):
-    """A store in rollback-journal mode (a restored copy, before 'authsvc init'): a snapshot's shared lock
-    keeps every commit out until it ends, so an unknown key needs no test and gets no lookup; a key added
+    """A store in rollback-journal mode (a restored copy, before 'authsvc init'): a snapshot's
+    shared lock
+    keeps every commit out until it ends, so an unknown key needs no test and gets no lookup; a key
+    added
     once the snapshot has ended works."""
     world.store.close()
     path = path_from_url(world.settings.store)
@@ -114,7 +126,9 @@ def test_not_in_wal_mode_a_key_the_snapshot_lacks_is_refused_without_a_lookup(wo
     assert conn.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",)
     conn.close()
     clock = [0.0]
-    store = SQLiteStore(world.settings.store, readonly=True, max_staleness=1.0, clock=lambda: clock[0])
+    store = SQLiteStore(
+        world.settings.store, readonly=True, max_staleness=1.0, clock=lambda: clock[0]
+    )
     app = webtest.TestApp(make_app(world.settings, store=store))
     assert app.get("/api/authenticate.json", world.params()).json["success"] is True
     statements: list[str] = []
@@ -130,24 +144,36 @@ def test_not_in_wal_mode_a_key_the_snapshot_lacks_is_refused_without_a_lookup(wo
 
 
 def test_the_snapshot_path_answers_exactly_as_the_one_query_path(admin_store, settings):
-    """Every (key, player) pair of a varied store: the snapshot reader gives the fresh reader's Credentials."""
+    """Every (key, player) pair of a varied store: the snapshot reader gives the fresh reader's
+    Credentials."""
     keys = {}
-    for n, (enabled, expires_at) in enumerate([(True, None), (False, None), (True, 1_000), (True, 2**40)]):
+    for n, (enabled, expires_at) in enumerate(
+        [(True, None), (False, None), (True, 1_000), (True, 2**40)]
+    ):
         game = factories.add_game(admin_store, f"game{n}", f"{n:064x}", 0)
         keys[f"{n:064x}"] = game.id
         if expires_at is not None:
-            factories.add_api_key(admin_store, game.id, f"{n + 100:064x}", 0, expires_at)  # the first key gets the expiry
+            factories.add_api_key(
+                admin_store, game.id, f"{n + 100:064x}", 0, expires_at
+            )  # the first key gets the expiry
             keys[f"{n + 100:064x}"] = game.id
         if not enabled:
             factories.set_game_enabled(admin_store, game.id, False)
-    for user_id, enabled, revokes in [(1, True, 0), (2, False, 0), (3, True, 2), (2**63 - 1, True, 1)]:
+    for user_id, enabled, revokes in [
+        (1, True, 0),
+        (2, False, 0),
+        (3, True, 2),
+        (2**63 - 1, True, 1),
+    ]:
         factories.add_player(admin_store, user_id, f"p{user_id}")
         factories.set_player_enabled(admin_store, user_id, enabled)
         for _ in range(revokes):
             factories.revoke_player(admin_store, user_id)
     fresh = SQLiteStore(settings.store, readonly=True)
     ticks = iter(range(10_000))
-    snapshot = SQLiteStore(settings.store, readonly=True, max_staleness=1.0, clock=lambda: float(next(ticks)))
+    snapshot = SQLiteStore(
+        settings.store, readonly=True, max_staleness=1.0, clock=lambda: float(next(ticks))
+    )
     seen = 0
     for digest in [*keys, "f" * 64]:
         for user_id in (1, 2, 3, 4, 2**63 - 1):

@@ -25,16 +25,16 @@ from tests.support import free_port, skip_or_fail, start_gunicorn, wait_for_port
 # (URL as written, with {tmp} for the test's directory; the file it names, relative to it).
 # The working directory is {tmp}, so relative forms land there too.
 FORMS = [
-    ("sqlite://{tmp}/a.db", "a.db"),                      # documented absolute form
-    ("sqlite:///{tmp}/a.db", "a.db"),                     # SQLAlchemy's four slashes: absolute too
-    ("sqlite://rel/a.db", "rel/a.db"),                    # relative to the working directory
+    ("sqlite://{tmp}/a.db", "a.db"),  # documented absolute form
+    ("sqlite:///{tmp}/a.db", "a.db"),  # SQLAlchemy's four slashes: absolute too
+    ("sqlite://rel/a.db", "rel/a.db"),  # relative to the working directory
     ("sqlite://a.db", "a.db"),
     ("sqlite://{tmp}/my store/auth svc.db", "my store/auth svc.db"),
-    ("sqlite://{tmp}/50%25 off%.db", "50%25 off%.db"),    # taken literally, never %-decoded
+    ("sqlite://{tmp}/50%25 off%.db", "50%25 off%.db"),  # taken literally, never %-decoded
     ("sqlite://{tmp}/what?mode=rw.db", "what?mode=rw.db"),  # no query string: part of the name
-    ("sqlite://{tmp}/no#1.db", "no#1.db"),                # no fragment either
+    ("sqlite://{tmp}/no#1.db", "no#1.db"),  # no fragment either
     ("sqlite:///{tmp}/sp ace #?%.db", "sp ace #?%.db"),
-    ("SQLite://{tmp}/a.db", "a.db"),                      # the scheme is case-insensitive
+    ("SQLite://{tmp}/a.db", "a.db"),  # the scheme is case-insensitive
 ]
 
 REFUSED = [
@@ -88,7 +88,11 @@ def api_key(run, url) -> str:
 
 def settings_for(url: str, secret_file) -> Settings:
     return Settings.from_env(
-        {"AUTHSVC_STORE": url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), "AUTHSVC_MAX_STALENESS": "0"}
+        {
+            "AUTHSVC_STORE": url,
+            "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+            "AUTHSVC_MAX_STALENESS": "0",
+        }
     )
 
 
@@ -110,7 +114,9 @@ def test_admin_command_and_web_app_use_the_same_file(run, tmp_path, secret_file,
 
 
 @pytest.mark.parametrize("form", REFUSED)
-def test_admin_command_and_web_app_refuse_the_same_urls_with_the_same_line(run, tmp_path, secret_file, form):
+def test_admin_command_and_web_app_refuse_the_same_urls_with_the_same_line(
+    run, tmp_path, secret_file, form
+):
     url = form.format(tmp=tmp_path)
     before = set(tmp_path.rglob("*"))
     code, out, err = run(url, "init")
@@ -128,7 +134,9 @@ def test_four_slash_url_with_odd_characters_under_real_gunicorn(run, tmp_path, s
     params["api_key"] = api_key(run, url)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "AUTHSVC_CONFIG"}
-    env.update(AUTHSVC_STORE=url, AUTHSVC_TOKEN_SECRET_FILE=str(secret_file), AUTHSVC_MAX_STALENESS="0")
+    env.update(
+        AUTHSVC_STORE=url, AUTHSVC_TOKEN_SECRET_FILE=str(secret_file), AUTHSVC_MAX_STALENESS="0"
+    )
     proc = start_gunicorn(env, port=port, preload=True, inherit_env=False, cwd=tmp_path)
     try:
         try:
@@ -137,13 +145,15 @@ def test_four_slash_url_with_odd_characters_under_real_gunicorn(run, tmp_path, s
             proc.kill()
             pytest.fail("gunicorn did not start: " + proc.communicate(timeout=20)[1][-2000:])
         query = urllib.parse.urlencode(params)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/authenticate.json?{query}", timeout=10) as r:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/api/authenticate.json?{query}", timeout=10
+        ) as r:
             assert json.loads(r.read()) == {"success": True, "user_id": 4242, "username": "alice"}
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-        # A worker still booting when SIGTERM comes (a busy machine) has not yet set its own handler:
-        # gunicorn's master ends it after its graceful timeout, 30 s.
+        # A worker still booting when SIGTERM comes (a busy machine) has not yet set its own
+        # handler: gunicorn's master ends it after its graceful timeout, 30 s.
         proc.communicate(timeout=60)
 
 
@@ -159,14 +169,14 @@ def test_a_nul_character_is_refused_by_the_one_parser():
 SECRET_URLS = [
     "postgresql://owner:{s}@db/authsvc",
     "postgresql://owner@db/authsvc?sslpassword={s}",
-    "postgresql://owner@db/authsvc?pass%77ord={s}",             # libpq decodes the name: the password
+    "postgresql://owner@db/authsvc?pass%77ord={s}",  # libpq decodes the name: the password
     "postgresql://owner@db/authsvc?%70%61%73%73%77%6F%72%64={s}",
     "postgresql://owner@db/authsvc?sslmode=require&ssl%70assword={s}&application_name=x",
     "postgresql://owner@db/authsvc?oauth_client_secret={s}",
-    "postgresql://owner:{s}?x@db/authsvc",                      # libpq takes an unescaped "?" into the password
+    "postgresql://owner:{s}?x@db/authsvc",  # libpq takes an unescaped "?" into the password
     "postgresql://owner:{s}#x@db/authsvc",
-    "postgresql://db/authsvc?password={s}#x",                   # no fragment in libpq: part of the value
-    "postgresql://db/authsvc?password=a&password={s}",          # the last one wins
+    "postgresql://db/authsvc?password={s}#x",  # no fragment in libpq: part of the value
+    "postgresql://db/authsvc?password=a&password={s}",  # the last one wins
     "postgresql://owner:{s}@db1:5432,db2:5433/authsvc?sslpassword={s}",
     "postgres://owner:{s}@[::1]:5432/authsvc",
 ]
@@ -178,8 +188,9 @@ def _libpq_secrets(url: str) -> list[str]:
         from psycopg import conninfo, pq
     except ImportError:
         skip_or_fail("psycopg is not installed (pip install -e '.[postgres]')")
-    hidden = {o.keyword.decode() for o in pq.Conninfo.get_defaults() if o.dispchar in (b"*", b"D")} - {
-        "replication", "sslkeylogfile"}  # "D": debug options; these two are a mode and a file name
+    hidden = {
+        o.keyword.decode() for o in pq.Conninfo.get_defaults() if o.dispchar in (b"*", b"D")
+    } - {"replication", "sslkeylogfile"}  # "D": debug options; these two are a mode and a file name
     return [str(v) for k, v in conninfo.conninfo_to_dict(url).items() if k in hidden and v]
 
 
@@ -203,17 +214,22 @@ def test_every_parameter_libpq_masks_is_masked():
     masked = [o.keyword.decode() for o in pq.Conninfo.get_defaults() if o.dispchar == b"*"]
     assert {"password", "sslpassword"} <= set(masked)
     for keyword in (*masked, "scram_client_key", "scram_server_key"):
-        assert redact_url(f"postgresql://db/a?{keyword}=hidden") == f"postgresql://db/a?{keyword}=***"
+        assert (
+            redact_url(f"postgresql://db/a?{keyword}=hidden") == f"postgresql://db/a?{keyword}=***"
+        )
 
 
-@pytest.mark.parametrize("url", [
-    "postgresql://owner:pw@[::1/authsvc",          # an IPv6 host never closed: urllib raises ValueError
-    "postgresql://owner:pw@[zz]:5432/authsvc",
-    "postgresql://owner:pw@db:99999999/authsvc",
-    "postgresql://\udcff:pw@db/authsvc",
-    "host=db password=pw",                         # not a URL at all
-    "",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://owner:pw@[::1/authsvc",  # an IPv6 host never closed: urllib raises ValueError
+        "postgresql://owner:pw@[zz]:5432/authsvc",
+        "postgresql://owner:pw@db:99999999/authsvc",
+        "postgresql://\udcff:pw@db/authsvc",
+        "host=db password=pw",  # not a URL at all
+        "",
+    ],
+)
 def test_redact_url_never_raises_and_never_shows_the_password(url):
     shown = redact_url(url)
     assert isinstance(shown, str) and "pw" not in shown
@@ -222,35 +238,47 @@ def test_redact_url_never_raises_and_never_shows_the_password(url):
 def test_redact_url_keeps_what_is_not_secret():
     plain = "postgresql://authsvc_web@db.example.internal:5432/authsvc?sslmode=verify-full&passfile=/etc/authsvc/pgpass-web"
     assert redact_url(plain) == plain
-    assert redact_url("sqlite:///var/lib/a:b@c/what?password=x.db") == "sqlite:///var/lib/a:b@c/what?password=x.db"
+    assert (
+        redact_url("sqlite:///var/lib/a:b@c/what?password=x.db")
+        == "sqlite:///var/lib/a:b@c/what?password=x.db"
+    )
     assert redact_url("postgresql://u:pw@db/a?sslmode=require&sslpassword=x") == (
-        "postgresql://u:***@db/a?sslmode=require&sslpassword=***")
-
+        "postgresql://u:***@db/a?sslmode=require&sslpassword=***"
+    )
 
 
 def _secret_url(host: str, password: str) -> str:
-    return (f"postgresql://postgres:{password}a@{host}/authsvc?sslmode=disable&sslpassword={password}b"
-            f"&pass%77ord={password}c&connect_timeout=2")
+    return f"postgresql://postgres:{password}a@{host}/authsvc?sslmode=disable&sslpassword={password}b&pass%77ord={password}c&connect_timeout=2"
 
 
-@pytest.mark.parametrize("host, status", [
-    ("127.0.0.1:{port}", 75),      # nobody listens there: the store is unreachable
-    ("[::1:{port}", 4),            # an IPv6 host never closed: not a valid URL (libpq quotes it whole)
-])
+@pytest.mark.parametrize(
+    "host, status",
+    [
+        ("127.0.0.1:{port}", 75),  # nobody listens there: the store is unreachable
+        ("[::1:{port}", 4),  # an IPv6 host never closed: not a valid URL (libpq quotes it whole)
+    ],
+)
 def test_gunicorns_start_up_failure_line_holds_no_password(tmp_path, secret_file, host, status):
     password = secrets.token_hex(12)
-    env = {"AUTHSVC_STORE": _secret_url(host.format(port=free_port()), password),
-           "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
+    env = {
+        "AUTHSVC_STORE": _secret_url(host.format(port=free_port()), password),
+        "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+    }
     proc = start_gunicorn(env, port=free_port(), preload=True, inherit_env=False, cwd=tmp_path)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == status, err
     [line] = [line for line in err.splitlines() if line.startswith("authsvc: error: ")]
-    assert "postgresql://postgres:***@" in line and "sslpassword=***" in line and "pass%77ord=***" in line, line
+    assert (
+        "postgresql://postgres:***@" in line
+        and "sslpassword=***" in line
+        and "pass%77ord=***" in line
+    ), line
     assert password not in out + err and "Traceback" not in err
 
 
 def test_the_heartbeats_banner_holds_no_password(pg_databases, tmp_path):
-    """The real command on a real primary: trust authentication ignores the password, sslmode=disable
+    """The real command on a real primary: trust authentication ignores the password,
+    sslmode=disable
     the key's; the banner names the store without either."""
     from harness.pgserver import Heartbeat
 
@@ -269,7 +297,9 @@ def test_the_heartbeats_banner_holds_no_password(pg_databases, tmp_path):
     finally:
         heartbeat.stop()
     log = heartbeat.log()
-    assert "postgresql://postgres:***@" in log and "sslpassword=***" in log and "pass%77ord=***" in log, log
+    assert (
+        "postgresql://postgres:***@" in log and "sslpassword=***" in log and "pass%77ord=***" in log
+    ), log
     assert password not in log
 
 
@@ -280,6 +310,8 @@ def test_libpq_error_texts_are_masked_of_every_secret():
     except ImportError:
         skip_or_fail("psycopg is not installed (pip install -e '.[postgres]')")
     password, key_password = secrets.token_hex(8), secrets.token_hex(8)
-    reader = PostgresReader(f"postgresql://u:{password}@db/a?ssl%70assword={key_password}", readonly=True)
+    reader = PostgresReader(
+        f"postgresql://u:{password}@db/a?ssl%70assword={key_password}", readonly=True
+    )
     text = _reason(RuntimeError(f"FATAL: no {password}\n and no {key_password}"), reader._secrets)
     assert text == "FATAL: no *** and no ***"

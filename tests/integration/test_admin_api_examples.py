@@ -22,7 +22,9 @@ from authsvc.operations import api_tokens
 from authsvc.operations.context import Context
 from tests.support import free_port, skip_or_fail, start_gunicorn, wait_for_port
 
-pytestmark = pytest.mark.engine("sqlite")  # the examples speak HTTP; the engine is not theirs to test
+pytestmark = pytest.mark.engine(
+    "sqlite"
+)  # the examples speak HTTP; the engine is not theirs to test
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "admin-api.md"
 BLOCK = re.compile(r'^```(\w+) title="([^"]+)"\n(.*?)^```$', re.M | re.S)
@@ -130,8 +132,9 @@ def php_command() -> list[str]:
     php = shutil.which("php")
     if php is None:
         skip_or_fail("php is not installed (.ci/run installs php-cli and php-curl)")
-    done = subprocess.run([php, "-r", "exit(function_exists('curl_init') ? 0 : 1);"], capture_output=True,
-                          timeout=60)
+    done = subprocess.run(
+        [php, "-r", "exit(function_exists('curl_init') ? 0 : 1);"], capture_output=True, timeout=60
+    )
     if done.returncode != 0:
         skip_or_fail("php has no curl extension (.ci/run installs php-curl)")
     return [php, *PHP_FLAGS]
@@ -144,16 +147,26 @@ def examples() -> dict[str, str]:
 
 @pytest.fixture
 def live_admin(env, admin_store, world):
-    """start(**env) -> (url, API token, game id, gunicorn): the admin API under gunicorn on 127.0.0.1
+    """start(**env) -> (url, API token, game id, gunicorn): the admin API under gunicorn on
+    127.0.0.1
     with a web-tier token, its access log on stdout."""
-    _, token = api_tokens.add_api_token(admin_store, Context(actor="cli:test"), "web-tier",
-                                 ["players:write", "tokens:mint"])
+    _, token = api_tokens.add_api_token(
+        admin_store, Context(actor="cli:test"), "web-tier", ["players:write", "tokens:mint"]
+    )
     servers = []
 
     def start(**extra_env):
         port = free_port()
-        servers.append(start_gunicorn(env | extra_env, "--access-logfile", "-", port=port,
-                                      app="authsvc.api.wsgi:application", workers=1))
+        servers.append(
+            start_gunicorn(
+                env | extra_env,
+                "--access-logfile",
+                "-",
+                port=port,
+                app="authsvc.api.wsgi:application",
+                workers=1,
+            )
+        )
         wait_for_port(port)
         return f"http://127.0.0.1:{port}", token, world.game_id, servers[-1]
 
@@ -164,7 +177,9 @@ def live_admin(env, admin_store, world):
             server.communicate(timeout=30)
 
 
-def run_client(command: list[str], workdir: Path, url: str, token: str, quiet: bool = False) -> dict:
+def run_client(
+    command: list[str], workdir: Path, url: str, token: str, quiet: bool = False
+) -> dict:
     """Run the driver; its printed steps by name (bounded: a hung call fails the test, not the run).
     ``quiet``: nothing may be printed on stderr either (PHP's notices and deprecations go there)."""
     env = {"PATH": "/usr/bin:/bin", "AUTHSVC_ADMIN_URL": url, "AUTHSVC_ADMIN_TOKEN": token}
@@ -179,8 +194,15 @@ def assert_the_calls_went_through(steps: dict, game_id: int) -> None:
     assert steps["signup"]["user_id"] == 777 and steps["signup"]["username"] == "newbie"
     assert steps["signup"]["epoch"] == 0 and steps["signup"]["etag"]
     taken = steps["taken signup"]  # If-None-Match: *, the id taken: 412, nothing renamed
-    assert taken["isAdminError"] and taken["status"] == 412 and taken["detail"] == "player 777 exists (If-None-Match: *)"
-    assert steps["rename"]["username"] == "veteran" and steps["rename"]["etag"] != steps["signup"]["etag"]
+    assert (
+        taken["isAdminError"]
+        and taken["status"] == 412
+        and taken["detail"] == "player 777 exists (If-None-Match: *)"
+    )
+    assert (
+        steps["rename"]["username"] == "veteran"
+        and steps["rename"]["etag"] != steps["signup"]["etag"]
+    )
     stale = steps["stale rename"]  # If-Match with the first ETag: 412, read as problem+json
     assert stale["isAdminError"] and stale["status"] == 412
     assert stale["type"] == "urn:authsvc:problem:precondition-failed"
@@ -196,7 +218,11 @@ def assert_the_calls_went_through(steps: dict, game_id: int) -> None:
     assert steps["mint again"]["game_auth_token"] != minted["game_auth_token"]
     bad = steps["bad name"]
     assert bad["status"] == 422 and bad["type"] == "urn:authsvc:problem:validation"
-    assert "white space" in bad["detail"] and bad["detail"] in bad["message"] and "422" in bad["message"]
+    assert (
+        "white space" in bad["detail"]
+        and bad["detail"] in bad["message"]
+        and "422" in bad["message"]
+    )
 
 
 def test_the_docs_hold_a_client_per_language():
@@ -220,7 +246,9 @@ def test_the_php_client_as_documented(live_admin, tmp_path):
     (tmp_path / "admin-client.php").write_text(examples()["admin-client.php"])
     driver = PHP_DRIVER.replace("GAME_USER", "777").replace("GAME_ID", str(game_id))
     (tmp_path / "driver.php").write_text(driver)
-    assert_the_calls_went_through(run_client([*php, "driver.php"], tmp_path, url, token, quiet=True), game_id)
+    assert_the_calls_went_through(
+        run_client([*php, "driver.php"], tmp_path, url, token, quiet=True), game_id
+    )
 
 
 def test_the_python_client_as_documented(live_admin, tmp_path):
@@ -228,41 +256,51 @@ def test_the_python_client_as_documented(live_admin, tmp_path):
     (tmp_path / "admin_client.py").write_text(examples()["admin_client.py"])
     driver = PYTHON_DRIVER.replace("GAME_USER", "777").replace("GAME_ID", str(game_id))
     (tmp_path / "driver.py").write_text(driver)
-    assert_the_calls_went_through(run_client([sys.executable, "driver.py"], tmp_path, url, token), game_id)
+    assert_the_calls_went_through(
+        run_client([sys.executable, "driver.py"], tmp_path, url, token), game_id
+    )
 
 
 @pytest.mark.parametrize("language", ["node", "php", "python"])
 def test_the_clients_wait_out_retry_after_and_try_again(language, live_admin, tmp_path):
-    """One request a second, no burst: the second call is answered 429 with Retry-After: 1; the client
+    """One request a second, no burst: the second call is answered 429 with Retry-After: 1; the
+    client
     waits and its second try passes. (A 503 takes the same branch of each client.)"""
     if language == "node":
         if shutil.which("node") is None:
             skip_or_fail("node is not installed (.ci/run installs nodejs)")
         (tmp_path / "admin-client.js").write_text(examples()["admin-client.js"])
         (tmp_path / "driver.js").write_text(
-            'const c = require("./admin-client.js");\n'
-            '(async () => { await c.signup(5, "first"); console.log(JSON.stringify(await c.rename(5, "second"))); })()'
-            '.catch((error) => { console.error(String(error)); process.exit(1); });\n')
+            'const c = require("./admin-client.js");\n(async () => { await c.signup(5, "first"); '
+            'console.log(JSON.stringify(await c.rename(5, "second"))); })()'
+            ".catch((error) => { console.error(String(error)); process.exit(1); });\n"
+        )
         command = [shutil.which("node") or "node", "driver.js"]
     elif language == "php":
         php = php_command()
         (tmp_path / "admin-client.php").write_text(examples()["admin-client.php"])
         (tmp_path / "driver.php").write_text(
-            "<?php\nrequire __DIR__ . '/admin-client.php';\n"
-            "Authsvc\\Admin\\signup(5, 'first');\necho json_encode(Authsvc\\Admin\\rename(5, 'second'));\n")
+            "<?php\nrequire __DIR__ . '/admin-client.php';\nAuthsvc\\Admin\\signup(5, "
+            "'first');\necho json_encode(Authsvc\\Admin\\rename(5, 'second'));\n"
+        )
         command = [*php, "driver.php"]
     else:
         (tmp_path / "admin_client.py").write_text(examples()["admin_client.py"])
         (tmp_path / "driver.py").write_text(
-            'import json\nfrom admin_client import rename, signup\n'
-            'signup(5, "first")\nprint(json.dumps(rename(5, "second")))\n')
+            "import json\nfrom admin_client import rename, signup\n"
+            'signup(5, "first")\nprint(json.dumps(rename(5, "second")))\n'
+        )
         command = [sys.executable, "driver.py"]
     url, token, _, server = live_admin(AUTHSVC_ADMIN_RATE="1", AUTHSVC_ADMIN_BURST="1")
     env = {"PATH": "/usr/bin:/bin", "AUTHSVC_ADMIN_URL": url, "AUTHSVC_ADMIN_TOKEN": token}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["username"] == "second"
     server.terminate()
     log, _ = server.communicate(timeout=30)
-    statuses = [line.split('"')[2].split()[0] for line in log.splitlines() if "/v1/players/5" in line]
+    statuses = [
+        line.split('"')[2].split()[0] for line in log.splitlines() if "/v1/players/5" in line
+    ]
     assert statuses[0] in ("200", "201") and "429" in statuses and statuses[-1] == "200"

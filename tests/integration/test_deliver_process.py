@@ -1,4 +1,5 @@
-"""A real ``authsvc deliver`` process against a receiver on loopback: one player's six events arrive in
+"""A real ``authsvc deliver`` process against a receiver on loopback: one player's six events arrive
+in
 order within 2 s of each change, signed so that the ``standardwebhooks`` package verifies them; a
 receiver down for 5 s gets every missed event once back; killed with SIGKILL mid-run, it loses no
 event (at least once: a duplicate keeps its webhook-id) and keeps a player's events in order; it
@@ -33,8 +34,15 @@ def start(env: dict, port: int, log, *more_ports: int, **settings: str) -> subpr
     allow = ",".join(f"127.0.0.1:{p}" for p in (port, *more_ports))
     return subprocess.Popen(
         [sys.executable, "-m", "authsvc.cli.command", "deliver"],
-        env={**os.environ, **env, "AUTHSVC_WEBHOOK_ALLOW_HOSTS": allow, "AUTHSVC_DELIVER_CONCURRENCY": "4", **settings},
-        stdout=log, stderr=subprocess.STDOUT,
+        env={
+            **os.environ,
+            **env,
+            "AUTHSVC_WEBHOOK_ALLOW_HOSTS": allow,
+            "AUTHSVC_DELIVER_CONCURRENCY": "4",
+            **settings,
+        },
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
 
 
@@ -46,7 +54,9 @@ def until(predicate, what: str, seconds: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def test_one_player_s_six_events_arrive_in_order_each_within_2_s_and_verified(env, admin_store, store_url, tmp_path):
+def test_one_player_s_six_events_arrive_in_order_each_within_2_s_and_verified(
+    env, admin_store, store_url, tmp_path
+):
     arrived: dict[str, float] = {}
 
     def note(headers, body):
@@ -54,12 +64,14 @@ def test_one_player_s_six_events_arrive_in_order_each_within_2_s_and_verified(en
         return 204
 
     receiver = Receiver(note)
-    changes = [("player.created", lambda: factories.add_player(admin_store, 7, "bob")),
-               ("player.renamed", lambda: factories.rename_player(admin_store, 7, "robert")),
-               ("player.disabled", lambda: factories.set_player_enabled(admin_store, 7, False)),
-               ("player.enabled", lambda: factories.set_player_enabled(admin_store, 7, True)),
-               ("player.revoked", lambda: factories.revoke_player(admin_store, 7)),
-               ("player.deleted", lambda: factories.delete_player(admin_store, 7))]
+    changes = [
+        ("player.created", lambda: factories.add_player(admin_store, 7, "bob")),
+        ("player.renamed", lambda: factories.rename_player(admin_store, 7, "robert")),
+        ("player.disabled", lambda: factories.set_player_enabled(admin_store, 7, False)),
+        ("player.enabled", lambda: factories.set_player_enabled(admin_store, 7, True)),
+        ("player.revoked", lambda: factories.revoke_player(admin_store, 7)),
+        ("player.deleted", lambda: factories.delete_player(admin_store, 7)),
+    ]
     try:
         add_webhook(store_url, receiver.url(), [t for t, _ in changes], SECRET)
         with open(tmp_path / "deliver.log", "ab") as log:
@@ -78,20 +90,31 @@ def test_one_player_s_six_events_arrive_in_order_each_within_2_s_and_verified(en
         verified = [Webhook(SECRET).verify(body, headers) for headers, body in receiver.requests]
         assert [v["type"] for v in verified] == [t for t, _ in changes]
         assert [v["data"] for v in verified] == [
-            {"user_id": 7, "username": "bob", "epoch": 0}, {"user_id": 7, "username": "robert", "epoch": 0},
-            {"user_id": 7, "username": "robert", "epoch": 0}, {"user_id": 7, "username": "robert", "epoch": 0},
-            {"user_id": 7, "username": "robert", "epoch": 1}, {"user_id": 7, "epoch": 1}]
-        waits = [arrived[headers["webhook-id"]] - at for (headers, _), at in zip(receiver.requests, made, strict=True)]
+            {"user_id": 7, "username": "bob", "epoch": 0},
+            {"user_id": 7, "username": "robert", "epoch": 0},
+            {"user_id": 7, "username": "robert", "epoch": 0},
+            {"user_id": 7, "username": "robert", "epoch": 0},
+            {"user_id": 7, "username": "robert", "epoch": 1},
+            {"user_id": 7, "epoch": 1},
+        ]
+        waits = [
+            arrived[headers["webhook-id"]] - at
+            for (headers, _), at in zip(receiver.requests, made, strict=True)
+        ]
         assert max(waits) <= 2.0, waits
     finally:
         receiver.close()
 
 
-def test_a_receiver_down_for_5_s_gets_every_missed_event_once_it_is_back(env, admin_store, store_url, tmp_path):
+def test_a_receiver_down_for_5_s_gets_every_missed_event_once_it_is_back(
+    env, admin_store, store_url, tmp_path
+):
     port = free_port()
     receiver = None
     try:
-        add_webhook(store_url, f"http://127.0.0.1:{port}/hook", ["player.created", "player.renamed"], SECRET)
+        add_webhook(
+            store_url, f"http://127.0.0.1:{port}/hook", ["player.created", "player.renamed"], SECRET
+        )
         with open(tmp_path / "deliver.log", "ab") as log:
             process = start(env, port, log)
             try:
@@ -99,8 +122,16 @@ def test_a_receiver_down_for_5_s_gets_every_missed_event_once_it_is_back(env, ad
                 for user_id in (1, 2, 3):
                     factories.add_player(admin_store, user_id, f"p{user_id}")
                 factories.rename_player(admin_store, 1, "p1-b")
-                until(lambda: store_sql(store_url, "SELECT count(*) FROM deliveries WHERE attempts > 0")[0][0] == 3,
-                      "a refused first attempt for each player", 10)
+                until(
+                    lambda: (
+                        store_sql(store_url, "SELECT count(*) FROM deliveries WHERE attempts > 0")[
+                            0
+                        ][0]
+                        == 3
+                    ),
+                    "a refused first attempt for each player",
+                    10,
+                )
                 time.sleep(max(0.0, 5.0 - (time.monotonic() - down)))
                 receiver = Receiver(port=port)
                 until(lambda: len(receiver.requests) == 4, "the missed events", 30)
@@ -110,17 +141,28 @@ def test_a_receiver_down_for_5_s_gets_every_missed_event_once_it_is_back(env, ad
                 if process.poll() is None:
                     process.kill()
         got = [(b["data"]["user_id"], b["type"], b["data"]["username"]) for b in receiver.bodies()]
-        assert sorted(got) == [(1, "player.created", "p1"), (1, "player.renamed", "p1-b"),
-                               (2, "player.created", "p2"), (3, "player.created", "p3")]
-        assert [g for g in got if g[0] == 1] == [(1, "player.created", "p1"), (1, "player.renamed", "p1-b")]
-        assert store_sql(store_url, "SELECT count(*) FROM deliveries WHERE state = 'delivered'") == [(4,)]
+        assert sorted(got) == [
+            (1, "player.created", "p1"),
+            (1, "player.renamed", "p1-b"),
+            (2, "player.created", "p2"),
+            (3, "player.created", "p3"),
+        ]
+        assert [g for g in got if g[0] == 1] == [
+            (1, "player.created", "p1"),
+            (1, "player.renamed", "p1-b"),
+        ]
+        assert store_sql(
+            store_url, "SELECT count(*) FROM deliveries WHERE state = 'delivered'"
+        ) == [(4,)]
     finally:
         if receiver is not None:
             receiver.close()
 
 
 @pytest.mark.slow
-def test_a_deliverer_killed_mid_run_loses_no_event_and_keeps_each_player_s_order(env, admin_store, store_url, tmp_path):
+def test_a_deliverer_killed_mid_run_loses_no_event_and_keeps_each_player_s_order(
+    env, admin_store, store_url, tmp_path
+):
     def slowly(headers, body):
         time.sleep(0.005)
         return 200
@@ -141,14 +183,22 @@ def test_a_deliverer_killed_mid_run_loses_no_event_and_keeps_each_player_s_order
             processes[0].wait(10)
             assert len(receiver.requests) < total, "the kill came too late to test anything"
             processes.append(start(env, receiver.port, log))
-            until(lambda: store_sql(store_url, "SELECT count(*) FROM deliveries WHERE state = 'delivered'")[0][0] == total,
-                  "every delivery marked delivered")
+            until(
+                lambda: (
+                    store_sql(
+                        store_url, "SELECT count(*) FROM deliveries WHERE state = 'delivered'"
+                    )[0][0]
+                    == total
+                ),
+                "every delivery marked delivered",
+            )
             processes[1].send_signal(signal.SIGTERM)
             assert processes[1].wait(30) == 0
         received = receiver.bodies()
         assert {(b["type"], b["data"]["user_id"], b["data"]["username"]) for b in received} == (
             {("player.created", i, f"p{i}") for i in range(1, PLAYERS + 1)}
-            | {("player.renamed", 1, f"p1-{n}") for n in range(1, RENAMES + 1)})
+            | {("player.renamed", 1, f"p1-{n}") for n in range(1, RENAMES + 1)}
+        )
         by_id: dict[str, set[bytes]] = {}
         for headers, body in receiver.requests:
             by_id.setdefault(headers["webhook-id"], set()).add(body)
@@ -169,7 +219,9 @@ def test_a_deliverer_killed_mid_run_loses_no_event_and_keeps_each_player_s_order
         receiver.close()
 
 
-def test_a_failing_receiver_is_logged_without_the_secret_or_the_url_s_query(env, admin_store, store_url, tmp_path):
+def test_a_failing_receiver_is_logged_without_the_secret_or_the_url_s_query(
+    env, admin_store, store_url, tmp_path
+):
     receiver = Receiver(lambda headers, body: 500)
     log_path = tmp_path / "deliver.log"
     try:
@@ -178,7 +230,10 @@ def test_a_failing_receiver_is_logged_without_the_secret_or_the_url_s_query(env,
         with open(log_path, "ab") as log:
             process = start(env, receiver.port, log)
             try:
-                until(lambda: store_sql(store_url, "SELECT attempts FROM deliveries") == [(1,)], "the first attempt")
+                until(
+                    lambda: store_sql(store_url, "SELECT attempts FROM deliveries") == [(1,)],
+                    "the first attempt",
+                )
                 process.send_signal(signal.SIGTERM)
                 assert process.wait(30) == 0
             finally:
@@ -187,7 +242,9 @@ def test_a_failing_receiver_is_logged_without_the_secret_or_the_url_s_query(env,
         log_text = log_path.read_text()
         assert f"webhook 1: 127.0.0.1:{receiver.port} answered 500" in log_text
         assert SECRET.removeprefix("whsec_") not in log_text and "token=" not in log_text
-        assert store_sql(store_url, "SELECT last_error FROM deliveries") == [("answered 500",)]  # the host: the log's
+        assert store_sql(store_url, "SELECT last_error FROM deliveries") == [
+            ("answered 500",)
+        ]  # the host: the log's
     finally:
         receiver.close()
 
@@ -228,13 +285,16 @@ def names_of(user_id: int) -> list[str]:
     return [f"u{user_id:02d}n{k:02d}x" for k in range(RENAMED + 1)]
 
 
-def test_no_post_that_arrives_after_a_deletion_s_answer_carries_the_deleted_player_s_names(env, admin_store,
-                                                                                            store_url, tmp_path):
-    """The receiver holds every POST while the gate is shut: once the deliverer's threads all wait in
+def test_no_post_that_arrives_after_a_deletion_s_answer_carries_the_deleted_player_s_names(
+    env, admin_store, store_url, tmp_path
+):
+    """The receiver holds every POST while the gate is shut: once the deliverer's threads all wait
+    in
     held POSTs (nothing new arrives for a second), nothing else is in flight. Then players are
     deleted, among them those whose chains are under way, and the gate opens: whatever arrives after
     a deletion's answer started after it committed, so it must carry none of that player's names,
-    however long it was queued (a head waiting for a thread) or chained (read ahead behind the one held)."""
+    however long it was queued (a head waiting for a thread) or chained (read ahead behind the one
+    held)."""
     gate = threading.Event()
     arrivals: list[tuple[float, bytes]] = []
     held: set[int] = set()
@@ -254,7 +314,12 @@ def test_no_post_that_arrives_after_a_deletion_s_answer_carries_the_deleted_play
     receiver = Receiver(hold)
     answered: dict[int, float] = {}  # user_id -> when its deletion was answered
     try:
-        add_webhook(store_url, receiver.url(), ["player.created", "player.renamed", "player.deleted"], SECRET)
+        add_webhook(
+            store_url,
+            receiver.url(),
+            ["player.created", "player.renamed", "player.deleted"],
+            SECRET,
+        )
         for user_id in range(1, CHAINED + 1):
             factories.add_player(admin_store, user_id, names_of(user_id)[0])
         for k in range(1, RENAMED + 1):
@@ -264,8 +329,11 @@ def test_no_post_that_arrives_after_a_deletion_s_answer_carries_the_deleted_play
         with open(tmp_path / "deliver.log", "ab") as log:
             process = start(env, receiver.port, log, AUTHSVC_WEBHOOK_TIMEOUT="60")
             try:
+
                 def drained():
-                    return store_sql(store_url, "SELECT count(*) FROM deliveries WHERE state = 'pending'") == [(0,)]
+                    return store_sql(
+                        store_url, "SELECT count(*) FROM deliveries WHERE state = 'pending'"
+                    ) == [(0,)]
 
                 until(lambda: fan_out_done(store_url), "the events fanned out")
                 left = list(range(1, CHAINED + 1))
@@ -273,19 +341,26 @@ def test_no_post_that_arrives_after_a_deletion_s_answer_carries_the_deleted_play
                 while left:
                     rounds += not drained()
                     gate.clear()
-                    until(lambda: (held and time.monotonic() - arrivals[-1][0] > 1.0) or drained(),
-                          "the deliverer's POSTs held")
+                    until(
+                        lambda: (held and time.monotonic() - arrivals[-1][0] > 1.0) or drained(),
+                        "the deliverer's POSTs held",
+                    )
                     with lock:
                         under_way = sorted(held)
-                    # the players whose POSTs are held (their chains read past them) and one not started
-                    doomed = [u for u in left if u in under_way] + [u for u in reversed(left) if u not in under_way][:1]
+                    # the players whose POSTs are held (their chains read past them) and one not
+                    # started
+                    doomed = [u for u in left if u in under_way] + [
+                        u for u in reversed(left) if u not in under_way
+                    ][:1]
                     for user_id in doomed:
                         factories.delete_player(admin_store, user_id)
                         answered[user_id] = time.monotonic()
                         left.remove(user_id)
                     seen = len(arrivals)
                     gate.set()
-                    until(lambda seen=seen: len(arrivals) >= seen + 6 or drained(), "the next POSTs")
+                    until(
+                        lambda seen=seen: len(arrivals) >= seen + 6 or drained(), "the next POSTs"
+                    )
                 until(lambda: fan_out_done(store_url) and drained(), "every delivery taken")
                 assert rounds > 1, "the deliveries went before the deletions could test anything"
                 process.send_signal(signal.SIGTERM)
@@ -294,12 +369,21 @@ def test_no_post_that_arrives_after_a_deletion_s_answer_carries_the_deleted_play
                 gate.set()
                 if process.poll() is None:
                     process.kill()
-        late = [(user_id, round(at - answered[user_id], 3), body.decode())
-                for at, body in arrivals for user_id in answered
-                if at > answered[user_id] and any(name.encode() in body for name in names_of(user_id))]
-        assert late == [], f"{len(late)} POSTs after a deletion's answer carried a deleted name, first: {late[:3]}"
+        late = [
+            (user_id, round(at - answered[user_id], 3), body.decode())
+            for at, body in arrivals
+            for user_id in answered
+            if at > answered[user_id] and any(name.encode() in body for name in names_of(user_id))
+        ]
+        assert late == [], (
+            f"{len(late)} POSTs after a deletion's answer carried a deleted name, first: {late[:3]}"
+        )
         # the deletions came while chains were under way: each player's deletion event arrived, last
-        deleted = [json.loads(body)["data"]["user_id"] for _, body in arrivals if b'"player.deleted"' in body]
+        deleted = [
+            json.loads(body)["data"]["user_id"]
+            for _, body in arrivals
+            if b'"player.deleted"' in body
+        ]
         assert sorted(deleted) == list(range(1, CHAINED + 1))
     finally:
         gate.set()
@@ -307,7 +391,9 @@ def test_no_post_that_arrives_after_a_deletion_s_answer_carries_the_deleted_play
 
 
 def fan_out_done(store_url: str) -> bool:
-    return store_sql(store_url, "SELECT min(fanned_out) = max(e.id) FROM webhooks, events AS e") in ([(True,)], [(1,)])
+    return store_sql(
+        store_url, "SELECT min(fanned_out) = max(e.id) FROM webhooks, events AS e"
+    ) in ([(True,)], [(1,)])
 
 
 class Blackhole:
@@ -334,8 +420,9 @@ class Blackhole:
             conn.close()
 
 
-def test_a_blackholed_webhook_with_1000_players_pending_holds_up_no_other_webhook(env, admin_store, store_url,
-                                                                                   tmp_path):
+def test_a_blackholed_webhook_with_1000_players_pending_holds_up_no_other_webhook(
+    env, admin_store, store_url, tmp_path
+):
     blackhole = Blackhole()
     arrived: dict[str, float] = {}
 
@@ -345,7 +432,9 @@ def test_a_blackholed_webhook_with_1000_players_pending_holds_up_no_other_webhoo
 
     healthy = Receiver(note)
     try:
-        stuck = add_webhook(store_url, f"http://127.0.0.1:{blackhole.port}/hook", ["player.created"], SECRET)
+        stuck = add_webhook(
+            store_url, f"http://127.0.0.1:{blackhole.port}/hook", ["player.created"], SECRET
+        )
         factories.import_players(admin_store, [(i, f"p{i}") for i in range(1, 1001)])
         add_webhook(store_url, healthy.url(), ["player.renamed"], SECRET)
         with open(tmp_path / "deliver.log", "ab") as log:
@@ -356,10 +445,15 @@ def test_a_blackholed_webhook_with_1000_players_pending_holds_up_no_other_webhoo
                 for n in range(1, 11):
                     made = time.monotonic()
                     factories.rename_player(admin_store, n, f"renamed{n}")
-                    until(lambda n=n: f"renamed{n}" in arrived, f"the healthy webhook's event {n}", 30)
+                    until(
+                        lambda n=n: f"renamed{n}" in arrived, f"the healthy webhook's event {n}", 30
+                    )
                     waits.append(round(arrived[f"renamed{n}"] - made, 3))
-                pending = store_sql(store_url, "SELECT count(*) FROM deliveries WHERE webhook_id = ? "
-                                               "AND state = 'pending'", (stuck,))[0][0]
+                pending = store_sql(
+                    store_url,
+                    "SELECT count(*) FROM deliveries WHERE webhook_id = ? AND state = 'pending'",
+                    (stuck,),
+                )[0][0]
                 blackhole.close()
                 process.send_signal(signal.SIGTERM)
                 assert process.wait(30) == 0
@@ -367,7 +461,9 @@ def test_a_blackholed_webhook_with_1000_players_pending_holds_up_no_other_webhoo
                 if process.poll() is None:
                     process.kill()
         assert pending >= 990, pending  # the blackholed webhook's backlog stood meanwhile
-        assert max(waits) <= 2.0, waits  # 0.1 s on an idle machine; each one at most twice the promise of 1 s
+        assert max(waits) <= 2.0, (
+            waits
+        )  # 0.1 s on an idle machine; each one at most twice the promise of 1 s
     finally:
         blackhole.close()
         healthy.close()

@@ -22,7 +22,16 @@ import time
 import pytest
 
 from authsvc.web.authenticate import REASONS
-from tests.deploy_support import ADMIN_HOST, API_HOST, LEGACY_HOST, REPO, forty_client_headers, start_stack, stop, wait_for_log
+from tests.deploy_support import (
+    ADMIN_HOST,
+    API_HOST,
+    LEGACY_HOST,
+    REPO,
+    forty_client_headers,
+    start_stack,
+    stop,
+    wait_for_log,
+)
 from tests.support import INVALID, MISSING
 
 pytestmark = pytest.mark.slow
@@ -33,7 +42,8 @@ JSON_TYPE = "application/json; charset=utf-8"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """One stack for the module's tests, which leave it working; at the end, whatever ran, no log holds a secret."""
+    """One stack for the module's tests, which leave it working; at the end, whatever ran, no log
+    holds a secret."""
     s = start_stack(tmp_path_factory.mktemp("deploy"))
     yield s
     stop(s.nginx)
@@ -60,7 +70,9 @@ def _cases(stack):
         "JSON body": (
             "POST",
             "/api/authenticate.json",
-            json.dumps({"user_id": stack.user_id, "game_auth_token": stack.token, "api_key": stack.api_key}).encode(),
+            json.dumps(
+                {"user_id": stack.user_id, "game_auth_token": stack.token, "api_key": stack.api_key}
+            ).encode(),
             {"Content-Type": "application/json"},
         ),
         "form body": (
@@ -82,13 +94,20 @@ def test_both_hosts_give_the_same_answers(stack):
         "guest user 0": (200, INVALID),
         "JSON body": (200, {"success": True, "user_id": stack.user_id, "username": stack.username}),
         "form body": (200, {"success": True, "user_id": stack.user_id, "username": stack.username}),
-        "wrong method": (405, {"success": False, "error": 405, "error_description": "Method not allowed"}),
+        "wrong method": (
+            405,
+            {"success": False, "error": 405, "error_description": "Method not allowed"},
+        ),
     }
     for name, (method, path, body, headers) in _cases(stack).items():
         https = stack.request("https", path, method=method, body=body, headers=headers)
         legacy = stack.request("http", path, method=method, body=body, headers=headers)
         for answer in (https, legacy):
-            assert (answer.status, answer.json()) == expected[name], (name, answer.status, answer.body)
+            assert (answer.status, answer.json()) == expected[name], (
+                name,
+                answer.status,
+                answer.body,
+            )
             assert answer.content_type == JSON_TYPE, name
             assert answer.headers["Cache-Control"] == "no-store", name
         assert legacy.body == https.body, name
@@ -107,7 +126,11 @@ def test_http10_client_without_host_header_reaches_the_legacy_api(stack):
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), head
     assert b"\r\nContent-Length: " in head and b"chunked" not in head.lower()
-    assert json.loads(body) == {"success": True, "user_id": stack.user_id, "username": stack.username}
+    assert json.loads(body) == {
+        "success": True,
+        "user_id": stack.user_id,
+        "username": stack.username,
+    }
 
 
 def test_https_host_sends_hsts_and_verifies_against_the_test_ca(stack):
@@ -136,13 +159,22 @@ def test_tls_11_refused_even_though_debian_main_conf_enables_it(stack):
         ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
         ctx.minimum_version = ctx.maximum_version = ssl.TLSVersion.TLSv1_1
     except (ValueError, ssl.SSLError) as e:
-        pytest.fail(f"this Python/OpenSSL cannot offer TLS 1.1, so the refusal cannot be shown: {e}")
+        pytest.fail(
+            f"this Python/OpenSSL cannot offer TLS 1.1, so the refusal cannot be shown: {e}"
+        )
     for sni in (API_HOST, "unknown.authsvc.test"):
         with pytest.raises(ssl.SSLError) as info:
             stack.request("https", stack.api_query(), context=ctx, sni=sni)
-        assert "PROTOCOL_VERSION" in str(info.value).upper() or "UNSUPPORTED_PROTOCOL" in str(info.value).upper()
+        assert (
+            "PROTOCOL_VERSION" in str(info.value).upper()
+            or "UNSUPPORTED_PROTOCOL" in str(info.value).upper()
+        )
     rendered = (stack.root / "deploy" / "nginx").rglob("*.conf")
-    protocols = {m for f in rendered for m in re.findall(r"^\s*ssl_protocols\s+([^;]*);", f.read_text(), re.M)}
+    protocols = {
+        m
+        for f in rendered
+        for m in re.findall(r"^\s*ssl_protocols\s+([^;]*);", f.read_text(), re.M)
+    }
     assert protocols == {"TLSv1.2 TLSv1.3"}
 
 
@@ -152,7 +184,12 @@ def test_unknown_host_names_are_dropped(stack):
         stack.request("http", stack.api_query(), host="unknown.authsvc.test")
     # TLS with an unknown SNI name: the handshake is refused.
     with pytest.raises(ssl.SSLError) as info:
-        stack.request("https", stack.api_query(), sni="unknown.authsvc.test", context=_no_hostname_check(stack))
+        stack.request(
+            "https",
+            stack.api_query(),
+            sni="unknown.authsvc.test",
+            context=_no_hostname_check(stack),
+        )
     assert "UNRECOGNIZED_NAME" in str(info.value).upper()
     # No SNI at all: refused as well (docs/operations.md: clients must send SNI).
     no_sni = _no_hostname_check(stack)
@@ -196,7 +233,8 @@ def test_other_paths_on_the_https_host_are_json_404(stack):
 
 
 def _wait_for_lines(path, count: int, marker: str = "") -> list[str]:
-    """The log's lines holding ``marker``, once there are ``count`` (a line is written just after its answer)."""
+    """The log's lines holding ``marker``, once there are ``count`` (a line is written just after
+    its answer)."""
     deadline = time.monotonic() + 10
     while True:
         lines = [line for line in path.read_text().splitlines() if marker in line]
@@ -205,54 +243,111 @@ def _wait_for_lines(path, count: int, marker: str = "") -> list[str]:
         time.sleep(0.05)
 
 
-ADMIN_PATHS = [("GET", "/v1/players/1"), ("PUT", "/v1/players/1"), ("POST", "/v1/players/1/revoke"),
-               ("POST", "/v1/tokens"), ("GET", "/v1/games"), ("POST", "/v1/games"), ("GET", "/v1/games/1"),
-               ("GET", "/v1/audit?limit=1"), ("GET", "/v1"), ("GET", "//v1/tokens"), ("GET", "/openapi.json")]
+ADMIN_PATHS = [
+    ("GET", "/v1/players/1"),
+    ("PUT", "/v1/players/1"),
+    ("POST", "/v1/players/1/revoke"),
+    ("POST", "/v1/tokens"),
+    ("GET", "/v1/games"),
+    ("POST", "/v1/games"),
+    ("GET", "/v1/games/1"),
+    ("GET", "/v1/audit?limit=1"),
+    ("GET", "/v1"),
+    ("GET", "//v1/tokens"),
+    ("GET", "/openapi.json"),
+]
 
 
 def test_neither_public_host_answers_an_admin_path(stack):
-    """The admin API is its own service (docs/admin-api.md): the public hosts answer nginx's own JSON 404
-    to every admin path, on HTTPS and on the legacy host alike (no redirect there), and forward nothing."""
+    """The admin API is its own service (docs/admin-api.md): the public hosts answer nginx's own
+    JSON 404
+    to every admin path, on HTTPS and on the legacy host alike (no redirect there), and forward
+    nothing."""
     body = b'{"username": "mallory", "game_id": 1, "user_id": 1}'
-    headers = {"Authorization": "Bearer asv_not-a-real-token", "Content-Type": "application/json",
-               "User-Agent": "admin-path-probe"}
+    headers = {
+        "Authorization": "Bearer asv_not-a-real-token",
+        "Content-Type": "application/json",
+        "User-Agent": "admin-path-probe",
+    }
     for scheme in ("https", "http"):
         for method, path in ADMIN_PATHS:
-            answer = stack.request(scheme, path, method=method, headers=headers,
-                                   body=body if method in ("PUT", "POST") else None)
-            assert answer.status == 404, (scheme, method, path, answer.status, answer.headers.get("Location"))
+            answer = stack.request(
+                scheme,
+                path,
+                method=method,
+                headers=headers,
+                body=body if method in ("PUT", "POST") else None,
+            )
+            assert answer.status == 404, (
+                scheme,
+                method,
+                path,
+                answer.status,
+                answer.headers.get("Location"),
+            )
             _error_shape(answer, 404)
     # Nothing reached gunicorn: nginx's lines show no upstream for any of them.
-    lines = _wait_for_lines(stack.logs / "authsvc-access.log", 2 * len(ADMIN_PATHS), "admin-path-probe")
+    lines = _wait_for_lines(
+        stack.logs / "authsvc-access.log", 2 * len(ADMIN_PATHS), "admin-path-probe"
+    )
     assert all(" 404 " in line and " upstream=- " in line for line in lines), lines
 
 
 def test_the_optional_admin_server_proxies_to_the_admin_api_for_allowed_addresses_only(tmp_path):
-    """Opted in (scripts/install --admin-host): its own TLS server and port, the allow list, the admin
+    """Opted in (scripts/install --admin-host): its own TLS server and port, the allow list, the
+    admin
     socket behind it; the public hosts still answer no admin path."""
     s = start_stack(tmp_path, admin=True)
     try:
         auth = {"Authorization": f"Bearer {s.admin_token}", "User-Agent": "admin-server-probe"}
-        player = s.request("https", f"/v1/players/{s.user_id}", host=ADMIN_HOST, port=s.admin_port, headers=auth)
+        player = s.request(
+            "https", f"/v1/players/{s.user_id}", host=ADMIN_HOST, port=s.admin_port, headers=auth
+        )
         assert player.status == 200, player.body
         assert player.json()["username"] == s.username and player.headers["ETag"]
-        minted = s.request("https", "/v1/tokens", method="POST", host=ADMIN_HOST, port=s.admin_port,
-                           headers={**auth, "Content-Type": "application/json"},
-                           body=json.dumps({"game_id": s.game_id, "user_id": s.user_id}).encode())
+        minted = s.request(
+            "https",
+            "/v1/tokens",
+            method="POST",
+            host=ADMIN_HOST,
+            port=s.admin_port,
+            headers={**auth, "Content-Type": "application/json"},
+            body=json.dumps({"game_id": s.game_id, "user_id": s.user_id}).encode(),
+        )
         assert (minted.status, minted.json()["game_auth_token"]) == (200, s.token)
         # The app's own problems pass through: no token, 401 with WWW-Authenticate.
-        anonymous = s.request("https", "/v1/tokens", method="POST", host=ADMIN_HOST, port=s.admin_port)
-        assert anonymous.status == 401 and anonymous.headers["WWW-Authenticate"].startswith("Bearer")
+        anonymous = s.request(
+            "https", "/v1/tokens", method="POST", host=ADMIN_HOST, port=s.admin_port
+        )
+        assert anonymous.status == 401 and anonymous.headers["WWW-Authenticate"].startswith(
+            "Bearer"
+        )
         # Another address (127.0.0.2, not in ADMIN_ALLOW): nginx's 403 problem, nothing forwarded
         # (the next allowed request is the one line the admin API logs after the three above).
         admin_log = s.logs / "gunicorn-admin-access.log"
         _wait_for_lines(admin_log, 3)
-        denied = s.request("https", f"/v1/players/{s.user_id}", host=ADMIN_HOST, port=s.admin_port,
-                           headers=auth, source="127.0.0.2")
-        assert denied.status == 403 and denied.content_type == "application/problem+json", denied.body
+        denied = s.request(
+            "https",
+            f"/v1/players/{s.user_id}",
+            host=ADMIN_HOST,
+            port=s.admin_port,
+            headers=auth,
+            source="127.0.0.2",
+        )
+        assert denied.status == 403 and denied.content_type == "application/problem+json", (
+            denied.body
+        )
         assert denied.json()["status"] == 403
-        assert s.request("https", f"/v1/players/{s.user_id}", host=ADMIN_HOST, port=s.admin_port,
-                         headers=auth).status == 200
+        assert (
+            s.request(
+                "https",
+                f"/v1/players/{s.user_id}",
+                host=ADMIN_HOST,
+                port=s.admin_port,
+                headers=auth,
+            ).status
+            == 200
+        )
         assert len(_wait_for_lines(admin_log, 4)) == 4, admin_log.read_text()
         # The public hosts, with the admin server on, still answer no admin path.
         for scheme in ("https", "http"):
@@ -263,7 +358,8 @@ def test_the_optional_admin_server_proxies_to_the_admin_api_for_allowed_addresse
         assert s.admin_token not in logs and s.admin_token.split("_", 1)[1] not in logs
         admin_lines = (s.logs / "authsvc-admin-access.log").read_text()
         assert '"GET /v1/players/{user_id} HTTP/1.1" 200' in admin_lines
-        # nginx's line names the admin API's own request id, the one its answer and audit records hold
+        # nginx's line names the admin API's own request id, the one its answer and audit records
+        # hold
         assert re.fullmatch(r"[0-9a-f]{32}", player.headers["X-Request-Id"])
         assert f" app_rid={player.headers['X-Request-Id']}\n" in admin_lines, admin_lines
     finally:
@@ -273,12 +369,20 @@ def test_the_optional_admin_server_proxies_to_the_admin_api_for_allowed_addresse
 
 
 def test_forwarded_headers_come_from_nginx_not_the_client(stack):
-    """nginx's line (the record behind nginx) holds the connection's address and nginx's own request id;
-    gunicorn, which would believe these headers from nginx, gets nginx's values (tests/integration/test_forged_log_fields.py
+    """nginx's line (the record behind nginx) holds the connection's address and nginx's own request
+    id;
+    gunicorn, which would believe these headers from nginx, gets nginx's values
+    (tests/integration/test_forged_log_fields.py
     shows gunicorn's own line, access_record = "app")."""
-    spoof = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https", "X-Request-Id": "spoofed-id"}
+    spoof = {
+        "X-Forwarded-For": "203.0.113.9",
+        "X-Forwarded-Proto": "https",
+        "X-Request-Id": "spoofed-id",
+    }
     for scheme in ("http", "https"):
-        stack.request(scheme, stack.api_query(), headers={**spoof, "User-Agent": f"forwarded-{scheme}"})
+        stack.request(
+            scheme, stack.api_query(), headers={**spoof, "User-Agent": f"forwarded-{scheme}"}
+        )
     nginx_log = wait_for_log(stack, "authsvc-access.log", ['"forwarded-http"', '"forwarded-https"'])
     for scheme in ("http", "https"):
         [line] = _lines_with(nginx_log, f'"forwarded-{scheme}"')
@@ -289,14 +393,22 @@ def test_forwarded_headers_come_from_nginx_not_the_client(stack):
         assert "203.0.113.9" not in logs[name] and "spoofed-id" not in logs[name], name
 
 
-# What nginx passes on to gunicorn (deploy/nginx/snippets/authsvc-proxy.conf): the headers the app and
-# gunicorn read, nginx's own, and nothing of the client's.
-FORWARDED = {"HTTP_HOST", "HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_PROTO", "HTTP_X_REQUEST_ID", "HTTP_X_REQUEST_START"}
+# What nginx passes on to gunicorn (deploy/nginx/snippets/authsvc-proxy.conf): the headers the app
+# and gunicorn read, nginx's own, and nothing of the client's.
+FORWARDED = {
+    "HTTP_HOST",
+    "HTTP_X_FORWARDED_FOR",
+    "HTTP_X_FORWARDED_PROTO",
+    "HTTP_X_REQUEST_ID",
+    "HTTP_X_REQUEST_START",
+}
 
 
 def test_only_the_headers_the_app_reads_reach_gunicorn(tmp_path):
-    """A client's 40 headers (and its own X-Forwarded-*, Forwarded, X-Request-Start) never reach gunicorn, which
-    would parse and copy each; a form body arrives with its Content-Type and a Content-Length, a chunked one too."""
+    """A client's 40 headers (and its own X-Forwarded-*, Forwarded, X-Request-Start) never reach
+    gunicorn, which
+    would parse and copy each; a form body arrives with its Content-Type and a Content-Length, a
+    chunked one too."""
     s = start_stack(tmp_path, workers=1, app="tests.headers_app:application")
     try:
         extra = forty_client_headers("game-server/1.0", "application/json")
@@ -306,15 +418,33 @@ def test_only_the_headers_the_app_reads_reach_gunicorn(tmp_path):
             assert answer.status == 200, answer.body
             assert set(answer.json()["headers"]) == FORWARDED, answer.json()
             form = b"user_id=1&api_key=k"
-            answer = s.request(scheme, "/api/authenticate.json", method="POST", body=form,
-                               headers={**extra, "Content-Type": "application/x-www-form-urlencoded"})
-            assert set(answer.json()["headers"]) == FORWARDED | {"CONTENT_TYPE", "CONTENT_LENGTH"}, answer.json()
+            answer = s.request(
+                scheme,
+                "/api/authenticate.json",
+                method="POST",
+                body=form,
+                headers={**extra, "Content-Type": "application/x-www-form-urlencoded"},
+            )
+            assert set(answer.json()["headers"]) == FORWARDED | {
+                "CONTENT_TYPE",
+                "CONTENT_LENGTH",
+            }, answer.json()
             assert answer.json()["body"] == form.decode()
             assert answer.json()["content_type"] == "application/x-www-form-urlencoded"
         chunked = b"7\r\nuser_id\r\n4\r\n=1&a\r\n0\r\n\r\n"
-        answer = s.request("http", "/api/authenticate.json", method="POST", body=chunked,
-                           headers={"Transfer-Encoding": "chunked", "Content-Type": "application/x-www-form-urlencoded"})
-        assert set(answer.json()["headers"]) == FORWARDED | {"CONTENT_TYPE", "CONTENT_LENGTH"}, answer.json()
+        answer = s.request(
+            "http",
+            "/api/authenticate.json",
+            method="POST",
+            body=chunked,
+            headers={
+                "Transfer-Encoding": "chunked",
+                "Content-Type": "application/x-www-form-urlencoded",
+            },
+        )
+        assert set(answer.json()["headers"]) == FORWARDED | {"CONTENT_TYPE", "CONTENT_LENGTH"}, (
+            answer.json()
+        )
         assert answer.json()["body"] == "user_id=1&a"
     finally:
         stop(s.nginx)
@@ -323,8 +453,13 @@ def test_only_the_headers_the_app_reads_reach_gunicorn(tmp_path):
 
 def test_nginx_limits_answer_in_json(stack):
     # Body over 16 KiB: nginx's 413, in the service's shape.
-    answer = stack.request("http", stack.api_query(), method="POST", body=b"a" * 20000,
-                           headers={"Content-Type": "application/x-www-form-urlencoded"})
+    answer = stack.request(
+        "http",
+        stack.api_query(),
+        method="POST",
+        body=b"a" * 20000,
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert answer.status == 413
     _error_shape(answer, 413)
     # Request line over 8 KiB, the api key in it: 414 on both hosts.
@@ -346,7 +481,11 @@ def test_rate_limit_per_client_address_answers_429_json(stack):
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(100) as pool:
-        answers = list(pool.map(lambda _: stack.request("http", stack.api_query(), source="127.0.0.2"), range(100)))
+        answers = list(
+            pool.map(
+                lambda _: stack.request("http", stack.api_query(), source="127.0.0.2"), range(100)
+            )
+        )
     statuses = [answer.status for answer in answers]
     limited = next((answer for answer in answers if answer.status == 429), None)
     assert limited is not None, f"no 429 in {len(statuses)} requests at once: {statuses}"
@@ -358,21 +497,36 @@ def test_rate_limit_per_client_address_answers_429_json(stack):
 
 def _check_cmd(stack, key_file, *extra):
     return [
-        sys.executable, "-m", "authsvc.cli.command", "check",
-        "--base-url", f"https://{API_HOST}:{stack.https_port}",
-        "--base-url", f"http://{LEGACY_HOST}:{stack.http_port}",
-        "--resolve", f"{API_HOST}:{stack.https_port}:127.0.0.1",
-        "--resolve", f"{LEGACY_HOST}:{stack.http_port}:127.0.0.1",
-        "--cafile", str(stack.ca_file),
-        "--game-id", str(stack.game_id), "--user-id", str(stack.user_id),
-        "--api-key-file", str(key_file), *extra,
+        sys.executable,
+        "-m",
+        "authsvc.cli.command",
+        "check",
+        "--base-url",
+        f"https://{API_HOST}:{stack.https_port}",
+        "--base-url",
+        f"http://{LEGACY_HOST}:{stack.http_port}",
+        "--resolve",
+        f"{API_HOST}:{stack.https_port}:127.0.0.1",
+        "--resolve",
+        f"{LEGACY_HOST}:{stack.http_port}:127.0.0.1",
+        "--cafile",
+        str(stack.ca_file),
+        "--game-id",
+        str(stack.game_id),
+        "--user-id",
+        str(stack.user_id),
+        "--api-key-file",
+        str(key_file),
+        *extra,
     ]
 
 
 def test_authsvc_check_passes_against_both_hosts(stack, tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text(stack.api_key + "\n")
-    done = subprocess.run(_check_cmd(stack, key_file), env=stack.env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        _check_cmd(stack, key_file), env=stack.env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("ok")]
     assert len(lines) == 8, done.stdout
@@ -385,7 +539,11 @@ def test_authsvc_check_fails_on_mismatch_without_showing_secrets(stack, tmp_path
     key_file = tmp_path / "key"
     key_file.write_text(stack.other_api_key + "\n")  # a real key, of another game
     done = subprocess.run(
-        _check_cmd(stack, key_file, "--json"), env=stack.env, capture_output=True, text=True, timeout=60
+        _check_cmd(stack, key_file, "--json"),
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 1, done.stdout + done.stderr
     report = json.loads(done.stdout)
@@ -396,9 +554,24 @@ def test_authsvc_check_fails_on_mismatch_without_showing_secrets(stack, tmp_path
         assert secret not in done.stdout + done.stderr
     # An unreachable URL is a failure too, not a crash.
     closed = subprocess.run(
-        [sys.executable, "-m", "authsvc.cli.command", "check", "--base-url", "http://127.0.0.1:9",
-         "--game-id", str(stack.game_id), "--user-id", str(stack.user_id), "--api-key-file", str(key_file)],
-        env=stack.env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "authsvc.cli.command",
+            "check",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--game-id",
+            str(stack.game_id),
+            "--user-id",
+            str(stack.user_id),
+            "--api-key-file",
+            str(key_file),
+        ],
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert closed.returncode == 1 and "cannot connect" in closed.stdout
 
@@ -427,17 +600,28 @@ def test_gunicorn_writes_nothing_in_home_or_tmp(stack):
 
 
 def test_backup_while_serving_as_documented(stack, tmp_path):
-    """docs/operations.md section 8: `authsvc backup` while gunicorn reads the store; the copy is in WAL mode."""
+    """docs/operations.md section 8: `authsvc backup` while gunicorn reads the store; the copy is in
+    WAL mode."""
     copy = tmp_path / "backup.db"
     assert "sudo authsvc backup /var/backups/authsvc-$(date +%F).db" in DOCS.read_text()
-    done = subprocess.run([sys.executable, "-m", "authsvc.cli.command", "backup", str(copy)], env=stack.env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "authsvc.cli.command", "backup", str(copy)],
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert copy.read_bytes()[18:20] == b"\x02\x02"  # WAL mode, read from the file header
     assert stack.request("https", stack.api_query()).json()["success"] is True
     env = {**stack.env, "AUTHSVC_STORE": f"sqlite://{copy}"}
-    games = subprocess.run([sys.executable, "-m", "authsvc.cli.command", "game", "list", "--json"],
-                           env=env, capture_output=True, text=True, timeout=60)
+    games = subprocess.run(
+        [sys.executable, "-m", "authsvc.cli.command", "game", "list", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert [g["name"] for g in json.loads(games.stdout)["games"]] == ["Chess", "Go"]
 
 
@@ -467,7 +651,9 @@ def test_access_logs_name_the_route_never_a_decoded_path(stack):
     # The redirect gives the client back its own request; only the log must not keep it.
     assert legacy.headers["Location"] == f"https://{API_HOST}:{stack.https_port}{encoded}"
     direct = _unix_exchange(
-        stack, f"GET {encoded} HTTP/1.1\r\nHost: x\r\nX-Request-Id: encoded-direct\r\nConnection: close\r\n\r\n".encode()
+        stack,
+        f"GET {encoded} HTTP/1.1\r\nHost: x\r\nX-Request-Id: encoded-direct\r\nConnection: "
+        "close\r\n\r\n".encode(),
     )
     assert direct.startswith(b"HTTP/1.1 404 "), direct[:100]
     nginx_log = wait_for_log(stack, "authsvc-access.log", ['"encoded-https"', '"encoded-http"'])
@@ -481,7 +667,9 @@ def test_access_logs_name_the_route_never_a_decoded_path(stack):
     # The known paths keep their name.
     stack.request("https", stack.api_query(), headers={"User-Agent": "route-known"})
     nginx_log = wait_for_log(stack, "authsvc-access.log", ['"route-known"'])
-    assert '"GET /api/authenticate.json HTTP/1.1" 200 ' in _lines_with(nginx_log, '"route-known"')[0]
+    assert (
+        '"GET /api/authenticate.json HTTP/1.1" 200 ' in _lines_with(nginx_log, '"route-known"')[0]
+    )
     for text in (nginx_log, gunicorn_log):
         assert stack.api_key not in text and stack.token not in text and "api_key=" not in text
 
@@ -489,9 +677,11 @@ def test_access_logs_name_the_route_never_a_decoded_path(stack):
 # nginx's line as docs/logs.md gives it: time, request id, address, host, request, status, bytes,
 # time, upstream, addr=, the record (result= reason= game= user=), user agent.
 NGINX_LINE = re.compile(
-    r'^(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d) (?P<rid>[0-9a-f]{32}) (?P<address>\S+) "(?P<host>[^"]+)" '
-    r'"(?P<request>[^"]+)" (?P<status>\d{3}) \d+ \d+ [\d.]+ upstream=(?P<upstream>.+?) addr="[^"]*" '
-    r'result=(?P<result>\d{3}|-) reason=(?P<reason>[a-z_]+|-) game=(?P<game>\d+|none|-) user=(?P<user>\d+|-) '
+    r"^(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d) (?P<rid>[0-9a-f]{32}) "
+    r'(?P<address>\S+) "(?P<host>[^"]+)" "(?P<request>[^"]+)" (?P<status>\d{3}) \d+ \d+ [\d.]+ '
+    r'upstream=(?P<upstream>.+?) addr="[^"]*" '
+    r"result=(?P<result>\d{3}|-) reason=(?P<reason>[a-z_]+|-) game=(?P<game>\d+|none|-) "
+    r"user=(?P<user>\d+|-) "
     r'"(?P<agent>[^"]*)"(?P<sampled> sampled=1/100)?$'
 )
 # A user id with spaces, quotes, a newline and forged fields: malformed, never echoed.
@@ -499,7 +689,8 @@ CRAFTED_USER = "4242%20reason%3Dsuccess%20game%3D777%20user%3D777%22%0Aforged-us
 
 
 def test_an_authentication_behind_nginx_is_one_nginx_line_and_the_header_stays_inside(stack):
-    """access_record = "edge" (the shipped authsvc.toml): nginx's line holds result, reason, game and user
+    """access_record = "edge" (the shipped authsvc.toml): nginx's line holds result, reason, game
+    and user
     (the app's X-Authsvc-Result, which nginx strips); gunicorn's access log and the app's auth line
     hold nothing. A client's own X-Authsvc-Result request header changes nothing."""
     bad_token = stack.token[:-1] + ("0" if stack.token[-1] != "0" else "1")
@@ -507,7 +698,10 @@ def test_an_authentication_behind_nginx_is_one_nginx_line_and_the_header_stays_i
     cases = {
         "ok": (stack.api_query(), ("200", "success", game, user)),
         "bad": (stack.api_query(game_auth_token=bad_token), ("403", "wrong_token", game, user)),
-        "nokey": (stack.api_query(api_key="9e258f6c-a232-442b-8d2d-f22da9c19d49"), ("403", "unknown_key", "none", user)),
+        "nokey": (
+            stack.api_query(api_key="9e258f6c-a232-442b-8d2d-f22da9c19d49"),
+            ("403", "unknown_key", "none", user),
+        ),
         "nobody": (stack.api_query(user_id="999"), ("403", "unknown_player", game, "999")),
         "missing": (stack.api_query(api_key=None), ("400", "missing_parameters", "none", "-")),
         "crafted": (stack.api_query(user_id=CRAFTED_USER), ("403", "malformed", "none", "-")),
@@ -515,7 +709,9 @@ def test_an_authentication_behind_nginx_is_one_nginx_line_and_the_header_stays_i
     forged = {"X-Authsvc-Result": "200 reason=success game=777 user=777"}
     for scheme in ("https", "http"):
         for name, (path, _) in cases.items():
-            answer = stack.request(scheme, path, headers={**forged, "User-Agent": f"record-{name}-{scheme}"})
+            answer = stack.request(
+                scheme, path, headers={**forged, "User-Agent": f"record-{name}-{scheme}"}
+            )
             assert answer.status == 200, (scheme, name)
             assert "X-Authsvc-Result" not in answer.headers, answer.headers
     needles = [f'"record-{n}-{s}"' for n in cases for s in ("https", "http")]
@@ -526,8 +722,13 @@ def test_an_authentication_behind_nginx_is_one_nginx_line_and_the_header_stays_i
             [line] = _lines_with(nginx_log, f'"record-{name}-{scheme}"')
             fields = NGINX_LINE.match(line)
             assert fields, line
-            assert (fields["result"], fields["reason"], fields["game"], fields["user"]) == record, line
-            assert fields["request"] == "GET /api/authenticate.json HTTP/1.1" and fields["status"] == "200", line
+            assert (fields["result"], fields["reason"], fields["game"], fields["user"]) == record, (
+                line
+            )
+            assert (
+                fields["request"] == "GET /api/authenticate.json HTTP/1.1"
+                and fields["status"] == "200"
+            ), line
             assert fields["address"] == "127.0.0.1" and fields["upstream"].startswith("200 "), line
             assert fields["host"] == (API_HOST if scheme == "https" else LEGACY_HOST), line
             rids.append(fields["rid"])
@@ -543,7 +744,9 @@ def test_an_authentication_behind_nginx_is_one_nginx_line_and_the_header_stays_i
         assert bad_token not in text and "9e258f6c-a232-442b-8d2d-f22da9c19d49" not in text, name
     # nginx's own answers have no upstream record.
     stack.request("https", "/admin", headers={"User-Agent": "result-none"})
-    [line] = _lines_with(wait_for_log(stack, "authsvc-access.log", ['"result-none"']), '"result-none"')
+    [line] = _lines_with(
+        wait_for_log(stack, "authsvc-access.log", ['"result-none"']), '"result-none"'
+    )
     assert " 404 " in line and " result=- reason=- game=- user=- " in line, line
 
 
@@ -557,13 +760,17 @@ def test_rate_limited_and_dropped_answers_are_sampled_in_the_access_log(stack):
     """A flood of 429s (or of 444s) writes about one line in 100; every other answer is logged."""
     source = "127.0.0.5"  # a bucket of its own
     sent: dict[int, int] = {}
-    conn = http.client.HTTPConnection("127.0.0.1", stack.http_port, timeout=10, source_address=(source, 0))
+    conn = http.client.HTTPConnection(
+        "127.0.0.1", stack.http_port, timeout=10, source_address=(source, 0)
+    )
     try:
         for _batch in range(20):  # at most 10,000 requests; about 5 lines expected per batch
             for _ in range(500):
                 # A path outside the API: its rate limit answers 429 to a client that waits
                 # for each answer (the API path's delay= slows such a client instead).
-                conn.request("GET", "/healthz", headers={"Host": LEGACY_HOST, "User-Agent": "flood"})
+                conn.request(
+                    "GET", "/healthz", headers={"Host": LEGACY_HOST, "User-Agent": "flood"}
+                )
                 response = conn.getresponse()
                 response.read()
                 sent[response.status] = sent.get(response.status, 0) + 1
@@ -588,7 +795,13 @@ def test_rate_limited_and_dropped_answers_are_sampled_in_the_access_log(stack):
     dropped = 0
     for _ in range(5000):
         with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
-            stack.request("http", "/", host="unknown.authsvc.test", source=source, headers={"User-Agent": "drop"})
+            stack.request(
+                "http",
+                "/",
+                host="unknown.authsvc.test",
+                source=source,
+                headers={"User-Agent": "drop"},
+            )
         dropped += 1
         if dropped % 250 == 0 and '"drop"' in (stack.logs / "authsvc-access.log").read_text():
             break
@@ -599,9 +812,13 @@ def test_rate_limited_and_dropped_answers_are_sampled_in_the_access_log(stack):
 def test_an_unparsable_request_line_is_logged_without_its_text(stack):
     """The probe: " and ' before the secrets and a raw non-ASCII byte pass nginx; gunicorn
     refuses the line and logs only the kind of error, never the line."""
-    line = (f"GET /api/authenticate.json?q=\"x'&user_id={stack.user_id}&api_key={stack.api_key}"
-            f"&game_auth_token={stack.token}&z=\xff HTTP/1.1").encode("latin-1")
-    with socket.create_connection(("127.0.0.1", stack.http_port), timeout=10) as sock:  # through nginx
+    line = (
+        f"GET /api/authenticate.json?q=\"x'&user_id={stack.user_id}&api_key={stack.api_key}"
+        f"&game_auth_token={stack.token}&z=\xff HTTP/1.1"
+    ).encode("latin-1")
+    with socket.create_connection(
+        ("127.0.0.1", stack.http_port), timeout=10
+    ) as sock:  # through nginx
         sock.sendall(line + f"\r\nHost: {LEGACY_HOST}\r\nConnection: close\r\n\r\n".encode())
         while sock.recv(65536):
             pass
@@ -647,8 +864,13 @@ def test_unreadable_store_is_a_503_from_the_app_logged_without_the_query(own_sta
     gunicorn's error log."""
     stack = own_stack
     assert stack.request("https", stack.api_query()).status == 200
-    subprocess.run([sys.executable, "-m", "authsvc.cli.command", "player", "add", "9001", "bob"],
-                   env=stack.env, check=True, capture_output=True, timeout=60)  # new WAL frames: readers re-read
+    subprocess.run(
+        [sys.executable, "-m", "authsvc.cli.command", "player", "add", "9001", "bob"],
+        env=stack.env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )  # new WAL frames: readers re-read
     store = stack.env["AUTHSVC_STORE"].removeprefix("sqlite://")
     fd = os.open(store, os.O_WRONLY)
     try:
@@ -660,8 +882,14 @@ def test_unreadable_store_is_a_503_from_the_app_logged_without_the_query(own_sta
         assert answer.status == 503, (scheme, answer.body)
         _error_shape(answer, 503)
         assert answer.json()["error_description"] == "Service temporarily unavailable, try again"
-        assert "X-Authsvc-Result" not in answer.headers, answer.headers  # the app's own 503: stripped too
-    log = wait_for_log(stack, "gunicorn-error.log", ["[WARNING] authsvc: store unavailable on /api/authenticate.json"])
+        assert "X-Authsvc-Result" not in answer.headers, (
+            answer.headers
+        )  # the app's own 503: stripped too
+    log = wait_for_log(
+        stack,
+        "gunicorn-error.log",
+        ["[WARNING] authsvc: store unavailable on /api/authenticate.json"],
+    )
     access = (stack.logs / "authsvc-access.log").read_text()
     assert "upstream=503" in access  # the app's answer, passed through
     assert " result=503 reason=store_unavailable game=none user=- " in access, access[-2000:]
@@ -690,14 +918,18 @@ def test_502_is_json_then_no_log_holds_a_secret(own_stack):
     for status in (" 200 ", " 301 ", " 404 ", " 405 ", " 502 "):
         assert status in access, f"this test should have logged a{status}answer"
     assert "GET /api/authenticate.json HTTP/1.1" in access and "GET <other> HTTP/1.1" in access
-    assert " result=405 reason=- game=- user=- " in access and " result=200 reason=success " in access
+    assert (
+        " result=405 reason=- game=- user=- " in access and " result=200 reason=success " in access
+    )
     assert_no_log_holds_a_secret(stack)
 
 
 def assert_no_log_holds_a_secret(stack) -> None:
     """No secret, no credential parameter, no body in any log nginx and gunicorn wrote."""
     logs = stack.log_texts()
-    assert "Invalid credentials" not in logs.get("authsvc-access.log", "")  # bodies are not logged either
+    assert "Invalid credentials" not in logs.get(
+        "authsvc-access.log", ""
+    )  # bodies are not logged either
     assert logs.get("nginx-default-access.log", "") == ""  # every server has its own format
     secrets = {
         "api key": stack.api_key,

@@ -40,12 +40,19 @@ THIS_FILE = os.path.relpath(os.path.abspath(__file__), ROOT)
 
 # -- the files -----------------------------------------------------------------------------------
 
+
 def tracked_files() -> list[str]:
     """The files git tracks and the working tree holds (the repository as a clone has it)."""
     if shutil.which("git") is None or not os.path.exists(os.path.join(ROOT, ".git")):
         skip_or_fail("not a git checkout: the tracked files are unknown")
-    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    return [name for name in out.decode("utf-8").split("\0") if name and os.path.isfile(os.path.join(ROOT, name))]
+    out = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    return [
+        name
+        for name in out.decode("utf-8").split("\0")
+        if name and os.path.isfile(os.path.join(ROOT, name))
+    ]
 
 
 def read_text(name: str) -> str | None:
@@ -62,25 +69,32 @@ ATX_HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$")
 HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=[\"']([^\"']+)[\"']", re.IGNORECASE)
 BOLD_LEAD = re.compile(r"^\s*(?:[-*]\s+|\d+\.\s+)?\*\*([^*]+?)[.:]?\*\*")
 CODE_SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)", re.DOTALL)
-INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*(<[^>]*>|[^\s()]*(?:\([^\s()]*\)[^\s()]*)*)(?:\s+[\"'(][^)]*)?\)")
+INLINE_LINK = re.compile(
+    r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*(<[^>]*>|[^\s()]*(?:\([^\s()]*\)[^\s()]*)*)(?:\s+[\"'(][^)]*)?\)"
+)
 REFERENCE_DEFINITION = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)", re.MULTILINE)
 
 
 def split_code(text: str) -> tuple[list[tuple[int, str]], list[tuple[int, str, str]]]:
-    """(line number, line) outside fenced code blocks, and (line number, line, info string) inside them."""
+    """(line number, line) outside fenced code blocks, and (line number, line, info string) inside
+    them."""
     prose: list[tuple[int, str]] = []
     code: list[tuple[int, str, str]] = []
     fence, info = "", ""
     for number, line in enumerate(text.splitlines(), start=1):
         match = FENCE.match(line)
         if fence:
-            if match and match.group(1)[0] == fence[0] and len(match.group(1)) >= len(fence) \
-                    and not line.strip()[len(match.group(1)):].strip():
+            if (
+                match
+                and match.group(1)[0] == fence[0]
+                and len(match.group(1)) >= len(fence)
+                and not line.strip()[len(match.group(1)) :].strip()
+            ):
                 fence = ""
             else:
                 code.append((number, line, info))
         elif match:
-            fence, info = match.group(1), line.strip()[len(match.group(1)):].strip()
+            fence, info = match.group(1), line.strip()[len(match.group(1)) :].strip()
         else:
             prose.append((number, line))
     return prose, code
@@ -97,7 +111,8 @@ def slug(text: str) -> str:
     """GitHub's id for a heading's text: lower case; every character but letters, marks, numbers,
     connector punctuation (``_``), spaces and hyphens dropped; each space a hyphen."""
     kept = "".join(
-        c for c in text.strip().lower()
+        c
+        for c in text.strip().lower()
         if c in " -" or unicodedata.category(c)[0] in "LMN" or unicodedata.category(c) == "Pc"
     )
     return kept.replace(" ", "-")
@@ -115,7 +130,8 @@ def headings(text: str) -> list[str]:
 
 
 def anchors(text: str) -> set[str]:
-    """The ids a link may name in a Markdown file: each heading's slug (a repeated one gets -1, -2, ...)
+    """The ids a link may name in a Markdown file: each heading's slug (a repeated one gets -1, -2,
+    ...)
     and explicit ``<a name=...>`` / ``<a id=...>``."""
     found: set[str] = set()
     seen: dict[str, int] = {}
@@ -157,6 +173,7 @@ def is_external(target: str) -> bool:
 
 # -- where a link or citation leads --------------------------------------------------------------
 
+
 class Repo:
     """The tracked files, and the anchors and section names of each Markdown file, read once."""
 
@@ -184,7 +201,9 @@ class Repo:
         if name not in self._sections:
             text = self.text(name)
             prose, _ = split_code(text)
-            found = headings(text) + [heading_text(m.group(1)) for _, line in prose if (m := BOLD_LEAD.match(line))]
+            found = headings(text) + [
+                heading_text(m.group(1)) for _, line in prose if (m := BOLD_LEAD.match(line))
+            ]
             self._sections[name] = [" ".join(s.lower().split()) for s in found]
         return self._sections[name]
 
@@ -194,16 +213,24 @@ class Repo:
     def resolve(self, source: str, path: str) -> str | None:
         """The tracked file or folder a relative link of ``source`` names (None: nothing)."""
         path = urllib.parse.unquote(path)
-        joined = posixpath.normpath(posixpath.join(posixpath.dirname(source), path)) if not path.startswith("/") \
+        joined = (
+            posixpath.normpath(posixpath.join(posixpath.dirname(source), path))
+            if not path.startswith("/")
             else posixpath.normpath(path.lstrip("/"))
+        )
         if joined in self.files or joined.rstrip("/") in self.folders:
             return joined
         return None
 
     def cited(self, source: str, document: str) -> str | None:
-        """The document a citation ``docs/X.md`` or ``X.md`` names: from the root, else beside the citing file,
+        """The document a citation ``docs/X.md`` or ``X.md`` names: from the root, else beside the
+        citing file,
         else in docs/ (code cites "stores.md" meaning docs/stores.md only in docs/ itself)."""
-        for candidate in (document, posixpath.join(posixpath.dirname(source), document), "docs/" + document):
+        for candidate in (
+            document,
+            posixpath.join(posixpath.dirname(source), document),
+            "docs/" + document,
+        ):
             candidate = posixpath.normpath(candidate)
             if candidate in self.files:
                 return candidate
@@ -242,15 +269,19 @@ COMMENT_CONTINUATION = re.compile(r"[ \t]*\n[ \t]*(?:#+|--|//|;+|\*)?[ \t]*")
 
 
 def flowing(name: str, text: str) -> str:
-    """Text with line breaks (and, in code, the comment marks that continue a comment) as single spaces,
+    """Text with line breaks (and, in code, the comment marks that continue a comment) as single
+    spaces,
     so a citation wrapped over two lines reads as one."""
     if name.endswith(".md"):
         return " ".join(text.split())
     return " ".join(COMMENT_CONTINUATION.sub(" ", text).split())
 
 
-def section_problem(repo: Repo, source: str, document: str, section: str, by_number: bool) -> str | None:
-    """Why a citation of ``section`` in ``document`` leads nowhere (None: a heading or bold lead starts so)."""
+def section_problem(
+    repo: Repo, source: str, document: str, section: str, by_number: bool
+) -> str | None:
+    """Why a citation of ``section`` in ``document`` leads nowhere (None: a heading or bold lead
+    starts so)."""
     target = repo.cited(source, document)
     if target is None:
         return f"no tracked file {document}"
@@ -262,7 +293,10 @@ def section_problem(repo: Repo, source: str, document: str, section: str, by_num
             continue
         unnumbered = re.sub(r"^\d+[a-z]?[.,]?\s+", "", name)
         for candidate in (name, unnumbered):
-            if candidate.startswith(wanted) and not candidate[len(wanted):len(wanted) + 1].isalnum():
+            if (
+                candidate.startswith(wanted)
+                and not candidate[len(wanted) : len(wanted) + 1].isalnum()
+            ):
                 return None
     return f"{target} has no section {'numbered ' if by_number else ''}{section!r}"
 
@@ -279,12 +313,16 @@ def citation_problems(repo: Repo, name: str, text: str) -> list[str]:
         problem = section_problem(repo, name, match.group(1), match.group(2), by_number=True)
         if problem:
             problems.append(f"{name}: {match.group(0)!r}: {problem}")
-    for match in () if name.endswith(".md") else CITED_BY_ANCHOR.finditer(text):  # Markdown: its links' test
+    for match in (
+        () if name.endswith(".md") else CITED_BY_ANCHOR.finditer(text)
+    ):  # Markdown: its links' test
         target = repo.cited(name, match.group(1))
         if target is None:
             problems.append(f"{name}: {match.group(0)!r}: no tracked file {match.group(1)}")
         elif urllib.parse.unquote(match.group(2)) not in repo.anchors(target):
-            problems.append(f"{name}: {match.group(0)!r}: no heading in {target} has the id #{match.group(2)}")
+            problems.append(
+                f"{name}: {match.group(0)!r}: no heading in {target} has the id #{match.group(2)}"
+            )
     for match in CITED_FILE.finditer(text):
         if match.group(1) not in repo.files:
             problems.append(f"{name}: {match.group(0)!r}: no tracked file {match.group(1)}")
@@ -293,11 +331,26 @@ def citation_problems(repo: Repo, name: str, text: str) -> list[str]:
 
 # -- authsvc commands quoted in Markdown ---------------------------------------------------------
 
-SHELL_BLOCKS = {"", "sh", "bash", "shell", "console", "shell-session", "text"}  # not ini, toml, nginx, sql, ...
+SHELL_BLOCKS = {
+    "",
+    "sh",
+    "bash",
+    "shell",
+    "console",
+    "shell-session",
+    "text",
+}  # not ini, toml, nginx, sql, ...
 SEGMENT_BREAK = re.compile(r"&&|\|\||[;|]|\$\(|[()]")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-WRAPPERS = {"sudo": {"-u", "-g"}, "runuser": {"-u", "-g"}, "env": set(), "time": {"-f"}, "exec": set(),
-            "nohup": set(), "/usr/bin/time": {"-f"}}
+WRAPPERS = {
+    "sudo": {"-u", "-g"},
+    "runuser": {"-u", "-g"},
+    "env": set(),
+    "time": {"-f"},
+    "exec": set(),
+    "nohup": set(),
+    "/usr/bin/time": {"-f"},
+}
 
 
 def _words(segment: str) -> list[str]:
@@ -364,12 +417,17 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def command_problem(parser: argparse.ArgumentParser, args: list[str]) -> str | None:
-    """Why ``authsvc ARGS`` is not a command the parser knows (None: it is). Subcommands must exist at
+    """Why ``authsvc ARGS`` is not a command the parser knows (None: it is). Subcommands must exist
+    at
     each level; a long option (``--x`` or ``--x=v``, also in ``[...]``) must be one of that level's;
-    anything else is a value or a placeholder (FILE, USER_ID, ...) and is not checked, as is the word after
-    an option that takes a value (``authsvc audit --player USER_ID verify``: USER_ID is no subcommand)."""
+    anything else is a value or a placeholder (FILE, USER_ID, ...) and is not checked, as is the
+    word after
+    an option that takes a value (``authsvc audit --player USER_ID verify``: USER_ID is no
+    subcommand)."""
     path = ["authsvc"]
-    value_next = False  # the word after an option that takes a value is that value, not a subcommand
+    value_next = (
+        False  # the word after an option that takes a value is that value, not a subcommand
+    )
     for word in args:
         word = word.strip("[]")
         if value_next and not word.startswith("-"):
@@ -392,13 +450,17 @@ def command_problem(parser: argparse.ArgumentParser, args: list[str]) -> str | N
         if choices is None:
             continue  # a value: leaves are not checked further
         if word not in choices:
-            return f"'{' '.join(path)}' has no subcommand {word!r} (it has: {', '.join(sorted(choices))})"
+            return (
+                f"'{' '.join(path)}' has no subcommand {word!r} (it has: "
+                f"{', '.join(sorted(choices))})"
+            )
         parser = choices[word]
         path.append(word)
     return None
 
 
 # -- unit tests of the checkers -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "heading, expected",
@@ -408,7 +470,10 @@ def command_problem(parser: argparse.ArgumentParser, args: list[str]) -> str | N
         ("Why a request fails: `authsvc explain`", "why-a-request-fails-authsvc-explain"),
         ("8. Metrics cost", "8-metrics-cost"),
         ("2, re-measured on a quiet machine", "2-re-measured-on-a-quiet-machine"),
-        ("Worked example: 10 million daily players, a 20× login peak", "worked-example-10-million-daily-players-a-20-login-peak"),
+        (
+            "Worked example: 10 million daily players, a 20× login peak",
+            "worked-example-10-million-daily-players-a-20-login-peak",
+        ),
         ("result=: the answer in the body", "result-the-answer-in-the-body"),
         ("The `authsvc_web` role's µs", "the-authsvc_web-roles-µs"),
         ("See [the API](api.md) **now**", "see-the-api-now"),
@@ -419,7 +484,7 @@ def test_slugs_follow_githubs_rule(heading, expected):
 
 
 def test_anchors_number_repeated_headings_and_ignore_code():
-    text = "# Notes\n\n## Notes\n\n```sh\n# not a heading\n```\n\n### Notes\n<a name=\"here\"></a>\n"
+    text = '# Notes\n\n## Notes\n\n```sh\n# not a heading\n```\n\n### Notes\n<a name="here"></a>\n'
     assert anchors(text) == {"notes", "notes-1", "notes-2", "here"}
 
 
@@ -430,7 +495,10 @@ def test_links_are_found_outside_code_only():
         "[wrapped\nover lines](admin.md) and [https](https://example.com/x)\n"
     )
     assert markdown_links(text) == [
-        (1, "img/a.png"), (1, "stores.md#bounded-staleness"), (7, "api.md#health"), (8, "admin.md"),
+        (1, "img/a.png"),
+        (1, "stores.md#bounded-staleness"),
+        (7, "api.md#health"),
+        (8, "admin.md"),
         (9, "https://example.com/x"),
     ]
 
@@ -446,12 +514,22 @@ def test_a_missing_file_or_anchor_is_a_problem(repo):
 
 
 def test_citations_by_name_number_and_anchor_are_checked(repo):
-    good = ('x (docs/stores.md, "Outages") y docs/operations.md, "Monitoring" (docs/stores.md, "Hot\n'
-            '# standby") BENCHMARKS.md section 8, docs/logs.md, "Why a login failed" docs/stores.md#outages '
-            'docs/stores.md ("pgbouncer") docs/scaling.md, "Clocks"')
-    assert citation_problems(repo, "authsvc/x.py", good.replace('"Clocks"', '"Reading from hot standbys"')) == []
-    bad = ('docs/stores.md, "Nowhere" BENCHMARKS.md section 99 docs/stores.md#nowhere docs/nothing.md '
-           'docs/stores.md, "Outage" docs/stores.md, "Clocks"')
+    good = (
+        'x (docs/stores.md, "Outages") y docs/operations.md, "Monitoring" (docs/stores.md, "Hot\n'
+        '# standby") BENCHMARKS.md section 8, docs/logs.md, "Why a login failed" '
+        "docs/stores.md#outages "
+        'docs/stores.md ("pgbouncer") docs/scaling.md, "Clocks"'
+    )
+    assert (
+        citation_problems(
+            repo, "authsvc/x.py", good.replace('"Clocks"', '"Reading from hot standbys"')
+        )
+        == []
+    )
+    bad = (
+        'docs/stores.md, "Nowhere" BENCHMARKS.md section 99 docs/stores.md#nowhere docs/nothing.md '
+        'docs/stores.md, "Outage" docs/stores.md, "Clocks"'
+    )
     problems = citation_problems(repo, "authsvc/x.py", bad)
     assert len(problems) == 5, problems  # "Clocks" is a bold lead of stores.md: a section
     assert all(p.startswith("authsvc/x.py: ") for p in problems)
@@ -497,13 +575,17 @@ def test_the_command_check_knows_the_parser(args, known):
 
 
 def test_code_spans_and_fenced_blocks_are_read_for_commands():
-    text = ("Run `authsvc player\nrevoke 42`.\n\n```sh\nsudo authsvc game \\\n  list --json\n```\n"
-            "authsvc game show in prose is not checked\n")
+    text = (
+        "Run `authsvc player\nrevoke 42`.\n\n```sh\nsudo authsvc game \\\n  list --json\n```\n"
+        "authsvc game show in prose is not checked\n"
+    )
     found = [(n, args) for n, line in command_lines(text) for args in authsvc_commands(line)]
     assert found == [(1, ["player", "revoke", "42"]), (5, ["game", "list", "--json"])]
 
 
-# -- the repository ---------------------------------------------------------------------------------
+# -- the repository
+# ---------------------------------------------------------------------------------
+
 
 def test_every_relative_markdown_link_and_anchor_resolves(repo):
     problems = []
@@ -539,5 +621,7 @@ def test_every_authsvc_command_quoted_in_markdown_exists(repo):
                 problem = command_problem(parser, args)
                 if problem:
                     problems.append(f"{name}:{number}: `authsvc {' '.join(args)}`: {problem}")
-    assert checked > 50, checked  # the docs quote the command often: finding none means the finder broke
+    assert checked > 50, (
+        checked
+    )  # the docs quote the command often: finding none means the finder broke
     assert not problems, "commands the parser does not know:\n" + "\n".join(problems)

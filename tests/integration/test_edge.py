@@ -23,8 +23,23 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.deploy_support import API_HOST, LEGACY_HOST, REPO, VENV_BIN, find_nginx, start_stack, stop
-from tests.support import free_port, raw_exchange, raw_request, skip_or_fail, start_gunicorn, wait_for_port
+from tests.deploy_support import (
+    API_HOST,
+    LEGACY_HOST,
+    REPO,
+    VENV_BIN,
+    find_nginx,
+    start_stack,
+    stop,
+)
+from tests.support import (
+    free_port,
+    raw_exchange,
+    raw_request,
+    skip_or_fail,
+    start_gunicorn,
+    wait_for_port,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -77,8 +92,12 @@ def hostile_requests(host: str, api_query: str) -> dict[str, bytes]:
     line_head, line_tail = b"GET ", b" HTTP/1.1"
     pad = longest_line - len(line_head) - len(line_tail) - len(path)
     return {
-        "raw non-ASCII byte in the query": b"GET /api/authenticate.json?user_id=\xe9 HTTP/1.1\r\n" + h + b"\r\n",
-        "raw non-ASCII byte in the path": b"GET /api/authenticate.json\xff HTTP/1.1\r\n" + h + b"\r\n",
+        "raw non-ASCII byte in the query": b"GET /api/authenticate.json?user_id=\xe9 HTTP/1.1\r\n"
+        + h
+        + b"\r\n",
+        "raw non-ASCII byte in the path": b"GET /api/authenticate.json\xff HTTP/1.1\r\n"
+        + h
+        + b"\r\n",
         "\\x01 in a header value": get + h + b"X-A: a\x01b\r\n\r\n",
         "\\x7f in a header value": get + h + b"X-A: a\x7fb\r\n\r\n",
         "120 headers": get + h + many + b"\r\n",
@@ -88,8 +107,18 @@ def hostile_requests(host: str, api_query: str) -> dict[str, bytes]:
             get + h + b"X-Pad:" + b"p" * (8190 - len(b"X-Pad:")) + b"\r\n\r\n"
         ),
         "header line of 8,191 bytes": get + h + header_line(8191) + b"\r\n",
-        "request line of 8,190 bytes": line_head + (path + "p" * pad).encode() + line_tail + b"\r\n" + h + b"\r\n",
-        "request line of 8,191 bytes": line_head + (path + "p" * (pad + 1)).encode() + line_tail + b"\r\n" + h + b"\r\n",
+        "request line of 8,190 bytes": line_head
+        + (path + "p" * pad).encode()
+        + line_tail
+        + b"\r\n"
+        + h
+        + b"\r\n",
+        "request line of 8,191 bytes": line_head
+        + (path + "p" * (pad + 1)).encode()
+        + line_tail
+        + b"\r\n"
+        + h
+        + b"\r\n",
         "TRACE": b"TRACE /api/authenticate.json HTTP/1.1\r\n" + h + b"\r\n",
         "TRACE elsewhere": b"TRACE / HTTP/1.1\r\n" + h + b"\r\n",
         "CONNECT": f"CONNECT {host}:443 HTTP/1.1\r\n".encode() + h + b"\r\n",
@@ -99,12 +128,18 @@ def hostile_requests(host: str, api_query: str) -> dict[str, bytes]:
             f"POST {api_query} HTTP/1.1\r\n".encode() + h + b"Transfer-Encoding: gzip\r\n\r\n"
         ),
         "bad chunk size": (
-            b"POST /api/authenticate.json HTTP/1.1\r\n" + h
-            + b"Transfer-Encoding: chunked\r\nContent-Type: application/x-www-form-urlencoded\r\n\r\nzz\r\n"
+            b"POST /api/authenticate.json HTTP/1.1\r\n"
+            + h
+            + b"Transfer-Encoding: chunked\r\n"
+            + b"Content-Type: application/x-www-form-urlencoded\r\n\r\nzz\r\n"
         ),
-        "Content-Length not a number": f"POST {api_query} HTTP/1.1\r\n".encode() + h + b"Content-Length: x\r\n\r\n",
+        "Content-Length not a number": f"POST {api_query} HTTP/1.1\r\n".encode()
+        + h
+        + b"Content-Length: x\r\n\r\n",
         "two Content-Length": (
-            f"POST {api_query} HTTP/1.1\r\n".encode() + h + b"Content-Length: 1\r\nContent-Length: 2\r\n\r\nab"
+            f"POST {api_query} HTTP/1.1\r\n".encode()
+            + h
+            + b"Content-Length: 1\r\nContent-Length: 2\r\n\r\nab"
         ),
         "unknown Expect": get + h + b"Expect: 100-nope\r\n\r\n",
         "space in a header name": get + h + b"X A: b\r\n\r\n",
@@ -121,7 +156,9 @@ def test_hostile_requests_through_nginx_are_answered_in_json(stack, scheme):
     failures = {}
     for what, data in hostile_requests(host, stack.api_query()).items():
         try:
-            answer = raw_request(port, data, tls_host=API_HOST if scheme == "https" else None, ca_file=stack.ca_file)
+            answer = raw_request(
+                port, data, tls_host=API_HOST if scheme == "https" else None, ca_file=stack.ca_file
+            )
             assert_json_answer(answer, what)
         except (AssertionError, OSError, ValueError) as e:
             failures[what] = str(e)[:300]
@@ -134,12 +171,13 @@ def test_the_acme_webroot_answers_its_errors_in_json(stack):
     (challenge / "a-directory").mkdir(parents=True, exist_ok=True)
     (challenge / "a-file").write_text("proof")
     h = f"Host: {API_HOST}\r\n"
+    a_file = "/.well-known/acme-challenge/a-file"
     probes = {
         "directory without index (403)": f"GET /.well-known/acme-challenge/ HTTP/1.1\r\n{h}\r\n",
         "missing file (404)": f"GET /.well-known/acme-challenge/nope HTTP/1.1\r\n{h}\r\n",
-        "POST to a file (405)": f"POST /.well-known/acme-challenge/a-file HTTP/1.1\r\n{h}Content-Length: 0\r\n\r\n",
-        "If-Match (412)": f'GET /.well-known/acme-challenge/a-file HTTP/1.1\r\n{h}If-Match: "x"\r\n\r\n',
-        "range past the end (416)": f"GET /.well-known/acme-challenge/a-file HTTP/1.1\r\n{h}Range: bytes=100-200\r\n\r\n",
+        "POST to a file (405)": f"POST {a_file} HTTP/1.1\r\n{h}Content-Length: 0\r\n\r\n",
+        "If-Match (412)": f'GET {a_file} HTTP/1.1\r\n{h}If-Match: "x"\r\n\r\n',
+        "range past the end (416)": f"GET {a_file} HTTP/1.1\r\n{h}Range: bytes=100-200\r\n\r\n",
     }
     for what, data in probes.items():
         answer = raw_request(stack.http_port, data.encode())
@@ -148,7 +186,8 @@ def test_the_acme_webroot_answers_its_errors_in_json(stack):
 
 
 def test_plain_http_sent_to_the_https_port_is_answered_in_json(stack):
-    """nginx's 497 ("plain HTTP to an HTTPS port") as a JSON 400, not its HTML page nor a redirect."""
+    """nginx's 497 ("plain HTTP to an HTTPS port") as a JSON 400, not its HTML page nor a
+    redirect."""
     data = f"GET {stack.api_query()} HTTP/1.1\r\nHost: {API_HOST}\r\n\r\n".encode()
     answer = raw_request(stack.https_port, data)
     assert answer[0] == 400, answer  # assert_json_answer lets the legacy host's 301 pass
@@ -169,8 +208,17 @@ def direct_gunicorn(request, stack):
         **stack.env,
     }
     conf = stack.root / "deploy" / "gunicorn.conf.py"
-    proc = start_gunicorn(env, config=conf, workers=None, app="", inherit_env=False, gunicorn=VENV_BIN / "gunicorn",
-                          cwd=stack.root, stdout=subprocess.DEVNULL, new_session=True)
+    proc = start_gunicorn(
+        env,
+        config=conf,
+        workers=None,
+        app="",
+        inherit_env=False,
+        gunicorn=VENV_BIN / "gunicorn",
+        cwd=stack.root,
+        stdout=subprocess.DEVNULL,
+        new_session=True,
+    )
     try:
         wait_for_port(port)
         yield port
@@ -200,7 +248,8 @@ def test_gunicorn_error_answers_never_echo_the_request(stack, direct_gunicorn):
     assert secret.encode() not in body and b"api_key" not in body
     assert json.loads(body) == {"success": False, "error": 400, "error_description": "Bad request"}
     # A normal request on the same server still gets the app's answer.
-    ok = f"GET {stack.api_query()} HTTP/1.1\r\nHost: {API_HOST}\r\nConnection: close\r\n\r\n".encode()
+    ok = f"GET {stack.api_query()} HTTP/1.1\r\nHost: {API_HOST}\r\nConnection: close\r\n\r\n"
+    ok = ok.encode()
     status, _, body = raw_request(direct_gunicorn, ok)
     assert status == 200 and json.loads(body)["success"] is True
 
@@ -209,11 +258,18 @@ def test_gunicorn_error_answers_never_echo_the_request(stack, direct_gunicorn):
 
 # ssl-config.mozilla.org "intermediate", as OpenSSL names the suites (TLS 1.2 and 1.3).
 MOZILLA_INTERMEDIATE = {
-    "TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256",
-    "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
-    "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384",
-    "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
-    "DHE-RSA-AES128-GCM-SHA256", "DHE-RSA-AES256-GCM-SHA384", "DHE-RSA-CHACHA20-POLY1305",
+    "TLS_AES_128_GCM_SHA256",
+    "TLS_AES_256_GCM_SHA384",
+    "TLS_CHACHA20_POLY1305_SHA256",
+    "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "ECDHE-RSA-AES128-GCM-SHA256",
+    "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "ECDHE-RSA-AES256-GCM-SHA384",
+    "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "ECDHE-RSA-CHACHA20-POLY1305",
+    "DHE-RSA-AES128-GCM-SHA256",
+    "DHE-RSA-AES256-GCM-SHA384",
+    "DHE-RSA-CHACHA20-POLY1305",
 }
 
 
@@ -222,11 +278,19 @@ def test_sslscan_sees_mozilla_intermediate(stack):
     if sslscan is None:
         skip_or_fail("sslscan is not installed (Debian: apt-get install sslscan)")
     done = subprocess.run(
-        [sslscan, "--no-colour", f"--sni-name={API_HOST}", "--xml=-", f"127.0.0.1:{stack.https_port}"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sslscan,
+            "--no-colour",
+            f"--sni-name={API_HOST}",
+            "--xml=-",
+            f"127.0.0.1:{stack.https_port}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    xml = done.stdout[done.stdout.index("<?xml"):]
+    xml = done.stdout[done.stdout.index("<?xml") :]
     test = ET.fromstring(xml).find("ssltest")
     assert test is not None, xml[:2000]
     protocols = {(p.get("type"), p.get("version")): p.get("enabled") for p in test.iter("protocol")}
@@ -240,7 +304,9 @@ def test_sslscan_sees_mozilla_intermediate(stack):
     assert not outside, outside
     renegotiation = test.find("renegotiation")
     assert renegotiation is not None, xml[:2000]
-    assert not (renegotiation.get("supported") == "1" and renegotiation.get("secure") == "0"), renegotiation.attrib
+    assert not (renegotiation.get("supported") == "1" and renegotiation.get("secure") == "0"), (
+        renegotiation.attrib
+    )
     # Key exchange groups: elliptic curves of at least 256 bits, no finite-field DH.
     groups = {g.get("name", "").split()[0] for g in test.iter("group")}
     assert groups and groups <= {"x25519", "secp256r1", "secp384r1"}, groups
@@ -265,8 +331,11 @@ FLOOD_CONN_LIMIT = 8
 @pytest.fixture(scope="module")
 def small_stack(tmp_path_factory):
     """nginx with 64 worker connections, so a flood fills them with a few dozen sockets."""
-    s = start_stack(tmp_path_factory.mktemp("edge-small"), values={"CONN_LIMIT": str(FLOOD_CONN_LIMIT)},
-                    worker_connections=FLOOD_WORKER_CONNECTIONS)
+    s = start_stack(
+        tmp_path_factory.mktemp("edge-small"),
+        values={"CONN_LIMIT": str(FLOOD_CONN_LIMIT)},
+        worker_connections=FLOOD_WORKER_CONNECTIONS,
+    )
     yield s
     stop(s.nginx)
     stop(s.gunicorn)
@@ -279,7 +348,9 @@ def rendered_seconds(stack, directive: str) -> float:
     return float(value.group(1))
 
 
-def open_flood(port: int, source: str, count: int, data: bytes, pause: float = 0.0) -> list[socket.socket]:
+def open_flood(
+    port: int, source: str, count: int, data: bytes, pause: float = 0.0
+) -> list[socket.socket]:
     """``count`` connections from ``source``, each sending ``data`` and then nothing more.
     ``pause`` between connections lets nginx read each one before the next comes: a
     connection nginx has not read yet is one it may close to make room."""
@@ -302,7 +373,8 @@ def open_flood(port: int, source: str, count: int, data: bytes, pause: float = 0
 
 
 def wait_closed(socks: list[socket.socket], deadline: float) -> int:
-    """Wait until the server closed every socket (EOF or reset) or ``deadline``; returns how many it closed."""
+    """Wait until the server closed every socket (EOF or reset) or ``deadline``; returns how many
+    it closed."""
     closed = 0
     with selectors.DefaultSelector() as sel:
         for s in socks:
@@ -322,9 +394,12 @@ def wait_closed(socks: list[socket.socket], deadline: float) -> int:
 def authenticate_from(stack, source: str, timeout: float) -> dict | None:
     """One authentication over the legacy host from ``source``; None when the connection
     was refused, reset or closed without an answer, or timed out."""
-    data = f"GET {stack.api_query()} HTTP/1.1\r\nHost: {LEGACY_HOST}\r\nConnection: close\r\n\r\n".encode()
+    data = f"GET {stack.api_query()} HTTP/1.1\r\nHost: {LEGACY_HOST}\r\nConnection: close\r\n\r\n"
+    data = data.encode()
     try:
-        with socket.create_connection(("127.0.0.1", stack.http_port), timeout=timeout, source_address=(source, 0)) as s:
+        with socket.create_connection(
+            ("127.0.0.1", stack.http_port), timeout=timeout, source_address=(source, 0)
+        ) as s:
             s.settimeout(timeout)
             s.sendall(data)
             raw = b""
@@ -347,11 +422,18 @@ def test_half_sent_request_lines_from_one_address_are_cut_at_the_header_timeout(
     header_timeout = rendered_seconds(small_stack, "client_header_timeout")
     assert header_timeout < 10, header_timeout  # the probe's 10 s held every connection too long
     assert authenticate_from(small_stack, "127.0.3.1", 10) == expected
-    flood = open_flood(small_stack.http_port, "127.0.2.1", FLOOD_WORKER_CONNECTIONS + 32,
-                       b"GET /api/authenticate.json?user_id=1", pause=0.01)
+    flood = open_flood(
+        small_stack.http_port,
+        "127.0.2.1",
+        FLOOD_WORKER_CONNECTIONS + 32,
+        b"GET /api/authenticate.json?user_id=1",
+        pause=0.01,
+    )
     started = time.monotonic()
     try:
-        time.sleep(0.3)  # nginx has read the last ones (a connection it has not read, it may close for room)
+        time.sleep(
+            0.3
+        )  # nginx has read the last ones (a connection it has not read, it may close for room)
         # The flood really holds every connection: another address is turned away.
         assert authenticate_from(small_stack, "127.0.3.2", 1.0) is None
         # Then it is served once nginx drops the flood (tries bounded in count and time).
@@ -362,10 +444,14 @@ def test_half_sent_request_lines_from_one_address_are_cut_at_the_header_timeout(
             answer = authenticate_from(small_stack, "127.0.0.1", 2.0)
         waited = time.monotonic() - started
         assert answer == expected, f"not served in {waited:.1f} s ({tries} tries)"
-        # At the header timeout, not at some longer one: bounded by twice the rendered value, generous
-        # on a loaded machine; that the shipped value is shorter than the probe's 10 s is checked above.
-        assert waited < 2 * header_timeout, f"served after {waited:.1f} s (client_header_timeout {header_timeout:.0f}s)"
-        # Every flood connection is closed by nginx: at the timeout, or at once when no slot was free.
+        # At the header timeout, not at some longer one: bounded by twice the rendered value,
+        # generous on a loaded machine; that the shipped value is shorter than the probe's 10 s is
+        # checked above.
+        assert waited < 2 * header_timeout, (
+            f"served after {waited:.1f} s (client_header_timeout {header_timeout:.0f}s)"
+        )
+        # Every flood connection is closed by nginx: at the timeout, or at once when no slot was
+        # free.
         closed = wait_closed(flood, time.monotonic() + 2 * header_timeout)
         assert closed == len(flood), f"{closed} of {len(flood)} flood connections closed"
     finally:
@@ -378,9 +464,13 @@ def test_connections_past_the_per_address_limit_get_a_json_429(small_stack):
     address, CONN_LIMIT of them are held and every one past that is answered 429 at once,
     in JSON; another address is still served meanwhile."""
     extra = 6
-    head = (f"POST /api/authenticate.json HTTP/1.1\r\nHost: {LEGACY_HOST}\r\n"
-            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nuser_id=").encode()
-    flood = open_flood(small_stack.http_port, "127.0.2.2", FLOOD_CONN_LIMIT + extra, head, pause=0.01)
+    head = (
+        f"POST /api/authenticate.json HTTP/1.1\r\nHost: {LEGACY_HOST}\r\n"
+        "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nuser_id="
+    ).encode()
+    flood = open_flood(
+        small_stack.http_port, "127.0.2.2", FLOOD_CONN_LIMIT + extra, head, pause=0.01
+    )
     try:
         # Whichever came first are held; the others are answered (nginx's body timeout is 10 s).
         answered = []
@@ -392,7 +482,9 @@ def test_connections_past_the_per_address_limit_get_a_json_429(small_stack):
                 for key, _ in sel.select(0.2):
                     sel.unregister(key.fileobj)
                     answered.append(raw_exchange(key.fileobj, b"", timeout=5))
-        assert len(answered) == extra, f"{len(answered)} of {extra} connections past the limit answered"
+        assert len(answered) == extra, (
+            f"{len(answered)} of {extra} connections past the limit answered"
+        )
         for answer in answered:
             assert answer[0] == 429, answer
             assert_json_answer(answer, "limit_conn")
@@ -405,7 +497,9 @@ def test_connections_past_the_per_address_limit_get_a_json_429(small_stack):
 # -- log volume: one address cannot fill the disk with answers outside the API ---------
 
 
-def flood_count(stack, source: str, path: str, agent: str, count: int) -> tuple[dict[int, int], float]:
+def flood_count(
+    stack, source: str, path: str, agent: str, count: int
+) -> tuple[dict[int, int], float]:
     """``count`` requests for ``path`` on the legacy host from ``source`` over keep-alive;
     returns the statuses answered and the seconds it took."""
     statuses: dict[int, int] = {}
@@ -413,7 +507,9 @@ def flood_count(stack, source: str, path: str, agent: str, count: int) -> tuple[
     started = time.monotonic()
     for _ in range(count):
         if conn is None:
-            conn = http.client.HTTPConnection("127.0.0.1", stack.http_port, timeout=10, source_address=(source, 0))
+            conn = http.client.HTTPConnection(
+                "127.0.0.1", stack.http_port, timeout=10, source_address=(source, 0)
+            )
         conn.request("GET", path, headers={"Host": LEGACY_HOST, "User-Agent": agent})
         response = conn.getresponse()
         response.read()
@@ -443,7 +539,9 @@ def test_a_flood_of_redirects_or_404s_from_one_address_is_bounded_in_the_log(sta
     time.sleep(0.5)  # nginx writes a line as each answer ends
     lines = [line for line in log.read_text().splitlines() if f'"{agent}"' in line]
     allowed = burst + rate * (seconds + 1) + sent / 20
-    assert len(lines) <= allowed, f"{len(lines)} lines for {sent} requests in {seconds:.1f} s ({statuses})"
+    assert len(lines) <= allowed, (
+        f"{len(lines)} lines for {sent} requests in {seconds:.1f} s ({statuses})"
+    )
     # What was answered in full is logged in full: the first answers are there.
     assert sum(f'" {status} ' in line for line in lines) >= min(burst, statuses[status]), lines[:5]
 
@@ -456,7 +554,10 @@ def ipv6_samples() -> list[ipaddress.IPv6Address]:
     rng = random.Random(64)
     out = []
     for mask in range(256):  # each of the 8 groups zero or not
-        groups = [0 if mask >> i & 1 else rng.choice([1, 0xdb8, 0xffff, rng.randrange(1, 0x10000)]) for i in range(8)]
+        groups = [
+            0 if mask >> i & 1 else rng.choice([1, 0xDB8, 0xFFFF, rng.randrange(1, 0x10000)])
+            for i in range(8)
+        ]
         out.append(ipaddress.IPv6Address(b"".join(g.to_bytes(2, "big") for g in groups)))
     out += [ipaddress.IPv6Address(rng.getrandbits(128)) for _ in range(50)]
     out += [ipaddress.IPv6Address("::ffff:192.0.2.7"), ipaddress.IPv6Address("::1")]
@@ -473,8 +574,21 @@ def test_the_per_address_limits_key_ipv6_clients_by_their_64(tmp_path):
     from harness.processes import nginx_main_conf, start_nginx
 
     rendered = tmp_path / "deploy"
-    subprocess.run([sys.executable, "-m", "authsvc.deployment", str(REPO / "deploy" / "nginx"), str(rendered),
-                    "--set", "API_HOST=a.test", "--set", "LEGACY_HOST=b.test"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "authsvc.deployment",
+            str(REPO / "deploy" / "nginx"),
+            str(rendered),
+            "--set",
+            "API_HOST=a.test",
+            "--set",
+            "LEGACY_HOST=b.test",
+        ],
+        check=True,
+        capture_output=True,
+    )
     port = free_port()
     (tmp_path / "logs").mkdir()
     (tmp_path / "tmp").mkdir()
@@ -514,12 +628,16 @@ def test_a_flood_of_malformed_requests_from_one_address_is_sampled_in_the_log(st
     new connection. Like 429 and 444, one in 100 is logged."""
     sent = 2000
     for _ in range(sent):
-        with socket.create_connection(("127.0.0.1", stack.http_port), timeout=10,
-                                      source_address=("127.0.4.99", 0)) as sock:
+        with socket.create_connection(
+            ("127.0.0.1", stack.http_port), timeout=10, source_address=("127.0.4.99", 0)
+        ) as sock:
             sock.sendall(b"GET no-slash HTTP/1.1\r\nHost: x\r\n\r\n")
             assert sock.recv(16).startswith(b"HTTP/1.1 400 ")
     time.sleep(0.5)  # nginx writes a line as each answer ends
-    lines = [line for line in (stack.logs / "authsvc-access.log").read_text().splitlines()
-             if " 127.0.4.99 " in line]
+    lines = [
+        line
+        for line in (stack.logs / "authsvc-access.log").read_text().splitlines()
+        if " 127.0.4.99 " in line
+    ]
     assert all(" 400 " in line for line in lines), lines[:3]
     assert len(lines) <= sent / 20, f"{len(lines)} lines for {sent} malformed requests"

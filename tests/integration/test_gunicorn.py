@@ -40,7 +40,11 @@ def server(env, world):
 
 def test_success_403_and_400_over_http(server, world):
     r = get(server, world.params())
-    assert r.status == 200 and json.loads(r.body) == {"success": True, "user_id": 4242, "username": "alice"}
+    assert r.status == 200 and json.loads(r.body) == {
+        "success": True,
+        "user_id": 4242,
+        "username": "alice",
+    }
     assert r.getheader("Content-Type") == "application/json; charset=utf-8"
     assert r.getheader("Content-Length") == str(len(r.body))
     r = get(server, world.params(api_key="wrong"))
@@ -67,14 +71,18 @@ def test_http_1_0_client_gets_content_length_and_no_chunking(server, world):
 
 def test_post_json_over_http(server, world):
     conn = http.client.HTTPConnection("127.0.0.1", server, timeout=10)
-    conn.request("POST", PATH, body=json.dumps(world.params()), headers={"Content-Type": "application/json"})
+    conn.request(
+        "POST", PATH, body=json.dumps(world.params()), headers={"Content-Type": "application/json"}
+    )
     assert json.loads(conn.getresponse().read())["success"] is True
     conn.close()
 
 
 def test_bad_configuration_stops_gunicorn_at_boot_with_a_clear_message(env, tmp_path):
-    """Preloaded, as the service unit runs it: gunicorn's "app failed to load", 4, which the unit keeps
-    stopped (docs/operations.md, "Exit statuses"; a worker's own boot: tests/integration/test_worker_boot.py)."""
+    """Preloaded, as the service unit runs it: gunicorn's "app failed to load", 4, which the unit
+    keeps
+    stopped (docs/operations.md, "Exit statuses"; a worker's own boot:
+    tests/integration/test_worker_boot.py)."""
     broken = dict(env, AUTHSVC_STORE="sqlite://" + str(tmp_path / "never-initialised.db"))
     proc = start_gunicorn(broken, port=free_port(), preload=True)
     try:
@@ -105,7 +113,8 @@ def best_seconds(function, runs: int = 5) -> float:
 
 
 def test_probe_multipart_bodies_get_a_json_400_over_http(server, world):
-    """The bodies that cost email.parser ~200 ms and ~100 ms: a 400, in the time of a plain form give or take.
+    """The bodies that cost email.parser ~200 ms and ~100 ms: a 400, in the time of a plain form
+    give or take.
 
     The bound is against a plain form timed in the same test, and generous (50 x):
     it catches work that grows with the parts (the probe measured 10,000 x), not
@@ -114,8 +123,15 @@ def test_probe_multipart_bodies_get_a_json_400_over_http(server, world):
     params = world.params()
     plain = curl_form(params)
     assert post(server, *plain) == (200, {"success": True, "user_id": 4242, "username": "alice"})
-    assert post(server, *nested_multipart(params)) == (200, MISSING)  # the api key inside is never read
-    too_many = {"success": False, "error": 400, "error_description": "Request body has more than 8 multipart parts"}
+    assert post(server, *nested_multipart(params)) == (
+        200,
+        MISSING,
+    )  # the api key inside is never read
+    too_many = {
+        "success": False,
+        "error": 400,
+        "error_description": "Request body has more than 8 multipart parts",
+    }
     assert post(server, *many_parts()) == (200, too_many)
     reference = best_seconds(lambda: post(server, *plain))
     for probe in (nested_multipart(params), many_parts()):
@@ -123,13 +139,21 @@ def test_probe_multipart_bodies_get_a_json_400_over_http(server, world):
 
 
 def test_malformed_chunk_size_is_a_json_400_not_a_500(server):
-    """gunicorn raises InvalidChunkSize from wsgi.input.read, inside the app: read_body turns it into a 400."""
+    """gunicorn raises InvalidChunkSize from wsgi.input.read, inside the app: read_body turns it
+    into a 400."""
     with socket.create_connection(("127.0.0.1", server), timeout=10) as s:
-        s.sendall(f"POST {PATH} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-www-form-urlencoded\r\n"
-                  "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\nuser_id=1\r\n0\r\n\r\n".encode())
+        s.sendall(
+            f"POST {PATH} HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+            "application/x-www-form-urlencoded\r\nTransfer-Encoding: chunked\r\nConnection: "
+            "close\r\n\r\nzz\r\nuser_id=1\r\n0\r\n\r\n".encode()
+        )
         raw = b""
         while chunk := s.recv(65536):
             raw += chunk
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.split(b"\r\n")[0] in (b"HTTP/1.1 200 OK", b"HTTP/1.0 200 OK"), raw[:300]
-    assert json.loads(body) == {"success": False, "error": 400, "error_description": "Request body could not be read"}
+    assert json.loads(body) == {
+        "success": False,
+        "error": 400,
+        "error_description": "Request body could not be read",
+    }

@@ -24,9 +24,23 @@ pytestmark = pytest.mark.slow
 
 def _run_install(root: Path, *sets: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(REPO / "scripts/install"), "--api-host", "api.example.com", "--legacy-host", "legacy.example.com",
-         "--set", "RATE=50r/s", *sets, "--root", str(root), "--python", sys.executable],
-        capture_output=True, text=True, timeout=600,
+        [
+            str(REPO / "scripts/install"),
+            "--api-host",
+            "api.example.com",
+            "--legacy-host",
+            "legacy.example.com",
+            "--set",
+            "RATE=50r/s",
+            *sets,
+            "--root",
+            str(root),
+            "--python",
+            sys.executable,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -44,8 +58,13 @@ def _admin(root: Path, *args: str) -> str:
         "AUTHSVC_STORE": f"sqlite://{root}/var/lib/authsvc/authsvc.db",
         "AUTHSVC_TOKEN_SECRET_FILE": str(root / "etc/authsvc/token-secret"),
     }
-    done = subprocess.run([str(root / "opt/authsvc/venv/bin/authsvc"), *args], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(root / "opt/authsvc/venv/bin/authsvc"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -87,7 +106,8 @@ def test_staged_install_puts_everything_in_place(staged):
         "etc/nginx/sites-available/authsvc.conf": 0o644,
         "etc/nginx/snippets/authsvc-json-errors.conf": 0o644,
         "etc/nginx/snippets/authsvc-tls.conf": 0o644,
-        "etc/authsvc": 0o1770,  # sticky: the service user replaces its token secret, never root's files
+        # sticky: the service user replaces its token secret, never root's files
+        "etc/authsvc": 0o1770,
         "etc/authsvc/authsvc.toml": 0o640,
         "etc/authsvc/token-secret": 0o600,
         "var/lib/authsvc": 0o750,
@@ -99,30 +119,48 @@ def test_staged_install_puts_everything_in_place(staged):
     assert os.readlink(link) == "/etc/nginx/sites-available/authsvc.conf"
     # The files name their final paths, not the staging directory.
     site = (root / "etc/nginx/sites-available/authsvc.conf").read_text()
-    assert "server_name api.example.com;" in site and "server_name legacy.example.com \"\";" in site
+    assert "server_name api.example.com;" in site and 'server_name legacy.example.com "";' in site
     assert str(root) not in site + (root / "etc/systemd/system/authsvc.service").read_text()
     assert "rate=50r/s" in site
-    # nginx's body limit is the service's default max_body_bytes until the settings file says otherwise.
+    # nginx's body limit is the service's default max_body_bytes until the settings file says
+    # otherwise.
     assert _body_limits(root) == ("16384", "16384")
-    # Rendered from the installed authsvc.toml (access_record = "edge"): no X-Forwarded-* or X-Request-Id upstream.
+    # Rendered from the installed authsvc.toml (access_record = "edge"): no X-Forwarded-* or
+    # X-Request-Id upstream.
     proxy = (root / "etc/nginx/snippets/authsvc-proxy.conf").read_text()
     assert "include /etc/nginx/snippets/authsvc-forwarded-edge.conf;" in proxy
-    assert "proxy_set_header" not in (root / "etc/nginx/snippets/authsvc-forwarded-edge.conf").read_text()
-    assert "ExecStart=/opt/authsvc/venv/bin/gunicorn --config /opt/authsvc/gunicorn.conf.py" in (
-        root / "etc/systemd/system/authsvc.service"
-    ).read_text()
+    assert (
+        "proxy_set_header"
+        not in (root / "etc/nginx/snippets/authsvc-forwarded-edge.conf").read_text()
+    )
+    assert (
+        "ExecStart=/opt/authsvc/venv/bin/gunicorn --config /opt/authsvc/gunicorn.conf.py"
+        in (root / "etc/systemd/system/authsvc.service").read_text()
+    )
     # The steps that need root are skipped, visibly.
-    for step in ("useradd", "groupadd --system authsvc-admin", "chown", "systemctl daemon-reload", "nginx -t"):
-        assert any(line.startswith("skip: ") and step in line for line in first.stdout.splitlines()), step
+    for step in (
+        "useradd",
+        "groupadd --system authsvc-admin",
+        "chown",
+        "systemctl daemon-reload",
+        "nginx -t",
+    ):
+        assert any(
+            line.startswith("skip: ") and step in line for line in first.stdout.splitlines()
+        ), step
     # `authsvc init` ran: the store answers the admin command.
     assert json.loads(_admin(root, "game", "list", "--json")) == {"games": []}
-    # An upgrade restarts every unit it installed that runs the previous release's code, and starts none.
-    assert ("skip: systemctl try-restart authsvc-deliver.service authsvc-heartbeat.service authsvc-admin.service "
-            "(staged") in first.stdout
+    # An upgrade restarts every unit it installed that runs the previous release's code, and starts
+    # none.
+    assert (
+        "skip: systemctl try-restart authsvc-deliver.service authsvc-heartbeat.service "
+        "authsvc-admin.service (staged"
+    ) in first.stdout
 
 
 def test_install_migrates_a_postgresql_store_as_the_owner_of_owner_toml(tmp_path, pg_databases):
-    """With CONF_DIR/owner.toml the upgrade's `authsvc init` uses it (docs/operations.md, section 9): a store of
+    """With CONF_DIR/owner.toml the upgrade's `authsvc init` uses it (docs/operations.md, section
+    9): a store of
     an earlier release (here: none of its migrations yet) is migrated by the role that owns it."""
     from authsvc.store.postgres.store import MIGRATIONS
 
@@ -136,7 +174,8 @@ def test_install_migrates_a_postgresql_store_as_the_owner_of_owner_toml(tmp_path
 
 
 def test_install_again_keeps_secret_settings_and_store(tmp_path):
-    """On an install of its own: it adds a game and reinstalls, which the shared ``staged`` must not see."""
+    """On an install of its own: it adds a game and reinstalls, which the shared ``staged`` must not
+    see."""
     root = tmp_path
     _install(root)
     secret = (root / "etc/authsvc/token-secret").read_text()
@@ -144,21 +183,31 @@ def test_install_again_keeps_secret_settings_and_store(tmp_path):
     settings = root / "etc/authsvc/authsvc.toml"
     text = settings.read_text()
     assert '# error_status = "200"' in text and "# max_body_bytes = 16384" in text
-    settings.write_text(text.replace('# error_status = "200"', 'error_status = "http"')
-                        .replace("# max_body_bytes = 16384", "max_body_bytes = 65536"))
+    settings.write_text(
+        text.replace('# error_status = "200"', 'error_status = "http"').replace(
+            "# max_body_bytes = 16384", "max_body_bytes = 65536"
+        )
+    )
     game = json.loads(_admin(root, "game", "add", "Chess", "--json"))
     _admin(root, "player", "add", "42", "alice")
     token = _admin(root, "token", "issue", "--game", str(game["game_id"]), "--user", "42").strip()
 
     again = _install(root)
 
-    assert "token-secret exists, kept" in again.stdout and "authsvc.toml exists, kept" in again.stdout
+    assert (
+        "token-secret exists, kept" in again.stdout and "authsvc.toml exists, kept" in again.stdout
+    )
     assert (root / "etc/authsvc/token-secret").read_text() == secret
     assert 'error_status = "http"' in settings.read_text()
     # The kept file's max_body_bytes is nginx's limit now (before, nginx stayed at 16k).
     assert _body_limits(root) == ("65536", "65536")
-    assert _admin(root, "token", "issue", "--game", str(game["game_id"]), "--user", "42").strip() == token
-    assert [g["name"] for g in json.loads(_admin(root, "game", "list", "--json"))["games"]] == ["Chess"]
+    assert (
+        _admin(root, "token", "issue", "--game", str(game["game_id"]), "--user", "42").strip()
+        == token
+    )
+    assert [g["name"] for g in json.loads(_admin(root, "game", "list", "--json"))["games"]] == [
+        "Chess"
+    ]
     assert game["api_key"] not in again.stdout + again.stderr
 
 
@@ -168,34 +217,56 @@ def test_installed_gunicorn_loads_the_app_with_the_installed_config(staged):
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "AUTHSVC_CONFIG": str(root / "etc/authsvc/authsvc.toml"),
         "AUTHSVC_STORE": f"sqlite://{root}/var/lib/authsvc/authsvc.db",
-        "CREDENTIALS_DIRECTORY": str(root / "etc/authsvc"),  # holds token-secret, as systemd's would
+        "CREDENTIALS_DIRECTORY": str(
+            root / "etc/authsvc"
+        ),  # holds token-secret, as systemd's would
         "STATE_DIRECTORY": str(root / "var/lib/authsvc"),
         "HOME": str(root),
     }
     done = subprocess.run(
-        [str(root / "opt/authsvc/venv/bin/gunicorn"), "--check-config",
-         "--config", str(root / "opt/authsvc/gunicorn.conf.py"), "authsvc.wsgi:application"],
-        env=env, capture_output=True, text=True, timeout=60, cwd=root,
+        [
+            str(root / "opt/authsvc/venv/bin/gunicorn"),
+            "--check-config",
+            "--config",
+            str(root / "opt/authsvc/gunicorn.conf.py"),
+            "authsvc.wsgi:application",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_installed_admin_service_loads_the_admin_api_with_its_settings(staged):
-    """authsvc-admin.service's command line and settings, as installed: the admin app loads and writes the store."""
+    """authsvc-admin.service's command line and settings, as installed: the admin app loads and
+    writes the store."""
     root, first = staged
     service = (root / "etc/systemd/system/authsvc-admin.service").read_text()
-    assert re.search(r"^ExecStart=/opt/authsvc/venv/bin/gunicorn --config /opt/authsvc/gunicorn.conf.py "
-                     r"authsvc.api.wsgi:create_app\(\)$", service, re.M)
+    assert re.search(
+        r"^ExecStart=/opt/authsvc/venv/bin/gunicorn --config /opt/authsvc/gunicorn.conf.py "
+        r"authsvc.api.wsgi:create_app\(\)$",
+        service,
+        re.M,
+    )
     assert "Environment=AUTHSVC_CONFIG=/etc/authsvc/admin.toml" in service
     socket_unit = (root / "etc/systemd/system/authsvc-admin.socket").read_text()
-    for line in ("ListenStream=/run/authsvc-admin.sock", "SocketGroup=authsvc-admin", "SocketMode=0660"):
+    for line in (
+        "ListenStream=/run/authsvc-admin.sock",
+        "SocketGroup=authsvc-admin",
+        "SocketMode=0660",
+    ):
         assert re.search(rf"^{re.escape(line)}$", socket_unit, re.M), line
     # Installed, not enabled, without --admin; and the output says how.
     assert "authsvc-admin (the admin API) installed, not enabled" in first.stdout
     admin_toml = root / "etc/authsvc/admin.toml"
     assert 'store = "sqlite:///var/lib/authsvc/authsvc.db"' in admin_toml.read_text()
     staged_toml = root / "admin-staged.toml"
-    staged_toml.write_text(admin_toml.read_text().replace("sqlite:///var/lib", f"sqlite://{root}/var/lib"))
+    staged_toml.write_text(
+        admin_toml.read_text().replace("sqlite:///var/lib", f"sqlite://{root}/var/lib")
+    )
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "AUTHSVC_CONFIG": str(staged_toml),
@@ -204,19 +275,34 @@ def test_installed_admin_service_loads_the_admin_api_with_its_settings(staged):
         "HOME": str(root),
     }
     done = subprocess.run(
-        [str(root / "opt/authsvc/venv/bin/gunicorn"), "--check-config",
-         "--config", str(root / "opt/authsvc/gunicorn.conf.py"), "authsvc.api.wsgi:application"],
-        env=env, capture_output=True, text=True, timeout=60, cwd=root,
+        [
+            str(root / "opt/authsvc/venv/bin/gunicorn"),
+            "--check-config",
+            "--config",
+            str(root / "opt/authsvc/gunicorn.conf.py"),
+            "authsvc.api.wsgi:application",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_install_admin_enables_the_admin_service(tmp_path):
     done = _install(tmp_path, "--admin")
-    assert any(line.startswith("skip: ") and "enable --now authsvc-admin.socket" in line
-               for line in done.stdout.splitlines()), done.stdout
-    # The other units it installed are restarted if they run (an upgrade); the admin API's is restarted above.
-    assert "skip: systemctl try-restart authsvc-deliver.service authsvc-heartbeat.service (staged" in done.stdout
+    assert any(
+        line.startswith("skip: ") and "enable --now authsvc-admin.socket" in line
+        for line in done.stdout.splitlines()
+    ), done.stdout
+    # The other units it installed are restarted if they run (an upgrade); the admin API's is
+    # restarted above.
+    assert (
+        "skip: systemctl try-restart authsvc-deliver.service authsvc-heartbeat.service (staged"
+        in done.stdout
+    )
     # --admin alone exposes nothing through nginx.
     assert not (tmp_path / "etc/nginx/sites-enabled/authsvc-admin.conf").exists()
 
@@ -225,34 +311,62 @@ def test_the_admin_server_of_nginx_is_off_unless_asked_for(staged, tmp_path):
     root, _ = staged
     assert (root / "etc/nginx/sites-available/authsvc-admin.conf").exists()
     assert not (root / "etc/nginx/sites-enabled/authsvc-admin.conf").exists()
-    done = _install(tmp_path, "--admin-host", "admin.example.com", "--set", "ADMIN_ALLOW=10.0.0.0/24 10.1.0.7")
+    done = _install(
+        tmp_path, "--admin-host", "admin.example.com", "--set", "ADMIN_ALLOW=10.0.0.0/24 10.1.0.7"
+    )
     link = tmp_path / "etc/nginx/sites-enabled/authsvc-admin.conf"
     assert os.readlink(link) == "/etc/nginx/sites-available/authsvc-admin.conf"
     site = (tmp_path / "etc/nginx/sites-available/authsvc-admin.conf").read_text()
     assert "server_name admin.example.com;" in site
     assert "ssl_certificate     /etc/letsencrypt/live/admin.example.com/fullchain.pem;" in site
-    assert re.findall(r"^\s*(allow \S+;|deny all;)$", site, re.M) == ["allow 10.0.0.0/24;", "allow 10.1.0.7;", "deny all;"]
+    assert re.findall(r"^\s*(allow \S+;|deny all;)$", site, re.M) == [
+        "allow 10.0.0.0/24;",
+        "allow 10.1.0.7;",
+        "deny all;",
+    ]
     assert "listen 127.0.0.1:8443 ssl;" in site
     assert "server unix:/run/authsvc-admin.sock;" in site
-    assert any(line.startswith("skip: ") and "usermod -a -G authsvc-admin www-data" in line
-               for line in done.stdout.splitlines()), done.stdout
+    assert any(
+        line.startswith("skip: ") and "usermod -a -G authsvc-admin www-data" in line
+        for line in done.stdout.splitlines()
+    ), done.stdout
 
 
 def test_install_honours_layout_values(tmp_path):
-    """--set APP_DIR/CONF_DIR/NGINX_DIR move the venv, config, units, wrapper and site; nothing lands in the defaults."""
+    """--set APP_DIR/CONF_DIR/NGINX_DIR move the venv, config, units, wrapper and site; nothing
+    lands in the defaults."""
     root = tmp_path / "stage"
-    _install(root, "--set", "APP_DIR=/srv/authsvc-app", "--set", "CONF_DIR=/srv/authsvc-etc",
-             "--set", "NGINX_DIR=/srv/nginx")
-    for rel in ("srv/authsvc-app/venv/bin/gunicorn", "srv/authsvc-app/venv/bin/authsvc",
-                "srv/authsvc-app/gunicorn.conf.py", "srv/authsvc-app/docs/operations.md",
-                "srv/authsvc-etc/authsvc.toml", "srv/authsvc-etc/token-secret",
-                "srv/nginx/sites-available/authsvc.conf", "srv/nginx/snippets/authsvc-tls.conf"):
+    _install(
+        root,
+        "--set",
+        "APP_DIR=/srv/authsvc-app",
+        "--set",
+        "CONF_DIR=/srv/authsvc-etc",
+        "--set",
+        "NGINX_DIR=/srv/nginx",
+    )
+    for rel in (
+        "srv/authsvc-app/venv/bin/gunicorn",
+        "srv/authsvc-app/venv/bin/authsvc",
+        "srv/authsvc-app/gunicorn.conf.py",
+        "srv/authsvc-app/docs/operations.md",
+        "srv/authsvc-etc/authsvc.toml",
+        "srv/authsvc-etc/token-secret",
+        "srv/nginx/sites-available/authsvc.conf",
+        "srv/nginx/snippets/authsvc-tls.conf",
+    ):
         assert (root / rel).exists(), rel
-    assert os.readlink(root / "srv/nginx/sites-enabled/authsvc.conf") == "/srv/nginx/sites-available/authsvc.conf"
+    assert (
+        os.readlink(root / "srv/nginx/sites-enabled/authsvc.conf")
+        == "/srv/nginx/sites-available/authsvc.conf"
+    )
     for rel in ("opt/authsvc", "etc/authsvc", "etc/nginx"):
         assert not (root / rel).exists(), rel
     service = (root / "etc/systemd/system/authsvc.service").read_text()
-    assert "ExecStart=/srv/authsvc-app/venv/bin/gunicorn --config /srv/authsvc-app/gunicorn.conf.py" in service
+    assert (
+        "ExecStart=/srv/authsvc-app/venv/bin/gunicorn --config /srv/authsvc-app/gunicorn.conf.py"
+        in service
+    )
     assert "Environment=AUTHSVC_TOKEN_SECRET_FILE=/srv/authsvc-etc/token-secret" in service
     assert "AUTHSVC_CONFIG=/srv/authsvc-etc/authsvc.toml" in service
     wrapper = (root / "usr/local/bin/authsvc").read_text()
@@ -262,8 +376,9 @@ def test_install_honours_layout_values(tmp_path):
         assert "/opt/authsvc" not in text and "/etc/authsvc" not in text and str(root) not in text
 
 
-@pytest.mark.parametrize("value", ["APP_DIR=srv/app", "CONF_DIR=", "APP_DIR=/srv/a b",
-                                   "MAX_BODY_BYTES=65536"])  # that one comes from the settings file only
+@pytest.mark.parametrize(
+    "value", ["APP_DIR=srv/app", "CONF_DIR=", "APP_DIR=/srv/a b", "MAX_BODY_BYTES=65536"]
+)  # that one comes from the settings file only
 def test_install_refuses_bad_layout_values_before_writing(tmp_path, value):
     root = tmp_path / "stage"
     done = _run_install(root, "--set", value)
@@ -273,8 +388,20 @@ def test_install_refuses_bad_layout_values_before_writing(tmp_path, value):
 
 
 def _as(user: str, cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups",
-                           "--inh-caps=-all", *cmd], capture_output=True, text=True, timeout=60, **kw)
+    return subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={user}",
+            f"--regid={pwd.getpwnam(user).pw_gid}",
+            "--init-groups",
+            "--inh-caps=-all",
+            *cmd,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **kw,
+    )
 
 
 def test_admin_wrapper_writes_the_store_as_the_service_user():
@@ -298,10 +425,26 @@ def test_admin_wrapper_writes_the_store_as_the_service_user():
         etc.mkdir(mode=0o755)
         state.mkdir(mode=0o750)
         subprocess.run(
-            [sys.executable, "-m", "authsvc.deployment", str(REPO / "deploy"), str(base / "r"),
-             "--set", "API_HOST=a.example", "--set", "LEGACY_HOST=b.example", "--set", "USER=nobody",
-             "--set", f"APP_DIR={base / 'app'}", "--set", f"CONF_DIR={etc}"],
-            check=True, capture_output=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "authsvc.deployment",
+                str(REPO / "deploy"),
+                str(base / "r"),
+                "--set",
+                "API_HOST=a.example",
+                "--set",
+                "LEGACY_HOST=b.example",
+                "--set",
+                "USER=nobody",
+                "--set",
+                f"APP_DIR={base / 'app'}",
+                "--set",
+                f"CONF_DIR={etc}",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
         )
         (etc / "authsvc.toml").write_text(f'[authsvc]\nstore = "sqlite://{state}/authsvc.db"\n')
         secret = etc / "token-secret"
@@ -313,7 +456,9 @@ def test_admin_wrapper_writes_the_store_as_the_service_user():
         wrapper = str(base / "r/bin/authsvc")
 
         def admin(*args):
-            done = subprocess.run([wrapper, *args], capture_output=True, text=True, timeout=60, cwd=base)
+            done = subprocess.run(
+                [wrapper, *args], capture_output=True, text=True, timeout=60, cwd=base
+            )
             assert done.returncode == 0, done.stderr
             return done.stdout
 
@@ -326,17 +471,32 @@ def test_admin_wrapper_writes_the_store_as_the_service_user():
             st = path.stat()
             assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (nobody.pw_uid, 0o600), path
         # The service user can read what the admin wrote.
-        read = _as("nobody", [sys.executable, "-c",
-                              "import sqlite3, sys; print(sqlite3.connect(f'file:{sys.argv[1]}?mode=ro', uri=True)"
-                              ".execute('select count(*) from players').fetchone()[0])", str(state / "authsvc.db")])
+        read = _as(
+            "nobody",
+            [
+                sys.executable,
+                "-c",
+                "import sqlite3, sys; print(sqlite3.connect(f'file:{sys.argv[1]}?mode=ro', "
+                "uri=True).execute('select count(*) from players').fetchone()[0])",
+                str(state / "authsvc.db"),
+            ],
+        )
         assert read.stdout.strip() == "1", read.stderr
         # Anyone else is turned away.
         other = _as("daemon", [wrapper, "game", "list"], cwd="/")
         assert other.returncode == 1 and "run this as root" in other.stderr
         # AUTHSVC_CONFIG names other settings (admin.toml, owner.toml): the wrapper keeps them.
         (etc / "owner.toml").write_text(f'[authsvc]\nstore = "sqlite://{state}/other.db"\n')
-        done = subprocess.run([wrapper, "init"], capture_output=True, text=True, timeout=60, cwd=base,
-                              env={**os.environ, "AUTHSVC_CONFIG": str(etc / "owner.toml")})
-        assert done.returncode == 0 and f"sqlite://{state}/other.db" in done.stdout, done.stdout + done.stderr
+        done = subprocess.run(
+            [wrapper, "init"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=base,
+            env={**os.environ, "AUTHSVC_CONFIG": str(etc / "owner.toml")},
+        )
+        assert done.returncode == 0 and f"sqlite://{state}/other.db" in done.stdout, (
+            done.stdout + done.stderr
+        )
     finally:
         shutil.rmtree(base)

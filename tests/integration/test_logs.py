@@ -37,7 +37,9 @@ def test_route_names():
     assert route_name("/") == "<other>"
 
 
-@pytest.mark.parametrize("path", ["//api/authenticate.json", "/api//authenticate.json", "/api/authenticate.json/"])
+@pytest.mark.parametrize(
+    "path", ["//api/authenticate.json", "/api//authenticate.json", "/api/authenticate.json/"]
+)
 def test_route_names_of_the_api_path_with_repeated_or_trailing_slashes(path):
     """The app answers these like the API path (docs/api.md), so the logs name them so."""
     assert route_name(path) == "/api/authenticate.json"
@@ -52,7 +54,9 @@ def test_route_names_of_the_api_path_with_repeated_or_trailing_slashes(path):
 @pytest.mark.parametrize("error_status", ["200", "http"])
 def test_every_answer_carries_its_result_code(world, error_status):
     settings = dataclasses.replace(world.settings, error_status=error_status)
-    app = webtest.TestApp(App(settings, open_store(settings.store, readonly=True, settings=settings)), lint=True)
+    app = webtest.TestApp(
+        App(settings, open_store(settings.store, readonly=True, settings=settings)), lint=True
+    )
     wire = (lambda code: 200) if error_status == "200" else (lambda code: code)
     cases = [
         (world.params(), 200, 200),
@@ -79,7 +83,9 @@ CRAFTED_USER = '4242 reason=success game=1 user=1"\nx'
 
 def _edge_app(world, **overrides):
     settings = dataclasses.replace(world.settings, access_record="edge", **overrides)
-    return webtest.TestApp(App(settings, open_store(settings.store, readonly=True, settings=settings)), lint=True)
+    return webtest.TestApp(
+        App(settings, open_store(settings.store, readonly=True, settings=settings)), lint=True
+    )
 
 
 @pytest.mark.engine("sqlite")
@@ -97,27 +103,46 @@ def test_at_the_edge_the_record_rides_the_result_header_and_the_app_writes_no_li
     with caplog.at_level(logging.DEBUG, logger="authsvc"):
         for params, record in cases:
             # A client's own X-Authsvc-Result is a request header: never read, never echoed.
-            res = app.get("/api/authenticate.json", params=params, extra_environ=NGINX,
-                          headers={"X-Authsvc-Result": "200 reason=success game=1 user=1"})
+            res = app.get(
+                "/api/authenticate.json",
+                params=params,
+                extra_environ=NGINX,
+                headers={"X-Authsvc-Result": "200 reason=success game=1 user=1"},
+            )
             assert res.headers["X-Authsvc-Result"] == record, params
         assert app.get("/healthz", extra_environ=NGINX).headers["X-Authsvc-Result"] == "200"
-        assert app.get("/nope", status=404, extra_environ=NGINX).headers["X-Authsvc-Result"] == "404"
-        # An IPv4 peer of a dual-stack socket is that IPv4 address; gunicorn's REMOTE_ADDR over the unix
-        # socket is no address: nginx too.
-        res = app.get("/api/authenticate.json", params=world.params(), extra_environ={"REMOTE_ADDR": "::ffff:127.0.0.1"})
+        assert (
+            app.get("/nope", status=404, extra_environ=NGINX).headers["X-Authsvc-Result"] == "404"
+        )
+        # An IPv4 peer of a dual-stack socket is that IPv4 address; gunicorn's REMOTE_ADDR over the
+        # unix socket is no address: nginx too.
+        res = app.get(
+            "/api/authenticate.json",
+            params=world.params(),
+            extra_environ={"REMOTE_ADDR": "::ffff:127.0.0.1"},
+        )
         assert res.headers["X-Authsvc-Result"] == f"200 reason=success game={game} user={user}"
-        res = app.get("/api/authenticate.json", params=world.params(), extra_environ={"REMOTE_ADDR": ""})
+        res = app.get(
+            "/api/authenticate.json", params=world.params(), extra_environ={"REMOTE_ADDR": ""}
+        )
         assert res.headers["X-Authsvc-Result"] == f"200 reason=success game={game} user={user}"
     assert caplog.records == [], caplog.text
     app.app.store.close()
 
 
 @pytest.mark.engine("sqlite")
-def test_at_the_edge_a_client_that_reaches_the_app_itself_gets_the_code_only_and_the_auth_line(world, caplog):
-    """The reason is never on the wire (docs/api.md): only nginx, which strips the header, gets it."""
+def test_at_the_edge_a_client_that_reaches_the_app_itself_gets_the_code_only_and_the_auth_line(
+    world, caplog
+):
+    """The reason is never on the wire (docs/api.md): only nginx, which strips the header, gets
+    it."""
     app = _edge_app(world)
     with caplog.at_level(logging.INFO, logger="authsvc.auth"):
-        res = app.get("/api/authenticate.json", params=world.params(game_auth_token="0" * 64), extra_environ=DIRECT)
+        res = app.get(
+            "/api/authenticate.json",
+            params=world.params(game_auth_token="0" * 64),
+            extra_environ=DIRECT,
+        )
     assert res.headers["X-Authsvc-Result"] == "403"
     [line] = [r.getMessage() for r in caplog.records]
     assert line.startswith("auth rid=- host=legacy ") and " reason=wrong_token " in line, line
@@ -126,11 +151,17 @@ def test_at_the_edge_a_client_that_reaches_the_app_itself_gets_the_code_only_and
 
 @pytest.mark.engine("sqlite")
 def test_with_the_app_record_the_header_is_the_code_and_the_auth_line_is_written(world, caplog):
-    app = webtest.TestApp(App(world.settings, open_store(world.settings.store, readonly=True,
-                                                         settings=world.settings)), lint=True)
+    app = webtest.TestApp(
+        App(
+            world.settings, open_store(world.settings.store, readonly=True, settings=world.settings)
+        ),
+        lint=True,
+    )
     assert world.settings.access_record == "app"
     with caplog.at_level(logging.INFO, logger="authsvc.auth"):
-        res = app.get("/api/authenticate.json", params=world.params(user_id=CRAFTED_USER), extra_environ=NGINX)
+        res = app.get(
+            "/api/authenticate.json", params=world.params(user_id=CRAFTED_USER), extra_environ=NGINX
+        )
     assert res.headers["X-Authsvc-Result"] == "403"
     [line] = [r.getMessage() for r in caplog.records]
     assert " user=- reason=malformed " in line and "\n" not in line and '"' not in line, line
@@ -172,14 +203,21 @@ def test_a_store_outage_logs_one_line_per_ten_seconds(world, settings, tmp_path,
     world.store.close()
     now = [1000.0]
     app = webtest.TestApp(
-        App(settings, open_store(settings.store, readonly=True, settings=settings), monotonic=lambda: now[0]), lint=True
+        App(
+            settings,
+            open_store(settings.store, readonly=True, settings=settings),
+            monotonic=lambda: now[0],
+        ),
+        lint=True,
     )
     os.rename(path, tmp_path / "moved.db")
     with caplog.at_level(logging.WARNING, logger="authsvc"):
         for _ in range(50):
             app.get("/api/authenticate.json", params=params, status=503)
             now[0] += 0.1  # 50 requests in 5 s: one line
-        assert [r.getMessage() for r in caplog.records] == ["store unavailable on /api/authenticate.json"]
+        assert [r.getMessage() for r in caplog.records] == [
+            "store unavailable on /api/authenticate.json"
+        ]
         now[0] += 5.0
         for _ in range(3):
             res = app.get("/readyz", status=503)
@@ -216,14 +254,18 @@ def test_the_documented_brute_force_alert_fires_on_a_real_access_log(tmp_path):
         bad = stack.api_query(game_auth_token="0" * 64)
         # The second app host goes away: the next authentication nginx sends it fails to
         # connect and is retried on the unix socket (upstream=502, 200).
-        (_, other_host), = stack.app_hosts
+        ((_, other_host),) = stack.app_hosts
         stop(other_host)
         for _ in range(60):
             answer = stack.request("http", bad, source="127.0.0.7", headers={"User-Agent": "guess"})
             assert answer.json()["error"] == 403, answer.body
         for _ in range(60):
-            answer = stack.request("http", stack.api_query(), source="127.0.0.8",
-                                   headers={"User-Agent": "x result=403 y"})
+            answer = stack.request(
+                "http",
+                stack.api_query(),
+                source="127.0.0.8",
+                headers={"User-Agent": "x result=403 y"},
+            )
             assert answer.json()["success"] is True, answer.body
         log = stack.logs / "authsvc-access.log"
         deadline = time.monotonic() + 10
@@ -231,9 +273,14 @@ def test_the_documented_brute_force_alert_fires_on_a_real_access_log(tmp_path):
             assert time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.05)
         text = log.read_text()
-        assert re.search(r'upstream=502, 200 .* addr="127\.0\.0\.1:\d+, unix:.*" result=403 reason=wrong_token '
-                         r'game=\d+ user=\d+ "guess"', text), text
-        command = documented_alert().replace("/var/log/nginx/authsvc-access.log", shlex.quote(str(log)))
+        assert re.search(
+            r'upstream=502, 200 .* addr="127\.0\.0\.1:\d+, unix:.*" result=403 reason=wrong_token '
+            r'game=\d+ user=\d+ "guess"',
+            text,
+        ), text
+        command = documented_alert().replace(
+            "/var/log/nginx/authsvc-access.log", shlex.quote(str(log))
+        )
         done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
         assert done.stdout.split("\n") == ["60 127.0.0.7", ""], done.stdout

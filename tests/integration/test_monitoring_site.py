@@ -46,17 +46,28 @@ def monitor(stack, path: str) -> tuple[int, str, str]:
 def test_game_facing_hosts_answer_the_json_404(stack, path):
     for scheme in ("https", "http"):
         answer = stack.request(scheme, path)
-        assert answer.status == 404 and answer.json() == NOT_FOUND, (scheme, path, answer.status, answer.body)
+        assert answer.status == 404 and answer.json() == NOT_FOUND, (
+            scheme,
+            path,
+            answer.status,
+            answer.body,
+        )
 
 
 def test_the_monitoring_server_serves_metrics_and_probes(stack):
     for _ in range(3):
-        assert stack.request("https", stack.api_query(game_auth_token="0" * 64)).json()["error"] == 403
+        assert (
+            stack.request("https", stack.api_query(game_auth_token="0" * 64)).json()["error"] == 403
+        )
     assert stack.request("http", stack.api_query()).json()["success"] is True
     status, content_type, text = monitor(stack, "/metrics")
     assert status == 200 and content_type.startswith("text/plain; version=0.0.4"), (status, text)
-    counts = {(game, result): float(value) for game, result, value in
-              re.findall(r'authsvc_authentications_total\{game="(\d+|none)",result="([a-z_]+)"\} (\S+)', text)}
+    counts = {
+        (game, result): float(value)
+        for game, result, value in re.findall(
+            r'authsvc_authentications_total\{game="(\d+|none)",result="([a-z_]+)"\} (\S+)', text
+        )
+    }
     assert counts[str(stack.game_id), "wrong_token"] == 3
     assert counts[str(stack.game_id), "success"] == 1
     assert monitor(stack, "/healthz")[0] == 200
@@ -67,32 +78,57 @@ def test_the_monitoring_server_serves_metrics_and_probes(stack):
 
 
 def test_the_record_names_the_host(stack):
-    """Behind nginx (access_record = "edge") a request's record is nginx's line: the host asked for, nginx's
-    request id, and the app's result, reason, game and user; the app writes no auth line (docs/logs.md)."""
-    answer = stack.request("https", stack.api_query(api_key="4f0c6a4e-0000-4000-8000-000000000000"),
-                           headers={"User-Agent": "record-host-https"})
+    """Behind nginx (access_record = "edge") a request's record is nginx's line: the host asked for,
+    nginx's
+    request id, and the app's result, reason, game and user; the app writes no auth line
+    (docs/logs.md)."""
+    answer = stack.request(
+        "https",
+        stack.api_query(api_key="4f0c6a4e-0000-4000-8000-000000000000"),
+        headers={"User-Agent": "record-host-https"},
+    )
     assert answer.json()["error"] == 403
-    assert stack.request("http", stack.api_query(), headers={"User-Agent": "record-host-legacy"}).json()["success"]
+    assert stack.request(
+        "http", stack.api_query(), headers={"User-Agent": "record-host-legacy"}
+    ).json()["success"]
     deadline = time.monotonic() + 5
     while True:
         log = (stack.logs / "authsvc-access.log").read_text()
-        if '"record-host-https"' in log and '"record-host-legacy"' in log or time.monotonic() > deadline:
+        if (
+            '"record-host-https"' in log
+            and '"record-host-legacy"' in log
+            or time.monotonic() > deadline
+        ):
             break
         time.sleep(0.05)
-    assert re.search(r'^\S+ [0-9a-f]{32} 127\.0\.0\.1 "api\.authsvc\.test" .* result=403 reason=unknown_key '
-                     r'game=none user=4242 "record-host-https"$', log, re.M), log[-2000:]
-    assert re.search(rf'^\S+ [0-9a-f]{{32}} 127\.0\.0\.1 "legacy\.authsvc\.test" .* result=200 reason=success '
-                     rf'game={stack.game_id} user=4242 "record-host-legacy"$', log, re.M), log[-2000:]
+    assert re.search(
+        r'^\S+ [0-9a-f]{32} 127\.0\.0\.1 "api\.authsvc\.test" .* result=403 reason=unknown_key '
+        r'game=none user=4242 "record-host-https"$',
+        log,
+        re.M,
+    ), log[-2000:]
+    assert re.search(
+        rf'^\S+ [0-9a-f]{{32}} 127\.0\.0\.1 "legacy\.authsvc\.test" .* result=200 reason=success '
+        rf'game={stack.game_id} user=4242 "record-host-legacy"$',
+        log,
+        re.M,
+    ), log[-2000:]
     assert " auth rid=" not in (stack.logs / "gunicorn-error.log").read_text()
     assert stack.api_key not in log and stack.token not in log
 
 
 # What nginx's own headers are on the monitoring server: no X-Request-Start (a probe is never shed).
-MONITOR_FORWARDED = {"HTTP_HOST", "HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_PROTO", "HTTP_X_REQUEST_ID"}
+MONITOR_FORWARDED = {
+    "HTTP_HOST",
+    "HTTP_X_FORWARDED_FOR",
+    "HTTP_X_FORWARDED_PROTO",
+    "HTTP_X_REQUEST_ID",
+}
 
 
 def test_only_the_headers_the_app_reads_reach_gunicorn_from_the_monitoring_server(tmp_path):
-    """A scraper's or a probe's 40 headers (its own X-Forwarded-*, Forwarded, X-Request-Start among them) never
+    """A scraper's or a probe's 40 headers (its own X-Forwarded-*, Forwarded, X-Request-Start among
+    them) never
     reach gunicorn, as on the public hosts (tests/integration/test_deploy.py): only nginx's own."""
     s = start_stack(tmp_path, workers=1, app="tests.headers_app:application")
     try:
@@ -160,8 +196,9 @@ def test_requests_past_the_per_address_limit_on_the_monitoring_server_get_a_json
     socks = []
     try:
         for _ in range(limit + extra):
-            sock = socket.create_connection(("127.0.0.1", stack.metrics_port), timeout=10,
-                                            source_address=("127.0.5.1", 0))
+            sock = socket.create_connection(
+                ("127.0.0.1", stack.metrics_port), timeout=10, source_address=("127.0.5.1", 0)
+            )
             sock.sendall(head)
             socks.append(sock)
         answered = []
@@ -173,12 +210,17 @@ def test_requests_past_the_per_address_limit_on_the_monitoring_server_get_a_json
                 for key, _ in sel.select(0.2):
                     sel.unregister(key.fileobj)
                     answered.append(key.fileobj.recv(65536))
-        assert len(answered) == extra, f"{len(answered)} of {extra} requests past the limit answered"
+        assert len(answered) == extra, (
+            f"{len(answered)} of {extra} requests past the limit answered"
+        )
         for raw in answered:
             head_, _, body = raw.partition(b"\r\n\r\n")
             assert head_.startswith(b"HTTP/1.1 429 "), raw[:300]
-            assert json.loads(body) == {"success": False, "error": 429,
-                                        "error_description": "Too many requests, slow down"}
+            assert json.loads(body) == {
+                "success": False,
+                "error": 429,
+                "error_description": "Too many requests, slow down",
+            }
     finally:
         for sock in socks:
             sock.close()

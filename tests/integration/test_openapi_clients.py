@@ -9,7 +9,8 @@ through the service's checker, the document's schemas in Python (jsonschema) and
 all three must agree; so do audit cursors. openapi-typescript generates types from the document, and
 the example TypeScript client (examples/clients/admin-client.ts) type-checks against them and runs.
 
-The Node packages come from package-lock.json (scripts/test runs npm ci); without node or them, these
+The Node packages come from package-lock.json (scripts/test runs npm ci); without node or them,
+these
 tests go through skip_or_fail (failures under AUTHSVC_TEST_STRICT=1, as in CI).
 """
 
@@ -33,25 +34,85 @@ from tests.support import NODE_MODULES, free_port, node_tool, serve_gunicorn
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENT = REPO / "authsvc" / "openapi" / "admin.json"
-ALL_SCOPES = ["players:read", "players:write", "tokens:mint", "games:read", "games:write", "audit:read",
-              "webhooks:read", "webhooks:write"]
+ALL_SCOPES = [
+    "players:read",
+    "players:write",
+    "tokens:mint",
+    "games:read",
+    "games:write",
+    "audit:read",
+    "webhooks:read",
+    "webhooks:write",
+]
 
 # Valid and invalid by the rules of authsvc/names.py: letters of several scripts, characters outside
 # the BMP, white space inside and at either end (visible and not), each hidden category (Cc, Cf, Cs,
-# Zl, Zp; the characters tests/functional/test_cli.py refuses; not a lone surrogate: tests/integration/test_admin_openapi.py's
-# SURROGATES says why no pattern names one), a trailing newline (Python's "$" alone lets one through),
-# the length bounds.
+# Zl, Zp; the characters tests/functional/test_cli.py refuses; not a lone surrogate:
+# tests/integration/test_admin_openapi.py's SURROGATES says why no pattern names one), a trailing
+# newline (Python's "$" alone lets one through), the length bounds.
 USERNAMES = [
-    "alice", "bob", "Ursula", "demo_player", "a b", "Zo\u00eb", "\u540d\u524d", "\u05e9\u05dc\u05d5\u05dd", "e\u0301",
-    "\U0001f3ae gamer", "\U0001d49clice", "x\U000e0100", "\U0010fffd", "\ufffd", "a\u00a0b", "a\u3000b",
-    "x" * 255, "\U0001f3ae" * 255,
-    "", " ", " alice", "alice ", "\u3000x", "x\u00a0", "\u2003x", "x\u1680", "alice\n", "a\tb", "\ta",
-    "a\u202eb", "a\u200bb", "a\u2028b", "a\u2029b", "\ufeffa", "a\u2066b", "a\u00adb", "a\x1bb", "a\x07b",
-    "a\x00b", "a\x7fb", "a\x85b", "a\U000e0001b", "a\U0001d173b", "a\U000110bdb", "\U000e007f", "x" * 256, "\U0001f3ae" * 256,
+    "alice",
+    "bob",
+    "Ursula",
+    "demo_player",
+    "a b",
+    "Zo\u00eb",
+    "\u540d\u524d",
+    "\u05e9\u05dc\u05d5\u05dd",
+    "e\u0301",
+    "\U0001f3ae gamer",
+    "\U0001d49clice",
+    "x\U000e0100",
+    "\U0010fffd",
+    "\ufffd",
+    "a\u00a0b",
+    "a\u3000b",
+    "x" * 255,
+    "\U0001f3ae" * 255,
+    "",
+    " ",
+    " alice",
+    "alice ",
+    "\u3000x",
+    "x\u00a0",
+    "\u2003x",
+    "x\u1680",
+    "alice\n",
+    "a\tb",
+    "\ta",
+    "a\u202eb",
+    "a\u200bb",
+    "a\u2028b",
+    "a\u2029b",
+    "\ufeffa",
+    "a\u2066b",
+    "a\u00adb",
+    "a\x1bb",
+    "a\x07b",
+    "a\x00b",
+    "a\x7fb",
+    "a\x85b",
+    "a\U000e0001b",
+    "a\U0001d173b",
+    "a\U000110bdb",
+    "\U000e007f",
+    "x" * 256,
+    "\U0001f3ae" * 256,
 ]
 GAME_NAMES = [
-    "Chess", " Chess 2 ", "\u2003" + "x" * 200 + " ", "x" * 200, "\u3000\u5c06\u68cb\u3000", "\U0001f3ae",
-    "", "   ", "x" * 201, "\t Chess", "Chess\n", "Ch\u202eess", "\U000e0001Chess",
+    "Chess",
+    " Chess 2 ",
+    "\u2003" + "x" * 200 + " ",
+    "x" * 200,
+    "\u3000\u5c06\u68cb\u3000",
+    "\U0001f3ae",
+    "",
+    "   ",
+    "x" * 201,
+    "\t Chess",
+    "Chess\n",
+    "Ch\u202eess",
+    "\U000e0001Chess",
 ]
 
 AJV_DRIVER = """
@@ -77,11 +138,15 @@ def _accepts(check, name: str) -> bool:
 
 
 def _cases() -> list[tuple[str, dict, bool]]:
-    """(schema, body, whether the service's checker takes the name) for every name and each schema it goes in."""
+    """(schema, body, whether the service's checker takes the name) for every name and each schema
+    it goes in."""
     cases = []
     for name in USERNAMES:
         ok = _accepts(check_username, name)
-        cases += [("PlayerPut", {"username": name}, ok), ("BatchPlayer", {"user_id": 1, "username": name}, ok)]
+        cases += [
+            ("PlayerPut", {"username": name}, ok),
+            ("BatchPlayer", {"user_id": 1, "username": name}, ok),
+        ]
     cases += [("GameAdd", {"name": name}, _accepts(check_game_name, name)) for name in GAME_NAMES]
     return cases
 
@@ -92,8 +157,15 @@ def test_names_agree_in_the_checker_the_document_in_python_and_ajv(tmp_path):
     cases = _cases()
     assert {ok for _, _, ok in cases} == {True, False}
     (tmp_path / "ajv.js").write_text(AJV_DRIVER)
-    done = subprocess.run([node, "ajv.js"], cwd=tmp_path, env={"NODE_PATH": str(NODE_MODULES)}, capture_output=True,
-                          text=True, timeout=60, input=json.dumps({"schemas": schemas, "cases": [c[:2] for c in cases]}))
+    done = subprocess.run(
+        [node, "ajv.js"],
+        cwd=tmp_path,
+        env={"NODE_PATH": str(NODE_MODULES)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        input=json.dumps({"schemas": schemas, "cases": [c[:2] for c in cases]}),
+    )
     assert done.returncode == 0, done.stderr
     in_ajv = json.loads(done.stdout)
     differ = []
@@ -107,10 +179,33 @@ def test_names_agree_in_the_checker_the_document_in_python_and_ajv(tmp_path):
 # Audit cursors: the service's rule is a whole number from 1 to 2^63-1, ASCII digits, no sign, no
 # leading zero (authsvc/api/routes.py); each pattern alternative's edge on both sides.
 CURSORS = [
-    "1", "9", "10", "123", "999999999999999999", "1000000000000000000", "8999999999999999999",
-    "9199999999999999999", "9223372036854775799", "9223372036854775806", "9223372036854775807",
-    "0", "07", "-1", "+1", "1.0", "1e3", "", " 1", "12\n", "\u0661\u0662", "9223372036854775808", "9223372036854775810",
-    "9223372036854775900", "9300000000000000000", "10000000000000000000", "99999999999999999999",
+    "1",
+    "9",
+    "10",
+    "123",
+    "999999999999999999",
+    "1000000000000000000",
+    "8999999999999999999",
+    "9199999999999999999",
+    "9223372036854775799",
+    "9223372036854775806",
+    "9223372036854775807",
+    "0",
+    "07",
+    "-1",
+    "+1",
+    "1.0",
+    "1e3",
+    "",
+    " 1",
+    "12\n",
+    "\u0661\u0662",
+    "9223372036854775808",
+    "9223372036854775810",
+    "9223372036854775900",
+    "9300000000000000000",
+    "10000000000000000000",
+    "99999999999999999999",
 ]
 
 
@@ -120,18 +215,36 @@ def test_the_audit_cursor_agrees_in_the_service_python_and_ajv(tmp_path, setting
     answers next. Its pattern takes what GET /v1/audit takes as after, in Python and in Ajv."""
     node, _ = node_tool("ajv")
     schema = _schemas()["AuditCursor"]
-    _, token = api_tokens.add_api_token(admin_store, Context(actor="cli:test"), "auditor", ["audit:read"])
+    _, token = api_tokens.add_api_token(
+        admin_store, Context(actor="cli:test"), "auditor", ["audit:read"]
+    )
     app = webtest.TestApp(AdminApp(settings), lint=True)
     try:
-        taken = [app.get("/v1/audit", {"after": value}, headers={"Authorization": f"Bearer {token}"},
-                         expect_errors=True).status_int == 200 for value in CURSORS]
+        taken = [
+            app.get(
+                "/v1/audit",
+                {"after": value},
+                headers={"Authorization": f"Bearer {token}"},
+                expect_errors=True,
+            ).status_int
+            == 200
+            for value in CURSORS
+        ]
     finally:
         app.app.store.close()
     assert {True, False} == set(taken) and all(status for status in taken[:11])
     (tmp_path / "ajv.js").write_text(AJV_DRIVER)
-    done = subprocess.run([node, "ajv.js"], cwd=tmp_path, env={"NODE_PATH": str(NODE_MODULES)}, capture_output=True,
-                          text=True, timeout=60,
-                          input=json.dumps({"schemas": {"AuditCursor": schema}, "cases": [["AuditCursor", c] for c in CURSORS]}))
+    done = subprocess.run(
+        [node, "ajv.js"],
+        cwd=tmp_path,
+        env={"NODE_PATH": str(NODE_MODULES)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        input=json.dumps(
+            {"schemas": {"AuditCursor": schema}, "cases": [["AuditCursor", c] for c in CURSORS]}
+        ),
+    )
     assert done.returncode == 0, done.stderr
     in_python = [jsonschema.Draft202012Validator(schema).is_valid(value) for value in CURSORS]
     in_ajv = json.loads(done.stdout)
@@ -161,17 +274,27 @@ console.log(JSON.stringify(out));
 
 
 def test_every_character_alone_and_inside_a_name_agrees_in_ajv(tmp_path):
-    """Every code point but the lone surrogates (tests/integration/test_admin_openapi.py's SURROGATES), alone and
+    """Every code point but the lone surrogates (tests/integration/test_admin_openapi.py's
+    SURROGATES), alone and
     between two letters, through Ajv and through the service's checker; the same sweep in Python's
     ``re`` is tests/integration/test_admin_openapi.py's."""
     node, _ = node_tool("ajv")
     schemas = _schemas()
-    properties = {"PlayerPut.username": (schemas["PlayerPut"]["properties"]["username"], check_username),
-                  "BatchPlayer.username": (schemas["BatchPlayer"]["properties"]["username"], check_username),
-                  "GameAdd.name": (schemas["GameAdd"]["properties"]["name"], check_game_name)}
+    properties = {
+        "PlayerPut.username": (schemas["PlayerPut"]["properties"]["username"], check_username),
+        "BatchPlayer.username": (schemas["BatchPlayer"]["properties"]["username"], check_username),
+        "GameAdd.name": (schemas["GameAdd"]["properties"]["name"], check_game_name),
+    }
     (tmp_path / "sweep.js").write_text(AJV_SWEEP)
-    done = subprocess.run([node, "sweep.js"], cwd=tmp_path, env={"NODE_PATH": str(NODE_MODULES)}, capture_output=True,
-                          text=True, timeout=120, input=json.dumps({"schemas": {k: v[0] for k, v in properties.items()}}))
+    done = subprocess.run(
+        [node, "sweep.js"],
+        cwd=tmp_path,
+        env={"NODE_PATH": str(NODE_MODULES)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        input=json.dumps({"schemas": {k: v[0] for k, v in properties.items()}}),
+    )
     assert done.returncode == 0, done.stderr
     taken = json.loads(done.stdout)
     differ = []
@@ -180,8 +303,12 @@ def test_every_character_alone_and_inside_a_name_agrees_in_ajv(tmp_path):
             in_ajv = set()
             for first, last in taken[f"{name} {form}"]:
                 in_ajv.update(range(first, last + 1))
-            differ += [(name, form, f"U+{code:04X}") for code in range(0x110000)
-                       if not 0xD800 <= code <= 0xDFFF and (code in in_ajv) != _accepts(check, make(chr(code)))]
+            differ += [
+                (name, form, f"U+{code:04X}")
+                for code in range(0x110000)
+                if not 0xD800 <= code <= 0xDFFF
+                and (code in in_ajv) != _accepts(check, make(chr(code)))
+            ]
     assert not differ, differ[:20]
 
 
@@ -219,34 +346,70 @@ export async function sync(): Promise<void> {
 
 
 def _generate_types(node: str, generator: Path, where: Path) -> None:
-    """admin-api.d.ts in ``where``: openapi-typescript's types of the document, with its default options."""
-    done = subprocess.run([node, str(generator / "bin" / "cli.js"), str(DOCUMENT), "-o", "admin-api.d.ts"],
-                          cwd=where, capture_output=True, text=True, timeout=120)
+    """admin-api.d.ts in ``where``: openapi-typescript's types of the document, with its default
+    options."""
+    done = subprocess.run(
+        [node, str(generator / "bin" / "cli.js"), str(DOCUMENT), "-o", "admin-api.d.ts"],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
 
 
 def test_the_typescript_client_type_checks_against_types_generated_from_the_document(tmp_path):
-    """openapi-typescript (its default options) makes the types from the document; tsc --strict checks the
-    example web-tier client (examples/clients/admin-client.ts, a method per admin operation) and USES
-    against them. Run outside the repository: openapi-typescript reads the redocly.yaml where it runs, and
+    """openapi-typescript (its default options) makes the types from the document; tsc --strict
+    checks the
+    example web-tier client (examples/clients/admin-client.ts, a method per admin operation) and
+    USES
+    against them. Run outside the repository: openapi-typescript reads the redocly.yaml where it
+    runs, and
     the repository's writes each API's types into build/ (redocly.yaml)."""
     node, generator = node_tool("openapi-typescript")
     _, typescript = node_tool("typescript")
     document = json.loads(DOCUMENT.read_text(encoding="utf-8"))
-    # Each method of the client names the operation it calls ("(GET /v1/players/{user_id})"): one for each.
-    operations = {f"{method.upper()} {path}" for path, item in document["paths"].items() for method in item}
-    assert {name for name in operations if not re.search(re.escape(f"({name}") + "[);:]", CLIENT.read_text())} == set()
+    # Each method of the client names the operation it calls ("(GET /v1/players/{user_id})"): one
+    # for each.
+    operations = {
+        f"{method.upper()} {path}" for path, item in document["paths"].items() for method in item
+    }
+    assert {
+        name
+        for name in operations
+        if not re.search(re.escape(f"({name}") + "[);:]", CLIENT.read_text())
+    } == set()
     _generate_types(node, generator, tmp_path)
     (tmp_path / "admin-client.ts").write_text(CLIENT.read_text())
     (tmp_path / "uses.ts").write_text(USES)
-    done = subprocess.run([node, str(typescript / "bin" / "tsc"), "--noEmit", "--strict", "--target", "es2022",
-                           "--module", "es2022", "--moduleResolution", "bundler", "--lib", "es2022,dom",
-                           "admin-client.ts", "uses.ts"], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [
+            node,
+            str(typescript / "bin" / "tsc"),
+            "--noEmit",
+            "--strict",
+            "--target",
+            "es2022",
+            "--module",
+            "es2022",
+            "--moduleResolution",
+            "bundler",
+            "--lib",
+            "es2022,dom",
+            "admin-client.ts",
+            "uses.ts",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 # Every method of the example client once, against the live service: what the type check cannot see
-# (a HEAD's answer has no body, a 404 and a 412 come back as AdminError, the cursor goes from page to page).
+# (a HEAD's answer has no body, a 404 and a 412 come back as AdminError, the cursor goes from page
+# to page).
 DRIVER = """
 import { AdminClient, AdminError } from "./admin-client";
 
@@ -312,25 +475,61 @@ main().catch((error) => { console.error(String(error)); process.exitCode = 1; })
 
 @pytest.mark.slow
 @pytest.mark.engine("sqlite")
-def test_the_typescript_client_calls_every_operation_of_the_live_service(tmp_path, env, admin_store):
-    """The example client, compiled by tsc against the generated types, calls each operation of the admin
+def test_the_typescript_client_calls_every_operation_of_the_live_service(
+    tmp_path, env, admin_store
+):
+    """The example client, compiled by tsc against the generated types, calls each operation of the
+    admin
     API under a real gunicorn on loopback (DRIVER), with a token holding every scope."""
     node, generator = node_tool("openapi-typescript")
     _, typescript = node_tool("typescript")
     _generate_types(node, generator, tmp_path)
     (tmp_path / "admin-client.ts").write_text(CLIENT.read_text())
     (tmp_path / "driver.ts").write_text(DRIVER)
-    done = subprocess.run([node, str(typescript / "bin" / "tsc"), "--strict", "--target", "es2022", "--module", "commonjs",
-                           "--moduleResolution", "node10", "--lib", "es2022,dom", "--outDir", "out",
-                           "admin-client.ts", "driver.ts"], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [
+            node,
+            str(typescript / "bin" / "tsc"),
+            "--strict",
+            "--target",
+            "es2022",
+            "--module",
+            "commonjs",
+            "--moduleResolution",
+            "node10",
+            "--lib",
+            "es2022,dom",
+            "--outDir",
+            "out",
+            "admin-client.ts",
+            "driver.ts",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
-    _, token = api_tokens.add_api_token(admin_store, Context(actor="cli:test"), "web-tier", ALL_SCOPES)
+    _, token = api_tokens.add_api_token(
+        admin_store, Context(actor="cli:test"), "web-tier", ALL_SCOPES
+    )
     port = free_port()
-    server = serve_gunicorn(env | {"AUTHSVC_ADMIN_RATE": "0"}, port=port, log_path=tmp_path / "gunicorn.log",
-                            app="authsvc.api.wsgi:application", workers=1)
+    server = serve_gunicorn(
+        env | {"AUTHSVC_ADMIN_RATE": "0"},
+        port=port,
+        log_path=tmp_path / "gunicorn.log",
+        app="authsvc.api.wsgi:application",
+        workers=1,
+    )
     try:
-        done = subprocess.run([node, "out/driver.js"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                              env={"AUTHSVC_ADMIN_URL": f"http://127.0.0.1:{port}", "AUTHSVC_ADMIN_TOKEN": token})
+        done = subprocess.run(
+            [node, "out/driver.js"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"AUTHSVC_ADMIN_URL": f"http://127.0.0.1:{port}", "AUTHSVC_ADMIN_TOKEN": token},
+        )
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -338,10 +537,17 @@ def test_the_typescript_client_calls_every_operation_of_the_live_service(tmp_pat
     assert token not in done.stdout + done.stderr
     steps = {line["step"]: line["value"] for line in map(json.loads, done.stdout.splitlines())}
     signup = steps["putPlayer"]
-    assert signup["created"] is True and signup["username"] == "newbie" and signup["etag"] == steps["playerEtag"]
+    assert (
+        signup["created"] is True
+        and signup["username"] == "newbie"
+        and signup["etag"] == steps["playerEtag"]
+    )
     assert steps["getPlayer"]["etag"] == signup["etag"]
     assert steps["rename"]["created"] is False and steps["rename"]["etag"] != signup["etag"]
-    assert steps["stale rename"] == {"status": 412, "type": "urn:authsvc:problem:precondition-failed"}
+    assert steps["stale rename"] == {
+        "status": 412,
+        "type": "urn:authsvc:problem:precondition-failed",
+    }
     assert steps["revokePlayer"]["epoch"] == 1
     assert [r["status"] for r in steps["batchPlayers"]["results"]] == ["created", "error"]
     game_id = steps["addGame"]["game_id"]
@@ -354,8 +560,12 @@ def test_the_typescript_client_calls_every_operation_of_the_live_service(tmp_pat
     assert steps["auditRecords"] == ["token.mint", "player.revoke", "player.rename", "player.add"]
     assert steps["canReadAudit"] is True and steps["document"].startswith("3.1.")
     assert steps["documentLength"] > 0
-    assert steps["addWebhook"]["secret"] is True and steps["listWebhooks"] == [steps["addWebhook"]["id"]]
-    assert steps["getWebhook"]["events"] == ["player.deleted"] and "secret" not in steps["getWebhook"]
+    assert steps["addWebhook"]["secret"] is True and steps["listWebhooks"] == [
+        steps["addWebhook"]["id"]
+    ]
+    assert (
+        steps["getWebhook"]["events"] == ["player.deleted"] and "secret" not in steps["getWebhook"]
+    )
     assert steps["deliveries"] == {"deliveries": [], "next": None}
     assert steps["retryDelivery"] == {"status": 404, "type": "urn:authsvc:problem:not-found"}
     assert steps["removeWebhook"] == {"id": steps["addWebhook"]["id"], "deleted": True}

@@ -18,7 +18,12 @@ from tests.deploy_support import API_HOST, start_stack, stop, wait_for_log
 pytestmark = pytest.mark.slow
 
 API_PATH = "/api/authenticate.json"
-VARIANTS = ["//api/authenticate.json", "/api//authenticate.json", "/api/authenticate.json/", "///api//authenticate.json//"]
+VARIANTS = [
+    "//api/authenticate.json",
+    "/api//authenticate.json",
+    "/api/authenticate.json/",
+    "///api//authenticate.json//",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +36,10 @@ def stack(tmp_path_factory):
 
 def _unix_get(stack, target: str, request_id: str) -> bytes:
     """One raw GET straight to gunicorn's socket, the request target exactly as given."""
-    request = f"GET {target} HTTP/1.1\r\nHost: x\r\nX-Request-Id: {request_id}\r\nConnection: close\r\n\r\n"
+    request = (
+        f"GET {target} HTTP/1.1\r\nHost: x\r\nX-Request-Id: {request_id}\r\nConnection: "
+        "close\r\n\r\n"
+    )
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(10)
         sock.connect(str(stack.root / "authsvc.sock"))
@@ -51,13 +59,23 @@ def test_api_path_with_extra_slashes_answers_like_the_api_path(stack, scheme, pa
     get = stack.request(scheme, f"{path}?{query}", headers={"User-Agent": f"{tag}-get"})
     assert get.status == 200, (get.status, get.headers.get("Location"), get.body[:200])
     assert get.json() == success
-    body = json.dumps({"user_id": stack.user_id, "game_auth_token": stack.token, "api_key": stack.api_key}).encode()
+    body = json.dumps(
+        {"user_id": stack.user_id, "game_auth_token": stack.token, "api_key": stack.api_key}
+    ).encode()
     post = stack.request(
-        scheme, path, method="POST", body=body, headers={"Content-Type": "application/json", "User-Agent": f"{tag}-post"}
+        scheme,
+        path,
+        method="POST",
+        body=body,
+        headers={"Content-Type": "application/json", "User-Agent": f"{tag}-post"},
     )
     assert post.status == 200 and post.json() == success, (post.status, post.body[:200])
     form = stack.request(
-        scheme, path, method="POST", body=query.encode(), headers={"Content-Type": "application/x-www-form-urlencoded"}
+        scheme,
+        path,
+        method="POST",
+        body=query.encode(),
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
     )
     assert form.status == 200 and form.json() == success, (form.status, form.body[:200])
     nginx_log = wait_for_log(stack, "authsvc-access.log", [f'"{tag}-get"', f'"{tag}-post"'])
@@ -70,7 +88,8 @@ def test_api_path_with_extra_slashes_answers_like_the_api_path(stack, scheme, pa
 
 @pytest.mark.parametrize("scheme", ["https", "http"])
 def test_nginx_limits_name_the_api_route_for_the_trailing_slash(stack, scheme):
-    """nginx answers 413 before its rewrite of "/api/authenticate.json/": the log still names the API route."""
+    """nginx answers 413 before its rewrite of "/api/authenticate.json/": the log still names the
+    API route."""
     tag = f"slashes-413-{scheme}"
     answer = stack.request(
         scheme,
@@ -87,18 +106,29 @@ def test_nginx_limits_name_the_api_route_for_the_trailing_slash(stack, scheme):
 
 @pytest.mark.parametrize("path", VARIANTS)
 def test_gunicorn_answers_them_as_the_api_route(stack, path):
-    """Straight to gunicorn's socket (nginx's place): the app's record for nginx's line is an authentication's
-    (access_record = "edge"; gunicorn's access log is off, its route names: tests/integration/test_logs.py)."""
+    """Straight to gunicorn's socket (nginx's place): the app's record for nginx's line is an
+    authentication's
+    (access_record = "edge"; gunicorn's access log is off, its route names:
+    tests/integration/test_logs.py)."""
     request_id = f"slashes-direct-{VARIANTS.index(path)}"
     answer = _unix_get(stack, f"{path}?{stack.api_query().partition('?')[2]}", request_id)
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:100]
     assert b'"success":true' in answer
-    assert f"\r\nX-Authsvc-Result: 200 reason=success game={stack.game_id} user=4242\r\n".encode() in answer, answer
+    assert (
+        f"\r\nX-Authsvc-Result: 200 reason=success game={stack.game_id} user=4242\r\n".encode()
+        in answer
+    ), answer
 
 
 def test_other_paths_keep_their_answers(stack):
-    """Only the API path is widened: a longer path is still 404 on HTTPS and a redirect on the legacy host."""
-    for path in ("/api/authenticate.json/x", "//api/authenticate.json/x", "/api/authenticate.jsonx", "/"):
+    """Only the API path is widened: a longer path is still 404 on HTTPS and a redirect on the
+    legacy host."""
+    for path in (
+        "/api/authenticate.json/x",
+        "//api/authenticate.json/x",
+        "/api/authenticate.jsonx",
+        "/",
+    ):
         assert stack.request("https", path).status == 404, path
         legacy = stack.request("http", path)
         assert legacy.status == 301, path

@@ -43,7 +43,11 @@ from tests.support import INVALID, PATH, free_port, skip_or_fail, start_gunicorn
 
 WEB_ROLE = "authsvc_web"
 OK = {"success": True, "user_id": 77, "username": "carol"}
-UNAVAILABLE = {"success": False, "error": 503, "error_description": "Service temporarily unavailable, try again"}
+UNAVAILABLE = {
+    "success": False,
+    "error": 503,
+    "error_description": "Service temporarily unavailable, try again",
+}
 RECOVERY_LIMIT = 60  # seconds: a hang, not a figure; the figures are what -s prints (_report)
 
 
@@ -75,9 +79,13 @@ def cluster(secret_file, tmp_path):
     standby = heartbeat = None
     try:
         primary.start()
-        settings = Settings.from_env({
-            "AUTHSVC_STORE": primary.url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), "AUTHSVC_MAX_STALENESS": "1",
-        })
+        settings = Settings.from_env(
+            {
+                "AUTHSVC_STORE": primary.url,
+                "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+                "AUTHSVC_MAX_STALENESS": "1",
+            }
+        )
         api_key = new_api_key()
         admin = open_store(primary.url, readonly=False, settings=settings)
         try:
@@ -108,16 +116,19 @@ def cluster(secret_file, tmp_path):
 
 
 def promote(standby: ThrowawayStandby) -> None:
-    """What the runbook's first step runs on the standby: pg_ctl promote, waiting until it is done."""
+    """What the runbook's first step runs on the standby: pg_ctl promote, waiting until it is
+    done."""
     standby._run("pg_ctl", "-D", standby.data, "-w", "-t", "60", "promote")
 
 
 # -- the client ------------------------------------------------------------------------------
 
+
 class Traffic:
     """A client thread: authentications one after another, each on a new connection, alternating a
     valid player (correct: the success) and a revoked token (correct: the 403 JSON); any answer may
-    also be the 503 JSON. Every answer is recorded as (finished at, 'ok' | '503' | what was wrong)."""
+    also be the 503 JSON. Every answer is recorded as (finished at, 'ok' | '503' | what was
+    wrong)."""
 
     LIMIT = 20000  # requests: a bound, never reached in a passing run
 
@@ -194,8 +205,12 @@ class Traffic:
 
     def summary(self) -> dict:
         outcomes = [got for _, got in self.answers]
-        return {"requests": len(outcomes), "503": outcomes.count("503"), "wrong": len(self.wrong()),
-                "slowest_answer_s": round(self.slowest, 2)}
+        return {
+            "requests": len(outcomes),
+            "503": outcomes.count("503"),
+            "wrong": len(self.wrong()),
+            "slowest_answer_s": round(self.slowest, 2),
+        }
 
 
 def _gunicorn(cluster: Cluster, store_url: str, tmp_path):
@@ -207,22 +222,43 @@ def _gunicorn(cluster: Cluster, store_url: str, tmp_path):
         "AUTHSVC_MAX_STALENESS": "1",
     }
     port = free_port()
-    server = start_gunicorn(env, "--graceful-timeout", "2", port=port, workers=2, preload=True, inherit_env=False,
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "gunicorn.log", "wb"))
+    server = start_gunicorn(
+        env,
+        "--graceful-timeout",
+        "2",
+        port=port,
+        workers=2,
+        preload=True,
+        inherit_env=False,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "gunicorn.log", "wb"),
+    )
     wait_for_port(port)
     return server, port
 
 
 def _admin(store_url: str, cluster: Cluster, *args: str) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ["PATH"], "AUTHSVC_STORE": store_url, "AUTHSVC_TOKEN_SECRET_FILE": cluster.secret_file,
-           "AUTHSVC_PG_CONNECT_TIMEOUT": "2"}
-    return subprocess.run([sys.executable, "-m", "authsvc.cli.command", *args], env=env, capture_output=True, text=True,
-                          timeout=60)
+    env = {
+        "PATH": os.environ["PATH"],
+        "AUTHSVC_STORE": store_url,
+        "AUTHSVC_TOKEN_SECRET_FILE": cluster.secret_file,
+        "AUTHSVC_PG_CONNECT_TIMEOUT": "2",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "authsvc.cli.command", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _after_failover(cluster: Cluster, port: int, traffic: Traffic) -> None:
-    """The admin command on the new primary (once its URL points there); the web process sees the revoke."""
-    done = _admin(cluster.primary.url, cluster, "player", "revoke", "77")  # the old URL: refused, clearly
+    """The admin command on the new primary (once its URL points there); the web process sees the
+    revoke."""
+    done = _admin(
+        cluster.primary.url, cluster, "player", "revoke", "77"
+    )  # the old URL: refused, clearly
     assert done.returncode == 1 and "is unreachable" in done.stderr, done
     done = _admin(cluster.standby.url, cluster, "player", "revoke", "77")
     assert done.returncode == 0 and "epoch now 1" in done.stdout, done
@@ -233,14 +269,22 @@ def _after_failover(cluster: Cluster, port: int, traffic: Traffic) -> None:
         assert traffic.ask("/readyz", {"success": True, "status": "ready"}) == "ok"
 
 
-def _report(variant: str, traffic: Traffic, stopped: float, promoted: float, **extra: float) -> dict:
-    """The figures printed with -s (docs/operations.md, "PostgreSQL primary failover"): seconds from the
+def _report(
+    variant: str, traffic: Traffic, stopped: float, promoted: float, **extra: float
+) -> dict:
+    """The figures printed with -s (docs/operations.md, "PostgreSQL primary failover"): seconds from
+    the
     primary's stop (the promotion's start, ...)
-    to the first answer after which every answer was correct; 0 if none was wrong or 503 after it."""
+    to the first answer after which every answer was correct; 0 if none was wrong or 503 after
+    it."""
     recovered = traffic.recovered_at()
     events = {"s_stop_to_recovery": stopped, "s_promotion_to_recovery": promoted, **extra}
-    figures = {"variant": variant, **traffic.summary(), "s_stop_to_promotion": round(promoted - stopped, 2),
-               **{name: round(max(0.0, recovered - at), 2) for name, at in events.items()}}
+    figures = {
+        "variant": variant,
+        **traffic.summary(),
+        "s_stop_to_promotion": round(promoted - stopped, 2),
+        **{name: round(max(0.0, recovered - at), 2) for name, at in events.items()},
+    }
     print("\nFAILOVER FIGURES", json.dumps(figures))
     return figures
 
@@ -250,11 +294,18 @@ def test_failover_with_the_web_process_on_the_standby(cluster, tmp_path):
     server, port = _gunicorn(cluster, cluster.web_url(cluster.standby.port), tmp_path)
     try:
         with Traffic(port, cluster) as traffic:
-            traffic.wait(lambda: traffic.answered_since(0, "ok", 40), "correct answers before the failover")
+            traffic.wait(
+                lambda: traffic.answered_since(0, "ok", 40), "correct answers before the failover"
+            )
             stopped = time.monotonic()
             cluster.primary.stop()
-            traffic.wait(lambda: traffic.answered_since(stopped, "ok", 20) or traffic.answered_since(stopped, "503", 20),
-                         "answers with the primary stopped")
+            traffic.wait(
+                lambda: (
+                    traffic.answered_since(stopped, "ok", 20)
+                    or traffic.answered_since(stopped, "503", 20)
+                ),
+                "answers with the primary stopped",
+            )
             promoted = time.monotonic()
             promote(cluster.standby)
             traffic.wait(lambda: traffic.correct_in_a_row_since(promoted, 100), "recovery")
@@ -270,7 +321,8 @@ def test_failover_with_the_web_process_on_the_standby(cluster, tmp_path):
 
 @pytest.fixture
 def bouncer(cluster):
-    """A throwaway pgbouncer in transaction mode in front of the cluster's primary, for the web role."""
+    """A throwaway pgbouncer in transaction mode in front of the cluster's primary, for the web
+    role."""
     binary = find_pgbouncer()
     if binary is None:
         skip_or_fail("pgbouncer is not installed (apt-get install pgbouncer)")
@@ -283,16 +335,21 @@ def bouncer(cluster):
 
 
 def test_failover_through_pgbouncer(cluster, bouncer, tmp_path):
-    """The web process goes through pgbouncer, pointing at the primary; the runbook's steps: promote the
+    """The web process goes through pgbouncer, pointing at the primary; the runbook's steps: promote
+    the
     standby, repoint pgbouncer at it and reload pgbouncer. gunicorn is not touched."""
     server = None
     try:
         server, port = _gunicorn(cluster, bouncer.url, tmp_path)
         with Traffic(port, cluster) as traffic:
-            traffic.wait(lambda: traffic.answered_since(0, "ok", 40), "correct answers before the failover")
+            traffic.wait(
+                lambda: traffic.answered_since(0, "ok", 40), "correct answers before the failover"
+            )
             stopped = time.monotonic()
             cluster.primary.stop()
-            traffic.wait(lambda: traffic.answered_since(stopped, "503", 10), "503s with the primary stopped")
+            traffic.wait(
+                lambda: traffic.answered_since(stopped, "503", 10), "503s with the primary stopped"
+            )
             promoted = time.monotonic()
             promote(cluster.standby)
             reloaded = time.monotonic()
@@ -310,12 +367,16 @@ def test_failover_through_pgbouncer(cluster, bouncer, tmp_path):
 
 
 def test_a_connection_opened_on_a_standby_follows_its_promotion(cluster):
-    """A web connection opened while the server was a standby keeps serving once it is promoted. Here
-    the standby was restarted with the primary down, so it cannot prove it is fresh (503) until then."""
+    """A web connection opened while the server was a standby keeps serving once it is promoted.
+    Here
+    the standby was restarted with the primary down, so it cannot prove it is fresh (503) until
+    then."""
     cluster.primary.stop()
     cluster.standby.stop()
     cluster.standby.start()
-    reader = open_store(cluster.web_url(cluster.standby.port), readonly=True, settings=cluster.settings)
+    reader = open_store(
+        cluster.web_url(cluster.standby.port), readonly=True, settings=cluster.settings
+    )
     digest = api_key_digest(cluster.api_key)
     try:
         with pytest.raises(StoreUnavailable):
@@ -329,7 +390,8 @@ def test_a_connection_opened_on_a_standby_follows_its_promotion(cluster):
 
 def test_a_pooled_connection_checks_freshness_whatever_server_answers(cluster, bouncer):
     """Through pgbouncer the server behind one web connection can change (a failover, a repointed
-    pool): a connection opened while pgbouncer pointed at the primary must not read a lagging standby
+    pool): a connection opened while pgbouncer pointed at the primary must not read a lagging
+    standby
     without the freshness check once pgbouncer is repointed there."""
     reader = None
     try:
@@ -342,10 +404,14 @@ def test_a_pooled_connection_checks_freshness_whatever_server_answers(cluster, b
             assert factories.revoke_player(admin, 77) == 1
         finally:
             admin.close()
-        time.sleep(1.5)  # the revoke is older than AUTHSVC_MAX_STALENESS, and not replayed on the standby
+        time.sleep(
+            1.5
+        )  # the revoke is older than AUTHSVC_MAX_STALENESS, and not replayed on the standby
         bouncer.repoint(cluster.standby.port)
         deadline = time.monotonic() + 30
-        while "closing because: database configuration changed" not in bouncer.log():  # the old server's link
+        while (
+            "closing because: database configuration changed" not in bouncer.log()
+        ):  # the old server's link
             assert time.monotonic() < deadline, bouncer.log()[-2000:]
             time.sleep(0.05)
         for _ in range(5):

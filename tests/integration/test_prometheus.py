@@ -25,7 +25,13 @@ import pytest
 
 from authsvc.tokens import api_key_digest, mint_token, new_api_key
 from tests import factories
-from tests.support import free_port, skip_or_fail, start_gunicorn, until_both_workers_counted, wait_for_port
+from tests.support import (
+    free_port,
+    skip_or_fail,
+    start_gunicorn,
+    until_both_workers_counted,
+    wait_for_port,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RULES = os.path.join(REPO, "deploy", "monitoring", "authsvc-rules.yml")
@@ -35,14 +41,18 @@ PATH = "/api/authenticate.json"
 
 
 def binary(name: str) -> str:
-    path = shutil.which(name) or (f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}") else None)
+    path = shutil.which(name) or (
+        f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}") else None
+    )
     if path is None:
         skip_or_fail(f"{name} is not installed (Debian: apt-get install prometheus)")
     return path
 
 
 def test_promtool_check_rules():
-    done = subprocess.run([binary("promtool"), "check", "rules", RULES], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [binary("promtool"), "check", "rules", RULES], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 8 rules found" in done.stdout
 
@@ -111,10 +121,14 @@ tests:
 """
 
 
-def test_promtool_the_delivery_alerts_fire_when_a_receiver_is_down_and_when_the_deliverer_is(tmp_path):
+def test_promtool_the_delivery_alerts_fire_when_a_receiver_is_down_and_when_the_deliverer_is(
+    tmp_path,
+):
     test = tmp_path / "delivery-rules-test.yml"
     test.write_text(DELIVERY_RULES_TEST.replace("RULES", json.dumps(RULES)))
-    done = subprocess.run([binary("promtool"), "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [binary("promtool"), "test", "rules", str(test)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout + done.stderr
 
@@ -136,8 +150,11 @@ def promql(port: int, query: str) -> dict:
 
 def counts(port: int) -> dict[tuple[str, str], int]:
     data = promql(port, "sum by (game, result) (authsvc_authentications_total)")
-    return {(r["metric"]["game"], r["metric"]["result"]): int(float(r["value"][1])) for r in data["result"]
-            if float(r["value"][1])}
+    return {
+        (r["metric"]["game"], r["metric"]["result"]): int(float(r["value"][1]))
+        for r in data["result"]
+        if float(r["value"][1])
+    }
 
 
 @pytest.fixture
@@ -149,8 +166,14 @@ def served(env, world, tmp_path):
         skip_or_fail("prometheus_client is not installed (pip install -e '.[metrics]')")
     prometheus = binary("prometheus")
     app_port, prom_port = free_port(), free_port()
-    gunicorn = start_gunicorn({**env, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")}, "--graceful-timeout", "5",
-                              port=app_port, workers=2, config=os.path.join(REPO, "deploy", "gunicorn.conf.py"))
+    gunicorn = start_gunicorn(
+        {**env, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")},
+        "--graceful-timeout",
+        "5",
+        port=app_port,
+        workers=2,
+        config=os.path.join(REPO, "deploy", "gunicorn.conf.py"),
+    )
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
@@ -159,16 +182,24 @@ def served(env, world, tmp_path):
         f"      - targets: ['127.0.0.1:{app_port}']\n"
     )
     prom = subprocess.Popen(
-        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{prom_port}"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"), start_new_session=True,
+        [
+            prometheus,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "prometheus.log", "wb"),
+        start_new_session=True,
     )
     try:
         wait_for_port(app_port)
         wait_for_port(prom_port, timeout=30)
         deadline = time.monotonic() + 30
         while http_get(prom_port, "/-/ready")[0] != 200:
-            assert prom.poll() is None and time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()
+            assert prom.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "prometheus.log"
+            ).read_text()
             time.sleep(0.2)
         yield app_port, prom_port, gunicorn
     finally:
@@ -212,22 +243,40 @@ def test_prometheus_sees_the_exact_counts_of_both_workers(served, world, tmp_pat
         call(world.params(api_key=None), ("none", "missing_parameters"), 1)
         call(world.params(user_id="07"), ("none", "malformed"), 2)
         call(world.params(api_key=new_api_key()), ("none", "unknown_key"), 4)
-        call(world.params(user_id="4243", game_auth_token=mint_token(secret, world.game_id, 4243, 0)),
-             (game, "unknown_player"), 1)
+        call(
+            world.params(
+                user_id="4243", game_auth_token=mint_token(secret, world.game_id, 4243, 0)
+            ),
+            (game, "unknown_player"),
+            1,
+        )
         call(world.params(game_auth_token="0" * 64), (game, "wrong_token"), 5)
     factories.add_player(world.store, 4244, "dora")
     factories.set_player_enabled(world.store, 4244, False)
-    call(world.params(user_id="4244", game_auth_token=mint_token(secret, world.game_id, 4244, 0)),
-         (game, "player_disabled"), 2)
+    call(
+        world.params(user_id="4244", game_auth_token=mint_token(secret, world.game_id, 4244, 0)),
+        (game, "player_disabled"),
+        2,
+    )
     go_id, go_key = world.add_game("Go")
     now = int(time.time())
-    factories.add_api_key(world.store, go_id, api_key_digest(new_api_key()), now - 100, now - 10)  # Go's first key expired
-    call(world.params(api_key=go_key, game_auth_token=mint_token(secret, go_id, world.user_id, 0)),
-         (str(go_id), "expired_key"), 3)
+    factories.add_api_key(
+        world.store, go_id, api_key_digest(new_api_key()), now - 100, now - 10
+    )  # Go's first key expired
+    call(
+        world.params(api_key=go_key, game_auth_token=mint_token(secret, go_id, world.user_id, 0)),
+        (str(go_id), "expired_key"),
+        3,
+    )
     shogi_id, shogi_key = world.add_game("Shogi")
     factories.set_game_enabled(world.store, shogi_id, False)
-    call(world.params(api_key=shogi_key, game_auth_token=mint_token(secret, shogi_id, world.user_id, 0)),
-         (str(shogi_id), "game_disabled"), 1)
+    call(
+        world.params(
+            api_key=shogi_key, game_auth_token=mint_token(secret, shogi_id, world.user_id, 0)
+        ),
+        (str(shogi_id), "game_disabled"),
+        1,
+    )
     params = world.params()  # before the store goes: the admin connection would make a new file
     path = world.settings.store.removeprefix("sqlite://")
     world.store.close()
@@ -238,8 +287,13 @@ def test_prometheus_sees_the_exact_counts_of_both_workers(served, world, tmp_pat
     assert until(lambda: http_get(app_port, "/readyz")[0] == 200, "/readyz back to 200")
 
     assert len(expected) == 10  # every reason
-    expected[game, "success"] += until_both_workers_counted(app_port, world.params(), tmp_path / "metrics")
-    until(lambda: counts(prom_port) == expected, f"Prometheus's counts {counts(prom_port)} != {expected}")
+    expected[game, "success"] += until_both_workers_counted(
+        app_port, world.params(), tmp_path / "metrics"
+    )
+    until(
+        lambda: counts(prom_port) == expected,
+        f"Prometheus's counts {counts(prom_port)} != {expected}",
+    )
     for _ in range(3):  # and in the next scrapes too, whichever worker answers them
         time.sleep(1.1)
         assert counts(prom_port) == expected
@@ -262,9 +316,17 @@ def test_rules_load_and_every_dashboard_query_evaluates(served, world):
     _, body = http_get(prom_port, "/api/v1/rules")
     rules = [r for g in json.loads(body)["data"]["groups"] for r in g["rules"]]
     assert sorted(r["name"] for r in rules) == sorted(
-        ["AuthsvcGameFailureRatioHigh", "AuthsvcStoreUnavailable", "AuthsvcServerErrors", "AuthsvcApiKeyExpiringSoon",
-         "AuthsvcScrapeFailing", "AuthsvcWebhookDeliveriesFailing", "AuthsvcWebhookDeliveryStalled",
-         "AuthsvcDelivererDown"])
+        [
+            "AuthsvcGameFailureRatioHigh",
+            "AuthsvcStoreUnavailable",
+            "AuthsvcServerErrors",
+            "AuthsvcApiKeyExpiringSoon",
+            "AuthsvcScrapeFailing",
+            "AuthsvcWebhookDeliveriesFailing",
+            "AuthsvcWebhookDeliveryStalled",
+            "AuthsvcDelivererDown",
+        ]
+    )
     assert all(r["health"] != "err" for r in rules), rules
     assert not [r for r in rules if r["state"] != "inactive"], "no alert fires on a healthy service"
 
@@ -278,7 +340,9 @@ def test_rules_load_and_every_dashboard_query_evaluates(served, world):
         promql(prom_port, query)
     game_var = next(v for v in dashboard["templating"]["list"] if v["name"] == "game")
     metric = re.fullmatch(r"label_values\((\w+), game\)", game_var["definition"])[1]
-    _, body = http_get(prom_port, "/api/v1/label/game/values?" + urllib.parse.urlencode({"match[]": metric}))
+    _, body = http_get(
+        prom_port, "/api/v1/label/game/values?" + urllib.parse.urlencode({"match[]": metric})
+    )
     assert str(world.game_id) in json.loads(body)["data"]
     up = promql(prom_port, 'up{job="authsvc"}')["result"]
     assert up and up[0]["value"][1] == "1"

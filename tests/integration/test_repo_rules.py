@@ -26,8 +26,14 @@ GENERATED = {"package-lock.json"}
 # The citation forms, matched precisely: "specification" (of HTTP, in RFC prose) and
 # Java's "SecretKeySpec" are words of their own and do not match.
 CITATIONS = [
-    ("a design document", re.compile(r"\bDESIGN\b")),  # "DESIGN §2", "DESIGN.md"; upper case, as cited
-    ("the spec", re.compile(r"\bspecs?\b", re.IGNORECASE)),  # "the spec", "spec §4", "spec rule 4", "the spec's"
+    (
+        "a design document",
+        re.compile(r"\bDESIGN\b"),
+    ),  # "DESIGN §2", "DESIGN.md"; upper case, as cited
+    (
+        "the spec",
+        re.compile(r"\bspecs?\b", re.IGNORECASE),
+    ),  # "the spec", "spec §4", "spec rule 4", "the spec's"
     ("an issue number", re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE)),  # "issue 2", "issue #5"
     ("the issue", re.compile(r"\bthe issue's\b", re.IGNORECASE)),  # "the issue's machine"
     ("a sibling checkout", re.compile(r"\.\./shared\b")),
@@ -38,12 +44,15 @@ def tracked_files() -> list[str]:
     """The files git tracks (the repository as a clone has it, nothing under .git or .venv)."""
     if shutil.which("git") is None or not os.path.exists(os.path.join(ROOT, ".git")):
         skip_or_fail("not a git checkout: the tracked files are unknown")
-    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
     return [name for name in out.decode("utf-8").split("\0") if name]
 
 
 def citations(text: str) -> list[tuple[int, str, str]]:
-    """(line number, what is cited, the line) for each citation of a document outside the repository."""
+    """(line number, what is cited, the line) for each citation of a document outside the
+    repository."""
     found = []
     for number, line in enumerate(text.splitlines(), start=1):
         for what, pattern in CITATIONS:
@@ -99,5 +108,7 @@ def test_no_tracked_file_cites_a_document_outside_the_repository():
         if b"\0" in data:  # binary
             continue
         text = data.decode("utf-8", errors="replace")
-        problems += [f"{name}:{number}: cites {what}: {line}" for number, what, line in citations(text)]
+        problems += [
+            f"{name}:{number}: cites {what}: {line}" for number, what, line in citations(text)
+        ]
     assert not problems, "cite docs/api.md or another project doc instead:\n" + "\n".join(problems)

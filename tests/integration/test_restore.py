@@ -1,6 +1,9 @@
-"""A restore revives nothing (docs/operations.md section 8), on both engines, with real processes: back up;
-revoke A, disable B, delete C, each holding a token minted before; restore; a gunicorn-served app then
-refuses all three old tokens, C's name is nowhere in the store, `authsvc audit verify` passes, and a token
+"""A restore revives nothing (docs/operations.md section 8), on both engines, with real processes:
+back up;
+revoke A, disable B, delete C, each holding a token minted before; restore; a gunicorn-served app
+then
+refuses all three old tokens, C's name is nowhere in the store, `authsvc audit verify` passes, and a
+token
 minted after the restore authenticates. And a restore refuses while a process has the store open."""
 
 from __future__ import annotations
@@ -21,8 +24,13 @@ NAME_C = "carol-x7q2-erased"
 
 
 def _authsvc(env: dict, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "authsvc.cli.command", *args], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "authsvc.cli.command", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if ok:
         assert done.returncode == 0, done.stderr
     return done
@@ -47,7 +55,11 @@ def _world(env: dict) -> tuple[int, str, dict[int, str]]:
     game = _json(env, "game", "add", "Chess")
     for user, name in ((1, "anna"), (2, "bert"), (3, NAME_C)):
         _authsvc(env, "player", "add", str(user), name)
-    return game["game_id"], game["api_key"], {user: _token(env, game["game_id"], user) for user in (1, 2, 3)}
+    return (
+        game["game_id"],
+        game["api_key"],
+        {user: _token(env, game["game_id"], user) for user in (1, 2, 3)},
+    )
 
 
 def _after_backup(env: dict) -> None:
@@ -56,16 +68,21 @@ def _after_backup(env: dict) -> None:
     _authsvc(env, "player", "delete", "3")
 
 
-def _check_nothing_revived(env: dict, tmp_path: Path, game: int, api_key: str, old: dict[int, str]) -> None:
+def _check_nothing_revived(
+    env: dict, tmp_path: Path, game: int, api_key: str, old: dict[int, str]
+) -> None:
     port = free_port()
     proc = serve_gunicorn(env, port=port, log_path=tmp_path / "gunicorn.log")
     try:
         for user, token in old.items():
             assert _result(port, api_key, user, token) != {"result": "ok"} and "error" in _result(
-                port, api_key, user, token), f"player {user}'s token from before the restore authenticated"
+                port, api_key, user, token
+            ), f"player {user}'s token from before the restore authenticated"
         fresh = _token(env, game, 1)
         deadline = time.monotonic() + 30
-        while (answer := _result(port, api_key, 1, fresh)).get("error") and time.monotonic() < deadline:
+        while (answer := _result(port, api_key, 1, fresh)).get(
+            "error"
+        ) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert "error" not in answer, answer
         assert _authsvc(env, "player", "show", "3", ok=False).returncode == 1
@@ -78,8 +95,11 @@ def _check_nothing_revived(env: dict, tmp_path: Path, game: int, api_key: str, o
 @pytest.fixture
 def sqlite_env(tmp_path, secret_file):
     (tmp_path / "state").mkdir()
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AUTHSVC_STORE": f"sqlite://{tmp_path}/state/authsvc.db",
-            "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "AUTHSVC_STORE": f"sqlite://{tmp_path}/state/authsvc.db",
+        "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+    }
 
 
 def test_sqlite_restore_revives_no_token_and_no_deleted_player(tmp_path, sqlite_env):
@@ -95,8 +115,12 @@ def test_sqlite_restore_revives_no_token_and_no_deleted_player(tmp_path, sqlite_
 
     _check_nothing_revived(env, tmp_path, game, api_key, old)
     for path in (tmp_path / "state").iterdir():
-        assert NAME_C.encode() not in path.read_bytes(), f"{path.name} holds the deleted player's name"
-    assert _json(env, "player", "show", "2")["enabled"] is True  # disabled after the backup: the platform re-syncs
+        assert NAME_C.encode() not in path.read_bytes(), (
+            f"{path.name} holds the deleted player's name"
+        )
+    assert (
+        _json(env, "player", "show", "2")["enabled"] is True
+    )  # disabled after the backup: the platform re-syncs
 
 
 def test_sqlite_restore_refuses_while_the_store_is_open(tmp_path, sqlite_env):
@@ -107,7 +131,9 @@ def test_sqlite_restore_refuses_while_the_store_is_open(tmp_path, sqlite_env):
     port = free_port()
     proc = serve_gunicorn(env, port=port, log_path=tmp_path / "gunicorn.log")
     try:
-        get(port, {"user_id": "1", "game_auth_token": "x", "api_key": "y"})  # a worker opens the store
+        get(
+            port, {"user_id": "1", "game_auth_token": "x", "api_key": "y"}
+        )  # a worker opens the store
         done = _authsvc(env, "restore", str(backup), ok=False)
     finally:
         proc.terminate()
@@ -125,10 +151,16 @@ def pg_env(pg_server_url, secret_file, tmp_path):
     try:
         server.start()
         role_url = apply_roles(server)
-        yield server, role_url, {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AUTHSVC_STORE": role_url("authsvc_owner"),
-            "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), "AUTHSVC_RESTORE_LEDGER": str(tmp_path / "ledger"),
-        }
+        yield (
+            server,
+            role_url,
+            {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "AUTHSVC_STORE": role_url("authsvc_owner"),
+                "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+                "AUTHSVC_RESTORE_LEDGER": str(tmp_path / "ledger"),
+            },
+        )
     finally:
         server.destroy()
 
@@ -152,7 +184,9 @@ def test_postgres_restore_revives_no_token_and_no_deleted_player(tmp_path, pg_en
     proc = serve_gunicorn(web, port=port, log_path=tmp_path / "gunicorn.log")
     try:
         for user, token in old.items():
-            assert "error" in _result(port, api_key, user, token), f"player {user}'s old token authenticated"
+            assert "error" in _result(port, api_key, user, token), (
+                f"player {user}'s old token authenticated"
+            )
         fresh = _token(admin, game, 1)
         assert "error" not in _result(port, api_key, 1, fresh)
     finally:
@@ -160,7 +194,12 @@ def test_postgres_restore_revives_no_token_and_no_deleted_player(tmp_path, pg_en
         proc.wait(timeout=30)
     assert _authsvc(admin, "player", "show", "3", ok=False).returncode == 1
     _authsvc(owner, "audit", "verify")
-    dump = subprocess.run(["pg_dump", "--data-only", role_url("authsvc_owner")], capture_output=True, text=True,
-                          timeout=120, check=True).stdout
+    dump = subprocess.run(
+        ["pg_dump", "--data-only", role_url("authsvc_owner")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert NAME_C not in dump
     assert _json(admin, "player", "show", "1")["username"] == "anna"

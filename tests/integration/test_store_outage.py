@@ -18,14 +18,23 @@ import time
 
 import pytest
 
-from tests.support import free_port, make_testapp, provision_postgres, start_gunicorn, until_both_workers_counted, wait_for_port
+from tests.support import (
+    free_port,
+    make_testapp,
+    provision_postgres,
+    start_gunicorn,
+    until_both_workers_counted,
+    wait_for_port,
+)
 
 AUTH = "/api/authenticate.json"
 
 
 def assert_503(res_json: dict) -> None:
     assert res_json["success"] is False and res_json["error"] == 503
-    assert set(res_json) == {"success", "error", "error_description"} and res_json["error_description"]
+    assert (
+        set(res_json) == {"success", "error", "error_description"} and res_json["error_description"]
+    )
 
 
 def test_postgres_outage_in_process(own_pg, secret_file):
@@ -40,7 +49,10 @@ def test_postgres_outage_in_process(own_pg, secret_file):
         assert time.monotonic() - started < 5  # connect timeout (2 s) plus slack, never a hang
         assert_503(res.json)
 
-    assert app.get("/healthz").json == {"success": True, "status": "ok"}  # liveness: never the store
+    assert app.get("/healthz").json == {
+        "success": True,
+        "status": "ok",
+    }  # liveness: never the store
 
     own_pg.start()
     assert app.get(AUTH, params=params).json["success"] is True  # no restart of the app
@@ -49,7 +61,11 @@ def test_postgres_outage_in_process(own_pg, secret_file):
     # A restart between two requests: the idle connection is stale, the next request still succeeds.
     own_pg.stop()
     own_pg.start()
-    assert app.get(AUTH, params=params).json == {"success": True, "user_id": 77, "username": "carol"}
+    assert app.get(AUTH, params=params).json == {
+        "success": True,
+        "user_id": 77,
+        "username": "carol",
+    }
     app.app.store.close()
 
 
@@ -78,7 +94,8 @@ def worker_pids(master: int) -> list[int]:
 
 
 def test_postgres_outage_under_gunicorn(own_pg, secret_file, tmp_path):
-    """gunicorn with --preload (docs/stores.md): the store is checked once, in the master, at start-up;
+    """gunicorn with --preload (docs/stores.md): the store is checked once, in the master, at
+    start-up;
     a worker that is replaced during an outage boots without touching the store."""
     import psycopg
 
@@ -88,14 +105,24 @@ def test_postgres_outage_under_gunicorn(own_pg, secret_file, tmp_path):
     metrics_dir.mkdir()
     env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     port = free_port()
-    server = start_gunicorn(env, "--graceful-timeout", "2", port=port, preload=True, inherit_env=False,
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "gunicorn.log", "wb"))
+    server = start_gunicorn(
+        env,
+        "--graceful-timeout",
+        "2",
+        port=port,
+        preload=True,
+        inherit_env=False,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "gunicorn.log", "wb"),
+    )
     try:
         wait_for_port(port)
         for _ in range(30):
             status, body, _ = get(port, query)
             assert (status, body["success"]) == (200, True)
-        with psycopg.connect(own_pg.url) as admin:  # persistent: one connection per worker, not per request
+        with psycopg.connect(
+            own_pg.url
+        ) as admin:  # persistent: one connection per worker, not per request
             web = admin.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'authsvc-web'"
             ).fetchone()[0]
@@ -116,12 +143,19 @@ def test_postgres_outage_under_gunicorn(own_pg, secret_file, tmp_path):
             status, body, seconds = get(port, query)
             assert status == 503 and seconds < 5
         # Both live workers, the new one and the other, answer 503.
-        until_both_workers_counted(port, params, metrics_dir, status=503, result="store_unavailable")
+        until_both_workers_counted(
+            port, params, metrics_dir, status=503, result="store_unavailable"
+        )
 
         own_pg.start()
         # Both workers recover by themselves, on their first request.
-        until_both_workers_counted(port, params, metrics_dir, result="success",
-                                   answer={"success": True, "user_id": 77, "username": "carol"})
+        until_both_workers_counted(
+            port,
+            params,
+            metrics_dir,
+            result="success",
+            answer={"success": True, "user_id": 77, "username": "carol"},
+        )
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=15)

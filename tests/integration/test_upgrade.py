@@ -32,7 +32,8 @@ INTERVAL = 0.2  # seconds between two schema checks of a worker (AUTHSVC_TEST_SC
 
 @pytest.fixture
 def own_store(store_url, request):
-    """A store of this test's own: a new SQLite file, or a new PostgreSQL database (the session's is shared,
+    """A store of this test's own: a new SQLite file, or a new PostgreSQL database (the session's is
+    shared,
     and this test changes its schema)."""
     if store_url.startswith("sqlite://"):
         return store_url
@@ -46,7 +47,8 @@ def _version(url: str) -> int:
 
 
 def next_release(url: str, statements: list[str]) -> int:
-    """What a later release's `authsvc init` does: its migration, then the schema version one higher."""
+    """What a later release's `authsvc init` does: its migration, then the schema version one
+    higher."""
     version = _version(url) + 1
     for statement in statements:
         store_sql(url, statement)
@@ -67,8 +69,14 @@ def _get(port: int, path: str) -> tuple[int, bytes]:
         conn.close()
 
 
-def test_the_previous_release_stays_ready_on_a_compatibly_migrated_store(own_store, secret_file, tmp_path):
-    env = {"AUTHSVC_STORE": own_store, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), "AUTHSVC_MAX_STALENESS": "0"}
+def test_the_previous_release_stays_ready_on_a_compatibly_migrated_store(
+    own_store, secret_file, tmp_path
+):
+    env = {
+        "AUTHSVC_STORE": own_store,
+        "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+        "AUTHSVC_MAX_STALENESS": "0",
+    }
     settings = Settings.from_env(env)
     admin = open_store(own_store, readonly=False, settings=settings)
     try:
@@ -80,17 +88,28 @@ def test_the_previous_release_stays_ready_on_a_compatibly_migrated_store(own_sto
         admin.close()
     token = mint_token(settings.token_secrets[0], game.id, 4242, 0)
     good = "/api/authenticate.json?" + urllib.parse.urlencode(
-        {"user_id": "4242", "game_auth_token": token, "api_key": api_key})
+        {"user_id": "4242", "game_auth_token": token, "api_key": api_key}
+    )
     bad = good.replace(token, token[:-1] + ("0" if token[-1] != "0" else "1"))
     port = free_port()
     log_path = tmp_path / "gunicorn.log"
-    proc = serve_gunicorn({**env, "PYTHONPATH": REPO, "AUTHSVC_TEST_SCHEMA_CHECK_INTERVAL": str(INTERVAL)},
-                          port=port, log_path=log_path, app="tests.schema_check_app:application", workers=2)
+    proc = serve_gunicorn(
+        {**env, "PYTHONPATH": REPO, "AUTHSVC_TEST_SCHEMA_CHECK_INTERVAL": str(INTERVAL)},
+        port=port,
+        log_path=log_path,
+        app="tests.schema_check_app:application",
+        workers=2,
+    )
     try:
         assert _get(port, "/readyz") == (200, b'{"success":true,"status":"ready"}')
 
-        next_release(own_store, ["ALTER TABLE players ADD COLUMN nickname text",
-                                 "CREATE TABLE next_release_notes (id integer PRIMARY KEY, note text)"])
+        next_release(
+            own_store,
+            [
+                "ALTER TABLE players ADD COLUMN nickname text",
+                "CREATE TABLE next_release_notes (id integer PRIMARY KEY, note text)",
+            ],
+        )
         probes = not_ready = 0
         started = time.monotonic()
         # Many schema checks of both workers: at least 15 intervals and 60 probes, bounded in count.
@@ -100,10 +119,14 @@ def test_the_previous_release_stays_ready_on_a_compatibly_migrated_store(own_sto
             not_ready += status != 200
             assert _get(port, good) == (200, b'{"success":true,"user_id":4242,"username":"alice"}')
             status, body = _get(port, bad)
-            assert (status, body) == (200, b'{"success":false,"error":403,'
-                                           b'"error_description":"Invalid credentials"}')
+            assert (status, body) == (
+                200,
+                b'{"success":false,"error":403,"error_description":"Invalid credentials"}',
+            )
             time.sleep(INTERVAL / 4)
-        assert not_ready == 0, f"{not_ready} of {probes} probes answered 503 on a compatible newer store"
+        assert not_ready == 0, (
+            f"{not_ready} of {probes} probes answered 503 on a compatible newer store"
+        )
         # A process of this release starts on it too (a host restarted during the rolling upgrade).
         make_app(settings).store.close()
         # The admin side of this release does not write a newer store: it says to upgrade this host.
@@ -119,14 +142,20 @@ def test_the_previous_release_stays_ready_on_a_compatibly_migrated_store(own_sto
         newer = next_release(own_store, ["ALTER TABLE games RENAME COLUMN created_at TO added_at"])
         deadline = time.monotonic() + 30
         while _get(port, "/readyz")[0] != 503:
-            assert time.monotonic() < deadline, "/readyz stayed 200 on a store this release cannot read"
+            assert time.monotonic() < deadline, (
+                "/readyz stayed 200 on a store this release cannot read"
+            )
             time.sleep(INTERVAL / 2)
-        # Another that takes away what the authentication reads: no process of this release starts on it.
+        # Another that takes away what the authentication reads: no process of this release starts
+        # on it.
         newest = next_release(own_store, ["ALTER TABLE players RENAME COLUMN epoch TO generation"])
         with pytest.raises(ConfigError) as refused:
             make_app(settings)
         reason = str(refused.value)
-        assert f"is at schema version {newest}, newer than this release" in reason and "epoch" in reason, reason
+        assert (
+            f"is at schema version {newest}, newer than this release" in reason
+            and "epoch" in reason
+        ), reason
     finally:
         stop(proc)
     log = log_path.read_text(errors="replace")

@@ -1,4 +1,5 @@
-"""The admin API's bearer tokens (docs/admin.md, "Admin API tokens"), on both engines, through the command.
+"""The admin API's bearer tokens (docs/admin.md, "Admin API tokens"), on both engines, through the
+command.
 
 A token is shown once and stored as its digest; list never shows it; revoke and
 expiry stop it; each add and revoke writes one audit record that holds neither
@@ -37,8 +38,18 @@ sql = store_sql
 
 
 def test_add_shows_the_token_once_and_stores_its_digest(run, store_url):
-    code, out, err = run("api-token", "add", "web-tier", "--scope", "players:write", "--scope", "tokens:mint",
-                         "--scope", "players:write", "--json")
+    code, out, err = run(
+        "api-token",
+        "add",
+        "web-tier",
+        "--scope",
+        "players:write",
+        "--scope",
+        "tokens:mint",
+        "--scope",
+        "players:write",
+        "--json",
+    )
     assert code == 0, err
     obj = json.loads(out)
     token = obj["token"]
@@ -72,7 +83,9 @@ def test_names_are_never_reused_and_bad_input_is_refused(run, store_url):
 
 
 def test_revoked_expired_unknown_and_malformed_tokens_stand_for_nothing(run, settings):
-    _, out, _ = run("api-token", "add", "live", "--scope", "players:read", "--expires-in", "60", "--json")
+    _, out, _ = run(
+        "api-token", "add", "live", "--scope", "players:read", "--expires-in", "60", "--json"
+    )
     live = json.loads(out)["token"]
     _, out, _ = run("api-token", "add", "gone", "--scope", "players:read", "--json")
     gone = json.loads(out)["token"]
@@ -83,7 +96,9 @@ def test_revoked_expired_unknown_and_malformed_tokens_stand_for_nothing(run, set
         assert api_tokens_ops.api_token_for(store, gone, now).name == "gone"
         assert api_tokens_ops.api_token_for(store, api_tokens.new_token(), now) is None  # unknown
         assert api_tokens_ops.api_token_for(store, live + "x", now) is None  # malformed
-        assert api_tokens_ops.api_token_for(store, api_tokens.digest(live), now) is None  # the digest is no token
+        assert (
+            api_tokens_ops.api_token_for(store, api_tokens.digest(live), now) is None
+        )  # the digest is no token
     assert run("api-token", "revoke", "gone")[0] == 0
     assert run("api-token", "revoke", "gone")[0] == 0  # once more: no change
     with admin_store(settings) as store:
@@ -96,11 +111,21 @@ def test_add_and_revoke_are_audited_without_the_token_or_its_digest(run, store_u
     assert run("api-token", "revoke", "web")[0] == 0
     assert run("api-token", "revoke", "web")[0] == 0  # nothing to change: no second record
     rows = sql(store_url, "SELECT actor, action, changes FROM audit ORDER BY id")
-    assert [(actor, action) for actor, action, _ in rows] == [("cli:alice", "api_token.add"),
-                                                               ("cli:alice", "api_token.revoke")]
-    assert json.loads(rows[0][2])["after"] == {"name": "web", "scopes": ["tokens:mint"], "expires_at": None}
+    assert [(actor, action) for actor, action, _ in rows] == [
+        ("cli:alice", "api_token.add"),
+        ("cli:alice", "api_token.revoke"),
+    ]
+    assert json.loads(rows[0][2])["after"] == {
+        "name": "web",
+        "scopes": ["tokens:mint"],
+        "expires_at": None,
+    }
     everything = repr(sql(store_url, "SELECT * FROM audit"))
-    assert token not in everything and token[4:] not in everything and api_tokens.digest(token) not in everything
+    assert (
+        token not in everything
+        and token[4:] not in everything
+        and api_tokens.digest(token) not in everything
+    )
     assert run("audit", "verify")[0] == 0
 
 
@@ -117,26 +142,45 @@ def test_operations_raise_typed_errors(run, settings):
 
 
 @pytest.mark.engine("postgresql")
-def test_the_admin_role_manages_tokens_and_the_web_role_cannot_read_them(own_pg, secret_file, monkeypatch, capsys):
+def test_the_admin_role_manages_tokens_and_the_web_role_cannot_read_them(
+    own_pg, secret_file, monkeypatch, capsys
+):
     import psycopg
 
     url = init_as_owner(own_pg, secret_file, monkeypatch)
-    for argv in (["api-token", "add", "web", "--scope", "players:write"], ["api-token", "list"],
-                 ["api-token", "revoke", "web"], ["game", "add", "Chess"]):
+    for argv in (
+        ["api-token", "add", "web", "--scope", "players:write"],
+        ["api-token", "list"],
+        ["api-token", "revoke", "web"],
+        ["game", "add", "Chess"],
+    ):
         assert cli.main(argv) == 0, capsys.readouterr().err
     # the admin API, run as the admin role, reaches every table it needs (idempotency keys included)
     settings = Settings.from_env()
     app = AdminApp(settings)
     try:
-        _, token = api_tokens_ops.add_api_token(app.store, Context(actor="cli:test"), "api", list(api_tokens.SCOPES))
+        _, token = api_tokens_ops.add_api_token(
+            app.store, Context(actor="cli:test"), "api", list(api_tokens.SCOPES)
+        )
         client = webtest.TestApp(app, lint=True)
         headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "k1"}
-        assert client.put_json("/v1/players/5", {"username": "bob"}, headers=headers).status_int == 201
+        assert (
+            client.put_json("/v1/players/5", {"username": "bob"}, headers=headers).status_int == 201
+        )
         assert client.post("/v1/players/5/revoke", headers=headers).json["epoch"] == 1
         assert client.post("/v1/players/5/revoke", headers=headers).json["epoch"] == 1  # replayed
-        assert client.post_json("/v1/tokens", {"game_id": 1, "user_id": 5}, headers=headers | {"Idempotency-Key": "k2"}
-                                ).json["epoch"] == 1
-        assert client.get("/v1/audit?limit=2", headers=headers).json["records"][0]["action"] == "token.mint"
+        assert (
+            client.post_json(
+                "/v1/tokens",
+                {"game_id": 1, "user_id": 5},
+                headers=headers | {"Idempotency-Key": "k2"},
+            ).json["epoch"]
+            == 1
+        )
+        assert (
+            client.get("/v1/audit?limit=2", headers=headers).json["records"][0]["action"]
+            == "token.mint"
+        )
     finally:
         app.store.close()
     with psycopg.connect(url("authsvc_web"), autocommit=True) as conn:

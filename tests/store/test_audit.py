@@ -48,9 +48,13 @@ sql = store_sql
 
 
 def records(store_url: str) -> list[Record]:
-    """The records as stored, each with the clear values kept beside it (a player's are sealed in the chain)."""
+    """The records as stored, each with the clear values kept beside it (a player's are sealed in
+    the chain)."""
     names = "(SELECT n.names FROM audit_names AS n WHERE n.record_id = audit.id)"
-    return [Record(*row) for row in sql(store_url, f"SELECT {', '.join(COLUMNS)}, {names} FROM audit ORDER BY id")]
+    return [
+        Record(*row)
+        for row in sql(store_url, f"SELECT {', '.join(COLUMNS)}, {names} FROM audit ORDER BY id")
+    ]
 
 
 def new_records(store_url: str, since: int) -> list[Record]:
@@ -62,7 +66,8 @@ def head(store_url: str) -> int:
 
 
 def changes(record: Record) -> tuple[dict, dict]:
-    """Its before and after as the trail shows them: a sealed username as the name kept beside the record."""
+    """Its before and after as the trail shows them: a sealed username as the name kept beside the
+    record."""
     c = record.shown_changes()
     return c["before"], c["after"]
 
@@ -76,10 +81,27 @@ ACTIONS = [
     (["game", "add", "Go"], "game.add", (2, None), {}, {"name": "Go", "enabled": True, "keys": 1}),
     (["game", "disable", "1"], "game.disable", (1, None), CHESS, CHESS | {"enabled": False}),
     (["game", "enable", "1"], "game.enable", (1, None), CHESS, CHESS),
-    (["game", "rotate-key", "1", "--old-key-ttl", "60"], "game.rotate_key", (1, None), CHESS,
-     {"keys": 2, "keys_never_expiring": 1}),
-    (["player", "add", "43", "dave"], "player.add", (None, 43), {}, {"username": "dave", "enabled": True, "epoch": 0}),
-    (["player", "rename", "42", "erin"], "player.rename", (None, 42), CAROL, CAROL | {"username": "erin"}),
+    (
+        ["game", "rotate-key", "1", "--old-key-ttl", "60"],
+        "game.rotate_key",
+        (1, None),
+        CHESS,
+        {"keys": 2, "keys_never_expiring": 1},
+    ),
+    (
+        ["player", "add", "43", "dave"],
+        "player.add",
+        (None, 43),
+        {},
+        {"username": "dave", "enabled": True, "epoch": 0},
+    ),
+    (
+        ["player", "rename", "42", "erin"],
+        "player.rename",
+        (None, 42),
+        CAROL,
+        CAROL | {"username": "erin"},
+    ),
     (["player", "disable", "42"], "player.disable", (None, 42), CAROL, CAROL | {"enabled": False}),
     (["player", "enable", "42"], "player.enable", (None, 42), CAROL, CAROL),
     (["player", "revoke", "42"], "player.revoke", (None, 42), CAROL, CAROL | {"epoch": 1}),
@@ -87,7 +109,9 @@ ACTIONS = [
 ]
 
 
-@pytest.mark.parametrize("argv, action, target, before, after", ACTIONS, ids=[a[1] for a in ACTIONS])
+@pytest.mark.parametrize(
+    "argv, action, target, before, after", ACTIONS, ids=[a[1] for a in ACTIONS]
+)
 def test_each_change_writes_one_record_with_actor_target_before_and_after(
     world, store_url, argv, action, target, before, after
 ):
@@ -111,7 +135,12 @@ def test_a_player_import_writes_one_record_for_the_batch(world, store_url, tmp_p
     start = head(store_url)
     assert world("player", "import", str(path))[0] == 0
     (record,) = new_records(store_url, start)
-    assert (record.action, record.actor, record.game_id, record.user_id) == ("player.import", "cli:alice", None, None)
+    assert (record.action, record.actor, record.game_id, record.user_id) == (
+        "player.import",
+        "cli:alice",
+        None,
+        None,
+    )
     assert changes(record) == ({}, {"rows": 3, "file_sha256": hashlib.sha256(data).hexdigest()})
 
 
@@ -124,14 +153,20 @@ def test_a_store_import_writes_one_record(world, store_url, tmp_path, monkeypatc
     moved = "sqlite://" + str(tmp_path / "moved.db")
     (record,) = records(moved)
     assert (record.action, record.actor, record.prev_hash) == ("store.import", "cli:alice", GENESIS)
-    assert changes(record) == ({}, {"games": 1, "players": 1, "file_sha256": hashlib.sha256(export.read_bytes()).hexdigest()})
+    assert changes(record) == (
+        {},
+        {"games": 1, "players": 1, "file_sha256": hashlib.sha256(export.read_bytes()).hexdigest()},
+    )
 
 
 def test_the_actor_is_the_sudo_user_else_the_login_name():
     import pwd
 
     assert admin_actor({"SUDO_USER": "alice", "USER": "root"}) == "cli:alice"
-    assert admin_actor({"USER": "mallory", "LOGNAME": "mallory"}) == "cli:" + pwd.getpwuid(os.getuid()).pw_name
+    assert (
+        admin_actor({"USER": "mallory", "LOGNAME": "mallory"})
+        == "cli:" + pwd.getpwuid(os.getuid()).pw_name
+    )
 
 
 # -- no change, no record; no record, no change -------------------------------------------------
@@ -150,7 +185,9 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("argv, message", REFUSED, ids=[" ".join(a[0][:2]) + f"-{i}" for i, a in enumerate(REFUSED)])
+@pytest.mark.parametrize(
+    "argv, message", REFUSED, ids=[" ".join(a[0][:2]) + f"-{i}" for i, a in enumerate(REFUSED)]
+)
 def test_a_refused_write_writes_no_record(world, store_url, argv, message):
     before = records(store_url)
     code, out, err = world(*argv)
@@ -168,19 +205,34 @@ def test_a_bad_import_row_writes_neither_players_nor_a_record(world, store_url, 
 
 
 def test_a_record_that_cannot_be_written_undoes_the_change(world, store_url):
-    """The change and its record are one transaction: make the record's INSERT fail, and the rename is gone."""
+    """The change and its record are one transaction: make the record's INSERT fail, and the rename
+    is gone."""
     if store_url.startswith("sqlite://"):
-        sql(store_url, "CREATE TRIGGER no_audit BEFORE INSERT ON audit BEGIN SELECT RAISE(ABORT, 'no audit'); END")
+        sql(
+            store_url,
+            "CREATE TRIGGER no_audit BEFORE INSERT ON audit BEGIN SELECT RAISE(ABORT, 'no audit'); "
+            "END",
+        )
     else:
-        sql(store_url, "CREATE FUNCTION no_audit() RETURNS trigger LANGUAGE plpgsql AS "
-                       "$$ BEGIN RAISE EXCEPTION 'no audit' USING ERRCODE = 'insufficient_privilege'; END $$")
-        sql(store_url, "CREATE TRIGGER no_audit BEFORE INSERT ON audit FOR EACH ROW EXECUTE FUNCTION no_audit()")
+        sql(
+            store_url,
+            "CREATE FUNCTION no_audit() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'no audit' USING ERRCODE = 'insufficient_privilege'; END $$",
+        )
+        sql(
+            store_url,
+            "CREATE TRIGGER no_audit BEFORE INSERT ON audit FOR EACH ROW EXECUTE FUNCTION "
+            "no_audit()",
+        )
     try:
         code, _, err = world("player", "rename", "42", "mallory")
         assert code == 1 and ("no audit" in err or "permission denied" in err), err
         assert sql(store_url, "SELECT username FROM players WHERE user_id = 42") == [("carol",)]
     finally:
-        sql(store_url, "DROP TRIGGER no_audit" + ("" if store_url.startswith("sqlite://") else " ON audit"))
+        sql(
+            store_url,
+            "DROP TRIGGER no_audit" + ("" if store_url.startswith("sqlite://") else " ON audit"),
+        )
         if not store_url.startswith("sqlite://"):
             sql(store_url, "DROP FUNCTION no_audit()")
 
@@ -193,25 +245,36 @@ def _rows_written(store_url: str, path: str) -> int:
             return os.path.getsize(path + "-wal")
         except FileNotFoundError:
             return 0
-    rows = sql(store_url, "SELECT coalesce(sum(tuples_processed), 0) FROM pg_stat_progress_copy "
-                          "WHERE datname = current_database()")
+    rows = sql(
+        store_url,
+        "SELECT coalesce(sum(tuples_processed), 0) FROM pg_stat_progress_copy "
+        "WHERE datname = current_database()",
+    )
     return rows[0][0]
 
 
-def test_an_import_killed_half_way_leaves_neither_players_nor_a_record(world, store_url, env, tmp_path):
+def test_an_import_killed_half_way_leaves_neither_players_nor_a_record(
+    world, store_url, env, tmp_path
+):
     big = tmp_path / "players.csv"
     with open(big, "w") as f:
         f.writelines(f"{n},player{n}\n" for n in range(1000, 1_501_000))
     before = records(store_url)
     proc = subprocess.Popen(
         [sys.executable, "-m", "authsvc.cli.command", "player", "import", str(big)],
-        env={**os.environ, **env, "SUDO_USER": "alice"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, **env, "SUDO_USER": "alice"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     path = store_url.removeprefix("sqlite://")
-    enough = (2 << 20) + _rows_written(store_url, path) if store_url.startswith("sqlite://") else 200_000
+    enough = (
+        (2 << 20) + _rows_written(store_url, path) if store_url.startswith("sqlite://") else 200_000
+    )
     try:
         deadline = time.monotonic() + 120
-        while _rows_written(store_url, path) < enough:  # several batches of rows written, none committed
+        while (
+            _rows_written(store_url, path) < enough
+        ):  # several batches of rows written, none committed
             assert proc.poll() is None, "the import ended before it was seen writing"
             assert time.monotonic() < deadline, "the import never started writing"
             time.sleep(0.01)
@@ -222,8 +285,14 @@ def test_an_import_killed_half_way_leaves_neither_players_nor_a_record(world, st
     assert proc.returncode == -signal.SIGKILL
     if not store_url.startswith("sqlite://"):  # the server ends the dead client's transaction
         deadline = time.monotonic() + 30
-        while sql(store_url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                             "AND application_name = 'authsvc-admin'")[0][0] and time.monotonic() < deadline:
+        while (
+            sql(
+                store_url,
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = 'authsvc-admin'",
+            )[0][0]
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
     assert sql(store_url, "SELECT count(*) FROM players")[0][0] == 1
     assert records(store_url) == before
@@ -240,15 +309,25 @@ def test_verify_passes_an_intact_chain(world, store_url):
     assert (code, out) == (0, "4 records, chain intact from id 1\n")
     verdict = json.loads(world("audit", "verify", "--json")[1])
     last = records(store_url)[-1]
-    assert verdict == {"records": 4, "first_id": 1, "head_id": 4, "head_hash": last.hash, "problem": None,
-                       "record_id": None, "intact": True}
+    assert verdict == {
+        "records": 4,
+        "first_id": 1,
+        "head_id": 4,
+        "head_hash": last.hash,
+        "problem": None,
+        "record_id": None,
+        "intact": True,
+    }
 
 
 def _forge(store_url: str, **fields) -> None:
     """A record inserted with SQL, its hash computed as authsvc would."""
     fields["hash"] = record_hash({k: fields[k] for k in COLUMNS if k != "hash"})
-    sql(store_url, f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-        tuple(fields[k] for k in COLUMNS))
+    sql(
+        store_url,
+        f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+        tuple(fields[k] for k in COLUMNS),
+    )
 
 
 def _rehash(store_url: str, record_id: int) -> None:
@@ -257,22 +336,50 @@ def _rehash(store_url: str, record_id: int) -> None:
 
 
 TAMPERING = {
-    "edited": (lambda url: sql(url, "UPDATE audit SET actor = 'cli:bob' WHERE id = 2"), "record 2 was altered"),
+    "edited": (
+        lambda url: sql(url, "UPDATE audit SET actor = 'cli:bob' WHERE id = 2"),
+        "record 2 was altered",
+    ),
     "edited-and-rehashed": (
         lambda url: (sql(url, "UPDATE audit SET changes = '{}' WHERE id = 2"), _rehash(url, 2)),
         "record 3 does not follow record 2",
     ),
     "deleted": (lambda url: sql(url, "DELETE FROM audit WHERE id = 2"), "record 2 was removed"),
-    "deleted-last": (lambda url: sql(url, "DELETE FROM audit WHERE id = 4"), "record 4 was removed"),
+    "deleted-last": (
+        lambda url: sql(url, "DELETE FROM audit WHERE id = 4"),
+        "record 4 was removed",
+    ),
     "inserted": (
-        lambda url: _forge(url, id=5, at_ms=0, actor="cli:alice", request_id=None, action="player.revoke",
-                           game_id=None, user_id=42, changes="{}", prev_hash=records(url)[-1].hash),
+        lambda url: _forge(
+            url,
+            id=5,
+            at_ms=0,
+            actor="cli:alice",
+            request_id=None,
+            action="player.revoke",
+            game_id=None,
+            user_id=42,
+            changes="{}",
+            prev_hash=records(url)[-1].hash,
+        ),
         "record 5 was inserted",
     ),
     "inserted-out-of-order": (
-        lambda url: (sql(url, "DELETE FROM audit WHERE id = 3"),
-                     _forge(url, id=3, at_ms=0, actor="cli:alice", request_id=None, action="player.enable",
-                            game_id=None, user_id=42, changes="{}", prev_hash=GENESIS)),
+        lambda url: (
+            sql(url, "DELETE FROM audit WHERE id = 3"),
+            _forge(
+                url,
+                id=3,
+                at_ms=0,
+                actor="cli:alice",
+                request_id=None,
+                action="player.enable",
+                game_id=None,
+                user_id=42,
+                changes="{}",
+                prev_hash=GENESIS,
+            ),
+        ),
         "record 3 does not follow record 2",
     ),
 }
@@ -301,11 +408,14 @@ def test_prune_keeps_the_chain_verifiable_from_its_new_start(world, store_url, m
     monkeypatch.setenv("AUTHSVC_AUDIT_RETENTION_DAYS", "30")
     assert "pruned 0 audit records" in world("audit", "prune")[1]  # every record is younger
     assert world("audit", "prune", "--before", "0m")[0] == 0
-    assert [r.id for r in records(store_url)] == [6] and records(store_url)[0].action == "audit.prune"
+    assert [r.id for r in records(store_url)] == [6] and records(store_url)[
+        0
+    ].action == "audit.prune"
     world("player", "revoke", "42")
     assert world("audit", "verify")[1] == "2 records, chain intact from id 6\n"
     assert world("audit", "prune", "--before", "2999-01-01")[0] == 1  # not in the future
-    # A start moved by hand (records deleted and the anchor set to match) is named by no prune record.
+    # A start moved by hand (records deleted and the anchor set to match) is named by no prune
+    # record.
     (r6,) = [r for r in records(store_url) if r.id == 6]
     sql(store_url, "DELETE FROM audit WHERE id = 6")
     sql(store_url, "UPDATE audit_chain SET anchor_id = 6, anchor_hash = ?", (r6.hash,))
@@ -318,7 +428,9 @@ def test_prune_keeps_the_chain_verifiable_from_its_new_start(world, store_url, m
 
 def test_audit_lists_newest_first_with_filters_and_json_lines(world, store_url):
     world("player", "rename", "42", "d\u202eave")  # stored before the name rule? refused now
-    sql(store_url, "UPDATE players SET username = 'd' || ? || 'ave' WHERE user_id = 42", ("\u202e",))
+    sql(
+        store_url, "UPDATE players SET username = 'd' || ? || 'ave' WHERE user_id = 42", ("\u202e",)
+    )
     world("player", "rename", "42", "erin")
     world("game", "disable", "1")
     code, out, _ = world("audit")
@@ -326,11 +438,15 @@ def test_audit_lists_newest_first_with_filters_and_json_lines(world, store_url):
     assert code == 0 and len(lines) == 4
     assert [line.split()[0] for line in lines] == ["4", "3", "2", "1"]
     assert "cli:alice  game.disable  game 1  enabled: true -> false" in lines[0]
-    assert "player.rename  player 42  username: d\\u202eave -> erin" in lines[1]  # escaped, as admin.md shows names
+    assert (
+        "player.rename  player 42  username: d\\u202eave -> erin" in lines[1]
+    )  # escaped, as admin.md shows names
     assert "\u202e" not in out
     world("game", "rotate-key", "1", "--old-key-ttl", "0")
     line = world("audit", "--limit", "1")[1]
-    assert "game.rotate_key  game 1  keys: 1 -> 2, old_keys_expire_at=20" in line and line.endswith("Z\n")
+    assert "game.rotate_key  game 1  keys: 1 -> 2, old_keys_expire_at=20" in line and line.endswith(
+        "Z\n"
+    )
     out = world("audit", "--player", "42", "--json")[1]
     objs = [json.loads(line) for line in out.splitlines()]
     assert [o["action"] for o in objs] == ["player.rename", "player.add"]
@@ -356,12 +472,20 @@ def test_no_secret_reaches_any_record(world, store_url, tmp_path, secret_file, m
     secrets.append(world("token", "issue", "--game", "2", "--user", "42")[1].strip())
     path = tmp_path / "p.csv"
     path.write_text("7,grace\n")
-    for argv in (["player", "import", str(path)], ["player", "rename", "42", "x"], ["player", "revoke", "42"],
-                 ["player", "disable", "42"], ["game", "disable", "2"], ["audit", "prune", "--before", "1h"]):
+    for argv in (
+        ["player", "import", str(path)],
+        ["player", "rename", "42", "x"],
+        ["player", "revoke", "42"],
+        ["player", "disable", "42"],
+        ["game", "disable", "2"],
+        ["audit", "prune", "--before", "1h"],
+    ):
         assert world(*argv)[0] == 0
     digests = [row[0] for row in sql(store_url, "SELECT digest FROM api_keys")]
     assert len(digests) == 3
-    everything = json.dumps(sql(store_url, "SELECT * FROM audit")) + json.dumps(sql(store_url, "SELECT * FROM audit_chain"))
+    everything = json.dumps(sql(store_url, "SELECT * FROM audit")) + json.dumps(
+        sql(store_url, "SELECT * FROM audit_chain")
+    )
     assert len(records(store_url)) == 12  # one per change above, a prune and three mints included
     for secret in secrets + digests:
         assert secret and secret not in everything
@@ -371,21 +495,35 @@ def test_no_secret_reaches_any_record(world, store_url, tmp_path, secret_file, m
 # -- PostgreSQL roles ---------------------------------------------------------------------------
 
 
-def test_the_admin_role_may_only_read_and_append_and_the_web_role_not_read(own_pg, secret_file, monkeypatch, capsys):
+def test_the_admin_role_may_only_read_and_append_and_the_web_role_not_read(
+    own_pg, secret_file, monkeypatch, capsys
+):
     import psycopg
 
     monkeypatch.setenv("SUDO_USER", "alice")
-    url = init_as_owner(own_pg, secret_file, monkeypatch)  # then every change of the everyday admin command
-    for argv in (["game", "add", "Chess"], ["player", "add", "5", "bob"], ["player", "revoke", "5"],
-                 ["game", "rotate-key", "1"], ["token", "issue", "--game", "1", "--user", "5"]):
+    url = init_as_owner(
+        own_pg, secret_file, monkeypatch
+    )  # then every change of the everyday admin command
+    for argv in (
+        ["game", "add", "Chess"],
+        ["player", "add", "5", "bob"],
+        ["player", "revoke", "5"],
+        ["game", "rotate-key", "1"],
+        ["token", "issue", "--game", "1", "--user", "5"],
+    ):
         assert cli.main(argv) == 0, capsys.readouterr().err
     assert cli.main(["audit", "verify"]) == 0
     assert capsys.readouterr().out.endswith("5 records, chain intact from id 1\n")
     assert cli.main(["audit", "prune", "--before", "0m"]) == 1
     assert "permission denied" in capsys.readouterr().err
     with psycopg.connect(url("authsvc_admin"), autocommit=True) as conn:
-        for statement in ("UPDATE audit SET actor = 'x'", "DELETE FROM audit", "TRUNCATE audit",
-                          "UPDATE audit_chain SET anchor_id = 0", "DELETE FROM audit_chain"):
+        for statement in (
+            "UPDATE audit SET actor = 'x'",
+            "DELETE FROM audit",
+            "TRUNCATE audit",
+            "UPDATE audit_chain SET anchor_id = 0",
+            "DELETE FROM audit_chain",
+        ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)
     with psycopg.connect(url("authsvc_web"), autocommit=True) as conn:
@@ -426,7 +564,11 @@ def test_operations_raise_typed_errors_and_record_the_context(world, store_url, 
         start = head(store_url)
         assert players_ops.revoke_player(store, ctx, 42) == 1
     (record,) = new_records(store_url, start)
-    assert (record.actor, record.request_id, record.at_ms) == ("api:provisioning", "req-7", 1_800_000_000_250)
+    assert (record.actor, record.request_id, record.at_ms) == (
+        "api:provisioning",
+        "req-7",
+        1_800_000_000_250,
+    )
     with pytest.raises(Invalid):
         Context(actor="api:x\n")
     with pytest.raises(Invalid):
@@ -438,7 +580,9 @@ def test_init_adds_the_trail_to_a_version_1_sqlite_store_and_keeps_its_data(run,
     from authsvc.store.sqlite.store import MIGRATIONS
 
     path = store_url.removeprefix("sqlite://")
-    with sqlite3.connect(path, isolation_level=None) as conn:  # the schema as the previous release left it
+    with sqlite3.connect(
+        path, isolation_level=None
+    ) as conn:  # the schema as the previous release left it
         conn.executescript(MIGRATIONS[0])
         conn.execute("INSERT INTO players (user_id, username) VALUES (42, 'carol')")
         conn.execute("PRAGMA user_version = 1")
@@ -451,7 +595,8 @@ def test_init_adds_the_trail_to_a_version_1_sqlite_store_and_keeps_its_data(run,
 
 
 def test_concurrent_writers_append_one_unbroken_chain(world, store_url, settings):
-    """Appends are serialized (SQLite's write lock, PostgreSQL's row lock on audit_chain): two sessions
+    """Appends are serialized (SQLite's write lock, PostgreSQL's row lock on audit_chain): two
+    sessions
     changing players at once leave contiguous ids, each record linked to the one before."""
     import threading
 
@@ -470,7 +615,10 @@ def test_concurrent_writers_append_one_unbroken_chain(world, store_url, settings
         except Exception as e:  # noqa: BLE001 - reported below with its type
             errors.append(repr(e))
 
-    threads = [threading.Thread(target=writer, args=(42, "cli:one")), threading.Thread(target=writer, args=(43, "cli:two"))]
+    threads = [
+        threading.Thread(target=writer, args=(42, "cli:one")),
+        threading.Thread(target=writer, args=(43, "cli:two")),
+    ]
     for t in threads:
         t.start()
     for t in threads:

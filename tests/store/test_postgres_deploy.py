@@ -33,7 +33,9 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "postgres"
 def local(url: str, port: int) -> str:
     """The shipped URL pointed at the test's server (same role and database, no TLS or passfile)."""
     parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}", query=""))
+    return urllib.parse.urlunsplit(
+        parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}", query="")
+    )
 
 
 def test_shipped_roles_and_settings(own_pg, secret_file, monkeypatch, capsys):
@@ -58,14 +60,21 @@ def test_shipped_roles_and_settings(own_pg, secret_file, monkeypatch, capsys):
     token = capsys.readouterr().out.strip().splitlines()[-1]
 
     web_settings = Settings.from_env(
-        {"AUTHSVC_STORE": local(web.store, own_pg.port), "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
+        {
+            "AUTHSVC_STORE": local(web.store, own_pg.port),
+            "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+        }
     )
     app = make_testapp(web_settings)  # start-up check passes as the web role
-    res = app.get("/api/authenticate.json", params={"user_id": "5", "game_auth_token": token, "api_key": api_key})
+    res = app.get(
+        "/api/authenticate.json",
+        params={"user_id": "5", "game_auth_token": token, "api_key": api_key},
+    )
     assert res.json == {"success": True, "user_id": 5, "username": "bob"}
     app.app.store.close()
 
-    # The web role cannot write: read-only by default (roles.sql), and without privileges when that is lifted.
+    # The web role cannot write: read-only by default (roles.sql), and without privileges when that
+    # is lifted.
     with psycopg.connect(local(web.store, own_pg.port), autocommit=True) as conn:
         with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
             conn.execute("UPDATE players SET username = 'x'")
@@ -86,10 +95,14 @@ SERVICE_ROLES = ("authsvc_owner", "authsvc_admin", "authsvc_web", HEARTBEAT_ROLE
 
 @pytest.fixture(scope="module")
 def deployed(pg_server_url):
-    """A server of this module's own: roles.sql as the DBA, `authsvc init` as the owner, one game and player."""
+    """A server of this module's own: roles.sql as the DBA, `authsvc init` as the owner, one game
+    and player."""
     bin_dir = find_bin_dir()
     if bin_dir is None:
-        skip_or_fail("this test needs the PostgreSQL server binaries (initdb, pg_ctl) to run a server of its own")
+        skip_or_fail(
+            "this test needs the PostgreSQL server binaries (initdb, pg_ctl) to run a server of "
+            "its own"
+        )
     server = ThrowawayPostgres(bin_dir)
     try:
         server.start()
@@ -116,7 +129,8 @@ def superuser(server):
 
 
 def test_no_service_role_may_call_a_large_object_function(deployed):
-    """Large objects live outside the tables' grants and read-only transactions: no role of ours needs them."""
+    """Large objects live outside the tables' grants and read-only transactions: no role of ours
+    needs them."""
     with superuser(deployed) as conn:
         callable_by = conn.execute(
             "SELECT r, p.oid::regprocedure::text FROM pg_proc AS p, unnest(%s::text[]) AS r "
@@ -142,7 +156,8 @@ def test_the_web_role_cannot_write_a_large_object(deployed):
 
 
 def test_only_the_owner_may_take_an_advisory_lock(deployed):
-    """Advisory locks are not grantable per key: whoever may call pg_advisory_lock may take the migration's."""
+    """Advisory locks are not grantable per key: whoever may call pg_advisory_lock may take the
+    migration's."""
     with superuser(deployed) as conn:
         callable_by = conn.execute(
             "SELECT r, p.oid::regprocedure::text FROM pg_proc AS p, unnest(%s::text[]) AS r "
@@ -154,7 +169,8 @@ def test_only_the_owner_may_take_an_advisory_lock(deployed):
 
 
 def test_the_web_role_cannot_block_a_migration(deployed):
-    """A web session that tries to take the migration's lock and holds what it can read: `authsvc init` still runs."""
+    """A web session that tries to take the migration's lock and holds what it can read: `authsvc
+    init` still runs."""
     import psycopg
 
     with psycopg.connect(role_url(deployed, "authsvc_web"), autocommit=True) as web:
@@ -162,7 +178,9 @@ def test_the_web_role_cannot_block_a_migration(deployed):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 web.execute(f"SELECT {take}(%s)", (MIGRATION_LOCK,))
         web.execute("BEGIN")
-        web.execute("SELECT 1 FROM authsvc_schema, games, api_keys, players, authsvc_heartbeat")  # its read locks
+        web.execute(
+            "SELECT 1 FROM authsvc_schema, games, api_keys, players, authsvc_heartbeat"
+        )  # its read locks
         owner = open_store(role_url(deployed, "authsvc_owner"), readonly=False)
         try:
             # a lock held by the web role: StoreLocked after ADMIN_LOCK_WAIT
@@ -173,7 +191,8 @@ def test_the_web_role_cannot_block_a_migration(deployed):
 
 
 def test_the_heartbeat_runs_as_its_own_role(deployed):
-    """The heartbeat writer's role writes the heartbeat row, and puts it back when it was deleted."""
+    """The heartbeat writer's role writes the heartbeat row, and puts it back when it was
+    deleted."""
     with superuser(deployed) as conn:
         conn.execute("UPDATE authsvc_heartbeat SET at = '2000-01-01T00:00:00Z'")
         store = open_store(role_url(deployed, HEARTBEAT_ROLE), readonly=False)
@@ -181,7 +200,9 @@ def test_the_heartbeat_runs_as_its_own_role(deployed):
             store.check()
             store.heartbeat_connections()
             store.write_heartbeat()
-            assert conn.execute("SELECT at > now() - interval '1 day' FROM authsvc_heartbeat").fetchone() == (True,)
+            assert conn.execute(
+                "SELECT at > now() - interval '1 day' FROM authsvc_heartbeat"
+            ).fetchone() == (True,)
             conn.execute("DELETE FROM authsvc_heartbeat")
             store.write_heartbeat()
             assert conn.execute("SELECT count(*) FROM authsvc_heartbeat").fetchone() == (1,)
@@ -190,42 +211,62 @@ def test_the_heartbeat_runs_as_its_own_role(deployed):
 
 
 def test_the_admin_role_may_run_the_webhooks_retention(deployed):
-    """`authsvc deliver` runs as the admin role (authsvc-deliver.service): its retention deletes a delivery
-    done long ago, its attempt and its event, an event no webhook took, and the webhook, removed long ago."""
+    """`authsvc deliver` runs as the admin role (authsvc-deliver.service): its retention deletes a
+    delivery
+    done long ago, its attempt and its event, an event no webhook took, and the webhook, removed
+    long ago."""
     with superuser(deployed) as conn:
-        conn.execute("INSERT INTO events (type, user_id, at_ms, data) VALUES ('player.revoked', 5, 1, '{}')")
-        hook = conn.execute("INSERT INTO webhooks (url, events, secret, created_at, deleted_at) "
-                            "VALUES ('https://a.example.com/h', '[]', '', 1, 2) RETURNING id").fetchone()[0]
-        conn.execute("INSERT INTO deliveries (webhook_id, event_id, user_id, state, next_at, created_at, done_at) "
-                     "SELECT %s, max(id), 5, 'delivered', 1, 1, 2 FROM events", (hook,))
-        conn.execute("INSERT INTO delivery_attempts (delivery_id, n, at, duration_ms) SELECT max(id), 1, 2, 1 "
-                     "FROM deliveries")
+        conn.execute(
+            "INSERT INTO events (type, user_id, at_ms, data) VALUES ('player.revoked', 5, 1, '{}')"
+        )
+        hook = conn.execute(
+            "INSERT INTO webhooks (url, events, secret, created_at, deleted_at) "
+            "VALUES ('https://a.example.com/h', '[]', '', 1, 2) RETURNING id"
+        ).fetchone()[0]
+        conn.execute(
+            "INSERT INTO deliveries (webhook_id, event_id, user_id, state, next_at, created_at, "
+            "done_at) SELECT %s, max(id), 5, 'delivered', 1, 1, 2 FROM events",
+            (hook,),
+        )
+        conn.execute(
+            "INSERT INTO delivery_attempts (delivery_id, n, at, duration_ms) SELECT max(id), 1, 2, "
+            "1 FROM deliveries"
+        )
         store = open_store(role_url(deployed, "authsvc_admin"), readonly=False)
         try:
-            assert store.prune_deliveries(int(time.time() * 1000), 10) == (1, 2, 1)  # and bob's player.created
+            assert store.prune_deliveries(int(time.time() * 1000), 10) == (
+                1,
+                2,
+                1,
+            )  # and bob's player.created
         finally:
             store.close()
-        assert conn.execute("SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM deliveries) "
-                            "+ (SELECT count(*) FROM delivery_attempts) + (SELECT count(*) FROM webhooks)").fetchone() == (0,)
+        assert conn.execute(
+            "SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM deliveries) "
+            "+ (SELECT count(*) FROM delivery_attempts) + (SELECT count(*) FROM webhooks)"
+        ).fetchone() == (0,)
 
 
-@pytest.mark.parametrize("statement", [
-    "SELECT digest FROM api_keys",
-    "SELECT username FROM players",
-    "SELECT name FROM games",
-    "UPDATE players SET username = 'mallory'",
-    "INSERT INTO games (name, created_at) VALUES ('Forged', 0)",
-    "DELETE FROM api_keys",
-    "UPDATE authsvc_schema SET version = 1",
-    "DELETE FROM authsvc_heartbeat",
-    "TRUNCATE authsvc_heartbeat",
-    "CREATE TABLE forged (x int)",
-    "CREATE TEMP TABLE forged (x int)",
-    "ALTER TABLE authsvc_heartbeat ADD COLUMN forged int",
-    "DROP TABLE authsvc_heartbeat",
-    "SELECT lo_from_bytea(0, '\\x00')",
-    f"SELECT pg_advisory_lock({MIGRATION_LOCK})",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SELECT digest FROM api_keys",
+        "SELECT username FROM players",
+        "SELECT name FROM games",
+        "UPDATE players SET username = 'mallory'",
+        "INSERT INTO games (name, created_at) VALUES ('Forged', 0)",
+        "DELETE FROM api_keys",
+        "UPDATE authsvc_schema SET version = 1",
+        "DELETE FROM authsvc_heartbeat",
+        "TRUNCATE authsvc_heartbeat",
+        "CREATE TABLE forged (x int)",
+        "CREATE TEMP TABLE forged (x int)",
+        "ALTER TABLE authsvc_heartbeat ADD COLUMN forged int",
+        "DROP TABLE authsvc_heartbeat",
+        "SELECT lo_from_bytea(0, '\\x00')",
+        f"SELECT pg_advisory_lock({MIGRATION_LOCK})",
+    ],
+)
 def test_the_heartbeat_role_can_do_nothing_else(deployed, statement):
     import psycopg
 
@@ -235,7 +276,8 @@ def test_the_heartbeat_role_can_do_nothing_else(deployed, statement):
 
 
 def test_init_grants_the_heartbeat_role_again(deployed):
-    """A store migrated before the role existed (an earlier release): the next `authsvc init` grants it."""
+    """A store migrated before the role existed (an earlier release): the next `authsvc init` grants
+    it."""
     with superuser(deployed) as conn:
         conn.execute(f"REVOKE ALL ON authsvc_heartbeat, authsvc_schema FROM {HEARTBEAT_ROLE}")
         store = open_store(role_url(deployed, HEARTBEAT_ROLE), readonly=False)
@@ -243,8 +285,11 @@ def test_init_grants_the_heartbeat_role_again(deployed):
         try:
             with pytest.raises(ConfigError):
                 store.write_heartbeat()
-            # ... and `authsvc heartbeat` says what grants it, not to make it a reader (of the api keys).
-            with pytest.raises(ConfigError, match="may not read the tables .*'authsvc init'") as refused:
+            # ... and `authsvc heartbeat` says what grants it, not to make it a reader (of the api
+            # keys).
+            with pytest.raises(
+                ConfigError, match="may not read the tables .*'authsvc init'"
+            ) as refused:
                 store.check()
             assert "authsvc_reader" not in str(refused.value)
             assert owner.migrate() == (len(MIGRATIONS), len(MIGRATIONS))
@@ -256,7 +301,8 @@ def test_init_grants_the_heartbeat_role_again(deployed):
 
 
 def test_authsvc_heartbeat_runs_with_its_shipped_settings(deployed, tmp_path):
-    """The command the unit runs: heartbeat.toml (no token secret), its store pointed at the test's server."""
+    """The command the unit runs: heartbeat.toml (no token secret), its store pointed at the test's
+    server."""
     writer = Heartbeat(role_url(deployed, HEARTBEAT_ROLE), tmp_path / "heartbeat.log")
     del writer.env["AUTHSVC_TOKEN_SECRET_FILE"]
     writer.env["AUTHSVC_CONFIG"] = str(DEPLOY / "heartbeat.toml")
@@ -265,12 +311,15 @@ def test_authsvc_heartbeat_runs_with_its_shipped_settings(deployed, tmp_path):
         writer.start()
         try:
             deadline = time.monotonic() + 60
-            while conn.execute("SELECT at < now() - interval '1 day' FROM authsvc_heartbeat").fetchone() == (True,):
+            while conn.execute(
+                "SELECT at < now() - interval '1 day' FROM authsvc_heartbeat"
+            ).fetchone() == (True,):
                 assert writer.process is not None and writer.process.poll() is None, writer.log()
                 assert time.monotonic() < deadline, writer.log()
                 time.sleep(0.1)
             sessions = conn.execute(
-                "SELECT DISTINCT usename, application_name FROM pg_stat_activity WHERE application_name = 'authsvc-heartbeat'"
+                "SELECT DISTINCT usename, application_name FROM pg_stat_activity WHERE "
+                "application_name = 'authsvc-heartbeat'"
             ).fetchall()
         finally:
             writer.stop()
@@ -280,25 +329,55 @@ def test_authsvc_heartbeat_runs_with_its_shipped_settings(deployed, tmp_path):
 
 
 def test_the_shipped_heartbeat_settings_and_unit_use_its_role():
-    heartbeat = Settings.from_env({"AUTHSVC_CONFIG": str(DEPLOY / "heartbeat.toml")}, require_secret=False)
+    heartbeat = Settings.from_env(
+        {"AUTHSVC_CONFIG": str(DEPLOY / "heartbeat.toml")}, require_secret=False
+    )
     assert urllib.parse.urlsplit(heartbeat.store).username == HEARTBEAT_ROLE
     unit = (DEPLOY.parent / "systemd" / "authsvc-heartbeat.service").read_text()
     assert "\nEnvironment=AUTHSVC_CONFIG=@CONF_DIR@/heartbeat.toml\n" in unit
 
 
-KEEPALIVES = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3",
-              "tcp_user_timeout": "10000"}
+KEEPALIVES = {
+    "tcp_keepalives_idle": "5",
+    "tcp_keepalives_interval": "2",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
 
 
-@pytest.mark.parametrize("role, expected", [
-    # The web role's pooled connections are idle for as long as no one logs in: no idle_session_timeout.
-    ("authsvc_web", {"idle_in_transaction_session_timeout": "10s", "idle_session_timeout": "0", **KEEPALIVES}),
-    # The heartbeat writes five times a second: a session idle for 30 s has no writer any more.
-    (HEARTBEAT_ROLE, {"idle_in_transaction_session_timeout": "5s", "idle_session_timeout": "30s", **KEEPALIVES}),
-    # The admin command's sessions may wait for a person (a prompt) or a file: keepalives only.
-    ("authsvc_owner", {"idle_in_transaction_session_timeout": "0", "idle_session_timeout": "0", **KEEPALIVES}),
-    ("authsvc_admin", {"idle_in_transaction_session_timeout": "0", "idle_session_timeout": "0", **KEEPALIVES}),
-])
+@pytest.mark.parametrize(
+    "role, expected",
+    [
+        # The web role's pooled connections are idle for as long as no one logs in: no
+        # idle_session_timeout.
+        (
+            "authsvc_web",
+            {
+                "idle_in_transaction_session_timeout": "10s",
+                "idle_session_timeout": "0",
+                **KEEPALIVES,
+            },
+        ),
+        # The heartbeat writes five times a second: a session idle for 30 s has no writer any more.
+        (
+            HEARTBEAT_ROLE,
+            {
+                "idle_in_transaction_session_timeout": "5s",
+                "idle_session_timeout": "30s",
+                **KEEPALIVES,
+            },
+        ),
+        # The admin command's sessions may wait for a person (a prompt) or a file: keepalives only.
+        (
+            "authsvc_owner",
+            {"idle_in_transaction_session_timeout": "0", "idle_session_timeout": "0", **KEEPALIVES},
+        ),
+        (
+            "authsvc_admin",
+            {"idle_in_transaction_session_timeout": "0", "idle_session_timeout": "0", **KEEPALIVES},
+        ),
+    ],
+)
 def test_the_roles_sessions_end_when_their_client_is_gone(deployed, role, expected):
     import psycopg
 
@@ -307,27 +386,40 @@ def test_the_roles_sessions_end_when_their_client_is_gone(deployed, role, expect
 
 
 def test_privileges_sql_can_be_run_again(deployed):
-    """An existing cluster is brought up to date by running privileges.sql again (docs/stores.md)."""
+    """An existing cluster is brought up to date by running privileges.sql again
+    (docs/stores.md)."""
+
     def state():
         with superuser(deployed) as conn:
             return conn.execute(
-                "SELECT (SELECT array_agg(setconfig::text ORDER BY setrole) FROM pg_db_role_setting), "
-                "(SELECT array_agg(proacl::text ORDER BY oid) FROM pg_proc), (SELECT datacl FROM pg_database "
-                "WHERE datname = 'authsvc')::text"
+                "SELECT (SELECT array_agg(setconfig::text ORDER BY setrole) FROM "
+                "pg_db_role_setting), (SELECT array_agg(proacl::text ORDER BY oid) FROM pg_proc), "
+                "(SELECT datacl FROM pg_database WHERE datname = 'authsvc')::text"
             ).fetchone()
 
     before = state()
     subprocess.run(
-        [os.path.join(deployed.bin_dir, "psql"), role_url(deployed, "postgres"), "-q", "-v", "ON_ERROR_STOP=1",
-         "-f", str(DEPLOY / "privileges.sql")],
-        check=True, capture_output=True, timeout=60,
+        [
+            os.path.join(deployed.bin_dir, "psql"),
+            role_url(deployed, "postgres"),
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-f",
+            str(DEPLOY / "privileges.sql"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
     assert state() == before
 
 
 def test_init_on_an_up_to_date_store_needs_no_right_to_migrate(deployed):
-    """`authsvc init` with the admin role's or the web role's settings (an upgrade's installer without
-    owner.toml) on an up-to-date store: done, nothing changed; on an older one it names the owner."""
+    """`authsvc init` with the admin role's or the web role's settings (an upgrade's installer
+    without
+    owner.toml) on an up-to-date store: done, nothing changed; on an older one it names the
+    owner."""
     for role in ("authsvc_admin", "authsvc_web"):
         store = open_store(role_url(deployed, role), readonly=False)
         try:
@@ -338,7 +430,10 @@ def test_init_on_an_up_to_date_store_needs_no_right_to_migrate(deployed):
         conn.execute("UPDATE authsvc_schema SET version = version - 1")
         store = open_store(role_url(deployed, "authsvc_admin"), readonly=False)
         try:
-            with pytest.raises(ConfigError, match="permission denied for this role .*init and audit prune as the owner"):
+            with pytest.raises(
+                ConfigError,
+                match="permission denied for this role .*init and audit prune as the owner",
+            ):
                 store.migrate()
         finally:
             store.close()

@@ -23,7 +23,9 @@ from tests.support import free_port, make_testapp
 def with_user(url: str, user: str, password: str | None = None) -> str:
     parts = urllib.parse.urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}{':' + password if password else ''}@{host}"))
+    return urllib.parse.urlunsplit(
+        parts._replace(netloc=f"{user}{':' + password if password else ''}@{host}")
+    )
 
 
 @pytest.fixture
@@ -52,7 +54,9 @@ def login_role(superuser):
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
         )
         owned = superuser.execute(
-            "SELECT datname FROM pg_database WHERE datdba = (SELECT oid FROM pg_roles WHERE rolname = %s)", (name,)
+            "SELECT datname FROM pg_database WHERE datdba = (SELECT oid FROM pg_roles WHERE "
+            "rolname = %s)",
+            (name,),
         ).fetchall()
         for (database,) in owned:
             superuser.execute(f"DROP DATABASE {database} WITH (FORCE)")
@@ -91,9 +95,12 @@ def test_the_web_role_can_read_but_not_write(world, store_url, login_role):
 
 
 @pytest.mark.engine("postgresql")
-def test_the_web_role_reads_only_the_players_columns_authentication_needs(world, store_url, login_role):
+def test_the_web_role_reads_only_the_players_columns_authentication_needs(
+    world, store_url, login_role
+):
     """The web path never reads a player's updated_at: its role is granted the four columns the
-    authentication query reads, so a query that names another fails instead of slowing the hot path."""
+    authentication query reads, so a query that names another fails instead of slowing the hot
+    path."""
     import psycopg
 
     web = login_role("IN ROLE authsvc_reader")
@@ -107,7 +114,9 @@ def test_the_web_role_reads_only_the_players_columns_authentication_needs(world,
     app.app.store.close()
 
 
-def test_the_updated_at_step_waits_briefly_for_a_long_read_of_players_then_fails_whole(pg_databases, monkeypatch):
+def test_the_updated_at_step_waits_briefly_for_a_long_read_of_players_then_fails_whole(
+    pg_databases, monkeypatch
+):
     """Migration 5's ALTER TABLE needs the players table to itself; every authentication would queue
     behind it while it waits. A read that holds the table (a pg_dump) makes `authsvc init` give up
     after MIGRATION_LOCK_WAIT with nothing changed, and a second run after the read goes through."""
@@ -116,7 +125,9 @@ def test_the_updated_at_step_waits_briefly_for_a_long_read_of_players_then_fails
     from authsvc.store import base
     from authsvc.store.postgres import store as postgres
 
-    monkeypatch.setattr(base, "ADMIN_LOCK_WAIT", 120.0)  # the admin command's own wait: not the one that ends it
+    monkeypatch.setattr(
+        base, "ADMIN_LOCK_WAIT", 120.0
+    )  # the admin command's own wait: not the one that ends it
     url = pg_databases.create(migrate=False)
     current = postgres.MIGRATIONS
     monkeypatch.setattr(postgres, "MIGRATIONS", current[:4])  # the schema before migration 5
@@ -127,9 +138,13 @@ def test_the_updated_at_step_waits_briefly_for_a_long_read_of_players_then_fails
         with psycopg.connect(url) as dump:  # a transaction left open, as pg_dump's is
             dump.execute("SELECT count(*) FROM players")
             started = time.monotonic()
-            with pytest.raises(StoreLocked, match="migration 5: .*nothing was changed, run 'authsvc init' again"):
+            with pytest.raises(
+                StoreLocked, match="migration 5: .*nothing was changed, run 'authsvc init' again"
+            ):
                 store.migrate()
-            assert time.monotonic() - started < 60  # MIGRATION_LOCK_WAIT (2 s), far below the admin's 120 s
+            assert (
+                time.monotonic() - started < 60
+            )  # MIGRATION_LOCK_WAIT (2 s), far below the admin's 120 s
             dump.rollback()
         assert store.migrate() == (4, len(current))
         factories.add_player(store, 5, "bob")
@@ -159,9 +174,11 @@ def test_a_role_without_the_grant_fails_start_up_clearly(world, store_url, login
 def test_an_owner_role_without_superuser_runs_init_and_admin(
     pg_databases, login_role, secret_file, monkeypatch, capsys, superuser
 ):
-    """The documented set-up (docs/stores.md): the DBA makes the roles and the database, the owner migrates."""
+    """The documented set-up (docs/stores.md): the DBA makes the roles and the database, the owner
+    migrates."""
     superuser.execute(
-        "DO $$ BEGIN CREATE ROLE authsvc_reader NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        "DO $$ BEGIN CREATE ROLE authsvc_reader NOLOGIN; EXCEPTION WHEN duplicate_object THEN "
+        "NULL; END $$"
     )
     owner = login_role("NOSUPERUSER NOCREATEDB NOCREATEROLE")
     web = login_role("IN ROLE authsvc_reader")
@@ -175,7 +192,9 @@ def test_an_owner_role_without_superuser_runs_init_and_admin(
     assert main(["player", "add", "5", "bob"]) == 0
     capsys.readouterr()
     monkeypatch.setenv("AUTHSVC_STORE", with_user(url, web))
-    assert main(["player", "add", "6", "eve"]) == 1  # the web role cannot write through the admin command either
+    assert (
+        main(["player", "add", "6", "eve"]) == 1
+    )  # the web role cannot write through the admin command either
     assert "permission denied for this role" in capsys.readouterr().err
     reader = open_store(with_user(url, web), readonly=True)
     reader.check()
@@ -202,7 +221,9 @@ def test_credentials_is_one_round_trip_on_a_prepared_statement(world, settings):
         trace.seek(0)
         messages = [line.split("\t")[:3:2] for line in trace.read().decode().splitlines()]
     sent = [m[1] for m in messages if m[0] == "F"]
-    assert sent.count("Sync") == 3 and [m[1] for m in messages].count("ReadyForQuery") == 3  # one round trip each
+    assert (
+        sent.count("Sync") == 3 and [m[1] for m in messages].count("ReadyForQuery") == 3
+    )  # one round trip each
     assert "Parse" not in sent and "Query" not in sent  # no re-parsing, no set-up statements
     prepared = conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()
     assert any("LEFT JOIN players" in row[0] for row in prepared)
@@ -253,7 +274,11 @@ def test_a_slow_server_gives_503_within_the_statement_timeout(world, superuser, 
             started = time.monotonic()
             res = app.get("/api/authenticate.json", params=world.params(), status=503)
             assert time.monotonic() - started < 2.0
-            assert res.json == {"success": False, "error": 503, "error_description": res.json["error_description"]}
+            assert res.json == {
+                "success": False,
+                "error": 503,
+                "error_description": res.json["error_description"],
+            }
             assert res.json["error_description"]
     finally:
         locker.rollback()
@@ -264,7 +289,9 @@ def test_a_slow_server_gives_503_within_the_statement_timeout(world, superuser, 
 
 @pytest.mark.engine("postgresql")
 def test_start_up_with_an_unreachable_server_names_it_without_the_password(settings):
-    url = f"postgresql://authsvc_web:Sup3rS3cret@127.0.0.1:{free_port()}/authsvc?password=Sup3rS3cret"
+    url = (
+        f"postgresql://authsvc_web:Sup3rS3cret@127.0.0.1:{free_port()}/authsvc?password=Sup3rS3cret"
+    )
     started = time.monotonic()
     with pytest.raises(ConfigError) as caught:
         make_app(dataclasses.replace(settings, store=url))
@@ -274,8 +301,12 @@ def test_start_up_with_an_unreachable_server_names_it_without_the_password(setti
     assert "Sup3rS3cret" not in message and "\n" not in message
 
 
-def test_admin_command_with_an_unreachable_server_says_so_in_one_line(secret_file, monkeypatch, capsys):
-    monkeypatch.setenv("AUTHSVC_STORE", f"postgresql://owner:Sup3rS3cret@127.0.0.1:{free_port()}/authsvc")
+def test_admin_command_with_an_unreachable_server_says_so_in_one_line(
+    secret_file, monkeypatch, capsys
+):
+    monkeypatch.setenv(
+        "AUTHSVC_STORE", f"postgresql://owner:Sup3rS3cret@127.0.0.1:{free_port()}/authsvc"
+    )
     monkeypatch.setenv("AUTHSVC_TOKEN_SECRET_FILE", str(secret_file))
     assert main(["game", "list"]) == 1
     err = capsys.readouterr().err
@@ -290,7 +321,9 @@ def test_a_reader_whose_server_vanishes_raises_store_unavailable(settings, world
     assert store.credentials(digest, world.user_id) is not None
     store._conn().close()  # as if the server had dropped it
     assert store.credentials(digest, world.user_id) is not None  # reconnected by itself
-    broken = open_store(f"postgresql://postgres@127.0.0.1:{free_port()}/x", readonly=True, settings=settings)
+    broken = open_store(
+        f"postgresql://postgres@127.0.0.1:{free_port()}/x", readonly=True, settings=settings
+    )
     with pytest.raises(StoreUnavailable):
         broken.credentials(digest, world.user_id)
     store.close()

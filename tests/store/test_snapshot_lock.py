@@ -31,7 +31,9 @@ pytestmark = pytest.mark.engine("sqlite")
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 READY = '{"success":true,"status":"ready"}'
-INFO_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4} \[\d+\] \[INFO\] (gunicorn\.error|authsvc\.auth): ")
+INFO_LINE = re.compile(
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4} \[\d+\] \[INFO\] (gunicorn\.error|authsvc\.auth): "
+)
 INVALID = '{"success":false,"error":403,"error_description":"Invalid credentials"}'
 
 
@@ -46,7 +48,9 @@ def test_reads_beside_an_authentication_wait_while_the_reaper_holds_the_snapshot
 
     def request_thread():
         try:
-            store.credentials(api_key_digest(world.api_key), world.user_id)  # opens this thread's snapshot
+            store.credentials(
+                api_key_digest(world.api_key), world.user_id
+            )  # opens this thread's snapshot
             snapshots.append(store._local.snapshot)
             request_thread_ready.set()
             go.wait(10)
@@ -65,7 +69,9 @@ def test_reads_beside_an_authentication_wait_while_the_reaper_holds_the_snapshot
         assert snapshot.keys is not None and snapshot.conn.in_transaction
         with snapshot.lock:  # as _reap holds it while it ends the snapshot
             go.set()
-            assert not done.wait(0.5), f"{call}() used the snapshot's connection while the reaper held it"
+            assert not done.wait(0.5), (
+                f"{call}() used the snapshot's connection while the reaper held it"
+            )
         assert done.wait(10) and not errors, errors
     finally:
         go.set()
@@ -92,8 +98,12 @@ def test_under_gthread_probes_and_scrapes_beside_authentications(env, world, tmp
     factories.add_player(world.store, other_user, "bob")
     secret = world.settings.token_secrets[0]
     good = urllib.parse.urlencode(world.params())
-    bob = urllib.parse.urlencode(world.params(user_id=str(other_user),
-                                              game_auth_token=mint_token(secret, world.game_id, other_user, 0)))
+    bob = urllib.parse.urlencode(
+        world.params(
+            user_id=str(other_user),
+            game_auth_token=mint_token(secret, world.game_id, other_user, 0),
+        )
+    )
     wrong = urllib.parse.urlencode(world.params(game_auth_token="0" * 64))
     unknown_key = urllib.parse.urlencode(world.params(api_key=new_api_key()))
     expected = {
@@ -105,13 +115,27 @@ def test_under_gthread_probes_and_scrapes_beside_authentications(env, world, tmp
     }
     requests = [*expected, "/metrics"] * 150  # 900 requests, a third of them probes and scrapes
 
-    env = {**env, "AUTHSVC_MAX_STALENESS": "0.05", "AUTHSVC_THREADS": "4",
-           "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")}
+    env = {
+        **env,
+        "AUTHSVC_MAX_STALENESS": "0.05",
+        "AUTHSVC_THREADS": "4",
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
+    }
     port = free_port()
-    error_log = tmp_path / "error.log"  # files, not pipes: 900 log lines would fill a pipe nobody reads yet
+    error_log = (
+        tmp_path / "error.log"
+    )  # files, not pipes: 900 log lines would fill a pipe nobody reads yet
     with error_log.open("wb") as err_file, (tmp_path / "access.log").open("wb") as out_file:
-        proc = start_gunicorn(env, "--graceful-timeout", "5", port=port, workers=2, stdout=out_file, stderr=err_file,
-                              config=os.path.join(REPO, "deploy", "gunicorn.conf.py"))
+        proc = start_gunicorn(
+            env,
+            "--graceful-timeout",
+            "5",
+            port=port,
+            workers=2,
+            stdout=out_file,
+            stderr=err_file,
+            config=os.path.join(REPO, "deploy", "gunicorn.conf.py"),
+        )
     try:
         wait_for_port(port)
         deadline = time.monotonic() + 120
@@ -127,7 +151,9 @@ def test_under_gthread_probes_and_scrapes_beside_authentications(env, world, tmp
         if path == "/metrics":
             assert status == 200, body
             for game_id in games:
-                assert f'authsvc_api_key_expiry_timestamp_seconds{{game="{game_id}"}} +Inf' in body, body
+                assert (
+                    f'authsvc_api_key_expiry_timestamp_seconds{{game="{game_id}"}} +Inf' in body
+                ), body
         else:
             assert (status, body) == expected[path], (path.split("?")[0], status, body)
     assert final[0] == 200 and "authsvc_server_errors_total{" not in final[1], final[1]

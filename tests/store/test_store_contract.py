@@ -33,7 +33,8 @@ def at(ms: int) -> Audit:
 
 
 def unstamped(player: Player | None) -> Player | None:
-    """The player without its updated_at, for tests about the other fields (writes stamped with the clock)."""
+    """The player without its updated_at, for tests about the other fields (writes stamped with the
+    clock)."""
     return None if player is None else dataclasses.replace(player, updated_at_ms=None)
 
 
@@ -69,34 +70,58 @@ def test_migrate_from_scratch_then_rerun_is_a_no_op(empty_url, settings):
         store.close()
 
 
-def test_a_store_migrated_to_the_fan_out_mark_sends_no_event_twice(empty_url, settings, monkeypatch):
-    """A store of the release that wrote deliveries with their events (SQLite 7, PostgreSQL 8): after the
-    migration that gives each webhook its fan-out mark, the events it already has deliveries of are not
+def test_a_store_migrated_to_the_fan_out_mark_sends_no_event_twice(
+    empty_url, settings, monkeypatch
+):
+    """A store of the release that wrote deliveries with their events (SQLite 7, PostgreSQL 8):
+    after the
+    migration that gives each webhook its fan-out mark, the events it already has deliveries of are
+    not
     fanned out again; the next event is."""
     import importlib
 
     from tests.support import store_sql
 
-    engine = importlib.import_module("authsvc.store.sqlite.store" if empty_url.startswith("sqlite://")
-                                     else "authsvc.store.postgres.store")
+    engine = importlib.import_module(
+        "authsvc.store.sqlite.store"
+        if empty_url.startswith("sqlite://")
+        else "authsvc.store.postgres.store"
+    )
     current = engine.MIGRATIONS
     before = 7 if empty_url.startswith("sqlite://") else 8  # the release before the fan-out mark
     monkeypatch.setattr(engine, "MIGRATIONS", current[:before])
     store = open_store(empty_url, readonly=False, settings=settings)
     try:
         assert store.migrate() == (0, before)
-        store_sql(empty_url, "INSERT INTO webhooks (url, events, secret, created_at) "
-                             "VALUES ('https://a.example.com/h', '[\"player.revoked\"]', 's', 1)")
+        store_sql(
+            empty_url,
+            "INSERT INTO webhooks (url, events, secret, created_at) "
+            "VALUES ('https://a.example.com/h', '[\"player.revoked\"]', 's', 1)",
+        )
         for _ in range(2):
-            store_sql(empty_url, "INSERT INTO events (type, user_id, at_ms, data) VALUES ('player.revoked', 5, 2, '{}')")
-        store_sql(empty_url, "INSERT INTO deliveries (webhook_id, event_id, user_id, state, next_at, created_at) "
-                             "SELECT 1, id, 5, 'pending', 2, 2 FROM events")
+            store_sql(
+                empty_url,
+                "INSERT INTO events (type, user_id, at_ms, data) VALUES ('player.revoked', 5, 2, "
+                "'{}')",
+            )
+        store_sql(
+            empty_url,
+            "INSERT INTO deliveries (webhook_id, event_id, user_id, state, next_at, created_at) "
+            "SELECT 1, id, 5, 'pending', 2, 2 FROM events",
+        )
         monkeypatch.setattr(engine, "MIGRATIONS", current)
         assert store.migrate() == (before, len(current))
         assert store.fan_out_events(3, 100) == (0, False)
-        store_sql(empty_url, "INSERT INTO events (type, user_id, at_ms, data) VALUES ('player.revoked', 5, 4, '{}')")
+        store_sql(
+            empty_url,
+            "INSERT INTO events (type, user_id, at_ms, data) VALUES ('player.revoked', 5, 4, '{}')",
+        )
         assert store.fan_out_events(5, 100) == (1, False)
-        assert store_sql(empty_url, "SELECT event_id FROM deliveries ORDER BY id") == [(1,), (2,), (3,)]
+        assert store_sql(empty_url, "SELECT event_id FROM deliveries ORDER BY id") == [
+            (1,),
+            (2,),
+            (3,),
+        ]
     finally:
         store.close()
 
@@ -122,14 +147,18 @@ def test_check_refuses_an_unmigrated_store_and_accepts_a_migrated_one(empty_url,
 def test_migrating_a_store_of_the_previous_version_keeps_every_row_and_adds_updated_at(
     empty_url, settings, monkeypatch
 ):
-    """The migrations from the one that adds updated_at (SQLite 3 -> 4, PostgreSQL 4 -> 5) on, on a store
-    a release before them made and filled: every player comes through as it was, with updated_at null
+    """The migrations from the one that adds updated_at (SQLite 3 -> 4, PostgreSQL 4 -> 5) on, on a
+    store
+    a release before them made and filled: every player comes through as it was, with updated_at
+    null
     (when it last changed is not known), the web process's reader accepts the store, and the next
     change stamps the row."""
     import importlib
 
     sqlite = empty_url.startswith("sqlite://")
-    engine = importlib.import_module("authsvc.store.sqlite.store" if sqlite else "authsvc.store.postgres.store")
+    engine = importlib.import_module(
+        "authsvc.store.sqlite.store" if sqlite else "authsvc.store.postgres.store"
+    )
     current = engine.MIGRATIONS
     before = 3 if sqlite else 4  # the version before updated_at
     monkeypatch.setattr(engine, "MIGRATIONS", current[:before])  # that release's migrate()
@@ -201,7 +230,10 @@ def test_game_ids_are_never_handed_out_twice(admin_store):
 
 def test_list_games_in_id_order_with_their_keys(admin_store):
     assert admin_store.list_games() == []
-    games = [factories.add_game(admin_store, name, digest(i), NOW) for i, name in enumerate(["b", "a", "c"])]
+    games = [
+        factories.add_game(admin_store, name, digest(i), NOW)
+        for i, name in enumerate(["b", "a", "c"])
+    ]
     factories.add_api_key(admin_store, games[1].id, digest(9), NOW + 5, None)
     listed = admin_store.list_games()
     assert [g.id for g in listed] == sorted(g.id for g in games)
@@ -223,44 +255,69 @@ def test_add_api_key_expires_older_keys(admin_store):
     other = factories.add_game(admin_store, "Go", digest(7), NOW)
     assert factories.add_api_key(admin_store, g.id, digest(2), NOW + 10, NOW + 100) is True
     # key 1 had no expiry: now NOW+100; the new key has none
-    assert admin_store.get_game(g.id).keys == (ApiKey(digest(1), NOW, NOW + 100), ApiKey(digest(2), NOW + 10, None))
+    assert admin_store.get_game(g.id).keys == (
+        ApiKey(digest(1), NOW, NOW + 100),
+        ApiKey(digest(2), NOW + 10, None),
+    )
     # a later rotation with a later expiry leaves the earlier expiry alone
     assert factories.add_api_key(admin_store, g.id, digest(3), NOW + 20, NOW + 500) is True
     assert [k.expires_at for k in admin_store.get_game(g.id).keys] == [NOW + 100, NOW + 500, None]
     # an earlier expiry pulls every later one in
     assert factories.add_api_key(admin_store, g.id, digest(4), NOW + 30, NOW + 50) is True
-    assert [k.expires_at for k in admin_store.get_game(g.id).keys] == [NOW + 50, NOW + 50, NOW + 50, None]
+    assert [k.expires_at for k in admin_store.get_game(g.id).keys] == [
+        NOW + 50,
+        NOW + 50,
+        NOW + 50,
+        None,
+    ]
     # None adds a key and leaves the others as they are
     assert factories.add_api_key(admin_store, g.id, digest(5), NOW + 40, None) is True
-    assert [k.expires_at for k in admin_store.get_game(g.id).keys] == [NOW + 50, NOW + 50, NOW + 50, None, None]
+    assert [k.expires_at for k in admin_store.get_game(g.id).keys] == [
+        NOW + 50,
+        NOW + 50,
+        NOW + 50,
+        None,
+        None,
+    ]
     assert admin_store.get_game(other.id).keys == (ApiKey(digest(7), NOW, None),)  # untouched
 
 
-def test_a_key_expiry_is_read_to_the_millisecond_and_the_previous_releases_whole_seconds_hold(admin_store, store_url,
-                                                                                                   settings):
-    """The expiry is kept in ms (expires_at_ms) beside the whole second at or after it (expires_at, which the
-    previous release reads and writes); a reader takes the earlier: a key expired by the previous release's
-    rotation during a rolling upgrade stays expired, and a row written before the column reads its seconds."""
+def test_a_key_expiry_is_read_to_the_millisecond_and_the_previous_releases_whole_seconds_hold(
+    admin_store, store_url, settings
+):
+    """The expiry is kept in ms (expires_at_ms) beside the whole second at or after it (expires_at,
+    which the
+    previous release reads and writes); a reader takes the earlier: a key expired by the previous
+    release's
+    rotation during a rolling upgrade stays expired, and a row written before the column reads its
+    seconds."""
     from tests.support import store_sql
 
     g = factories.add_game(admin_store, "Chess", digest(1), NOW)
-    reader = open_store(store_url, readonly=True, settings=dataclasses.replace(settings, max_staleness=0.0))
+    reader = open_store(
+        store_url, readonly=True, settings=dataclasses.replace(settings, max_staleness=0.0)
+    )
     try:
         assert factories.add_api_key(admin_store, g.id, digest(2), NOW, NOW + 8.123) is True
-        assert store_sql(store_url, "SELECT expires_at, expires_at_ms FROM api_keys WHERE expires_at IS NOT NULL") == [
-            (NOW + 9, (NOW + 8) * 1000 + 123)]
+        assert store_sql(
+            store_url, "SELECT expires_at, expires_at_ms FROM api_keys WHERE expires_at IS NOT NULL"
+        ) == [(NOW + 9, (NOW + 8) * 1000 + 123)]
         assert reader.credentials(digest(1), 42).key_expires_at == NOW + 8.123
         listed = {k.digest: k.expires_at for k in admin_store.get_game(g.id).keys}
         assert listed == {digest(1): NOW + 9, digest(2): None}  # listed: rounded up
         # a later expiry leaves it alone, to the millisecond
         assert factories.add_api_key(admin_store, g.id, digest(3), NOW, NOW + 8.5) is True
         assert reader.credentials(digest(1), 42).key_expires_at == NOW + 8.123
-        store_sql(store_url, f"UPDATE api_keys SET expires_at = {NOW + 3} WHERE expires_at = {NOW + 9}")  # the previous release
+        store_sql(
+            store_url, f"UPDATE api_keys SET expires_at = {NOW + 3} WHERE expires_at = {NOW + 9}"
+        )  # the previous release
         assert reader.credentials(digest(1), 42).key_expires_at == NOW + 3
         # a later rotation does not bring it back
         assert factories.add_api_key(admin_store, g.id, digest(4), NOW, NOW + 60) is True
         assert reader.credentials(digest(1), 42).key_expires_at == NOW + 3
-        store_sql(store_url, "UPDATE api_keys SET expires_at_ms = NULL")  # rows from before the column
+        store_sql(
+            store_url, "UPDATE api_keys SET expires_at_ms = NULL"
+        )  # rows from before the column
         assert reader.credentials(digest(1), 42).key_expires_at == NOW + 3
     finally:
         reader.close()
@@ -271,7 +328,9 @@ def test_add_api_key_to_a_missing_game_or_with_a_taken_digest(admin_store):
     assert factories.add_api_key(admin_store, g.id + 1, digest(2), NOW, NOW) is False
     with pytest.raises(Conflict):
         factories.add_api_key(admin_store, g.id, digest(1), NOW + 1, NOW + 5)
-    assert admin_store.get_game(g.id).keys == (ApiKey(digest(1), NOW, None),)  # expiry not half-applied
+    assert admin_store.get_game(g.id).keys == (
+        ApiKey(digest(1), NOW, None),
+    )  # expiry not half-applied
 
 
 # -- players -------------------------------------------------------------------------------
@@ -302,12 +361,23 @@ def test_updated_at_is_the_time_of_the_write_that_last_changed_the_row(admin_sto
     assert added == Player(5, "alice", 0, True, t) == admin_store.get_player(5)
     steps = [
         (lambda ms: factories.rename_player(admin_store, 5, "bob", audit=at(ms)), True),
-        (lambda ms: factories.rename_player(admin_store, 5, "bob", audit=at(ms)), False),  # the same name
-        (lambda ms: factories.set_player_enabled(admin_store, 5, True, audit=at(ms)), False),  # already enabled
+        (
+            lambda ms: factories.rename_player(admin_store, 5, "bob", audit=at(ms)),
+            False,
+        ),  # the same name
+        (
+            lambda ms: factories.set_player_enabled(admin_store, 5, True, audit=at(ms)),
+            False,
+        ),  # already enabled
         (lambda ms: factories.set_player_enabled(admin_store, 5, False, audit=at(ms)), True),
         (lambda ms: factories.set_player_enabled(admin_store, 5, True, audit=at(ms)), True),
         (lambda ms: factories.revoke_player(admin_store, 5, audit=at(ms)), True),
-        (lambda ms: factories.import_players(admin_store, [(5, "bob"), (6, "carol")], audit=at(ms)), False),
+        (
+            lambda ms: factories.import_players(
+                admin_store, [(5, "bob"), (6, "carol")], audit=at(ms)
+            ),
+            False,
+        ),
         (lambda ms: factories.import_players(admin_store, [(5, "bobby")], audit=at(ms)), True),
     ]
     expected = t
@@ -333,7 +403,9 @@ def test_import_players_inserts_renames_and_keeps_epochs(admin_store):
     rows = [(i, f"user{i}") for i in range(1, 25_001)] + [(7, "seven-again")]
     assert factories.import_players(admin_store, rows, progress=seen.append) == 25_001
     assert seen and seen[-1] == 25_001 and seen == sorted(seen)
-    assert unstamped(admin_store.get_player(1)) == Player(1, "user1", 1, False)  # renamed; epoch and flag kept
+    assert unstamped(admin_store.get_player(1)) == Player(
+        1, "user1", 1, False
+    )  # renamed; epoch and flag kept
     assert admin_store.get_player(7).username == "seven-again"  # the last row of an id wins
     assert unstamped(admin_store.get_player(25_000)) == Player(25_000, "user25000", 0, True)
 
@@ -350,7 +422,9 @@ def test_import_players_is_all_or_nothing(admin_store):
     assert admin_store.get_player(1).username == "one"
     assert admin_store.get_player(2) is None
     assert admin_store.get_player(15_000) is None
-    assert factories.import_players(admin_store, [(2, "two")]) == 1  # the store is usable afterwards
+    assert (
+        factories.import_players(admin_store, [(2, "two")]) == 1
+    )  # the store is usable afterwards
 
 
 # -- failures: locked, missing, unreadable, full (the "Errors" section of store/base.py) ------
@@ -364,7 +438,9 @@ def short_lock_wait(monkeypatch):
     monkeypatch.setattr(base, "ADMIN_LOCK_WAIT", 0.3, raising=False)
 
 
-def test_a_write_lock_held_elsewhere_raises_store_locked_and_writes_nothing(admin_store, settings, short_lock_wait):
+def test_a_write_lock_held_elsewhere_raises_store_locked_and_writes_nothing(
+    admin_store, settings, short_lock_wait
+):
     factories.add_player(admin_store, 42, "alice")
     release = hold_write_lock(settings.store, 42)
     try:
@@ -407,8 +483,14 @@ def test_an_unreadable_store_raises_store_unavailable(admin_store, settings, tmp
             f.write(b"this is not a database" * 500)
         store = admin_store
     else:  # a server that went away
-        store = open_store(f"postgresql://postgres@127.0.0.1:{free_port()}/x", readonly=False, settings=settings)
-    for call in (lambda: store.get_player(1), lambda: factories.revoke_player(store, 1), lambda: store.list_games()):
+        store = open_store(
+            f"postgresql://postgres@127.0.0.1:{free_port()}/x", readonly=False, settings=settings
+        )
+    for call in (
+        lambda: store.get_player(1),
+        lambda: factories.revoke_player(store, 1),
+        lambda: store.list_games(),
+    ):
         with pytest.raises(StoreUnavailable) as caught:
             call()
         assert type(caught.value) is StoreUnavailable and "\n" not in str(caught.value)
@@ -419,7 +501,8 @@ def test_an_unreadable_store_raises_store_unavailable(admin_store, settings, tmp
 def test_a_full_store_raises_store_full_and_writes_nothing(admin_store):
     """A real SQLITE_FULL: the file may not grow past its current size (PRAGMA max_page_count).
 
-    On a full disk SQLite answers the same SQLITE_FULL; tests/functional/test_cli.py fills a real tmpfs.
+    On a full disk SQLite answers the same SQLITE_FULL; tests/functional/test_cli.py fills a real
+    tmpfs.
     """
     factories.add_player(admin_store, 1, "one")
     conn = admin_store._conn()
@@ -445,22 +528,31 @@ def test_credentials_in_one_call(admin_store, reader):
     factories.set_player_enabled(admin_store, 42, False)
     factories.set_game_enabled(admin_store, g.id, False)
     factories.add_api_key(admin_store, g.id, digest(2), NOW, NOW + 60)
-    assert reader.credentials(digest(1), 42) == Credentials(g.id, False, NOW + 60, "alice", 1, False)
+    assert reader.credentials(digest(1), 42) == Credentials(
+        g.id, False, NOW + 60, "alice", 1, False
+    )
     assert reader.credentials(digest(2), 42) == Credentials(g.id, False, None, "alice", 1, False)
 
 
 @pytest.mark.parametrize("max_staleness", [1.0, 0.0])
 def test_fresh_credentials_read_the_latest_commit(admin_store, settings, max_staleness):
-    """Whatever the bound (SQLite's snapshot kept up to 1 s), the commit just made, and the reads after
+    """Whatever the bound (SQLite's snapshot kept up to 1 s), the commit just made, and the reads
+    after
     it agree (SQLite's snapshot renewed)."""
-    reader = open_store(settings.store, readonly=True, settings=dataclasses.replace(settings, max_staleness=max_staleness))
+    reader = open_store(
+        settings.store,
+        readonly=True,
+        settings=dataclasses.replace(settings, max_staleness=max_staleness),
+    )
     try:
         g = factories.add_game(admin_store, "Chess", digest(1), NOW)
         factories.add_player(admin_store, 42, "alice")
         assert reader.credentials(digest(1), 42) == Credentials(g.id, True, None, "alice", 0, True)
         factories.revoke_player(admin_store, 42)
         factories.add_player(admin_store, 43, "bob")
-        assert reader.fresh_credentials(digest(1), 42) == Credentials(g.id, True, None, "alice", 1, True)
+        assert reader.fresh_credentials(digest(1), 42) == Credentials(
+            g.id, True, None, "alice", 1, True
+        )
         assert reader.credentials(digest(1), 43) == Credentials(g.id, True, None, "bob", 0, True)
         assert reader.fresh_credentials(digest(99), 42) is None  # no such key
         assert reader.fresh_credentials(digest(1), 44).username is None
@@ -524,11 +616,16 @@ def test_load_into_an_empty_store_keeps_ids_keys_and_epochs(admin_store, empty_u
     try:
         target.migrate()
         counts = []
-        assert factories.load_store(target, games, iter(players), 10, progress=counts.append) == (2, 3)
+        assert factories.load_store(target, games, iter(players), 10, progress=counts.append) == (
+            2,
+            3,
+        )
         assert counts[-1] == 3
         assert list(target.dump()) == items
         assert target.game_id_high_water() == 10
-        assert factories.add_game(target, "Chess 2", digest(50), NOW).id == 11  # past the high-water mark
+        assert (
+            factories.add_game(target, "Chess 2", digest(50), NOW).id == 11
+        )  # past the high-water mark
         with pytest.raises(NotEmpty):
             factories.load_store(target, [], [Player(99, "x", 0, True)], 0)
         assert target.get_player(99) is None
@@ -542,11 +639,18 @@ def test_load_is_all_or_nothing(admin_store):
         raise ValueError("truncated file")
 
     with pytest.raises(ValueError, match="truncated"):
-        factories.load_store(admin_store, [Game(4, "Chess", True, NOW, (ApiKey(digest(1), NOW, None),))], players(), 4)
+        factories.load_store(
+            admin_store,
+            [Game(4, "Chess", True, NOW, (ApiKey(digest(1), NOW, None),))],
+            players(),
+            4,
+        )
     assert admin_store.list_games() == [] and admin_store.get_player(1) is None
 
     with pytest.raises(Conflict):
-        factories.load_store(admin_store, [], [Player(1, "one", 0, True), Player(1, "again", 0, True)], 0)
+        factories.load_store(
+            admin_store, [], [Player(1, "one", 0, True), Player(1, "again", 0, True)], 0
+        )
     with pytest.raises(Conflict):
         factories.load_store(
             admin_store, [Game(1, "A", True, NOW, ()), Game(2, "A", True, NOW, ())], [], 0
@@ -563,13 +667,14 @@ def test_load_refuses_a_store_that_holds_anything(admin_store):
 
 
 def test_the_sqlite_service_imports_no_psycopg(tmp_path):
-    """The core stays standard-library only: psycopg is imported by postgres/store.py alone, when chosen."""
+    """The core stays standard-library only: psycopg is imported by postgres/store.py alone, when
+    chosen."""
     import subprocess
     import sys
 
     code = (
-        "import sys, authsvc.web.app, authsvc.cli.command, authsvc.operations.transfer, authsvc.wsgi\n"
-        "from authsvc.store import open_store\n"
+        "import sys, authsvc.web.app, authsvc.cli.command, authsvc.operations.transfer, "
+        "authsvc.wsgi\nfrom authsvc.store import open_store\n"
         f"s = open_store('sqlite://{tmp_path}/x.db', readonly=False); s.migrate(); s.close()\n"
         "assert not [m for m in sys.modules if m.startswith('psycopg')], 'psycopg imported'\n"
     )
@@ -577,8 +682,11 @@ def test_the_sqlite_service_imports_no_psycopg(tmp_path):
 
 
 @pytest.mark.engine("postgresql")
-def test_a_full_postgresql_disk_raises_store_full_and_writes_nothing(store_url, pg_databases, settings):
-    """A real disk_full: the players table moved to a tablespace on a 512 KiB tmpfs (root and a local server)."""
+def test_a_full_postgresql_disk_raises_store_full_and_writes_nothing(
+    store_url, pg_databases, settings
+):
+    """A real disk_full: the players table moved to a tablespace on a 512 KiB tmpfs (root and a
+    local server)."""
     import pwd
     import subprocess
     import tempfile
@@ -593,7 +701,15 @@ def test_a_full_postgresql_disk_raises_store_full_and_writes_nothing(store_url, 
     except KeyError:
         skip_or_fail("no local postgres user to own a tablespace")
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size=512k,mode=0700,uid={owner.pw_uid},gid={owner.pw_gid}", "tmpfs", disk],
+        [
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            f"size=512k,mode=0700,uid={owner.pw_uid},gid={owner.pw_gid}",
+            "tmpfs",
+            disk,
+        ],
         capture_output=True,
     )
     if done.returncode != 0:
@@ -611,7 +727,11 @@ def test_a_full_postgresql_disk_raises_store_full_and_writes_nothing(store_url, 
         factories.add_player(store, 1, "one")
         with pytest.raises(StoreFull) as caught:
             factories.import_players(store, ((i, "x" * 200) for i in range(2, 20_002)))
-        assert type(caught.value) is StoreFull and "full" in str(caught.value) and "\n" not in str(caught.value)
+        assert (
+            type(caught.value) is StoreFull
+            and "full" in str(caught.value)
+            and "\n" not in str(caught.value)
+        )
         assert store.get_player(2) is None and store.get_player(1).username == "one"
     finally:
         store.close()

@@ -37,7 +37,8 @@ def _path(world) -> str:
 
 
 def _move_away(path: str, how: str, tmp_path) -> None:
-    """What an operator does to the file: rename it (only the main file: -wal and -shm stay) or delete it."""
+    """What an operator does to the file: rename it (only the main file: -wal and -shm stay) or
+    delete it."""
     if how == "rename":
         os.rename(path, tmp_path / "old.db")
     else:
@@ -45,7 +46,8 @@ def _move_away(path: str, how: str, tmp_path) -> None:
 
 
 def _init_new_store(world, path: str, games, players) -> None:
-    """``authsvc init`` a new file at the same path, ``authsvc import`` the old content, revoke there."""
+    """``authsvc init`` a new file at the same path, ``authsvc import`` the old content, revoke
+    there."""
     new = SQLiteStore("sqlite://" + path, readonly=False)
     new.migrate()
     factories.load_store(new, games, players, 0)
@@ -54,7 +56,9 @@ def _init_new_store(world, path: str, games, players) -> None:
 
 
 def _reader(world, max_staleness: float, clock) -> SQLiteStore:
-    return SQLiteStore(world.settings.store, readonly=True, max_staleness=max_staleness, clock=clock)
+    return SQLiteStore(
+        world.settings.store, readonly=True, max_staleness=max_staleness, clock=clock
+    )
 
 
 @pytest.mark.parametrize("max_staleness", [1.0, 0.0])
@@ -76,8 +80,11 @@ def test_a_new_file_at_the_path_is_read_within_the_bound(world, tmp_path, how, m
 
 
 @pytest.mark.parametrize("max_staleness", [1.0, 0.0])
-def test_a_snapshot_is_kept_until_the_bound_then_the_new_file_is_read(world, tmp_path, max_staleness):
-    """Both sides of the bound: the old file may answer until then (with a snapshot), never after."""
+def test_a_snapshot_is_kept_until_the_bound_then_the_new_file_is_read(
+    world, tmp_path, max_staleness
+):
+    """Both sides of the bound: the old file may answer until then (with a snapshot), never
+    after."""
     clock = FakeClock()
     reader = _reader(world, max_staleness, clock)
     digest = api_key_digest(world.api_key)
@@ -119,8 +126,10 @@ def test_a_missing_path_is_store_unavailable_then_recovers(world, tmp_path, how,
 @pytest.mark.parametrize("max_staleness", [1.0, 0.0])
 @pytest.mark.parametrize("gap", [False, True])
 def test_a_file_moved_over_the_store_without_its_wal_is_refused_until_they_are_removed(
-        world, tmp_path, max_staleness, gap):
-    """The -wal and -shm beside the path are still the old file's: reading them with the new file would
+    world, tmp_path, max_staleness, gap
+):
+    """The -wal and -shm beside the path are still the old file's: reading them with the new file
+    would
     give the old pages; StoreUnavailable instead, until they are removed. In one step (``mv new.db
     authsvc.db``) or two, with the path missing in between."""
     clock = FakeClock()
@@ -148,7 +157,8 @@ def test_a_file_moved_over_the_store_without_its_wal_is_refused_until_they_are_r
 
 
 def test_a_file_swapped_while_connecting_is_not_trusted(world, tmp_path, monkeypatch):
-    """The identity is taken before the file is opened and checked after: a swap in between reopens."""
+    """The identity is taken before the file is opened and checked after: a swap in between
+    reopens."""
     reader = _reader(world, 1.0, FakeClock())
     digest = api_key_digest(world.api_key)
     games, players = list(world.store.list_games()), [world.store.get_player(world.user_id)]
@@ -171,8 +181,13 @@ def test_a_file_swapped_while_connecting_is_not_trusted(world, tmp_path, monkeyp
 
 
 def _cli(env: dict, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "authsvc.cli.command", *args], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "authsvc.cli.command", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -206,9 +221,12 @@ def _status(port: int, path: str) -> int:
 
 @pytest.mark.parametrize("how", ["rename", "delete"])
 def test_under_gunicorn_a_replaced_file_is_read_within_a_second(env, world, tmp_path, how):
-    """The shipped gunicorn settings (preloaded, two sync workers), the default bound, the real admin
-    command: the file is moved away (503 and a failing /readyz meanwhile, /healthz 200), `authsvc init` and
-    `authsvc import` make a new one, `authsvc player revoke` there is seen by every worker within 1 s."""
+    """The shipped gunicorn settings (preloaded, two sync workers), the default bound, the real
+    admin
+    command: the file is moved away (503 and a failing /readyz meanwhile, /healthz 200), `authsvc
+    init` and
+    `authsvc import` make a new one, `authsvc player revoke` there is seen by every worker within 1
+    s."""
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"}  # the default, 1 s
     params = world.params()  # minted for epoch 0
     export = tmp_path / "export.jsonl"
@@ -220,7 +238,9 @@ def test_under_gunicorn_a_replaced_file_is_read_within_a_second(env, world, tmp_
         wait_for_port(port)
         for _ in range(20):  # a worker (likely both) holds the file open, and a snapshot
             assert get(port, params).status == 200
-        _cli(env, "player", "add", "9999", "bob")  # a write the old file's -wal holds (its readers are open)
+        _cli(
+            env, "player", "add", "9999", "bob"
+        )  # a write the old file's -wal holds (its readers are open)
         path = _path(world)
         _move_away(path, how, tmp_path)
         gone_at = time.monotonic()
@@ -243,10 +263,15 @@ def test_under_gunicorn_a_replaced_file_is_read_within_a_second(env, world, tmp_
     assert params["api_key"] not in err and params["game_auth_token"] not in err
 
 
-def test_under_gunicorn_a_file_renamed_over_the_store_without_its_wal_is_refused(env, world, tmp_path):
-    """A new file made elsewhere (`authsvc init`, `import`, `player revoke` there) and renamed over the
-    store, while the old file's -wal holds recent writes. The -wal and -shm beside it are still the old
-    file's, and SQLite would read the old pages from them (the revoked player accepted): a worker that
+def test_under_gunicorn_a_file_renamed_over_the_store_without_its_wal_is_refused(
+    env, world, tmp_path
+):
+    """A new file made elsewhere (`authsvc init`, `import`, `player revoke` there) and renamed over
+    the
+    store, while the old file's -wal holds recent writes. The -wal and -shm beside it are still the
+    old
+    file's, and SQLite would read the old pages from them (the revoked player accepted): a worker
+    that
     had the old file open answers 503 within 1 s instead, /readyz too, until they are removed; then
     the revocation holds. One worker, so that it is the one that had the file open (a worker that
     opens the store for the first time after such a move cannot tell: docs/stores.md)."""
@@ -260,16 +285,22 @@ def test_under_gunicorn_a_file_renamed_over_the_store_without_its_wal_is_refused
         _cli(new_env, *args)
     path = _path(world)
     port = free_port()
-    proc = start_gunicorn(env, port=port, config=os.path.join(REPO, "deploy", "gunicorn.conf.py"), workers=1)
+    proc = start_gunicorn(
+        env, port=port, config=os.path.join(REPO, "deploy", "gunicorn.conf.py"), workers=1
+    )
     try:
         wait_for_port(port)
         assert get(port, params).status == 200  # the worker holds the file open, and a snapshot
-        _cli(env, "player", "add", "9999", "bob")  # a write the old file's -wal holds (its reader is open)
+        _cli(
+            env, "player", "add", "9999", "bob"
+        )  # a write the old file's -wal holds (its reader is open)
         os.replace(tmp_path / "new.db", path)
         replaced_at = time.monotonic()
         time.sleep(1.0)
         answers = _answers_until(port, params, replaced_at + 2.0)
-        assert answers and all(status == 503 and body["error"] == 503 for status, body in answers), answers
+        assert answers and all(
+            status == 503 and body["error"] == 503 for status, body in answers
+        ), answers
         assert _ready(port) == 503
         os.unlink(path + "-wal")
         os.unlink(path + "-shm")

@@ -26,7 +26,8 @@ PLAYERS = 100_000
 
 
 def checksum(url: str) -> tuple[int, int, str]:
-    """(games, players, sha256 of every row of every table in a fixed order), read with the raw driver."""
+    """(games, players, sha256 of every row of every table in a fixed order), read with the raw
+    driver."""
     queries = [
         "SELECT id, name, enabled, created_at FROM games ORDER BY id",
         "SELECT digest, game_id, created_at, expires_at FROM api_keys ORDER BY digest",
@@ -61,7 +62,9 @@ def run(monkeypatch, capsys, url: str, secret_file, *argv: str) -> tuple[int, di
 
 
 def authenticate(url: str, secret_file, **params) -> dict:
-    settings = Settings.from_env({"AUTHSVC_STORE": url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)})
+    settings = Settings.from_env(
+        {"AUTHSVC_STORE": url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
+    )
     app = make_app(settings)
     try:
         return webtest.TestApp(app).get("/api/authenticate.json", params=params).json
@@ -70,11 +73,15 @@ def authenticate(url: str, secret_file, **params) -> dict:
 
 
 @pytest.mark.slow
-def test_round_trip_sqlite_postgres_sqlite(tmp_path, pg_databases, secret_file, monkeypatch, capsys):
+def test_round_trip_sqlite_postgres_sqlite(
+    tmp_path, pg_databases, secret_file, monkeypatch, capsys
+):
     source = "sqlite://" + str(tmp_path / "source.db")
     middle = pg_databases.create(migrate=False)
     target = "sqlite://" + str(tmp_path / "target.db")
-    secret = Settings.from_env({"AUTHSVC_STORE": source, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}).token_secrets[0]
+    secret = Settings.from_env(
+        {"AUTHSVC_STORE": source, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
+    ).token_secrets[0]
 
     # A source store with every kind of state: rotated and expiring keys, a disabled game,
     # a game id gap, revoked and disabled players, non-ASCII names.
@@ -83,16 +90,22 @@ def test_round_trip_sqlite_postgres_sqlite(tmp_path, pg_databases, secret_file, 
     store = open_store(source, readonly=False)
     store.migrate()
     chess = factories.add_game(store, "Chess", api_key_digest(keys[0]), now)
-    factories.add_api_key(store, chess.id, api_key_digest(keys[1]), now + 1, now + 3600)  # keys[0] expires in an hour
+    factories.add_api_key(
+        store, chess.id, api_key_digest(keys[1]), now + 1, now + 3600
+    )  # keys[0] expires in an hour
     go = factories.add_game(store, "Go ♟", api_key_digest(keys[2]), now)
     factories.set_game_enabled(store, go.id, False)
     factories.import_players(store, ((i * 3, f"player-{i}-é") for i in range(1, PLAYERS + 1)))
     store.close()
     raw = sqlite3.connect(source.removeprefix("sqlite://"))
     with raw:
-        raw.execute("UPDATE players SET epoch = user_id % 7, enabled = (user_id % 13 != 0), "
-                    "updated_at_ms = CASE WHEN user_id % 11 = 0 THEN NULL ELSE 1800000000000 + user_id END")
-        raw.execute("UPDATE sqlite_sequence SET seq = 9 WHERE name = 'games'")  # ids 3..9 were used once
+        raw.execute(
+            "UPDATE players SET epoch = user_id % 7, enabled = (user_id % 13 != 0), "
+            "updated_at_ms = CASE WHEN user_id % 11 = 0 THEN NULL ELSE 1800000000000 + user_id END"
+        )
+        raw.execute(
+            "UPDATE sqlite_sequence SET seq = 9 WHERE name = 'games'"
+        )  # ids 3..9 were used once
     raw.close()
     before = checksum(source)
     assert before[:2] == (2, PLAYERS)
@@ -100,16 +113,23 @@ def test_round_trip_sqlite_postgres_sqlite(tmp_path, pg_databases, secret_file, 
     # SQLite -> file -> PostgreSQL
     assert run(monkeypatch, capsys, middle, secret_file, "init")[0] == 0
     assert run(monkeypatch, capsys, source, secret_file, "export", str(tmp_path / "a.jsonl")) == (
-        0, {"file": str(tmp_path / "a.jsonl"), "games": 2, "players": PLAYERS},
+        0,
+        {"file": str(tmp_path / "a.jsonl"), "games": 2, "players": PLAYERS},
     )
-    code, answer = run(monkeypatch, capsys, middle, secret_file, "import", str(tmp_path / "a.jsonl"))
+    code, answer = run(
+        monkeypatch, capsys, middle, secret_file, "import", str(tmp_path / "a.jsonl")
+    )
     assert (code, answer["games"], answer["players"]) == (0, 2, PLAYERS)
     assert checksum(middle) == before
 
     # PostgreSQL -> file -> SQLite
-    assert run(monkeypatch, capsys, middle, secret_file, "export", str(tmp_path / "b.jsonl"))[0] == 0
+    assert (
+        run(monkeypatch, capsys, middle, secret_file, "export", str(tmp_path / "b.jsonl"))[0] == 0
+    )
     assert run(monkeypatch, capsys, target, secret_file, "init")[0] == 0
-    assert run(monkeypatch, capsys, target, secret_file, "import", str(tmp_path / "b.jsonl"))[0] == 0
+    assert (
+        run(monkeypatch, capsys, target, secret_file, "import", str(tmp_path / "b.jsonl"))[0] == 0
+    )
     assert checksum(target) == before
     a_lines = (tmp_path / "a.jsonl").read_bytes().splitlines()
     b_lines = (tmp_path / "b.jsonl").read_bytes().splitlines()
@@ -120,18 +140,34 @@ def test_round_trip_sqlite_postgres_sqlite(tmp_path, pg_databases, secret_file, 
     token = mint_token(secret, chess.id, user, 1)
     for url in (middle, target):
         for key in (keys[0], keys[1]):
-            assert authenticate(url, secret_file, user_id=user, game_auth_token=token, api_key=key) == {
-                "success": True, "user_id": user, "username": "player-5-é",
+            assert authenticate(
+                url, secret_file, user_id=user, game_auth_token=token, api_key=key
+            ) == {
+                "success": True,
+                "user_id": user,
+                "username": "player-5-é",
             }
-        stale = mint_token(secret, chess.id, user, 0)  # an epoch-0 token was revoked before the move
-        assert authenticate(url, secret_file, user_id=user, game_auth_token=stale, api_key=keys[1])["error"] == 403
+        stale = mint_token(
+            secret, chess.id, user, 0
+        )  # an epoch-0 token was revoked before the move
+        assert (
+            authenticate(url, secret_file, user_id=user, game_auth_token=stale, api_key=keys[1])[
+                "error"
+            ]
+            == 403
+        )
         disabled_game = mint_token(secret, go.id, user, 1)
-        assert authenticate(url, secret_file, user_id=user, game_auth_token=disabled_game, api_key=keys[2])[
-            "error"
-        ] == 403
+        assert (
+            authenticate(
+                url, secret_file, user_id=user, game_auth_token=disabled_game, api_key=keys[2]
+            )["error"]
+            == 403
+        )
         moved = open_store(url, readonly=False)
         assert moved.game_id_high_water() == 9
-        assert factories.add_game(moved, "New", api_key_digest(keys[3] + url), now).id == 10  # no id handed out twice
+        assert (
+            factories.add_game(moved, "New", api_key_digest(keys[3] + url), now).id == 10
+        )  # no id handed out twice
         moved.close()
 
 
@@ -147,7 +183,9 @@ def _small_export(tmp_path, monkeypatch, capsys, secret_file) -> str:
     return path
 
 
-def test_import_refuses_a_store_that_holds_anything(store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file):
+def test_import_refuses_a_store_that_holds_anything(
+    store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file
+):
     path = _small_export(tmp_path, monkeypatch, capsys, secret_file)
     factories.add_player(admin_store, 99, "already here")
     code, answer = run(monkeypatch, capsys, store_url, secret_file, "import", str(path))
@@ -160,15 +198,30 @@ def test_import_refuses_a_store_that_holds_anything(store_url, admin_store, tmp_
     [
         (lambda lines: lines[:-1], "without its end line"),
         (lambda lines: lines[:-2] + lines[-1:], "counts on the end line"),
-        (lambda lines: [lines[0], lines[1], lines[2].replace(b'"one"', b'"0ne"'), *lines[3:]], "checksum"),
+        (
+            lambda lines: [lines[0], lines[1], lines[2].replace(b'"one"', b'"0ne"'), *lines[3:]],
+            "checksum",
+        ),
         (lambda lines: [lines[0], lines[1], b"{not json", *lines[2:]], "line 3: not a JSON object"),
-        (lambda lines: [lines[0], lines[1], b"[" * 100_000, *lines[2:]], "line 3: not a JSON object"),
+        (
+            lambda lines: [lines[0], lines[1], b"[" * 100_000, *lines[2:]],
+            "line 3: not a JSON object",
+        ),
         (lambda lines: [lines[0], lines[1], lines[3], lines[2], *lines[4:]], "increasing user_id"),
-        (lambda lines: [lines[0].replace(b'"version":1', b'"version":9'), *lines[1:]], "format version 9"),
+        (
+            lambda lines: [lines[0].replace(b'"version":1', b'"version":9'), *lines[1:]],
+            "format version 9",
+        ),
         (lambda lines: [b"user_id,username", b"1,one"], "not an authsvc export"),
     ],
     ids=[
-        "truncated", "player-missing", "edited", "garbage-line", "nested-too-deep", "out-of-order", "newer-format",
+        "truncated",
+        "player-missing",
+        "edited",
+        "garbage-line",
+        "nested-too-deep",
+        "out-of-order",
+        "newer-format",
         "not-an-export",
     ],
 )
@@ -182,7 +235,9 @@ def test_import_of_a_damaged_file_writes_nothing(
     assert admin_store.list_games() == [] and admin_store.get_player(1) is None
 
 
-def test_export_never_overwrites_and_keeps_the_file_private(store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file):
+def test_export_never_overwrites_and_keeps_the_file_private(
+    store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file
+):
     factories.add_player(admin_store, 1, "one")
     path = tmp_path / "out.jsonl"
     path.write_text("precious")
@@ -193,13 +248,18 @@ def test_export_never_overwrites_and_keeps_the_file_private(store_url, admin_sto
     assert run(monkeypatch, capsys, store_url, secret_file, "export", str(path))[0] == 0
     assert path.stat().st_mode & 0o777 == 0o600
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert lines[0]["format"] == "authsvc-export" and lines[-1]["type"] == "end" and lines[-1]["players"] == 1
+    assert (
+        lines[0]["format"] == "authsvc-export"
+        and lines[-1]["type"] == "end"
+        and lines[-1]["players"] == 1
+    )
 
 
 def test_a_move_keeps_names_stored_before_the_visible_name_rule(
     store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file
 ):
-    """export/import moves a whole store: a name with U+202E or U+2028 stored earlier comes across exactly
+    """export/import moves a whole store: a name with U+202E or U+2028 stored earlier comes across
+    exactly
     (new names refuse them: docs/admin.md), and the admin command's text output escapes it."""
     source = "sqlite://" + str(tmp_path / "old.db")
     store = open_store(source, readonly=False)
@@ -222,15 +282,18 @@ def test_a_move_keeps_names_stored_before_the_visible_name_rule(
 def test_updated_at_comes_across_and_an_older_export_without_it_imports_as_null(
     store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file
 ):
-    """Each player line carries updated_at_ms (unix milliseconds, or null: not known); an export made
-    before the field existed has none, and its players import with null, as the schema step leaves them."""
+    """Each player line carries updated_at_ms (unix milliseconds, or null: not known); an export
+    made
+    before the field existed has none, and its players import with null, as the schema step leaves
+    them."""
     path = _small_export(tmp_path, monkeypatch, capsys, secret_file)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     players = [line for line in lines if line.get("type") == "player"]
     assert [type(p["updated_at_ms"]) for p in players] == [int, int, int]
     assert run(monkeypatch, capsys, store_url, secret_file, "import", str(path))[0] == 0
     assert [admin_store.get_player(p["user_id"]).updated_at_ms for p in players] == [
-        p["updated_at_ms"] for p in players]
+        p["updated_at_ms"] for p in players
+    ]
 
     # The previous release's file: the same lines without the field, its checksum made anew.
     digest = hashlib.sha256()
@@ -244,7 +307,9 @@ def test_updated_at_comes_across_and_an_older_export_without_it_imports_as_null(
     (tmp_path / "old.jsonl").write_text("".join(old))
     target = "sqlite://" + str(tmp_path / "target.db")
     assert run(monkeypatch, capsys, target, secret_file, "init")[0] == 0
-    assert run(monkeypatch, capsys, target, secret_file, "import", str(tmp_path / "old.jsonl"))[0] == 0
+    assert (
+        run(monkeypatch, capsys, target, secret_file, "import", str(tmp_path / "old.jsonl"))[0] == 0
+    )
     moved = open_store(target, readonly=False)
     try:
         assert [moved.get_player(p["user_id"]).updated_at_ms for p in players] == [None, None, None]

@@ -35,7 +35,9 @@ def test_an_idle_reader_ends_its_snapshot_by_itself(world):
         while conn.in_transaction and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not conn.in_transaction
-        factories.revoke_player(world.store, world.user_id)  # the next request takes a new snapshot and sees it
+        factories.revoke_player(
+            world.store, world.user_id
+        )  # the next request takes a new snapshot and sees it
         digest = next(iter(reader._conn().execute("SELECT digest FROM api_keys")))[0]
         assert reader.credentials(digest, world.user_id).epoch == 1
     finally:
@@ -44,12 +46,19 @@ def test_an_idle_reader_ends_its_snapshot_by_itself(world):
 
 @pytest.mark.engine("sqlite")
 def test_admin_writes_against_an_idle_service_leave_a_small_wal(env, world, tmp_path):
-    """Real gunicorn with the shipped config and the default staleness: one request, then 1,000 admin writes."""
+    """Real gunicorn with the shipped config and the default staleness: one request, then 1,000
+    admin writes."""
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"}  # the default, 1 s
     port = free_port()
     env.update(AUTHSVC_WORKERS="2")
-    proc = start_gunicorn(env, port=port, workers=None, config=REPO / "deploy/gunicorn.conf.py",
-                          cwd=tmp_path, stdout=subprocess.DEVNULL)
+    proc = start_gunicorn(
+        env,
+        port=port,
+        workers=None,
+        config=REPO / "deploy/gunicorn.conf.py",
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+    )
     wal = world.store.path + "-wal"
     try:
         wait_for_port(port)
@@ -61,7 +70,9 @@ def test_admin_writes_against_an_idle_service_leave_a_small_wal(env, world, tmp_
             admin.close()
         time.sleep(2.0)
         size = os.path.getsize(wal)
-        assert size <= WAL_LIMIT_BYTES, f"-wal file {size:,} bytes after {WRITES} writes and 2 s idle"
+        assert size <= WAL_LIMIT_BYTES, (
+            f"-wal file {size:,} bytes after {WRITES} writes and 2 s idle"
+        )
         assert get(port, world.params()).status == 200
     finally:
         proc.terminate()
@@ -70,18 +81,28 @@ def test_admin_writes_against_an_idle_service_leave_a_small_wal(env, world, tmp_
 
 @pytest.mark.engine("sqlite")
 def test_a_removed_webhooks_secret_leaves_the_wal_and_the_main_file(admin, world):
-    """docs/stores.md, "Erasure": the removal zeroes the secret in the main file (secure_delete) and, as
-    a player's deletion does, empties the -wal file before it answers, whose frames still hold it."""
+    """docs/stores.md, "Erasure": the removal zeroes the secret in the main file (secure_delete)
+    and, as
+    a player's deletion does, empties the -wal file before it answers, whose frames still hold
+    it."""
     headers = admin.headers("hooks", ["webhooks:read", "webhooks:write"])
-    added = admin.app.post_json("/v1/webhooks", {"url": "https://game.example.com/h", "events": ["player.created"]},
-                                headers=headers)
+    added = admin.app.post_json(
+        "/v1/webhooks",
+        {"url": "https://game.example.com/h", "events": ["player.created"]},
+        headers=headers,
+    )
     secret, hook_id = added.json["secret"], added.json["id"]
-    kept = admin.app.post_json("/v1/webhooks", {"url": "https://game.example.com/k", "events": ["player.created"]},
-                               headers=headers).json["secret"]
+    kept = admin.app.post_json(
+        "/v1/webhooks",
+        {"url": "https://game.example.com/k", "events": ["player.created"]},
+        headers=headers,
+    ).json["secret"]
     path = world.store.path
 
     def files() -> bytes:
-        return b"".join(pathlib.Path(path + s).read_bytes() for s in ("", "-wal") if os.path.exists(path + s))
+        return b"".join(
+            pathlib.Path(path + s).read_bytes() for s in ("", "-wal") if os.path.exists(path + s)
+        )
 
     assert secret.encode() in files()  # the search finds what is there
     assert admin.app.delete(f"/v1/webhooks/{hook_id}", headers=headers).status_int in (200, 204)

@@ -10,7 +10,8 @@ reads a request's head whole before gunicorn sees it, and refuses one past its b
 admin API's problem+json (431); the other refusals of the site are problem+json too.
 
 Everything is bounded: the drip stops once the authorised requests are done (DRIP_SECONDS at
-most), every socket has a timeout, the connections close when the test ends. The figures are printed (pytest -s).
+most), every socket has a timeout, the connections close when the test ends. The figures are printed
+(pytest -s).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ HEAD_BYTES = 64 * 1024 + 1024  # more than 64 KiB of request head
 DRIP_EVERY = 2.0  # seconds between the bytes each slow connection sends afterwards
 DRIP_SECONDS = 150.0  # at most: the drip stops once the authorised requests are done
 ASKED = 10
-ANSWER_WITHIN = 10.0  # the client's timeout for each authorised request (the finding: 20 s, none answered)
+ANSWER_WITHIN = (
+    10.0  # the client's timeout for each authorised request (the finding: 20 s, none answered)
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +61,9 @@ def slow_head() -> bytes:
     return b"\r\n".join(lines) + b"\r\n"
 
 
-def hold(open_socket: Callable[[], socket.socket], done: threading.Event, answers: list[bytes]) -> None:
+def hold(
+    open_socket: Callable[[], socket.socket], done: threading.Event, answers: list[bytes]
+) -> None:
     """One slow client: the head, then a byte every DRIP_EVERY seconds until ``done`` (at most
     DRIP_SECONDS); what the server answered, if anything, goes to ``answers``."""
     until = time.monotonic() + DRIP_SECONDS
@@ -68,7 +73,7 @@ def hold(open_socket: Callable[[], socket.socket], done: threading.Event, answer
             head = slow_head()
             with contextlib.suppress(OSError):
                 for start in range(0, len(head), 4096):
-                    sock.sendall(head[start:start + 4096])
+                    sock.sendall(head[start : start + 4096])
             while not done.is_set() and time.monotonic() < until:
                 try:
                     sock.sendall(b"X")
@@ -89,14 +94,18 @@ def hold(open_socket: Callable[[], socket.socket], done: threading.Event, answer
     answers.append(got)
 
 
-def under_attack(open_socket: Callable[[], socket.socket],
-                 ask: Callable[[], int | str]) -> tuple[list[tuple[float, int | str]], list[bytes]]:
-    """CONNECTIONS slow clients held open, then ASKED authorised requests one after another: (seconds,
+def under_attack(
+    open_socket: Callable[[], socket.socket], ask: Callable[[], int | str]
+) -> tuple[list[tuple[float, int | str]], list[bytes]]:
+    """CONNECTIONS slow clients held open, then ASKED authorised requests one after another:
+    (seconds,
     status) of each, and what the slow clients were answered."""
     answers: list[bytes] = []
     done = threading.Event()
-    threads = [threading.Thread(target=hold, args=(open_socket, done, answers), daemon=True)
-               for _ in range(CONNECTIONS)]
+    threads = [
+        threading.Thread(target=hold, args=(open_socket, done, answers), daemon=True)
+        for _ in range(CONNECTIONS)
+    ]
     for thread in threads:
         thread.start()
     time.sleep(3.0)  # every head sent, the first byte dripped
@@ -112,7 +121,8 @@ def under_attack(open_socket: Callable[[], socket.socket],
 
 
 def through_nginx(stack: Stack) -> tuple[Callable[[], socket.socket], Callable[[], int | str]]:
-    """How a client reaches the admin site: a TLS socket, and one authorised GET on a new connection."""
+    """How a client reaches the admin site: a TLS socket, and one authorised GET on a new
+    connection."""
     context = stack.client_context()
 
     def open_socket() -> socket.socket:
@@ -124,7 +134,9 @@ def through_nginx(stack: Stack) -> tuple[Callable[[], socket.socket], Callable[[
             conn = http.client.HTTPConnection(ADMIN_HOST, stack.admin_port, timeout=ANSWER_WITHIN)
             raw = socket.create_connection(("127.0.0.1", stack.admin_port), timeout=ANSWER_WITHIN)
             conn.sock = context.wrap_socket(raw, server_hostname=ADMIN_HOST)
-            conn.request("GET", "/v1/players/4242", headers={"Authorization": f"Bearer {stack.admin_token}"})
+            conn.request(
+                "GET", "/v1/players/4242", headers={"Authorization": f"Bearer {stack.admin_token}"}
+            )
             response = conn.getresponse()
             response.read()
             conn.close()
@@ -139,8 +151,10 @@ def test_slow_heads_through_the_admin_site_hold_no_authorised_request(stack):
     open_socket, ask = through_nginx(stack)
     assert ask() == 200
     results, answers = under_attack(open_socket, ask)
-    print(f"\n{CONNECTIONS} slow heads through nginx: authorised GETs (s, status): "
-          + ", ".join(f"{seconds:.3f} {status}" for seconds, status in results))
+    print(
+        f"\n{CONNECTIONS} slow heads through nginx: authorised GETs (s, status): "
+        + ", ".join(f"{seconds:.3f} {status}" for seconds, status in results)
+    )
     assert [status for _, status in results] == [200] * ASKED, results
     # nginx refused each head past its buffers itself, in the admin API's shape, quoting none of it.
     assert len(answers) == CONNECTIONS
@@ -169,13 +183,27 @@ def raw_exchange(stack: Stack, data: bytes) -> bytes:
 HOST = b"Host: " + ADMIN_HOST.encode() + b"\r\n"
 
 
-@pytest.mark.parametrize(("sent", "status", "kind"), [
-    (b"NOT A REQUEST\r\n\r\n", 400, "bad-request"),
-    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n" + HOST + b"\r\n", 414, "uri-too-long"),
-    (b"GET /v1/players/4242 HTTP/1.1\r\n" + HOST + b"X-Long: " + b"a" * 9000 + b"\r\n\r\n", 431, "header-too-large"),
-    (b"PUT /v1/players/4242 HTTP/1.1\r\n" + HOST + b"Content-Type: application/json\r\nContent-Length: 9000000\r\n"
-     b"Connection: close\r\n\r\n", 413, "too-large"),
-], ids=["400", "414", "431", "413"])
+@pytest.mark.parametrize(
+    ("sent", "status", "kind"),
+    [
+        (b"NOT A REQUEST\r\n\r\n", 400, "bad-request"),
+        (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n" + HOST + b"\r\n", 414, "uri-too-long"),
+        (
+            b"GET /v1/players/4242 HTTP/1.1\r\n" + HOST + b"X-Long: " + b"a" * 9000 + b"\r\n\r\n",
+            431,
+            "header-too-large",
+        ),
+        (
+            b"PUT /v1/players/4242 HTTP/1.1\r\n"
+            + HOST
+            + b"Content-Type: application/json\r\nContent-Length: 9000000\r\n"
+            b"Connection: close\r\n\r\n",
+            413,
+            "too-large",
+        ),
+    ],
+    ids=["400", "414", "431", "413"],
+)
 def test_what_the_admin_site_refuses_is_problem_json(stack, sent, status, kind):
     answer = raw_exchange(stack, sent)
     head, _, body = answer.partition(b"\r\n\r\n")

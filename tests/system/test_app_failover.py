@@ -69,20 +69,25 @@ end
 """
 
 # time, method, route, status, upstream statuses ("502, 200": retried), addresses tried
-LINE = re.compile(r'^(\S+) \S+ \S+ "[^"]*" "(\S+) (\S+) [^"]*" (\d+) .* '
-                  r'upstream=(.*?) (?:[\d.-]+, )*[\d.-]+ addr="([^"]*)" ')
+LINE = re.compile(
+    r'^(\S+) \S+ \S+ "[^"]*" "(\S+) (\S+) [^"]*" (\d+) .* '
+    r'upstream=(.*?) (?:[\d.-]+, )*[\d.-]+ addr="([^"]*)" '
+)
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     if shutil.which("wrk") is None:
         skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
-    # The limiters out of the way: this measures failover, not the rate limit.
-    # The TCP app host runs gthread workers, as docs/scaling.md says a TCP app host should: nginx holds
-    # kept-alive connections to it when it dies, and retries what was in flight on them.
-    s = start_stack(tmp_path_factory.mktemp("failover"), extra_app_hosts=1,
-                    app_host_env={"AUTHSVC_WORKER_CLASS": "gthread"},
-                    values={"RATE": "1000000r/s", "RATE_BURST": "100000", "CONN_LIMIT": "10000"})
+    # The limiters out of the way: this measures failover, not the rate limit. The TCP app host runs
+    # gthread workers, as docs/scaling.md says a TCP app host should: nginx holds kept-alive
+    # connections to it when it dies, and retries what was in flight on them.
+    s = start_stack(
+        tmp_path_factory.mktemp("failover"),
+        extra_app_hosts=1,
+        app_host_env={"AUTHSVC_WORKER_CLASS": "gthread"},
+        values={"RATE": "1000000r/s", "RATE_BURST": "100000", "CONN_LIMIT": "10000"},
+    )
     yield s
     stop(s.nginx)
     stop(s.gunicorn)
@@ -130,9 +135,19 @@ def test_an_answer_leaves_gunicorn_in_one_write(stack, tmp_path):
     assert len(workers) == 2, workers  # AUTHSVC_WORKERS
     trace = tmp_path / "trace"
     tracer = subprocess.Popen(
-        [strace, "-qq", "-s", "4096", "-e", "trace=write,writev,sendto,sendmsg", "-o", str(trace),
-         *(arg for pid in workers for arg in ("-p", str(pid)))],
-        stderr=subprocess.PIPE, start_new_session=True,
+        [
+            strace,
+            "-qq",
+            "-s",
+            "4096",
+            "-e",
+            "trace=write,writev,sendto,sendmsg",
+            "-o",
+            str(trace),
+            *(arg for pid in workers for arg in ("-p", str(pid))),
+        ],
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     try:
         time.sleep(1.0)  # attached (strace -qq says nothing to wait for)
@@ -142,7 +157,9 @@ def test_an_answer_leaves_gunicorn_in_one_write(stack, tmp_path):
             with socket.socket(socket.AF_UNIX) as sock:
                 sock.settimeout(10)
                 sock.connect(str(stack.root / "authsvc.sock"))
-                sock.sendall(f"GET {stack.api_query()} HTTP/1.1\r\nHost: {LEGACY_HOST}\r\n\r\n".encode())
+                sock.sendall(
+                    f"GET {stack.api_query()} HTTP/1.1\r\nHost: {LEGACY_HOST}\r\n\r\n".encode()
+                )
                 answer = b""
                 while chunk := sock.recv(65536):
                     answer += chunk
@@ -151,9 +168,16 @@ def test_an_answer_leaves_gunicorn_in_one_write(stack, tmp_path):
     finally:
         stop(tracer, signal.SIGINT)
     assert all(a.startswith(b"HTTP/1.1 200 ") and b'"success":true' in a for a in answers), answers
-    # The answers' writes, not the app's auth lines on stderr ("reason=success"): the JSON key, quoted.
-    calls = [line for line in trace.read_text().splitlines() if "HTTP/1.1 200" in line or '\\"success\\"' in line]
-    assert len(calls) == 3 and all("HTTP/1.1 200" in c and '\\"success\\":true' in c for c in calls), calls
+    # The answers' writes, not the app's auth lines on stderr ("reason=success"): the JSON key,
+    # quoted.
+    calls = [
+        line
+        for line in trace.read_text().splitlines()
+        if "HTTP/1.1 200" in line or '\\"success\\"' in line
+    ]
+    assert len(calls) == 3 and all(
+        "HTTP/1.1 200" in c and '\\"success\\":true' in c for c in calls
+    ), calls
 
 
 def _children(pid: int) -> set[int]:
@@ -177,18 +201,38 @@ def _epoch(iso: str) -> float:
 def test_killing_an_app_host_fails_no_authentication(stack, tmp_path):
     dead_addr, dead = stack.app_hosts[0]
     query = stack.api_query()
-    body = json.dumps({"user_id": stack.user_id, "game_auth_token": stack.token, "api_key": stack.api_key})
+    body = json.dumps(
+        {"user_id": stack.user_id, "game_auth_token": stack.token, "api_key": stack.api_key}
+    )
     script = tmp_path / "failover.lua"
-    script.write_text(WRK_SCRIPT % {
-        "get": json.dumps(query), "post": json.dumps("/api/authenticate.json"),
-        "body": json.dumps(body), "user": json.dumps(f'"user_id":{stack.user_id}'),
-    })
+    script.write_text(
+        WRK_SCRIPT
+        % {
+            "get": json.dumps(query),
+            "post": json.dumps("/api/authenticate.json"),
+            "body": json.dumps(body),
+            "user": json.dumps(f'"user_id":{stack.user_id}'),
+        }
+    )
     tail = LogTail(stack.logs / "authsvc-access.log", deadline=time.monotonic() + DURATION + 90)
     tail.start()
     wrk = subprocess.Popen(
-        ["wrk", "-t2", "-c8", f"-d{DURATION}s", "--timeout", "5s", "-s", str(script), "-H", f"Host: {LEGACY_HOST}",
-         f"http://127.0.0.1:{stack.http_port}/"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            "wrk",
+            "-t2",
+            "-c8",
+            f"-d{DURATION}s",
+            "--timeout",
+            "5s",
+            "-s",
+            str(script),
+            "-H",
+            f"Host: {LEGACY_HOST}",
+            f"http://127.0.0.1:{stack.http_port}/",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         # KILL_AFTER from the run's first answer: the run ends less than fail_timeout
@@ -215,25 +259,41 @@ def test_killing_an_app_host_fails_no_authentication(stack, tmp_path):
     errors = {k: result[k] for k in ("connect", "read", "write", "status", "timeout")}
 
     # nginx's view: which app host answered each authentication, and which were tried.
-    api = [(seen, m) for seen, line in tail.lines if (m := LINE.match(line)) and m.group(3) == "/api/authenticate.json"]
-    assert len(api) >= result["requests"] - 8, (len(api), result["requests"])  # wrk's last in-flight ones aside
+    api = [
+        (seen, m)
+        for seen, line in tail.lines
+        if (m := LINE.match(line)) and m.group(3) == "/api/authenticate.json"
+    ]
+    assert len(api) >= result["requests"] - 8, (
+        len(api),
+        result["requests"],
+    )  # wrk's last in-flight ones aside
     statuses = [m.group(4) for _, m in api]
     final = lambda m: m.group(6).split(", ")[-1]  # noqa: E731
     served_by_dead_before = sum(1 for seen, m in api if final(m) == dead_addr and seen < kill_mono)
     retried = [(seen, m) for seen, m in api if ", " in m.group(6)]
     touching_dead = [(seen, m) for seen, m in api if dead_addr in m.group(6).split(", ")]
-    failed_on_dead = [(seen, m) for seen, m in touching_dead if final(m) != dead_addr]  # then retried
+    failed_on_dead = [
+        (seen, m) for seen, m in touching_dead if final(m) != dead_addr
+    ]  # then retried
     last_touch_s = max((seen - kill_mono for seen, _ in touching_dead), default=0.0)
     last_touch_log = max((_epoch(m.group(1)) for _, m in touching_dead), default=0.0)
-    per_second: dict[int, list[int]] = {}  # second from the kill's: [answered by the killed host, by the other]
+    per_second: dict[
+        int, list[int]
+    ] = {}  # second from the kill's: [answered by the killed host, by the other]
     for _, m in api:
         counts = per_second.setdefault(int(_epoch(m.group(1))) - int(kill_wall), [0, 0])
         counts[final(m) != dead_addr] += 1
-    print(f"\nfailover: {result['requests']} authentications in {DURATION} s (GET and POST), "
-          f"{result['bad']} bad answers, socket errors {errors}, p99 {result['p99_us'] / 1000:.1f} ms; "
-          f"{served_by_dead_before} served by {dead_addr} before its SIGKILL, {len(retried)} retried on the "
-          f"other host, the last line naming the dead host read {last_touch_s * 1000:.0f} ms after the kill; "
-          f"answers per second from the kill's (nginx log) [killed host, other]: {dict(sorted(per_second.items()))}")
+    print(
+        f"\nfailover: {result['requests']} authentications in {DURATION} s (GET and POST), "
+        f"{result['bad']} bad answers, socket errors {errors}, p99 {result['p99_us'] / 1000:.1f} "
+        "ms; "
+        f"{served_by_dead_before} served by {dead_addr} before its SIGKILL, {len(retried)} retried "
+        "on the "
+        f"other host, the last line naming the dead host read {last_touch_s * 1000:.0f} ms after "
+        "the kill; answers per second from the kill's (nginx log) [killed host, other]: "
+        f"{dict(sorted(per_second.items()))}"
+    )
 
     # Zero failed authentications: every answer the JSON success, no socket error.
     assert result["bad"] == 0 and result["good"] == result["requests"] > 100, result

@@ -1,4 +1,5 @@
-"""The web process reading from a hot standby: never fresher-looking than it is (docs/stores.md, "Hot standby").
+"""The web process reading from a hot standby: never fresher-looking than it is (docs/stores.md,
+"Hot standby").
 
 A throwaway primary and a ``pg_basebackup -R`` standby from the local binaries; the
 admin store writes on the primary, a read-only store reads on the standby, and the
@@ -47,7 +48,10 @@ def world(servers, tmp_path_factory):
     admin = open_store(primary.url, readonly=False)
     admin.migrate()
     game = factories.add_game(admin, "standby-game", api_key_digest(KEY), int(time.time()))
-    alice, bob = factories.add_player(admin, 1001, "alice"), factories.add_player(admin, 1002, "bob")
+    alice, bob = (
+        factories.add_player(admin, 1001, "alice"),
+        factories.add_player(admin, 1002, "bob"),
+    )
     heartbeat = Heartbeat(primary.url, tmp_path_factory.mktemp("heartbeat") / "heartbeat.log")
     heartbeat.start()
     reader = _reader(standby)
@@ -73,7 +77,9 @@ def _until_answers(reader, heartbeat, user_id: int):
         try:
             return reader.credentials(api_key_digest(KEY), user_id)
         except StoreUnavailable:
-            assert time.monotonic() < deadline, "the standby stayed unavailable for 30 s\n" + heartbeat.log()
+            assert time.monotonic() < deadline, (
+                "the standby stayed unavailable for 30 s\n" + heartbeat.log()
+            )
             time.sleep(0.1)
 
 
@@ -106,23 +112,31 @@ def test_a_standby_never_answers_from_beyond_the_bound(servers, world):
     assert _until_answers(reader, heartbeat, alice.user_id).epoch == revoked_epoch
     assert reader.credentials(digest, bob.user_id).epoch == bob.epoch
 
-    # (d) an idle primary (no writes but the heartbeat's for > 2 s) does not make a caught-up standby look stale.
+    # (d) an idle primary (no writes but the heartbeat's for > 2 s) does not make a caught-up
+    # standby look stale.
     time.sleep(2.5)
     for _ in range(10):
         assert reader.credentials(digest, bob.user_id).epoch == bob.epoch
 
 
 def test_a_token_minted_after_a_signup_is_accepted_once_the_standby_has_replayed_it(servers, world):
-    """What a web process on a standby cannot close (docs/stores.md, "Bounded staleness"): a token minted
-    after a signup on the primary is refused while the standby has not replayed the signup (403 within
-    the bound, 503 past it), never accepted; once replayed, at once, as the token of a revoke after it."""
+    """What a web process on a standby cannot close (docs/stores.md, "Bounded staleness"): a token
+    minted
+    after a signup on the primary is refused while the standby has not replayed the signup (403
+    within
+    the bound, 503 past it), never accepted; once replayed, at once, as the token of a revoke after
+    it."""
     primary, standby = servers
     admin, reader, heartbeat, game, alice, bob = world
     secret = b"standby-test-secret"
     authenticate = Authenticator(reader, (secret,))
 
     def reason(epoch: int) -> str:
-        params = {"user_id": "1003", "game_auth_token": mint_token(secret, game.id, 1003, epoch), "api_key": KEY}
+        params = {
+            "user_id": "1003",
+            "game_auth_token": mint_token(secret, game.id, 1003, epoch),
+            "api_key": KEY,
+        }
         try:
             return authenticate(params).reason
         except StoreUnavailable:
@@ -143,7 +157,8 @@ def test_a_token_minted_after_a_signup_is_accepted_once_the_standby_has_replayed
 
 
 def test_a_standby_cut_off_from_the_primary_answers_503(servers, world):
-    """The WAL receiver disconnected: received = replayed, yet a revoke on the primary is not seen."""
+    """The WAL receiver disconnected: received = replayed, yet a revoke on the primary is not
+    seen."""
     primary, standby = servers
     admin, reader, heartbeat, game, alice, bob = world
     conninfo = sql(standby.url, "SHOW primary_conninfo")[0]
@@ -154,7 +169,10 @@ def test_a_standby_cut_off_from_the_primary_answers_503(servers, world):
         while sql(standby.url, "SELECT count(*) FROM pg_stat_wal_receiver")[0]:
             assert time.monotonic() < deadline, "the WAL receiver did not stop in 30 s"
             time.sleep(0.05)
-        assert sql(standby.url, "SELECT pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn()")[0] is True
+        assert (
+            sql(standby.url, "SELECT pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn()")[0]
+            is True
+        )
         revoked_epoch = factories.revoke_player(admin, alice.user_id)
         time.sleep(PAST_BOUND)
         _unavailable_for(reader, alice.user_id, bob.user_id)
@@ -174,9 +192,14 @@ def test_without_the_heartbeat_the_standby_answers_503_until_it_resumes(servers,
     try:
         time.sleep(PAST_BOUND)
         _unavailable_for(reader, bob.user_id)
-        # The warning gives the heartbeat's age, past the bound; how far past depends on the machine's load.
-        ages = [float(age) for age in re.findall(rf"heartbeat is (\d+\.\d) s old, AUTHSVC_MAX_STALENESS is {BOUND:g} s",
-                                                  caplog.text)]
+        # The warning gives the heartbeat's age, past the bound; how far past depends on the
+        # machine's load.
+        ages = [
+            float(age)
+            for age in re.findall(
+                rf"heartbeat is (\d+\.\d) s old, AUTHSVC_MAX_STALENESS is {BOUND:g} s", caplog.text
+            )
+        ]
         assert ages and all(age > BOUND for age in ages), caplog.text
         # The heartbeat row gone (deleted by hand): 503 too, and the log says so.
         sql(primary.url, "DELETE FROM authsvc_heartbeat")
@@ -200,15 +223,19 @@ def test_with_the_primary_stopped_the_standby_answers_503_until_it_is_back(serve
     finally:
         primary.start()
     assert _until_answers(reader, heartbeat, bob.user_id).epoch == bob.epoch
-    # The writer said that it could not write, and that it writes again (no password in either line).
+    # The writer said that it could not write, and that it writes again (no password in either
+    # line).
     text = heartbeat.log()
     assert "cannot write" in text and "writing again" in text, text
 
 
 @contextlib.contextmanager
 def _pgbouncer(standby):
-    """A pgbouncer (transaction mode, one server connection) in front of the standby; yields its URL."""
-    binary = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if os.access("/usr/sbin/pgbouncer", os.X_OK) else None)
+    """A pgbouncer (transaction mode, one server connection) in front of the standby; yields its
+    URL."""
+    binary = shutil.which("pgbouncer") or (
+        "/usr/sbin/pgbouncer" if os.access("/usr/sbin/pgbouncer", os.X_OK) else None
+    )
     if binary is None:
         skip_or_fail("pgbouncer is not installed (apt-get install pgbouncer)")
     directory, port = tempfile.mkdtemp(prefix="authsvc-pgbouncer-"), free_port()
@@ -217,7 +244,8 @@ def _pgbouncer(standby):
         f.write('"postgres" ""\n')
     with open(config, "w") as f:
         f.write(
-            f"[databases]\nauthsvc = host=127.0.0.1 port={standby.port} dbname=postgres\n[pgbouncer]\n"
+            f"[databases]\nauthsvc = host=127.0.0.1 port={standby.port} "
+            "dbname=postgres\n[pgbouncer]\n"
             f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = trust\n"
             f"auth_file = {directory}/users.txt\npool_mode = transaction\ndefault_pool_size = 1\n"
             "ignore_startup_parameters = options\n"
@@ -225,7 +253,9 @@ def _pgbouncer(standby):
     if standby.user:  # pgbouncer refuses to run as root
         for path in (directory, config, os.path.join(directory, "users.txt")):
             os.chown(path, pwd.getpwnam(standby.user).pw_uid, -1)
-    proc = subprocess.Popen([binary, config], user=standby.user, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [binary, config], user=standby.user, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         wait_for_port(port)
         yield f"postgresql://postgres@127.0.0.1:{port}/authsvc"
@@ -236,12 +266,15 @@ def _pgbouncer(standby):
 
 
 def test_through_pgbouncer_the_standby_keeps_the_bound(servers, world):
-    """Behind a pooler the query is sent unnamed (docs/stores.md, "pgbouncer"), with the same freshness column."""
+    """Behind a pooler the query is sent unnamed (docs/stores.md, "pgbouncer"), with the same
+    freshness column."""
     primary, standby = servers
     admin, _, heartbeat, game, alice, bob = world
     with _pgbouncer(standby) as url:
         settings = Settings(store=url, token_secret_file="/nonexistent", max_staleness=BOUND)
-        readers = [open_store(url, readonly=True, settings=settings) for _ in range(2)]  # taking turns on one
+        readers = [
+            open_store(url, readonly=True, settings=settings) for _ in range(2)
+        ]  # taking turns on one
         try:
             for reader in readers * 3:
                 assert _until_answers(reader, heartbeat, bob.user_id).epoch == bob.epoch

@@ -26,7 +26,11 @@ from tests.deploy_support import LEGACY_HOST, start_stack, stop
 
 pytestmark = pytest.mark.slow
 
-SHED = {"success": False, "error": 503, "error_description": "Service temporarily unavailable, try again"}
+SHED = {
+    "success": False,
+    "error": 503,
+    "error_description": "Service temporarily unavailable, try again",
+}
 # Clients spread over loopback addresses, each within the per-address limits
 # (RATE_BURST, CONN_LIMIT): a storm from many clients, not one client's flood.
 SOURCES = [f"127.0.0.{n}" for n in range(2, 14)]
@@ -42,8 +46,13 @@ def stack(tmp_path):
     # app's shed on the queue's wait off, so the admitted requests are served however
     # long the worker was stopped (that shed: test_a_request_stuck_in_the_queue_is_shed_...).
     values = {"UPSTREAM_TIMEOUT": "30s", "UPSTREAM_MAX_CONNS": "8"}
-    s = start_stack(tmp_path, workers=1, values=values, worker_connections=1024,
-                    app_env={"AUTHSVC_MAX_QUEUE_WAIT": "0"})
+    s = start_stack(
+        tmp_path,
+        workers=1,
+        values=values,
+        worker_connections=1024,
+        app_env={"AUTHSVC_MAX_QUEUE_WAIT": "0"},
+    )
     yield s
     stop(s.nginx)
     stop(s.gunicorn)
@@ -74,13 +83,19 @@ def test_a_storm_past_the_queue_is_answered_503_at_once_and_served_after(stack):
             t.start()
         with arrived:
             # Everything beyond what nginx may hold on the stopped worker is answered without it.
-            shed_all = arrived.wait_for(lambda: len(answers) + len(failures) >= storm - max_conns, WAIT)
+            shed_all = arrived.wait_for(
+                lambda: len(answers) + len(failures) >= storm - max_conns, WAIT
+            )
             shed = list(answers)
         assert not failures, failures
-        assert shed_all, f"only {len(shed)} of {storm - max_conns} excess requests answered: they queued"
+        assert shed_all, (
+            f"only {len(shed)} of {storm - max_conns} excess requests answered: they queued"
+        )
         time.sleep(0.5)  # nothing else may come while the worker is stopped
         with arrived:
-            assert len(answers) == storm - max_conns, "an admitted request was answered by a stopped worker?"
+            assert len(answers) == storm - max_conns, (
+                "an admitted request was answered by a stopped worker?"
+            )
     finally:
         os.kill(worker, signal.SIGCONT)
     for answer in shed:
@@ -94,7 +109,7 @@ def test_a_storm_past_the_queue_is_answered_503_at_once_and_served_after(stack):
     for t in threads:  # the admitted requests: served once the worker runs
         t.join(WAIT)
     assert not failures, failures
-    served = answers[len(shed):]
+    served = answers[len(shed) :]
     assert len(served) == max_conns
     for answer in served:
         assert answer.status == 200 and answer.json()["success"] is True, answer.body
@@ -107,12 +122,15 @@ def test_a_storm_past_the_queue_is_answered_503_at_once_and_served_after(stack):
     # such answer in 100 logged (test_shed_answers_are_logged_one_in_100_each_still_the_json_503);
     # the served ones each logged.
     access = (stack.logs / "authsvc-access.log").read_text()
-    shed_lines = [line for line in access.splitlines() if ' 503 ' in line and 'addr="authsvc_app"' in line]
+    shed_lines = [
+        line for line in access.splitlines() if " 503 " in line and 'addr="authsvc_app"' in line
+    ]
     assert len(shed_lines) < storm - max_conns, access[-2000:]
-    assert all(line.endswith(' sampled=1/100') for line in shed_lines), shed_lines
-    served_lines = [line for line in access.splitlines() if ' 200 ' in line and 'upstream=200' in line]
+    assert all(line.endswith(" sampled=1/100") for line in shed_lines), shed_lines
+    served_lines = [
+        line for line in access.splitlines() if " 200 " in line and "upstream=200" in line
+    ]
     assert len(served_lines) >= len(served), access[-2000:]
-
 
 
 def test_shed_answers_are_logged_one_in_100_each_still_the_json_503(tmp_path):
@@ -123,10 +141,20 @@ def test_shed_answers_are_logged_one_in_100_each_still_the_json_503(tmp_path):
     in the access log (one in 100, at random), each line saying it stands for 100; the
     requests the host served are each logged."""
     max_conns = 2
-    values = {"UPSTREAM_TIMEOUT": "30s", "UPSTREAM_MAX_CONNS": str(max_conns),
-              "RATE": "100000r/s", "RATE_BURST": "10000", "CONN_LIMIT": "1000"}
-    s = start_stack(tmp_path, workers=1, values=values, worker_connections=1024,
-                    app_env={"AUTHSVC_MAX_QUEUE_WAIT": "0"})
+    values = {
+        "UPSTREAM_TIMEOUT": "30s",
+        "UPSTREAM_MAX_CONNS": str(max_conns),
+        "RATE": "100000r/s",
+        "RATE_BURST": "10000",
+        "CONN_LIMIT": "1000",
+    }
+    s = start_stack(
+        tmp_path,
+        workers=1,
+        values=values,
+        worker_connections=1024,
+        app_env={"AUTHSVC_MAX_QUEUE_WAIT": "0"},
+    )
     try:
         (worker,) = s.gunicorn_worker_pids()
         held: list = []
@@ -152,19 +180,32 @@ def test_shed_answers_are_logged_one_in_100_each_still_the_json_503(tmp_path):
             lock = threading.Lock()
 
             def client(source: str, n: int) -> None:
-                conn = http.client.HTTPConnection("127.0.0.1", s.http_port, timeout=WAIT, source_address=(source, 0))
+                conn = http.client.HTTPConnection(
+                    "127.0.0.1", s.http_port, timeout=WAIT, source_address=(source, 0)
+                )
                 try:
                     for _ in range(n):
-                        conn.request("GET", s.api_query(), headers={"Host": LEGACY_HOST, "User-Agent": "storm"})
+                        conn.request(
+                            "GET",
+                            s.api_query(),
+                            headers={"Host": LEGACY_HOST, "User-Agent": "storm"},
+                        )
                         response = conn.getresponse()
-                        got = (response.status, response.read(), response.getheader("Retry-After"),
-                               response.getheader("Content-Type"))
+                        got = (
+                            response.status,
+                            response.read(),
+                            response.getheader("Retry-After"),
+                            response.getheader("Content-Type"),
+                        )
                         with lock:
                             answers.append(got)
                 finally:
                     conn.close()
 
-            clients = [threading.Thread(target=client, args=(f"127.0.10.{k}", 250), daemon=True) for k in range(1, 5)]
+            clients = [
+                threading.Thread(target=client, args=(f"127.0.10.{k}", 250), daemon=True)
+                for k in range(1, 5)
+            ]
             for t in clients:
                 t.start()
             for t in clients:
@@ -178,7 +219,9 @@ def test_shed_answers_are_logged_one_in_100_each_still_the_json_503(tmp_path):
         for status, body, retry_after, content_type in answers:
             assert status == 503 and json.loads(body) == SHED, (status, body)
             assert retry_after == "1" and content_type == "application/json; charset=utf-8"
-        assert sorted(a.status for a in held) == [200] * max_conns + [503] * (len(held) - max_conns), held
+        assert sorted(a.status for a in held) == [200] * max_conns + [503] * (
+            len(held) - max_conns
+        ), held
 
         # nginx writes a line once the answer is sent: wait for the served ones' lines, the last.
         deadline = time.monotonic() + WAIT
@@ -192,17 +235,24 @@ def test_shed_answers_are_logged_one_in_100_each_still_the_json_503(tmp_path):
         # One in 100 at random: 10 expected; none at all has a chance of 4e-5, 100 or more none.
         assert 0 < len(logged) < shed / 10, (len(logged), shed)
         for line in logged:
-            assert ' 503 ' in line and 'addr="authsvc_app"' in line and line.endswith('"storm" sampled=1/100'), line
+            assert (
+                " 503 " in line
+                and 'addr="authsvc_app"' in line
+                and line.endswith('"storm" sampled=1/100')
+            ), line
         assert len(served) == max_conns, lines[-20:]
         assert not any("sampled=" in line for line in served), served
     finally:
         stop(s.nginx)
         stop(s.gunicorn)
 
+
 # -- load below capacity is never shed ------------------------------------------------
 
 
-def closed_loop(stack, sources: list[str], requests_each: int) -> tuple[dict[int, int], list[float], list]:
+def closed_loop(
+    stack, sources: list[str], requests_each: int
+) -> tuple[dict[int, int], list[float], list]:
     """One client per source, each sending its next authentication when the last is answered
     (keep-alive, the legacy host); returns the statuses, the latencies and any failures."""
     statuses: dict[int, int] = {}
@@ -211,7 +261,9 @@ def closed_loop(stack, sources: list[str], requests_each: int) -> tuple[dict[int
     lock = threading.Lock()
 
     def client(source: str) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", stack.http_port, timeout=WAIT, source_address=(source, 0))
+        conn = http.client.HTTPConnection(
+            "127.0.0.1", stack.http_port, timeout=WAIT, source_address=(source, 0)
+        )
         try:
             for _ in range(requests_each):
                 started = time.monotonic()
@@ -220,7 +272,11 @@ def closed_loop(stack, sources: list[str], requests_each: int) -> tuple[dict[int
                 body = response.read()
                 with lock:
                     latencies.append(time.monotonic() - started)
-                    status = response.status if response.status != 200 or b'"success":true' in body else -1
+                    status = (
+                        response.status
+                        if response.status != 200 or b'"success":true' in body
+                        else -1
+                    )
                     statuses[status] = statuses.get(status, 0) + 1
         except OSError as e:
             with lock:
@@ -246,7 +302,9 @@ def burst(stack, sources: list[str]) -> tuple[dict[int, int], list[float], list]
     go = threading.Barrier(len(sources))
 
     def client(source: str) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", stack.http_port, timeout=WAIT, source_address=(source, 0))
+        conn = http.client.HTTPConnection(
+            "127.0.0.1", stack.http_port, timeout=WAIT, source_address=(source, 0)
+        )
         try:
             conn.connect()
             go.wait(WAIT)
@@ -256,7 +314,9 @@ def burst(stack, sources: list[str]) -> tuple[dict[int, int], list[float], list]
             body = response.read()
             with lock:
                 latencies.append(time.monotonic() - started)
-                status = response.status if response.status != 200 or b'"success":true' in body else -1
+                status = (
+                    response.status if response.status != 200 or b'"success":true' in body else -1
+                )
                 statuses[status] = statuses.get(status, 0) + 1
         except (OSError, threading.BrokenBarrierError) as e:
             with lock:
@@ -286,8 +346,12 @@ def test_load_below_capacity_is_never_shed_closed_loop_or_in_one_burst(tmp_path)
     one process). The p99s are printed, not asserted: this machine is shared; what the shipped
     limits decide is whether anything is shed."""
     workers = 2
-    values = {"RATE": "100000r/s", "RATE_BURST": "1000", "CONN_LIMIT": "1000",
-              "UPSTREAM_MAX_CONNS": str(REQUESTS_PER_WORKER * workers)}
+    values = {
+        "RATE": "100000r/s",
+        "RATE_BURST": "1000",
+        "CONN_LIMIT": "1000",
+        "UPSTREAM_MAX_CONNS": str(REQUESTS_PER_WORKER * workers),
+    }
     s = start_stack(tmp_path, workers=workers, values=values, worker_connections=1024)
     try:
         sources = [f"127.0.6.{n}" for n in range(1, 8 * workers + 1)]
@@ -350,31 +414,43 @@ def test_a_request_stuck_in_the_queue_is_shed_and_a_client_cannot_forge_its_stam
     A forged old stamp must not get a healthy host's request shed; a forged future one must not
     get a stuck request served."""
     max_wait = 0.3
-    s = start_stack(tmp_path, workers=1, values={"UPSTREAM_TIMEOUT": "30s"},
-                    app_env={"AUTHSVC_MAX_QUEUE_WAIT": str(max_wait)})
+    s = start_stack(
+        tmp_path,
+        workers=1,
+        values={"UPSTREAM_TIMEOUT": "30s"},
+        app_env={"AUTHSVC_MAX_QUEUE_WAIT": str(max_wait)},
+    )
     try:
         for scheme in ("http", "https"):  # a decades-old forged stamp: replaced, so served
             answer = s.request(scheme, s.api_query(), headers={"X-Request-Start": "t=1000.000"})
             assert answer.status == 200 and answer.json()["success"] is True, answer.body
 
         (worker,) = s.gunicorn_worker_pids()
-        forged = {"future stamp": {"X-Request-Start": f"t={time.time() + 3600:.3f}"},
-                  "future, microseconds": {"X-Request-Start": f"t={int((time.time() + 3600) * 1e6)}"},
-                  "no stamp": {}}
+        forged = {
+            "future stamp": {"X-Request-Start": f"t={time.time() + 3600:.3f}"},
+            "future, microseconds": {"X-Request-Start": f"t={int((time.time() + 3600) * 1e6)}"},
+            "no stamp": {},
+        }
         answers: dict = {}
 
         def client(name: str) -> None:
             try:
-                answers[name] = s.request("http", s.api_query(), headers=forged[name], source="127.0.9.1")
+                answers[name] = s.request(
+                    "http", s.api_query(), headers=forged[name], source="127.0.9.1"
+                )
             except OSError as e:
                 answers[name] = e
 
         os.kill(worker, signal.SIGSTOP)
         try:
-            threads = [threading.Thread(target=client, args=(name,), daemon=True) for name in forged]
+            threads = [
+                threading.Thread(target=client, args=(name,), daemon=True) for name in forged
+            ]
             for t in threads:
                 t.start()
-            time.sleep(3 * max_wait)  # the worker gets no CPU: each request waits at least this long
+            time.sleep(
+                3 * max_wait
+            )  # the worker gets no CPU: each request waits at least this long
         finally:
             os.kill(worker, signal.SIGCONT)
         for t in threads:
@@ -390,9 +466,12 @@ def test_a_request_stuck_in_the_queue_is_shed_and_a_client_cannot_forge_its_stam
 
         answer = s.request("https", s.api_query())  # and the next one is served
         assert answer.status == 200 and answer.json()["success"] is True, answer.body
-        # The app's own 503 (result=503 from the app host), not nginx's shed (addr= the upstream's name).
+        # The app's own 503 (result=503 from the app host), not nginx's shed (addr= the upstream's
+        # name).
         access = (s.logs / "authsvc-access.log").read_text()
-        assert len([line for line in access.splitlines() if "result=503" in line]) == len(forged), access[-2000:]
+        assert len([line for line in access.splitlines() if "result=503" in line]) == len(forged), (
+            access[-2000:]
+        )
         assert 'addr="authsvc_app"' not in access
     finally:
         stop(s.nginx)

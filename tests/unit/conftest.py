@@ -1,4 +1,5 @@
-"""The unit tier opens no socket and starts no process (tests/tiers.py): here, trying to is an error.
+"""The unit tier opens no socket and starts no process (tests/tiers.py): here, trying to is an
+error.
 
 For every unit test module, socket creation, bind and connect, and every way to start a process
 (subprocess, os.fork, the exec and spawn families, os.system, multiprocessing's fork_exec) raise
@@ -21,12 +22,41 @@ import pytest
 
 # What a unit test may not call: (module or class, attribute).
 FORBIDDEN = [
-    (socket.socket, "__init__"), (socket.socket, "bind"), (socket.socket, "connect"), (socket.socket, "connect_ex"),
-    (socket, "socketpair"), (socket, "fromfd"),
-    (subprocess.Popen, "_execute_child"), (_posixsubprocess, "fork_exec"), (os, "system"),
-    *((os, name) for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve", "execvp",
-                              "execvpe", "execl", "execle", "execlp", "execlpe", "spawnv", "spawnve", "spawnvp",
-                              "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe") if hasattr(os, name)),
+    (socket.socket, "__init__"),
+    (socket.socket, "bind"),
+    (socket.socket, "connect"),
+    (socket.socket, "connect_ex"),
+    (socket, "socketpair"),
+    (socket, "fromfd"),
+    (subprocess.Popen, "_execute_child"),
+    (_posixsubprocess, "fork_exec"),
+    (os, "system"),
+    *(
+        (os, name)
+        for name in (
+            "fork",
+            "forkpty",
+            "posix_spawn",
+            "posix_spawnp",
+            "execv",
+            "execve",
+            "execvp",
+            "execvpe",
+            "execl",
+            "execle",
+            "execlp",
+            "execlpe",
+            "spawnv",
+            "spawnve",
+            "spawnvp",
+            "spawnvpe",
+            "spawnl",
+            "spawnle",
+            "spawnlp",
+            "spawnlpe",
+        )
+        if hasattr(os, name)
+    ),
 ]
 
 
@@ -37,8 +67,10 @@ class NotInUnitTier(Exception):
 def _refuse(what: str, attempts: list[str]):
     def refused(*args, **kwargs):
         attempts.append(what)
-        raise NotInUnitTier(f"{what}: a unit test opens no socket and starts no process (tests/tiers.py); "
-                            "move it to tests/functional (in-process WSGI) or tests/integration (processes)")
+        raise NotInUnitTier(
+            f"{what}: a unit test opens no socket and starts no process (tests/tiers.py); "
+            "move it to tests/functional (in-process WSGI) or tests/integration (processes)"
+        )
 
     return refused
 
@@ -56,7 +88,9 @@ def no_sockets_or_processes(attempts: list[str]):
 def fail_if_tried(attempts: list[str]) -> None:
     """Fail the test that made ``attempts``, whether or not what it ran caught the error."""
     if attempts:
-        pytest.fail(f"this unit test tried {sorted(set(attempts))}: {NotInUnitTier.__doc__}", pytrace=False)
+        pytest.fail(
+            f"this unit test tried {sorted(set(attempts))}: {NotInUnitTier.__doc__}", pytrace=False
+        )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -77,5 +111,9 @@ def _unit_test_guard(_unit_module_guard):
 
 @pytest.fixture(scope="session")
 def pg_server_url():
-    """No PostgreSQL in the unit tier: libpq's sockets are out of the guard's reach, so it is refused here."""
-    raise NotInUnitTier("a unit test uses no PostgreSQL server (tests/tiers.py): move it to tests/store or tests/integration")
+    """No PostgreSQL in the unit tier: libpq's sockets are out of the guard's reach, so it is
+    refused here."""
+    raise NotInUnitTier(
+        "a unit test uses no PostgreSQL server (tests/tiers.py): move it to tests/store or "
+        "tests/integration"
+    )

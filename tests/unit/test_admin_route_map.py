@@ -25,7 +25,8 @@ _ENTRY = re.compile(r'^\s*("[^"]*"|\S+)\s+("[^"]*"|\S+);\s*$')
 
 
 def route_map() -> tuple[dict[str, str], list[tuple[re.Pattern, str]], str]:
-    """(exact entries, regular-expression entries in order, default) of ``map $uri $authsvc_admin_route``."""
+    """(exact entries, regular-expression entries in order, default) of ``map $uri
+    $authsvc_admin_route``."""
     text = SITE.read_text()
     block = re.search(r"map \$uri \$authsvc_admin_route \{\n(.*?)\n\}", text, re.S)
     assert block, "no route map in the admin site"
@@ -67,7 +68,9 @@ ROUTES = [pattern for pattern, _ in routes._ROUTES]
 def test_every_admin_route_has_its_name_in_the_nginx_map(pattern):
     path = example(pattern)
     assert pattern.fullmatch(path), path
-    assert name_of(path) == routes.template(pattern), f"{path}: the admin site's map lacks {routes.template(pattern)}"
+    assert name_of(path) == routes.template(pattern), (
+        f"{path}: the admin site's map lacks {routes.template(pattern)}"
+    )
 
 
 def test_the_map_names_only_routes_the_api_has():

@@ -32,7 +32,9 @@ def _subcommands() -> list[str]:
 def test_readme_layout_lists_every_module():
     readme = (REPO / "README.md").read_text()
     modules = [str(p.relative_to(REPO)) for p in sorted((REPO / "authsvc").rglob("*.py"))]
-    missing = [m for m in modules if f"`{m}`" not in readme and not m.endswith("authsvc/__init__.py")]
+    missing = [
+        m for m in modules if f"`{m}`" not in readme and not m.endswith("authsvc/__init__.py")
+    ]
     assert not missing
 
 
@@ -58,7 +60,9 @@ def test_the_store_contract_names_methods_that_exist():
 
 
 def test_the_service_unit_names_the_admin_command_where_install_puts_it():
-    installed = re.findall(r'put 0755 "\$work/bin/authsvc" (\S+)', (REPO / "scripts/install").read_text())
+    installed = re.findall(
+        r'put 0755 "\$work/bin/authsvc" (\S+)', (REPO / "scripts/install").read_text()
+    )
     assert installed == ["/usr/local/bin/authsvc"]
     unit = (REPO / "deploy/systemd/authsvc.service").read_text()
     assert installed[0] in unit
@@ -66,9 +70,12 @@ def test_the_service_unit_names_the_admin_command_where_install_puts_it():
 
 
 def test_the_ports_and_files_a_new_user_is_told_of_are_the_scripts_own():
-    """README's example of another port for scripts/serve (and its admin API on the next one) collides with
-    nothing scripts/serve or scripts/demo use; docs/admin-api.md's clients and its schemathesis line default to
-    scripts/serve's admin API, what a README reader runs first; docs/integrating.md says where scripts/demo
+    """README's example of another port for scripts/serve (and its admin API on the next one)
+    collides with
+    nothing scripts/serve or scripts/demo use; docs/admin-api.md's clients and its schemathesis line
+    default to
+    scripts/serve's admin API, what a README reader runs first; docs/integrating.md says where
+    scripts/demo
     keeps the game's api key."""
     from examples.demo import PORTS
 
@@ -81,9 +88,16 @@ def test_the_ports_and_files_a_new_user_is_told_of_are_the_scripts_own():
     assert {int(example), int(example) + 1}.isdisjoint(used), (example, used)
     admin_api = (REPO / "docs/admin-api.md").read_text()
     defaults = re.findall(r"AUTHSVC_ADMIN_URL\W[^\n]*?http://127\.0\.0\.1:(\d+)", admin_api)
-    schemathesis = re.findall(r"schemathesis run http://127\.0\.0\.1:(\d+)/openapi\.json", admin_api)
-    assert len(defaults) >= 3 and len(schemathesis) == 1  # the three clients (and the prose on them)
+    schemathesis = re.findall(
+        r"schemathesis run http://127\.0\.0\.1:(\d+)/openapi\.json", admin_api
+    )
+    assert (
+        len(defaults) >= 3 and len(schemathesis) == 1
+    )  # the three clients (and the prose on them)
     assert {int(port) for port in defaults + schemathesis} == {web + 1}
     demo = (REPO / "examples/demo.py").read_text()
-    assert 'REPO / "var" / "demo-loop"' in demo and '(var / "api-key").write_text(game["api_key"])' in demo
+    assert (
+        'REPO / "var" / "demo-loop"' in demo
+        and '(var / "api-key").write_text(game["api_key"])' in demo
+    )
     assert "`var/demo-loop/api-key`" in (REPO / "docs/integrating.md").read_text()

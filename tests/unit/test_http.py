@@ -12,7 +12,15 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 
 from authsvc.errors import BadRequest, PayloadTooLarge
-from authsvc.web.http import INVALID, json_bytes, parse_body, parse_urlencoded, read_body, success_bytes, unquote_to_bytes
+from authsvc.web.http import (
+    INVALID,
+    json_bytes,
+    parse_body,
+    parse_urlencoded,
+    read_body,
+    success_bytes,
+    unquote_to_bytes,
+)
 
 
 def test_urlencoded_last_duplicate_wins_and_plus_is_space():
@@ -51,9 +59,9 @@ def test_json_values_of_other_types_are_invalid():
 
 def test_multipart_fields_are_read_and_files_ignored():
     body = (
-        b"--XyZ\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n1\r\n"
-        b"--XyZ\r\nContent-Disposition: form-data; name=\"f\"; filename=\"x.txt\"\r\n\r\nfile\r\n"
-        b"--XyZ\r\nContent-Disposition: form-data; name=\"b\"\r\n\r\n\xff\r\n--XyZ--\r\n"
+        b'--XyZ\r\nContent-Disposition: form-data; name="a"\r\n\r\n1\r\n'
+        b'--XyZ\r\nContent-Disposition: form-data; name="f"; filename="x.txt"\r\n\r\nfile\r\n'
+        b'--XyZ\r\nContent-Disposition: form-data; name="b"\r\n\r\n\xff\r\n--XyZ--\r\n'
     )
     params = parse_body(body, "multipart/form-data; boundary=XyZ")
     assert params == {"a": "1", "b": INVALID}
@@ -67,7 +75,8 @@ def test_read_body_limits():
     assert read_body(environ(b"abc"), 3) == b""  # no length, not chunked: no body
     chunked = {"wsgi.input_terminated": True, "HTTP_TRANSFER_ENCODING": "chunked"}
     assert read_body(environ(b"abc", **chunked), 3) == b"abc"
-    # Neither Content-Length nor Transfer-Encoding: no body, whatever the stream holds (RFC 9112 §6.3).
+    # Neither Content-Length nor Transfer-Encoding: no body, whatever the stream holds (RFC 9112
+    # §6.3).
     assert read_body(environ(b"abc", **{"wsgi.input_terminated": True}), 3) == b""
     with pytest.raises(PayloadTooLarge):
         read_body(environ(b"abcd", CONTENT_LENGTH="4"), 3)
@@ -88,20 +97,44 @@ def test_json_bytes_is_compact_ascii_single_line_json(obj):
 @given(st.integers(1, 2**63 - 1), st.text())
 def test_success_bytes_is_json_bytes_of_the_success_object(user_id, username):
     """The hand-formatted success answer equals the generic encoder's, for any username."""
-    assert success_bytes(user_id, username) == json_bytes({"success": True, "user_id": user_id, "username": username})
+    assert success_bytes(user_id, username) == json_bytes(
+        {"success": True, "user_id": user_id, "username": username}
+    )
 
 
 @given(st.text(alphabet="ab019=&-._~*", max_size=60))
 def test_plain_query_fast_path_agrees_with_the_decoding_path(text):
-    """A query with nothing to decode takes a fast path; adding one escape forces the decoding path."""
+    """A query with nothing to decode takes a fast path; adding one escape forces the decoding
+    path."""
     slow = parse_urlencoded(text + "&%2C=x")  # "," is not in the alphabet: no clash
     assert slow.pop(",") == "x"
     assert parse_urlencoded(text) == slow
 
 
 @hsettings(max_examples=500)
-@given(st.lists(st.one_of(st.binary(max_size=4), st.sampled_from([b"%", b"=", b"%3D", b"%c3%A9", b"=3D", b"\r\n", b" \n",
-                                                                  b"\t", b"_", b"%0a", b"%00"])), max_size=20))
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(max_size=4),
+            st.sampled_from(
+                [
+                    b"%",
+                    b"=",
+                    b"%3D",
+                    b"%c3%A9",
+                    b"=3D",
+                    b"\r\n",
+                    b" \n",
+                    b"\t",
+                    b"_",
+                    b"%0a",
+                    b"%00",
+                ]
+            ),
+        ),
+        max_size=20,
+    )
+)
 def test_unquote_to_bytes_agrees_with_urllib(pieces):
     """The C path (binascii's quoted-printable decoder) decodes exactly as urllib does."""
     raw = b"".join(pieces)
@@ -119,11 +152,24 @@ query_text = st.lists(st.tuples(field_names, st.text(max_size=70)), max_size=6).
 )
 
 
-@hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(query=st.one_of(query_bytes, query_text), body=st.binary(max_size=200),
-       content_type=st.sampled_from(["", "application/json", "application/x-www-form-urlencoded",
-                                     "multipart/form-data; boundary=b", "multipart/form-data", "text/plain"]),
-       method=st.sampled_from(["GET", "POST", "HEAD"]))
+@hsettings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    query=st.one_of(query_bytes, query_text),
+    body=st.binary(max_size=200),
+    content_type=st.sampled_from(
+        [
+            "",
+            "application/json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=b",
+            "multipart/form-data",
+            "text/plain",
+        ]
+    ),
+    method=st.sampled_from(["GET", "POST", "HEAD"]),
+)
 def test_any_request_gets_a_documented_json_answer(app, query, body, content_type, method):
     request = webtest.TestRequest.blank("/api/authenticate.json", method=method)
     request.environ["QUERY_STRING"] = query

@@ -37,7 +37,8 @@ def _modules() -> dict[str, pathlib.Path]:
 
 
 def _type_checking_only(tree: ast.Module, functions: bool = False) -> set[int]:
-    """ids of the import nodes under ``if TYPE_CHECKING:`` (and inside functions, if ``functions``)."""
+    """ids of the import nodes under ``if TYPE_CHECKING:`` (and inside functions, if
+    ``functions``)."""
     skipped = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
@@ -47,8 +48,11 @@ def _type_checking_only(tree: ast.Module, functions: bool = False) -> set[int]:
     return skipped
 
 
-def imports_of(name: str, path: pathlib.Path, modules: dict[str, pathlib.Path], on_import: bool = False) -> set[str]:
-    """The authsvc modules ``name`` imports: ``from a.b import c`` is a.b.c if that is a module, else a.b.
+def imports_of(
+    name: str, path: pathlib.Path, modules: dict[str, pathlib.Path], on_import: bool = False
+) -> set[str]:
+    """The authsvc modules ``name`` imports: ``from a.b import c`` is a.b.c if that is a module,
+    else a.b.
     ``on_import``: only those its import runs, not those inside its functions."""
     tree = ast.parse(path.read_text(), str(path))
     skipped = _type_checking_only(tree, functions=on_import)
@@ -116,8 +120,16 @@ def test_the_circle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-CORE = {"authsvc", "authsvc.settings", "authsvc.tokens", "authsvc.names", "authsvc.errors", "authsvc.loglines",
-        "authsvc.urls", "authsvc.times"}
+CORE = {
+    "authsvc",
+    "authsvc.settings",
+    "authsvc.tokens",
+    "authsvc.names",
+    "authsvc.errors",
+    "authsvc.loglines",
+    "authsvc.urls",
+    "authsvc.times",
+}
 # Old paths kept (README.md, "Layout"): each imports its new path and nothing else.
 ALIASES = {"authsvc.wsgi": "authsvc.web.wsgi"}
 WINGS = ("web", "cli", "api", "operations", "serving", "store", "webhooks", "deployment")
@@ -145,8 +157,11 @@ def wing(module: str) -> str:
 
 
 def wrong_way(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
-    """(importer, imported) pairs against NEVER, and aliases that import more than their new path."""
-    found = [(a, b) for a, targets in graph.items() for b in targets if wing(b) in NEVER.get(wing(a), ())]
+    """(importer, imported) pairs against NEVER, and aliases that import more than their new
+    path."""
+    found = [
+        (a, b) for a, targets in graph.items() for b in targets if wing(b) in NEVER.get(wing(a), ())
+    ]
     found += [(a, b) for a, new in ALIASES.items() if a in graph for b in graph[a] if b != new]
     return sorted(found)
 
@@ -182,7 +197,9 @@ def test_every_module_stands_in_a_wing():
 def test_the_arrows_run_one_way():
     modules = _modules()
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
-    assert graph["authsvc.web.app"] and graph["authsvc.serving.access_log"], "the import reader found nothing"
+    assert graph["authsvc.web.app"] and graph["authsvc.serving.access_log"], (
+        "the import reader found nothing"
+    )
     assert not wrong_way(graph)
 
 
@@ -205,31 +222,43 @@ def test_the_web_path_reaches_no_store_that_writes_and_no_admin_module():
     web = {name for name in modules if wing(name) == "web"} | {"authsvc.wsgi"}
     reached = reached_on_import(web, modules)
     assert not reached & WRITERS
-    assert {"authsvc.store.sqlite.reader", "authsvc.store.postgres.reader"} <= reached, "the import reader is broken"
+    assert {"authsvc.store.sqlite.reader", "authsvc.store.postgres.reader"} <= reached, (
+        "the import reader is broken"
+    )
     assert not {name for name in reached if wing(name) in ADMIN}
 
 
 def test_the_direction_rules_catch_a_wrong_arrow():
-    assert wrong_way({"authsvc.web.app": {"authsvc.operations.players"}, "authsvc.tokens": {"authsvc.errors"}}) == [
-        ("authsvc.web.app", "authsvc.operations.players")
+    assert wrong_way(
+        {"authsvc.web.app": {"authsvc.operations.players"}, "authsvc.tokens": {"authsvc.errors"}}
+    ) == [("authsvc.web.app", "authsvc.operations.players")]
+    assert wrong_way({"authsvc.settings": {"authsvc.store.common"}}) == [
+        ("authsvc.settings", "authsvc.store.common")
     ]
-    assert wrong_way({"authsvc.settings": {"authsvc.store.common"}}) == [("authsvc.settings", "authsvc.store.common")]
     assert wrong_way({"authsvc.operations.players": {"authsvc.api.problems"}}) == [
         ("authsvc.operations.players", "authsvc.api.problems")
     ]
-    assert wrong_way({"authsvc.store.base": {"authsvc.serving.redact"}}) == [("authsvc.store.base", "authsvc.serving.redact")]
-    assert wrong_way({"authsvc.wsgi": {"authsvc.web.wsgi", "authsvc.web.app"}}) == [("authsvc.wsgi", "authsvc.web.app")]
+    assert wrong_way({"authsvc.store.base": {"authsvc.serving.redact"}}) == [
+        ("authsvc.store.base", "authsvc.serving.redact")
+    ]
+    assert wrong_way({"authsvc.wsgi": {"authsvc.web.wsgi", "authsvc.web.app"}}) == [
+        ("authsvc.wsgi", "authsvc.web.app")
+    ]
 
 
 def _store_methods_that_open_a_write(source: str) -> list[str]:
-    """The methods of the class Store in ``source`` that call ``self.write(``: a one-call write wrapper."""
+    """The methods of the class Store in ``source`` that call ``self.write(``: a one-call write
+    wrapper."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ClassDef) and node.name == "Store":
             for method in node.body:
                 if isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef) and any(
-                    isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "write"
-                    and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"
+                    isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "write"
+                    and isinstance(call.func.value, ast.Name)
+                    and call.func.value.id == "self"
                     for call in ast.walk(method)
                 ):
                     found.append(method.name)
@@ -244,11 +273,9 @@ def test_the_store_has_one_way_to_write():
 
 def test_the_write_wrapper_finder_finds_a_wrapper():
     source = (
-        "class Store:\n"
-        "    def add_player(self, user_id, username, *, audit=None):\n"
-        "        with self.write(audit) as tx:\n"
-        "            return tx.add_player(user_id, username)\n"
-        "    def get_player(self, user_id): ...\n"
+        "class Store:\n    def add_player(self, user_id, username, *, audit=None):\n        with "
+        "self.write(audit) as tx:\n            return tx.add_player(user_id, username)\n    def "
+        "get_player(self, user_id): ...\n"
     )
     assert _store_methods_that_open_a_write(source) == ["add_player"]
 

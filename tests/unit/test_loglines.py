@@ -32,7 +32,14 @@ def test_the_cached_time_text_is_logging_s_own():
     cached, plain = CachedTimeFormatter(FORMAT, DATEFMT), logging.Formatter(FORMAT, DATEFMT)
     logger = logging.getLogger("test.loglines.time")
     start = int(time.time())
-    for created in (start + 0.1, start + 0.9, start + 1.0, start + 1.5, start + 3601.2, start + 0.2):
+    for created in (
+        start + 0.1,
+        start + 0.9,
+        start + 1.0,
+        start + 1.5,
+        start + 3601.2,
+        start + 0.2,
+    ):
         record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, "line", (), None)
         record.created = created
         assert cached.format(record) == plain.format(record)
@@ -40,16 +47,25 @@ def test_the_cached_time_text_is_logging_s_own():
     record.created, record.msecs = start + 0.25, 250.0
     first = CachedTimeFormatter(FORMAT).format(record)
     record.created, record.msecs = start + 0.75, 750.0
-    assert first != CachedTimeFormatter(FORMAT).format(record) == logging.Formatter(FORMAT).format(record)
+    assert (
+        first
+        != CachedTimeFormatter(FORMAT).format(record)
+        == logging.Formatter(FORMAT).format(record)
+    )
 
 
 def test_a_line_in_the_same_second_formats_no_time_again():
-    """What CachedTimeFormatter saves: localtime and strftime, once a line's second has been formatted."""
+    """What CachedTimeFormatter saves: localtime and strftime, once a line's second has been
+    formatted."""
     formatter = CachedTimeFormatter(FORMAT, DATEFMT)
     logger = logging.getLogger("test.loglines.cost")
-    record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, "auth rid=- reason=success", (), None)
+    record = logger.makeRecord(
+        logger.name, logging.INFO, __file__, 0, "auth rid=- reason=success", (), None
+    )
     formatter.format(record)
-    assert {"localtime", "strftime"} <= set(profile(lambda: logging.Formatter(FORMAT, DATEFMT).format(record)))
+    assert {"localtime", "strftime"} <= set(
+        profile(lambda: logging.Formatter(FORMAT, DATEFMT).format(record))
+    )
     assert not {"localtime", "strftime"} & set(profile(lambda: formatter.format(record)))
 
 
@@ -59,5 +75,15 @@ def test_a_request_id_is_logged_only_in_its_documented_shape():
 
     for good in ("e403c0fcef6463d39fc7a9b815431506", "a", "client-7.retry_2", "x" * 64):
         assert request_id(good) == good
-    for bad in (None, "", "x" * 65, "abc result=200", "\u00e9t\u00e9", "\u0661\u0662", "a\n", "a\"b", "a,b"):
+    for bad in (
+        None,
+        "",
+        "x" * 65,
+        "abc result=200",
+        "\u00e9t\u00e9",
+        "\u0661\u0662",
+        "a\n",
+        'a"b',
+        "a,b",
+    ):
         assert request_id(bad) == "-"

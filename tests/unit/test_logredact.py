@@ -14,7 +14,11 @@ from authsvc.serving.redact import RedactFilter, frames_only, redact
 KEY = "9e258f6c-a232-442b-8d2d-f22da9c19d49"
 TOKEN = "4e6b97f60d73ff18a6226e2a55cf9e94116209e5efce0a85496cf819c4f0c11d"
 PROBE = (
-    "GET /api/authenticate.json?q=\"x'&user_id=4242&api_key=" + KEY + "&game_auth_token=" + TOKEN + "&z=\xff HTTP/1.1"
+    "GET /api/authenticate.json?q=\"x'&user_id=4242&api_key="
+    + KEY
+    + "&game_auth_token="
+    + TOKEN
+    + "&z=\xff HTTP/1.1"
 )
 
 
@@ -45,7 +49,11 @@ def test_the_probe_request_line_is_withheld_whole():
     """' and " before the secrets used to end the quoted-value pattern early."""
     message = f"Invalid request from ip=127.0.0.1: Invalid HTTP request line: {PROBE!r}"
     [line] = _logged((logging.WARNING, message, (), None))
-    assert line == "[WARNING] test.logs.redact: Invalid request from ip=127.0.0.1: invalid request line (text withheld)"
+    assert (
+        line
+        == "[WARNING] test.logs.redact: Invalid request from ip=127.0.0.1: invalid request line "
+        "(text withheld)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -85,17 +93,30 @@ def test_an_address_that_is_not_one_is_withheld():
     assert redact(f"Invalid request from ip={KEY}: Invalid HTTP method: 'x'").startswith(
         "Invalid request from ip=<redacted>: invalid method"
     )
-    assert redact("Invalid request from ip=::1: Invalid HTTP method: 'x'").startswith("Invalid request from ip=::1: ")
+    assert redact("Invalid request from ip=::1: Invalid HTTP method: 'x'").startswith(
+        "Invalid request from ip=::1: "
+    )
 
 
 def test_error_handling_request_names_the_route_only():
     routes = frozenset({"/api/authenticate.json"})
-    for uri, route in ((f"/api/authenticate.json?api_key={KEY}", "/api/authenticate.json"),
-                       (f"/api/authenticate.json%3Fapi_key={KEY}", "<other>"),
-                       (f"/x'\"?api_key={KEY}", "<other>")):
-        assert redact(f"Error handling request GET {uri}", routes) == f"Error handling request GET {route} (text withheld)"
-    assert redact(f"Error handling request {KEY}?a", routes) == "Error handling request <other> (text withheld)"
-    assert redact("Error handling request (no URI read)", routes) == "Error handling request <other> (text withheld)"
+    for uri, route in (
+        (f"/api/authenticate.json?api_key={KEY}", "/api/authenticate.json"),
+        (f"/api/authenticate.json%3Fapi_key={KEY}", "<other>"),
+        (f"/x'\"?api_key={KEY}", "<other>"),
+    ):
+        assert (
+            redact(f"Error handling request GET {uri}", routes)
+            == f"Error handling request GET {route} (text withheld)"
+        )
+    assert (
+        redact(f"Error handling request {KEY}?a", routes)
+        == "Error handling request <other> (text withheld)"
+    )
+    assert (
+        redact("Error handling request (no URI read)", routes)
+        == "Error handling request <other> (text withheld)"
+    )
 
 
 def _raise_chained():
@@ -110,7 +131,9 @@ def test_tracebacks_keep_their_frames_and_lose_the_messages():
         _raise_chained()
     except ValueError as e:
         exc = e
-    [line] = _logged((logging.ERROR, "Error handling request GET /api/authenticate.json?api_key=" + KEY, (), exc))
+    [line] = _logged(
+        (logging.ERROR, "Error handling request GET /api/authenticate.json?api_key=" + KEY, (), exc)
+    )
     assert KEY not in line and TOKEN not in line, line
     assert f'File "{__file__}", line ' in line and "in _raise_chained" in line, line
     assert "<redacted>" not in line
@@ -120,10 +143,16 @@ def test_tracebacks_keep_their_frames_and_lose_the_messages():
 
 def test_a_traceback_inside_a_message_keeps_its_file_paths():
     """gunicorn logs traceback.format_exc() as a message when an access log line fails."""
-    text = f'Traceback (most recent call last):\n  File "/opt/authsvc/venv/x.py", line 3, in f\nKeyError: \'{KEY}\'\n'
+    text = (
+        'Traceback (most recent call last):\n  File "/opt/authsvc/venv/x.py", line 3, in '
+        f"f\nKeyError: '{KEY}'\n"
+    )
     out = redact(text)
     assert '  File "/opt/authsvc/venv/x.py", line 3, in f' in out and KEY not in out
 
 
 def test_frames_only_of_an_exception_without_a_traceback():
-    assert frames_only(ValueError(KEY)) == "Traceback (most recent call last):\nValueError: (text withheld)"
+    assert (
+        frames_only(ValueError(KEY))
+        == "Traceback (most recent call last):\nValueError: (text withheld)"
+    )

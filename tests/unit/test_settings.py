@@ -12,7 +12,9 @@ from authsvc.web.app import make_app
 
 
 def test_defaults_follow_systemd_directories(secret_file):
-    s = Settings.from_env({"AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), "STATE_DIRECTORY": "/srv/state"})
+    s = Settings.from_env(
+        {"AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), "STATE_DIRECTORY": "/srv/state"}
+    )
     assert s.store == "sqlite:///srv/state/authsvc.db"
     assert s.error_status == "200" and not s.errors_as_http_status
     assert s.max_body_bytes == 16384 and s.pg_connect_timeout == 2.0
@@ -27,7 +29,9 @@ def test_default_store_without_systemd(secret_file):
 def test_secret_from_systemd_credentials_directory(tmp_path):
     (tmp_path / "token-secret").write_text("s" * 40 + "\n")
     (tmp_path / "token-secret").chmod(0o600)
-    s = Settings.from_env({"CREDENTIALS_DIRECTORY": str(tmp_path), "AUTHSVC_STORE": "sqlite://x.db"})
+    s = Settings.from_env(
+        {"CREDENTIALS_DIRECTORY": str(tmp_path), "AUTHSVC_STORE": "sqlite://x.db"}
+    )
     assert s.token_secret_file == str(tmp_path / "token-secret")
     assert s.token_secrets == (b"s" * 40,)
 
@@ -35,11 +39,16 @@ def test_secret_from_systemd_credentials_directory(tmp_path):
 def test_environment_overrides_toml_file(tmp_path, secret_file):
     config = tmp_path / "authsvc.toml"
     config.write_text(
-        f'store = "sqlite:///from/toml.db"\nerror_status = "http"\ntoken_secret_file = "{secret_file}"\n'
+        'store = "sqlite:///from/toml.db"\nerror_status = "http"\ntoken_secret_file = '
+        f'"{secret_file}"\n'
         "pg_statement_timeout = 0.5\n"
     )
     s = Settings.from_env({"AUTHSVC_CONFIG": str(config)})
-    assert (s.store, s.error_status, s.pg_statement_timeout) == ("sqlite:///from/toml.db", "http", 0.5)
+    assert (s.store, s.error_status, s.pg_statement_timeout) == (
+        "sqlite:///from/toml.db",
+        "http",
+        0.5,
+    )
     s = Settings.from_env({"AUTHSVC_CONFIG": str(config), "AUTHSVC_STORE": "sqlite:///from/env.db"})
     assert s.store == "sqlite:///from/env.db" and s.error_status == "http"
 
@@ -88,15 +97,21 @@ def test_unknown_or_broken_toml_is_a_config_error(tmp_path, secret_file):
     config = tmp_path / "c.toml"
     config.write_text('stor = "typo"\n')
     with pytest.raises(ConfigError, match="unknown setting"):
-        Settings.from_env({"AUTHSVC_CONFIG": str(config), "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)})
+        Settings.from_env(
+            {"AUTHSVC_CONFIG": str(config), "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
+        )
     config.write_text("store = \n")
     with pytest.raises(ConfigError, match="not valid TOML"):
-        Settings.from_env({"AUTHSVC_CONFIG": str(config), "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)})
+        Settings.from_env(
+            {"AUTHSVC_CONFIG": str(config), "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
+        )
 
 
 def test_missing_secret_is_an_error_only_when_required(tmp_path):
     env = {"AUTHSVC_TOKEN_SECRET_FILE": str(tmp_path / "absent")}
-    with pytest.raises(ConfigError, match="cannot read token secret file .*restore it from its backup copy"):
+    with pytest.raises(
+        ConfigError, match="cannot read token secret file .*restore it from its backup copy"
+    ):
         Settings.from_env(env)
     assert Settings.from_env(env, require_secret=False).token_secrets == ()
 
@@ -163,8 +178,12 @@ def test_an_indented_comment_is_a_comment_not_a_secret(tmp_path):
 
 def test_a_utf8_bom_is_not_part_of_the_secret(tmp_path):
     a = secrets.token_hex(32)
-    assert load_token_secrets(_secret(tmp_path, b"\xef\xbb\xbf" + a.encode() + b"\r\n")) == (a.encode(),)
-    assert load_token_secrets(_secret(tmp_path, b"\xef\xbb\xbf# comment\n" + a.encode() + b"\n")) == (a.encode(),)
+    assert load_token_secrets(_secret(tmp_path, b"\xef\xbb\xbf" + a.encode() + b"\r\n")) == (
+        a.encode(),
+    )
+    assert load_token_secrets(
+        _secret(tmp_path, b"\xef\xbb\xbf# comment\n" + a.encode() + b"\n")
+    ) == (a.encode(),)
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o604, 0o606, 0o602])
@@ -192,7 +211,9 @@ def test_a_systemd_credential_is_read_without_a_group_warning(tmp_path, caplog):
     a = secrets.token_hex(32)
     _secret(tmp_path, a.encode() + b"\n", 0o440)
     with caplog.at_level("WARNING", logger="authsvc"):
-        s = Settings.from_env({"CREDENTIALS_DIRECTORY": str(tmp_path), "AUTHSVC_STORE": "sqlite://x.db"})
+        s = Settings.from_env(
+            {"CREDENTIALS_DIRECTORY": str(tmp_path), "AUTHSVC_STORE": "sqlite://x.db"}
+        )
     assert s.token_secrets == (a.encode(),) and caplog.records == []
 
 
@@ -213,18 +234,26 @@ def _config(tmp_path, text: str):
 
 
 def _from_file(path, secret_file, **env) -> Settings:
-    return Settings.from_env({"AUTHSVC_CONFIG": str(path), "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), **env})
+    return Settings.from_env(
+        {"AUTHSVC_CONFIG": str(path), "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file), **env}
+    )
 
 
 def test_documented_layout_top_level_keys_and_a_gunicorn_table(tmp_path, secret_file):
-    path = _config(tmp_path, 'store = "sqlite:///srv/a.db"\nmax_body_bytes = 8192\nlog_level = "warning"\n'
-                             '[gunicorn]\nworkers = 3\nworker_class = "gthread"\nthreads = 4\ntimeout = 10\n')
+    path = _config(
+        tmp_path,
+        'store = "sqlite:///srv/a.db"\nmax_body_bytes = 8192\nlog_level = "warning"\n'
+        '[gunicorn]\nworkers = 3\nworker_class = "gthread"\nthreads = 4\ntimeout = 10\n',
+    )
     s = _from_file(path, secret_file)
     assert (s.store, s.max_body_bytes) == ("sqlite:///srv/a.db", 8192)
 
 
 def test_an_authsvc_table_is_the_top_level_under_another_name(tmp_path, secret_file):
-    path = _config(tmp_path, '[authsvc]\nstore = "sqlite:///srv/a.db"\nmax_body_bytes = 8192\n[gunicorn]\nworkers = 3\n')
+    path = _config(
+        tmp_path,
+        '[authsvc]\nstore = "sqlite:///srv/a.db"\nmax_body_bytes = 8192\n[gunicorn]\nworkers = 3\n',
+    )
     assert _from_file(path, secret_file).max_body_bytes == 8192
 
 
@@ -251,7 +280,7 @@ def test_top_level_keys_beside_an_authsvc_table_are_refused(tmp_path, secret_fil
         ("[gunicorn]\ntimout = 5\n", ["[gunicorn] timout", "did you mean timeout"]),
         ('[authsvcc]\nstore = "sqlite:///srv/a.db"\n', ["[authsvcc]", "did you mean [authsvc]"]),
         ('stor = "sqlite:///srv/a.db"\n', ["stor", "did you mean store"]),
-        ('[authsvc]\nmax_body_byte = 1\n', ["[authsvc] max_body_byte"]),
+        ("[authsvc]\nmax_body_byte = 1\n", ["[authsvc] max_body_byte"]),
         ("workers = 8\n", ["workers", "[gunicorn]"]),  # a gunicorn setting at the top level
         ('[gunicorn]\nstore = "sqlite:///srv/a.db"\n', ["[gunicorn] store", "top level"]),
         ("gunicorn = 8\n", ["gunicorn", "table"]),
@@ -281,10 +310,15 @@ def test_unknown_keys_and_tables_are_refused_in_one_line(tmp_path, secret_file, 
         ("[gunicorn]\nworkers = 0\n", ["[gunicorn] workers must be at least 1"]),
         ("[gunicorn]\nthreads = 0\n", ["[gunicorn] threads must be at least 1"]),
         ("[gunicorn]\ntimeout = 0\n", ["[gunicorn] timeout must be at least 1"]),
-        ('[gunicorn]\nworker_class = "gevent"\n', ["[gunicorn] worker_class must be", "sync", "gthread"]),
+        (
+            '[gunicorn]\nworker_class = "gevent"\n',
+            ["[gunicorn] worker_class must be", "sync", "gthread"],
+        ),
     ],
 )
-def test_wrong_types_and_values_in_the_file_are_refused_in_one_line(tmp_path, secret_file, text, words):
+def test_wrong_types_and_values_in_the_file_are_refused_in_one_line(
+    tmp_path, secret_file, text, words
+):
     """Before, true became 1, 1.9 became 1, and nothing in [gunicorn] was checked by the reader."""
     path = _config(tmp_path, text)
     _refused(path, secret_file, str(path), *words)
@@ -299,10 +333,19 @@ def test_wrong_types_and_values_in_the_file_are_refused_in_one_line(tmp_path, se
         ({"AUTHSVC_LOG_LEVEL": "LOUD"}, "AUTHSVC_LOG_LEVEL must be one of"),
         ({"AUTHSVC_MAX_BODY_BYTES": "1.9"}, "AUTHSVC_MAX_BODY_BYTES must be an integer"),
         ({"AUTHSVC_PG_STATEMENT_TIMEOUT": "inf"}, "AUTHSVC_PG_STATEMENT_TIMEOUT must be a number"),
-        ({"AUTHSVC_FORWARDED_ALLOW_IPS": "*"}, "AUTHSVC_FORWARDED_ALLOW_IPS must be IP addresses or networks"),
-        ({"AUTHSVC_FORWARDED_ALLOW_IPS": "10.0.0.1,nginx.example"}, "AUTHSVC_FORWARDED_ALLOW_IPS must be"),
+        (
+            {"AUTHSVC_FORWARDED_ALLOW_IPS": "*"},
+            "AUTHSVC_FORWARDED_ALLOW_IPS must be IP addresses or networks",
+        ),
+        (
+            {"AUTHSVC_FORWARDED_ALLOW_IPS": "10.0.0.1,nginx.example"},
+            "AUTHSVC_FORWARDED_ALLOW_IPS must be",
+        ),
         ({"AUTHSVC_FORWARDED_ALLOW_IPS": "10.0.0.1,"}, "AUTHSVC_FORWARDED_ALLOW_IPS must be"),
-        ({"AUTHSVC_FORWARDED_ALLOW_IPS": "10.0.0.1/8"}, "AUTHSVC_FORWARDED_ALLOW_IPS must be"),  # host bits: gunicorn refuses it
+        (
+            {"AUTHSVC_FORWARDED_ALLOW_IPS": "10.0.0.1/8"},
+            "AUTHSVC_FORWARDED_ALLOW_IPS must be",
+        ),  # host bits: gunicorn refuses it
     ],
 )
 def test_wrong_environment_values_are_refused_in_one_line(env, message, secret_file):
@@ -318,7 +361,8 @@ def test_a_bad_file_value_is_refused_even_when_the_environment_overrides_it(tmp_
 
 
 def test_each_default_is_declared_once(tmp_path, secret_file):
-    """Settings' own defaults, from_env's and the store's are the same numbers (max_staleness was 1.0 and 0.0)."""
+    """Settings' own defaults, from_env's and the store's are the same numbers (max_staleness was
+    1.0 and 0.0)."""
     from authsvc.store import open_store
 
     read = Settings.from_env({"AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)})
@@ -332,7 +376,8 @@ def test_each_default_is_declared_once(tmp_path, secret_file):
 
 
 def test_every_declared_setting_is_read_and_documented():
-    """SETTINGS is the one list: each entry lands in Settings or GunicornSettings and has a row in the docs."""
+    """SETTINGS is the one list: each entry lands in Settings or GunicornSettings and has a row in
+    the docs."""
     from pathlib import Path
 
     from authsvc.settings import SETTINGS, GunicornSettings
@@ -347,19 +392,29 @@ def test_every_declared_setting_is_read_and_documented():
 
 
 def test_the_metrics_directory_gunicorn_conf_uses():
-    """prometheus_client's own variable first, then systemd's directories, else none (gunicorn.conf.py makes one)."""
+    """prometheus_client's own variable first, then systemd's directories, else none
+    (gunicorn.conf.py makes one)."""
     from authsvc.settings import metrics_dir
 
-    assert metrics_dir({"PROMETHEUS_MULTIPROC_DIR": "/x", "RUNTIME_DIRECTORY": "/run/authsvc"}) == "/x"
-    assert metrics_dir({"RUNTIME_DIRECTORY": "/run/authsvc", "STATE_DIRECTORY": "/var/lib/authsvc"}) == "/run/authsvc/metrics"
+    assert (
+        metrics_dir({"PROMETHEUS_MULTIPROC_DIR": "/x", "RUNTIME_DIRECTORY": "/run/authsvc"}) == "/x"
+    )
+    assert (
+        metrics_dir({"RUNTIME_DIRECTORY": "/run/authsvc", "STATE_DIRECTORY": "/var/lib/authsvc"})
+        == "/run/authsvc/metrics"
+    )
     assert metrics_dir({"STATE_DIRECTORY": "/var/lib/authsvc:/other"}) == "/var/lib/authsvc/metrics"
     assert metrics_dir({}) == ""
 
 
 def test_the_store_password_never_shows_in_repr_or_str(secret_file):
     password = secrets.token_hex(12)
-    s = Settings.from_env({"AUTHSVC_STORE": f"postgresql://owner:{password}@db/a?sslpassword={password}x",
-                           "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)})
+    s = Settings.from_env(
+        {
+            "AUTHSVC_STORE": f"postgresql://owner:{password}@db/a?sslpassword={password}x",
+            "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),
+        }
+    )
     assert password in s.store  # the object keeps it: the store connects with it
     for text in (repr(s), str(s), f"{s}", f"{s!r}"):
         assert password not in text and "postgresql://owner:***@db/a?sslpassword=***" in text
@@ -369,17 +424,25 @@ def test_the_store_password_never_shows_in_repr_or_str(secret_file):
 # write it, as the token secret file is; the documented install (root:authsvc 0640) loads.
 
 
-@pytest.mark.parametrize("store", [
-    "postgresql://authsvc_owner:{p}@db/authsvc",
-    "postgresql://authsvc_owner@db/authsvc?sslpassword={p}",
-    "postgresql://authsvc_owner@db/authsvc?pass%77ord={p}",
-])
+@pytest.mark.parametrize(
+    "store",
+    [
+        "postgresql://authsvc_owner:{p}@db/authsvc",
+        "postgresql://authsvc_owner@db/authsvc?sslpassword={p}",
+        "postgresql://authsvc_owner@db/authsvc?pass%77ord={p}",
+    ],
+)
 @pytest.mark.parametrize("mode", [0o644, 0o604, 0o602])
-def test_a_settings_file_with_a_password_other_users_can_read_is_refused(tmp_path, secret_file, store, mode):
+def test_a_settings_file_with_a_password_other_users_can_read_is_refused(
+    tmp_path, secret_file, store, mode
+):
     password = secrets.token_hex(12)
     path = _config(tmp_path, f'[authsvc]\nstore = "{store.format(p=password)}"\n')
     path.chmod(mode)
-    for env in ({}, {"AUTHSVC_STORE": "sqlite://x.db"}):  # the file holds it even when the environment wins
+    for env in (
+        {},
+        {"AUTHSVC_STORE": "sqlite://x.db"},
+    ):  # the file holds it even when the environment wins
         with pytest.raises(ConfigError) as info:
             _from_file(path, secret_file, **env)
         message = str(info.value)
@@ -388,7 +451,9 @@ def test_a_settings_file_with_a_password_other_users_can_read_is_refused(tmp_pat
 
 
 @pytest.mark.parametrize("mode", [0o600, 0o640, 0o440])
-def test_a_settings_file_with_a_password_only_its_owner_and_group_read_loads(tmp_path, secret_file, mode, caplog):
+def test_a_settings_file_with_a_password_only_its_owner_and_group_read_loads(
+    tmp_path, secret_file, mode, caplog
+):
     path = _config(tmp_path, f'store = "postgresql://owner:{secrets.token_hex(12)}@db/authsvc"\n')
     path.chmod(mode)
     with caplog.at_level("WARNING", logger="authsvc"):
@@ -397,7 +462,9 @@ def test_a_settings_file_with_a_password_only_its_owner_and_group_read_loads(tmp
 
 
 def test_a_settings_file_without_a_password_may_be_world_readable(tmp_path, secret_file):
-    path = _config(tmp_path, 'store = "postgresql://authsvc_web@db/authsvc?passfile=/etc/authsvc/pgpass-web"\n')
+    path = _config(
+        tmp_path, 'store = "postgresql://authsvc_web@db/authsvc?passfile=/etc/authsvc/pgpass-web"\n'
+    )
     path.chmod(0o644)
     assert _from_file(path, secret_file).store.endswith("pgpass-web")
 
@@ -407,4 +474,7 @@ def test_forwarded_allow_ips_takes_addresses_and_networks(tmp_path):
 
     assert GunicornSettings.from_env({}).forwarded_allow_ips == "127.0.0.1,::1"
     value = "10.0.0.1, 10.0.0.0/24,2001:db8::/64"
-    assert GunicornSettings.from_env({"AUTHSVC_FORWARDED_ALLOW_IPS": value}).forwarded_allow_ips == value
+    assert (
+        GunicornSettings.from_env({"AUTHSVC_FORWARDED_ALLOW_IPS": value}).forwarded_allow_ips
+        == value
+    )

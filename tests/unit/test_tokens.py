@@ -27,13 +27,25 @@ def test_published_test_vector():
 
 def test_token_is_bound_to_game_user_and_epoch():
     base = mint_token(VECTOR_SECRET, 1, 42, 0)
-    assert len({base, mint_token(VECTOR_SECRET, 2, 42, 0), mint_token(VECTOR_SECRET, 1, 43, 0),
-                mint_token(VECTOR_SECRET, 1, 42, 1), mint_token(VECTOR_SECRET, 14, 2, 0)}) == 5
+    assert (
+        len(
+            {
+                base,
+                mint_token(VECTOR_SECRET, 2, 42, 0),
+                mint_token(VECTOR_SECRET, 1, 43, 0),
+                mint_token(VECTOR_SECRET, 1, 42, 1),
+                mint_token(VECTOR_SECRET, 14, 2, 0),
+            }
+        )
+        == 5
+    )
 
 
 @settings(max_examples=300, deadline=None)
 @given(
-    secret=st.binary(min_size=0, max_size=200),  # shorter than, equal to and longer than SHA-256's 64-byte block
+    secret=st.binary(
+        min_size=0, max_size=200
+    ),  # shorter than, equal to and longer than SHA-256's 64-byte block
     game_id=st.integers(0, 2**63 - 1),
     user_id=st.integers(0, 2**63 - 1),
     epoch=st.integers(0, 2**31),
@@ -44,7 +56,9 @@ def test_verifier_accepts_exactly_the_hmac_sha256_token(secret, game_id, user_id
     token = hmac.new(secret, f"{game_id}:{user_id}:{epoch}".encode(), hashlib.sha256).hexdigest()
     assert verifier.matches(game_id, user_id, epoch, token)
     assert not verifier.matches(game_id, user_id, epoch + 1, token)
-    assert not verifier.matches(game_id, user_id, epoch, token.upper() if token != token.upper() else "0" * 64)
+    assert not verifier.matches(
+        game_id, user_id, epoch, token.upper() if token != token.upper() else "0" * 64
+    )
 
 
 def test_verifier_accepts_the_published_vector_and_never_shows_its_secret():
@@ -72,7 +86,10 @@ def test_token_matches_rejects_wrong_lengths_and_non_ascii():
 def test_api_keys_are_random_uuid_shaped():
     keys = {new_api_key() for _ in range(200)}
     assert len(keys) == 200
-    assert all(re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", k) for k in keys)
+    assert all(
+        re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", k)
+        for k in keys
+    )
 
 
 def test_api_key_digest_is_sha256_hex():

@@ -1,4 +1,5 @@
-"""The unit tier's guard (tests/unit/conftest.py): a socket or a process in a unit test is an error, and the
+"""The unit tier's guard (tests/unit/conftest.py): a socket or a process in a unit test is an error,
+and the
 test that tried fails even when what it ran swallowed the error."""
 
 from __future__ import annotations
@@ -13,18 +14,24 @@ import pytest
 from tests.unit.conftest import NotInUnitTier, fail_if_tried, no_sockets_or_processes
 
 
-@pytest.mark.parametrize("attempt, what", [
-    (lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM), "socket.__init__"),
-    (lambda: socket.create_connection(("127.0.0.1", 9)), "socket.__init__"),
-    (lambda: socket.socketpair(), "socket.socketpair"),
-    (lambda: subprocess.run([sys.executable, "-c", "pass"]), "Popen._execute_child"),
-    (lambda: os.fork(), "os.fork"),
-    (lambda: os.system("true"), "os.system"),
-    (lambda: os.execv(sys.executable, [sys.executable]), "os.execv"),
-])
+@pytest.mark.parametrize(
+    "attempt, what",
+    [
+        (lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM), "socket.__init__"),
+        (lambda: socket.create_connection(("127.0.0.1", 9)), "socket.__init__"),
+        (lambda: socket.socketpair(), "socket.socketpair"),
+        (lambda: subprocess.run([sys.executable, "-c", "pass"]), "Popen._execute_child"),
+        (lambda: os.fork(), "os.fork"),
+        (lambda: os.system("true"), "os.system"),
+        (lambda: os.execv(sys.executable, [sys.executable]), "os.execv"),
+    ],
+)
 def test_a_socket_or_a_process_is_refused_and_recorded(attempt, what):
     attempts: list[str] = []
-    with no_sockets_or_processes(attempts), pytest.raises(NotInUnitTier, match="move it to tests/functional"):
+    with (
+        no_sockets_or_processes(attempts),
+        pytest.raises(NotInUnitTier, match="move it to tests/functional"),
+    ):
         attempt()
     assert attempts == [what]
 

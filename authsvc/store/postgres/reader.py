@@ -1,4 +1,5 @@
-"""The PostgreSQL store's read path: what the web process runs (the admin side: store/postgres/store.py).
+"""The PostgreSQL store's read path: what the web process runs (the admin side:
+store/postgres/store.py).
 
 The web process connects as a read-only role (docs/stores.md): one persistent
 autocommit connection per thread of each worker process, opened lazily after
@@ -42,8 +43,11 @@ from authsvc.urls import MASK, SECRET_PARAMS, redact_url
 log = logging.getLogger("authsvc.store")
 
 READER_ROLE = "authsvc_reader"
-SCHEMA_VERSION = 14  # len(postgres.MIGRATIONS): the version this release reads (a newer one: common.check_schema)
-COLLATE_C = ' COLLATE "C"'  # key digests in SQLite's (byte) order, whatever the database's collation
+# len(postgres.MIGRATIONS): the version this release reads (a newer one: common.check_schema)
+SCHEMA_VERSION = 14
+COLLATE_C = (
+    ' COLLATE "C"'  # key digests in SQLite's (byte) order, whatever the database's collation
+)
 
 # SQLite's query (store/sqlite/reader.py): one row always, every lookup made whether or not
 # the key and the player exist, so the time of an answer tells neither. No key: game_id NULL.
@@ -61,23 +65,32 @@ LEFT JOIN games AS g ON g.id = coalesce(k.game_id, 0)
 
 # The same query for libpq's own placeholders, prepared once per web connection.
 CREDENTIALS_STATEMENT = b"authsvc_credentials"
-CREDENTIALS_SQL_PQ = CREDENTIALS_SQL.replace("%s", "$1::bigint", 1).replace("%s", "$2::text", 1).encode()
+CREDENTIALS_SQL_PQ = (
+    CREDENTIALS_SQL.replace("%s", "$1::bigint", 1).replace("%s", "$2::text", 1).encode()
+)
 
 # On a hot standby the same row also says how old its proof of freshness is (docs/stores.md, "Hot
 # standby"): milliseconds since the primary's time in the heartbeat row this query's snapshot sees
-# (NULL: no row), 0 once the server is no longer in recovery (promoted: it is the primary).
-# A connection's cached standby flag may be stale after a failover, or behind a pooler that was
-# repointed: there the check runs on every authentication, and a server no longer in recovery passes.
+# (NULL: no row), 0 once the server is no longer in recovery (promoted: it is the primary). A
+# connection's cached standby flag may be stale after a failover, or behind a pooler that was
+# repointed: there the check runs on every authentication, and a server no longer in recovery
+# passes.
 STANDBY_STATEMENT = b"authsvc_credentials_standby"
 STANDBY_SQL_PQ = CREDENTIALS_SQL_PQ.replace(
-    b"p.enabled\n", b"p.enabled, CASE WHEN pg_is_in_recovery() THEN (SELECT ceil(1000 * "
-    b"extract(epoch FROM clock_timestamp() - h.at))::bigint FROM authsvc_heartbeat AS h WHERE h.id = 1) ELSE 0 END\n", 1)
+    b"p.enabled\n",
+    b"p.enabled, CASE WHEN pg_is_in_recovery() THEN (SELECT ceil(1000 * extract(epoch FROM "
+    b"clock_timestamp() - h.at))::bigint FROM authsvc_heartbeat AS h WHERE h.id = 1) ELSE 0 END\n",
+    1,
+)
 STALE_WARNING_INTERVAL = 10.0  # seconds between two "standby too far behind" lines of one process
 # The smallest AUTHSVC_MAX_STALENESS a web process on a hot standby starts with: a healthy standby's
 # heartbeat is up to 0.2 s old (authsvc heartbeat's interval) plus the replication delay, so a
-# smaller bound would answer 503 to every authentication, or to most (docs/stores.md, "Hot standby").
+# smaller bound would answer 503 to every authentication, or to most (docs/stores.md, "Hot
+# standby").
 STANDBY_MIN_STALENESS = 0.5
-FAILURE_WARNING_INTERVAL = 10.0  # seconds between two "postgresql store unavailable" lines of one process
+FAILURE_WARNING_INTERVAL = (
+    10.0  # seconds between two "postgresql store unavailable" lines of one process
+)
 
 
 class ReplyTimeout(psycopg.OperationalError):
@@ -90,12 +103,15 @@ def _timed_out(error: psycopg.Error) -> bool:
 
 
 def _raise_unless(result, status: ExecStatus) -> None:
-    """Raise the psycopg error a libpq result carries (by its SQLSTATE), unless it has ``status``."""
+    """Raise the psycopg error a libpq result carries (by its SQLSTATE), unless it has
+    ``status``."""
     if result.status == status:
         return
     sqlstate = result.error_field(DiagnosticField.SQLSTATE)
     try:
-        error_class = psycopg.errors.lookup(sqlstate.decode()) if sqlstate else psycopg.OperationalError
+        error_class = (
+            psycopg.errors.lookup(sqlstate.decode()) if sqlstate else psycopg.OperationalError
+        )
     except KeyError:
         error_class = psycopg.DatabaseError
     raise error_class(result.error_message.decode("utf-8", "replace").strip())
@@ -112,23 +128,29 @@ def _reason(error: BaseException, secrets: tuple[str, ...]) -> str:
 
 # A server that answers the connection with one of these FATAL errors is busy, not misconfigured.
 _TRANSIENT_REFUSALS = (
-    "the database system is starting up", "the database system is shutting down",
-    "the database system is in recovery mode", "the database system is not yet accepting connections",
-    "too many clients already", "remaining connection slots are reserved",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "too many clients already",
+    "remaining connection slots are reserved",
 )
 
 
 def _unreachable(error: psycopg.Error) -> bool:
-    """Whether a failed connection is an outage (nothing answered, or the server is starting, stopping
+    """Whether a failed connection is an outage (nothing answered, or the server is starting,
+    stopping
     or full) rather than the settings' fault (the server refused the role, password or database).
     libpq gives no SQLSTATE for a refused connection, only the server's message: a server that sends
-    its messages in another language than English is read as refusing for good (fatal, as before)."""
+    its messages in another language than English is read as refusing for good (fatal, as
+    before)."""
     text = str(error)
     return "FATAL:" not in text or any(refusal in text for refusal in _TRANSIENT_REFUSALS)
 
 
 class PostgresReader(ThreadConnections, Reader):
-    """Connections, the credentials read path and the start-up check; PostgresStore adds the admin side."""
+    """Connections, the credentials read path and the start-up check; PostgresStore adds the admin
+    side."""
 
     def __init__(self, url: str, *, readonly: bool, settings=None):
         super().__init__()
@@ -137,16 +159,22 @@ class PostgresReader(ThreadConnections, Reader):
         try:
             parsed = pg_conninfo.conninfo_to_dict(url)
         except psycopg.ProgrammingError:
-            raise ConfigError(f"AUTHSVC_STORE {redact_url(url)} is not a valid PostgreSQL URL") from None
+            raise ConfigError(
+                f"AUTHSVC_STORE {redact_url(url)} is not a valid PostgreSQL URL"
+            ) from None
         params = {name: str(value) for name, value in parsed.items() if value is not None}
-        self._secrets = tuple(value for name, value in params.items() if name in SECRET_PARAMS and value)
+        self._secrets = tuple(
+            value for name, value in params.items() if name in SECRET_PARAMS and value
+        )
         self._max_lag_ms = round(1000 * getattr(settings, "max_staleness", 1.0))
         self._stale_logged = (False, -math.inf)  # (heartbeat row missing, when) of the last warning
         connect_timeout = getattr(settings, "pg_connect_timeout", 2.0)
         statement_timeout = getattr(settings, "pg_statement_timeout", 2.0)
         self._reply_timeout = getattr(settings, "pg_reply_timeout", 3.0)
         self._retry_after = getattr(settings, "pg_retry_after", 2.0)
-        self._retry_at = -math.inf  # time.monotonic() before which the store is not tried (a process's own)
+        self._retry_at = (
+            -math.inf
+        )  # time.monotonic() before which the store is not tried (a process's own)
         self._failures = LogThrottle(FAILURE_WARNING_INTERVAL)
         # libpq takes whole seconds (and treats 1 as 2); never wait forever.
         params["connect_timeout"] = str(max(1, math.ceil(connect_timeout)))
@@ -163,12 +191,15 @@ class PostgresReader(ThreadConnections, Reader):
 
     # -- connections --------------------------------------------------------------
     def _connect(self) -> psycopg.Connection:
-        """A new connection. libpq's connect timeout applies to each address of the host name (and each
-        host of a list) in turn: N addresses that do not answer wait N x the timeout (docs/stores.md)."""
+        """A new connection. libpq's connect timeout applies to each address of the host name (and
+        each
+        host of a list) in turn: N addresses that do not answer wait N x the timeout
+        (docs/stores.md)."""
         return psycopg.connect(self._conninfo, autocommit=True)
 
     def _conn(self) -> psycopg.Connection:
-        """This thread's connection, opened on first use and again after a failure (and a fork: common.py)."""
+        """This thread's connection, opened on first use and again after a failure (and a fork:
+        common.py)."""
         local = self._local
         conn = getattr(local, "conn", None)
         if conn is None or conn.closed:
@@ -183,9 +214,11 @@ class PostgresReader(ThreadConnections, Reader):
         return conn
 
     def _backend(self, conn: psycopg.Connection) -> tuple[bool, bool]:
-        """Whether a pooler stands in between, and whether the server is a hot standby (in recovery).
+        """Whether a pooler stands in between, and whether the server is a hot standby (in
+        recovery).
         Whether a connection pooler (pgbouncer) stands between us and the server: the backend that
-        answers a query is not the one whose key the startup returned. Through a pooler in transaction
+        answers a query is not the one whose key the startup returned. Through a pooler in
+        transaction
         mode each transaction may run on another server connection, where a named statement prepared
         on this one does not exist (or another client's does): the query is then sent unnamed."""
         pgconn = conn.pgconn
@@ -196,9 +229,12 @@ class PostgresReader(ThreadConnections, Reader):
         return pid is None or int(pid) != pgconn.backend_pid, standby == b"t"
 
     def _reply(self, pgconn):
-        """The result of the query just sent (libpq's non-blocking send), waiting for the socket at most
-        AUTHSVC_PG_REPLY_TIMEOUT in all: a network that went silent under an open connection (a blackhole
-        behind pgbouncer, heavy loss) acknowledges nothing the kernel could time out, and the server's
+        """The result of the query just sent (libpq's non-blocking send), waiting for the socket at
+        most
+        AUTHSVC_PG_REPLY_TIMEOUT in all: a network that went silent under an open connection (a
+        blackhole
+        behind pgbouncer, heavy loss) acknowledges nothing the kernel could time out, and the
+        server's
         statement timeout never starts on a query that did not arrive. ReplyTimeout otherwise."""
         deadline = time.monotonic() + self._reply_timeout
         socket = pgconn.socket
@@ -235,8 +271,12 @@ class PostgresReader(ThreadConnections, Reader):
 
     # -- read path ------------------------------------------------------------------
     def credentials(self, key_digest: str, user_id: int) -> Credentials | None:
-        if time.monotonic() < self._retry_at:  # the store just timed out: 503 at once (docs/stores.md)
-            raise StoreUnavailable("postgresql store unavailable: retrying after AUTHSVC_PG_RETRY_AFTER")
+        if (
+            time.monotonic() < self._retry_at
+        ):  # the store just timed out: 503 at once (docs/stores.md)
+            raise StoreUnavailable(
+                "postgresql store unavailable: retrying after AUTHSVC_PG_RETRY_AFTER"
+            )
         for attempt in (1, 2):
             try:
                 fresh = getattr(self._local, "conn", None) is None
@@ -247,7 +287,8 @@ class PostgresReader(ThreadConnections, Reader):
                 timed_out = _timed_out(e)
                 broken = conn is None or conn.broken or conn.closed or timed_out
                 if broken:
-                    self._drop()  # a connection that timed out may still get its late reply: never reused
+                    # a connection that timed out may still get its late reply: never reused
+                    self._drop()
                 if timed_out:
                     self._retry_at = time.monotonic() + self._retry_after
                 # A connection that went stale while idle (server restarted) gets one fresh retry.
@@ -260,7 +301,9 @@ class PostgresReader(ThreadConnections, Reader):
         found = Credentials(
             int(game_id or b"0"),
             game_enabled == b"t",
-            None if expires_at is None else int(expires_at) / 1000,  # unix seconds, to the millisecond
+            None
+            if expires_at is None
+            else int(expires_at) / 1000,  # unix seconds, to the millisecond
             (None, username.decode())[player_enabled is not None],
             int(epoch),
             player_enabled == b"t",
@@ -268,32 +311,46 @@ class PostgresReader(ThreadConnections, Reader):
         return None if game_id is None else found
 
     def fresh_credentials(self, key_digest: str, user_id: int) -> Credentials | None:
-        """``credentials`` again: on a primary every read is of the latest commit already; on a hot standby
-        it is what the standby has replayed by now, the latest within reach (the web process holds no
+        """``credentials`` again: on a primary every read is of the latest commit already; on a hot
+        standby
+        it is what the standby has replayed by now, the latest within reach (the web process holds
+        no
         connection to the primary; docs/stores.md, "Bounded staleness")."""
         return self.credentials(key_digest, user_id)
 
     def _log_failure(self, error: psycopg.Error) -> None:
-        """One line per FAILURE_WARNING_INTERVAL per process (docs/logs.md, "Floods"): an outage fails
+        """One line per FAILURE_WARNING_INTERVAL per process (docs/logs.md, "Floods"): an outage
+        fails
         every request, each of which is in the access log anyway."""
         held = self._failures.allow()
         if held is not None:
             since = f" ({held} more since the last such line)" if held else ""
-            retry = f"; answering 503 for {self._retry_after:g} s before trying again" if _timed_out(error) else ""
-            log.warning("postgresql store unavailable: %s (sqlstate %s)%s%s",
-                        type(error).__name__, error.sqlstate, retry, since)
+            retry = (
+                f"; answering 503 for {self._retry_after:g} s before trying again"
+                if _timed_out(error)
+                else ""
+            )
+            log.warning(
+                "postgresql store unavailable: %s (sqlstate %s)%s%s",
+                type(error).__name__,
+                error.sqlstate,
+                retry,
+                since,
+            )
 
     def _credentials_row(self, conn: psycopg.Connection, key_digest: str, user_id: int) -> list:
         """The credentials query through libpq itself, one round trip with text values: on a direct
         connection the statement prepared once, then Bind/Execute/Sync; behind a pooler an unnamed
-        statement, Parse/Bind/Describe/Execute/Sync in one go (docs/stores.md, "pgbouncer"). psycopg's
+        statement, Parse/Bind/Describe/Execute/Sync in one go (docs/stores.md, "pgbouncer").
+        psycopg's
         cursor machinery around the same round trip cost more than the round trip's own CPU
         (BENCHMARKS.md). Errors are raised as psycopg's."""
         pgconn = conn.pgconn
         local = self._local
         params = [b"%d" % user_id, key_digest.encode("ascii")]
         name, sql = CREDENTIALS_STATEMENT, CREDENTIALS_SQL_PQ
-        # Behind a pooler the server can change under the connection (repointed at a standby): check.
+        # Behind a pooler the server can change under the connection (repointed at a standby):
+        # check.
         checked = local.standby or local.pooled
         if checked:
             name, sql = STANDBY_STATEMENT, STANDBY_SQL_PQ
@@ -312,20 +369,27 @@ class PostgresReader(ThreadConnections, Reader):
         return [result.get_value(0, column) for column in range(6)]  # one row, always
 
     def _fresh_or_raise(self, age_ms: bytes | None) -> None:
-        """A standby whose heartbeat is older than AUTHSVC_MAX_STALENESS, or missing, answers 503."""
+        """A standby whose heartbeat is older than AUTHSVC_MAX_STALENESS, or missing, answers
+        503."""
         age = None if age_ms is None else int(age_ms)
         if age is not None and age <= self._max_lag_ms:
             return
         missing = age is None
         now, (was_missing, logged_at) = time.monotonic(), self._stale_logged
-        if missing != was_missing or now - logged_at >= STALE_WARNING_INTERVAL:  # a new reason, or 10 s on
+        if (
+            missing != was_missing or now - logged_at >= STALE_WARNING_INTERVAL
+        ):  # a new reason, or 10 s on
             self._stale_logged = (missing, now)
             log.warning(
-                "postgresql store unavailable: the standby's heartbeat %s, AUTHSVC_MAX_STALENESS is %g s: is "
-                "'authsvc heartbeat' writing on the primary, and is the standby replaying? (docs/stores.md)",
-                "row is missing" if age is None else f"is {age / 1000:.1f} s old", self._max_lag_ms / 1000,
+                "postgresql store unavailable: the standby's heartbeat %s, AUTHSVC_MAX_STALENESS "
+                "is %g s: is 'authsvc heartbeat' writing on the primary, and is the standby "
+                "replaying? (docs/stores.md)",
+                "row is missing" if age is None else f"is {age / 1000:.1f} s old",
+                self._max_lag_ms / 1000,
             )
-        raise StoreUnavailable("postgresql store unavailable: the standby cannot show it is fresh enough")
+        raise StoreUnavailable(
+            "postgresql store unavailable: the standby cannot show it is fresh enough"
+        )
 
     def list_games(self) -> list[Game]:
         try:
@@ -334,7 +398,9 @@ class PostgresReader(ThreadConnections, Reader):
                 return select_games(conn, collate=COLLATE_C)
         except psycopg.Error as e:
             self._drop()
-            raise StoreUnavailable(f"postgresql store {redact_url(self.url)}: {_reason(e, self._secrets)}") from None
+            raise StoreUnavailable(
+                f"postgresql store {redact_url(self.url)}: {_reason(e, self._secrets)}"
+            ) from None
 
     def token_secrets(self) -> dict[str, int]:
         try:
@@ -343,7 +409,9 @@ class PostgresReader(ThreadConnections, Reader):
                 return select_token_secrets(conn)
         except psycopg.Error as e:
             self._drop()
-            raise StoreUnavailable(f"postgresql store {redact_url(self.url)}: {_reason(e, self._secrets)}") from None
+            raise StoreUnavailable(
+                f"postgresql store {redact_url(self.url)}: {_reason(e, self._secrets)}"
+            ) from None
 
     def check(self) -> None:
         where = f"postgresql store {redact_url(self.url)}"
@@ -351,22 +419,41 @@ class PostgresReader(ThreadConnections, Reader):
             conn = self._connect()
         except psycopg.Error as e:
             if _unreachable(e):
-                raise StoreUnreachable(f"{where} is unreachable: {_reason(e, self._secrets)}") from None
-            raise ConfigError(f"{where} refuses the connection: {_reason(e, self._secrets)}") from None
+                raise StoreUnreachable(
+                    f"{where} is unreachable: {_reason(e, self._secrets)}"
+                ) from None
+            raise ConfigError(
+                f"{where} refuses the connection: {_reason(e, self._secrets)}"
+            ) from None
         try:
             version = self._version(conn)
-            newer_fails = self._queries_fail(conn) if self.readonly and version > SCHEMA_VERSION else None
+            newer_fails = (
+                self._queries_fail(conn) if self.readonly and version > SCHEMA_VERSION else None
+            )
             if self.readonly and version and self._can_write(conn):
                 log.warning(
                     "%s: the web process's role can write to the store; give it a read-only role "
-                    "(%s, docs/stores.md)", where, READER_ROLE,
+                    "(%s, docs/stores.md)",
+                    where,
+                    READER_ROLE,
                 )
-            standby = self.readonly and self._max_lag_ms < round(1000 * STANDBY_MIN_STALENESS) and self._in_recovery(conn)
+            standby = (
+                self.readonly
+                and self._max_lag_ms < round(1000 * STANDBY_MIN_STALENESS)
+                and self._in_recovery(conn)
+            )
         except psycopg.errors.InsufficientPrivilege:
-            # Read-write is the admin command (the owner) or the heartbeat writer, which is no reader.
-            fix = (f"GRANT {READER_ROLE} to it" if self.readonly else
-                   "the admin command connects as the owner; the heartbeat writer's rights come with 'authsvc init'")
-            raise ConfigError(f"{where}: this role may not read the tables ({fix}, docs/stores.md)") from None
+            # Read-write is the admin command (the owner) or the heartbeat writer, which is no
+            # reader.
+            fix = (
+                f"GRANT {READER_ROLE} to it"
+                if self.readonly
+                else "the admin command connects as the owner; the heartbeat writer's rights come "
+                "with 'authsvc init'"
+            )
+            raise ConfigError(
+                f"{where}: this role may not read the tables ({fix}, docs/stores.md)"
+            ) from None
         except psycopg.OperationalError as e:  # the server went away during the check
             raise StoreUnreachable(f"{where} cannot be read: {_reason(e, self._secrets)}") from None
         except psycopg.Error as e:
@@ -376,13 +463,17 @@ class PostgresReader(ThreadConnections, Reader):
         check_schema(where, version, SCHEMA_VERSION, self.readonly, lambda: newer_fails)
         if standby:
             raise ConfigError(
-                f"{where} is a hot standby and AUTHSVC_MAX_STALENESS is {self._max_lag_ms / 1000:g} s: it can show "
-                "its freshness only to within the heartbeat's 0.2 s plus the replication delay, so it would answer "
-                f"503; set it to at least {STANDBY_MIN_STALENESS:g} s (docs/stores.md, \"Hot standby\")"
+                f"{where} is a hot standby and AUTHSVC_MAX_STALENESS is "
+                f"{self._max_lag_ms / 1000:g} s: it can show "
+                "its freshness only to within the heartbeat's 0.2 s plus the replication delay, so "
+                "it would answer "
+                f'503; set it to at least {STANDBY_MIN_STALENESS:g} s (docs/stores.md, "Hot '
+                'standby")'
             )
 
     def _value(self, conn: psycopg.Connection, sql: bytes) -> bytes | None:
-        """The first value of a one-row query, as text, its reply awaited at most AUTHSVC_PG_REPLY_TIMEOUT:
+        """The first value of a one-row query, as text, its reply awaited at most
+        AUTHSVC_PG_REPLY_TIMEOUT:
         the start-up check also runs behind /readyz, on the web path."""
         conn.pgconn.send_query(sql)
         result = self._reply(conn.pgconn)
@@ -390,12 +481,16 @@ class PostgresReader(ThreadConnections, Reader):
         return result.get_value(0, 0) if result.ntuples else None
 
     def _queries_fail(self, conn: psycopg.Connection) -> str | None:
-        """Why this release's read queries fail on a newer schema, or None: each one run once, its reply
+        """Why this release's read queries fail on a newer schema, or None: each one run once, its
+        reply
         awaited at most AUTHSVC_PG_REPLY_TIMEOUT. The server going away is raised, not returned."""
         pgconn = conn.pgconn
         try:
-            for sql, params in ((STANDBY_SQL_PQ, [b"0", b""]), (GAMES_SQL.format(where="").encode(), None),
-                                (KEYS_SQL.format(collate=COLLATE_C).encode(), None)):
+            for sql, params in (
+                (STANDBY_SQL_PQ, [b"0", b""]),
+                (GAMES_SQL.format(where="").encode(), None),
+                (KEYS_SQL.format(collate=COLLATE_C).encode(), None),
+            ):
                 if params is None:
                     pgconn.send_query(sql)
                 else:
@@ -412,8 +507,14 @@ class PostgresReader(ThreadConnections, Reader):
         return self._value(conn, b"SELECT pg_is_in_recovery()") == b"t"
 
     def _can_write(self, conn: psycopg.Connection) -> bool:
-        return self._value(conn, b"SELECT bool_or(has_table_privilege(t, 'INSERT, UPDATE, DELETE, TRUNCATE')) "
-                                 b"FROM unnest(ARRAY['games', 'api_keys', 'players']) AS t") == b"t"
+        return (
+            self._value(
+                conn,
+                b"SELECT bool_or(has_table_privilege(t, 'INSERT, UPDATE, DELETE, TRUNCATE')) "
+                b"FROM unnest(ARRAY['games', 'api_keys', 'players']) AS t",
+            )
+            == b"t"
+        )
 
     def _version(self, conn: psycopg.Connection) -> int:
         if self._value(conn, b"SELECT to_regclass('authsvc_schema')") is None:

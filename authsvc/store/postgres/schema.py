@@ -1,4 +1,5 @@
-"""The PostgreSQL store's schema: its migrations and the grants `authsvc init` gives (store/postgres/store.py runs them)."""
+"""The PostgreSQL store's schema: its migrations and the grants `authsvc init` gives
+(store/postgres/store.py runs them)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,30 @@ from authsvc.store.api_tables import API_TABLES
 from authsvc.store.common import TOKEN_SECRETS_TABLE
 from authsvc.store.postgres.reader import READER_ROLE
 
-# pg_advisory_xact_lock key: one `authsvc init` at a time. Any role allowed to call the advisory lock
-# functions could take this key and hold `authsvc init` off, so deploy/postgres/privileges.sql lets
-# only the owner call them, and the owner only pg_advisory_xact_lock (it says why not a table lock).
+# pg_advisory_xact_lock key: one `authsvc init` at a time. Any role allowed to call the advisory
+# lock functions could take this key and hold `authsvc init` off, so deploy/postgres/privileges.sql
+# lets only the owner call them, and the owner only pg_advisory_xact_lock (it says why not a table
+# lock).
 MIGRATION_LOCK = 0x61757468737663
 
 # How long migrations 5, 12 and 15 wait for a table's lock (their ALTER TABLE) before they give up.
 MIGRATION_LOCK_WAIT = "2s"
 
 # The columns whose values name a player or are a secret: ANALYZE would copy some of them into
-# pg_statistic, which pg_stats shows to every role that may read the column, and where a deletion or a
-# webhook's removal never reaches (docs/stores.md, "Erasure"). Their statistics target is 0, so ANALYZE
-# leaves them out, and migration 13 dropped what it had kept: ALTER COLUMN ... TYPE to the type it has
-# is the one way a non-superuser drops a column's statistics (no rewrite: the catalog and a brief lock).
-# The planner then uses its default estimates for them; no query filters on them but by an index.
-UNSAMPLED = (("players", "username"), ("events", "data"), ("audit", "changes"), ("audit_names", "names"),
-             ("idempotency_keys", "body"), ("webhooks", "secret"))
+# pg_statistic, which pg_stats shows to every role that may read the column, and where a deletion or
+# a webhook's removal never reaches (docs/stores.md, "Erasure"). Their statistics target is 0, so
+# ANALYZE leaves them out, and migration 13 dropped what it had kept: ALTER COLUMN ... TYPE to the
+# type it has is the one way a non-superuser drops a column's statistics (no rewrite: the catalog
+# and a brief lock). The planner then uses its default estimates for them; no query filters on them
+# but by an index.
+UNSAMPLED = (
+    ("players", "username"),
+    ("events", "data"),
+    ("audit", "changes"),
+    ("audit_names", "names"),
+    ("idempotency_keys", "body"),
+    ("webhooks", "secret"),
+)
 
 # The version table is created by migrate() itself; MIGRATIONS[n - 1] takes the schema to version n.
 VERSION_TABLE_SQL = "CREATE TABLE IF NOT EXISTS authsvc_schema (version integer NOT NULL)"
@@ -64,7 +73,8 @@ MIGRATIONS: list[str] = [
     GRANT SELECT ON games, api_keys, players, authsvc_schema TO {READER_ROLE};
     """,
     # 2: the heartbeat, one row: the primary's time, written by `authsvc heartbeat`; a hot standby
-    # that sees a recent one has replayed everything committed before it (docs/stores.md, "Hot standby").
+    # that sees a recent one has replayed everything committed before it (docs/stores.md, "Hot
+    # standby").
     f"""
     CREATE TABLE authsvc_heartbeat (
         id smallint PRIMARY KEY CHECK (id = 1),
@@ -78,25 +88,27 @@ MIGRATIONS: list[str] = [
     trail.POSTGRES_TABLES,
     # 4: the admin API's bearer tokens and Idempotency-Key records; no grant to the reader role.
     API_TABLES + "REVOKE ALL ON api_tokens, idempotency_keys FROM PUBLIC;",
-    # 5: when each player's row last changed, in unix milliseconds (base.Player.updated_at_ms). NULL in
-    # the rows already there (when they last changed is not known), so no row is rewritten: a change of
-    # the catalog only. It needs the players table to itself for that moment, so it waits for the lock
-    # at most MIGRATION_LOCK_WAIT: a long read (a pg_dump) fails `authsvc init` (StoreLocked, run it
-    # again) rather than queueing every authentication behind it. The reader role keeps only the
-    # columns the authentication query reads: the web path never reads updated_at_ms.
+    # 5: when each player's row last changed, in unix milliseconds (base.Player.updated_at_ms). NULL
+    # in the rows already there (when they last changed is not known), so no row is rewritten: a
+    # change of the catalog only. It needs the players table to itself for that moment, so it waits
+    # for the lock at most MIGRATION_LOCK_WAIT: a long read (a pg_dump) fails `authsvc init`
+    # (StoreLocked, run it again) rather than queueing every authentication behind it. The reader
+    # role keeps only the columns the authentication query reads: the web path never reads
+    # updated_at_ms.
     f"""
     SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';
     ALTER TABLE players ADD COLUMN updated_at_ms bigint;
     REVOKE SELECT ON players FROM {READER_ROLE};
     GRANT SELECT (user_id, username, epoch, enabled) ON players TO {READER_ROLE};
     """,
-    # 6: deleting players (docs/admin.md, "Erasure"). A deleted player's id and last credential epoch,
-    # no name: the same id signed up again starts past it (store/writes.py's continue_epochs). And the
-    # audit trail's sealing (store/audit.py): each player's key, the clear values beside the records,
-    # the mark of a record written before sealing whose names a deletion erased, and the one function
-    # through which the admin role makes that change. New tables and a column without a default: no
-    # row is rewritten; the ALTER TABLE of audit (which no authentication reads) waits for its lock
-    # at most MIGRATION_LOCK_WAIT. No grant to the reader role.
+    # 6: deleting players (docs/admin.md, "Erasure"). A deleted player's id and last credential
+    # epoch, no name: the same id signed up again starts past it (store/writes.py's
+    # continue_epochs). And the audit trail's sealing (store/audit.py): each player's key, the clear
+    # values beside the records, the mark of a record written before sealing whose names a deletion
+    # erased, and the one function through which the admin role makes that change. New tables and a
+    # column without a default: no row is rewritten; the ALTER TABLE of audit (which no
+    # authentication reads) waits for its lock at most MIGRATION_LOCK_WAIT. No grant to the reader
+    # role.
     f"""
     SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';
     CREATE TABLE deleted_players (
@@ -104,7 +116,8 @@ MIGRATIONS: list[str] = [
         epoch   bigint NOT NULL
     );
     REVOKE ALL ON deleted_players FROM PUBLIC;
-    """ + trail.POSTGRES_SEALING,
+    """
+    + trail.POSTGRES_SEALING,
     # 7: the events outbox and the webhook subscriptions (store/events.py). New tables: no row is
     # rewritten, no table an authentication reads is locked. No grant to the reader role.
     event_tables.POSTGRES_TABLES,
@@ -112,33 +125,40 @@ MIGRATIONS: list[str] = [
     # deliveries against writes (the admin side's changes that fan out wait, about a second per
     # million deliveries); no table an authentication reads is locked.
     f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.RETENTION_INDEXES,
-    # 9: the deliverer's state: each webhook's fan-out mark (the deliverer, not the change's transaction,
-    # writes the deliveries: store/deliveries.py's fan_out) and its lease. A column with a constant
-    # default and a new table: no row of another table is rewritten, none an authentication reads is locked.
-    # No grant to the reader role.
-    f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.DELIVERER_STATE.format(bigint="bigint")
+    # 9: the deliverer's state: each webhook's fan-out mark (the deliverer, not the change's
+    # transaction, writes the deliveries: store/deliveries.py's fan_out) and its lease. A column
+    # with a constant default and a new table: no row of another table is rewritten, none an
+    # authentication reads is locked. No grant to the reader role.
+    f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';"
+    + event_tables.DELIVERER_STATE.format(bigint="bigint")
     + "REVOKE ALL ON deliverer_lease FROM PUBLIC;",
-    # 10: the token secrets' fingerprints (authsvc/tokens.py), which the web process reads when its secret
-    # file changes. A new table: no row is rewritten, no table an authentication reads is locked.
+    # 10: the token secrets' fingerprints (authsvc/tokens.py), which the web process reads when its
+    # secret file changes. A new table: no row is rewritten, no table an authentication reads is
+    # locked.
     TOKEN_SECRETS_TABLE.format(bigint="bigint")
-    + f"REVOKE ALL ON token_secret_fingerprints FROM PUBLIC; GRANT SELECT ON token_secret_fingerprints TO {READER_ROLE};",
-    # 11: the restore generation (store/restore.py): one row once a backup was restored. A new table; no
-    # grant to the reader role.
+    + "REVOKE ALL ON token_secret_fingerprints FROM PUBLIC; GRANT SELECT ON "
+    f"token_secret_fingerprints TO {READER_ROLE};",
+    # 11: the restore generation (store/restore.py): one row once a backup was restored. A new
+    # table; no grant to the reader role.
     restore.POSTGRES_TABLE,
     # 12: an api key's expiry in unix milliseconds beside the whole seconds of expires_at, which the
-    # previous release goes on reading (and writing: the reader takes the earlier of the two). NULL in
-    # the rows already there: no row is rewritten. The ALTER TABLE needs api_keys to itself for a
+    # previous release goes on reading (and writing: the reader takes the earlier of the two). NULL
+    # in the rows already there: no row is rewritten. The ALTER TABLE needs api_keys to itself for a
     # moment (every authentication reads it): it waits for the lock at most MIGRATION_LOCK_WAIT. The
     # reader role's grant on api_keys is the whole table's: it reads the new column.
-    f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}'; ALTER TABLE api_keys ADD COLUMN expires_at_ms bigint;",
+    f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}'; ALTER TABLE api_keys ADD COLUMN "
+    "expires_at_ms bigint;",
     # 13: no planner statistics on the columns that hold a name or a secret (UNSAMPLED): ANALYZE
     # samples none of their values, and the ones it kept go (docs/stores.md, "Erasure").
-    f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + "".join(
-        f"ALTER TABLE {table} ALTER COLUMN {column} SET STATISTICS 0, ALTER COLUMN {column} TYPE text;"
-        for table, column in UNSAMPLED),
-    # 14: each webhook's due deliveries in due order (store/deliveries.py's due: a page holds a few of
-    # every webhook's). An index of the pending rows only; the build locks deliveries against writes
-    # for as long; no table an authentication reads is locked.
+    f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';"
+    + "".join(
+        f"ALTER TABLE {table} ALTER COLUMN {column} SET STATISTICS 0, ALTER COLUMN {column} TYPE "
+        "text;"
+        for table, column in UNSAMPLED
+    ),
+    # 14: each webhook's due deliveries in due order (store/deliveries.py's due: a page holds a few
+    # of every webhook's). An index of the pending rows only; the build locks deliveries against
+    # writes for as long; no table an authentication reads is locked.
     f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}';" + event_tables.WEBHOOK_DUE_INDEX,
 ]
 

@@ -1,4 +1,5 @@
-"""The shared store: PostgreSQL through psycopg 3 (the ``authsvc[postgres]`` extra); the admin command's side.
+"""The shared store: PostgreSQL through psycopg 3 (the ``authsvc[postgres]`` extra); the admin
+command's side.
 
 The admin command connects as the owner role and writes in transactions; the
 web process's read path (a read-only role, one prepared query per request) is
@@ -44,15 +45,26 @@ from authsvc.store.writes import _TOKEN_COLUMNS, Tx, api_token
 from authsvc.urls import redact_url
 
 __all__ = [
-    "ADMIN_GRANTS_SQL", "ADMIN_ROLE", "CREDENTIALS_SQL", "HEARTBEAT_GRANTS_SQL", "HEARTBEAT_ROLE", "MIGRATION_LOCK",
-    "MIGRATION_LOCK_WAIT", "MIGRATIONS", "VERSION_TABLE_SQL", "PostgresStore",
+    "ADMIN_GRANTS_SQL",
+    "ADMIN_ROLE",
+    "CREDENTIALS_SQL",
+    "HEARTBEAT_GRANTS_SQL",
+    "HEARTBEAT_ROLE",
+    "MIGRATION_LOCK",
+    "MIGRATION_LOCK_WAIT",
+    "MIGRATIONS",
+    "VERSION_TABLE_SQL",
+    "PostgresStore",
 ]
+
 
 def _value(cursor: psycopg.Cursor) -> Any:
     """The first column of the one row a query always returns (an aggregate, EXISTS, RETURNING)."""
     row = cursor.fetchone()
     if row is None:  # not for these queries; a clear error rather than a TypeError on None[0]
-        raise StoreUnavailable("postgresql store: a query that always returns one row returned none")
+        raise StoreUnavailable(
+            "postgresql store: a query that always returns one row returned none"
+        )
     return row[0]
 
 
@@ -94,9 +106,12 @@ ON CONFLICT (user_id) DO UPDATE SET username = EXCLUDED.username, enabled = EXCL
 """
 
 
-# Whether this session's role owns the tables (authsvc_schema stands for them): only the owner grants.
-OWNS_SCHEMA_SQL = ("SELECT coalesce((SELECT pg_has_role(relowner, 'USAGE') FROM pg_class "
-                   "WHERE oid = to_regclass('authsvc_schema')), false)")
+# Whether this session's role owns the tables (authsvc_schema stands for them): only the owner
+# grants.
+OWNS_SCHEMA_SQL = (
+    "SELECT coalesce((SELECT pg_has_role(relowner, 'USAGE') FROM pg_class "
+    "WHERE oid = to_regclass('authsvc_schema')), false)"
+)
 
 
 class PostgresDialect(Dialect):
@@ -114,25 +129,40 @@ class PostgresDialect(Dialect):
             yield
 
     def insert_game(self, conn: Any, name: str, now: int) -> int:
-        return _value(conn.execute("INSERT INTO games (name, created_at) VALUES (%s, %s) RETURNING id", (name, now)))
+        return _value(
+            conn.execute(
+                "INSERT INTO games (name, created_at) VALUES (%s, %s) RETURNING id", (name, now)
+            )
+        )
 
     def current_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
-        return conn.execute("SELECT user_id, username, enabled, epoch FROM players WHERE user_id = ANY(%s::bigint[])",
-                            (list(user_ids),)).fetchall()
+        return conn.execute(
+            "SELECT user_id, username, enabled, epoch FROM players WHERE user_id = "
+            "ANY(%s::bigint[])",
+            (list(user_ids),),
+        ).fetchall()
 
     def write_players(self, conn: Any, rows: Sequence[tuple[int, str, bool]], at_ms: int) -> None:
-        conn.execute(WRITE_PLAYERS_SQL, (at_ms, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]))
+        conn.execute(
+            WRITE_PLAYERS_SQL,
+            (at_ms, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]),
+        )
 
     def deleted_players(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
-        return conn.execute("SELECT user_id, epoch FROM deleted_players WHERE user_id = ANY(%s::bigint[])",
-                            (list(user_ids),)).fetchall()
+        return conn.execute(
+            "SELECT user_id, epoch FROM deleted_players WHERE user_id = ANY(%s::bigint[])",
+            (list(user_ids),),
+        ).fetchall()
 
     def player_keys(self, conn: Any, user_ids: Sequence[int]) -> list[tuple]:
-        return conn.execute("SELECT user_id, key FROM player_keys WHERE user_id = ANY(%s::bigint[])",
-                            (list(user_ids),)).fetchall()
+        return conn.execute(
+            "SELECT user_id, key FROM player_keys WHERE user_id = ANY(%s::bigint[])",
+            (list(user_ids),),
+        ).fetchall()
 
     def erase_names(self, conn: Any, record_id: int, changes: str, by_record: int) -> None:
-        # The admin role may not change a record: the owner's function does this one change, checked.
+        # The admin role may not change a record: the owner's function does this one change,
+        # checked.
         conn.execute("SELECT authsvc_erase_names(%s, %s, %s)", (record_id, changes, by_record))
 
 
@@ -143,7 +173,9 @@ class PostgresStore(PostgresReader, Store):
     """A reader (store/postgres/reader.py) that also writes: what the admin command opens."""
 
     @contextlib.contextmanager
-    def _admin(self, transaction: bool = True, mode: str | None = None) -> Iterator[psycopg.Connection]:
+    def _admin(
+        self, transaction: bool = True, mode: str | None = None
+    ) -> Iterator[psycopg.Connection]:
         """An admin connection, in a transaction (SET TRANSACTION ``mode`` first if given);
         psycopg's errors become the store's (store/base.py, "Errors")."""
         where = f"postgresql store {redact_url(self.url)}"
@@ -154,13 +186,17 @@ class PostgresStore(PostgresReader, Store):
                     if mode:
                         conn.execute(f"SET TRANSACTION {mode}")
                     # Wait for another session's lock at most ADMIN_LOCK_WAIT, not forever.
-                    conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{round(base.ADMIN_LOCK_WAIT * 1000)}ms",))
+                    conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        (f"{round(base.ADMIN_LOCK_WAIT * 1000)}ms",),
+                    )
                     yield conn
             else:
                 yield conn
         except psycopg.errors.LockNotAvailable:
             raise StoreLocked(
-                f"{where}: another session held a lock this write needs for {base.ADMIN_LOCK_WAIT:g} s, "
+                f"{where}: another session held a lock this write needs for "
+                f"{base.ADMIN_LOCK_WAIT:g} s, "
                 "the longest a write waits; nothing was written, try again"
             ) from None
         except psycopg.errors.DiskFull:
@@ -168,12 +204,14 @@ class PostgresStore(PostgresReader, Store):
         except psycopg.errors.ReadOnlySqlTransaction:
             raise ConfigError(
                 f"postgresql store {redact_url(self.url)}: this role may not write "
-                "(the admin command connects as the admin role, init and audit prune as the owner, docs/stores.md)"
+                "(the admin command connects as the admin role, init and audit prune as the owner, "
+                "docs/stores.md)"
             ) from None
         except psycopg.errors.InsufficientPrivilege:
             raise ConfigError(
                 f"postgresql store {redact_url(self.url)}: permission denied for this role "
-                "(the admin command connects as the admin role, init and audit prune as the owner, docs/stores.md)"
+                "(the admin command connects as the admin role, init and audit prune as the owner, "
+                "docs/stores.md)"
             ) from None
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             self._drop()
@@ -181,16 +219,19 @@ class PostgresStore(PostgresReader, Store):
 
     @contextlib.contextmanager
     def write(self, audit: Audit | None = None) -> Iterator[Tx]:
-        """One transaction (the writer lock is its first statement: store/writes.py), psycopg's errors
-        mapped as ``_admin`` maps them. Inside an open write on this thread: that one. After the COMMIT,
+        """One transaction (the writer lock is its first statement: store/writes.py), psycopg's
+        errors
+        mapped as ``_admin`` maps them. Inside an open write on this thread: that one. After the
+        COMMIT,
         the chain's new head is logged if the write appended records (store/audit.py, log_head)."""
         open_tx = getattr(self._local, "tx", None)
         if open_tx is not None:
             yield open_tx.joined(audit)
             return
         with self._admin() as conn:
-            tx = self._local.tx = PostgresTx(conn, POSTGRES, audit or trail.unattributed(), collate=COLLATE_C,
-                                     ledger=self.ledger)
+            tx = self._local.tx = PostgresTx(
+                conn, POSTGRES, audit or trail.unattributed(), collate=COLLATE_C, ledger=self.ledger
+            )
             try:
                 yield tx
                 head = tx.head()
@@ -200,15 +241,19 @@ class PostgresStore(PostgresReader, Store):
 
     @contextlib.contextmanager
     def bookkeeping(self, write: bool) -> Iterator[tuple[psycopg.Connection, PostgresDialect]]:
-        """A transaction (``write``) or an autocommit read, errors mapped as ``_admin`` maps them; no writer lock."""
+        """A transaction (``write``) or an autocommit read, errors mapped as ``_admin`` maps them;
+        no writer lock."""
         with self._admin(transaction=write) as conn:
             yield conn, POSTGRES
 
     # -- admin ----------------------------------------------------------------------
     def migrate(self) -> tuple[int, int]:
-        """Migrate as the owner (the advisory lock, the tables, the grants). A store already at this release's
-        version is left as it is for any other role: `authsvc init` on an up-to-date store needs no right to
-        migrate (scripts/install runs it on every upgrade, as the owner only where owner.toml exists)."""
+        """Migrate as the owner (the advisory lock, the tables, the grants). A store already at this
+        release's
+        version is left as it is for any other role: `authsvc init` on an up-to-date store needs no
+        right to
+        migrate (scripts/install runs it on every upgrade, as the owner only where owner.toml
+        exists)."""
         with self._admin(transaction=False) as conn:
             if self._version(conn) == len(MIGRATIONS) and not _value(conn.execute(OWNS_SCHEMA_SQL)):
                 return len(MIGRATIONS), len(MIGRATIONS)
@@ -223,10 +268,13 @@ class PostgresStore(PostgresReader, Store):
                 try:
                     with conn.transaction():
                         conn.execute(script)
-                    conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_wait,))  # a script's SET LOCAL
+                    conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true)", (lock_wait,)
+                    )  # a script's SET LOCAL
                 except psycopg.errors.LockNotAvailable:
                     raise StoreLocked(
-                        f"migration {version}: another session (a pg_dump, a long read) held a table it changes "
+                        f"migration {version}: another session (a pg_dump, a long read) held a "
+                        "table it changes "
                         f"for {MIGRATION_LOCK_WAIT}; nothing was changed, run 'authsvc init' again"
                     ) from None
                 except psycopg.DatabaseError as e:
@@ -255,7 +303,9 @@ class PostgresStore(PostgresReader, Store):
     def get_player(self, user_id: int) -> Player | None:
         with self._admin(transaction=False) as conn:
             row = conn.execute(
-                "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players WHERE user_id = %s", (user_id,)
+                "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players WHERE "
+                "user_id = %s",
+                (user_id,),
             ).fetchone()
         return Player(*row) if row else None
 
@@ -268,7 +318,9 @@ class PostgresStore(PostgresReader, Store):
     def api_token_by_digest(self, token_digest: str) -> ApiToken | None:
         """One autocommit read: it never waits for a writer."""
         with self._admin(transaction=False) as conn:
-            row = conn.execute(f"SELECT {_TOKEN_COLUMNS} FROM api_tokens WHERE digest = %s", (token_digest,)).fetchone()
+            row = conn.execute(
+                f"SELECT {_TOKEN_COLUMNS} FROM api_tokens WHERE digest = %s", (token_digest,)
+            ).fetchone()
         return None if row is None else api_token(row)
 
     # -- webhook subscriptions (store/events.py) ---------------------------------------
@@ -276,9 +328,13 @@ class PostgresStore(PostgresReader, Store):
         with self._admin(transaction=False) as conn:
             return event_tables.select_webhooks(conn, POSTGRES, webhook_id, removed)
 
-    def deliveries(self, webhook_id: int, *, state: str | None, limit: int, after: int) -> list[Delivery]:
+    def deliveries(
+        self, webhook_id: int, *, state: str | None, limit: int, after: int
+    ) -> list[Delivery]:
         with self._admin(mode="ISOLATION LEVEL REPEATABLE READ, READ ONLY") as conn:
-            return event_tables.select_deliveries(conn, POSTGRES, webhook_id, state=state, limit=limit, after=after)
+            return event_tables.select_deliveries(
+                conn, POSTGRES, webhook_id, state=state, limit=limit, after=after
+            )
 
     # -- the audit trail (store/audit.py) ----------------------------------------------
     def audit_records(self, **filters) -> list[Record]:
@@ -292,9 +348,13 @@ class PostgresStore(PostgresReader, Store):
             yield from trail.walk(conn, POSTGRES)
 
     def heartbeat_connections(self) -> None:
-        """Before the first heartbeat: a dead network noticed within seconds (the kernel's default is
-        minutes of retransmissions, all that time without a heartbeat), and a name in pg_stat_activity."""
-        params = {name: str(value) for name, value in pg_conninfo.conninfo_to_dict(self._conninfo).items()}
+        """Before the first heartbeat: a dead network noticed within seconds (the kernel's default
+        is
+        minutes of retransmissions, all that time without a heartbeat), and a name in
+        pg_stat_activity."""
+        params = {
+            name: str(value) for name, value in pg_conninfo.conninfo_to_dict(self._conninfo).items()
+        }
         params.setdefault("tcp_user_timeout", "3000")
         if params.get("application_name") == "authsvc-admin":
             params["application_name"] = "authsvc-heartbeat"
@@ -308,18 +368,23 @@ class PostgresStore(PostgresReader, Store):
     # -- moving between stores --------------------------------------------------------
     def game_id_high_water(self) -> int:
         with self._admin(transaction=False) as conn:
-            return _value(conn.execute(
-                "SELECT greatest("
-                "coalesce(pg_sequence_last_value(pg_get_serial_sequence('games', 'id')::regclass), 0), "
-                "coalesce((SELECT max(id) FROM games), 0))"
-            ))
+            return _value(
+                conn.execute(
+                    "SELECT "
+                    "greatest(coalesce(pg_sequence_last_value(pg_get_serial_sequence('games', "
+                    "'id')::regclass), 0), coalesce((SELECT max(id) FROM games), 0))"
+                )
+            )
 
     def dump(self) -> Iterator[Game | Player | DeletedPlayer]:
         with self._admin(mode="ISOLATION LEVEL REPEATABLE READ, READ ONLY") as conn:
             yield from self._games(conn)
             with conn.cursor(name="authsvc_dump") as cur:
                 cur.itersize = BATCH
-                cur.execute("SELECT user_id, username, epoch, enabled, updated_at_ms FROM players ORDER BY user_id")
+                cur.execute(
+                    "SELECT user_id, username, epoch, enabled, updated_at_ms FROM players ORDER BY "
+                    "user_id"
+                )
                 for row in cur:
                     yield Player(*row)
             with conn.cursor(name="authsvc_dump_deleted") as cur:
@@ -330,15 +395,20 @@ class PostgresStore(PostgresReader, Store):
 
 
 class PostgresTx(Tx):
-    """A write transaction on PostgreSQL: the engine's bulk writes (store/writes.py's Tx declares them)."""
+    """A write transaction on PostgreSQL: the engine's bulk writes (store/writes.py's Tx declares
+    them)."""
 
-    def import_players(self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None) -> int:
-        """COPY into a temporary table, then one INSERT ... ON CONFLICT; the last row of a user id wins."""
+    def import_players(
+        self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None
+    ) -> int:
+        """COPY into a temporary table, then one INSERT ... ON CONFLICT; the last row of a user id
+        wins."""
         count = 0
         conn = self.bulk_connection()
         # Into a temporary table before the writer lock: other writes wait only for the upsert.
         conn.execute(
-            "CREATE TEMPORARY TABLE players_import (n bigint, user_id bigint, username text) ON COMMIT DROP"
+            "CREATE TEMPORARY TABLE players_import (n bigint, user_id bigint, username text) ON "
+            "COMMIT DROP"
         )
         with conn.cursor().copy("COPY players_import (n, user_id, username) FROM STDIN") as copy:
             for batch in batches(rows):
@@ -354,7 +424,9 @@ class PostgresTx(Tx):
         except psycopg.errors.CheckViolation:
             raise Conflict("user ids must be from 1 to 2^63-1") from None
         self.continue_epochs()
-        self.emit_players((user_id, "player.created" if new else "player.renamed") for user_id, new in changes)
+        self.emit_players(
+            (user_id, "player.created" if new else "player.renamed") for user_id, new in changes
+        )
         self.record("player.import", after={"rows": count})
         return count
 
@@ -371,8 +443,12 @@ class PostgresTx(Tx):
             conn = self.bulk_connection()
             self.locked()
             conn.execute("LOCK TABLE games, api_keys, players, deleted_players IN EXCLUSIVE MODE")
-            if _value(conn.execute("SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players) "
-                                   "OR EXISTS (SELECT FROM deleted_players)")):
+            if _value(
+                conn.execute(
+                    "SELECT EXISTS (SELECT FROM games) OR EXISTS (SELECT FROM players) "
+                    "OR EXISTS (SELECT FROM deleted_players)"
+                )
+            ):
                 raise NotEmpty()
             for game in games:
                 conn.execute(
@@ -381,7 +457,8 @@ class PostgresTx(Tx):
                 )
                 for key in game.keys:
                     conn.execute(
-                        "INSERT INTO api_keys (digest, game_id, created_at, expires_at) VALUES (%s, %s, %s, %s)",
+                        "INSERT INTO api_keys (digest, game_id, created_at, expires_at) VALUES "
+                        "(%s, %s, %s, %s)",
                         (key.digest, game.id, key.created_at, key.expires_at),
                     )
                 n_games += 1
@@ -389,7 +466,8 @@ class PostgresTx(Tx):
             if top > 0:
                 conn.execute("SELECT setval(pg_get_serial_sequence('games', 'id'), %s)", (top,))
             columns = "user_id, username, epoch, enabled, updated_at_ms"
-            # After the players (dump's order), the deleted players: written in batches of their own.
+            # After the players (dump's order), the deleted players: written in batches of their
+            # own.
             deleted: list[Player | DeletedPlayer] = []
             rest = iter(players)
             with conn.cursor().copy(f"COPY players ({columns}) FROM STDIN") as copy:
@@ -398,7 +476,9 @@ class PostgresTx(Tx):
                         if isinstance(p, DeletedPlayer) or deleted:
                             deleted.append(p)
                         else:
-                            copy.write_row((p.user_id, p.username, p.epoch, p.enabled, p.updated_at_ms))
+                            copy.write_row(
+                                (p.user_id, p.username, p.epoch, p.enabled, p.updated_at_ms)
+                            )
                             n_players += 1
                     if progress:
                         progress(n_players)
@@ -409,9 +489,15 @@ class PostgresTx(Tx):
                 if len(rows) < len(chunk):
                     raise Conflict("the players must come before the deleted players")
                 if rows:
-                    conn.cursor().executemany("INSERT INTO deleted_players (user_id, epoch) VALUES (%s, %s)", rows)
-            if _value(conn.execute("SELECT EXISTS (SELECT FROM deleted_players AS d JOIN players AS p "
-                                   "ON p.user_id = d.user_id)")):
+                    conn.cursor().executemany(
+                        "INSERT INTO deleted_players (user_id, epoch) VALUES (%s, %s)", rows
+                    )
+            if _value(
+                conn.execute(
+                    "SELECT EXISTS (SELECT FROM deleted_players AS d JOIN players AS p "
+                    "ON p.user_id = d.user_id)"
+                )
+            ):
                 raise Conflict("a player appears both as a player and as a deleted one")
             after = {"games": n_games, "players": n_players}
             self.record("store.import", after=after)

@@ -50,7 +50,9 @@ from authsvc.store.sqlite.url import path_from_url
 log = logging.getLogger("authsvc.store")
 
 MMAP_BYTES = 1 << 30  # the reader maps up to the first GiB of the file
-SCHEMA_VERSION = 12  # len(sqlite.MIGRATIONS): the version this release reads (a newer one: common.check_schema)
+SCHEMA_VERSION = (
+    12  # len(sqlite.MIGRATIONS): the version this release reads (a newer one: common.check_schema)
+)
 
 # One row always, the player looked up whether or not the key exists (and the game
 # whether or not it does: id 0 is never used): the same work for any key and player,
@@ -74,20 +76,22 @@ LEFT JOIN games AS g ON g.id = coalesce(k.game_id, 0)
 # (store/writes.py's continue_epochs), else 0, so a token minted right after the signup is one the
 # authenticator looks again for (docs/stores.md, "A token minted after a change"). The
 # deleted_players lookup is made for every player, existing or not: the same work.
-KEYS_SQL = (f"SELECT k.digest, k.game_id, g.enabled, {KEY_EXPIRES_AT} "
-            "FROM api_keys AS k JOIN games AS g ON g.id = k.game_id")
+KEYS_SQL = (
+    f"SELECT k.digest, k.game_id, g.enabled, {KEY_EXPIRES_AT} "
+    "FROM api_keys AS k JOIN games AS g ON g.id = k.game_id"
+)
 PLAYER_SQL = """
 SELECT coalesce(p.username, 'no-such-player'), coalesce(p.epoch, d.epoch + 1, 0), p.enabled
 FROM (SELECT ? AS user_id) AS q LEFT JOIN players AS p ON p.user_id = q.user_id
 LEFT JOIN deleted_players AS d ON d.user_id = q.user_id
 """
 NO_KEY = (None, 0, None)  # game_id NULL, as CREDENTIALS_SQL gives for an unknown key
-# A key the snapshot lacks, looked up in a new transaction once something was committed since the snapshot
-# (docs/design.md, "Freshness"): found, the snapshot is renewed.
+# A key the snapshot lacks, looked up in a new transaction once something was committed since the
+# snapshot (docs/design.md, "Freshness"): found, the snapshot is renewed.
 KEY_SQL = "SELECT 1 FROM api_keys WHERE digest = ?"
-# The WAL index header (https://www.sqlite.org/walformat.html): the first 48 bytes of the -shm file, which
-# every commit rewrites (its change counter, last frame and checksums). SQLite itself compares it to tell
-# whether its cache is still current.
+# The WAL index header (https://www.sqlite.org/walformat.html): the first 48 bytes of the -shm file,
+# which every commit rewrites (its change counter, last frame and checksums). SQLite itself compares
+# it to tell whether its cache is still current.
 WAL_INDEX_HEADER = 48
 
 
@@ -97,7 +101,9 @@ def _identity(path: str) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _identities(path: str) -> tuple[tuple[int, int], tuple[int, int] | None, tuple[int, int] | None]:
+def _identities(
+    path: str,
+) -> tuple[tuple[int, int], tuple[int, int] | None, tuple[int, int] | None]:
     """The database file ``path`` names now, and its -wal and -shm files (None: none)."""
     wal_shm: list[tuple[int, int] | None] = []
     for suffix in ("-wal", "-shm"):
@@ -121,11 +127,13 @@ class _Snapshot:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.lock = threading.Lock()
         self.conn = conn
-        self.cursor = conn.cursor()  # reused by every lookup of the snapshot: no Cursor made per request
+        self.cursor = (
+            conn.cursor()
+        )  # reused by every lookup of the snapshot: no Cursor made per request
         self.taken_at = 0.0
-        # The connection's -shm file mapped (b"": not in WAL mode, where a snapshot's shared lock keeps
-        # any commit out until it ends), and its WAL index header just before the snapshot began: equal
-        # now, nothing was committed since.
+        # The connection's -shm file mapped (b"": not in WAL mode, where a snapshot's shared lock
+        # keeps any commit out until it ends), and its WAL index header just before the snapshot
+        # began: equal now, nothing was committed since.
         self.shm: mmap.mmap | bytes = b""
         self.header = b""
         self.keys: dict[str, tuple] | None = None  # None: no snapshot open
@@ -155,7 +163,10 @@ def _reap(store_ref: weakref.ref) -> None:
             if not snapshot.lock.acquire(blocking=False):
                 continue  # in use by a request, which renews it itself
             try:
-                if snapshot.keys is not None and store.clock() - snapshot.taken_at >= store.max_staleness:
+                if (
+                    snapshot.keys is not None
+                    and store.clock() - snapshot.taken_at >= store.max_staleness
+                ):
                     snapshot.end()
             except sqlite3.Error:
                 snapshot.keys = None  # the request path notices a broken file itself
@@ -165,16 +176,25 @@ def _reap(store_ref: weakref.ref) -> None:
 
 
 class SQLiteReader(ThreadConnections, Reader):
-    """Connections, the credentials read path and the start-up check; SQLiteStore adds the admin side."""
+    """Connections, the credentials read path and the start-up check; SQLiteStore adds the admin
+    side."""
 
-    def __init__(self, url: str, *, readonly: bool, max_staleness: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        url: str,
+        *,
+        readonly: bool,
+        max_staleness: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         super().__init__()
         self.path = path_from_url(url)
         self.readonly = readonly
         self.max_staleness = max_staleness if readonly else 0.0
         self.clock = clock
-        self._snapshots: weakref.WeakSet[_Snapshot] = weakref.WeakSet()  # every thread's, for the reaper
+        self._snapshots: weakref.WeakSet[_Snapshot] = (
+            weakref.WeakSet()
+        )  # every thread's, for the reaper
         self._snapshots_lock = threading.Lock()
         self._reaper = False
 
@@ -189,7 +209,9 @@ class SQLiteReader(ThreadConnections, Reader):
     # -- connections --------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
         """A read-only connection (SQLiteStore opens the admin's)."""
-        uri = "file://" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"  # empty authority
+        uri = (
+            "file://" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
+        )  # empty authority
         conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA query_only = ON")
         # Pages read straight from the OS page cache, shared by all workers, without a
@@ -221,7 +243,9 @@ class SQLiteReader(ThreadConnections, Reader):
                 conn.close()
                 raise
             conn.close()
-        raise sqlite3.OperationalError("the store file was replaced three times while it was being opened")
+        raise sqlite3.OperationalError(
+            "the store file was replaced three times while it was being opened"
+        )
 
     def _check_file(self) -> None:
         """Drop this thread's connection if the path no longer names the file it has open.
@@ -255,7 +279,9 @@ class SQLiteReader(ThreadConnections, Reader):
                 local.warned = True
                 log.error(
                     "sqlite store %s was replaced, but %s-wal or -shm beside it is the old file's: "
-                    "answering 503 until they are removed (docs/stores.md)", self.path, self.path,
+                    "answering 503 until they are removed (docs/stores.md)",
+                    self.path,
+                    self.path,
                 )
             raise StoreUnavailable("sqlite store replaced without its -wal and -shm files")
         self._close_conn()  # the next _conn() opens the new file, with its own -wal and -shm
@@ -279,18 +305,22 @@ class SQLiteReader(ThreadConnections, Reader):
         return local.conn
 
     def _snapshot(self) -> _Snapshot:
-        """This thread's snapshot holder, made on first use; the first one in a process starts the reaper."""
+        """This thread's snapshot holder, made on first use; the first one in a process starts the
+        reaper."""
         snapshot = _Snapshot(self._conn())
         with self._snapshots_lock:
             self._snapshots.add(snapshot)
             if not self._reaper:
                 self._reaper = True
-                threading.Thread(target=_reap, args=(weakref.ref(self),), name="authsvc-snapshots", daemon=True).start()
+                threading.Thread(
+                    target=_reap, args=(weakref.ref(self),), name="authsvc-snapshots", daemon=True
+                ).start()
         self._local.snapshot = snapshot
         return snapshot
 
     def _new_snapshot(self, snapshot: _Snapshot) -> dict[str, tuple]:
-        """End this thread's snapshot and start another; returns its keys (the caller holds ``snapshot.lock``).
+        """End this thread's snapshot and start another; returns its keys (the caller holds
+        ``snapshot.lock``).
 
         The file is checked first, so no snapshot is taken of a file the path stopped
         naming before this one began: a replaced store is read within the same bound.
@@ -304,19 +334,27 @@ class SQLiteReader(ThreadConnections, Reader):
         shm = getattr(self._local, "shm", None)
         if shm is None:
             shm = self._local.shm = self._map_shm(conn)
-        snapshot.shm, snapshot.header = shm, shm[:WAL_INDEX_HEADER]  # before the snapshot: a commit after is seen
+        snapshot.shm, snapshot.header = (
+            shm,
+            shm[:WAL_INDEX_HEADER],
+        )  # before the snapshot: a commit after is seen
         conn.execute("BEGIN")  # the snapshot is taken by the next SELECT, after ``now``
-        keys = {digest: (game_id, enabled, expires_at) for digest, game_id, enabled, expires_at in conn.execute(KEYS_SQL)}
+        keys = {
+            digest: (game_id, enabled, expires_at)
+            for digest, game_id, enabled, expires_at in conn.execute(KEYS_SQL)
+        }
         if snapshot.conn is not conn:
             snapshot.conn, snapshot.cursor = conn, conn.cursor()
         snapshot.taken_at, snapshot.keys = now, keys
         return keys
 
     def _map_shm(self, conn: sqlite3.Connection) -> mmap.mmap | bytes:
-        """The -shm file of this thread's connection, mapped read-only (b"" when the store is not in WAL mode).
+        """The -shm file of this thread's connection, mapped read-only (b"" when the store is not in
+        WAL mode).
 
         Called after ``_check_file``, with the connection open: the path names its file, so the -shm
-        beside it is the one SQLite uses, and no connection truncates a -shm while another has it open.
+        beside it is the one SQLite uses, and no connection truncates a -shm while another has it
+        open.
         """
         if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             return b""
@@ -325,12 +363,18 @@ class SQLiteReader(ThreadConnections, Reader):
                 return b""
             return mmap.mmap(f.fileno(), WAL_INDEX_HEADER, access=mmap.ACCESS_READ)
 
-    def _key_committed(self, snapshot: _Snapshot, keys: dict[str, tuple], key_digest: str) -> dict[str, tuple]:
-        """Something was committed since the snapshot began, and it lacks ``key_digest``: is that key there now?
+    def _key_committed(
+        self, snapshot: _Snapshot, keys: dict[str, tuple], key_digest: str
+    ) -> dict[str, tuple]:
+        """Something was committed since the snapshot began, and it lacks ``key_digest``: is that
+        key there now?
 
-        A new transaction, one lookup by primary key; found (a key added since), the snapshot is renewed.
-        Not found, the keys stay as they were (as old as ``taken_at``, within the bound) and the next unknown
-        key costs no lookup until the next commit. So unknown keys cost at most one lookup per commit.
+        A new transaction, one lookup by primary key; found (a key added since), the snapshot is
+        renewed.
+        Not found, the keys stay as they were (as old as ``taken_at``, within the bound) and the
+        next unknown
+        key costs no lookup until the next commit. So unknown keys cost at most one lookup per
+        commit.
         """
         conn = snapshot.conn
         conn.execute("COMMIT")
@@ -382,26 +426,43 @@ class SQLiteReader(ThreadConnections, Reader):
                     keys, now = snapshot.keys, self.clock()
                     if keys is None or now - snapshot.taken_at >= self.max_staleness:
                         keys = self._new_snapshot(snapshot)
-                    elif key_digest not in keys and snapshot.shm[:WAL_INDEX_HEADER] != snapshot.header:
-                        # A key added since the snapshot (a rotation, a new game) works at once. No call before
-                        # this branch (a slice, a comparison), so a known key does the same calls
-                        # (tests/functional/test_equal_work.py); a lookup only after a commit.
+                    elif (
+                        key_digest not in keys
+                        and snapshot.shm[:WAL_INDEX_HEADER] != snapshot.header
+                    ):
+                        # A key added since the snapshot (a rotation, a new game) works at once. No
+                        # call before this branch (a slice, a comparison), so a known key does the
+                        # same calls (tests/functional/test_equal_work.py); a lookup only after a
+                        # commit.
                         keys = self._key_committed(snapshot, keys, key_digest)
                     player = snapshot.cursor.execute(PLAYER_SQL, (user_id,)).fetchone()
                 row = (*keys.get(key_digest, NO_KEY), *player)
-            # The contract's username None for a missing player, picked by indexing, not by a branch.
+            # The contract's username None for a missing player, picked by indexing, not by a
+            # branch.
             game_id, game_enabled, expires_at, username, epoch, enabled = row
-            found = Credentials._make((game_id, game_enabled, expires_at, (None, username)[enabled is not None], epoch,
-                                       enabled == 1))
+            found = Credentials._make(
+                (
+                    game_id,
+                    game_enabled,
+                    expires_at,
+                    (None, username)[enabled is not None],
+                    epoch,
+                    enabled == 1,
+                )
+            )
             return None if game_id is None else found
         except (sqlite3.Error, OSError):
             self._drop()  # reopen on the next request: the file may come back
             raise StoreUnavailable("sqlite store unreadable") from None
 
     def fresh_credentials(self, key_digest: str, user_id: int) -> Credentials | None:
-        snapshot = getattr(self._local, "snapshot", None)  # None: no snapshot (or none yet), a read of the latest
+        snapshot = getattr(
+            self._local, "snapshot", None
+        )  # None: no snapshot (or none yet), a read of the latest
         if snapshot is not None:
-            snapshot.taken_at = -math.inf  # too old: credentials() starts a new one under its lock (the reaper may first)
+            snapshot.taken_at = (
+                -math.inf
+            )  # too old: credentials() starts a new one under its lock (the reaper may first)
         return self.credentials(key_digest, user_id)
 
     @contextlib.contextmanager
@@ -438,8 +499,13 @@ class SQLiteReader(ThreadConnections, Reader):
         try:
             with self._held() as conn:
                 version = self._version(conn)
-                check_schema(f"sqlite store {self.path}", version, SCHEMA_VERSION, self.readonly,
-                             lambda: self._queries_fail(conn))
+                check_schema(
+                    f"sqlite store {self.path}",
+                    version,
+                    SCHEMA_VERSION,
+                    self.readonly,
+                    lambda: self._queries_fail(conn),
+                )
         except (sqlite3.Error, OSError) as e:
             self._drop()
             raise ConfigError(f"sqlite store {self.path} cannot be read: {e}") from None
@@ -463,7 +529,14 @@ class SQLiteReader(ThreadConnections, Reader):
         return conn.execute("PRAGMA user_version").fetchone()[0]
 
     def journal_mode_warning(self) -> str | None:
-        """Why a restored copy is slow, for the start-up log: readers wait for admin writes (docs/operations.md s. 8)."""
+        """Why a restored copy is slow, for the start-up log: readers wait for admin writes
+        (docs/operations.md s. 8)."""
         mode = self._conn().execute("PRAGMA journal_mode").fetchone()[0]
-        return None if mode == "wal" else (f"sqlite store {self.path} is in {mode} journal mode, not WAL: admin writes "
-                                           "block authentication; run 'authsvc init' (docs/operations.md section 8)")
+        return (
+            None
+            if mode == "wal"
+            else (
+                f"sqlite store {self.path} is in {mode} journal mode, not WAL: admin writes "
+                "block authentication; run 'authsvc init' (docs/operations.md section 8)"
+            )
+        )

@@ -1,6 +1,9 @@
-"""Restoring a SQLite backup over the store's file (docs/operations.md, section 8; store/restore.py says what
-the restored copy gets). Nothing is stopped here: the live file is locked exclusively for the whole restore,
-which SQLite grants only while no other process (a web worker, the admin API, the deliverer, a command)
+"""Restoring a SQLite backup over the store's file (docs/operations.md, section 8; store/restore.py
+says what
+the restored copy gets). Nothing is stopped here: the live file is locked exclusively for the whole
+restore,
+which SQLite grants only while no other process (a web worker, the admin API, the deliverer, a
+command)
 has the file open, so a restore never runs beside a writer or a reader."""
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ _HEADER = b"SQLite format 3\x00"
 
 
 def _hold(path: str) -> sqlite3.Connection | None:
-    """The live store locked against every other process, or None if there is no readable store there.
+    """The live store locked against every other process, or None if there is no readable store
+    there.
     StoreLocked if another process has it open."""
     if not os.path.exists(path):
         return None
@@ -34,9 +38,11 @@ def _hold(path: str) -> sqlite3.Connection | None:
     except sqlite3.OperationalError as e:
         conn.close()
         if "locked" in str(e) or "busy" in str(e):
-            raise StoreLocked(f"sqlite store {path} is open in another process: stop authsvc.socket, authsvc.service, "
-                              "authsvc-admin.socket, authsvc-admin.service and authsvc-deliver.service first "
-                              "(docs/operations.md section 8)") from None
+            raise StoreLocked(
+                f"sqlite store {path} is open in another process: stop authsvc.socket, "
+                "authsvc.service, authsvc-admin.socket, authsvc-admin.service and "
+                "authsvc-deliver.service first (docs/operations.md section 8)"
+            ) from None
         return None  # unreadable: the ledger alone says what was deleted
     except sqlite3.DatabaseError:
         conn.close()
@@ -45,17 +51,21 @@ def _hold(path: str) -> sqlite3.Connection | None:
 
 
 def _live_facts(conn: sqlite3.Connection, into: restore_ledger.Ledger) -> None:
-    """What the live store knows that the backup may not: its restore generation, its deleted players."""
+    """What the live store knows that the backup may not: its restore generation, its deleted
+    players."""
     with contextlib.suppress(sqlite3.Error):
-        into.generation = max(into.generation, conn.execute("SELECT max(generation) FROM restore_generation")
-                              .fetchone()[0] or 0)
+        into.generation = max(
+            into.generation,
+            conn.execute("SELECT max(generation) FROM restore_generation").fetchone()[0] or 0,
+        )
     with contextlib.suppress(sqlite3.Error):
         for user_id, epoch in conn.execute("SELECT user_id, epoch FROM deleted_players"):
             into.add_deleted(user_id, epoch)
 
 
 def restore(backup: str, store_path: str, ledger_path: str, audit: Audit) -> tuple[Restored, bool]:
-    """Replace the store at ``store_path`` by a changed copy of ``backup``; (what changed, whether the live store
+    """Replace the store at ``store_path`` by a changed copy of ``backup``; (what changed, whether
+    the live store
     was read). The copy is made, checked and changed beside the store, then renamed over it."""
     try:
         with open(backup, "rb") as f:

@@ -1,4 +1,5 @@
-"""The ``sqlite://PATH`` store URL and the file it names: the one parser for the admin command and the web process.
+"""The ``sqlite://PATH`` store URL and the file it names: the one parser for the admin command and
+the web process.
 
 store/sqlite/reader.py re-exports it (store/sqlite/store.py imports it from there).
 """
@@ -11,7 +12,8 @@ from authsvc.errors import ConfigError
 
 
 def path_from_url(url: str) -> str:
-    """The file named by a ``sqlite://PATH`` store URL: the one parser for the admin command and the web process.
+    """The file named by a ``sqlite://PATH`` store URL: the one parser for the admin command and the
+    web process.
 
     Everything after ``sqlite://`` is the path, taken literally (no %-decoding, no
     query string or fragment), so ``sqlite:///var/x.db`` is absolute and

@@ -1,10 +1,12 @@
-"""Section admin-sync: an initial sync of N players through the admin API's batch, under real gunicorn.
+"""Section admin-sync: an initial sync of N players through the admin API's batch, under real
+gunicorn.
 
 Per engine, an empty store (a new SQLite file; a temporary PostgreSQL database), the admin
 service (``authsvc.api.wsgi:application``, 2 sync workers, loopback TCP, the default
 rate limit) and ``--sync-clients`` clients posting ``POST /v1/players/batch`` of 1,000
 players each, until the N players are in; then again into a new store with an
-``Idempotency-Key`` on each call (the first answer kept, as a careful web tier sends it). The bodies are
+``Idempotency-Key`` on each call (the first answer kept, as a careful web tier sends it). The bodies
+are
 encoded before the clock starts (the web tier's own cost is not ours); every answer is
 checked (200, 1,000 created) and the store's count afterwards. A 429 is waited out as
 its Retry-After says and counted.
@@ -29,7 +31,10 @@ from benchmarks.bench.world import World
 from harness.processes import free_port
 
 BATCH = 1000
-TARGETS = {"sqlite": 120.0, "postgresql": 180.0}  # seconds for 1,000,000 players (docs/admin-api.md)
+TARGETS = {
+    "sqlite": 120.0,
+    "postgresql": 180.0,
+}  # seconds for 1,000,000 players (docs/admin-api.md)
 
 
 @contextlib.contextmanager
@@ -49,7 +54,9 @@ def _migrated(url: str, world: World) -> str:
     from authsvc.settings import Settings
     from authsvc.store import open_store
 
-    store = open_store(url, readonly=False, settings=Settings.from_env({**world.env, "AUTHSVC_STORE": url}))
+    store = open_store(
+        url, readonly=False, settings=Settings.from_env({**world.env, "AUTHSVC_STORE": url})
+    )
     try:
         store.migrate()
     finally:
@@ -63,7 +70,9 @@ def _token(url: str, world: World, name: str = "bench-sync") -> str:
     from authsvc.settings import Settings
 
     with admin_store(Settings.from_env({**world.env, "AUTHSVC_STORE": url})) as store:
-        _, token = api_tokens.add_api_token(store, Context(actor="cli:bench"), name, ["players:write"])
+        _, token = api_tokens.add_api_token(
+            store, Context(actor="cli:bench"), name, ["players:write"]
+        )
     return token
 
 
@@ -81,18 +90,30 @@ def one_row(url: str, sql: str) -> tuple:
 
 
 def _count(url: str, world: World) -> int:
-    """The players in the store, counted by the engine itself (the store has no count of its own)."""
+    """The players in the store, counted by the engine itself (the store has no count of its
+    own)."""
     return one_row(url, "SELECT count(*) FROM players")[0]
 
 
 def bodies(players: int) -> list[bytes]:
-    return [json.dumps({"players": [{"user_id": n, "username": f"player{n}", "enabled": True}
-                                    for n in range(start, min(start + BATCH, players + 1))]}).encode()
-            for start in range(1, players + 1, BATCH)]
+    return [
+        json.dumps(
+            {
+                "players": [
+                    {"user_id": n, "username": f"player{n}", "enabled": True}
+                    for n in range(start, min(start + BATCH, players + 1))
+                ]
+            }
+        ).encode()
+        for start in range(1, players + 1, BATCH)
+    ]
 
 
-def sync(port: int, token: str, payloads: list[bytes], clients: int, keyed: bool) -> tuple[float, int]:
-    """Post every payload from ``clients`` threads (``keyed``: each with its Idempotency-Key); (seconds, 429s).
+def sync(
+    port: int, token: str, payloads: list[bytes], clients: int, keyed: bool
+) -> tuple[float, int]:
+    """Post every payload from ``clients`` threads (``keyed``: each with its Idempotency-Key);
+    (seconds, 429s).
     Stops the run on a wrong answer."""
     todo = iter(range(len(payloads)))
     lock = threading.Lock()
@@ -110,7 +131,9 @@ def sync(port: int, token: str, payloads: list[bytes], clients: int, keyed: bool
                     return
                 while True:
                     key = {"Idempotency-Key": f"bench-sync-{k}"} if keyed else {}
-                    conn.request("POST", "/v1/players/batch", body=payloads[k], headers=headers | key)
+                    conn.request(
+                        "POST", "/v1/players/batch", body=payloads[k], headers=headers | key
+                    )
                     response = conn.getresponse()
                     answer = response.read()
                     if response.status != 429:
@@ -147,23 +170,38 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
             token = _token(url, world)
             port = free_port()
             env = {"AUTHSVC_STORE": url}
-            with gunicorn(world, "authsvc.api.wsgi:application", logs / f"admin-sync-{engine}.log",
-                          bind=f"127.0.0.1:{port}", args=("--workers", "2", "--worker-class", "sync",
-                                                         "--log-level", "warning"), env=env) as proc:
+            with gunicorn(
+                world,
+                "authsvc.api.wsgi:application",
+                logs / f"admin-sync-{engine}.log",
+                bind=f"127.0.0.1:{port}",
+                args=("--workers", "2", "--worker-class", "sync", "--log-level", "warning"),
+                env=env,
+            ) as proc:
                 wait_for(lambda port=port: port_open(port), f"the admin service ({engine})", proc)
                 seconds, limited = sync(port, token, payloads, args.sync_clients, keyed)
             stored = _count(url, world)
         if stored != args.sync_players:
-            raise SystemExit(f"bench: admin-sync stored {stored:,} players on {engine}, not {args.sync_players:,}")
+            raise SystemExit(
+                f"bench: admin-sync stored {stored:,} players on {engine}, not "
+                f"{args.sync_players:,}"
+            )
         target = TARGETS.get(engine, 0) * args.sync_players / 1_000_000
         rows.append((engine + (", Idempotency-Key" if keyed else ""), seconds, limited, target))
     print(f"\n## 11. Admin API: batch sync of {args.sync_players:,} players\n")
-    print(f"POST /v1/players/batch, {BATCH:,} players a call, into an empty store; the admin service under "
-          f"gunicorn (2 sync workers, loopback TCP, the default rate limit), {args.sync_clients} client threads "
-          f"(a connection each; bodies encoded beforehand); each engine once without and once with an "
-          f"Idempotency-Key a call (its answer kept); {os.cpu_count()} CPUs shared by everything.\n")
+    print(
+        f"POST /v1/players/batch, {BATCH:,} players a call, into an empty store; the admin service "
+        "under "
+        f"gunicorn (2 sync workers, loopback TCP, the default rate limit), {args.sync_clients} "
+        "client threads (a connection each; bodies encoded beforehand); each engine once without "
+        "and once with an "
+        f"Idempotency-Key a call (its answer kept); {os.cpu_count()} CPUs shared by everything.\n"
+    )
     print("| engine | players | calls | seconds | players/s | 429s | target (s) |")
     print("|---|---|---|---|---|---|---|")
     for engine, seconds, limited, target in rows:
-        print(f"| {engine} | {args.sync_players:,} | {len(payloads):,} | {seconds:.1f} | "
-              f"{args.sync_players / seconds:,.0f} | {limited} | {target:.1f} {'met' if seconds <= target else 'MISSED'} |")
+        print(
+            f"| {engine} | {args.sync_players:,} | {len(payloads):,} | {seconds:.1f} | "
+            f"{args.sync_players / seconds:,.0f} | {limited} | {target:.1f} "
+            f"{'met' if seconds <= target else 'MISSED'} |"
+        )

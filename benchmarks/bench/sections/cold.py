@@ -12,23 +12,35 @@ from benchmarks.bench.world import World, environs
 
 
 def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
-    """In-process cost with the CPU caches emptied before each call, as gunicorn's own work empties them."""
+    """In-process cost with the CPU caches emptied before each call, as gunicorn's own work empties
+    them."""
     from benchmarks import bare, flask_app, plain_app
 
     envs = environs(world)
     db_path = world.store_url.removeprefix("sqlite://")
     authsvc = make_app(Settings.from_env(world.env))
-    apps = {"bare": bare.application, "plain": plain_app.create_app(db_path, world.secret), "authsvc": authsvc,
-            "flask": flask_app.create_app(db_path, world.secret)}
-    sizes = {"8 MB": 8 << 20, "64 MB": 64 << 20}  # past this machine's L2 (1 MB/core); past its L3 (32 MB) too
+    apps = {
+        "bare": bare.application,
+        "plain": plain_app.create_app(db_path, world.secret),
+        "authsvc": authsvc,
+        "flask": flask_app.create_app(db_path, world.secret),
+    }
+    sizes = {
+        "8 MB": 8 << 20,
+        "64 MB": 64 << 20,
+    }  # past this machine's L2 (1 MB/core); past its L3 (32 MB) too
     buffers = {label: bytearray(size) for label, size in sizes.items()}
 
     def start_response(status, headers, exc_info=None):
         return None
 
-    print("\n6. In-process cost per call: hot (called in a loop), and with 8 MB or 64 MB of memory touched before "
-          f"each call (as gunicorn's own work between two requests empties the caches); {args.cold_calls} calls, "
-          "best of 3 runs\n")
+    print(
+        "\n6. In-process cost per call: hot (called in a loop), and with 8 MB or 64 MB of memory "
+        "touched before "
+        "each call (as gunicorn's own work between two requests empties the caches); "
+        f"{args.cold_calls} calls, "
+        "best of 3 runs\n"
+    )
     print("| app | hot µs | 8 MB touched µs | 64 MB touched µs |")
     print("|---|---|---|---|")
     for name, app in apps.items():

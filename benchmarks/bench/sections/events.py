@@ -31,8 +31,14 @@ from benchmarks.bench.world import World
 from harness.processes import free_port
 
 SECRET = "whsec_YmVuY2ggc2VjcmV0IGZvciBldmVudHM="
-EVENTS = ["player.created", "player.deleted", "player.disabled", "player.enabled", "player.renamed",
-          "player.revoked"]
+EVENTS = [
+    "player.created",
+    "player.deleted",
+    "player.disabled",
+    "player.enabled",
+    "player.renamed",
+    "player.revoked",
+]
 
 
 def receive(port: int, out: str) -> None:
@@ -76,7 +82,8 @@ def receive(port: int, out: str) -> None:
 
 
 class Run:
-    """A store with one webhook (``copy_of``: a copy of that SQLite store), a receiver process and a deliverer
+    """A store with one webhook (``copy_of``: a copy of that SQLite store), a receiver process and a
+    deliverer
     process, stopped on exit."""
 
     def __init__(self, world: World, logs: Path, name: str, copy_of: str | None = None) -> None:
@@ -89,11 +96,16 @@ class Run:
         self.dir.mkdir()
         self.url = f"sqlite://{self.dir}/authsvc.db"
         if copy_of is not None:
-            source, copy = sqlite3.connect(copy_of.removeprefix("sqlite://")), sqlite3.connect(f"{self.dir}/authsvc.db")
+            source, copy = (
+                sqlite3.connect(copy_of.removeprefix("sqlite://")),
+                sqlite3.connect(f"{self.dir}/authsvc.db"),
+            )
             with contextlib.closing(source), contextlib.closing(copy):
                 source.backup(copy)
         self.env = {**os.environ, **world.env, "AUTHSVC_STORE": self.url}
-        self.store = open_store(self.url, readonly=False, settings=Settings.from_env(self.env, require_secret=False))
+        self.store = open_store(
+            self.url, readonly=False, settings=Settings.from_env(self.env, require_secret=False)
+        )
         self.store.migrate()
         self.port = free_port()
         self.env["AUTHSVC_WEBHOOK_ALLOW_HOSTS"] = f"127.0.0.1:{self.port}"
@@ -105,18 +117,32 @@ class Run:
         from authsvc.operations import webhooks
         from authsvc.operations.context import command_context
 
-        webhooks.add_webhook(self.store, command_context(), f"http://127.0.0.1:{self.port}/hook", EVENTS, None,
-                        self.env["AUTHSVC_WEBHOOK_ALLOW_HOSTS"])
+        webhooks.add_webhook(
+            self.store,
+            command_context(),
+            f"http://127.0.0.1:{self.port}/hook",
+            EVENTS,
+            None,
+            self.env["AUTHSVC_WEBHOOK_ALLOW_HOSTS"],
+        )
 
     def start_receiver(self, group_nice: int | None = None) -> None:
-        """``group_nice``: in a session of its own at that nice (a stand-in for a server elsewhere, given
+        """``group_nice``: in a session of its own at that nice (a stand-in for a server elsewhere,
+        given
         only what the machine's own work leaves)."""
-        code = f"from benchmarks.bench.sections.events import receive; receive({self.port}, {str(self.arrivals)!r})"
-        self.receiver = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3],
-                                         start_new_session=group_nice is not None)
+        code = (
+            f"from benchmarks.bench.sections.events import receive; receive({self.port}, "
+            f"{str(self.arrivals)!r})"
+        )
+        self.receiver = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=Path(__file__).resolve().parents[3],
+            start_new_session=group_nice is not None,
+        )
         if group_nice is not None:
             Path(f"/proc/{self.receiver.pid}/autogroup").write_text(f"{group_nice}\n")
-        # At nice 19 on a busy machine (a CI run beside other work) Python's own start can take seconds.
+        # At nice 19 on a busy machine (a CI run beside other work) Python's own start can take
+        # seconds.
         deadline = time.monotonic() + 60
         import socket
 
@@ -129,12 +155,17 @@ class Run:
         raise SystemExit("bench events: the receiver did not start")
 
     def start_deliverer(self, prefix: tuple[str, ...] = (), group_nice: int | None = None) -> None:
-        """``prefix``: commands that exec it (``nice -n 10``); ``group_nice``: in a session of its own at
+        """``prefix``: commands that exec it (``nice -n 10``); ``group_nice``: in a session of its
+        own at
         that nice (admin_load.group_nice: the unit's CPUWeight=)."""
         log = (self.logs / f"events-{self.name}-deliver.log").open("ab")
-        self.deliverer = subprocess.Popen([*prefix, sys.executable, "-m", "authsvc.cli.command", "deliver"],
-                                          env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=group_nice is not None)
+        self.deliverer = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "authsvc.cli.command", "deliver"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=group_nice is not None,
+        )
         if group_nice is not None:
             Path(f"/proc/{self.deliverer.pid}/autogroup").write_text(f"{group_nice}\n")
 
@@ -160,7 +191,9 @@ class Run:
         from authsvc.store.sqlite.url import path_from_url
 
         with sqlite3.connect(path_from_url(self.url)) as conn:
-            return conn.execute("SELECT count(*) FROM deliveries WHERE state = 'delivered'").fetchone()[0]
+            return conn.execute(
+                "SELECT count(*) FROM deliveries WHERE state = 'delivered'"
+            ).fetchone()[0]
 
     def close(self) -> None:
         for proc in (self.deliverer, self.receiver):
@@ -208,8 +241,13 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         done = until(lambda: r.delivered() >= args.events_burst, 600)
         arrivals = sorted(at for at, _ in r.lines())
         span = (arrivals[-1] - arrivals[0]) / 1000 if len(arrivals) > 1 else float("nan")
-        rows.append((f"sustained delivery, {args.events_burst:,} pending events, one per player",
-                     f"{len(arrivals) / span:,.0f} events/s" + ("" if done else " (not all delivered in 600 s)")))
+        rows.append(
+            (
+                f"sustained delivery, {args.events_burst:,} pending events, one per player",
+                f"{len(arrivals) / span:,.0f} events/s"
+                + ("" if done else " (not all delivered in 600 s)"),
+            )
+        )
     finally:
         r.close()
     # 2. latency
@@ -228,8 +266,12 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         until(lambda: r.delivered() >= 1 + args.events_changes, 60)
         time.sleep(0.5)
         latencies = [at - event for at, event in r.lines()[start:]]
-        rows.append((f"change to delivery, {args.events_changes} renames at 50/s, one player",
-                     f"p50 {_pct(latencies, 0.5)} ms, p99 {_pct(latencies, 0.99)} ms"))
+        rows.append(
+            (
+                f"change to delivery, {args.events_changes} renames at 50/s, one player",
+                f"p50 {_pct(latencies, 0.5)} ms, p99 {_pct(latencies, 0.99)} ms",
+            )
+        )
     finally:
         r.close()
     # 3. backlog
@@ -248,14 +290,26 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         time.sleep(args.events_drain)
         drained = r.delivered() - before
         rate = drained / (time.monotonic() - t1)
-        rows.append((f"{args.events_pending:,} pending (written in {made:.0f} s), receiver down for "
-                     f"{args.events_down} s: deliverer's peak RSS", f"{rss:.0f} MB"))
-        rows.append((f"then the receiver back: deliveries in the next {args.events_drain} s", f"{rate:,.0f} events/s"))
+        rows.append(
+            (
+                f"{args.events_pending:,} pending (written in {made:.0f} s), receiver down for "
+                f"{args.events_down} s: deliverer's peak RSS",
+                f"{rss:.0f} MB",
+            )
+        )
+        rows.append(
+            (
+                f"then the receiver back: deliveries in the next {args.events_drain} s",
+                f"{rate:,.0f} events/s",
+            )
+        )
     finally:
         r.close()
     print("\n## 12. Webhook delivery\n")
-    print("One `authsvc deliver` (default settings: 16 at once), SQLite store, receiver process on loopback;"
-          " the machine's other load shares the CPUs.\n")
+    print(
+        "One `authsvc deliver` (default settings: 16 at once), SQLite store, receiver process on "
+        "loopback; the machine's other load shares the CPUs.\n"
+    )
     print("| measure | result |\n|---|---|")
     for label, value in rows:
         print(f"| {label} | {value} |")

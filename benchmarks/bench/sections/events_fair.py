@@ -1,4 +1,5 @@
-"""Section events-fair: a healthy webhook's change-to-delivery beside a blackholed one (SQLite store).
+"""Section events-fair: a healthy webhook's change-to-delivery beside a blackholed one (SQLite
+store).
 
 Two runs, each on a new store (section events' ``Run``): a receiver process on loopback subscribed
 to every player event, and ``--events-fair-pending`` players created, then ``--events-changes``
@@ -47,7 +48,9 @@ class Blackhole:
             conn.close()
 
 
-def _latency(world: World, args: argparse.Namespace, logs: Path, blackholed: bool) -> tuple[list[int], int]:
+def _latency(
+    world: World, args: argparse.Namespace, logs: Path, blackholed: bool
+) -> tuple[list[int], int]:
     """Change-to-delivery of the healthy webhook's renames (ms each), and the blackholed webhook's
     deliveries pending at the end (0 alone)."""
     from authsvc.operations import webhooks
@@ -58,14 +61,22 @@ def _latency(world: World, args: argparse.Namespace, logs: Path, blackholed: boo
     try:
         if blackhole is not None:
             r.env["AUTHSVC_WEBHOOK_ALLOW_HOSTS"] += f",127.0.0.1:{blackhole.port}"
-            webhooks.add_webhook(r.store, command_context(), f"http://127.0.0.1:{blackhole.port}/hook",
-                            ["player.created"], None, r.env["AUTHSVC_WEBHOOK_ALLOW_HOSTS"])
+            webhooks.add_webhook(
+                r.store,
+                command_context(),
+                f"http://127.0.0.1:{blackhole.port}/hook",
+                ["player.created"],
+                None,
+                r.env["AUTHSVC_WEBHOOK_ALLOW_HOSTS"],
+            )
         with r.store.write() as tx:
             tx.import_players((i, f"p{i}") for i in range(1, args.events_fair_pending + 1))
         r.start_receiver()
         r.start_deliverer()
         if not until(lambda: r.delivered() >= args.events_fair_pending, 120):
-            raise SystemExit("bench events-fair: the healthy webhook did not take its player.created events")
+            raise SystemExit(
+                "bench events-fair: the healthy webhook did not take its player.created events"
+            )
         if blackhole is not None and not until(lambda: len(blackhole.held) >= 1, 30):
             raise SystemExit("bench events-fair: the blackhole got no POST")
         time.sleep(0.5)  # the receiver's last lines written
@@ -84,7 +95,9 @@ def _latency(world: World, args: argparse.Namespace, logs: Path, blackholed: boo
             from authsvc.store.sqlite.url import path_from_url
 
             with sqlite3.connect(path_from_url(r.url)) as conn:
-                pending = conn.execute("SELECT count(*) FROM deliveries WHERE state = 'pending'").fetchone()[0]
+                pending = conn.execute(
+                    "SELECT count(*) FROM deliveries WHERE state = 'pending'"
+                ).fetchone()[0]
         return latencies, pending
     finally:
         if blackhole is not None:
@@ -96,13 +109,24 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     rows = []
     for blackholed in (False, True):
         latencies, pending = _latency(world, args, logs, blackholed)
-        label = (f"beside a blackholed webhook ({pending:,} of its {args.events_fair_pending:,} still pending after)"
-                 if blackholed else "alone")
-        rows.append((label, f"p50 {_pct(latencies, 0.5)} ms, p99 {_pct(latencies, 0.99)} ms, "
-                            f"max {max(latencies)} ms ({len(latencies)} events)"))
+        label = (
+            f"beside a blackholed webhook ({pending:,} of its {args.events_fair_pending:,} still "
+            "pending after)"
+            if blackholed
+            else "alone"
+        )
+        rows.append(
+            (
+                label,
+                f"p50 {_pct(latencies, 0.5)} ms, p99 {_pct(latencies, 0.99)} ms, "
+                f"max {max(latencies)} ms ({len(latencies)} events)",
+            )
+        )
     print("\n## Webhook delivery beside a blackholed receiver\n")
-    print(f"One `authsvc deliver` (16 at once), SQLite store; {args.events_changes} renames at 50/s to a healthy "
-          "receiver process on loopback; the machine's other load shares the CPUs.\n")
+    print(
+        f"One `authsvc deliver` (16 at once), SQLite store; {args.events_changes} renames at 50/s "
+        "to a healthy receiver process on loopback; the machine's other load shares the CPUs.\n"
+    )
     print("| the healthy webhook | change to delivery |\n|---|---|")
     for label, value in rows:
         print(f"| {label} | {value} |")

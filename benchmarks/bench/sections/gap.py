@@ -1,4 +1,5 @@
-"""Section gap: the instructions one worker executes per request, under callgrind, configuration by configuration.
+"""Section gap: the instructions one worker executes per request, under callgrind, configuration by
+configuration.
 
 CPU time per request moves by several percent between runs on a shared machine;
 the user-space instructions a worker executes per request do not (three runs of
@@ -37,25 +38,35 @@ from benchmarks.bench.serve import LEGACY_HOST, port_open, unix_socket_open
 from benchmarks.bench.world import APPS, REPO, SHIPPED_ENV, VENV_BIN, World
 from harness.processes import free_port, stop
 
-# access_record = "app" (the default; gunicorn exposed without nginx): gunicorn's access line and the auth line.
+# access_record = "app" (the default; gunicorn exposed without nginx): gunicorn's access line and
+# the auth line.
 APP_RECORD = {"AUTHSVC_ACCESS_RECORD": "app"}
 NO_AUTH_LINE = {"AUTHSVC_LOG_LEVEL": "WARNING"}
 PLAIN_FLAGS = ("--workers", "1", "--worker-class", "sync", "--preload", "--log-level", "warning")
-# What a game server's HTTP client sends besides Host (curl, requests, a Java client send a few such).
-CLIENT_HEADERS = {"User-Agent": "game-server/1.0", "Accept": "application/json", "Accept-Encoding": "gzip, deflate"}
+# What a game server's HTTP client sends besides Host (curl, requests, a Java client send a few
+# such).
+CLIENT_HEADERS = {
+    "User-Agent": "game-server/1.0",
+    "Accept": "application/json",
+    "Accept-Encoding": "gzip, deflate",
+}
 # The shipped proxy snippet as it was: every client header passed on, nginx's own set on top.
 FORWARD_ALL = ("proxy_pass_request_headers off;", "proxy_pass_request_headers on;")
-# The site rendered for access_record = "app": nginx also sends X-Forwarded-For, X-Forwarded-Proto, X-Request-Id.
+# The site rendered for access_record = "app": nginx also sends X-Forwarded-For, X-Forwarded-Proto,
+# X-Request-Id.
 RENDER_APP = {"ACCESS_RECORD": "app"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """One row: ``conf`` "shipped" is deploy/gunicorn.conf.py (plus ``extra`` lines), "plain" gunicorn's
+    """One row: ``conf`` "shipped" is deploy/gunicorn.conf.py (plus ``extra`` lines), "plain"
+    gunicorn's
     flags PLAIN_FLAGS and nothing else; ``nginx`` False: the client talks to gunicorn over TCP;
     ``bind`` "unix" or "tcp" (behind nginx); ``snippet``: (old, new) replacements in the rendered
-    proxy snippet; ``engine`` "sqlite" or "postgresql" (the store of --pg); ``client_headers`` False: the
-    client sends no header but Host (and http.client's Accept-Encoding: identity); ``render``: placeholder
+    proxy snippet; ``engine`` "sqlite" or "postgresql" (the store of --pg); ``client_headers``
+    False: the
+    client sends no header but Host (and http.client's Accept-Encoding: identity); ``render``:
+    placeholder
     values of the nginx site (the shipped authsvc.toml's access_record unless told)."""
 
     label: str
@@ -80,19 +91,30 @@ CONFIGS = [
     Config(SHIPPED),
     # What access_record = "app" costs behind nginx: the two lines, then gunicorn's alone.
     Config(APP, env=APP_RECORD, render=RENDER_APP),
-    Config("shipped with access_record = app, no auth line (gunicorn's access line alone)",
-           env={**APP_RECORD, **NO_AUTH_LINE}, render=RENDER_APP),
+    Config(
+        "shipped with access_record = app, no auth line (gunicorn's access line alone)",
+        env={**APP_RECORD, **NO_AUTH_LINE},
+        render=RENDER_APP,
+    ),
     # One thing changed against the shipped row each.
     Config("shipped, every client header forwarded (as before)", snippet=(FORWARD_ALL,)),
-    Config("shipped, with X-Forwarded-For, X-Forwarded-Proto, X-Request-Id (the site rendered for app)",
-           render=RENDER_APP),
+    Config(
+        "shipped, with X-Forwarded-For, X-Forwarded-Proto, X-Request-Id (the site rendered for "
+        "app)",
+        render=RENDER_APP,
+    ),
     Config("shipped, TCP instead of the unix socket", bind="tcp"),
     Config("shipped, gunicorn's own sync worker", extra="worker_class = 'sync'\n"),
     Config("shipped, no --preload", extra="preload_app = False\n"),
     Config("shipped, metrics off", app="benchmarks.variants:authsvc_without_metrics"),
-    Config("shipped, no redact filter", extra="logconfig_dict['loggers']['gunicorn.error'].pop('filters')\n"),
+    Config(
+        "shipped, no redact filter",
+        extra="logconfig_dict['loggers']['gunicorn.error'].pop('filters')\n",
+    ),
     Config("shipped, no logconfig_dict", extra="logconfig_dict = {}\n"),
-    Config("shipped, gthread (2 threads, nginx keeps the connection)", env={"AUTHSVC_THREADS": "2"}),
+    Config(
+        "shipped, gthread (2 threads, nginx keeps the connection)", env={"AUTHSVC_THREADS": "2"}
+    ),
     # A client that sends no header of its own: plain parses fewer, the shipped path the same.
     Config(PLAIN + ", a client sending Host only", conf="plain", nginx=False, client_headers=False),
     Config(SHIPPED + ", a client sending Host only", client_headers=False),
@@ -120,16 +142,22 @@ def post_request(worker, req, environ, resp):
 
 
 def selected(configs: list[Config], wanted: str) -> list[Config]:
-    """The rows ``--gap-rows`` names: comma-separated row numbers (from 1, in CONFIGS' order) or texts found
+    """The rows ``--gap-rows`` names: comma-separated row numbers (from 1, in CONFIGS' order) or
+    texts found
     in labels (none: every row)."""
     texts = [t.strip() for t in wanted.split(",") if t.strip()]
     if not texts:
         return configs
-    return [c for i, c in enumerate(configs, 1) if any(t == str(i) or (not t.isdigit() and t in c.label) for t in texts)]
+    return [
+        c
+        for i, c in enumerate(configs, 1)
+        if any(t == str(i) or (not t.isdigit() and t in c.label) for t in texts)
+    ]
 
 
 def drive(port: int, paths: list[str], count: int, host: str | None, client_headers: bool) -> None:
-    """``count`` requests, one at a time, on one keep-alive connection (to nginx) or one each (to gunicorn),
+    """``count`` requests, one at a time, on one keep-alive connection (to nginx) or one each (to
+    gunicorn),
     with a game server's few headers (``client_headers``) or none."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     headers = {**(CLIENT_HEADERS if client_headers else {}), **({"Host": host} if host else {})}
@@ -145,7 +173,8 @@ def drive(port: int, paths: list[str], count: int, host: str | None, client_head
 
 
 def edit_snippet(site_root: Path, replacements: tuple) -> None:
-    """Replace text in the rendered proxy snippet; a text that is not there stops the run (a row that no
+    """Replace text in the rendered proxy snippet; a text that is not there stops the run (a row
+    that no
     longer changes anything)."""
     snippet = site_root / "deploy" / "nginx" / "snippets" / "authsvc-proxy.conf"
     text = snippet.read_text()
@@ -156,52 +185,105 @@ def edit_snippet(site_root: Path, replacements: tuple) -> None:
     snippet.write_text(text)
 
 
-def instructions(world: World, args: argparse.Namespace, root: Path, config: Config, store: str) -> float:
+def instructions(
+    world: World, args: argparse.Namespace, root: Path, config: Config, store: str
+) -> float:
     """The instructions per request of the row's one worker, between the two markers."""
     # Unique per row (labels that share their first characters: the shipped row and its variants).
-    slug = (re.sub(r"[^a-z0-9]+", "-", config.label.lower()).strip("-")[:48] + "-"
-            + hashlib.sha1(config.label.encode()).hexdigest()[:8])
+    slug = (
+        re.sub(r"[^a-z0-9]+", "-", config.label.lower()).strip("-")[:48]
+        + "-"
+        + hashlib.sha1(config.label.encode()).hexdigest()[:8]
+    )
     conf = root / f"{slug}.conf.py"
     sock = root / "authsvc.sock"
     port = free_port()
     bind = f"unix:{sock}" if config.nginx and config.bind == "unix" else f"127.0.0.1:{port}"
     marker = MARKER.format(first=args.gap_warm, last=args.gap_warm + args.gap_requests)
-    command = [str(VENV_BIN / "python"), "-m", "gunicorn", "--no-control-socket", "--config", str(conf)]
+    command = [
+        str(VENV_BIN / "python"),
+        "-m",
+        "gunicorn",
+        "--no-control-socket",
+        "--config",
+        str(conf),
+    ]
     # The queue's wait is checked as shipped, against a bound no request under callgrind passes.
-    environ = {**os.environ, **world.env, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "0",
-               "AUTHSVC_MAX_QUEUE_WAIT": "60", "AUTHSVC_STORE": store, **config.env}
+    environ = {
+        **os.environ,
+        **world.env,
+        "PYTHONPATH": str(REPO),
+        "PYTHONHASHSEED": "0",
+        "AUTHSVC_MAX_QUEUE_WAIT": "60",
+        "AUTHSVC_STORE": store,
+        **config.env,
+    }
     if config.conf == "shipped":
         shipped = REPO / "deploy" / "gunicorn.conf.py"
-        conf.write_text(f"__file__ = {str(shipped)!r}\nexec(compile(open(__file__).read(), __file__, 'exec'))\n"
-                        f"timeout = 600\n{config.extra}{marker}")
-        # As the unit starts it: the shipped settings file (access_record = "edge"); the row's env beats it.
-        environ.update(SHIPPED_ENV, AUTHSVC_BIND=bind, AUTHSVC_WORKERS="1", STATE_DIRECTORY=str(root))
+        conf.write_text(
+            f"__file__ = {str(shipped)!r}\nexec(compile(open(__file__).read(), __file__, 'exec'))\n"
+            f"timeout = 600\n{config.extra}{marker}"
+        )
+        # As the unit starts it: the shipped settings file (access_record = "edge"); the row's env
+        # beats it.
+        environ.update(
+            SHIPPED_ENV, AUTHSVC_BIND=bind, AUTHSVC_WORKERS="1", STATE_DIRECTORY=str(root)
+        )
     else:
         conf.write_text(f"timeout = 600\n{config.extra}{marker}")
         command += [*PLAIN_FLAGS, "--bind", bind]
-    ready = (lambda: unix_socket_open(sock)) if bind.startswith("unix:") else (lambda: port_open(port))
+    ready = (
+        (lambda: unix_socket_open(sock)) if bind.startswith("unix:") else (lambda: port_open(port))
+    )
     out = root / f"{slug}.%p.callgrind"
-    command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-before=binascii_crc_hqx*",
-               *command, config.app]
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={out}",
+        "--dump-before=binascii_crc_hqx*",
+        *command,
+        config.app,
+    ]
     with contextlib.ExitStack() as stack:
         if config.nginx:
             upstream = {**config.render, **({} if config.bind == "unix" else {"UPSTREAMS": bind})}
-            _, http_port, _ = stack.enter_context(nginx_in_front(
-                world, root / f"nginx-{slug}", sock, overrides=upstream,
-                edit=lambda site: edit_snippet(site, config.snippet)))
+            _, http_port, _ = stack.enter_context(
+                nginx_in_front(
+                    world,
+                    root / f"nginx-{slug}",
+                    sock,
+                    overrides=upstream,
+                    edit=lambda site: edit_snippet(site, config.snippet),
+                )
+            )
             client_port, host = http_port, LEGACY_HOST
         else:
             client_port, host = port, None
         with (root / f"{slug}.log").open("wb") as log:
-            proc = subprocess.Popen(command, env=environ, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                command,
+                env=environ,
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             deadline = time.monotonic() + 600
             while not ready():
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"bench: gap: gunicorn ({config.label}) did not start; see {root / (slug + '.log')}")
+                    raise SystemExit(
+                        f"bench: gap: gunicorn ({config.label}) did not start; see "
+                        f"{root / (slug + '.log')}"
+                    )
                 time.sleep(0.2)
-            drive(client_port, world.paths(), args.gap_warm + args.gap_requests, host, config.client_headers)
+            drive(
+                client_port,
+                world.paths(),
+                args.gap_warm + args.gap_requests,
+                host,
+                config.client_headers,
+            )
             worker = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0]
         finally:
             stop(proc, timeout=120)
@@ -215,18 +297,36 @@ def instructions(world: World, args: argparse.Namespace, root: Path, config: Con
 
 
 def against(args: argparse.Namespace, checkout: Path, numbers: list[int]) -> dict[str, float]:
-    """The rows ``numbers`` (this checkout's) measured by another checkout's own gap section, with its own store,
-    deploy/ files and code, run by this virtualenv's Python: {label: instructions per request}. Rows are
+    """The rows ``numbers`` (this checkout's) measured by another checkout's own gap section, with
+    its own store,
+    deploy/ files and code, run by this virtualenv's Python: {label: instructions per request}. Rows
+    are
     matched by label; one the other checkout lacks is absent."""
-    command = [str(VENV_BIN / "python"), "-m", "benchmarks.bench", "--only", "gap", "--players", str(args.players),
-               "--gap-warm", str(args.gap_warm), "--gap-requests", str(args.gap_requests),
-               "--gap-rows", ",".join(map(str, numbers)), "--pg", args.pg]
+    command = [
+        str(VENV_BIN / "python"),
+        "-m",
+        "benchmarks.bench",
+        "--only",
+        "gap",
+        "--players",
+        str(args.players),
+        "--gap-warm",
+        str(args.gap_warm),
+        "--gap-requests",
+        str(args.gap_requests),
+        "--gap-rows",
+        ",".join(map(str, numbers)),
+        "--pg",
+        args.pg,
+    ]
     environ = {**os.environ, "PYTHONPATH": str(checkout)}
     done = subprocess.run(command, cwd=checkout, env=environ, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"bench: gap: the run in {checkout} failed:\n{done.stderr[-2000:]}")
-    return {m.group(1).strip(): float(m.group(2).replace(",", ""))
-            for m in re.finditer(r"^  gap: (.+?)\s+([0-9,]+) instructions/request$", done.stderr, re.M)}
+    return {
+        m.group(1).strip(): float(m.group(2).replace(",", ""))
+        for m in re.finditer(r"^  gap: (.+?)\s+([0-9,]+) instructions/request$", done.stderr, re.M)
+    }
 
 
 def other_checkout(args: argparse.Namespace) -> Path | None:
@@ -241,7 +341,9 @@ def other_checkout(args: argparse.Namespace) -> Path | None:
 
 def checkout_name(checkout: Path) -> str:
     """The other checkout's commit, short, for the table's header."""
-    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    done = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
     return done.stdout.strip() or str(checkout)
 
 
@@ -259,12 +361,20 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
             stores["postgresql"] = stack.enter_context(postgres_copy(world, args.pg))
         for config in configs:
             rows[config.label] = instructions(world, args, root, config, stores[config.engine])
-            print(f"  gap: {config.label:<60} {rows[config.label]:12,.0f} instructions/request", file=sys.stderr,
-                  flush=True)
-    print(f"\n2b. The shipped topology's gap: instructions per request of one worker under callgrind "
-          f"({args.gap_requests} sequential requests after {args.gap_warm}; user space only; "
-          f"{world.players:,} players)\n")
-    print("| configuration | instructions per request | vs plain of its engine | vs shipped of its engine |")
+            print(
+                f"  gap: {config.label:<60} {rows[config.label]:12,.0f} instructions/request",
+                file=sys.stderr,
+                flush=True,
+            )
+    print(
+        f"\n2b. The shipped topology's gap: instructions per request of one worker under callgrind "
+        f"({args.gap_requests} sequential requests after {args.gap_warm}; user space only; "
+        f"{world.players:,} players)\n"
+    )
+    print(
+        "| configuration | instructions per request | vs plain of its engine | vs shipped of its "
+        "engine |"
+    )
     print("|---|---|---|---|")
     for config in configs:
         suffix = PG if config.engine == "postgresql" else ""
@@ -283,10 +393,18 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         for config in configs:
             theirs = other.get(config.label)
             ratio = f"{rows[config.label] / theirs:.3f}" if theirs else "-"
-            print(f"| {config.label} | {f'{theirs:,.0f}' if theirs else '-'} | {rows[config.label]:,.0f} | {ratio} |")
+            print(
+                f"| {config.label} | {f'{theirs:,.0f}' if theirs else '-'} | "
+                f"{rows[config.label]:,.0f} | {ratio} |"
+            )
     print()
     for engine, suffix in (("SQLite", ""), ("PostgreSQL", PG)):
         if PLAIN + suffix in rows and SHIPPED + suffix in rows:
-            print(f"{engine}: shipped / plain = {rows[SHIPPED + suffix] / rows[PLAIN + suffix]:.3f}"
-                  + (f"; with access_record = app {rows[APP + suffix] / rows[PLAIN + suffix]:.3f}"
-                     if APP + suffix in rows else ""))
+            print(
+                f"{engine}: shipped / plain = {rows[SHIPPED + suffix] / rows[PLAIN + suffix]:.3f}"
+                + (
+                    f"; with access_record = app {rows[APP + suffix] / rows[PLAIN + suffix]:.3f}"
+                    if APP + suffix in rows
+                    else ""
+                )
+            )

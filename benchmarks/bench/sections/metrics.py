@@ -1,4 +1,5 @@
-"""Section metrics: in-process cost per authentication with metrics on (multiprocess mode) against off."""
+"""Section metrics: in-process cost per authentication with metrics on (multiprocess mode) against
+off."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ from benchmarks.bench.world import PerCall, World, environs, per_call_us
 
 
 def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> None:
-    """The same app with and without metrics (the metrics extra), alternating, as gunicorn.conf.py runs them."""
+    """The same app with and without metrics (the metrics extra), alternating, as gunicorn.conf.py
+    runs them."""
     try:
         from prometheus_client import values
     except ImportError:
-        raise SystemExit("bench: the metrics extra is not installed (pip install -e '.[metrics]')") from None
+        raise SystemExit(
+            "bench: the metrics extra is not installed (pip install -e '.[metrics]')"
+        ) from None
     envs = environs(world)
     settings = Settings.from_env(world.env)
     # prometheus_client's multiprocess mode (a value is an mmap write), as under
@@ -41,28 +45,42 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         for _ in range(3):  # alternate, like the wrk rounds
             for clock, clock_fn in clocks.items():
                 for name, app in apps.items():
-                    figures[name, clock].figures += per_call_us(app, envs, max(args.calls // 5, 1), 5,
-                                                                lambda body: body.startswith(b'{"success":true,'),
-                                                                clock_fn)
+                    figures[name, clock].figures += per_call_us(
+                        app,
+                        envs,
+                        max(args.calls // 5, 1),
+                        5,
+                        lambda body: body.startswith(b'{"success":true,'),
+                        clock_fn,
+                    )
         on.store.close()
     finally:
         values.ValueClass = value_class
         del os.environ["PROMETHEUS_MULTIPROC_DIR"]
         shutil.rmtree(metrics_dir, ignore_errors=True)
-    print(f"\n8. Metrics cost: in-process cost per call with and without metrics ({world.players:,} players, "
-          "prometheus_client's multiprocess mode as under gunicorn.conf.py; 3 alternating rounds of 5 runs: "
-          "best and median of the 15; wall time, and the thread's CPU time, which other processes on a busy "
-          "machine disturb less)\n")
+    print(
+        f"\n8. Metrics cost: in-process cost per call with and without metrics ({world.players:,} "
+        "players, prometheus_client's multiprocess mode as under gunicorn.conf.py; 3 alternating "
+        "rounds of 5 runs: best and median of the 15; wall time, and the thread's CPU time, which "
+        "other processes on a busy machine disturb less)\n"
+    )
     print("| app | µs per call, best | median | CPU µs per call, best | median |")
     print("|---|---|---|---|---|")
     for name in apps:
         wall, cpu = figures[name, "wall"], figures[name, "CPU"]
-        print(f"| {name} | {wall.best:.2f} | {wall.median:.2f} | {cpu.best:.2f} | {cpu.median:.2f} |")
+        print(
+            f"| {name} | {wall.best:.2f} | {wall.median:.2f} | {cpu.best:.2f} | {cpu.median:.2f} |"
+        )
     diffs = []
     for clock in clocks:
         on_f, off_f = figures["authsvc, metrics on", clock], figures["authsvc, metrics off", clock]
         diffs += [on_f.best - off_f.best, on_f.median - off_f.median]
-    print(f"| difference | **{diffs[0]:+.2f}** | {diffs[1]:+.2f} | **{diffs[2]:+.2f}** | {diffs[3]:+.2f} |")
+    print(
+        f"| difference | **{diffs[0]:+.2f}** | {diffs[1]:+.2f} | **{diffs[2]:+.2f}** | "
+        f"{diffs[3]:+.2f} |"
+    )
     off_cpu = figures["authsvc, metrics off", "CPU"].best
-    print(f"\nTarget: metrics on within 3 µs of metrics off: {diffs[0]:+.2f} µs best (wall), "
-          f"{diffs[2]:+.2f} µs best (CPU; {diffs[2] / off_cpu:+.0%} of metrics off)")
+    print(
+        f"\nTarget: metrics on within 3 µs of metrics off: {diffs[0]:+.2f} µs best (wall), "
+        f"{diffs[2]:+.2f} µs best (CPU; {diffs[2] / off_cpu:+.0%} of metrics off)"
+    )

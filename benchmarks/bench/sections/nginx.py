@@ -1,4 +1,5 @@
-"""Section nginx: the shipped nginx site in front of the shipped gunicorn.conf.py and authsvc.toml (access_record =
+"""Section nginx: the shipped nginx site in front of the shipped gunicorn.conf.py and authsvc.toml
+(access_record =
 "edge": nginx's line the one record), sync against gthread."""
 
 from __future__ import annotations
@@ -24,20 +25,37 @@ from benchmarks.bench.serve import (
     wait_for,
 )
 from benchmarks.bench.world import APPS, REPO, SHIPPED_ENV, World
-from harness.processes import find_nginx, free_port, ipv6_loopback, nginx_main_conf, start_nginx, stop
+from harness.processes import (
+    find_nginx,
+    free_port,
+    ipv6_loopback,
+    nginx_main_conf,
+    start_nginx,
+    stop,
+)
 
 
 @contextlib.contextmanager
-def nginx_in_front(world: World, root: Path, sock: Path, *, overrides: dict[str, str] | None = None,
-                   worker_connections: int = 1024, worker_processes: str = "auto",
-                   edit: Callable[[Path], None] | None = None) -> Iterator[tuple[int, int, subprocess.Popen]]:
-    """The shipped nginx site rendered as scripts/install renders it, its rate, per-address and per-app-host
-    limits out of the way (a throughput measurement); ``overrides`` replace placeholder values (the storm
-    section's UPSTREAM_MAX_CONNS); ``edit`` is called with ``root`` once the files are rendered (the storm
-    section's reference site, the gap section's variants of the proxy snippet); ``worker_processes`` for
+def nginx_in_front(
+    world: World,
+    root: Path,
+    sock: Path,
+    *,
+    overrides: dict[str, str] | None = None,
+    worker_connections: int = 1024,
+    worker_processes: str = "auto",
+    edit: Callable[[Path], None] | None = None,
+) -> Iterator[tuple[int, int, subprocess.Popen]]:
+    """The shipped nginx site rendered as scripts/install renders it, its rate, per-address and
+    per-app-host
+    limits out of the way (a throughput measurement); ``overrides`` replace placeholder values (the
+    storm
+    section's UPSTREAM_MAX_CONNS); ``edit`` is called with ``root`` once the files are rendered (the
+    storm
+    section's reference site, the gap section's variants of the proxy snippet); ``worker_processes``
+    for
     nginx.conf (the storm section pins nginx to some CPUs: nginx's "auto" counts them all)."""
     import trustme
-
 
     nginx = find_nginx()
     if nginx is None:
@@ -54,34 +72,62 @@ def nginx_in_front(world: World, root: Path, sock: Path, *, overrides: dict[str,
     # both loopback addresses in case it resolves to ::1 first.
     https_listen = f"127.0.0.1:{https_port}" + (f" [::1]:{https_port}" if ipv6_loopback() else "")
     values = {
-        "API_HOST": API_HOST, "LEGACY_HOST": LEGACY_HOST,
-        "HTTPS_LISTEN": https_listen, "HTTP_LISTEN": f"127.0.0.1:{http_port}",
+        "API_HOST": API_HOST,
+        "LEGACY_HOST": LEGACY_HOST,
+        "HTTPS_LISTEN": https_listen,
+        "HTTP_LISTEN": f"127.0.0.1:{http_port}",
         "METRICS_LISTEN": f"127.0.0.1:{free_port()}",  # the monitoring server, unused here
         "HTTPS_URL": f"https://{API_HOST}:{https_port}",
-        "TLS_CERT": str(root / "cert.pem"), "TLS_KEY": str(root / "key.pem"), "SOCKET": str(sock),
-        "NGINX_DIR": str(root / "deploy" / "nginx"), "NGINX_LOG_DIR": str(root / "logs"),
+        "TLS_CERT": str(root / "cert.pem"),
+        "TLS_KEY": str(root / "key.pem"),
+        "SOCKET": str(sock),
+        "NGINX_DIR": str(root / "deploy" / "nginx"),
+        "NGINX_LOG_DIR": str(root / "logs"),
         "ACME_ROOT": str(root / "acme"),
-        "RATE": "1000000r/s", "RATE_BURST": "100000", "CONN_LIMIT": "65535",  # throughput, not the limiters (nginx: < 65536)
-        "UPSTREAM_MAX_CONNS": "0",  # nor the per-app-host limit (0: none; the storm section sets its own)
-        # As scripts/install renders it from the shipped authsvc.toml: its access_record (edge: no forwarded headers).
+        "RATE": "1000000r/s",
+        "RATE_BURST": "100000",
+        "CONN_LIMIT": "65535",  # throughput, not the limiters (nginx: < 65536)
+        # nor the per-app-host limit (0: none; the storm section sets its own)
+        "UPSTREAM_MAX_CONNS": "0",
+        # As scripts/install renders it from the shipped authsvc.toml: its access_record (edge: no
+        # forwarded headers).
         "ACCESS_RECORD": str(read_settings(SHIPPED_ENV)["access_record"]),
         **(overrides or {}),
     }
     sets = [a for name, value in values.items() for a in ("--set", f"{name}={value}")]
-    subprocess.run([sys.executable, "-m", "authsvc.deployment", str(REPO / "deploy"), str(root / "deploy"), *sets],
-                   check=True, stdout=subprocess.DEVNULL, cwd=REPO)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "authsvc.deployment",
+            str(REPO / "deploy"),
+            str(root / "deploy"),
+            *sets,
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        cwd=REPO,
+    )
     if edit is not None:
         edit(root)
     conf = root / "nginx.conf"
     site = root / "deploy" / "nginx" / "sites" / "authsvc.conf"
-    conf.write_text(nginx_main_conf(root, root / "logs", site, worker_processes=worker_processes,
-                                    worker_connections=worker_connections))
+    conf.write_text(
+        nginx_main_conf(
+            root,
+            root / "logs",
+            site,
+            worker_processes=worker_processes,
+            worker_connections=worker_connections,
+        )
+    )
     proc = start_nginx(nginx, root, conf, root / "logs" / "nginx.out")
     try:
         wait_for(lambda: port_open(http_port) and port_open(https_port), "nginx", proc)
         yield https_port, http_port, proc
     finally:
         stop(proc)
+
 
 NGINX_CONFIGS = [
     # label, app, AUTHSVC_WORKER_CLASS, AUTHSVC_WORKERS, AUTHSVC_THREADS
@@ -102,17 +148,35 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     with nginx_in_front(world, root, sock) as (https_port, http_port, _):
         for _round in range(args.rounds):
             for label, kind, worker_class, workers, threads in NGINX_CONFIGS:
-                env = {"AUTHSVC_BIND": f"unix:{sock}", "AUTHSVC_WORKER_CLASS": worker_class,
-                       "AUTHSVC_WORKERS": str(workers), "AUTHSVC_THREADS": str(threads),
-                       "STATE_DIRECTORY": str(world.root), **SHIPPED_ENV}
+                env = {
+                    "AUTHSVC_BIND": f"unix:{sock}",
+                    "AUTHSVC_WORKER_CLASS": worker_class,
+                    "AUTHSVC_WORKERS": str(workers),
+                    "AUTHSVC_THREADS": str(threads),
+                    "STATE_DIRECTORY": str(world.root),
+                    **SHIPPED_ENV,
+                }
                 args_ = ("--config", str(REPO / "deploy" / "gunicorn.conf.py"))
-                with gunicorn(world, APPS[kind], logs / f"nginx-{kind}-{worker_class}-{workers}.log",
-                              bind=f"unix:{sock}", args=args_, env=env) as proc:
+                with gunicorn(
+                    world,
+                    APPS[kind],
+                    logs / f"nginx-{kind}-{worker_class}-{workers}.log",
+                    bind=f"unix:{sock}",
+                    args=args_,
+                    env=env,
+                ) as proc:
                     wait_for(lambda: unix_socket_open(sock), f"gunicorn ({label})", proc)
                     kind_ = "bare" if kind == "bare" else "endpoint"
-                    http = Server(label, kind_, f"http://127.0.0.1:{http_port}", host=LEGACY_HOST, master=proc)
-                    https = Server(label, kind_, f"https://{API_HOST}:{https_port}", ca_file=str(root / "ca.pem"),
-                                   master=proc)
+                    http = Server(
+                        label, kind_, f"http://127.0.0.1:{http_port}", host=LEGACY_HOST, master=proc
+                    )
+                    https = Server(
+                        label,
+                        kind_,
+                        f"https://{API_HOST}:{https_port}",
+                        ca_file=str(root / "ca.pem"),
+                        master=proc,
+                    )
                     row_http, row_https = measure([http, https], world, script, args, rounds=1)
                 rows.setdefault(label, Row(http)).runs += row_http.runs
                 https_rows.setdefault(label, Row(https)).runs += row_https.runs
@@ -120,9 +184,15 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
                     sock.unlink()
     rows, https_rows = list(rows.values()), list(https_rows.values())
     print_table(
-        f"2. Through the shipped nginx site (unix socket, upstream keep-alive), gunicorn.conf.py and authsvc.toml "
+        "2. Through the shipped nginx site (unix socket, upstream keep-alive), gunicorn.conf.py "
+        "and authsvc.toml "
         f"(access_record = edge: nginx's line the one record), "
         f"legacy plain-HTTP host, wrk -t{args.threads} -c{args.connections} -d{args.duration}s",
-        rows, rows[0],
+        rows,
+        rows[0],
     )
-    print_table("   The same on the HTTPS host (TLS 1.3, connections kept alive by wrk)", https_rows, https_rows[0])
+    print_table(
+        "   The same on the HTTPS host (TLS 1.3, connections kept alive by wrk)",
+        https_rows,
+        https_rows[0],
+    )

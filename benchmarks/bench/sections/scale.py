@@ -45,24 +45,39 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     check = lambda body: body.startswith(b'{"success":true')  # noqa: E731
     for _ in range(3):
         for name in ("small", "big"):
-            figures[name].figures += per_call_us(apps[name], envs[name], max(args.calls // 5, 1), 5, check)
+            figures[name].figures += per_call_us(
+                apps[name], envs[name], max(args.calls // 5, 1), 5, check
+            )
     small, big_ = figures["small"], figures["big"]
-    print(f"\n4. Scale: in-process cost per authentication, SQLite, {SCALE_SAMPLE:,} random players cycled "
-          f"(the {args.scale_players:,}-player store: {size_mb:,.0f} MB, built in {build_s:.0f} s); "
-          "3 alternating rounds of 5 runs\n")
+    print(
+        f"\n4. Scale: in-process cost per authentication, SQLite, {SCALE_SAMPLE:,} random players "
+        "cycled "
+        f"(the {args.scale_players:,}-player store: {size_mb:,.0f} MB, built in {build_s:.0f} s); "
+        "3 alternating rounds of 5 runs\n"
+    )
     print("| players | µs per call, best | median | best vs 100k | median vs 100k |")
     print("|---|---|---|---|---|")
     for name, w in (("small", world), ("big", big)):
         f = figures[name]
-        print(f"| {w.players:,} | {f.best:.2f} | {f.median:.2f} | {f.best / small.best:.3f} | "
-              f"{f.median / small.median:.3f} |")
-    print(f"\nTarget: {args.scale_players:,} within 1.2 x {world.players:,}: {big_.best / small.best:.3f} (best), "
-          f"{big_.median / small.median:.3f} (median)")
+        print(
+            f"| {w.players:,} | {f.best:.2f} | {f.median:.2f} | {f.best / small.best:.3f} | "
+            f"{f.median / small.median:.3f} |"
+        )
+    print(
+        f"\nTarget: {args.scale_players:,} within 1.2 x {world.players:,}: "
+        f"{big_.best / small.best:.3f} (best), {big_.median / small.median:.3f} (median)"
+    )
     for app in apps.values():
         app.store.close()
     engines = [e.strip() for e in args.scale_engines.split(",") if e.strip()]
     if engines:
-        engine_table(engines, [int(n) for n in args.scale_sizes.split(",")], args.auths, args.pg, world.root / "engines")
+        engine_table(
+            engines,
+            [int(n) for n in args.scale_sizes.split(",")],
+            args.auths,
+            args.pg,
+            world.root / "engines",
+        )
 
 
 def timed_calls(func, args_list) -> list[float]:
@@ -83,11 +98,18 @@ def summary(samples: list[float]) -> str:
     return f"{statistics.fmean(samples):.1f} | {samples[len(samples) // 2]:.1f} | {p99:.1f}"
 
 
-def engine_table(engines: list[str], sizes: list[int], n_auth: int, pg_url: str, workdir: Path) -> None:
+def engine_table(
+    engines: list[str], sizes: list[int], n_auth: int, pg_url: str, workdir: Path
+) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
-    print(f"\n4b. Import time and per-call cost by engine and store size: {n_auth:,} authentications of random "
-          "players each, µs per call (mean, median, p99)\n")
-    print("| engine | players | import s | app: mean | median | p99 | store.credentials: mean | median | p99 |")
+    print(
+        f"\n4b. Import time and per-call cost by engine and store size: {n_auth:,} authentications "
+        "of random players each, µs per call (mean, median, p99)\n"
+    )
+    print(
+        "| engine | players | import s | app: mean | median | p99 | store.credentials: mean | "
+        "median | p99 |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for engine in engines:
         for players in sizes:
@@ -95,7 +117,8 @@ def engine_table(engines: list[str], sizes: list[int], n_auth: int, pg_url: str,
 
 
 def engine_row(engine: str, players: int, n_auth: int, pg_url: str, workdir: Path) -> str:
-    """One row: a fresh store of ``players`` players on ``engine``, imported by the admin command, then timed."""
+    """One row: a fresh store of ``players`` players on ``engine``, imported by the admin command,
+    then timed."""
     secret_file = workdir / "token-secret"
     database = None
     if engine == "sqlite":
@@ -108,7 +131,9 @@ def engine_row(engine: str, players: int, n_auth: int, pg_url: str, workdir: Pat
             conn.execute(f"CREATE DATABASE {database}")
         url = urllib.parse.urlunsplit(urllib.parse.urlsplit(pg_url)._replace(path="/" + database))
     else:
-        raise SystemExit(f"bench: unknown engine {engine!r} in --scale-engines (sqlite, postgresql)")
+        raise SystemExit(
+            f"bench: unknown engine {engine!r} in --scale-engines (sqlite, postgresql)"
+        )
     env = {**os.environ, "AUTHSVC_STORE": url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
     env.pop("AUTHSVC_CONFIG", None)
     admin_command = [sys.executable, "-m", "authsvc.cli.command"]
@@ -116,13 +141,21 @@ def engine_row(engine: str, players: int, n_auth: int, pg_url: str, workdir: Pat
         subprocess.run([*admin_command, "init"], env=env, check=True, stdout=subprocess.DEVNULL)
         csv_path = workdir / f"players-{players}.csv"
         if not csv_path.exists():
-            csv_path.write_text("user_id,username\n" + "".join(f"{i},player{i}\n" for i in range(1, players + 1)))
+            csv_path.write_text(
+                "user_id,username\n" + "".join(f"{i},player{i}\n" for i in range(1, players + 1))
+            )
         t0 = time.monotonic()
-        subprocess.run([*admin_command, "player", "import", str(csv_path)], env=env, check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [*admin_command, "player", "import", str(csv_path)],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         import_seconds = time.monotonic() - t0
 
-        settings = Settings.from_env({"AUTHSVC_STORE": url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)})
+        settings = Settings.from_env(
+            {"AUTHSVC_STORE": url, "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file)}
+        )
         api_key = new_api_key()
         admin = open_store(url, readonly=False, settings=settings)
         with admin.write() as tx:
@@ -134,9 +167,16 @@ def engine_row(engine: str, players: int, n_auth: int, pg_url: str, workdir: Pat
         secret = settings.token_secrets[0]
         environs_ = []
         for uid in user_ids:
-            query = f"user_id={uid}&game_auth_token={mint_token(secret, game.id, uid, 0)}&api_key={api_key}"
-            environs_.append({"REQUEST_METHOD": "GET", "PATH_INFO": "/api/authenticate.json",
-                              "QUERY_STRING": query, "wsgi.input": io.BytesIO(b"")})
+            token = mint_token(secret, game.id, uid, 0)
+            query = f"user_id={uid}&game_auth_token={token}&api_key={api_key}"
+            environs_.append(
+                {
+                    "REQUEST_METHOD": "GET",
+                    "PATH_INFO": "/api/authenticate.json",
+                    "QUERY_STRING": query,
+                    "wsgi.input": io.BytesIO(b""),
+                }
+            )
         app = make_app(settings)
 
         def start_response(status, headers):
@@ -147,12 +187,17 @@ def engine_row(engine: str, players: int, n_auth: int, pg_url: str, workdir: Pat
             if b'"success":true' not in body:
                 raise SystemExit(f"bench: authentication failed on {engine}: {body!r}")
 
-        timed_calls(call, [(e,) for e in environs_[:1000]])  # warm-up: connection, prepared statement, caches
+        timed_calls(
+            call, [(e,) for e in environs_[:1000]]
+        )  # warm-up: connection, prepared statement, caches
         app_us = timed_calls(call, [(e,) for e in environs_])
         digest = api_key_digest(api_key)
         store_us = timed_calls(app.store.credentials, [(digest, uid) for uid in user_ids])
         app.store.close()
-        return f"| {engine} | {players:,} | {import_seconds:.1f} | {summary(app_us)} | {summary(store_us)} |"
+        return (
+            f"| {engine} | {players:,} | {import_seconds:.1f} | {summary(app_us)} | "
+            f"{summary(store_us)} |"
+        )
     finally:
         if database:
             import psycopg
