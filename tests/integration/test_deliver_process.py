@@ -74,11 +74,15 @@ def test_one_player_s_six_events_arrive_in_order_each_within_2_s_and_verified(
     ]
     try:
         add_webhook(store_url, receiver.url(), [t for t, _ in changes], SECRET)
+        factories.add_player(admin_store, 6, "warm")  # the deliverer is up once this one came
         with open(tmp_path / "deliver.log", "ab") as log:
             process = start(env, receiver.port, log)
             try:
+                # Its start (an interpreter, imports, the store) is no part of an event's 2 s: on a
+                # busy machine it alone took 5 s. The clock starts once it has delivered.
+                until(lambda: len(receiver.requests) == 1, "the deliverer's first delivery")
                 made = []
-                for n, (_, change) in enumerate(changes, start=1):
+                for n, (_, change) in enumerate(changes, start=2):
                     change()
                     made.append(time.monotonic())
                     until(lambda n=n: len(receiver.requests) == n, f"delivery {n}", 10)
@@ -88,8 +92,9 @@ def test_one_player_s_six_events_arrive_in_order_each_within_2_s_and_verified(
                 if process.poll() is None:
                     process.kill()
         verified = [Webhook(SECRET).verify(body, headers) for headers, body in receiver.requests]
-        assert [v["type"] for v in verified] == [t for t, _ in changes]
+        assert [v["type"] for v in verified] == ["player.created"] + [t for t, _ in changes]
         assert [v["data"] for v in verified] == [
+            {"user_id": 6, "username": "warm", "epoch": 0},
             {"user_id": 7, "username": "bob", "epoch": 0},
             {"user_id": 7, "username": "robert", "epoch": 0},
             {"user_id": 7, "username": "robert", "epoch": 0},
@@ -99,7 +104,7 @@ def test_one_player_s_six_events_arrive_in_order_each_within_2_s_and_verified(
         ]
         waits = [
             arrived[headers["webhook-id"]] - at
-            for (headers, _), at in zip(receiver.requests, made, strict=True)
+            for (headers, _), at in zip(receiver.requests[1:], made, strict=True)
         ]
         assert max(waits) <= 2.0, waits
     finally:
