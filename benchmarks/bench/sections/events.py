@@ -128,8 +128,7 @@ class Run:
 
     def start_receiver(self, group_nice: int | None = None) -> None:
         """``group_nice``: in a session of its own at that nice (a stand-in for a server elsewhere,
-        given
-        only what the machine's own work leaves)."""
+        given only what the machine's own work leaves), set once it listens (``lower``)."""
         code = (
             f"from benchmarks.bench.sections.events import receive; receive({self.port}, "
             f"{str(self.arrivals)!r})"
@@ -139,35 +138,29 @@ class Run:
             cwd=Path(__file__).resolve().parents[3],
             start_new_session=group_nice is not None,
         )
-        if group_nice is not None:
-            Path(f"/proc/{self.receiver.pid}/autogroup").write_text(f"{group_nice}\n")
-        # At nice 19 on a busy machine (a CI run beside other work) Python's own start can take
-        # seconds.
         deadline = time.monotonic() + 60
         import socket
 
         while time.monotonic() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                lower(self.receiver, group_nice)
                 return
             except OSError:
                 time.sleep(0.05)
         raise SystemExit("bench events: the receiver did not start")
 
-    def start_deliverer(self, prefix: tuple[str, ...] = (), group_nice: int | None = None) -> None:
-        """``prefix``: commands that exec it (``nice -n 10``); ``group_nice``: in a session of its
-        own at
-        that nice (admin_load.group_nice: the unit's CPUWeight=)."""
+    def start_deliverer(self, prefix: tuple[str, ...] = (), session: bool = False) -> None:
+        """``prefix``: commands that exec it (``nice -n 10``); ``session``: in a session of its
+        own, for ``lower`` once it delivers."""
         log = (self.logs / f"events-{self.name}-deliver.log").open("ab")
         self.deliverer = subprocess.Popen(
             [*prefix, sys.executable, "-m", "authsvc.cli.command", "deliver"],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=group_nice is not None,
+            start_new_session=session,
         )
-        if group_nice is not None:
-            Path(f"/proc/{self.deliverer.pid}/autogroup").write_text(f"{group_nice}\n")
 
     def stop_deliverer(self) -> None:
         """SIGTERM, and its outcomes written."""
@@ -205,6 +198,15 @@ class Run:
                     proc.kill()
                     proc.wait()
         self.store.close()
+
+
+def lower(proc: subprocess.Popen, group_nice: int | None) -> None:
+    """Put the session ``proc`` leads at ``group_nice`` (admin_load.group_nice: a unit's
+    CPUWeight=), once it is ready: started at that weight beside busy sessions, Python's own start
+    took over a minute (at nice 19 a session gets about 1.5 % of what one at nice 0 gets), and no
+    figure counts the start."""
+    if group_nice is not None:
+        Path(f"/proc/{proc.pid}/autogroup").write_text(f"{group_nice}\n")
 
 
 def until(predicate, seconds: float) -> bool:

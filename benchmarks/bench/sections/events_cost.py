@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmarks.bench.sections import admin_sync
 from benchmarks.bench.sections.admin_load import group_nice
-from benchmarks.bench.sections.events import EVENTS, Run, until
+from benchmarks.bench.sections.events import EVENTS, Run, lower, until
 from benchmarks.bench.serve import (
     Server,
     check_answers,
@@ -162,11 +162,19 @@ def _auth_runs(world: World, args: argparse.Namespace, logs: Path, script: Path)
                         )
                     first += args.events_cost_backlog
                     before = r.delivered()
-                    r.start_deliverer(prefix=_nice(), group_nice=group_nice(DELIVER_UNIT))
-                    if not until(lambda before=before: r.delivered() > before, 30):
+                    r.start_deliverer(prefix=_nice(), session=group_nice(DELIVER_UNIT) is not None)
+                    if not until(
+                        lambda before=before: (
+                            r.delivered() > before or r.deliverer.poll() is not None
+                        ),
+                        120,
+                    ):
                         raise SystemExit(
-                            "bench: events-cost: the deliverer delivered nothing in 30 s"
+                            "bench: events-cost: the deliverer delivered nothing in 120 s"
                         )
+                    if (code := r.deliverer.poll()) is not None:
+                        raise SystemExit(f"bench: events-cost: the deliverer exited with {code}")
+                    lower(r.deliverer, group_nice(DELIVER_UNIT))  # its start counts in no figure
                     at, t0 = r.delivered(), time.monotonic()
                     runs["deliver"].append(wrk(server, script, args))
                     runs["rates"].append((r.delivered() - at) / (time.monotonic() - t0))
