@@ -179,8 +179,9 @@ def assert_contract_headers(response):
 
 
 def get(port: int, params: dict, method: str = "GET") -> http.client.HTTPResponse:
-    """One request to the API path on 127.0.0.1:port; the body is read into ``response.body``."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    """One request to the API path on 127.0.0.1:port; the body is read into ``response.body``.
+    30 s: a first request may wait for a worker that a loaded machine boots slowly."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     conn.request(method, PATH + "?" + urllib.parse.urlencode(params))
     response = conn.getresponse()
     response.body = response.read()  # type: ignore[attr-defined]
