@@ -118,8 +118,7 @@ class MissingCredentials(BadRequest):
 
 class InvalidCredentials(Forbidden):
     """An authentication refused, whatever was wrong (docs/api.md): the game door's 403, one answer
-    for
-    every reason, so it tells no one which keys or players exist."""
+    for every reason, so it tells no one which keys or players exist."""
 
     detail = "Invalid credentials"
 

@@ -62,8 +62,7 @@ def _address_list(value: str) -> bool:
 
 def host_list(value: str) -> frozenset[str]:
     """AUTHSVC_WEBHOOK_ALLOW_HOSTS as a set of ``host`` or ``host:port`` (lower case; IPv6 in
-    brackets);
-    ValueError for an item that is neither."""
+    brackets); ValueError for an item that is neither."""
     found = set()
     for item in filter(None, (i.strip().lower() for i in value.split(","))):
         host, port = (item.rsplit(":", 1) + [""])[:2] if not item.endswith("]") else (item, "")

@@ -33,16 +33,14 @@ RELOAD_WARNING_INTERVAL = 60.0  # seconds between two lines about a secret file 
 
 def fingerprint(secret: bytes) -> str:
     """What the store keeps of a token secret (docs/tokens.md, "Rotation"): HMAC-SHA256 of a fixed
-    label
-    under the secret. Whoever reads the store learns nothing that mints a token."""
+    label under the secret. Whoever reads the store learns nothing that mints a token."""
     return hmac.new(secret, FINGERPRINT_LABEL, hashlib.sha256).hexdigest()
 
 
 def check_known(token_secrets: tuple[bytes, ...], known: Mapping[str, int], path: str) -> None:
     """ConfigError unless some secret of the file at ``path`` is one the store was used with. A
-    store that
-    knows none yet (migrated from before fingerprints: `authsvc init` adopts the file's) is not
-    judged."""
+    store that knows none yet (migrated from before fingerprints: `authsvc init` adopts the file's)
+    is not judged."""
     if known and not any(fingerprint(secret) in known for secret in token_secrets):
         raise ConfigError(
             f"token secret file {path} holds none of the secrets this store was used with: every "
@@ -53,9 +51,8 @@ def check_known(token_secrets: tuple[bytes, ...], known: Mapping[str, int], path
 
 class SecretFile:
     """The token secret file as a running process sees it: the secrets it had at start, re-read when
-    the
-    file changes (its inode, size, mtime or ctime), which is looked at most once per ``interval``
-    (AUTHSVC_MAX_STALENESS): one stat a second per worker, and a clock read per call.
+    the file changes (its inode, size, mtime or ctime), which is looked at most once per
+    ``interval`` (AUTHSVC_MAX_STALENESS): one stat a second per worker, and a clock read per call.
 
     A file that cannot be read, or holds none of the secrets the store knows (``known``), is not
     taken: the process keeps the secrets it has, says so in the log, and looks again a second later.
@@ -130,8 +127,7 @@ class SecretFile:
 
 def keyed(token_secrets: tuple[bytes, ...]) -> tuple[hmac.HMAC, ...]:
     """An HMAC-SHA256 keyed with each secret and fed nothing: hmac's copy() of one costs less than a
-    new one
-    (the key's pads hashed again), measured in BENCHMARKS.md, "Internals"."""
+    new one (the key's pads hashed again), measured in BENCHMARKS.md, "Internals"."""
     return tuple(hmac.new(secret, digestmod=hashlib.sha256) for secret in token_secrets)
 
 

@@ -1,6 +1,6 @@
 """The whole loop on this machine (docs/integrating.md, "Run the demo"): authsvc's game-facing
-service and
-admin API under gunicorn on one SQLite store, the demo platform and the reference game, on loopback.
+service and admin API under gunicorn on one SQLite store, the demo platform and the reference game,
+on loopback.
 
 Makes ./var/demo-loop (a store with "Demo Game", an admin API token with players:write and
 tokens:mint, a throwaway token secret, the game's webhook for player.renamed and player.deleted)

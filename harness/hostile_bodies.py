@@ -2,10 +2,8 @@
 
 Shared by tests/functional/test_hostile.py, tests/integration/test_gunicorn.py,
 tests/integration/test_admin_cost.py and the ``bodies`` section of the bench
-(benchmarks/bench/sections/bodies.py,
-BENCHMARKS.md). Every body fits the game-facing endpoint's 16 KiB limit, but the admin API's
-costliest batch
-(4 MiB, its cap).
+(benchmarks/bench/sections/bodies.py, BENCHMARKS.md). Every body fits the game-facing endpoint's 16
+KiB limit, but the admin API's costliest batch (4 MiB, its cap).
 """
 
 from __future__ import annotations
@@ -157,11 +155,9 @@ def worst_bodies(params: dict[str, str]) -> list[tuple[str, bytes, str]]:
 
 def costliest_batch(first_id: int = 1_000_000) -> bytes:
     """The admin API's costliest body a caller may send: a dry-run batch of 1,000 players of 255
-    characters
-    outside the BMP (each written as two \\u escapes), then a string of escapes to the 4 MiB cap;
-    ~50 ms of a
-    worker's CPU. Shared by tests/integration/test_admin_cost.py and the bench's admin-cost
-    section."""
+    characters outside the BMP (each written as two \\u escapes), then a string of escapes to the 4
+    MiB cap; ~50 ms of a worker's CPU. Shared by tests/integration/test_admin_cost.py and the
+    bench's admin-cost section."""
     players = [{"user_id": first_id + n, "username": "\U0001f600" * 255} for n in range(1000)]
     body = json.dumps({"players": players, "dry_run": True})
     room = (4 << 20) - len(body) - 20

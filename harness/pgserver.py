@@ -48,8 +48,7 @@ class ThrowawayPostgres:
     """initdb + pg_ctl start/stop on 127.0.0.1:<free port>; superuser ``postgres``, trust auth.
     With ``netns`` (root only) every command runs in that network namespace and the server listens
     on ``address`` there, trusting its subnet (tests/system/test_store_network.py cuts the link to
-    it).
-    ``max_connections``: a small one shows connections left behind as refusals."""
+    it). ``max_connections``: a small one shows connections left behind as refusals."""
 
     _started = False  # started once: its port is named by clients and standbys from then on
 
@@ -119,10 +118,8 @@ class ThrowawayPostgres:
 
     def start(self) -> None:
         """Start the server; the log's last lines in the error if it does not. Its first start takes
-        another
-        free port when the one chosen was taken meanwhile (a test beside it bound it first); a
-        restart keeps
-        its port, which clients and standbys already name."""
+        another free port when the one chosen was taken meanwhile (a test beside it bound it first);
+        a restart keeps its port, which clients and standbys already name."""
         for attempt in range(3):
             options = (
                 f"-p {self.port} -c listen_addresses={self.address} -c unix_socket_directories='' "
@@ -230,15 +227,12 @@ def find_pgbouncer() -> str | None:
 class ThrowawayPgbouncer:
     """pgbouncer on 127.0.0.1:<free port> in transaction mode, trust auth for ``role``, database
     ``authsvc`` pointing at ``dbname`` on a server's port (``host``: loopback); started at once
-    (wait for
-    ``port``).
+    (wait for ``port``).
     It runs as docs/stores.md ("pgbouncer") tells operators to: ``ignore_startup_parameters =
-    options``,
-    the web role's statement timeout and read-only default set on the role. ``repoint()`` edits its
-    ini
-    and reloads it (SIGHUP), as an operator does in a failover; the failover timeouts are the ones
-    docs/stores.md ("pgbouncer") recommends. Under root it runs as ``user`` (the server's): it
-    refuses root."""
+    options``, the web role's statement timeout and read-only default set on the role. ``repoint()``
+    edits its ini and reloads it (SIGHUP), as an operator does in a failover; the failover timeouts
+    are the ones docs/stores.md ("pgbouncer") recommends. Under root it runs as ``user`` (the
+    server's): it refuses root."""
 
     def __init__(
         self,

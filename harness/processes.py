@@ -28,8 +28,7 @@ def free_port() -> int:
 
 def wait_for_port(port: int, timeout: float = 60.0, host: str = "127.0.0.1") -> None:
     """Until something listens on the port. A minute by default: a gunicorn start took over 15 s on
-    a
-    2-core machine with a CI run and other jobs beside it; a process that never listens still
+    a 2-core machine with a CI run and other jobs beside it; a process that never listens still
     fails."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -3,8 +3,7 @@
 Every test that uses ``store_url`` (and so ``env``, ``settings``, ``admin_store``,
 ``world``, ``app``) runs twice, on SQLite and on PostgreSQL, in the store, integration
 and system tiers; in the functional tier, on SQLite (the tier is the folder: tests/tiers.py). A test
-that is
-about one engine says so in one way only, the ``engine`` marker::
+that is about one engine says so in one way only, the ``engine`` marker::
 
     @pytest.mark.engine("sqlite")          # one test
     pytestmark = pytest.mark.engine("postgresql")  # a whole module
@@ -197,8 +196,8 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     """Mark each test with its module's tier, the folder it sits in (tests/unit/, ...:
-    tests/tiers.py), so
-    ``-m unit`` and friends select tiers, and a system-tier test with its lane."""
+    tests/tiers.py), so ``-m unit`` and friends select tiers, and a system-tier test with its
+    lane."""
     for item in items:
         tier = tier_of(item.path)
         if tier is not None:
@@ -209,9 +208,8 @@ def pytest_collection_modifyitems(items):
 
 def pytest_generate_tests(metafunc):
     """Run each test that uses ``store_url`` on the engine its ``engine`` marker names, else on both
-    in the
-    tiers about engines (tests/tiers.py) and on SQLite in the functional tier, whose front doors are
-    engine-blind."""
+    in the tiers about engines (tests/tiers.py) and on SQLite in the functional tier, whose front
+    doors are engine-blind."""
     if "store_url" not in metafunc.fixturenames:
         return
     marker = metafunc.definition.get_closest_marker("engine")

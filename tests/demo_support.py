@@ -1,10 +1,7 @@
 """The demo loop's servers on real processes (docs/integrating.md), shared by the browser test and
-the
-examples' own tests: authsvc's game-facing gunicorn and its admin API gunicorn (one SQLite store, a
-game
-and an admin API token made with the real ``authsvc`` command), the demo platform
-(examples/platform/)
-and the reference game server (examples/game/), each on a free loopback port.
+the examples' own tests: authsvc's game-facing gunicorn and its admin API gunicorn (one SQLite
+store, a game and an admin API token made with the real ``authsvc`` command), the demo platform
+(examples/platform/) and the reference game server (examples/game/), each on a free loopback port.
 """
 
 from __future__ import annotations

@@ -165,8 +165,7 @@ def wait_for_log(stack, name: str, needles: list[str]) -> str:
 
 def forty_client_headers(user_agent: str, accept: str) -> dict[str, str]:
     """40 headers a client might send, its own X-Forwarded-*, Forwarded and X-Request-Start among
-    them: none
-    of them may reach gunicorn through nginx."""
+    them: none of them may reach gunicorn through nginx."""
     headers = {f"X-Client-{i}": f"value {i}" for i in range(34)}
     headers.update(
         {
@@ -205,8 +204,7 @@ def start_stack(
     ports (``AUTHSVC_BIND``), named after the unix socket in ``UPSTREAMS``; ``workers``
     is each gunicorn's AUTHSVC_WORKERS; ``app_env`` more of gunicorn's environment (settings), for
     every app host; ``app_host_env`` more environment for the TCP ones only. ``admin`` opts in to
-    the
-    admin server, as ``scripts/install --admin-host`` does: both sites included, the admin API
+    the admin server, as ``scripts/install --admin-host`` does: both sites included, the admin API
     served on its unix socket, only 127.0.0.1 allowed (127.0.0.2 is another address)."""
     nginx = find_nginx()
     if nginx is None:

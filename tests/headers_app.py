@@ -1,8 +1,7 @@
 """A WSGI app that answers with what reached it: the names of its environ's request headers
 (``HTTP_*``, ``CONTENT_TYPE``, ``CONTENT_LENGTH``) and the body's length, as JSON. Served by the
 shipped gunicorn.conf.py behind the shipped nginx site in tests/integration/test_deploy.py, to see
-which
-headers nginx passes on."""
+which headers nginx passes on."""
 
 import json
 

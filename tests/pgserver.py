@@ -56,9 +56,8 @@ def primary_with_standby(
     *, migrate: bool = False
 ) -> Iterator[tuple[ThrowawayPostgres, ThrowawayStandby]]:
     """A throwaway primary and its ``pg_basebackup -R`` hot standby, both removed afterwards; the
-    primary
-    migrated first when asked, so the standby starts with the schema. Without PostgreSQL's binaries:
-    skipped on a laptop, a failure under AUTHSVC_TEST_STRICT=1."""
+    primary migrated first when asked, so the standby starts with the schema. Without PostgreSQL's
+    binaries: skipped on a laptop, a failure under AUTHSVC_TEST_STRICT=1."""
     from authsvc.store import open_store
     from tests.support import skip_or_fail
 

@@ -1,6 +1,5 @@
 """The suite's tiers (README.md, "Test it"): each test module sits in its tier's folder,
-tests/TIER/,
-and tests/conftest.py marks its tests with the folder's name.
+tests/TIER/, and tests/conftest.py marks its tests with the folder's name.
 
 - unit: no I/O beyond a temporary file: parsers, rules, the repository's own rules. A socket or a
   process is an error there (tests/unit/conftest.py).

@@ -106,9 +106,8 @@ class AdminApp:
 
     def gunicorn_refusal(self, status: int) -> tuple[tuple[tuple[str, str], ...], bytes]:
         """The answer to a request gunicorn refused before this app saw it (a request line or header
-        it
-        cannot read, a limit passed): a problem+json like every admin error, for the worker to send
-        (authsvc/serving/workers.py). No request id: there is no request to name."""
+        it cannot read, a limit passed): a problem+json like every admin error, for the worker to
+        send (authsvc/serving/workers.py). No request id: there is no request to name."""
         body = encode(problems.refusal(status).body())
         return (
             ("Content-Type", "application/problem+json"),
@@ -187,8 +186,7 @@ class AdminApp:
 
 def openapi_document() -> dict:
     """authsvc/openapi/admin.json (package data): read when the app is built, so a broken document
-    fails
-    start-up, not a request."""
+    fails start-up, not a request."""
     document = json.loads(
         resources.files("authsvc").joinpath("openapi", "admin.json").read_text(encoding="utf-8")
     )

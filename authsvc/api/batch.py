@@ -1,15 +1,14 @@
 """``POST /v1/players/batch``: up to 1,000 players in one call, a result per item
-(docs/admin-api.md,
-"Many players at once: the batch").
+(docs/admin-api.md, "Many players at once: the batch").
 
 Each item is checked alone, with the rules of ``PUT /v1/players/{user_id}`` (authsvc/names.py): an
 invalid item gets its own problem naming its fields (``/players/3/username``) and the valid ones
 are written anyway, like Kratos' and Firebase's batch imports. The valid items are written in ONE
 transaction with ONE audit record (``player.batch``: the counts and ``sealed_body_sha256``, the
 SHA-256 of the canonical request body with its names sealed: sealed_digest), and only the rows that
-change are written:
-the current rows are read under the writer lock (store/writes.py) and the changed ones written in
-one statement, so each item's status is exact (authsvc/operations/players.py's batch_players).
+change are written: the current rows are read under the writer lock (store/writes.py) and the
+changed ones written in one statement, so each item's status is exact
+(authsvc/operations/players.py's batch_players).
 
 ``dry_run`` reads the same rows and answers the same statuses, writing nothing and no record.
 A batch that changes nothing writes no record either, as a PUT that changes nothing.

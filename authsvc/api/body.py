@@ -4,14 +4,12 @@ bodies").
 - Framing: ``Content-Length``, or ``Transfer-Encoding: chunked`` (gunicorn hands the app the body
   dechunked), the game-facing endpoint's rule (authsvc/web/http.py). A body that cannot be read (cut
   short, broken framing, too slow: nginx's admin site times it out first) is 400: a write never runs
-  on a
-  body it did not read.
+  on a body it did not read.
 - Size: the route's cap, 413; a chunked body is read to the cap and one byte more, never further.
 - Shape, on the raw bytes before parsing: nested at most ``MAX_DEPTH`` deep (400), at most
   ``MAX_VALUES`` JSON values (413). The parser and the body's hashing (Idempotency-Key, a batch's
   sealed_body_sha256) are recursive, and a body of a million tiny values costs a second to parse and
-  hash:
-  these bounds make the costliest body a caller may send cost tens of milliseconds.
+  hash: these bounds make the costliest body a caller may send cost tens of milliseconds.
 
 The shape is counted with bytes methods (C loops, no Python step per byte): strings removed
 first, then commas and brackets counted; it costs a few milliseconds for 4 MiB.
@@ -39,8 +37,7 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 def declared(environ: dict) -> int | None:
     """The body's length as the request states it (0 for none, or for a length that is not one:
-    reading
-    refuses it), None for a chunked body, whose length is known only once read."""
+    reading refuses it), None for a chunked body, whose length is known only once read."""
     length = environ.get("CONTENT_LENGTH") or ""
     if length:
         return int(length) if length.isascii() and length.isdigit() and len(length) <= 18 else 0
@@ -49,8 +46,7 @@ def declared(environ: dict) -> int | None:
 
 def read_raw(environ: dict, cap: int) -> bytes:
     """The body's bytes by the game-facing endpoint's framing rule (authsvc/web/http.py, one for
-    both front
-    doors), its refusals in the admin API's words: 413 over ``cap``, 400 unreadable."""
+    both front doors), its refusals in the admin API's words: 413 over ``cap``, 400 unreadable."""
     try:
         return http.read_body(environ, cap)
     except PayloadTooLarge:
@@ -65,8 +61,7 @@ def read_raw(environ: dict, cap: int) -> bytes:
 
 def parse(raw: bytes, environ: dict) -> dict | None:
     """The JSON object ``raw`` holds, None for no body; 415 not JSON, 413 over MAX_VALUES, 400
-    nested deeper
-    than MAX_DEPTH or not JSON, 422 not an object."""
+    nested deeper than MAX_DEPTH or not JSON, 422 not an object."""
     if not raw:
         return None
     if not _JSON_TYPE.fullmatch(environ.get("CONTENT_TYPE", "")):
@@ -89,9 +84,8 @@ def parse(raw: bytes, environ: dict) -> dict | None:
 
 def check_shape(raw: bytes) -> None:
     """413 for more than MAX_VALUES values, 400 for nesting deeper than MAX_DEPTH, or brackets that
-    do not
-    pair (no JSON); any other body that is not JSON passes, for the parser to refuse. Each step is a
-    bytes method, and the bracket walk is at most 2 x MAX_VALUES long."""
+    do not pair (no JSON); any other body that is not JSON passes, for the parser to refuse. Each
+    step is a bytes method, and the bracket walk is at most 2 x MAX_VALUES long."""
     bare = raw
     if b'"' in bare:  # commas and brackets inside strings do not count: strings go first
         if b"\\" in bare:
@@ -119,8 +113,7 @@ def check_shape(raw: bytes) -> None:
 
 def _values(text: bytes) -> int:
     """At least the JSON values ``text`` holds, if it is JSON: one, then one more after each comma
-    and
-    in each array or object."""
+    and in each array or object."""
     return text.count(b",") + text.count(b"[") + text.count(b"{") + 1
 
 
@@ -130,11 +123,9 @@ def _too_many() -> PayloadTooLarge:
 
 def json_number(text: str) -> int | float:
     """A JSON number written with a fraction or exponent (``7.0``, ``7e0``): the whole number it
-    names, read
-    exactly, when it is one (JSON has one number type, and JSON Schema, the OpenAPI document's,
-    calls
-    it an integer); else a float. The exponent is bounded first, so ``1e999999999`` costs
-    nothing."""
+    names, read exactly, when it is one (JSON has one number type, and JSON Schema, the OpenAPI
+    document's, calls it an integer); else a float. The exponent is bounded first, so
+    ``1e999999999`` costs nothing."""
     number = decimal.Decimal(text)
     if abs(number.adjusted()) <= 20 and number == number.to_integral_value():
         return int(number)

@@ -1,6 +1,5 @@
 """The admin API's messages: a ``Request`` as a handler reads it and the ``Response`` it answers
-with
-(JSON; authsvc/api/problems.py makes an error's).
+with (JSON; authsvc/api/problems.py makes an error's).
 """
 
 from __future__ import annotations

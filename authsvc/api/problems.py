@@ -1,6 +1,5 @@
 """The admin API's errors: RFC 9457 ``application/problem+json``, one for every error (its requests
-and
-answers are authsvc/api/messages.py's).
+and answers are authsvc/api/messages.py's).
 
 Unlike the game-facing endpoint (docs/api.md), whose 200-for-errors serves old game
 clients, the admin API answers with real HTTP statuses (docs/admin-api.md,
@@ -115,8 +114,7 @@ def problem_for(error: BaseException, rid: str) -> Problem:
 
 def from_error(error: Error) -> Problem:
     """An error's problem: its status and slug; bad input names its field (``/old_key_ttl: must be
-    ...``,
-    and ``errors`` lists it) or, naming none, is listed with field ""."""
+    ...``, and ``errors`` lists it) or, naming none, is listed with field ""."""
     if isinstance(error, Invalid) and error.errors is None:
         field = error.field or ""
         detail = f"{field}: {error.detail}" if field else error.detail

@@ -49,8 +49,8 @@ class RateLimit:
 
     def wait(self, name: str, cost: int = 1) -> float:
         """0 if a request of ``cost`` units may run now (and they are counted), else the seconds
-        until it
-        may. A request never costs more than a full bucket: one that large waits for a full one."""
+        until it may. A request never costs more than a full bucket: one that large waits for a full
+        one."""
         if self.rate <= 0:
             return 0.0
         cost = min(cost, self.burst)
@@ -65,8 +65,7 @@ class RateLimit:
 
     def charge(self, name: str, cost: int) -> None:
         """Count ``cost`` more units for a request already running (a chunked body, once read): the
-        bucket may
-        go below zero, and the token's next requests wait for it."""
+        bucket may go below zero, and the token's next requests wait for it."""
         if self.rate <= 0 or cost <= 0:
             return
         with self._lock:

@@ -81,10 +81,8 @@ def template(pattern: re.Pattern) -> str:
 
 def route_template(path: str) -> str:
     """What the access line calls ``path`` (docs/logs.md): its route's template
-    (``/v1/players/{user_id}``,
-    whatever the method), or "<other>". Never a value of the path: a decoded path holds the query
-    string
-    when a client percent-encodes the "?"."""
+    (``/v1/players/{user_id}``, whatever the method), or "<other>". Never a value of the path: a
+    decoded path holds the query string when a client percent-encodes the "?"."""
     for pattern, _ in _ROUTES:
         if pattern.fullmatch(path):
             return template(pattern)

@@ -2,17 +2,15 @@
 service.
 
 gunicorn's app factory (``authsvc.api.wsgi:application``, PEP 562, is the same app), from the
-settings of the
-admin service's environment: its ``AUTHSVC_STORE`` names the admin store settings
+settings of the admin service's environment: its ``AUTHSVC_STORE`` names the admin store settings
 (on PostgreSQL the admin role, which may write), never the game-facing service's
 read-only role. The store must exist at this release's schema version and the
 token secret must be readable (``POST /v1/tokens`` mints with it): otherwise one
 line on stderr and gunicorn's "app failed to load" exit status, 4.
 
 Its workers hand the GIL over every 0.5 ms instead of Python's 5 ms: a worker's threads share one
-GIL,
-and a thread parsing a caller's 4 MiB batch otherwise holds a small call of another caller's up to
-5 ms at each step it waits for the GIL (docs/admin-api.md, "Rate limit"). ``scripts/bench --only
+GIL, and a thread parsing a caller's 4 MiB batch otherwise holds a small call of another caller's up
+to 5 ms at each step it waits for the GIL (docs/admin-api.md, "Rate limit"). ``scripts/bench --only
 admin-cost``, two runs each on 2026-11-27: another token's GET p99 beside the costliest bodies went
 from 1.81 and 1.73 x its p99 alone (5 ms) to 1.06 and 0.83 x (0.5 ms).
 """

@@ -78,12 +78,10 @@ class _Journal(logging.handlers.SysLogHandler):
 @contextlib.contextmanager
 def heads_logged() -> Iterator[None]:
     """While the command runs, its head lines (``authsvc.audit: head id=N hash=H``, docs/logs.md) go
-    to the
-    journal through syslog's socket where there is one (any systemd host, also under sudo), else to
-    stderr:
-    the command's own log (a container's, a test's). The admin API's go to gunicorn's error log
-    instead
-    (deploy/gunicorn.conf.py). Nothing else of the command is logged."""
+    to the journal through syslog's socket where there is one (any systemd host, also under sudo),
+    else to stderr: the command's own log (a container's, a test's). The admin API's go to
+    gunicorn's error log instead (deploy/gunicorn.conf.py). Nothing else of the command is
+    logged."""
     handler: logging.Handler
     if os.path.exists(JOURNAL_SOCKET):
         handler = _Journal(JOURNAL_SOCKET)
@@ -127,10 +125,9 @@ _HEAD = re.compile(r"head id=([1-9][0-9]{0,18}) hash=([0-9a-f]{64})")
 
 def read_heads(path: str) -> dict[int, set[str]]:
     """The heads a log anchors, {record id: its hashes} (one, unless the chain was written twice
-    from there):
-    from each line of the logger ``authsvc.audit``; every other line is skipped. Invalid for a line
-    of that
-    logger that is not a head line as authsvc writes it, and for a file without one."""
+    from there): from each line of the logger ``authsvc.audit``; every other line is skipped.
+    Invalid for a line of that logger that is not a head line as authsvc writes it, and for a file
+    without one."""
     heads: dict[int, set[str]] = {}
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -158,10 +155,9 @@ def read_heads(path: str) -> dict[int, set[str]]:
 
 def verify(items: Iterable[Chain | Record], anchors: dict[int, set[str]] | None = None) -> Verdict:
     """Walk the chain (the audit_chain row, then the records oldest first) to its head; with
-    ``anchors``
-    (read_heads), also check that the chain holds each head the log anchors after the chain's start,
-    the
-    newest one included: nothing was cut from the end, even with the head row moved to match."""
+    ``anchors`` (read_heads), also check that the chain holds each head the log anchors after the
+    chain's start, the newest one included: nothing was cut from the end, even with the head row
+    moved to match."""
     anchors = anchors or {}
     it = iter(items)
     chain = next(it)
@@ -335,8 +331,7 @@ def _not_anchored(record_id: int, logged: set[str]) -> str:
 
 def _names_problem(r: Record, unnamed: dict[int, int]) -> str | None:
     """What is wrong with the values kept beside ``r`` (None: nothing). Sealed names with none kept
-    are
-    noted in ``unnamed`` (they must be the names of a player deleted later)."""
+    are noted in ``unnamed`` (they must be the names of a player deleted later)."""
     changes = json.loads(r.changes)
     clear = json.loads(r.names) if r.names else None
     sealed = []

@@ -273,8 +273,7 @@ def player_token(settings: Settings, game_id: int, user_id: int) -> tuple[str, s
 
 def store_disk_full(settings: Settings) -> str | None:
     """Why the store's disk cannot take an admin write (SQLite: its free space), or None
-    (PostgreSQL: not
-    visible from here)."""
+    (PostgreSQL: not visible from here)."""
     store = open_store(settings.store, readonly=True, settings=settings)
     try:
         return store.disk_full()

@@ -491,9 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _line(error: Error) -> str:
     """An error as the command says it: its first line, bad input as the option at fault
-    (``--old-key-ttl must be
-    from 0 ...``: the body field ``/old_key_ttl`` of the admin API is the option ``--old-key-ttl``
-    here)."""
+    (``--old-key-ttl must be from 0 ...``: the body field ``/old_key_ttl`` of the admin API is the
+    option ``--old-key-ttl`` here)."""
     detail = str(error).splitlines()[0] if str(error) else type(error).__name__
     if error.field and error.field.startswith("/"):
         return f"--{error.field[1:].replace('_', '-')} {detail}"

@@ -1,6 +1,5 @@
 """``authsvc secret rotate | retire | list``: the token secret file, changed with no restart
-(docs/tokens.md,
-"Rotation"; docs/operations.md, "Rotate the token secret").
+(docs/tokens.md, "Rotation"; docs/operations.md, "Rotate the token secret").
 
 Every running process re-reads the file within AUTHSVC_MAX_STALENESS; the store keeps each secret's
 fingerprint (authsvc/tokens.py), never a secret, and no output shows one.

@@ -1,15 +1,12 @@
 """``authsvc setup --api-host HOST --legacy-host HOST [--cert PATH --key PATH]``: nginx's sites for
-an
-installed package (docs/operations.md, section 2).
+an installed package (docs/operations.md, section 2).
 
 The package ships nginx's sites with placeholder host names, not enabled. This renders the templates
-it
-ships (APP_DIR/deploy/nginx, with the renderer scripts/install uses) for the given hosts into
-nginx's
-directory, then enables the site with the step scripts/install runs (APP_DIR/deploy/steps.sh,
-``authsvc_enable_site``: one copy of it), which checks nginx's configuration and reloads nginx.
-Root's
-job: the command's wrapper (deploy/bin/authsvc) runs it as root, not as the service user.
+it ships (APP_DIR/deploy/nginx, with the renderer scripts/install uses) for the given hosts into
+nginx's directory, then enables the site with the step scripts/install runs
+(APP_DIR/deploy/steps.sh, ``authsvc_enable_site``: one copy of it), which checks nginx's
+configuration and reloads nginx. Root's job: the command's wrapper (deploy/bin/authsvc) runs it as
+root, not as the service user.
 """
 
 from __future__ import annotations

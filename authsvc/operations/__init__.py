@@ -8,8 +8,7 @@ takes a ``Context`` (who acts, which request, a clock) and raises only typed
 errors of authsvc/errors.py, worded for neither front door (NotFound, Conflict,
 PreconditionFailed, Invalid naming its ``field``), and the store's StoreLocked /
 StoreUnavailable / ConfigError; each front door maps them once. Every write is one transaction of
-the
-store (``store.write``, authsvc/store/writes.py), its audit record inside it: what a
+the store (``store.write``, authsvc/store/writes.py), its audit record inside it: what a
 write reads to decide (If-Match, a mint's epoch) is what it acts on. Secrets made here
 (a new api key, a token) are returned to the caller to show once, never recorded.
 

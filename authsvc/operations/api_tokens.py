@@ -103,8 +103,7 @@ def revoke_api_token(store: Store, ctx: Context, name: str) -> ApiToken:
 
 def api_token_for(store: Store, token: str, now: int) -> ApiToken | None:
     """The live token row a bearer token stands for, else None (unknown, expired or revoked: all the
-    same 401).
-    A read: it never waits for a writer (an import holding the writer lock)."""
+    same 401). A read: it never waits for a writer (an import holding the writer lock)."""
     if not well_formed(token):
         return None
     row = store.api_token_by_digest(digest(token))

@@ -27,8 +27,7 @@ _ONE_TAG = re.compile(_TAG)
 @dataclasses.dataclass(frozen=True, slots=True)
 class Condition:
     """An If-Match or If-None-Match header: ``*`` (any current version), the entity tags it lists,
-    or
-    ``tags`` None: neither, a condition that cannot hold (an ETag sent without its quotes)."""
+    or ``tags`` None: neither, a condition that cannot hold (an ETag sent without its quotes)."""
 
     header: str
     tags: tuple[str, ...] | None
@@ -38,8 +37,7 @@ class Condition:
 def etag(player: Player) -> str:
     """A digest of every field of the answer. A row no write has changed since the schema step that
     added updated_at (null) keeps the ETag the release before gave it, so an If-Match kept across
-    the
-    upgrade still matches; a rename and its undoing give a new one (the answer's updated_at
+    the upgrade still matches; a rename and its undoing give a new one (the answer's updated_at
     moved)."""
     text = f"{player.user_id}:{player.username}:{int(player.enabled)}:{player.epoch}"
     if player.updated_at_ms is not None:
@@ -49,8 +47,7 @@ def etag(player: Player) -> str:
 
 def condition(header: str, value: str | None) -> Condition | None:
     """The header as sent (None: not sent), read; an unreadable one is checked (412) only after the
-    body's
-    fields, like any condition."""
+    body's fields, like any condition."""
     if value is None:
         return None
     if value.strip(" \t") == "*":
@@ -68,8 +65,8 @@ def _unreadable(cond: Condition) -> PreconditionFailed:
 
 def check_if_match(cond: Condition | None, user_id: int, player: Player | None) -> None:
     """RFC 9110 If-Match: ``*`` holds for any current player, a list when one tag names its version
-    by the
-    strong comparison (13.1.1: a weak tag ``W/"..."`` never does); else PreconditionFailed."""
+    by the strong comparison (13.1.1: a weak tag ``W/"..."`` never does); else
+    PreconditionFailed."""
     if cond is None:
         return
     if cond.tags is None:
@@ -80,8 +77,7 @@ def check_if_match(cond: Condition | None, user_id: int, player: Player | None) 
 
 def check_if_none_match(cond: Condition | None, user_id: int, player: Player | None) -> None:
     """RFC 9110 If-None-Match: ``*`` holds when there is no player (the create-only signup), a list
-    when no
-    tag names its version by the weak comparison; else PreconditionFailed."""
+    when no tag names its version by the weak comparison; else PreconditionFailed."""
     if cond is None:
         return
     if cond.tags is None:

@@ -27,8 +27,7 @@ MAX_REQUEST_ID = 200  # characters
 @dataclasses.dataclass(frozen=True)
 class Context:
     """Who acts (``cli:<login>``, ``api:<token name>``), for which request (the service's id, and
-    the id the
-    client sent, if any: kept beside it in each record), and the clock to stamp with."""
+    the id the client sent, if any: kept beside it in each record), and the clock to stamp with."""
 
     actor: str
     request_id: str | None = None
@@ -47,8 +46,7 @@ class Context:
 
     def audit(self, **detail) -> Audit:
         """The store's Audit for one write; ``detail``: non-secret facts for the record (a file's
-        SHA-256),
-        and the client's request id."""
+        SHA-256), and the client's request id."""
         if self.client_request_id is not None:
             detail["client_request_id"] = self.client_request_id
         return Audit(self.actor, self.request_id, None, tuple(sorted(detail.items())), self.clock)

@@ -1,5 +1,6 @@
 """Games and their api keys: add, list, enable or disable, rotate the key (docs/admin.md;
-docs/tokens.md)."""
+docs/tokens.md).
+"""
 
 from __future__ import annotations
 
@@ -45,8 +46,7 @@ def check_old_key_ttl(old_key_ttl: int) -> None:
 
 def rotate_game_key(store: Store, ctx: Context, game_id: int, old_key_ttl: int) -> tuple[str, int]:
     """A new api key for the game; its older keys expire ``old_key_ttl`` seconds from now, to the
-    millisecond
-    (docs/tokens.md): (key, that time rounded up to the whole second, as shown)."""
+    millisecond (docs/tokens.md): (key, that time rounded up to the whole second, as shown)."""
     check_game_id(game_id)
     check_old_key_ttl(old_key_ttl)
     api_key = new_api_key()

@@ -27,9 +27,8 @@ def add_player(store: Store, ctx: Context, user_id: int, username: str) -> Playe
 
 def updated_at(player: Player) -> str | None:
     """When the player's row last changed, as the admin API and the command show it: RFC 3339 UTC
-    with
-    milliseconds (``2026-11-24T08:00:00.250Z``); None for a row unchanged since the schema step (not
-    known)."""
+    with milliseconds (``2026-11-24T08:00:00.250Z``); None for a row unchanged since the schema step
+    (not known)."""
     return at_ms(player.updated_at_ms)
 
 
@@ -72,11 +71,10 @@ def delete_player(
     """Delete the player and erase its names (docs/admin.md, "Erasure"); returns the epoch it had.
 
     NotFound if there is no such player (If-Match or not: RFC 9110 ignores a precondition of a
-    request
-    that would fail without it); PreconditionFailed if If-Match names no current version. Every
-    token of
-    the player is refused from then on, and the same id signed up again starts past that epoch. One
-    transaction (store/writes.py's delete_player): what else a deletion writes later joins it."""
+    request that would fail without it); PreconditionFailed if If-Match names no current version.
+    Every token of the player is refused from then on, and the same id signed up again starts past
+    that epoch. One transaction (store/writes.py's delete_player): what else a deletion writes later
+    joins it."""
     check_user_id(user_id)
     with store.write(ctx.audit()) as tx:
         current = tx.player(user_id)
@@ -111,8 +109,8 @@ def import_players(
     store: Store, ctx: Context, data: bytes, progress: Callable[[int], None] | None = None
 ) -> int:
     """Insert or rename players from a CSV or JSON-lines file's bytes, all or nothing; one audit
-    record
-    for the batch (its row count and the file's SHA-256). A bad row raises Invalid (RowError)."""
+    record for the batch (its row count and the file's SHA-256). A bad row raises Invalid
+    (RowError)."""
     audit = ctx.audit(file_sha256=hashlib.sha256(data).hexdigest())
     with store.write(audit) as tx:
         return tx.import_players(import_rows(data), progress=progress)
@@ -128,14 +126,12 @@ def put_player(
     if_none_match: Condition | None = None,
 ) -> tuple[Player, bool]:
     """Create or update a player (the admin API's PUT): (player, created). If-Match and
-    If-None-Match (as
-    authsvc/operations/conditions.py reads them) make it conditional: PreconditionFailed when
-    If-Match names
-    no current version, or when the player exists and If-None-Match is ``*`` (the create-only
-    signup)
-    or names its version. The checks and the change are one transaction: of two signups of one new
-    player, one creates it and the other finds it (or, create-only, gets PreconditionFailed). A PUT
-    that changes nothing writes nothing: the answer is the player as it was."""
+    If-None-Match (as authsvc/operations/conditions.py reads them) make it conditional:
+    PreconditionFailed when If-Match names no current version, or when the player exists and
+    If-None-Match is ``*`` (the create-only signup) or names its version. The checks and the change
+    are one transaction: of two signups of one new player, one creates it and the other finds it
+    (or, create-only, gets PreconditionFailed). A PUT that changes nothing writes nothing: the
+    answer is the player as it was."""
     check_user_id(user_id)
     username = check_username(username)
     enabled = bool(enabled)
@@ -157,8 +153,7 @@ def batch_players(
 ) -> dict[int, str]:
     """Create or update many players (the admin API's batch): each one's status by user id. One
     transaction and one audit record (the counts, the SHA-256 of the canonical body with its names
-    sealed:
-    sealed_digest); none on a dry run, nor when nothing changes."""
+    sealed: sealed_digest); none on a dry run, nor when nothing changes."""
     with store.write(ctx.audit()) as tx:
         current = tx.players_now([item.user_id for item in items])
         status = {item.user_id: status_of(current.get(item.user_id), item) for item in items}
@@ -196,12 +191,9 @@ def status_of(current: tuple[str, bool] | None, item: Item) -> str:
 
 def sealed_digest(body: dict, items: list[Item], keys: dict[int, str]) -> str:
     """The SHA-256 of the body's canonical JSON with each valid item's username sealed under its
-    player's
-    key, as the chain seals names (store/audit.py), and an invalid item's left out (ERASED): whoever
-    reads
-    the record but not the keys cannot test a guessed name against it, and no one can once the
-    player's
-    deletion dropped its key (docs/admin.md, "Erasure")."""
+    player's key, as the chain seals names (store/audit.py), and an invalid item's left out
+    (ERASED): whoever reads the record but not the keys cannot test a guessed name against it, and
+    no one can once the player's deletion dropped its key (docs/admin.md, "Erasure")."""
     valid = {item.index: item.user_id for item in items}
     players = []
     for index, entry in enumerate(cast(list, body["players"])):

@@ -44,9 +44,8 @@ def initialize(
     settings: Settings, ctx: Context, *, new_secret: bool = False
 ) -> tuple[int, int, str]:
     """``authsvc init``: create or migrate the store, then settle the token secret file against the
-    store's
-    fingerprints (authsvc/tokens.py); returns (schema version before, after, what became of the
-    secret):
+    store's fingerprints (authsvc/tokens.py); returns (schema version before, after, what became of
+    the secret):
 
     - "kept": the file holds a secret the store knows; a file that holds none is refused
     (ConfigError);
@@ -58,8 +57,7 @@ def initialize(
       refused (Invalid): restore it from its backup copy.
 
     Setting a store up (the migration, the first secret, the adopted ones) writes no audit record; a
-    new
-    secret that replaces the recorded ones (``new_secret``) has one."""
+    new secret that replaces the recorded ones (``new_secret``) has one."""
     store_context = admin_store(
         settings, check=False
     )  # a bad AUTHSVC_STORE stops here, before any file is made

@@ -35,8 +35,7 @@ ROTATE_SETTLE = 2 * MAX_STALENESS_BOUND
 
 def write_secret_file(path: str, token_secrets: Sequence[bytes]) -> None:
     """Replace the secret file at once (a new file renamed over it): mode 0600, its owner and group
-    kept.
-    A reader sees the old file or the new one, never a part."""
+    kept. A reader sees the old file or the new one, never a part."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
         old = os.stat(path)
@@ -96,9 +95,8 @@ def _known_secrets(store: Store, path: str) -> tuple[TokenSecrets, dict[str, int
 
 def token_secrets(store: Store, settings: Settings) -> TokenSecrets:
     """The secrets the admin command mints and checks with: a missing file, or one that holds none
-    of the
-    secrets the store knows, is an error naming the file and its backup copy, never a token no one
-    accepts."""
+    of the secrets the store knows, is an error naming the file and its backup copy, never a token
+    no one accepts."""
     path = settings.token_secret_file
     if not settings.token_secrets:
         with store.write() as tx:  # the writer lock: whether a player exists is read once
@@ -119,12 +117,9 @@ def rotate_token_secret(
     store: Store, ctx: Context, path: str, settle: float = ROTATE_SETTLE
 ) -> int:
     """``authsvc secret rotate``: a new secret, recorded in the store, then added to the file as its
-    last
-    line (accepted, not minted with), and after ``settle`` seconds (every running process has
-    re-read the
-    file) made its first (minted with). The older ones stay, accepted, until ``retire``. Returns how
-    many
-    older secrets the file keeps."""
+    last line (accepted, not minted with), and after ``settle`` seconds (every running process has
+    re-read the file) made its first (minted with). The older ones stay, accepted, until ``retire``.
+    Returns how many older secrets the file keeps."""
     with _secret_file_lock(path):
         found, _ = _known_secrets(store, path)
         secret = new_token_secret().encode("ascii")
@@ -138,10 +133,8 @@ def rotate_token_secret(
 
 def retire_token_secrets(store: Store, ctx: Context, path: str) -> int:
     """``authsvc secret retire``: keep only the file's first secret (the one minted with), in the
-    file and
-    in the store: the tokens minted with the others are refused within AUTHSVC_MAX_STALENESS.
-    Returns how
-    many were retired."""
+    file and in the store: the tokens minted with the others are refused within
+    AUTHSVC_MAX_STALENESS. Returns how many were retired."""
     with _secret_file_lock(path):
         found, known = _known_secrets(store, path)
         if fingerprint(found[0]) not in known:
@@ -159,8 +152,7 @@ def retire_token_secrets(store: Store, ctx: Context, path: str) -> int:
 
 def list_token_secrets(store: Store, path: str) -> list[dict]:
     """The file's secrets in order, as their fingerprints' first 12 characters (never a secret), and
-    when
-    the store recorded each (unix seconds; None: unknown to the store)."""
+    when the store recorded each (unix seconds; None: unknown to the store)."""
     found = load_token_secrets(path)
     known = store.token_secrets()
     rows = []

@@ -1,6 +1,5 @@
 """A player's token, minted for a game and recorded as ``token.mint`` (never the token): who could
-log
-in as this player has an answer (docs/admin.md, "The audit trail").
+log in as this player has an answer (docs/admin.md, "The audit trail").
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ The file, one JSON object a line (docs/stores.md):
     {"type": "game", "id": 1, "name": "...", "enabled": true, "created_at": T,
      "keys": [{"digest": "<sha256 hex>", "created_at": T, "expires_at": T or null}]}
     {"type": "player", "user_id": 42, "username": "...", "epoch": 0, "enabled": true,
-    "updated_at_ms": T or null}
-    {"type": "deleted_player", "user_id": 43, "epoch": 2}
+    "updated_at_ms": T or null} {"type": "deleted_player", "user_id": 43, "epoch": 2}
     {"type": "end", "games": G, "players": P, "sha256": "<hex of every line above>"}
 
 Game ids and credential epochs are kept, so tokens (HMAC over
@@ -16,12 +15,9 @@ move, given the same token secret file. A player's ``updated_at_ms`` (unix milli
 null when not known) is kept too; a file of an earlier release has none, and its players
 come in with null, as the schema step that added it left them. A deleted player is its id and the
 epoch it had, no name (docs/admin.md, "Erasure"): moved with the store, so the same id signed up
-again
-on the new one still starts past it. A file of an earlier release has none; a release before this
-one
-refuses a file that has some (an unexpected line), rather than losing them. The end line makes a
-truncated
-or edited file fail the import, and the import writes everything or nothing.
+again on the new one still starts past it. A file of an earlier release has none; a release before
+this one refuses a file that has some (an unexpected line), rather than losing them. The end line
+makes a truncated or edited file fail the import, and the import writes everything or nothing.
 """
 
 from __future__ import annotations
@@ -196,8 +192,7 @@ class _Reader:
         self, obj: dict, name: str, low: int, absent_is_null: bool = False
     ) -> int | None:
         """Like _int, but a field present as null is None (a key that never expires), and an absent
-        one
-        too if ``absent_is_null`` (a field an earlier release did not write)."""
+        one too if ``absent_is_null`` (a field an earlier release did not write)."""
         if (name in obj and obj[name] is None) or (absent_is_null and name not in obj):
             return None
         return self._int(obj, name, low)

@@ -57,10 +57,8 @@ def add_webhook(
     max_webhooks: int = default("max_webhooks"),
 ) -> tuple[Webhook, str]:
     """A new subscription: (webhook, secret). The secret is shown once; its record holds the URL,
-    never it.
-    At most ``max_webhooks`` (AUTHSVC_MAX_WEBHOOKS) live ones, counted under the writer lock: each
-    is a
-    POST of every event it is subscribed to, kept for the retention."""
+    never it. At most ``max_webhooks`` (AUTHSVC_MAX_WEBHOOKS) live ones, counted under the writer
+    lock: each is a POST of every event it is subscribed to, kept for the retention."""
     chosen = check_webhook_request(url, events, game_id, allow_hosts)
     secret = new_webhook_secret()
     with store.write(ctx.audit()) as tx:
@@ -97,8 +95,7 @@ def webhook_deliveries(
     store: Store, webhook_id: int, state: str | None = None, limit: int = 100, after: int = 0
 ) -> list[Delivery]:
     """A page of the webhook's deliveries, oldest first, each with its attempts; a removed webhook's
-    too,
-    until retention deletes them (and then its row)."""
+    too, until retention deletes them (and then its row)."""
     if not store.webhooks(_id(webhook_id, "a webhook id"), removed=True):
         raise NotFound(f"no webhook {webhook_id}")
     if state is not None and state not in DELIVERY_STATES:
@@ -128,8 +125,7 @@ RETRY_STATES = ("pending", "failed")
 
 def retry_deliveries(store: Store, ctx: Context, webhook_id: int, state: str | None = None) -> int:
     """After a receiver's outage: the webhook's pending deliveries (``state`` "pending"), its failed
-    ones
-    ("failed"), or both (None) due now; how many were made so."""
+    ones ("failed"), or both (None) due now; how many were made so."""
     if state is not None and state not in RETRY_STATES:
         raise Invalid(f"must be one of: {', '.join(RETRY_STATES)}", field="state")
     with store.write(ctx.audit()) as tx:

@@ -194,9 +194,8 @@ class Audit:
     file's SHA-256).
 
     ``at_ms`` None (the operations layer's): the write reads ``clock`` once it holds the writer
-    lock.
-    A fixed ``at_ms`` (fixtures that seed a store) is used as it is, but never before the chain's
-    head."""
+    lock. A fixed ``at_ms`` (fixtures that seed a store) is used as it is, but never before the
+    chain's head."""
 
     actor: str
     request_id: str | None
@@ -388,8 +387,7 @@ def append(
 
 def erase_clear_names(conn, d: Dialect, user_id: int) -> list[tuple[int, str, str]]:
     """The records of ``user_id`` written before sealing that hold a personal value in clear: each
-    as
-    (id, its changes with every such value ERASED, the hash of the record with those changes)."""
+    as (id, its changes with every such value ERASED, the hash of the record with those changes)."""
     like = " OR ".join("changes LIKE ?" for _ in PERSONAL)
     rows = conn.execute(
         d.sql(

@@ -96,10 +96,8 @@ class Player:
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeletedPlayer:
     """What is kept of a deleted player (table deleted_players): its id and the credential epoch it
-    had,
-    no name. The same id signed up again starts at ``epoch + 1``: no token of the deleted player, of
-    any
-    epoch, authenticates again (store/writes.py's continue_epochs)."""
+    had, no name. The same id signed up again starts at ``epoch + 1``: no token of the deleted
+    player, of any epoch, authenticates again (store/writes.py's continue_epochs)."""
 
     user_id: int
     epoch: int
@@ -156,18 +154,15 @@ class Reader(abc.ABC):
         """The game of this key and the player ``user_id`` in one query; None if no such key.
 
         The answer may be up to AUTHSVC_MAX_STALENESS old (SQLite's snapshot, a hot standby's
-        replay;
-        docs/stores.md, "Bounded staleness")."""
+        replay; docs/stores.md, "Bounded staleness")."""
 
     @abc.abstractmethod
     def fresh_credentials(self, key_digest: str, user_id: int) -> Credentials | None:
         """``credentials`` read from the latest commit the reader can reach, whatever the age of the
-        data
-        ``credentials`` answers from (SQLite: a new snapshot, kept for the next reads).
+        data ``credentials`` answers from (SQLite: a new snapshot, kept for the next reads).
 
         The authenticator asks for it only when a token is of the epoch a change newer than that
-        data
-        would give, to accept a token minted right after a revoke or signup
+        data would give, to accept a token minted right after a revoke or signup
         (web/authenticate.py)."""
 
     @abc.abstractmethod
@@ -185,8 +180,7 @@ class Reader(abc.ABC):
     @abc.abstractmethod
     def token_secrets(self) -> dict[str, int]:
         """The fingerprints of the token secrets the store was used with, each with when it was
-        recorded
-        (unix ms): empty for a store no `authsvc init` of this release has seen
+        recorded (unix ms): empty for a store no `authsvc init` of this release has seen
         (authsvc/tokens.py)."""
 
 
@@ -200,8 +194,8 @@ class Store(Reader):
     # -- admin --------------------------------------------------------------------
     def disk_full(self) -> str | None:
         """Why an admin write would fail for lack of disk space now (`authsvc check`), or None.
-        PostgreSQL:
-        None, its server's disk is not visible to a client; a write there fails with StoreFull."""
+        PostgreSQL: None, its server's disk is not visible to a client; a write there fails with
+        StoreFull."""
         return None
 
     @abc.abstractmethod
@@ -211,8 +205,7 @@ class Store(Reader):
     @abc.abstractmethod
     def write(self, audit: Audit | None = None) -> AbstractContextManager[Tx]:
         """``with store.write(audit) as tx``: one write transaction, committed at the end, rolled
-        back
-        on any exception; inside another on the same thread, that one (store/writes.py)."""
+        back on any exception; inside another on the same thread, that one (store/writes.py)."""
 
     @abc.abstractmethod
     def get_game(self, game_id: int) -> Game | None: ...
@@ -234,8 +227,7 @@ class Store(Reader):
     @abc.abstractmethod
     def bookkeeping(self, write: bool) -> AbstractContextManager[tuple[Any, Any]]:
         """``with store.bookkeeping(write) as (conn, dialect)``: a short transaction (``write``) or
-        an
-        autocommit read, taking no writer lock and writing no audit record; errors mapped as a
+        an autocommit read, taking no writer lock and writing no audit record; errors mapped as a
         write's."""
 
     def take_deliverer_lease(
@@ -274,8 +266,7 @@ class Store(Reader):
         self, now_ms: int, per_webhook: int, limit: int, skip: Collection[int] = ()
     ) -> list[Due]:
         """The due chains' first deliveries, at most ``per_webhook`` of each webhook but those of
-        ``skip``
-        (store/deliveries.py's due)."""
+        ``skip`` (store/deliveries.py's due)."""
         from authsvc.store import deliveries
 
         with self.bookkeeping(False) as (conn, d):
@@ -327,8 +318,7 @@ class Store(Reader):
     @abc.abstractmethod
     def webhooks(self, webhook_id: int | None = None, *, removed: bool = False) -> list[Webhook]:
         """The live webhooks by id (``webhook_id``: that one, if live): never a secret. ``removed``:
-        also
-        the removed ones retention has not deleted yet."""
+        also the removed ones retention has not deleted yet."""
 
     @abc.abstractmethod
     def deliveries(
@@ -354,5 +344,4 @@ class Store(Reader):
     @abc.abstractmethod
     def dump(self) -> Iterator[Game | Player | DeletedPlayer]:
         """Every game (with its keys) by id, then every player by user_id, then every deleted player
-        by
-        user_id, from one snapshot."""
+        by user_id, from one snapshot."""

@@ -71,8 +71,7 @@ CREATE TABLE token_secret_fingerprints (
 
 def select_token_secrets(conn: Any) -> dict[str, int]:
     """Each token secret's fingerprint the store knows (authsvc/tokens.py), with when it was
-    recorded (unix
-    ms), on an sqlite3 or psycopg connection."""
+    recorded (unix ms), on an sqlite3 or psycopg connection."""
     return dict(
         conn.execute("SELECT fingerprint, added_at_ms FROM token_secret_fingerprints").fetchall()
     )
@@ -82,14 +81,10 @@ def check_schema(
     where: str, version: int, reads: int, readonly: bool, queries_fail: Callable[[], str | None]
 ) -> None:
     """The schema gate of ``check`` (docs/design.md, "Schema compatibility"): a store at ``reads``,
-    the version
-    this release reads, passes; an older one never; a newer one passes for a reader (the web
-    process) as long
-    as this release's read queries still run on it (``queries_fail``: None, or why not), so a
-    compatible
-    migration of the next release takes no host of this one out of the load balancer. The admin side
-    writes
-    only the schema it knows: a newer one is refused."""
+    the version this release reads, passes; an older one never; a newer one passes for a reader (the
+    web process) as long as this release's read queries still run on it (``queries_fail``: None, or
+    why not), so a compatible migration of the next release takes no host of this one out of the
+    load balancer. The admin side writes only the schema it knows: a newer one is refused."""
     if version == reads:
         return
     if version < reads:

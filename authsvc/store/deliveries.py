@@ -72,11 +72,9 @@ def take_lease(
     conn: Any, d: Dialect, holder: str, now_ms: int, until_ms: int, dead: str | None = None
 ) -> str | None:
     """Hold the store's deliverer lease until ``until_ms`` if no one holds it, its holder's time ran
-    out,
-    it is ``holder``'s own, or ``dead``'s (a holder known to have stopped); None if so, else who
-    holds it.
-    One statement: of two deliverers taking it at once, one waits for the other's and then finds it
-    held."""
+    out, it is ``holder``'s own, or ``dead``'s (a holder known to have stopped); None if so, else
+    who holds it. One statement: of two deliverers taking it at once, one waits for the other's and
+    then finds it held."""
     conn.execute(
         d.sql(
             "INSERT INTO deliverer_lease (id, holder, until_ms) VALUES (1, ?, ?) ON CONFLICT (id) "
@@ -112,8 +110,7 @@ WHERE w.id = ? AND e.id > ? AND e.id <= ? ORDER BY e.id"""
 
 def fan_out(conn: Any, d: Dialect, now_ms: int, limit: int) -> tuple[int, bool]:
     """Each live webhook's deliveries of the events after its mark (``webhooks.fanned_out``), at
-    most
-    ``limit`` events a webhook, the mark moved past them; (deliveries written, whether events
+    most ``limit`` events a webhook, the mark moved past them; (deliveries written, whether events
     remain).
 
     Every event up to the highest id this reads is committed: events are written only under the
@@ -180,10 +177,8 @@ def due(
     conn: Any, d: Dialect, now_ms: int, per_webhook: int, limit: int, skip: Collection[int] = ()
 ) -> list[Due]:
     """The first pending delivery of each chain, if due: at most ``per_webhook`` of each live
-    webhook
-    (but those of ``skip``), soonest first, each webhook's first before any webhook's second; at
-    most
-    ``limit``. One statement, a part per webhook."""
+    webhook (but those of ``skip``), soonest first, each webhook's first before any webhook's
+    second; at most ``limit``. One statement, a part per webhook."""
     hooks = [
         row[0]
         for row in conn.execute(
@@ -221,8 +216,7 @@ def event_data(conn: Any, d: Dialect, delivery_id: int) -> str | None:
 
 def chain_after(conn: Any, d: Dialect, delivery: Due, now_ms: int, limit: int) -> list[Due]:
     """The chain's pending deliveries after ``delivery`` (done, its outcome not yet written), in
-    order,
-    up to the first that is not due."""
+    order, up to the first that is not due."""
     if not delivery.more:
         return []
     rows = conn.execute(
@@ -292,8 +286,7 @@ def record(conn: Any, d: Dialect, outcomes: Iterable[Outcome]) -> None:
 def backlog(conn: Any, d: Dialect) -> list[tuple[int, int, int, int | None]]:
     """Per live webhook: (id, pending, failed, the oldest pending one's created_at or None), for the
     deliverer's metrics at each scrape. One statement: pending through deliveries_webhook_due,
-    failed
-    through deliveries_webhook (the webhook's rows kept, AUTHSVC_WEBHOOK_RETENTION)."""
+    failed through deliveries_webhook (the webhook's rows kept, AUTHSVC_WEBHOOK_RETENTION)."""
     return [
         tuple(row)
         for row in conn.execute(
@@ -320,10 +313,9 @@ def fail_orphans(conn: Any, d: Dialect, now_ms: int) -> int:
 
 def prune(conn: Any, d: Dialect, before_ms: int, limit: int) -> tuple[int, int, int]:
     """Delete at most ``limit`` deliveries done (delivered or failed) before ``before_ms``, with
-    their
-    attempts, at most ``limit`` events from before it that no delivery row needs and every live
-    webhook has fanned out, and the rows of webhooks removed before it that no delivery row names
-    (their secrets are zeroed already); (deliveries, events, webhooks).
+    their attempts, at most ``limit`` events from before it that no delivery row needs and every
+    live webhook has fanned out, and the rows of webhooks removed before it that no delivery row
+    names (their secrets are zeroed already); (deliveries, events, webhooks).
 
     The rows are picked first, then each is deleted only if still so: a failed delivery re-driven in
     between (pending again) stays, with its attempts. An event's time never runs backwards along its

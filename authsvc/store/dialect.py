@@ -63,8 +63,7 @@ class Dialect(abc.ABC):
     @abc.abstractmethod
     def erase_names(self, conn: Any, record_id: int, changes: str, by_record: int) -> None:
         """Put ``changes`` (its usernames erased) into record ``record_id`` written before sealing,
-        marked
-        erased by the deletion's record ``by_record`` (store/audit.py)."""
+        marked erased by the deletion's record ``by_record`` (store/audit.py)."""
 
 
 class SQLiteDialect(Dialect):

@@ -227,8 +227,7 @@ def select_webhooks(
     conn: Any, d: Dialect, webhook_id: int | None = None, removed: bool = False
 ) -> list[Webhook]:
     """The live webhooks by id (``webhook_id``: that one, if live); with ``removed``, also those
-    removed
-    whose row retention has not deleted yet (their deliveries stay listable)."""
+    removed whose row retention has not deleted yet (their deliveries stay listable)."""
     where, args = ("AND id = ?", (webhook_id,)) if webhook_id is not None else ("", ())
     live = "1 = 1" if removed else "deleted_at IS NULL"
     rows = conn.execute(

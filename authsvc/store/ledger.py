@@ -4,10 +4,9 @@ section 8).
 A backup cannot know what happened after it. Two facts must outlive the store so that restoring
 an older copy revives nothing: each deleted player's id and last credential epoch (never a name),
 written by the deletion's transaction before it commits, and each restore's generation (the
-credential
-epochs it moved every player past: store/restore.py). Lines of text, appended and fsynced:
-``deleted USER_ID EPOCH`` and ``generation N``. A line is never rewritten; a torn last line is
-ignored.
+credential epochs it moved every player past: store/restore.py). Lines of text, appended and
+fsynced: ``deleted USER_ID EPOCH`` and ``generation N``. A line is never rewritten; a torn last line
+is ignored.
 """
 
 from __future__ import annotations

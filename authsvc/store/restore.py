@@ -5,11 +5,11 @@ one write transaction, before any process reads it:
 
 - **The credential epochs move past every epoch there can have been.** Each restore has a
   generation (kept in the store's ``restore_generation`` and in the restore ledger,
-  store/ledger.py),
-  one more than the highest the backup, the live store or the ledger knows. Every player's and every
-  deleted player's epoch becomes ``generation << SHIFT`` + its low bits + 1, and a player new to the
-  store starts at ``generation << SHIFT`` (store/writes.py's continue_epochs): no epoch of the
-  generation before reaches that, so no token minted before the restore authenticates after it.
+  store/ledger.py), one more than the highest the backup, the live store or the ledger knows. Every
+  player's and every deleted player's epoch becomes ``generation << SHIFT`` + its low bits + 1, and
+  a player new to the store starts at ``generation << SHIFT`` (store/writes.py's continue_epochs):
+  no epoch of the generation before reaches that, so no token minted before the restore
+  authenticates after it.
 - **Players deleted after the backup stay deleted.** Each one the ledger or the live store lists
   with an epoch at or past its epoch in the copy is deleted again, with a deletion's erasure
   (store/writes.py's delete_player). A player signed up again after its deletion has a higher epoch
@@ -61,10 +61,8 @@ def floor(conn, d) -> int:
 
 def apply(tx, outside_generation: int, deleted: Mapping[int, int]) -> Restored:
     """In ``tx`` (the restored copy's first write): the three changes above. ``outside_generation``:
-    the
-    highest generation known outside the copy (the ledger, the live store); ``deleted``: user id ->
-    the
-    highest epoch each had when it was deleted, from the ledger and the live store."""
+    the highest generation known outside the copy (the ledger, the live store); ``deleted``: user id
+    -> the highest epoch each had when it was deleted, from the ledger and the live store."""
     conn, d = tx.bulk_connection(), tx.d
     tx.locked()
     new = max(generation(conn, d), outside_generation) + 1

@@ -102,9 +102,8 @@ class Tx(abc.ABC):
 
     def bulk_connection(self) -> Any:
         """This transaction's connection, for an engine's bulk write in it (COPY, executemany, an
-        engine's
-        own statements): in this package only. What it writes is part of this transaction and its
-        record."""
+        engine's own statements): in this package only. What it writes is part of this transaction
+        and its record."""
         return self._conn
 
     # -- the engines' bulk writes: each engine's Tx implements them (store/sqlite/store.py,
@@ -114,8 +113,7 @@ class Tx(abc.ABC):
         self, rows: Iterable[tuple[int, str]], progress: Callable[[int], None] | None = None
     ) -> int:
         """Insert or rename players (the last row of a user id wins); returns the row count. One
-        audit
-        record for the batch; if ``rows`` raises part-way, the write rolls back and nothing is
+        audit record for the batch; if ``rows`` raises part-way, the write rolls back and nothing is
         written."""
 
     @abc.abstractmethod
@@ -154,10 +152,9 @@ class Tx(abc.ABC):
 
     def head(self) -> tuple[int, str] | None:
         """(id, hash) of the chain's head as this transaction commits it, if its records moved it;
-        None if
-        it appended none, or a savepoint undid them. Read from the chain's row just before the
-        COMMIT; the
-        engines' write() logs it once the COMMIT returned (store/audit.py, log_head)."""
+        None if it appended none, or a savepoint undid them. Read from the chain's row just before
+        the COMMIT; the engines' write() logs it once the COMMIT returned (store/audit.py,
+        log_head)."""
         if not self._lock.appended:
             return None
         chain = trail.read_chain(self._conn, self.d)
@@ -166,8 +163,7 @@ class Tx(abc.ABC):
     @property
     def erased(self) -> bool:
         """Whether this transaction deleted a player or removed a webhook: its store then clears,
-        once it
-        commits, the space that freed (SQLite: the -wal file; store/sqlite/store.py)."""
+        once it commits, the space that freed (SQLite: the -wal file; store/sqlite/store.py)."""
         return self._lock.erased
 
     def savepoint(self):
@@ -187,8 +183,8 @@ class Tx(abc.ABC):
         names: dict | None = None,
     ) -> Record:
         """One audit record of this write (an event that changes no row, too: a token minted);
-        ``names``:
-        the clear values of what ``before`` and ``after`` hold sealed (store/audit.py)."""
+        ``names``: the clear values of what ``before`` and ``after`` hold sealed
+        (store/audit.py)."""
         self._lock.appended = True
         return trail.append(
             self._conn,
@@ -219,8 +215,8 @@ class Tx(abc.ABC):
 
     def player_keys(self, user_ids: Sequence[int]) -> dict[int, str]:
         """{user id: sealing key} of ``user_ids``, each made if it has none yet (_player_key, for
-        many):
-        what seals a batch's names in its record's digest (authsvc/api/batch.py's sealed_digest)."""
+        many): what seals a batch's names in its record's digest (authsvc/api/batch.py's
+        sealed_digest)."""
         self.locked()
         keys: dict[int, str] = {}
         for chunk in batches(user_ids):
@@ -279,13 +275,11 @@ class Tx(abc.ABC):
 
     def continue_epochs(self, user_ids: Sequence[int] | None = None) -> None:
         """Of the players just written (``user_ids``; None: any), those whose id was deleted before:
-        each
-        one's credential epoch starts past the deleted player's (its row in deleted_players, which
-        goes),
-        so no token the deleted player ever had authenticates again. The one place every signup path
-        calls (add_player, the batch, ``player import``); ``authsvc import`` brings both tables as
-        they were.
-        After a restore, none starts below the restore's floor either."""
+        each one's credential epoch starts past the deleted player's (its row in deleted_players,
+        which goes), so no token the deleted player ever had authenticates again. The one place
+        every signup path calls (add_player, the batch, ``player import``); ``authsvc import``
+        brings both tables as they were. After a restore, none starts below the restore's floor
+        either."""
         if user_ids is None:
             found = self._sql(
                 "SELECT d.user_id, d.epoch FROM deleted_players AS d "
@@ -316,16 +310,13 @@ class Tx(abc.ABC):
         """Delete the player and erase its names; the epoch it had, None if no such player.
 
         Its row goes, its id and epoch stay (deleted_players, no name); its sealing key and the
-        clear
-        values kept beside its records go, so the chain keeps only digests no one can test a guess
-        against; its records written before sealing have their names replaced (store/audit.py's
-        erase_clear_names), each listed with its new hash in this deletion's own record. Once the
-        transaction commits, the store clears the space this freed (``erased``). Before it commits,
-        the id
-        and epoch are appended to the restore ledger (store/ledger.py; not when a restore itself
-        deletes):
-        should the commit then fail, a later restore deletes a player that was not, never the
-        reverse."""
+        clear values kept beside its records go, so the chain keeps only digests no one can test a
+        guess against; its records written before sealing have their names replaced
+        (store/audit.py's erase_clear_names), each listed with its new hash in this deletion's own
+        record. Once the transaction commits, the store clears the space this freed (``erased``).
+        Before it commits, the id and epoch are appended to the restore ledger (store/ledger.py; not
+        when a restore itself deletes): should the commit then fail, a later restore deletes a
+        player that was not, never the reverse."""
         self.locked()
         if (before := trail.player_state(self._conn, self.d, user_id)) is None:
             return None
@@ -362,10 +353,8 @@ class Tx(abc.ABC):
         self, user_id: int, action: str, sql: str, args: tuple, event: str
     ) -> dict | None:
         """One UPDATE of a player, its record and (if the row changed) its ``event``; the state
-        after, None if
-        no such player. ``sql`` sets updated_at_ms to its first parameter; its WHERE leaves out a
-        row that
-        would stay as it is."""
+        after, None if no such player. ``sql`` sets updated_at_ms to its first parameter; its WHERE
+        leaves out a row that would stay as it is."""
         self.locked()
         if (before := trail.player_state(self._conn, self.d, user_id)) is None:
             return None
@@ -420,8 +409,7 @@ class Tx(abc.ABC):
         self, rows: Sequence[tuple[int, str, bool]], action: str, after: dict
     ) -> Record:
         """Insert or overwrite many players, stamped with this write's time, and one record for them
-        all;
-        one event per change of each player (created, renamed, enabled or disabled)."""
+        all; one event per change of each player (created, renamed, enabled or disabled)."""
         before = self.players_now([row[0] for row in rows])
         self.d.write_players(self._conn, rows, self.at_ms)
         self.continue_epochs([row[0] for row in rows])
@@ -446,8 +434,7 @@ class Tx(abc.ABC):
 
     def emit_many(self, events: Sequence[tuple[str, int | None, int | None, dict]]) -> None:
         """Events (type, user_id, game_id, data), in this order: their ids, given under the writer
-        lock,
-        follow the order in which the changes commit (store/deliveries.py's fan_out relies on
+        lock, follow the order in which the changes commit (store/deliveries.py's fan_out relies on
         it)."""
         if not events:
             return
@@ -528,10 +515,9 @@ class Tx(abc.ABC):
         self, game_id: int, key_digest: str, now: int, old_keys_expire_at: float | None
     ) -> bool:
         """A new key; the game's keys with no expiry, or a later one, expire at
-        ``old_keys_expire_at`` (unix
-        seconds, kept to the millisecond in expires_at_ms; expires_at, which the previous release
-        reads, is
-        the whole second at or after it: there a key lives up to a second longer, never shorter)."""
+        ``old_keys_expire_at`` (unix seconds, kept to the millisecond in expires_at_ms; expires_at,
+        which the previous release reads, is the whole second at or after it: there a key lives up
+        to a second longer, never shorter)."""
         self.locked()
         if (before := trail.game_state(self._conn, self.d, game_id)) is None:
             return False
@@ -560,8 +546,7 @@ class Tx(abc.ABC):
         self, url: str, events: Sequence[str], game_id: int | None, secret: str
     ) -> Webhook:
         """A subscription and its record (never the secret): its deliveries start with the next
-        event (its
-        fan-out mark is the last event there is; the writer lock holds off any other)."""
+        event (its fan-out mark is the last event there is; the writer lock holds off any other)."""
         self.locked()
         self._sql(
             "INSERT INTO webhooks (url, events, game_id, secret, created_at, fanned_out) "
@@ -597,10 +582,8 @@ class Tx(abc.ABC):
 
     def remove_webhook(self, webhook_id: int) -> Webhook | None:
         """Mark the webhook deleted, its secret gone (nothing signs with it again; the store then
-        clears it
-        from its files as a deletion's names, ``erased``), and fail its pending deliveries; the
-        webhook as
-        it was, None if none."""
+        clears it from its files as a deletion's names, ``erased``), and fail its pending
+        deliveries; the webhook as it was, None if none."""
         if (hook := self.webhook(webhook_id)) is None:
             return None
         self._sql(
@@ -624,8 +607,7 @@ class Tx(abc.ABC):
 
     def retry_delivery(self, webhook_id: int, delivery_id: int) -> Delivery | None:
         """A failed delivery pending again, due now, its 24 hours starting again; None if no such
-        delivery
-        or it is not failed."""
+        delivery or it is not failed."""
         current = self.delivery(webhook_id, delivery_id)
         if current is None or current.state != "failed":
             return None
@@ -646,11 +628,9 @@ class Tx(abc.ABC):
 
     def retry_deliveries(self, webhook: Webhook, states: tuple[str, ...]) -> int:
         """The live webhook's deliveries in ``states`` due now: a pending one's wait for its next
-        try ends
-        (its 24 hours run on), a failed one is pending again with another 24 hours, as
-        ``retry_delivery``;
-        how many. Each player's go in id order still (store/deliveries.py): the earliest is the
-        chain's head."""
+        try ends (its 24 hours run on), a failed one is pending again with another 24 hours, as
+        ``retry_delivery``; how many. Each player's go in id order still (store/deliveries.py): the
+        earliest is the chain's head."""
         count = 0
         if "pending" in states:
             count += self._sql(
@@ -738,12 +718,10 @@ class Tx(abc.ABC):
         replace: bool = False,
     ) -> None:
         """Add ``fingerprints`` (kept with their first time), drop ``drop`` (or, with ``replace``,
-        every
-        other), and record ``action`` with the counts: never a fingerprint (docs/admin.md, "The
-        audit trail").
-        ``action`` None: no record, for what sets a store up (``authsvc init``'s first secret, or
-        the file's
-        secrets adopted by a store from before fingerprints), as its migrations have none."""
+        every other), and record ``action`` with the counts: never a fingerprint (docs/admin.md,
+        "The audit trail"). ``action`` None: no record, for what sets a store up (``authsvc init``'s
+        first secret, or the file's secrets adopted by a store from before fingerprints), as its
+        migrations have none."""
         before = self.token_secrets()
         gone = (
             [f for f in before if f not in fingerprints]
@@ -777,8 +755,7 @@ class Tx(abc.ABC):
         self, token_name: str, key: str, kept_since: int
     ) -> tuple[str, int, str | None] | None:
         """(request hash, status, answer) kept for this token's key, None if none; forgets keys
-        older than
-        ``kept_since`` first."""
+        older than ``kept_since`` first."""
         self.locked()
         self._sql("DELETE FROM idempotency_keys WHERE created_at < ?", (kept_since,))
         row = self._sql(

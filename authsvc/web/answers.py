@@ -2,14 +2,10 @@
 "Answers").
 
 An error's answer is ``{"success":false,"error":STATUS,"error_description":DETAIL}``, the error's
-status
-and detail; the 400 and 403 results travel as HTTP 200 unless AUTHSVC_ERROR_STATUS=http
-(docs/design.md,
-"The wire"). Nothing else in the package writes that shape (tests/unit/test_error_model.py): the
-app's
-boundary (authsvc/web/app.py) and the workers' answers to what gunicorn refuses
-(authsvc/serving/workers.py)
-take their bodies from here.
+status and detail; the 400 and 403 results travel as HTTP 200 unless AUTHSVC_ERROR_STATUS=http
+(docs/design.md, "The wire"). Nothing else in the package writes that shape
+(tests/unit/test_error_model.py): the app's boundary (authsvc/web/app.py) and the workers' answers
+to what gunicorn refuses (authsvc/serving/workers.py) take their bodies from here.
 """
 
 from __future__ import annotations
@@ -38,7 +34,6 @@ REFUSALS: dict[type[Error], bytes] = {
 
 def http_statuses(errors_as_http_status: bool) -> dict[int, int]:
     """The HTTP status of each result that travels as another (``.get(result, result)``): 400 and
-    403 as
-    200, or none with AUTHSVC_ERROR_STATUS=http. A dict lookup costs a success no more than the test
-    it replaces."""
+    403 as 200, or none with AUTHSVC_ERROR_STATUS=http. A dict lookup costs a success no more than
+    the test it replaces."""
     return {} if errors_as_http_status else dict.fromkeys(IN_BODY_ONLY, 200)

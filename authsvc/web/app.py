@@ -154,10 +154,8 @@ class App:
 
     def __call__(self, environ: dict, start_response) -> list[bytes]:
         """The one error boundary: whatever fails inside (the store, the metrics, the logger), the
-        answer
-        is one start_response call with the JSON shape of docs/api.md, under any WSGI server.
-        Metrics
-        and log lines only observe an answer: when they fail it goes out unchanged
+        answer is one start_response call with the JSON shape of docs/api.md, under any WSGI server.
+        Metrics and log lines only observe an answer: when they fail it goes out unchanged
         (observation_failed)."""
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "")
@@ -236,8 +234,7 @@ class App:
 
     def not_ready(self, error: ConfigError) -> None:
         """Why the schema check failed (an older store, or a newer one this release cannot read), in
-        the log
-        at most once per STORE_WARNING_INTERVAL: the probe's answer is the plain 503."""
+        the log at most once per STORE_WARNING_INTERVAL: the probe's answer is the plain 503."""
         try:
             held = self.schema_warnings.allow()
             if held is not None:
@@ -260,8 +257,7 @@ class App:
 
     def observation_failed(self, error: Exception) -> None:
         """Metrics or a log line failed (a bug, a full disk under the metrics files): the answer
-        goes
-        out unchanged, and the log says so at most once per STORE_WARNING_INTERVAL, with the
+        goes out unchanged, and the log says so at most once per STORE_WARNING_INTERVAL, with the
         exception type and frames only (docs/operations.md, "Monitoring")."""
         try:
             held = self.observation_warnings.allow()
@@ -298,8 +294,7 @@ class App:
 
     def waited_too_long(self, environ: dict, start: float) -> None:
         """Count and log an authentication shed for its time in the queue (authsvc/web/queueing.py):
-        its auth
-        line and count (reason=waited_too_long), and a warning at most once per
+        its auth line and count (reason=waited_too_long), and a warning at most once per
         STORE_WARNING_INTERVAL."""
         self.observe(environ, start, WAITED_TOO_LONG, None, None)
         try:
@@ -318,12 +313,9 @@ class App:
         self, environ: dict, start: float, reason: str, game_id: int | None, user_id: int | None
     ) -> None:
         """Count it (authsvc_authentications_total) and record it once (docs/logs.md): for nginx's
-        access
-        line (access_record = "edge", a request through nginx), else in one logfmt line of the
-        app's.
-        Only a reason word and validated ids: never a key, a token, the query string or a client's
-        text.
-        Neither failing changes the answer."""
+        access line (access_record = "edge", a request through nginx), else in one logfmt line of
+        the app's. Only a reason word and validated ids: never a key, a token, the query string or a
+        client's text. Neither failing changes the answer."""
         if self.metrics is not None:
             try:
                 self.metrics.authentication(game_id, reason)
@@ -355,9 +347,8 @@ class App:
     @staticmethod
     def serve_metrics(start_response, head: bool, body: bytes, content_type: str) -> list[bytes]:
         """The Prometheus text format of all workers, not JSON (authsvc/web/metrics.py); only with
-        the metrics extra.
-        Called by __call__ once everything that can fail is done: start_response is the last
-        step."""
+        the metrics extra. Called by __call__ once everything that can fail is done: start_response
+        is the last step."""
         start_response(
             "200 OK",
             [
@@ -381,8 +372,8 @@ class App:
 
     def ready(self, environ: dict) -> tuple[int, bytes]:
         """Readiness: the store answers the authentication query itself and this release reads its
-        schema
-        (its own version, or a newer one its queries run on: store/common.py, check_schema)."""
+        schema (its own version, or a newer one its queries run on: store/common.py,
+        check_schema)."""
         self.store.credentials("", 1)
         now = self.monotonic()
         if now - self.schema_checked_at >= SCHEMA_CHECK_INTERVAL:
@@ -398,8 +389,7 @@ class App:
 def openapi_document() -> bytes:
     """authsvc/openapi/authenticate.json (package data), re-encoded as the API answers: compact,
     ASCII-only JSON, with this release's version as ``info.version`` (one source: pyproject.toml).
-    Read when
-    the app is built, so a broken document fails start-up, not a request."""
+    Read when the app is built, so a broken document fails start-up, not a request."""
     text = (
         resources.files("authsvc")
         .joinpath("openapi", "authenticate.json")

@@ -174,14 +174,11 @@ class Authenticator:
 
     def look_again(self, api_key: str, user_id: int, epoch: int) -> Result:
         """The answer from the latest commit (``fresh_credentials``) for a token of ``epoch``:
-        accepted if
-        the player is there, enabled, at that epoch, with the key usable. Only a token minted with a
-        secret
-        leads here (one the service's own would accept a moment later, or a secret holder's ahead of
-        any
-        change), so bad tokens make no extra store work. The lookahead is one epoch: a token of e +
-        2 (two
-        revokes since the data) waits, as every other change does, for the bound."""
+        accepted if the player is there, enabled, at that epoch, with the key usable. Only a token
+        minted with a secret leads here (one the service's own would accept a moment later, or a
+        secret holder's ahead of any change), so bad tokens make no extra store work. The lookahead
+        is one epoch: a token of e + 2 (two revokes since the data) waits, as every other change
+        does, for the bound."""
         game_id, game_enabled, expires_at, username, now_epoch, player_enabled = (
             self.store.fresh_credentials(self.key_digest(api_key), user_id) or NOTHING_FOUND
         )

@@ -101,8 +101,7 @@ class Metrics:
 
     def _counters(self) -> tuple[Callable[[int | None, str], None], Callable[[str, float], None]]:
         """authentication(game_id, reason) and request(route, seconds): prometheus_client's own inc
-        and
-        observe of label children cached per (game, reason) and per route."""
+        and observe of label children cached per (game, reason) and per route."""
         auth_children: dict[tuple[int | None, str], Any] = {}
         route_children: dict[str, Any] = {}
 
@@ -171,8 +170,7 @@ class WorkerFiles:
 
 class StoreCollector:
     """Read at each scrape, by the worker that answers it: build info, and per enabled game the
-    expiry
-    time of its newest live api key (+Inf when it has none; in the past when every key has
+    expiry time of its newest live api key (+Inf when it has none; in the past when every key has
     expired)."""
 
     def __init__(self, store: Reader, clock=time.time):

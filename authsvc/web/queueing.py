@@ -9,8 +9,7 @@ in gunicorn's queue longer than ``AUTHSVC_MAX_QUEUE_WAIT`` is answered 503 with
 worker's time goes to the requests behind it. A burst the host serves within that wait
 is served whole, however many arrive at once. A request held by a restart (the socket's backlog
 until the new app is built: an upgrade) counts its wait from the app's start. A missing or malformed
-stamp (gunicorn
-reached directly, with no nginx in front) is not checked.
+stamp (gunicorn reached directly, with no nginx in front) is not checked.
 """
 
 from __future__ import annotations
@@ -33,10 +32,8 @@ class WaitedTooLong(ServiceUnavailable):
 
 def waited_too_long(stamp: str | None, now: float, max_wait: float, since: float = 0.0) -> bool:
     """True when nginx's ``stamp`` (the X-Request-Start header), or ``since`` if later (when the app
-    began
-    to serve: a restart's wait is not the queue's), is more than ``max_wait`` seconds before
-    ``now``.
-    False for no stamp, a malformed one, or max_wait 0 (off)."""
+    began to serve: a restart's wait is not the queue's), is more than ``max_wait`` seconds before
+    ``now``. False for no stamp, a malformed one, or max_wait 0 (off)."""
     if not stamp or max_wait <= 0:
         return False
     match = _STAMP.fullmatch(stamp)

@@ -4,12 +4,11 @@ bound.
 A webhook's URL is the subscriber's to choose, so a POST to it must not become a way into the
 platform's own network. Each new connection resolves the host once (getaddrinfo) and is refused
 unless every address the name gives is public (webhooks/target.py's ``public``: no loopback,
-private, link-local,
-CGNAT, multicast, reserved or unspecified address, nor one of those inside an IPv4-mapped, 6to4
-or NAT64 address, nor an IPv6 form refused outright); it then connects to the address it checked,
-never to the name, so a second
-DNS answer cannot swap in another (DNS rebinding). A host[:port] on AUTHSVC_WEBHOOK_ALLOW_HOSTS
-skips the address rule (a receiver on the platform's own network, the demo's on loopback).
+private, link-local, CGNAT, multicast, reserved or unspecified address, nor one of those inside an
+IPv4-mapped, 6to4 or NAT64 address, nor an IPv6 form refused outright); it then connects to the
+address it checked, never to the name, so a second DNS answer cannot swap in another (DNS
+rebinding). A host[:port] on AUTHSVC_WEBHOOK_ALLOW_HOSTS skips the address rule (a receiver on the
+platform's own network, the demo's on loopback).
 
 https verifies the certificate against the URL's host name (SNI). A 3xx is an answer like any
 non-2xx: redirects are not followed. Resolving and connecting take at most ``connect_timeout``
@@ -62,8 +61,7 @@ NOT_HTTP = "the answer is not valid HTTP"
 
 class Refused(Error):
     """The URL may not be reached: a non-public address (``text`` NOT_PUBLIC), or a URL the client
-    cannot
-    POST to."""
+    cannot POST to."""
 
     def __init__(self, detail: str, text: str | None = None) -> None:
         super().__init__(detail)
@@ -110,8 +108,7 @@ def parse(url: str) -> Target:
 @dataclass
 class Answer:
     """One attempt's outcome: the HTTP status if one came, else None; ``error`` (a fixed text) if
-    not a
-    2xx, and ``detail``, what the operator's log may say of it."""
+    not a 2xx, and ``detail``, what the operator's log may say of it."""
 
     status: int | None
     error: str | None
@@ -240,8 +237,7 @@ class Client:
 
     def _lookup(self, host: str, port: int, deadline: float) -> list:
         """The name's addresses, within ``deadline``: resolved in a daemon thread of its own, which
-        a
-        resolver slower than that is left to finish alone (at most RESOLVING at once)."""
+        a resolver slower than that is left to finish alone (at most RESOLVING at once)."""
         if not self._resolving.acquire(timeout=max(deadline - time.monotonic(), 0)):
             raise _Failed("cannot resolve the host (timed out: too many resolutions under way)")
         found: list = []
@@ -426,9 +422,8 @@ _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}[ \t]*(?:;[^\r\n]*)?")
 
 def _chunked(conn: _Conn, buf: bytes, deadline: float) -> tuple[bytes, bool]:
     """Read a chunked body up to MAX_BODY bytes: (what follows it, whether it ended within the
-    bound).
-    A size line that is not 1 to 16 hex digits (and extensions) is _Failed: a negative or unparsable
-    size must not move the count of what was read."""
+    bound). A size line that is not 1 to 16 hex digits (and extensions) is _Failed: a negative or
+    unparsable size must not move the count of what was read."""
     total = 0
     while True:
         while b"\r\n" not in buf:

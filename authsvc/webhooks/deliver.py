@@ -31,8 +31,7 @@ it, and takes over once the lease runs out, at once if the holder let it go (SIG
 process of this host that is gone (a crash, then a restart). So a standby deliverer on another
 host is safe to run (the hosts' clocks in step: the lease's time is the holder's clock). While it
 waits it only reads the lease, each step. SIGTERM: no new POST starts, those under way end (within
-the timeout),
-their outcomes are written, the lease is let go.
+the timeout), their outcomes are written, the lease is let go.
 
 Retention: once a minute (at once again while there is a backlog), one short transaction deletes
 up to PRUNE_BATCH deliveries delivered or failed longer than ``retention_ms`` ago, their attempts,
@@ -142,9 +141,8 @@ def cmd_deliver(args, settings: Settings):
 
 def _serve_metrics(store: Store, listen: str):
     """authsvc/webhooks/metrics.py's metrics served at ``listen`` (host:port); without
-    prometheus_client a
-    ConfigError; an address it cannot listen at (a second deliverer on the host) is logged, and the
-    deliveries go on without metrics."""
+    prometheus_client a ConfigError; an address it cannot listen at (a second deliverer on the host)
+    is logged, and the deliveries go on without metrics."""
     try:
         from authsvc.webhooks.metrics import DeliveryMetrics
 
@@ -422,8 +420,7 @@ class Deliverer:
 
     def attempt(self, item: Due) -> Outcome | None:
         """One signed POST of the event's data as it is now, and what follows from its answer; None
-        if
-        there is nothing to send (done meanwhile, or its webhook removed)."""
+        if there is nothing to send (done meanwhile, or its webhook removed)."""
         data = self.store.event_data(item.id)  # after any deletion committed so far: no erased name
         if data is None:
             return None

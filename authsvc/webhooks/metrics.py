@@ -1,6 +1,5 @@
 """``authsvc deliver``'s Prometheus metrics, served at ``AUTHSVC_DELIVER_METRICS`` (host:port) when
-set,
-with the optional extra ``authsvc[metrics]`` (docs/operations.md, section 12).
+set, with the optional extra ``authsvc[metrics]`` (docs/operations.md, section 12).
 
 The deliverer serves them itself: it is the one process that sees each attempt's outcome, and it
 reads the store as the admin role (the web role may not read deliveries). Its attempts are counted
@@ -52,9 +51,8 @@ class DeliveryMetrics:
 
 class Backlog:
     """Read at each scrape: per live webhook, its pending and failed deliveries and the age of its
-    oldest
-    pending one (0 with none). Absent while the store does not answer (the deliverer's log says
-    why)."""
+    oldest pending one (0 with none). Absent while the store does not answer (the deliverer's log
+    says why)."""
 
     def __init__(self, store: Store, clock: Callable[[], int]):
         self.store = store

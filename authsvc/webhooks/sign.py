@@ -4,8 +4,7 @@
 receiver drops duplicates by it; ``webhook-timestamp`` is the attempt's time (unix seconds), which a
 receiver checks against its clock to refuse replays; ``webhook-signature`` is ``v1,`` and the base64
 HMAC-SHA256 of ``{id}.{timestamp}.{body}`` keyed by the secret's bytes (the base64 after
-``whsec_``).
-Any Standard Webhooks library verifies it.
+``whsec_``). Any Standard Webhooks library verifies it.
 """
 
 from __future__ import annotations

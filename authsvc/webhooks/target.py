@@ -57,10 +57,9 @@ REFUSED_V6 = tuple(
 
 def public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     """On the public internet. An IPv6 address that carries an IPv4 one to reach (IPv4-mapped,
-    NAT64's
-    well-known prefix, 6to4) is judged as that IPv4 address; the other forms that carry one
-    (IPv4-compatible,
-    SIIT, local-use NAT64, Teredo), site-local and anything outside 2000::/3 are refused."""
+    NAT64's well-known prefix, 6to4) is judged as that IPv4 address; the other forms that carry one
+    (IPv4-compatible, SIIT, local-use NAT64, Teredo), site-local and anything outside 2000::/3 are
+    refused."""
     if isinstance(address, ipaddress.IPv6Address):
         embedded = address.ipv4_mapped or address.sixtofour
         if embedded is None and address in NAT64:
@@ -74,8 +73,7 @@ def public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
 
 def check_url(url: str, allow_hosts: Collection[str]) -> str:
     """``url`` if a subscription may name it, else Invalid (field ``/url``); ``allow_hosts``: items
-    of
-    AUTHSVC_WEBHOOK_ALLOW_HOSTS (settings.host_list), ``host`` (any port) or ``host:port``."""
+    of AUTHSVC_WEBHOOK_ALLOW_HOSTS (settings.host_list), ``host`` (any port) or ``host:port``."""
     if not isinstance(url, str) or not url:
         raise _refused("must be a URL")
     if len(url) > MAX_URL:

@@ -58,10 +58,10 @@ class Attempts:
     window).
 
     ``take(keys)`` counts one attempt against every key at once, or none if any of them is at its
-    limit;
-    it answers 0, or the seconds until the fullest key frees a place. Memory is bounded: at most
-    ``max_keys`` keys are kept; when that many hold attempts still in their window, a new key is
-    refused (for a window) rather than an old one forgotten, which would let a guesser start afresh.
+    limit; it answers 0, or the seconds until the fullest key frees a place. Memory is bounded: at
+    most ``max_keys`` keys are kept; when that many hold attempts still in their window, a new key
+    is refused (for a window) rather than an old one forgotten, which would let a guesser start
+    afresh.
     """
 
     def __init__(
@@ -278,9 +278,8 @@ class Game:
 
     def link(self, start_response, user_id: int, request: dict):
         """A player proves a game account of the game's own with its name and password: a password
-        guess each
-        time, so limited per player and per account (429 with Retry-After), and hashed outside the
-        lock."""
+        guess each time, so limited per player and per account (429 with Retry-After), and hashed
+        outside the lock."""
         name, password = str(request.get("name", "")), str(request.get("password", ""))
         account_key = hashlib.sha256(
             name.encode("utf-8", "replace")

@@ -1,7 +1,7 @@
 """The demo platform web tier (docs/integrating.md): sign up, sign in, change a password, and a page
 that embeds one game in an iframe and hands it the player's token through
-examples/clients/authsvc-platform.js
-(and a new one when the game asks: POST /token, after a password change refused the old one).
+examples/clients/authsvc-platform.js (and a new one when the game asks: POST /token, after a
+password change refused the old one).
 
 Its own tiny SQLite store holds demo accounts (scrypt password hashes) and sessions. It talks to
 authsvc's admin API only (docs/admin-api.md): PUT /v1/players/{id} at signup, POST
@@ -11,10 +11,8 @@ admin bearer token stays on this server; the page gets the player's token for th
 
 Every POST must come from this platform's own pages: its Origin header must be the platform's origin
 (``--origin``), and every form carries a token tied to the browser's session cookie (an HMAC of it
-under a
-key kept in the database), checked before anything runs; a password change needs the current
-password.
-Stdlib only; run by ``python -m examples.platform --help``.
+under a key kept in the database), checked before anything runs; a password change needs the current
+password. Stdlib only; run by ``python -m examples.platform --help``.
 """
 
 from __future__ import annotations

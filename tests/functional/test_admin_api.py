@@ -198,8 +198,8 @@ def test_a_player_unchanged_since_the_upgrade_has_updated_at_null_and_its_old_et
     admin, world, store_url
 ):
     """A row the schema step found (written before updated_at existed) answers null, and its ETag is
-    the
-    one the previous release gave, so an If-Match a client kept across the upgrade still matches."""
+    the one the previous release gave, so an If-Match a client kept across the upgrade still
+    matches."""
     import hashlib
 
     app, make_token = admin.app, admin.headers
@@ -492,8 +492,7 @@ def test_the_audit_trail_pages_newest_first_with_filters(admin, world):
 
 def test_an_audit_limit_out_of_range_names_the_range_limit_has(admin):
     """limit is 1 to 1000 (docs/admin-api.md, the OpenAPI document): its problem says so, whatever
-    is wrong with
-    it; the ids (after, player, game) keep their own range."""
+    is wrong with it; the ids (after, player, game) keep their own range."""
     app, make_token = admin.app, admin.headers
     reader = make_token("auditor", ["audit:read"])
     for query in (
@@ -757,9 +756,8 @@ def test_hostile_input_gets_a_problem_never_a_500(admin, method, path, body, con
 
 def test_a_whole_number_written_with_a_fraction_or_exponent_is_that_number(admin, world, settings):
     """JSON has one number type and JSON Schema (the OpenAPI document) counts 7.0 and 7e0 as the
-    integer
-    7: they are read exactly (9007199254740993.0 is not rounded to a float's ...992), and anything
-    that is not a whole number, or is too large, is 422, at once."""
+    integer 7: they are read exactly (9007199254740993.0 is not rounded to a float's ...992), and
+    anything that is not a whole number, or is too large, is 422, at once."""
     app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"Content-Type": "application/json"}
     body = f'{{"game_id": {world.game_id}.0, "user_id": 4242e0}}'.encode()

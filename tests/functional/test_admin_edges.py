@@ -149,9 +149,8 @@ def test_if_none_match_star_creates_the_player_or_answers_412_and_changes_nothin
 @pytest.mark.engine("postgresql")
 def test_two_create_only_signups_of_one_id_at_once_one_201_one_412(world, settings):
     """The check and the insert are one transaction: of two signups of one new id with
-    If-None-Match: *
-    at the same moment (two platform accounts given one id), one creates it, the other gets 412 and
-    never renames it; 20 such pairs."""
+    If-None-Match: * at the same moment (two platform accounts given one id), one creates it, the
+    other gets 412 and never renames it; 20 such pairs."""
     import threading
 
     from authsvc.errors import PreconditionFailed
@@ -197,10 +196,9 @@ def test_two_create_only_signups_of_one_id_at_once_one_201_one_412(world, settin
 
 def test_a_body_nested_too_deep_is_400_never_500(admin):
     """The body is hashed (Idempotency-Key, a batch's sealed_body_sha256) by a recursive encoder:
-    nested a
-    little less deep than the interpreter's recursion limit (~985 under gunicorn), it was read and
-    then failed there, a 500. The reader refuses any body nested deeper than 32, whatever the route;
-    the depths swept cover that window wherever the caller's stack stands."""
+    nested a little less deep than the interpreter's recursion limit (~985 under gunicorn), it was
+    read and then failed there, a 500. The reader refuses any body nested deeper than 32, whatever
+    the route; the depths swept cover that window wherever the caller's stack stands."""
     app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"Content-Type": "application/json"}
     failures = {}
@@ -240,8 +238,8 @@ def test_a_body_32_deep_is_read(admin):
 
 def test_a_body_of_more_values_than_the_reader_takes_is_413(admin, world):
     """A dry-run batch padded with a million tiny values (within the 4 MiB cap) cost a worker about
-    a second
-    to parse and hash; the reader counts the values first, on the raw bytes: 413 above 20,000."""
+    a second to parse and hash; the reader counts the values first, on the raw bytes: 413 above
+    20,000."""
     app, make_token = admin.app, admin.headers
     headers = make_token("web") | {"Content-Type": "application/json"}
     players = [{"user_id": 10 + n, "username": f"p{n}"} for n in range(1000)]
@@ -293,8 +291,7 @@ def test_the_audit_record_holds_the_servers_request_id_and_the_clients_beside_it
 ):
     """Two writes by two tokens, both sent with X-Request-Id: shared-1: each record holds the id the
     server made for its request (the answer's X-Request-Id), never the client's; the client's, in
-    the
-    logged shape only, is kept as changes.after.client_request_id."""
+    the logged shape only, is kept as changes.after.client_request_id."""
     app, make_token = admin.app, admin.headers
     web, other = make_token("web"), make_token("other")
     answers = [

@@ -101,8 +101,7 @@ def failing_logger():
 
 def call(app, path: str, query: str = "", method: str = "GET") -> tuple[int, dict, bytes]:
     """One request straight to the WSGI callable (wsgiref's checker around it): (status, headers,
-    body);
-    fails unless start_response was called exactly once."""
+    body); fails unless start_response was called exactly once."""
     environ: dict = {}
     wsgiref.util.setup_testing_defaults(environ)
     environ.update(REQUEST_METHOD=method, PATH_INFO=path, QUERY_STRING=query)

@@ -155,8 +155,7 @@ def _records(run, *argv):
 
 def test_player_deleted_lists_the_ids_deleted_since_a_time(initialised, monkeypatch):
     """What a roll back to 0.1.0 deletes again (docs/operations.md section 9): read from the audit
-    trail, page by
-    page, each id once, and nothing written."""
+    trail, page by page, each id once, and nothing written."""
     from authsvc.operations import players as players_ops
 
     monkeypatch.setattr(players_ops, "DELETED_PAGE", 2)  # several pages
@@ -536,8 +535,8 @@ def test_revoke_while_another_session_holds_the_write_lock(initialised, settings
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A 512 KiB tmpfs, so SQLite meets a really full disk (needs root, as in the CI container):
-    room for a
-    new store (its file, -wal and -shm: about 260 KiB) and one player, not for an import of 1 MB."""
+    room for a new store (its file, -wal and -shm: about 260 KiB) and one player, not for an import
+    of 1 MB."""
     mount = tmp_path / "disk"
     mount.mkdir()
     done = subprocess.run(

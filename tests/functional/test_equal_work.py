@@ -103,8 +103,7 @@ def test_sqlite_the_same_statements_and_calls_for_any_key_and_player(world, max_
 def assert_same_work(requests: dict[str, dict], authenticate) -> None:
     """After a warm-up: the same Python and C calls for each request, and for an existing or missing
     player with the same key, the same bytecode instructions too (an unknown key returns sooner than
-    a
-    known one, by a branch or two: that tells a caller about the key it sent, not about a
+    a known one, by a branch or two: that tells a caller about the key it sent, not about a
     player)."""
     for (
         params
@@ -152,8 +151,8 @@ def test_sqlite_the_same_calls_and_instructions_for_any_player(world, max_stalen
 @pytest.mark.engine("sqlite")
 def test_a_keys_digest_is_taken_once_per_key_text_known_or_not(world, monkeypatch):
     """The api key's SHA-256 is kept per key text sent (a game server sends its one key on every
-    request):
-    taken on a key's first request only, the same for a key the store has and one it lacks."""
+    request): taken on a key's first request only, the same for a key the store has and one it
+    lacks."""
     import authsvc.web.authenticate as authenticate_module
 
     taken: list[str] = []
@@ -178,8 +177,7 @@ def test_a_keys_digest_is_taken_once_per_key_text_known_or_not(world, monkeypatc
 @pytest.mark.engine("sqlite")
 def test_sqlite_each_query_returns_the_same_types_for_an_existing_or_missing_player(world):
     """sqlite3 builds a str for a username it reads: a placeholder one when the player is missing.
-    The
-    last column (``enabled``) is the one that tells: NULL for a missing player only."""
+    The last column (``enabled``) is the one that tells: NULL for a missing player only."""
     store = sqlite.SQLiteStore(world.settings.store, readonly=True)
     conn = store._conn()
     try:
@@ -205,12 +203,10 @@ def test_sqlite_each_query_returns_the_same_types_for_an_existing_or_missing_pla
 @pytest.mark.parametrize("max_staleness", [1.0, 0.0])
 def test_sqlite_the_query_steps_about_the_same_for_any_key_and_player(world, max_staleness):
     """SQLite bytecode steps, counted with a progress handler. A lookup that finds no row takes a
-    few
-    steps more than one that does (SQLite 3.40, one query: 44 to 57 steps); a skipped lookup is
+    few steps more than one that does (SQLite 3.40, one query: 44 to 57 steps); a skipped lookup is
     the difference between 11 and 27 to 32 steps (an unknown key, before the query always looked
     the player up). Nothing is committed meanwhile, so a key the snapshot lacks makes no lookup
-    (only the
-    first one after a commit does: docs/design.md "Freshness";
+    (only the first one after a commit does: docs/design.md "Freshness";
     tests/functional/test_staleness.py)."""
     store = sqlite.SQLiteStore(
         world.settings.store, readonly=True, max_staleness=max_staleness, clock=FakeClock()
@@ -320,10 +316,8 @@ def test_postgresql_each_statement_returns_the_same_shape_for_an_existing_or_mis
     world, settings, statement
 ):
     """One row, the same columns, and the same NULLs either way but in ``p.enabled`` (column 5, NULL
-    for a
-    missing player only, how the reader tells), so the web process decodes the same values: a
-    placeholder
-    username when the player is missing."""
+    for a missing player only, how the reader tells), so the web process decodes the same values: a
+    placeholder username when the player is missing."""
     from psycopg.pq import ExecStatus
 
     conn = prepared_connection(settings)
@@ -350,13 +344,10 @@ def test_postgresql_each_statement_returns_the_same_shape_for_an_existing_or_mis
 @pytest.mark.parametrize("mode", ["primary", "standby", "pooled"])
 def test_postgresql_the_same_calls_and_instructions_for_any_player(world, settings, mode):
     """The reader as production runs it, on each of its paths: the credentials statement prepared on
-    a
-    primary, the standby statement prepared (a standby), or sent unnamed (behind a pooler). The
-    server is
-    a primary, so the standby statement's freshness column is 0 and every path answers. The
-    statement
-    that ran is checked by name and text in pg_prepared_statements (none is prepared behind a
-    pooler)."""
+    a primary, the standby statement prepared (a standby), or sent unnamed (behind a pooler). The
+    server is a primary, so the standby statement's freshness column is 0 and every path answers.
+    The statement that ran is checked by name and text in pg_prepared_statements (none is prepared
+    behind a pooler)."""
     from authsvc.store.postgres.reader import CREDENTIALS_STATEMENT, STANDBY_STATEMENT
 
     reader = open_store(settings.store, readonly=True, settings=settings)
@@ -384,12 +375,10 @@ def test_postgresql_the_same_calls_and_instructions_for_any_player(world, settin
 
 def test_the_whole_app_does_the_same_for_an_existing_or_missing_player(world, caplog):
     """The WSGI callable itself, the auth log line and its ``ms=`` included: the same calls and the
-    same
-    instructions for an existing or missing player, with a known key or an unknown one (both
-    engines).
-    With the metrics extra installed, the request-duration histogram looks for the bucket of the
-    time it
-    is given, a loop as long as that time is: a consequence of time, not of the player, left out."""
+    same instructions for an existing or missing player, with a known key or an unknown one (both
+    engines). With the metrics extra installed, the request-duration histogram looks for the bucket
+    of the time it is given, a loop as long as that time is: a consequence of time, not of the
+    player, left out."""
     caplog.set_level(logging.INFO, logger="authsvc.auth")
     app = make_app(world.settings)
 
@@ -482,14 +471,12 @@ def median_ratios(authenticate, requests: dict[str, dict]) -> dict[str, float]:
 
 def test_each_reason_takes_about_the_same_time_in_process(world, settings):
     """Time, measured: Authenticator alone on the store as production opens it (a snapshot on
-    SQLite),
-    one request per 403 reason (median_ratios). Each reason's median ratio must stay within a factor
-    SAME_TIME of 1: the work is the same, so only noise and data remain (a row read or not, the
-    clock
-    read for a key with an expiry), a few per cent here. A player lookup skipped for an unknown key
-    took 45 % less (docs/stores.md): a ratio near 0.5, far outside. Not an assertion of speed but of
-    sameness, and generous: a loaded machine gets three tries, the test fails only if all three
-    do."""
+    SQLite), one request per 403 reason (median_ratios). Each reason's median ratio must stay within
+    a factor SAME_TIME of 1: the work is the same, so only noise and data remain (a row read or not,
+    the clock read for a key with an expiry), a few per cent here. A player lookup skipped for an
+    unknown key took 45 % less (docs/stores.md): a ratio near 0.5, far outside. Not an assertion of
+    speed but of sameness, and generous: a loaded machine gets three tries, the test fails only if
+    all three do."""
     requests = reason_cases(world)
     store = open_store(
         settings.store, readonly=True, settings=dataclasses.replace(settings, max_staleness=1.0)

@@ -205,8 +205,7 @@ def worker_pids(master_pid: int) -> list[int]:
 
 def test_a_forked_child_counts_into_its_own_file(multiprocess):
     """As a gunicorn worker forked from the master (preload): the child's counts go to its own file,
-    the
-    parent's stay, and neither overwrites the other (the parent counted before and after the
+    the parent's stay, and neither overwrites the other (the parent counted before and after the
     fork)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.mmap_dict import MmapedDict

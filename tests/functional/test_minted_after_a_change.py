@@ -6,9 +6,8 @@ password-change path of docs/admin-api.md) or a signup (a player the snapshot la
 with 403 "Invalid credentials" for up to a second. Now a token of the epoch the next change gives
 (e+1; for a player the snapshot lacks 0, or a deleted id's epoch + 1) makes the reader look again
 at the latest commit before refusing; the revocation promise still holds for the tokens a change
-revoked: refused from
-``effective_by`` on. Both engines: a PostgreSQL primary had no such lag (no snapshot), and keeps
-none.
+revoked: refused from ``effective_by`` on. Both engines: a PostgreSQL primary had no such lag (no
+snapshot), and keeps none.
 """
 
 from __future__ import annotations
@@ -48,8 +47,7 @@ NEWBIE = 777
 @pytest.fixture
 def bounded(world):
     """The game-facing app and the in-process admin API, both with the default bound (1 s), on one
-    store;
-    and an admin API token that may write players and mint tokens."""
+    store; and an admin API token that may write players and mint tokens."""
     settings = dataclasses.replace(world.settings, max_staleness=1.0)
     web = webtest.TestApp(make_app(settings), lint=True)
     admin = AdminApp(settings)
@@ -185,8 +183,7 @@ def test_a_wrong_forged_or_revoked_token_never_makes_the_reader_look_again(count
 
 def test_one_mac_on_success_two_on_any_refusal(counted, world):
     """The token of the next epoch is checked only once the answer is a refusal, for every refusal
-    after the
-    store (an existing or missing player, a known or unknown key: the same work,
+    after the store (an existing or missing player, a known or unknown key: the same work,
     tests/functional/test_equal_work.py)."""
     web, reader = counted
     authenticate = web.app.authenticator
@@ -208,8 +205,7 @@ def test_one_mac_on_success_two_on_any_refusal(counted, world):
 @pytest.mark.engine("sqlite")
 def test_two_revokes_then_a_mint_wait_for_the_bound(counted, world, clock):
     """The lookahead is one epoch: a token of e+2 against a snapshot of e is refused until the
-    snapshot
-    is renewed (within the bound), as any change is seen, without looking again."""
+    snapshot is renewed (within the bound), as any change is seen, without looking again."""
     web, reader = counted
     assert web.get(PATH, world.params()).json["success"] is True
     factories.revoke_player(world.store, world.user_id)
@@ -223,8 +219,7 @@ def test_two_revokes_then_a_mint_wait_for_the_bound(counted, world, clock):
 
 def test_a_token_of_the_next_epoch_is_checked_against_the_latest_commit(counted, world, clock):
     """Looking again accepts a token only if the latest commit says so: one of an epoch revoked
-    meanwhile
-    (e+1, then e+2), or of a player disabled meanwhile, is refused."""
+    meanwhile (e+1, then e+2), or of a player disabled meanwhile, is refused."""
     web, reader = counted
     looks = (
         1 if world.settings.store.startswith("sqlite://") else 0
@@ -264,8 +259,8 @@ def test_under_gunicorn_a_token_minted_after_a_revoke_or_signup_works_on_every_t
     env, world, tmp_path, settings
 ):
     """The finding itself: both workers hold a snapshot, then revoke + mint and signup + mint
-    through the admin
-    API; 20 authentications of each new token, each on a new connection, at once: all succeed."""
+    through the admin API; 20 authentications of each new token, each on a new connection, at once:
+    all succeed."""
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"} | {
@@ -309,10 +304,9 @@ def test_under_gunicorn_a_token_minted_after_a_deleted_id_signs_up_again_works_a
     env, world, tmp_path, settings
 ):
     """A deleted id signed up again continues its epoch (the deleted player's + 1, not 0): its new
-    token
-    authenticates at once whether the workers' snapshots lack the player (each refused its old token
-    first) or still hold the deleted row (signed up again at once). Four rounds, 20 authentications
-    each."""
+    token authenticates at once whether the workers' snapshots lack the player (each refused its old
+    token first) or still hold the deleted row (signed up again at once). Four rounds, 20
+    authentications each."""
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"} | {

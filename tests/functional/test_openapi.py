@@ -59,8 +59,7 @@ def test_the_document_is_valid_openapi_3_1():
 
 def test_every_operation_lists_its_4xx_answers():
     """Redocly's operation-4xx-response is off in redocly.yaml (for the admin document's
-    /openapi.json):
-    here it holds for every operation of this one."""
+    /openapi.json): here it holds for every operation of this one."""
     document = _document()
     missing = [
         (path, method)

@@ -175,9 +175,8 @@ def test_a_request_that_waited_for_a_restart_is_served_its_wait_counted_from_the
     world, queued
 ):
     """A restart (an upgrade's) holds requests in the socket's backlog until the new app is built:
-    that
-    wait is the restart's, not the queue's, and such a request is served (nginx's max_conns bounds
-    how many)."""
+    that wait is the restart's, not the queue's, and such a request is served (nginx's max_conns
+    bounds how many)."""
     testapp, store, clock = queued
     bound = world.settings.max_queue_wait
     testapp.app.serving_since = clock.now - bound / 2  # the app built while the request waited

@@ -1,7 +1,6 @@
 """The release's version has one source, pyproject.toml, and every place a sysadmin or a client
-reads
-it says the same: ``authsvc --version``, both OpenAPI documents' ``info.version`` as served, the
-``authsvc_build_info`` metric (docs/operations.md, "Upgrades")."""
+reads it says the same: ``authsvc --version``, both OpenAPI documents' ``info.version`` as served,
+the ``authsvc_build_info`` metric (docs/operations.md, "Upgrades")."""
 
 from __future__ import annotations
 

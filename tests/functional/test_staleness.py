@@ -163,13 +163,10 @@ def test_under_gunicorn_every_request_a_second_after_a_revoke_is_refused(env, wo
 @pytest.mark.engine("sqlite")
 def test_a_new_key_works_at_once_and_unknown_keys_look_again_only_after_a_commit(world, clock):
     """A key the snapshot lacks is looked up in a new transaction if something was committed since
-    the
-    snapshot began (found: the snapshot is renewed), so a rotated or new game's key works at once,
-    the
-    reader's clock standing still; a stream of unknown keys makes no lookup while nothing is
-    committed,
-    and one per commit (counted: the reads of the key table), and a known key never does
-    (docs/design.md, "Freshness")."""
+    the snapshot began (found: the snapshot is renewed), so a rotated or new game's key works at
+    once, the reader's clock standing still; a stream of unknown keys makes no lookup while nothing
+    is committed, and one per commit (counted: the reads of the key table), and a known key never
+    does (docs/design.md, "Freshness")."""
     settings = dataclasses.replace(world.settings, max_staleness=1.0)
     store = SQLiteStore(settings.store, readonly=True, max_staleness=1.0, clock=clock)
     app = webtest.TestApp(App(settings, store), lint=True)

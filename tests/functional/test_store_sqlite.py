@@ -116,10 +116,8 @@ def test_with_a_snapshot_one_query_per_authentication_and_one_per_snapshot(world
 
 def test_not_in_wal_mode_a_key_the_snapshot_lacks_is_refused_without_a_lookup(world):
     """A store in rollback-journal mode (a restored copy, before 'authsvc init'): a snapshot's
-    shared lock
-    keeps every commit out until it ends, so an unknown key needs no test and gets no lookup; a key
-    added
-    once the snapshot has ended works."""
+    shared lock keeps every commit out until it ends, so an unknown key needs no test and gets no
+    lookup; a key added once the snapshot has ended works."""
     world.store.close()
     path = path_from_url(world.settings.store)
     conn = sqlite3.connect(path)

@@ -278,8 +278,7 @@ def test_gunicorns_start_up_failure_line_holds_no_password(tmp_path, secret_file
 
 def test_the_heartbeats_banner_holds_no_password(pg_databases, tmp_path):
     """The real command on a real primary: trust authentication ignores the password,
-    sslmode=disable
-    the key's; the banner names the store without either."""
+    sslmode=disable the key's; the banner names the store without either."""
     from harness.pgserver import Heartbeat
 
     password = secrets.token_hex(12)

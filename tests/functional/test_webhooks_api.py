@@ -499,11 +499,9 @@ def test_the_deliveries_listing_names_no_resolved_address_and_no_port_state(
     admin, world, store_url, command_as_alice
 ):
     """Delivery errors once said what an internal name resolves to, and told a closed port
-    ("Connection
-    refused") from a filtered one ("timed out"). Real sockets on loopback: a name that resolves to
-    it, a
-    port nobody listens on, and one whose accept queue is full (its SYNs dropped, as a
-    firewall's)."""
+    ("Connection refused") from a filtered one ("timed out"). Real sockets on loopback: a name that
+    resolves to it, a port nobody listens on, and one whose accept queue is full (its SYNs dropped,
+    as a firewall's)."""
     from authsvc.webhooks.connect import Client
     from authsvc.webhooks.deliver import Deliverer
     from tests.support import add_webhook

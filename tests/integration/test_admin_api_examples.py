@@ -148,8 +148,7 @@ def examples() -> dict[str, str]:
 @pytest.fixture
 def live_admin(env, admin_store, world):
     """start(**env) -> (url, API token, game id, gunicorn): the admin API under gunicorn on
-    127.0.0.1
-    with a web-tier token, its access log on stdout."""
+    127.0.0.1 with a web-tier token, its access log on stdout."""
     _, token = api_tokens.add_api_token(
         admin_store, Context(actor="cli:test"), "web-tier", ["players:write", "tokens:mint"]
     )
@@ -264,8 +263,7 @@ def test_the_python_client_as_documented(live_admin, tmp_path):
 @pytest.mark.parametrize("language", ["node", "php", "python"])
 def test_the_clients_wait_out_retry_after_and_try_again(language, live_admin, tmp_path):
     """One request a second, no burst: the second call is answered 429 with Retry-After: 1; the
-    client
-    waits and its second try passes. (A 503 takes the same branch of each client.)"""
+    client waits and its second try passes. (A 503 takes the same branch of each client.)"""
     if language == "node":
         if shutil.which("node") is None:
             skip_or_fail("node is not installed (.ci/run installs nodejs)")

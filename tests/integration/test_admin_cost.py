@@ -1,10 +1,8 @@
 """What one API token's bodies may cost the others (docs/admin-api.md, "Rate limit"): a body counts
 one more unit of the rate for each 64 KiB, and a token has one large body (over 64 KiB, or chunked)
 in flight at a time, under WebTest and under real gunicorn as the docs run it. What the costliest
-bodies
-of one token cost another token's GETs is measured by ``scripts/bench --only admin-cost``
-(BENCHMARKS.md),
-not here: a latency tail on a shared machine is a benchmark's figure, not a test's.
+bodies of one token cost another token's GETs is measured by ``scripts/bench --only admin-cost``
+(BENCHMARKS.md), not here: a latency tail on a shared machine is a benchmark's figure, not a test's.
 
 The finding, against the release before: the rate limit counted requests, so one players:write
 token sending 12 dry-run batches of 3.9 MB in 10 s (far under 50 a second) pushed another token's
@@ -119,8 +117,7 @@ def test_a_chunked_body_pays_for_its_length_once_read():
 def test_a_printable_name_is_checked_at_once_and_the_names_rule_is_unchanged():
     """A batch of 1,000 names of 255 characters cost 17 ms of Python per call to check character by
     character; str.isprintable answers first for a name that holds no hidden character. It refuses
-    every
-    character of the hidden categories, so the rule is the same: checked here for every code
+    every character of the hidden categories, so the rule is the same: checked here for every code
     point."""
     import unicodedata
 
@@ -148,9 +145,8 @@ class Service:
 
 def _serve(root: Path, workers: str | None = None) -> Service:
     """The admin API with the shipped config and admin.toml (2 gthread workers of 4 threads;
-    ``workers``
-    overrides the count), rate limit as shipped, on TCP loopback; two tokens of players:read and
-    players:write, ``cost`` and ``other``, and the player 7."""
+    ``workers`` overrides the count), rate limit as shipped, on TCP loopback; two tokens of
+    players:read and players:write, ``cost`` and ``other``, and the player 7."""
     secret = root / "token-secret"
     secret.write_text(os.urandom(32).hex() + "\n")
     secret.chmod(0o600)
@@ -231,9 +227,8 @@ def _call(
 @pytest.mark.engine("sqlite")
 def test_under_gunicorn_a_second_large_body_of_one_token_waits_for_the_first(tmp_path):
     """One worker: the token's first large body half sent (its thread reading it), its second large
-    one
-    is 429 with Retry-After: 1, also chunked; another token's is served, and so is the token's small
-    call."""
+    one is 429 with Retry-After: 1, also chunked; another token's is served, and so is the token's
+    small call."""
     service = _serve(tmp_path, workers="1")
     try:
         body = json.dumps(

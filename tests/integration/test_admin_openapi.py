@@ -192,10 +192,8 @@ def live(request, tmp_path_factory):
 
 def _schema():
     """The document in the repository (test_the_admin_app_serves_the_document_without_a_token: the
-    app
-    serves exactly it), with schemathesis's own generation made deterministic too. Loaded from its
-    path
-    when the module is: schemathesis makes one test per operation of it at collection."""
+    app serves exactly it), with schemathesis's own generation made deterministic too. Loaded from
+    its path when the module is: schemathesis makes one test per operation of it at collection."""
     schema = schemathesis.openapi.from_path(DOCUMENT)
     schema.config.generation.update(deterministic=True, database="none")
     # positive_data_acceptance stays on, with one status more than its default list: 412 is the
@@ -233,8 +231,7 @@ def test_the_live_admin_api_matches_the_document(case, live):
     An invalid item of a batch (a ``players`` item that breaks BatchPlayer's rules) is answered 200
     with its own error in ``results``, as the document says; negative_data_rejection would take that
     200 for invalid data accepted. So a batch whose body is invalid and is answered 200 must report
-    an
-    item's error instead."""
+    an item's error instead."""
     _unique_key(case)
     if (
         case.operation.label == "POST /v1/players/batch"
@@ -513,11 +510,9 @@ LINKED = {
 
 def _stateful_schema():
     """_schema(), its scenarios generated from valid data only. The invalid data of each operation
-    is
-    test_the_live_admin_api_matches_the_document's; here a link's values replace generated ones (an
-    inferred link from a game's answer fills a PATCH's body with its "enabled"), and an invalid
-    request
-    made valid that way is then reported as "invalid data accepted"."""
+    is test_the_live_admin_api_matches_the_document's; here a link's values replace generated ones
+    (an inferred link from a game's answer fills a PATCH's body with its "enabled"), and an invalid
+    request made valid that way is then reported as "invalid data accepted"."""
     schema = _schema()
     schema.config.generation.update(modes=[schemathesis.GenerationMode.POSITIVE])
     return schema
@@ -538,19 +533,13 @@ class _Scenarios:
 
 def _workflow(schema, live: Live, seen: _Scenarios):
     """A state machine of ``schema`` calling the live service, whose scenarios depend on their own
-    calls
-    only: schemathesis (like Hypothesis) replays the start of an earlier scenario to explore from
-    it, and
-    an answer that differs the second time (a game name taken by then, a generated id that a call of
-    an
-    earlier scenario stored meanwhile) is "flaky" data to it. So the id of a scenario's first call
-    is
-    replaced by one never stored (the same answer every time: 404, or a creation), a new game's name
-    is
-    made unique, and an Idempotency-Key too (_unique_key). The token goes in the case's own headers:
-    the
-    stateful check that a resource just made is found looks only at calls whose every parameter (the
-    Authorization header too) was given, not generated."""
+    calls only: schemathesis (like Hypothesis) replays the start of an earlier scenario to explore
+    from it, and an answer that differs the second time (a game name taken by then, a generated id
+    that a call of an earlier scenario stored meanwhile) is "flaky" data to it. So the id of a
+    scenario's first call is replaced by one never stored (the same answer every time: 404, or a
+    creation), a new game's name is made unique, and an Idempotency-Key too (_unique_key). The token
+    goes in the case's own headers: the stateful check that a resource just made is found looks only
+    at calls whose every parameter (the Authorization header too) was given, not generated."""
 
     class Workflow(schema.as_state_machine()):  # type: ignore[misc]
         def step(self, input):
@@ -596,14 +585,10 @@ def _workflow(schema, live: Live, seen: _Scenarios):
 @pytest.mark.parametrize("machine", ["games", "players"])
 def test_the_stateful_phase_follows_the_links_with_every_default_check(live, machine):
     """Any check failure fails the suite, also one Hypothesis could not replay (the service's state
-    moved
-    on). A run Hypothesis ends as "flaky" for a difference the isolation above does not remove
-    (schemathesis
-    draws some choices from true randomness) ends that run only, as schemathesis's own runner does;
-    the
-    next seed goes on. A machine that did not reach each of its linked operations with a success
-    fails too:
-    the phase would have tested nothing there."""
+    moved on). A run Hypothesis ends as "flaky" for a difference the isolation above does not remove
+    (schemathesis draws some choices from true randomness) ends that run only, as schemathesis's own
+    runner does; the next seed goes on. A machine that did not reach each of its linked operations
+    with a success fails too: the phase would have tested nothing there."""
     # The webhooks' links are left to test_each_success_matches_the_document: a generated URL is
     # mostly 422 (AUTHSVC_WEBHOOK_ALLOW_HOSTS, the service's setting), and their scenarios would
     # crowd out the games'.
@@ -627,10 +612,9 @@ def test_the_stateful_phase_follows_the_links_with_every_default_check(live, mac
 
 def _ends_the_run_only(error: BaseException) -> bool:
     """What ends a run of the state machine without a check having failed, as schemathesis's own
-    runner
-    takes it: "flaky" data (a replay that drew differently), or a scenario in which schemathesis's
-    transition controller allows no further call ("No progress can be made": it caps the calls per
-    source)."""
+    runner takes it: "flaky" data (a replay that drew differently), or a scenario in which
+    schemathesis's transition controller allows no further call ("No progress can be made": it caps
+    the calls per source)."""
     if isinstance(error, hypothesis.errors.Flaky):
         return True
     return isinstance(error, hypothesis.errors.InvalidDefinition) and str(error).startswith(
@@ -640,8 +624,7 @@ def _ends_the_run_only(error: BaseException) -> bool:
 
 def _class(codes: set[int]) -> str:
     """A regular-expression character class's inside naming ``codes`` (all in the BMP), as
-    ``\\uXXXX``
-    escapes, which ECMA-262 and Python's ``re`` read alike."""
+    ``\\uXXXX`` escapes, which ECMA-262 and Python's ``re`` read alike."""
     assert max(codes) < 0x10000
     runs: list[list[int]] = []
     for code in sorted(codes):
@@ -665,23 +648,17 @@ SURROGATES = set(range(0xD800, 0xE000))
 
 def names_patterns() -> tuple[str, str]:
     """The username and game-name patterns that say authsvc/names.py's rule with this Python's
-    Unicode
-    database: what the document should hold (the test below prints them when it does not).
+    Unicode database: what the document should hold (the test below prints them when it does not).
 
     Written so that every engine compiles them and reads them alike. Hidden characters in the BMP
-    are
-    ``\\uXXXX`` escapes in character classes. Those outside it (a few format characters) are written
-    as
-    themselves, one by one, in a lookahead that refuses a name holding any of them: ECMA-262 with
-    the u
-    flag reads one as a character, Python too (``\\u{...}`` is JavaScript's only, ``\\U000XXXXX``
-    Python's only), and one without the u flag (ajv-formats' "regex" format, which Spectral checks
-    the
-    document with) reads it as its two UTF-16 units, which still name the same character; a range of
-    them would not compile there. The username's length is maxLength's alone (JavaScript without the
-    u
-    flag counts UTF-16 units in a pattern's bounds). The end is ``$(?!\\n)``: Python's ``$`` also
-    matches before a final newline, JavaScript's does not."""
+    are ``\\uXXXX`` escapes in character classes. Those outside it (a few format characters) are
+    written as themselves, one by one, in a lookahead that refuses a name holding any of them:
+    ECMA-262 with the u flag reads one as a character, Python too (``\\u{...}`` is JavaScript's
+    only, ``\\U000XXXXX`` Python's only), and one without the u flag (ajv-formats' "regex" format,
+    which Spectral checks the document with) reads it as its two UTF-16 units, which still name the
+    same character; a range of them would not compile there. The username's length is maxLength's
+    alone (JavaScript without the u flag counts UTF-16 units in a pattern's bounds). The end is
+    ``$(?!\\n)``: Python's ``$`` also matches before a final newline, JavaScript's does not."""
     hidden = {
         code for code in range(0x110000) if unicodedata.category(chr(code)) in HIDDEN_CATEGORIES
     } - SURROGATES
@@ -701,12 +678,10 @@ def names_patterns() -> tuple[str, str]:
 def test_the_documents_names_rule_is_the_services():
     """The username and game-name patterns say what authsvc/names.py accepts, character by character
     (but lone surrogates, SURROGATES above), read as JSON Schema reads a pattern (a search, not a
-    whole
-    match), with this Python's Unicode database: a new Unicode version that moves a character in or
-    out
-    of the hidden categories fails here, and the document is brought along (names_patterns() prints
-    the
-    new patterns). Ajv reads them the same way (tests/integration/test_openapi_clients.py)."""
+    whole match), with this Python's Unicode database: a new Unicode version that moves a character
+    in or out of the hidden categories fails here, and the document is brought along
+    (names_patterns() prints the new patterns). Ajv reads them the same way
+    (tests/integration/test_openapi_clients.py)."""
     schemas = _document()["components"]["schemas"]
     username = re.compile(schemas["PlayerPut"]["properties"]["username"]["pattern"])
     game_name = re.compile(schemas["GameAdd"]["properties"]["name"]["pattern"])

@@ -224,10 +224,8 @@ def test_the_access_line_names_the_admin_route_template_never_the_path_or_query(
 
 def test_the_access_line_holds_the_request_id_the_answer_and_the_audit_trail_hold(admin, world):
     """The admin app makes its own id for every request, whatever X-Request-Id the client sent
-    (none, one
-    not in the logged shape, one in it); the access line holds that one, as the answer's header and
-    the
-    audit record do, never the client's nor "-"."""
+    (none, one not in the logged shape, one in it); the access line holds that one, as the answer's
+    header and the audit record do, never the client's nor "-"."""
     route = "/v1/players/{user_id}/revoke"
     before = len(admin.access_lines(0, route))
     ids = []
@@ -292,10 +290,8 @@ def _keys(world: World) -> list:
 
 def test_a_chunked_body_is_read_and_one_that_cannot_be_is_never_written(admin, world):
     """A key rotation sent with Transfer-Encoding: chunked was read as no body: 201 with the default
-    day
-    of overlap, the leaked key still working. Its body is read (the old keys expire now), and a
-    chunked
-    body over the route's cap, or one whose framing breaks, is refused before anything is
+    day of overlap, the leaked key still working. Its body is read (the old keys expire now), and a
+    chunked body over the route's cap, or one whose framing breaks, is refused before anything is
     written."""
     path = f"/v1/games/{world.game_id}/keys"
     status, _, body = raw_request(

@@ -76,10 +76,8 @@ def test_the_real_app_passes_the_checks(world):
 @pytest.mark.slow
 def test_the_shipped_path_runs_with_the_shipped_settings_file(world):
     """The sections that run the shipped path (nginx, gap, capacity, storm) give gunicorn the
-    shipped
-    authsvc.toml, as the unit does: access_record = "edge", nginx's line the one record; the world's
-    store
-    and secret beat the file."""
+    shipped authsvc.toml, as the unit does: access_record = "edge", nginx's line the one record; the
+    world's store and secret beat the file."""
     import tomllib
 
     from authsvc.settings import Settings
@@ -168,10 +166,8 @@ def run_storm_section(*options: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_smoke_run_of_the_storm_section():
     """A tiny storm (200 clients for 2 s) through the shipped nginx site, with and without the
-    upstream limit,
-    pinned as by default (wrk on one half of the CPUs, the server on the other); then nginx's CPU
-    per shed 503,
-    the shipped site against one logging every shed answer."""
+    upstream limit, pinned as by default (wrk on one half of the CPUs, the server on the other);
+    then nginx's CPU per shed 503, the shipped site against one logging every shed answer."""
     done = run_storm_section(
         "--storm-connections",
         "200",
@@ -219,10 +215,8 @@ def test_smoke_run_of_the_storm_section():
 @pytest.mark.slow
 def test_the_shed_cost_table_runs_alone_with_the_candidates():
     """--storm-max-conns '' runs no storm, only nginx's CPU per shed 503; --storm-shed-variants all
-    adds the
-    candidates for a cheaper shed answer (none shipped): each site's edit applies, nginx takes it,
-    and every
-    answer is still the service's JSON 503 with Retry-After."""
+    adds the candidates for a cheaper shed answer (none shipped): each site's edit applies, nginx
+    takes it, and every answer is still the service's JSON 503 with Retry-After."""
     done = run_storm_section(
         "--storm-max-conns", "", "--storm-shed-variants", "all", "--storm-shed-seconds", "1"
     )
@@ -246,9 +240,8 @@ def test_the_shed_cost_table_runs_alone_with_the_candidates():
 @pytest.mark.slow
 def test_a_storm_per_factor_and_the_experiments_options():
     """--storm-factor 1,3 runs a storm per factor, each its own row; --storm-nginx-policy batch runs
-    the storm's
-    nginx as SCHED_BATCH and says so in the row; --storm-shed-rate paces the shed-cost table's
-    clients."""
+    the storm's nginx as SCHED_BATCH and says so in the row; --storm-shed-rate paces the shed-cost
+    table's clients."""
     done = run_storm_section(
         "--storm-connections",
         "200",
@@ -499,8 +492,7 @@ def test_smoke_run_of_the_events_fair_section():
 
 def test_smoke_run_of_the_events_cost_section():
     """The sync with and without a webhook, then the fan-out, wrk alone and beside a deliverer whose
-    backlog
-    outlasts the run: every ratio and rate is there and positive."""
+    backlog outlasts the run: every ratio and rate is there and positive."""
     if shutil.which("wrk") is None:
         skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
     done = subprocess.run(
@@ -728,8 +720,7 @@ def test_smoke_run_of_the_admin_sync_section_on_both_engines(pg_server_url):
 @pytest.mark.slow
 def test_smoke_run_of_the_admin_load_section():
     """wrk on the game-facing service alone and while the admin service syncs players into the same
-    store, at
-    normal and at the unit's low priority, with a revoke mid-run whose promise held."""
+    store, at normal and at the unit's low priority, with a revoke mid-run whose promise held."""
     if shutil.which("wrk") is None:
         skip_or_fail("wrk is not installed (Debian: apt-get install wrk)")
     done = subprocess.run(
@@ -781,9 +772,8 @@ def test_smoke_run_of_the_admin_load_section():
 
 def test_smoke_run_of_the_admin_cost_section():
     """Another token's GETs alone and beside the costliest bodies of one token, under the admin
-    service as
-    shipped: every GET answered, the costly token both served and held back, the ratio row
-    printed."""
+    service as shipped: every GET answered, the costly token both served and held back, the ratio
+    row printed."""
     done = subprocess.run(
         [
             sys.executable,
@@ -832,8 +822,7 @@ def test_the_storm_pins_client_and_server_apart_or_says_it_cannot(monkeypatch, c
 
 def test_the_gap_sections_other_checkout_must_be_one(tmp_path):
     """--gap-against names a checkout whose own gap section runs the same rows; any other directory
-    stops
-    the run with a line that says so, before anything is measured."""
+    stops the run with a line that says so, before anything is measured."""
     result = subprocess.run(
         [
             sys.executable,

@@ -260,9 +260,8 @@ ADMIN_PATHS = [
 
 def test_neither_public_host_answers_an_admin_path(stack):
     """The admin API is its own service (docs/admin-api.md): the public hosts answer nginx's own
-    JSON 404
-    to every admin path, on HTTPS and on the legacy host alike (no redirect there), and forward
-    nothing."""
+    JSON 404 to every admin path, on HTTPS and on the legacy host alike (no redirect there), and
+    forward nothing."""
     body = b'{"username": "mallory", "game_id": 1, "user_id": 1}'
     headers = {
         "Authorization": "Bearer asv_not-a-real-token",
@@ -295,8 +294,7 @@ def test_neither_public_host_answers_an_admin_path(stack):
 
 def test_the_optional_admin_server_proxies_to_the_admin_api_for_allowed_addresses_only(tmp_path):
     """Opted in (scripts/install --admin-host): its own TLS server and port, the allow list, the
-    admin
-    socket behind it; the public hosts still answer no admin path."""
+    admin socket behind it; the public hosts still answer no admin path."""
     s = start_stack(tmp_path, admin=True)
     try:
         auth = {"Authorization": f"Bearer {s.admin_token}", "User-Agent": "admin-server-probe"}
@@ -370,10 +368,9 @@ def test_the_optional_admin_server_proxies_to_the_admin_api_for_allowed_addresse
 
 def test_forwarded_headers_come_from_nginx_not_the_client(stack):
     """nginx's line (the record behind nginx) holds the connection's address and nginx's own request
-    id;
-    gunicorn, which would believe these headers from nginx, gets nginx's values
-    (tests/integration/test_forged_log_fields.py
-    shows gunicorn's own line, access_record = "app")."""
+    id; gunicorn, which would believe these headers from nginx, gets nginx's values
+    (tests/integration/test_forged_log_fields.py shows gunicorn's own line, access_record =
+    "app")."""
     spoof = {
         "X-Forwarded-For": "203.0.113.9",
         "X-Forwarded-Proto": "https",
@@ -406,9 +403,8 @@ FORWARDED = {
 
 def test_only_the_headers_the_app_reads_reach_gunicorn(tmp_path):
     """A client's 40 headers (and its own X-Forwarded-*, Forwarded, X-Request-Start) never reach
-    gunicorn, which
-    would parse and copy each; a form body arrives with its Content-Type and a Content-Length, a
-    chunked one too."""
+    gunicorn, which would parse and copy each; a form body arrives with its Content-Type and a
+    Content-Length, a chunked one too."""
     s = start_stack(tmp_path, workers=1, app="tests.headers_app:application")
     try:
         extra = forty_client_headers("game-server/1.0", "application/json")
@@ -690,9 +686,8 @@ CRAFTED_USER = "4242%20reason%3Dsuccess%20game%3D777%20user%3D777%22%0Aforged-us
 
 def test_an_authentication_behind_nginx_is_one_nginx_line_and_the_header_stays_inside(stack):
     """access_record = "edge" (the shipped authsvc.toml): nginx's line holds result, reason, game
-    and user
-    (the app's X-Authsvc-Result, which nginx strips); gunicorn's access log and the app's auth line
-    hold nothing. A client's own X-Authsvc-Result request header changes nothing."""
+    and user (the app's X-Authsvc-Result, which nginx strips); gunicorn's access log and the app's
+    auth line hold nothing. A client's own X-Authsvc-Result request header changes nothing."""
     bad_token = stack.token[:-1] + ("0" if stack.token[-1] != "0" else "1")
     game, user = str(stack.game_id), str(stack.user_id)
     cases = {

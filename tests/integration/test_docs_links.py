@@ -131,8 +131,7 @@ def headings(text: str) -> list[str]:
 
 def anchors(text: str) -> set[str]:
     """The ids a link may name in a Markdown file: each heading's slug (a repeated one gets -1, -2,
-    ...)
-    and explicit ``<a name=...>`` / ``<a id=...>``."""
+    ...) and explicit ``<a name=...>`` / ``<a id=...>``."""
     found: set[str] = set()
     seen: dict[str, int] = {}
     for heading in headings(text):
@@ -224,8 +223,8 @@ class Repo:
 
     def cited(self, source: str, document: str) -> str | None:
         """The document a citation ``docs/X.md`` or ``X.md`` names: from the root, else beside the
-        citing file,
-        else in docs/ (code cites "stores.md" meaning docs/stores.md only in docs/ itself)."""
+        citing file, else in docs/ (code cites "stores.md" meaning docs/stores.md only in docs/
+        itself)."""
         for candidate in (
             document,
             posixpath.join(posixpath.dirname(source), document),
@@ -270,8 +269,7 @@ COMMENT_CONTINUATION = re.compile(r"[ \t]*\n[ \t]*(?:#+|--|//|;+|\*)?[ \t]*")
 
 def flowing(name: str, text: str) -> str:
     """Text with line breaks (and, in code, the comment marks that continue a comment) as single
-    spaces,
-    so a citation wrapped over two lines reads as one."""
+    spaces, so a citation wrapped over two lines reads as one."""
     if name.endswith(".md"):
         return " ".join(text.split())
     return " ".join(COMMENT_CONTINUATION.sub(" ", text).split())
@@ -418,12 +416,10 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def command_problem(parser: argparse.ArgumentParser, args: list[str]) -> str | None:
     """Why ``authsvc ARGS`` is not a command the parser knows (None: it is). Subcommands must exist
-    at
-    each level; a long option (``--x`` or ``--x=v``, also in ``[...]``) must be one of that level's;
-    anything else is a value or a placeholder (FILE, USER_ID, ...) and is not checked, as is the
-    word after
-    an option that takes a value (``authsvc audit --player USER_ID verify``: USER_ID is no
-    subcommand)."""
+    at each level; a long option (``--x`` or ``--x=v``, also in ``[...]``) must be one of that
+    level's; anything else is a value or a placeholder (FILE, USER_ID, ...) and is not checked, as
+    is the word after an option that takes a value (``authsvc audit --player USER_ID verify``:
+    USER_ID is no subcommand)."""
     path = ["authsvc"]
     value_next = (
         False  # the word after an option that takes a value is that value, not a subcommand

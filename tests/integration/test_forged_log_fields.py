@@ -161,8 +161,7 @@ def test_a_trusted_proxy_gives_the_client_address_in_its_shape_only(tmp_path, en
 
 def test_gunicorn_alone_names_the_route_never_the_decoded_path(tmp_path, env, world):
     """access_record = "app" (gunicorn without nginx, as scripts/serve runs it): a percent-encoded
-    '?'
-    puts the query string in the decoded path; gunicorn's line names the route "<other>"."""
+    '?' puts the query string in the decoded path; gunicorn's line names the route "<other>"."""
     proc, port, access, errors = _serve(tmp_path, env)
     try:
         query = "&".join(f"{k}={v}" for k, v in world.params().items())
@@ -183,11 +182,9 @@ def test_an_edge_host_reached_directly_writes_the_auth_line_and_never_shows_the_
     tmp_path, env, world
 ):
     """access_record = "edge", but the peer is not nginx (not in forwarded_allow_ips: an app host's
-    port that
-    Prometheus may reach, docs/scaling.md): the client gets the code only, never the reason or the
-    game
-    (docs/api.md), and the app writes its auth line, since no nginx line will; gunicorn's access log
-    is off."""
+    port that Prometheus may reach, docs/scaling.md): the client gets the code only, never the
+    reason or the game (docs/api.md), and the app writes its auth line, since no nginx line will;
+    gunicorn's access log is off."""
     proc, port, access, errors = _serve(
         tmp_path, env, AUTHSVC_ACCESS_RECORD="edge", AUTHSVC_FORWARDED_ALLOW_IPS="192.0.2.1"
     )
@@ -206,9 +203,8 @@ def test_an_edge_host_reached_directly_writes_the_auth_line_and_never_shows_the_
 
 def test_an_edge_host_behind_its_proxy_writes_no_line(tmp_path, env, world):
     """access_record = "edge" and the peer is nginx (127.0.0.1, the default forwarded_allow_ips):
-    the record
-    goes out in X-Authsvc-Result for nginx's line (nginx strips it), and gunicorn and the app write
-    nothing."""
+    the record goes out in X-Authsvc-Result for nginx's line (nginx strips it), and gunicorn and the
+    app write nothing."""
     proc, port, access, errors = _serve(tmp_path, env, AUTHSVC_ACCESS_RECORD="edge")
     try:
         query = "&".join(f"{k}={v}" for k, v in world.params(game_auth_token="0" * 64).items())

@@ -1,8 +1,7 @@
 """A full disk under a SQLite store (docs/operations.md, "Post-install check"): a real tmpfs filled
-to
-the last block. The admin API's 503 says the disk is full (not "try again"), nothing is written, and
-`authsvc check` against the running service fails with that reason. The game-facing service keeps
-answering: it only reads.
+to the last block. The admin API's 503 says the disk is full (not "try again"), nothing is written,
+and `authsvc check` against the running service fails with that reason. The game-facing service
+keeps answering: it only reads.
 
 PostgreSQL's disk is its server's, which no client sees: the same 503 comes from its disk_full error
 (store/postgres/store.py), and `authsvc check` does not look there.

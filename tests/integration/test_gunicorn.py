@@ -80,8 +80,7 @@ def test_post_json_over_http(server, world):
 
 def test_bad_configuration_stops_gunicorn_at_boot_with_a_clear_message(env, tmp_path):
     """Preloaded, as the service unit runs it: gunicorn's "app failed to load", 4, which the unit
-    keeps
-    stopped (docs/operations.md, "Exit statuses"; a worker's own boot:
+    keeps stopped (docs/operations.md, "Exit statuses"; a worker's own boot:
     tests/integration/test_worker_boot.py)."""
     broken = dict(env, AUTHSVC_STORE="sqlite://" + str(tmp_path / "never-initialised.db"))
     proc = start_gunicorn(broken, port=free_port(), preload=True)

@@ -197,8 +197,7 @@ def test_a_postgresql_store_down_or_misconfigured_at_start_up(
     tmp_path, secret_file, pg_server_url, store, status, words, not_words
 ):
     """The store checked in the preloaded master (deploy/gunicorn.conf.py): an outage is not told as
-    a
-    misconfiguration, by its exit status nor by its line (docs/stores.md, "Outages")."""
+    a misconfiguration, by its exit status nor by its line (docs/stores.md, "Outages")."""
     server = pg_server_url.rsplit("/", 1)[0]
     env = {
         "AUTHSVC_STORE": store.format(closed_port=free_port(), server=server),
@@ -239,10 +238,9 @@ def test_a_reload_with_a_refused_settings_file_fails_and_the_service_keeps_servi
     tmp_path, env, admin_store
 ):
     """``systemctl reload authsvc`` runs the ExecReload= lines in order and stops at the first that
-    fails.
-    gunicorn reads its config again on the HUP, and exits 1 if it is refused then: a status the unit
-    keeps
-    stopped. Before the first line, a typo saved before a reload stopped the service for good."""
+    fails. gunicorn reads its config again on the HUP, and exits 1 if it is refused then: a status
+    the unit keeps stopped. Before the first line, a typo saved before a reload stopped the service
+    for good."""
     gunicorn_env = _gunicorn_env(tmp_path, env, "[gunicorn]\nworkers = 1\n")
     port = int(gunicorn_env["AUTHSVC_BIND"].rsplit(":", 1)[1])
     proc = start_gunicorn(

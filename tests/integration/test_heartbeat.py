@@ -1,6 +1,5 @@
 """``authsvc heartbeat`` and the schema it needs (docs/stores.md, "Hot standby"); what it proves on
-a
-standby is tested in tests/system/test_standby.py."""
+a standby is tested in tests/system/test_standby.py."""
 
 from __future__ import annotations
 
@@ -153,10 +152,8 @@ def test_explain_on_a_standby_keeps_the_settings_bound(
     primary_and_standby, secret_file, tmp_path, monkeypatch, capsys
 ):
     """`authsvc explain` reads SQLite without a snapshot (bound 0); on PostgreSQL the server's
-    latest is
-    already that, so the settings' own bound stays: on a standby a 0 would be refused at start-up
-    and blame
-    a setting the operator never set."""
+    latest is already that, so the settings' own bound stays: on a standby a 0 would be refused at
+    start-up and blame a setting the operator never set."""
     primary, standby = primary_and_standby
     heartbeat = Heartbeat(primary.url, tmp_path / "heartbeat.log")
     heartbeat.start()
@@ -189,8 +186,8 @@ def test_gunicorn_on_a_standby_with_max_staleness_0_stops_with_one_line_and_stat
     primary_and_standby, secret_file, tmp_path
 ):
     """The shipped config (deploy/gunicorn.conf.py, preloaded): the misconfiguration's exit status,
-    which
-    the service unit's RestartPreventExitStatus keeps stopped (deploy/systemd/authsvc.service)."""
+    which the service unit's RestartPreventExitStatus keeps stopped
+    (deploy/systemd/authsvc.service)."""
     _, standby = primary_and_standby
     env = {
         "AUTHSVC_STORE": standby.url,

@@ -160,8 +160,8 @@ def test_staged_install_puts_everything_in_place(staged):
 
 def test_install_migrates_a_postgresql_store_as_the_owner_of_owner_toml(tmp_path, pg_databases):
     """With CONF_DIR/owner.toml the upgrade's `authsvc init` uses it (docs/operations.md, section
-    9): a store of
-    an earlier release (here: none of its migrations yet) is migrated by the role that owns it."""
+    9): a store of an earlier release (here: none of its migrations yet) is migrated by the role
+    that owns it."""
     from authsvc.store.postgres.store import MIGRATIONS
 
     url = pg_databases.create(migrate=False)

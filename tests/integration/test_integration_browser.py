@@ -2,11 +2,9 @@
 
 Real processes on loopback (tests/demo_support.py): authsvc's game-facing gunicorn and its admin API
 gunicorn (one SQLite store, a game and an admin API token made with the real ``authsvc`` command),
-the
-demo platform (examples/platform/) and the reference game server (examples/game/). The browser is
-the OS's
-Chromium (Debian: apt-get install chromium), driven by Playwright; .ci/run installs it. Each step
-leaves a screenshot in the test's tmp_path, named in the failure message.
+the demo platform (examples/platform/) and the reference game server (examples/game/). The browser
+is the OS's Chromium (Debian: apt-get install chromium), driven by Playwright; .ci/run installs it.
+Each step leaves a screenshot in the test's tmp_path, named in the failure message.
 """
 
 from __future__ import annotations
@@ -275,10 +273,8 @@ def test_the_interface_drops_messages_from_another_origin(browser, loop):
 
 def test_a_password_change_in_another_browser_ends_at_the_sign_in_not_in_a_loop(browser, loop):
     """A password change signs the player out everywhere else: the game's Reload then finds nobody
-    signed in
-    on the platform (the page follows, signed out; the game shows the guest message), and signing in
-    again
-    logs the game in."""
+    signed in on the platform (the page follows, signed out; the game shows the guest message), and
+    signing in again logs the game in."""
     from playwright.sync_api import expect
 
     here, elsewhere = browser.new_context(), browser.new_context()
@@ -317,11 +313,9 @@ def test_a_password_change_in_another_browser_ends_at_the_sign_in_not_in_a_loop(
 
 def attack_page(action: str, fields: dict[str, str], how: str, plant_cookie: str = "") -> str:
     """A page of another origin that posts the platform's form ``action`` with ``fields`` as soon as
-    it loads:
-    as a form (the browser navigates to the answer) or by a no-cors fetch (the title says "sent"
-    when it
-    went); ``plant_cookie`` first sets that cookie from the page, which the browser sends to every
-    port."""
+    it loads: as a form (the browser navigates to the answer) or by a no-cors fetch (the title says
+    "sent" when it went); ``plant_cookie`` first sets that cookie from the page, which the browser
+    sends to every port."""
     script = f"document.cookie = {json.dumps(plant_cookie + '; path=/')};" if plant_cookie else ""
     if how == "form":
         inputs = "".join(
@@ -346,16 +340,12 @@ def test_a_page_on_another_port_neither_changes_the_password_nor_signs_the_playe
     browser, loop, tmp_path
 ):
     """Cross-site request forgery from the same host, another port (one site to the browser:
-    SameSite=Lax
-    sends the platform's cookie along): a page there posts the password change to a signed-in
-    player's
-    browser, and the sign-in with the attacker's own account to a signed-out one (login CSRF), each
-    as a
-    form and as a fetch; one sign-in first plants a cookie of its own (cookies do not tell ports
-    apart)
-    with the form token the attacker fetched for it, which only the Origin check stops. Each is
-    refused:
-    the password and the session stand, nobody is signed in."""
+    SameSite=Lax sends the platform's cookie along): a page there posts the password change to a
+    signed-in player's browser, and the sign-in with the attacker's own account to a signed-out one
+    (login CSRF), each as a form and as a fetch; one sign-in first plants a cookie of its own
+    (cookies do not tell ports apart) with the form token the attacker fetched for it, which only
+    the Origin check stops. Each is refused: the password and the session stand, nobody is signed
+    in."""
     from playwright.sync_api import expect
 
     platform = loop["platform_url"].rstrip("/")
@@ -459,9 +449,9 @@ def test_a_page_on_another_port_neither_changes_the_password_nor_signs_the_playe
 
 def test_the_demo_command_serves_the_loop(tmp_path):
     """scripts/demo's program (docs/integrating.md, "Run the demo") on free ports: a fresh state
-    directory
-    made with the authsvc command, the URL it prints serves the platform page framing the game, its
-    deliverer sends the game's webhook a rename, and a SIGTERM stops all five processes."""
+    directory made with the authsvc command, the URL it prints serves the platform page framing the
+    game, its deliverer sends the game's webhook a rename, and a SIGTERM stops all five
+    processes."""
     ports = {name: free_port() for name in ("authsvc", "admin", "platform", "game")}
     args = [f"--{name}-port={port}" for name, port in ports.items()]
     demo = subprocess.Popen(

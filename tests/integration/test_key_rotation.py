@@ -7,8 +7,7 @@ returned; and the old keys' expiry was stored in whole seconds (``int(now) + ttl
 ``--old-key-ttl 8`` they died up to a second early. Now a key the snapshot lacks makes the worker
 look it up in the latest commit when something was committed since the snapshot (docs/design.md,
 "Freshness"), and the expiry is kept in milliseconds. Both engines; each worker holds its connection
-(and on
-SQLite a snapshot) before the rotation.
+(and on SQLite a snapshot) before the rotation.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ SUCCESS = {"success": True, "user_id": 4242, "username": "alice"}
 @pytest.fixture
 def served(env, world, tmp_path):
     """gunicorn, two workers, the default bound (1 s), each worker counted in
-    PROMETHEUS_MULTIPROC_DIR:
-    (port, metrics dir). Both workers have answered the world's key before the test goes on."""
+    PROMETHEUS_MULTIPROC_DIR: (port, metrics dir). Both workers have answered the world's key before
+    the test goes on."""
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"} | {
@@ -98,12 +97,9 @@ def one_worker(env, world, tmp_path):
 @pytest.mark.engine("sqlite", "postgresql")
 def test_the_new_key_authenticates_right_after_an_unknown_key(one_worker, world):
     """The same worker thread is sent a key no game has, then, at once, a game's key rotated right
-    after (the
-    command's operation, on the open store: a few milliseconds): the new key authenticates. A thread
-    used to
-    look again for a key its snapshot lacked at most every 0.05 s, so the new key sent within 0.05 s
-    of the
-    unknown one was refused (SQLite)."""
+    after (the command's operation, on the open store: a few milliseconds): the new key
+    authenticates. A thread used to look again for a key its snapshot lacked at most every 0.05 s,
+    so the new key sent within 0.05 s of the unknown one was refused (SQLite)."""
     port = one_worker
     unknown = world.params(api_key="4f0c6a4e-0000-4000-8000-000000000000")
     answers = []
@@ -117,8 +113,8 @@ def test_the_new_key_authenticates_right_after_an_unknown_key(one_worker, world)
 @pytest.mark.engine("sqlite", "postgresql")
 def test_the_old_key_lives_its_ttl_to_the_millisecond(served, world, command_as_alice):
     """Rotated at a clock time past the half second (where whole seconds lose the most): the old key
-    is
-    accepted from 0.4 s to 0.25 s before its TTL is up, and refused by each worker 0.3 s after."""
+    is accepted from 0.4 s to 0.25 s before its TTL is up, and refused by each worker 0.3 s
+    after."""
     port, metrics_dir = served
     ttl = 2  # past the bound (1 s): every snapshot holds the new expiry by then
     old = world.params()

@@ -79,8 +79,7 @@ def test_the_monitoring_server_serves_metrics_and_probes(stack):
 
 def test_the_record_names_the_host(stack):
     """Behind nginx (access_record = "edge") a request's record is nginx's line: the host asked for,
-    nginx's
-    request id, and the app's result, reason, game and user; the app writes no auth line
+    nginx's request id, and the app's result, reason, game and user; the app writes no auth line
     (docs/logs.md)."""
     answer = stack.request(
         "https",
@@ -128,8 +127,8 @@ MONITOR_FORWARDED = {
 
 def test_only_the_headers_the_app_reads_reach_gunicorn_from_the_monitoring_server(tmp_path):
     """A scraper's or a probe's 40 headers (its own X-Forwarded-*, Forwarded, X-Request-Start among
-    them) never
-    reach gunicorn, as on the public hosts (tests/integration/test_deploy.py): only nginx's own."""
+    them) never reach gunicorn, as on the public hosts (tests/integration/test_deploy.py): only
+    nginx's own."""
     s = start_stack(tmp_path, workers=1, app="tests.headers_app:application")
     try:
         extra = forty_client_headers("Prometheus/2.45", "text/plain")

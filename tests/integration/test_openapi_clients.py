@@ -10,8 +10,7 @@ all three must agree; so do audit cursors. openapi-typescript generates types fr
 the example TypeScript client (examples/clients/admin-client.ts) type-checks against them and runs.
 
 The Node packages come from package-lock.json (scripts/test runs npm ci); without node or them,
-these
-tests go through skip_or_fail (failures under AUTHSVC_TEST_STRICT=1, as in CI).
+these tests go through skip_or_fail (failures under AUTHSVC_TEST_STRICT=1, as in CI).
 """
 
 from __future__ import annotations
@@ -275,9 +274,8 @@ console.log(JSON.stringify(out));
 
 def test_every_character_alone_and_inside_a_name_agrees_in_ajv(tmp_path):
     """Every code point but the lone surrogates (tests/integration/test_admin_openapi.py's
-    SURROGATES), alone and
-    between two letters, through Ajv and through the service's checker; the same sweep in Python's
-    ``re`` is tests/integration/test_admin_openapi.py's."""
+    SURROGATES), alone and between two letters, through Ajv and through the service's checker; the
+    same sweep in Python's ``re`` is tests/integration/test_admin_openapi.py's."""
     node, _ = node_tool("ajv")
     schemas = _schemas()
     properties = {
@@ -360,12 +358,10 @@ def _generate_types(node: str, generator: Path, where: Path) -> None:
 
 def test_the_typescript_client_type_checks_against_types_generated_from_the_document(tmp_path):
     """openapi-typescript (its default options) makes the types from the document; tsc --strict
-    checks the
-    example web-tier client (examples/clients/admin-client.ts, a method per admin operation) and
-    USES
-    against them. Run outside the repository: openapi-typescript reads the redocly.yaml where it
-    runs, and
-    the repository's writes each API's types into build/ (redocly.yaml)."""
+    checks the example web-tier client (examples/clients/admin-client.ts, a method per admin
+    operation) and USES against them. Run outside the repository: openapi-typescript reads the
+    redocly.yaml where it runs, and the repository's writes each API's types into build/
+    (redocly.yaml)."""
     node, generator = node_tool("openapi-typescript")
     _, typescript = node_tool("typescript")
     document = json.loads(DOCUMENT.read_text(encoding="utf-8"))
@@ -479,8 +475,7 @@ def test_the_typescript_client_calls_every_operation_of_the_live_service(
     tmp_path, env, admin_store
 ):
     """The example client, compiled by tsc against the generated types, calls each operation of the
-    admin
-    API under a real gunicorn on loopback (DRIVER), with a token holding every scope."""
+    admin API under a real gunicorn on loopback (DRIVER), with a token holding every scope."""
     node, generator = node_tool("openapi-typescript")
     _, typescript = node_tool("typescript")
     _generate_types(node, generator, tmp_path)

@@ -1,6 +1,6 @@
 """scripts/package's .deb in a booted Debian 12 (systemd as PID 1 in systemd-nspawn, private
-network):
-install, serve, upgrade while serving, remove, purge (docs/operations.md, sections 2, 9, 14)."""
+network): install, serve, upgrade while serving, remove, purge (docs/operations.md, sections 2, 9,
+14)."""
 
 from __future__ import annotations
 

@@ -107,8 +107,7 @@ def test_nginx_limits_name_the_api_route_for_the_trailing_slash(stack, scheme):
 @pytest.mark.parametrize("path", VARIANTS)
 def test_gunicorn_answers_them_as_the_api_route(stack, path):
     """Straight to gunicorn's socket (nginx's place): the app's record for nginx's line is an
-    authentication's
-    (access_record = "edge"; gunicorn's access log is off, its route names:
+    authentication's (access_record = "edge"; gunicorn's access log is off, its route names:
     tests/integration/test_logs.py)."""
     request_id = f"slashes-direct-{VARIANTS.index(path)}"
     answer = _unix_get(stack, f"{path}?{stack.api_query().partition('?')[2]}", request_id)

@@ -1,20 +1,14 @@
 """Upgrade from the previous release, 0.1.0, and roll back to it, as docs/operations.md sections 8
-and 9 and
-CHANGELOG.md ("Migrations and rolling back") say, with 0.1.0's own code: its tree taken from git,
-run by this
-venv's python with PYTHONPATH on it, served by gunicorn with its own deploy/gunicorn.conf.py and
-entry point.
+and 9 and CHANGELOG.md ("Migrations and rolling back") say, with 0.1.0's own code: its tree taken
+from git, run by this venv's python with PYTHONPATH on it, served by gunicorn with its own
+deploy/gunicorn.conf.py and entry point.
 
 0.1.0 makes the store, a game, players and tokens; the runbook's backup; this release's `authsvc
-init`
-migrates and its gunicorn serves 0.1.0's tokens, `authsvc check` and `audit verify` pass. 0.1.0 then
-refuses
-the migrated store (its `init`, a fresh start, the running workers' /readyz), so the pre-upgrade
-backup goes
-back with 0.1.0's own steps, under a new token secret, and the players deleted since the backup are
-deleted
-again: no token minted before the roll back authenticates, no deleted player's name is back, and a
-token
+init` migrates and its gunicorn serves 0.1.0's tokens, `authsvc check` and `audit verify` pass.
+0.1.0 then refuses the migrated store (its `init`, a fresh start, the running workers' /readyz), so
+the pre-upgrade backup goes back with 0.1.0's own steps, under a new token secret, and the players
+deleted since the backup are deleted again: no token minted before the roll back authenticates, no
+deleted player's name is back, and a token
 0.1.0 mints then works. On both engines."""
 
 from __future__ import annotations
@@ -61,8 +55,7 @@ WAIT = 120  # seconds any one command may take on a busy machine
 @pytest.fixture(scope="module")
 def previous_tree(tmp_path_factory) -> Path:
     """0.1.0's files, out of this clone's history: `git archive` of its commit. A clone without it
-    (a shallow
-    one) fails here: the test is never skipped (.ci/run deepens a shallow clone)."""
+    (a shallow one) fails here: the test is never skipped (.ci/run deepens a shallow clone)."""
     found = subprocess.run(
         ["git", "-C", str(REPO), "cat-file", "-e", f"{PREVIOUS}^{{commit}}"],
         capture_output=True,
@@ -90,8 +83,7 @@ def previous_tree(tmp_path_factory) -> Path:
 
 class Release:
     """One release's admin command and gunicorn: this one (the editable install), or 0.1.0
-    (``tree``: run in it,
-    with it first on sys.path, so its `authsvc` package wins)."""
+    (``tree``: run in it, with it first on sys.path, so its `authsvc` package wins)."""
 
     def __init__(self, env: dict, tree: Path | None, log_dir: Path):
         self.tree = tree
@@ -171,8 +163,8 @@ def _counts(url: str) -> tuple[int, int]:
 
 def _holds(store: Store, text: bytes, tmp_path: Path) -> bool:
     """Whether ``text`` is anywhere in the store: in any file of the SQLite store's directory (the
-    -wal file and
-    the restore ledger included), or in a pg_dump --data-only of the PostgreSQL database."""
+    -wal file and the restore ledger included), or in a pg_dump --data-only of the PostgreSQL
+    database."""
     if store.engine == "sqlite":
         state = Path(store.owner.removeprefix("sqlite://")).parent
         return any(text in path.read_bytes() for path in sorted(state.iterdir()) if path.is_file())
@@ -193,12 +185,10 @@ def _seconds(started: float) -> float:
 @dataclasses.dataclass
 class Store:
     """The store under test, not yet made: ``owner`` for the commands (the role that migrates, backs
-    up and
-    restores), ``web`` for gunicorn. SQLite: one file. PostgreSQL: a database of its own, owned by a
-    role of its
-    own (as deploy/postgres/roles.sql makes authsvc_owner the database's owner), served by a login
-    role in
-    authsvc_reader, the role the migrations grant reading to (as authsvc_web is)."""
+    up and restores), ``web`` for gunicorn. SQLite: one file. PostgreSQL: a database of its own,
+    owned by a role of its own (as deploy/postgres/roles.sql makes authsvc_owner the database's
+    owner), served by a login role in authsvc_reader, the role the migrations grant reading to (as
+    authsvc_web is)."""
 
     owner: str
     web: str
@@ -249,9 +239,8 @@ def own_store(store_url, request, tmp_path):
 
 def _back_up(previous: Release, url: str, backup: Path) -> None:
     """The runbook's backup before an upgrade from 0.1.0 (docs/operations.md section 9): SQLite,
-    0.1.0's own
-    `authsvc backup`; PostgreSQL, pg_dump as the owner (0.1.0's `authsvc backup` copies only
-    SQLite)."""
+    0.1.0's own `authsvc backup`; PostgreSQL, pg_dump as the owner (0.1.0's `authsvc backup` copies
+    only SQLite)."""
     if url.startswith("sqlite://"):
         previous.command("backup", str(backup))
         return
@@ -273,10 +262,9 @@ def _restore(previous: Release, url: str, backup: Path) -> str:
     """0.1.0's restore of the pre-upgrade backup, the services stopped (docs/operations.md section
     9, "Back to
     0.1.0"). SQLite: its own section 8, the file put in place and its `authsvc init`. PostgreSQL: as
-    the owner,
-    this release's tables dropped, the dump restored over the rest in one transaction, then its
-    `authsvc init`.
-    Returns what that `authsvc init` printed (it writes a token secret if there is none)."""
+    the owner, this release's tables dropped, the dump restored over the rest in one transaction,
+    then its `authsvc init`. Returns what that `authsvc init` printed (it writes a token secret if
+    there is none)."""
     if url.startswith("sqlite://"):
         store = Path(url.removeprefix("sqlite://"))
         subprocess.run(["install", "-m", "600", str(backup), str(store)], check=True, timeout=WAIT)

@@ -273,8 +273,7 @@ def _report(
     variant: str, traffic: Traffic, stopped: float, promoted: float, **extra: float
 ) -> dict:
     """The figures printed with -s (docs/operations.md, "PostgreSQL primary failover"): seconds from
-    the
-    primary's stop (the promotion's start, ...)
+    the primary's stop (the promotion's start, ...)
     to the first answer after which every answer was correct; 0 if none was wrong or 503 after
     it."""
     recovered = traffic.recovered_at()
@@ -336,8 +335,7 @@ def bouncer(cluster):
 
 def test_failover_through_pgbouncer(cluster, bouncer, tmp_path):
     """The web process goes through pgbouncer, pointing at the primary; the runbook's steps: promote
-    the
-    standby, repoint pgbouncer at it and reload pgbouncer. gunicorn is not touched."""
+    the standby, repoint pgbouncer at it and reload pgbouncer. gunicorn is not touched."""
     server = None
     try:
         server, port = _gunicorn(cluster, bouncer.url, tmp_path)
@@ -368,8 +366,7 @@ def test_failover_through_pgbouncer(cluster, bouncer, tmp_path):
 
 def test_a_connection_opened_on_a_standby_follows_its_promotion(cluster):
     """A web connection opened while the server was a standby keeps serving once it is promoted.
-    Here
-    the standby was restarted with the primary down, so it cannot prove it is fresh (503) until
+    Here the standby was restarted with the primary down, so it cannot prove it is fresh (503) until
     then."""
     cluster.primary.stop()
     cluster.standby.stop()
@@ -391,8 +388,7 @@ def test_a_connection_opened_on_a_standby_follows_its_promotion(cluster):
 def test_a_pooled_connection_checks_freshness_whatever_server_answers(cluster, bouncer):
     """Through pgbouncer the server behind one web connection can change (a failover, a repointed
     pool): a connection opened while pgbouncer pointed at the primary must not read a lagging
-    standby
-    without the freshness check once pgbouncer is repointed there."""
+    standby without the freshness check once pgbouncer is repointed there."""
     reader = None
     try:
         reader = open_store(bouncer.url, readonly=True, settings=cluster.settings)

@@ -1,10 +1,8 @@
 """A restore revives nothing (docs/operations.md section 8), on both engines, with real processes:
-back up;
-revoke A, disable B, delete C, each holding a token minted before; restore; a gunicorn-served app
-then
-refuses all three old tokens, C's name is nowhere in the store, `authsvc audit verify` passes, and a
-token
-minted after the restore authenticates. And a restore refuses while a process has the store open."""
+back up; revoke A, disable B, delete C, each holding a token minted before; restore; a
+gunicorn-served app then refuses all three old tokens, C's name is nowhere in the store, `authsvc
+audit verify` passes, and a token minted after the restore authenticates. And a restore refuses
+while a process has the store open."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Scale: `authsvc player import` loads 1,000,000 players into PostgreSQL, the last of a repeated id
-winning
-(no bound in seconds: one failed on a busy machine, and a speed is for a benchmark, not a test)."""
+winning (no bound in seconds: one failed on a busy machine, and a speed is for a benchmark, not a
+test)."""
 
 from __future__ import annotations
 

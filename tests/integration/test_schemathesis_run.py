@@ -6,16 +6,13 @@ services on loopback (docs/api.md and docs/admin-api.md, "The OpenAPI document")
 It reads the shipped schemathesis.toml, which names the answers the documents describe that a check
 judging by the status alone would take for failures, each with its reason; every default check runs,
 none is left out on the command line, and the run must be green. tests/functional/test_openapi.py
-and
-tests/integration/test_admin_openapi.py test the documents further (the http error mode, real ids,
-the links),
-each in its own way.
+and tests/integration/test_admin_openapi.py test the documents further (the http error mode, real
+ids, the links), each in its own way.
 
 Bounded: a fixed seed, at most EXAMPLES cases per operation in each phase, no example database (the
 same cases each run, none carried over from an earlier one), each run under RUN_TIMEOUT seconds.
 schemathesis's own cache of what earlier runs found (.schemathesis/, not tracked) is read as it
-would
-be for the developer: a case it replays must pass too.
+would be for the developer: a case it replays must pass too.
 """
 
 from __future__ import annotations
@@ -61,10 +58,8 @@ ALL_SCOPES = [
 @pytest.fixture(scope="module")
 def services(tmp_path_factory):
     """{"game-facing": its base URL, "admin": its base URL, "token": an admin token with every
-    scope}: both
-    services under gunicorn on 127.0.0.1 (the game-facing one with the shipped config, in its
-    default
-    error mode), on one SQLite store holding a game and a player."""
+    scope}: both services under gunicorn on 127.0.0.1 (the game-facing one with the shipped config,
+    in its default error mode), on one SQLite store holding a game and a player."""
     root = tmp_path_factory.mktemp("schemathesis-run")
     secret = root / "token-secret"
     secret.write_text(os.urandom(32).hex() + "\n")

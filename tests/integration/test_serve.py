@@ -1,6 +1,5 @@
 """scripts/serve, as a newcomer runs it: the demo starts both apps on loopback (and the deliverer),
-and the
-admin API lines it prints (signup, mint, authenticate, revoke, authenticate again) do
+and the admin API lines it prints (signup, mint, authenticate, revoke, authenticate again) do
 what their comments say when pasted into a shell."""
 
 from __future__ import annotations

@@ -95,8 +95,7 @@ def worker_pids(master: int) -> list[int]:
 
 def test_postgres_outage_under_gunicorn(own_pg, secret_file, tmp_path):
     """gunicorn with --preload (docs/stores.md): the store is checked once, in the master, at
-    start-up;
-    a worker that is replaced during an outage boots without touching the store."""
+    start-up; a worker that is replaced during an outage boots without touching the store."""
     import psycopg
 
     _, params, env = provision_postgres(own_pg.url, secret_file)

@@ -1,20 +1,17 @@
 """The token secret file against the store's fingerprints, and its rotation with no restart
-(docs/tokens.md,
-"Rotation"; docs/operations.md, "Rotate the token secret"), on real gunicorn processes and the real
-command.
+(docs/tokens.md, "Rotation"; docs/operations.md, "Rotate the token secret"), on real gunicorn
+processes and the real command.
 
 - A secret file the store was never used with (a lost file replaced by `authsvc init`, a wrong copy)
 is
   refused by the game-facing app, the admin API, the command and `authsvc check`, naming the file
-  and its
-  backup copy: never every token refused while `check` passes.
+  and its backup copy: never every token refused while `check` passes.
 - `authsvc init` on a store with players and no secret file refuses and writes nothing, unless told
   `--new-secret`, which says every token is refused.
 - `authsvc secret rotate` while both services run: a token the admin API mints right after it
 authenticates
   on every game-facing worker at once, the tokens minted before keep working (none refused
-  meanwhile)
-  until `authsvc secret retire`, then stop.
+  meanwhile) until `authsvc secret retire`, then stop.
 """
 
 from __future__ import annotations
@@ -221,8 +218,7 @@ def test_init_adopts_the_secret_of_a_store_from_before_fingerprints(env, secret_
 @pytest.mark.engine("sqlite", "postgresql")
 def test_rotation_needs_no_restart_and_refuses_no_token_until_retire(env, secret_file, tmp_path):
     """Both services run with the shipped staleness bound (1 s) and two workers each; the
-    game-facing
-    workers are told apart by their metrics files."""
+    game-facing workers are told apart by their metrics files."""
     game_id, api_key = provisioned(env)
     bearer = json.loads(
         command(env, "api-token", "add", "web", "--scope", "tokens:mint", "--json").stdout

@@ -33,8 +33,7 @@ INTERVAL = 0.2  # seconds between two schema checks of a worker (AUTHSVC_TEST_SC
 @pytest.fixture
 def own_store(store_url, request):
     """A store of this test's own: a new SQLite file, or a new PostgreSQL database (the session's is
-    shared,
-    and this test changes its schema)."""
+    shared, and this test changes its schema)."""
     if store_url.startswith("sqlite://"):
         return store_url
     return request.getfixturevalue("pg_databases").create(migrate=False)

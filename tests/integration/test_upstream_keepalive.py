@@ -40,9 +40,8 @@ def time_wait(port: int) -> int:
 @pytest.mark.parametrize("worker_class", ["gthread", "sync"])
 def test_tcp_app_host_connections_are_kept(worker_class, tmp_path):
     """gthread (what docs/scaling.md tells a TCP app host to run): nginx reuses its connections, a
-    few
-    TIME-WAIT sockets for thousands of answers. sync: one per answer, the rate that ran nginx out of
-    ports."""
+    few TIME-WAIT sockets for thousands of answers. sync: one per answer, the rate that ran nginx
+    out of ports."""
     if shutil.which("wrk") is None or shutil.which("ss") is None:
         skip_or_fail("wrk and ss are needed (Debian: apt-get install wrk iproute2)")
     stack = start_stack(

@@ -1,6 +1,5 @@
 """The app gunicorn loads, in a process of its own, holds no store that can write and no admin
-module
-(README.md, "Layout"; the import arrows themselves: tests/unit/test_layout.py)."""
+module (README.md, "Layout"; the import arrows themselves: tests/unit/test_layout.py)."""
 
 from __future__ import annotations
 

@@ -260,8 +260,7 @@ def test_a_receiver_that_never_finishes_its_answer_costs_at_most_the_timeout():
 
 def _hostile(head: bytes, chunk: bytes, cap: int = 256 * 1024 * 1024):
     """A raw receiver on 127.0.0.1 that answers ``head`` then sends ``chunk`` over and over until
-    the
-    client goes away (or ``cap`` bytes); (port, sent(), close)."""
+    the client goes away (or ``cap`` bytes); (port, sent(), close)."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     sent = [0]
@@ -303,9 +302,8 @@ CHUNK = b"ffff\r\n" + b"x" * 0xFFFF + b"\r\n"  # a valid chunk of 64 KiB - 1
 )
 def test_a_chunk_size_that_is_not_plain_hex_fails_the_attempt_and_the_read_stops(size):
     """A negative chunk size once lifted the 64 KiB bound: a receiver streaming after it was read to
-    the
-    timeout (tens of MiB). Now the answer is not HTTP: the attempt fails, the connection is closed
-    at once."""
+    the timeout (tens of MiB). Now the answer is not HTTP: the attempt fails, the connection is
+    closed at once."""
     port, sent, close = _hostile(CHUNKED + size + b"\r\n", CHUNK)
     try:
         answer = Client({"127.0.0.1"}, timeout=5.0).post(f"http://127.0.0.1:{port}/", BODY, {})
@@ -351,8 +349,7 @@ def test_endless_interim_answers_are_bounded_like_a_head():
 
 def test_name_resolution_is_bounded_by_the_attempt_s_timeout():
     """A resolver slower than the timeout (here: one that answers only when the test ends) once held
-    the
-    attempt for as long as it took. The seam: Client's ``resolve`` (socket.getaddrinfo in the
+    the attempt for as long as it took. The seam: Client's ``resolve`` (socket.getaddrinfo in the
     deliverer)."""
     release = threading.Event()
     calls = []

@@ -1,8 +1,7 @@
 """The admin API's batch (``POST /v1/players/batch``) and its per-token rate limit
-(docs/admin-api.md),
-through WebTest on both engines: a result per item, dry runs, invalid items named by field, the
-bounds (1,000 items, the body cap), one audit record per batch, Idempotency-Key, 429 with
-Retry-After.
+(docs/admin-api.md), through WebTest on both engines: a result per item, dry runs, invalid items
+named by field, the bounds (1,000 items, the body cap), one audit record per batch, Idempotency-Key,
+429 with Retry-After.
 """
 
 from __future__ import annotations
@@ -119,8 +118,7 @@ def test_one_audit_record_per_batch_with_its_counts_and_the_body_digest(admin, w
 
 def test_a_dictionary_tried_against_the_batch_records_digest_finds_no_name(admin, world):
     """docs/admin.md, "Erasure": with only audit:read, hash each guess as the body could have been
-    sent
-    (its canonical JSON, the SHA-256 of it) and compare with every digest the record shows: the
+    sent (its canonical JSON, the SHA-256 of it) and compare with every digest the record shows: the
     names are sealed under each player's key before the body is hashed, so no guess matches, before
     the deletion or after."""
     app = admin.app
@@ -168,8 +166,7 @@ def test_a_batch_stamps_the_rows_it_writes_with_its_record_time_and_leaves_the_o
     admin, world, store_url
 ):
     """updated_at (docs/admin-api.md, "Players"): a created or updated row gets the time of the
-    batch's
-    audit record; an unchanged one keeps its own, and a dry run stamps nothing."""
+    batch's audit record; an unchanged one keeps its own, and a dry run stamps nothing."""
     app, make_token = admin.app, admin.bearer
     headers, _ = make_token("sync", ["players:write"])
     gus = factories.add_player(world.store, 7, "gus").updated_at_ms

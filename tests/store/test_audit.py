@@ -596,8 +596,7 @@ def test_init_adds_the_trail_to_a_version_1_sqlite_store_and_keeps_its_data(run,
 
 def test_concurrent_writers_append_one_unbroken_chain(world, store_url, settings):
     """Appends are serialized (SQLite's write lock, PostgreSQL's row lock on audit_chain): two
-    sessions
-    changing players at once leave contiguous ids, each record linked to the one before."""
+    sessions changing players at once leave contiguous ids, each record linked to the one before."""
     import threading
 
     from authsvc.operations import players as players_ops

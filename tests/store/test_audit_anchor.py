@@ -88,8 +88,7 @@ def logged(path: Path) -> list[tuple[int, str]]:
 
 def cut_tail(store_url: str, keep: int) -> None:
     """What the chain alone cannot show: the records after ``keep`` deleted (and the names kept
-    beside
-    them), the head row moved to ``keep``."""
+    beside them), the head row moved to ``keep``."""
     (last,) = [r for r in records(store_url) if r.id == keep]
     sql(store_url, "DELETE FROM audit WHERE id > ?", (keep,))
     sql(store_url, "DELETE FROM audit_names WHERE record_id > ?", (keep,))
@@ -161,9 +160,8 @@ def test_each_committed_write_logs_its_new_head_once_and_nothing_else_does(
 
 def test_a_record_a_savepoint_undid_logs_no_head_and_a_joined_write_logs_once(admin_store, caplog):
     """The head is read as the transaction commits it: a record undone by a savepoint (the admin
-    API's
-    refused call under an Idempotency-Key) is no head; writes joined in one transaction are one
-    line."""
+    API's refused call under an Idempotency-Key) is no head; writes joined in one transaction are
+    one line."""
     caplog.set_level(logging.INFO, logger="authsvc.audit")
     factories.add_player(admin_store, 42, "carol")  # record 1
     caplog.clear()
@@ -372,8 +370,7 @@ def test_the_admin_api_logs_each_head_to_its_journal_even_at_warning(
     store_url, tmp_path, secret_file, run
 ):
     """gunicorn with the shipped config: its error log (stderr, the journal) holds the head lines,
-    also with
-    AUTHSVC_LOG_LEVEL=WARNING; that log, as the anchor, names a tail cut."""
+    also with AUTHSVC_LOG_LEVEL=WARNING; that log, as the anchor, names a tail cut."""
     env = {
         "AUTHSVC_STORE": store_url,
         "AUTHSVC_TOKEN_SECRET_FILE": str(secret_file),

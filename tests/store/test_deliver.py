@@ -294,10 +294,8 @@ def test_one_deliverer_works_on_a_store_and_another_takes_over_when_it_stops(
     admin_store, store_url, receiver, deliverer, clock
 ):
     """A second one waits (saying once who holds the store) and sends nothing; it takes over when
-    the
-    first lets the lease go, or once the lease has run out, or at once if its holder was a process
-    of
-    this host that is gone."""
+    the first lets the lease go, or once the lease has run out, or at once if its holder was a
+    process of this host that is gone."""
     add_webhook(store_url, receiver.url(), EVENTS, SECRET)
     made: list[Deliverer] = []
 
@@ -476,8 +474,8 @@ def test_the_reference_game_server_verifies_and_applies_renames_and_deletions(
     admin_store, store_url, tmp_path
 ):
     """examples/game's webhook: a platform-made account takes the new name; a deleted player's
-    account
-    goes, a linked game account loses only its link; a POST with a bad signature is refused."""
+    account goes, a linked game account loses only its link; a POST with a bad signature is
+    refused."""
     import http.client
     import threading
     from wsgiref.simple_server import make_server
@@ -539,8 +537,7 @@ def test_a_write_that_waited_for_the_store_s_lock_says_how_long_it_was_held_and_
     admin_store, store_url, deliverer
 ):
     """Another connection holds SQLite's write lock (a deletion's checkpoint, any admin write) past
-    the
-    bookkeeping's 2 s: the log names the lock and the time waited, not "an import"."""
+    the bookkeeping's 2 s: the log names the lock and the time waited, not "an import"."""
     path = store_url.removeprefix("sqlite://")
     other = sqlite3.connect(path, isolation_level=None)
     try:
@@ -560,10 +557,8 @@ def test_after_an_outage_a_webhook_s_pending_and_failed_deliveries_are_sent_now(
     admin_store, store_url, receiver, deliverer, settings, command_as_alice, door
 ):
     """The receiver was down: one player's delivery waits for its retry, another's failed. Made due
-    now
-    (the admin API's POST .../deliveries/retry, or `authsvc webhook retry ID --all`), the next round
-    sends
-    both, though the wait has not run out; audited as the single retry."""
+    now (the admin API's POST .../deliveries/retry, or `authsvc webhook retry ID --all`), the next
+    round sends both, though the wait has not run out; audited as the single retry."""
     import webtest
 
     from authsvc.api.app import AdminApp
@@ -651,8 +646,8 @@ def test_the_deliverer_s_metrics_count_attempts_and_read_the_backlog_at_each_scr
     admin_store, store_url, receiver, clock
 ):
     """Served over HTTP as Prometheus scrapes them: a receiver answering 503 leaves two players'
-    deliveries
-    pending (attempts: retry), one given up after 24 h (failed); the backlog read from the store."""
+    deliveries pending (attempts: retry), one given up after 24 h (failed); the backlog read from
+    the store."""
     import urllib.request
 
     from authsvc.webhooks.metrics import DeliveryMetrics

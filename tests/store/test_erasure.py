@@ -1,6 +1,5 @@
 """Deleting a player, with erasure you can prove (docs/admin-api.md, "Deleting a player";
-docs/admin.md,
-"Erasure"), on both engines, through the admin API and the command.
+docs/admin.md, "Erasure"), on both engines, through the admin API and the command.
 
 Afterwards the player is 404; every earlier token is refused (the game-facing app, staleness 0);
 the same id signed up again, by any path (PUT, the batch, `player add`, `player import`, `authsvc
@@ -130,8 +129,8 @@ def test_old_tokens_are_refused_and_a_recreated_id_never_revives_one(
     admin, world, app, store_url, settings
 ):
     """Each way an id comes back (PUT, batch, `player add`, `player import`) starts past the epoch
-    the
-    deleted player had: every token ever minted for the id before stays refused; a new one works."""
+    the deleted player had: every token ever minted for the id before stays refused; a new one
+    works."""
     api, headers = admin.app, admin.headers("web-tier")
 
     def authenticates(token: str) -> bool:
@@ -429,10 +428,9 @@ def test_the_schema_step_keeps_the_trail_as_it_was_and_a_deletion_then_erases_it
     store_url, request, tmp_path, settings, monkeypatch
 ):
     """The last migration (SQLite 4 -> 5, PostgreSQL 5 -> 6) on a store the release before made and
-    filled:
-    the records it wrote (names in clear) stay byte for byte and verify; a player deleted afterwards
-    has
-    its names erased from them, the other player's stay, and the chain still verifies."""
+    filled: the records it wrote (names in clear) stay byte for byte and verify; a player deleted
+    afterwards has its names erased from them, the other player's stay, and the chain still
+    verifies."""
     import importlib
 
     from authsvc.cli.audit_cmd import verify
@@ -565,11 +563,9 @@ def test_no_role_reads_a_deleted_name_in_postgresqls_statistics(
     own_pg, secret_file, monkeypatch, capsys
 ):
     """docs/stores.md, "Erasure": the planner's statistics (pg_stats, which each role reads for the
-    columns it
-    may SELECT) hold no value of a column that names a person, so after a deletion and the
-    documented VACUUMs
-    neither the web role nor the admin role finds the name there, however ANALYZE (autovacuum's) ran
-    before."""
+    columns it may SELECT) hold no value of a column that names a person, so after a deletion and
+    the documented VACUUMs neither the web role nor the admin role finds the name there, however
+    ANALYZE (autovacuum's) ran before."""
     import psycopg
 
     from authsvc.cli import command as cli

@@ -1,6 +1,5 @@
 """The events outbox (authsvc/store/events.py), on both engines: each change to a player and each
-key
-rotation writes exactly its event in the change's own transaction, and no delivery; the fan-out
+key rotation writes exactly its event in the change's own transaction, and no delivery; the fan-out
 (the deliverer's step, store/deliveries.py) gives each subscribed webhook one delivery per event,
 once, from its creation on; a refused or rolled-back write leaves no event; a deleted player's
 name leaves its events.
@@ -284,8 +283,7 @@ def test_a_fan_out_running_beside_the_writes_takes_each_event_once_and_misses_no
     world, settings, store_url
 ):
     """Writers on their own connections and a fan-out looping on another: every event reaches the
-    webhook
-    exactly once, in order (the events' ids follow their commits: what the fan-out sees is a
+    webhook exactly once, in order (the events' ids follow their commits: what the fan-out sees is a
     prefix)."""
     from authsvc.store import open_store
 

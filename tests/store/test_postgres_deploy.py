@@ -212,9 +212,8 @@ def test_the_heartbeat_runs_as_its_own_role(deployed):
 
 def test_the_admin_role_may_run_the_webhooks_retention(deployed):
     """`authsvc deliver` runs as the admin role (authsvc-deliver.service): its retention deletes a
-    delivery
-    done long ago, its attempt and its event, an event no webhook took, and the webhook, removed
-    long ago."""
+    delivery done long ago, its attempt and its event, an event no webhook took, and the webhook,
+    removed long ago."""
     with superuser(deployed) as conn:
         conn.execute(
             "INSERT INTO events (type, user_id, at_ms, data) VALUES ('player.revoked', 5, 1, '{}')"
@@ -417,8 +416,7 @@ def test_privileges_sql_can_be_run_again(deployed):
 
 def test_init_on_an_up_to_date_store_needs_no_right_to_migrate(deployed):
     """`authsvc init` with the admin role's or the web role's settings (an upgrade's installer
-    without
-    owner.toml) on an up-to-date store: done, nothing changed; on an older one it names the
+    without owner.toml) on an up-to-date store: done, nothing changed; on an older one it names the
     owner."""
     for role in ("authsvc_admin", "authsvc_web"):
         store = open_store(role_url(deployed, role), readonly=False)

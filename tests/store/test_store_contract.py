@@ -74,10 +74,8 @@ def test_a_store_migrated_to_the_fan_out_mark_sends_no_event_twice(
     empty_url, settings, monkeypatch
 ):
     """A store of the release that wrote deliveries with their events (SQLite 7, PostgreSQL 8):
-    after the
-    migration that gives each webhook its fan-out mark, the events it already has deliveries of are
-    not
-    fanned out again; the next event is."""
+    after the migration that gives each webhook its fan-out mark, the events it already has
+    deliveries of are not fanned out again; the next event is."""
     import importlib
 
     from tests.support import store_sql
@@ -148,11 +146,9 @@ def test_migrating_a_store_of_the_previous_version_keeps_every_row_and_adds_upda
     empty_url, settings, monkeypatch
 ):
     """The migrations from the one that adds updated_at (SQLite 3 -> 4, PostgreSQL 4 -> 5) on, on a
-    store
-    a release before them made and filled: every player comes through as it was, with updated_at
-    null
-    (when it last changed is not known), the web process's reader accepts the store, and the next
-    change stamps the row."""
+    store a release before them made and filled: every player comes through as it was, with
+    updated_at null (when it last changed is not known), the web process's reader accepts the store,
+    and the next change stamps the row."""
     import importlib
 
     sqlite = empty_url.startswith("sqlite://")
@@ -286,11 +282,9 @@ def test_a_key_expiry_is_read_to_the_millisecond_and_the_previous_releases_whole
     admin_store, store_url, settings
 ):
     """The expiry is kept in ms (expires_at_ms) beside the whole second at or after it (expires_at,
-    which the
-    previous release reads and writes); a reader takes the earlier: a key expired by the previous
-    release's
-    rotation during a rolling upgrade stays expired, and a row written before the column reads its
-    seconds."""
+    which the previous release reads and writes); a reader takes the earlier: a key expired by the
+    previous release's rotation during a rolling upgrade stays expired, and a row written before the
+    column reads its seconds."""
     from tests.support import store_sql
 
     g = factories.add_game(admin_store, "Chess", digest(1), NOW)
@@ -537,8 +531,7 @@ def test_credentials_in_one_call(admin_store, reader):
 @pytest.mark.parametrize("max_staleness", [1.0, 0.0])
 def test_fresh_credentials_read_the_latest_commit(admin_store, settings, max_staleness):
     """Whatever the bound (SQLite's snapshot kept up to 1 s), the commit just made, and the reads
-    after
-    it agree (SQLite's snapshot renewed)."""
+    after it agree (SQLite's snapshot renewed)."""
     reader = open_store(
         settings.store,
         readonly=True,

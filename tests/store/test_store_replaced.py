@@ -129,9 +129,8 @@ def test_a_file_moved_over_the_store_without_its_wal_is_refused_until_they_are_r
     world, tmp_path, max_staleness, gap
 ):
     """The -wal and -shm beside the path are still the old file's: reading them with the new file
-    would
-    give the old pages; StoreUnavailable instead, until they are removed. In one step (``mv new.db
-    authsvc.db``) or two, with the path missing in between."""
+    would give the old pages; StoreUnavailable instead, until they are removed. In one step (``mv
+    new.db authsvc.db``) or two, with the path missing in between."""
     clock = FakeClock()
     reader = _reader(world, max_staleness, clock)
     digest = api_key_digest(world.api_key)
@@ -222,11 +221,9 @@ def _status(port: int, path: str) -> int:
 @pytest.mark.parametrize("how", ["rename", "delete"])
 def test_under_gunicorn_a_replaced_file_is_read_within_a_second(env, world, tmp_path, how):
     """The shipped gunicorn settings (preloaded, two sync workers), the default bound, the real
-    admin
-    command: the file is moved away (503 and a failing /readyz meanwhile, /healthz 200), `authsvc
-    init` and
-    `authsvc import` make a new one, `authsvc player revoke` there is seen by every worker within 1
-    s."""
+    admin command: the file is moved away (503 and a failing /readyz meanwhile, /healthz 200),
+    `authsvc init` and `authsvc import` make a new one, `authsvc player revoke` there is seen by
+    every worker within 1 s."""
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"}  # the default, 1 s
     params = world.params()  # minted for epoch 0
     export = tmp_path / "export.jsonl"
@@ -267,14 +264,12 @@ def test_under_gunicorn_a_file_renamed_over_the_store_without_its_wal_is_refused
     env, world, tmp_path
 ):
     """A new file made elsewhere (`authsvc init`, `import`, `player revoke` there) and renamed over
-    the
-    store, while the old file's -wal holds recent writes. The -wal and -shm beside it are still the
-    old
-    file's, and SQLite would read the old pages from them (the revoked player accepted): a worker
-    that
-    had the old file open answers 503 within 1 s instead, /readyz too, until they are removed; then
-    the revocation holds. One worker, so that it is the one that had the file open (a worker that
-    opens the store for the first time after such a move cannot tell: docs/stores.md)."""
+    the store, while the old file's -wal holds recent writes. The -wal and -shm beside it are still
+    the old file's, and SQLite would read the old pages from them (the revoked player accepted): a
+    worker that had the old file open answers 503 within 1 s instead, /readyz too, until they are
+    removed; then the revocation holds. One worker, so that it is the one that had the file open (a
+    worker that opens the store for the first time after such a move cannot tell:
+    docs/stores.md)."""
     env = {k: v for k, v in env.items() if k != "AUTHSVC_MAX_STALENESS"}  # the default, 1 s
     params = world.params()  # minted for epoch 0
     export = tmp_path / "export.jsonl"

@@ -259,8 +259,8 @@ def test_a_move_keeps_names_stored_before_the_visible_name_rule(
     store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file
 ):
     """export/import moves a whole store: a name with U+202E or U+2028 stored earlier comes across
-    exactly
-    (new names refuse them: docs/admin.md), and the admin command's text output escapes it."""
+    exactly (new names refuse them: docs/admin.md), and the admin command's text output escapes
+    it."""
     source = "sqlite://" + str(tmp_path / "old.db")
     store = open_store(source, readonly=False)
     store.migrate()
@@ -283,9 +283,8 @@ def test_updated_at_comes_across_and_an_older_export_without_it_imports_as_null(
     store_url, admin_store, tmp_path, monkeypatch, capsys, secret_file
 ):
     """Each player line carries updated_at_ms (unix milliseconds, or null: not known); an export
-    made
-    before the field existed has none, and its players import with null, as the schema step leaves
-    them."""
+    made before the field existed has none, and its players import with null, as the schema step
+    leaves them."""
     path = _small_export(tmp_path, monkeypatch, capsys, secret_file)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     players = [line for line in lines if line.get("type") == "player"]

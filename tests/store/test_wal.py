@@ -82,9 +82,8 @@ def test_admin_writes_against_an_idle_service_leave_a_small_wal(env, world, tmp_
 @pytest.mark.engine("sqlite")
 def test_a_removed_webhooks_secret_leaves_the_wal_and_the_main_file(admin, world):
     """docs/stores.md, "Erasure": the removal zeroes the secret in the main file (secure_delete)
-    and, as
-    a player's deletion does, empties the -wal file before it answers, whose frames still hold
-    it."""
+    and, as a player's deletion does, empties the -wal file before it answers, whose frames still
+    hold it."""
     headers = admin.headers("hooks", ["webhooks:read", "webhooks:write"])
     added = admin.app.post_json(
         "/v1/webhooks",

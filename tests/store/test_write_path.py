@@ -38,8 +38,7 @@ def test_a_write_that_dies_before_its_answer_is_kept_leaves_nothing_and_its_retr
     admin, world, store_url, monkeypatch
 ):
     """The process dies after the change but before the answer is kept (here: keeping it raises):
-    the
-    change goes with it, and the retry with the same key runs, once; a later retry replays that
+    the change goes with it, and the retry with the same key runs, once; a later retry replays that
     answer."""
     app, headers = admin.app, admin.headers("web")
     keyed = headers | {"Idempotency-Key": "revoke-1"}
@@ -104,8 +103,7 @@ def test_a_mint_racing_a_revoke_records_the_epoch_it_answers_before_the_revoke(
     world, store_url, settings, monkeypatch
 ):
     """A revoke lands the moment after the mint read the player: along the chain, the mint's epoch
-    is
-    the player's epoch where its record stands (it is never a token of an epoch revoked before
+    is the player's epoch where its record stands (it is never a token of an epoch revoked before
     it)."""
     other = admin_store(settings)
     store = other.__enter__()
@@ -155,8 +153,7 @@ def test_a_write_is_stamped_when_it_holds_the_lock_and_never_before_the_chain_he
     world, store_url, monkeypatch
 ):
     """A write that waits for another's lock takes its time after the wait; a clock behind the
-    head's
-    (another host's, a step back) gives the head's time: along the chain, time never runs
+    head's (another host's, a step back) gives the head's time: along the chain, time never runs
     backwards."""
     monkeypatch.setattr(base, "ADMIN_LOCK_WAIT", 10.0)
     head = store_sql(store_url, "SELECT max(at_ms) FROM audit")[0][0]
@@ -184,8 +181,8 @@ def test_two_signups_of_one_new_player_at_once_create_it_once_and_never_fail(
     world, store_url, settings
 ):
     """Two PUTs of the same new id at the same moment (a double click, a retry with another key):
-    one
-    creates the player, the other finds it; 20 such pairs, never a 500 (nor the store's error)."""
+    one creates the player, the other finds it; 20 such pairs, never a 500 (nor the store's
+    error)."""
     stores = [admin_store(settings).__enter__() for _ in range(2)]
     results: list = []
     try:

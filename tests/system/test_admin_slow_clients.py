@@ -98,8 +98,7 @@ def under_attack(
     open_socket: Callable[[], socket.socket], ask: Callable[[], int | str]
 ) -> tuple[list[tuple[float, int | str]], list[bytes]]:
     """CONNECTIONS slow clients held open, then ASKED authorised requests one after another:
-    (seconds,
-    status) of each, and what the slow clients were answered."""
+    (seconds, status) of each, and what the slow clients were answered."""
     answers: list[bytes] = []
     done = threading.Event()
     threads = [

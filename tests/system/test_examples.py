@@ -1,6 +1,5 @@
 """The demo platform and the reference game (examples/, docs/integrating.md) on real processes,
-without a
-browser: what a copy of them must keep. The browser's view of the same is
+without a browser: what a copy of them must keep. The browser's view of the same is
 tests/integration/test_integration_browser.py.
 
 The platform refuses a POST from any other origin and a form without the token tied to the session
@@ -152,8 +151,7 @@ def test_the_platform_refuses_a_post_from_another_origin_or_without_the_form_tok
 
 def test_a_sign_in_needs_the_form_token_of_the_browser_that_sends_it(loop):
     """Login CSRF: the attacker's own credentials posted from a signed-out browser. Without this
-    browser's
-    token (here: the token of the attacker's own cookie) nobody is signed in."""
+    browser's token (here: the token of the attacker's own cookie) nobody is signed in."""
     port = loop["ports"]["platform"]
     own = f"http://127.0.0.1:{port}"
     mallory = Client(port, own)
@@ -218,11 +216,9 @@ def add_game_account(loop: dict, name: str, password: str) -> None:
 
 def test_link_guesses_beyond_the_limits_are_refused_with_429(loop):
     """The game's defaults: 5 link attempts per platform player and 10 per game account in 5
-    minutes. One
-    player guessing as fast as it can (for 8 s, at most 200 guesses) gets 5 checked and the rest
-    refused;
-    other players guessing the same account stop at its 10, and then even the right password
-    waits."""
+    minutes. One player guessing as fast as it can (for 8 s, at most 200 guesses) gets 5 checked and
+    the rest refused; other players guessing the same account stop at its 10, and then even the
+    right password waits."""
     add_game_account(loop, "oldhero", "hero password")
     guesser = platform_player(loop, 2001, "guesser")
     answers: list[tuple[int, str, str | None]] = []
@@ -334,16 +330,11 @@ LINK_LIMITS_OFF = (
 
 def test_a_link_check_does_not_hold_up_another_players_play(unlimited_loop):
     """Guesses at link passwords back to back from two connections (a password hash each, the limits
-    off)
-    while another player plays: that player's median play is compared with its median beside the
-    same load
-    of hashes run outside the game (two threads of this test), so what is left is what the game's
-    lock
-    costs: at most half of one hash (15 ms at least). Under the game's one lock it waited for the
-    hashes in
-    progress: 4 ms became 166 in the finding. Three rounds of each, interleaved, as the machine's
-    load
-    drifts."""
+    off) while another player plays: that player's median play is compared with its median beside
+    the same load of hashes run outside the game (two threads of this test), so what is left is what
+    the game's lock costs: at most half of one hash (15 ms at least). Under the game's one lock it
+    waited for the hashes in progress: 4 ms became 166 in the finding. Three rounds of each,
+    interleaved, as the machine's load drifts."""
     loop = unlimited_loop
     add_game_account(loop, "oldhero", "hero password")
     guesser, player = platform_player(loop, 2001, "guesser"), platform_player(loop, 2002, "player")

@@ -121,11 +121,9 @@ def test_a_standby_never_answers_from_beyond_the_bound(servers, world):
 
 def test_a_token_minted_after_a_signup_is_accepted_once_the_standby_has_replayed_it(servers, world):
     """What a web process on a standby cannot close (docs/stores.md, "Bounded staleness"): a token
-    minted
-    after a signup on the primary is refused while the standby has not replayed the signup (403
-    within
-    the bound, 503 past it), never accepted; once replayed, at once, as the token of a revoke after
-    it."""
+    minted after a signup on the primary is refused while the standby has not replayed the signup
+    (403 within the bound, 503 past it), never accepted; once replayed, at once, as the token of a
+    revoke after it."""
     primary, standby = servers
     admin, reader, heartbeat, game, alice, bob = world
     secret = b"standby-test-secret"

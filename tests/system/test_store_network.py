@@ -160,11 +160,9 @@ def assert_all_503(answers, log: Path) -> None:
 
 def test_blackhole_mid_query_answers_503_and_no_worker_is_killed(relayed, tmp_path):
     """Both workers hold a connection when the network goes silent: each request still gets its JSON
-    503
-    (AUTHSVC_PG_REPLY_TIMEOUT), nothing waits for gunicorn to kill it, and the service comes back by
-    itself.
-    Before: every request hung until gunicorn's timeout SIGKILLed its worker, and the client got an
-    empty reply."""
+    503 (AUTHSVC_PG_REPLY_TIMEOUT), nothing waits for gunicorn to kill it, and the service comes
+    back by itself. Before: every request hung until gunicorn's timeout SIGKILLed its worker, and
+    the client got an empty reply."""
     env, query, relay, store = relayed
     server, port, log = serve(env, store, tmp_path)
     try:
@@ -186,15 +184,11 @@ def test_replies_stalled_as_under_packet_loss_answer_200_or_503_and_no_worker_is
     relayed, tmp_path
 ):
     """A lossy path as the app sees it: one in ten of the server's replies held for up to 15 s (TCP
-    retransmitting
-    them with its backoff) while the kernel acknowledges everything the app sends, so its
-    tcp_user_timeout never
-    fires and the client sits in poll(). Every answer is the success or the JSON 503 within about
-    one reply
-    deadline (AUTHSVC_PG_REPLY_TIMEOUT, 3 s), no worker is killed, and the service is back once the
-    loss ends.
-    Before: a reply held longer than gunicorn's timeout got the worker SIGKILLed and its client an
-    empty reply."""
+    retransmitting them with its backoff) while the kernel acknowledges everything the app sends, so
+    its tcp_user_timeout never fires and the client sits in poll(). Every answer is the success or
+    the JSON 503 within about one reply deadline (AUTHSVC_PG_REPLY_TIMEOUT, 3 s), no worker is
+    killed, and the service is back once the loss ends. Before: a reply held longer than gunicorn's
+    timeout got the worker SIGKILLed and its client an empty reply."""
     env, query, relay, store = relayed
     server, port, log = serve(env, store, tmp_path)
     try:
@@ -222,13 +216,10 @@ def test_replies_stalled_as_under_packet_loss_answer_200_or_503_and_no_worker_is
 
 def test_outage_at_20_clients_answers_503_within_seconds(relayed, tmp_path):
     """20 clients against 2 workers while new connections to the store go unanswered: after one
-    failed
-    connect a worker answers 503 at once for AUTHSVC_PG_RETRY_AFTER instead of each request waiting
-    its own
-    connect timeout behind the others (2 s x clients / workers), and /healthz never waits on the
-    store.
-    Before: the 503s came after ~2 s x 20 / 2, and every request tried the store (one connection
-    each)."""
+    failed connect a worker answers 503 at once for AUTHSVC_PG_RETRY_AFTER instead of each request
+    waiting its own connect timeout behind the others (2 s x clients / workers), and /healthz never
+    waits on the store. Before: the 503s came after ~2 s x 20 / 2, and every request tried the store
+    (one connection each)."""
     env, query, relay, store = relayed
     server, port, log = serve(env, store, tmp_path)
     try:
@@ -304,11 +295,10 @@ def test_veth_cut_behind_pgbouncer_answers_503_and_no_worker_is_killed(
     pg_in_netns, secret_file, tmp_path
 ):
     """The documented topology: the app through pgbouncer (docs/stores.md, "pgbouncer") to a
-    PostgreSQL
-    across a veth link that goes down (packets dropped, nothing refused). pgbouncer keeps the app's
-    connection healthy, so only the app's reply deadline and pgbouncer's
-    query_timeout/tcp_user_timeout
-    end the wait. Before: 30 s hangs, workers SIGKILLed, empty replies."""
+    PostgreSQL across a veth link that goes down (packets dropped, nothing refused). pgbouncer keeps
+    the app's connection healthy, so only the app's reply deadline and pgbouncer's
+    query_timeout/tcp_user_timeout end the wait. Before: 30 s hangs, workers SIGKILLed, empty
+    replies."""
     binary = find_pgbouncer()
     if binary is None:
         skip_or_fail("pgbouncer is not installed (apt-get install pgbouncer)")
@@ -354,9 +344,8 @@ def _value(url: str, sql: str):
 
 def silence(netns, on: bool) -> None:
     """Both ends of the veth pair drop every packet they would send (tc's blackhole qdisc),
-    silently: no
-    end sees an error, both keep retransmitting with TCP's growing backoff, as across a dead
-    router."""
+    silently: no end sees an error, both keep retransmitting with TCP's growing backoff, as across a
+    dead router."""
     name, there, _, here = netns
     action = "add" if on else "del"
     ip_tc = ["tc", "qdisc", action, "dev"]
@@ -371,14 +360,11 @@ def silence(netns, on: bool) -> None:
 
 def test_standby_catches_up_within_seconds_after_its_replication_link_returns(pg_in_netns, netns):
     """The primary across a veth link from its hot standby; the link is silent for 32 s. With the
-    standby settings
-    docs/scaling.md ships (wal_receiver_timeout 10 s, connect_timeout=5 in primary_conninfo) the WAL
-    receiver
-    has given up on the dead connection and reconnects within seconds of the link's return. Before
-    (60 s and
-    no connect timeout): the old connection was in TCP's retransmission backoff, ~20 s more of a
-    standby that
-    cannot prove it is fresh, i.e. of 503s (docs/stores.md, "Hot standby")."""
+    standby settings docs/scaling.md ships (wal_receiver_timeout 10 s, connect_timeout=5 in
+    primary_conninfo) the WAL receiver has given up on the dead connection and reconnects within
+    seconds of the link's return. Before (60 s and no connect timeout): the old connection was in
+    TCP's retransmission backoff, ~20 s more of a standby that cannot prove it is fresh, i.e. of
+    503s (docs/stores.md, "Hot standby")."""
     import psycopg
 
     primary, name, interface = pg_in_netns
@@ -428,10 +414,9 @@ def test_standby_catches_up_within_seconds_after_its_replication_link_returns(pg
 
 def test_store_failure_warning_is_throttled(relayed, tmp_path):
     """A store that refuses every connection fails each request at once: the store's own warning is
-    written at
-    most once per worker per 10 s, with the count it held back (docs/logs.md, "Floods: what is
-    sampled or
-    throttled"). Before: one line per request (~1,450 lines a second from 2 workers)."""
+    written at most once per worker per 10 s, with the count it held back (docs/logs.md, "Floods:
+    what is sampled or throttled"). Before: one line per request (~1,450 lines a second from 2
+    workers)."""
     env, query, relay, store = relayed
     server, port, log = serve(env, store, tmp_path)
     try:
@@ -451,10 +436,9 @@ def test_store_failure_warning_is_throttled(relayed, tmp_path):
 
 def test_each_address_waits_its_connect_timeout_then_the_worker_answers_at_once(relayed):
     """A host list (as a name with several addresses) is tried address by address, each waiting its
-    own connect
-    timeout (docs/stores.md, "Outages"); once that timed out, the next requests answer 503 without
-    touching the
-    store for AUTHSVC_PG_RETRY_AFTER. Before: every request waited the whole list again."""
+    own connect timeout (docs/stores.md, "Outages"); once that timed out, the next requests answer
+    503 without touching the store for AUTHSVC_PG_RETRY_AFTER. Before: every request waited the
+    whole list again."""
     from authsvc.errors import StoreUnavailable
     from authsvc.settings import Settings
     from authsvc.store import open_store
@@ -497,9 +481,8 @@ ORPHANS_GONE_WITHIN = 2 * (5 + 2 * 3)
 @pytest.fixture
 def deployed_in_netns(netns, secret_file):
     """A PostgreSQL in the namespace set up as docs/stores.md says (roles.sql, `authsvc init` as the
-    owner),
-    max_connections 20 (17 for the roles): (server, the web role's environment, a valid login's
-    query)."""
+    owner), max_connections 20 (17 for the roles): (server, the web role's environment, a valid
+    login's query)."""
     bin_dir = find_bin_dir()
     if bin_dir is None:
         skip_or_fail("PostgreSQL binaries (initdb, pg_ctl) not found")
@@ -584,21 +567,15 @@ def orphans(server) -> list[int]:
 
 def test_repeated_cuts_leave_no_backends_behind(deployed_in_netns, netns, tmp_path):
     """Three 8 s silent cuts of the veth link to PostgreSQL while 6 workers serve traffic. A worker
-    whose query
-    goes unanswered drops its connection (its reply deadline; its kernel aborts it,
-    tcp_user_timeout) and opens
-    a new one after the cut; the server never hears of the old one. Without the web role's keepalive
-    settings
-    such a backend stays until the kernel's keepalive notices (two hours), one per worker per cut,
-    until
-    max_connections refuses the workers' new connections ("remaining connection slots are
-    reserved"): 503s
-    on a healthy network. With them (privileges.sql) it ends within about 11 s: within
-    ORPHANS_GONE_WITHIN of
-    the last cut no backend of the web role is left without its client, and every authentication
-    succeeds.
-    Before (the role's settings reset): 6 backends of the first cut still there, and refusals during
-    the cuts."""
+    whose query goes unanswered drops its connection (its reply deadline; its kernel aborts it,
+    tcp_user_timeout) and opens a new one after the cut; the server never hears of the old one.
+    Without the web role's keepalive settings such a backend stays until the kernel's keepalive
+    notices (two hours), one per worker per cut, until max_connections refuses the workers' new
+    connections ("remaining connection slots are reserved"): 503s on a healthy network. With them
+    (privileges.sql) it ends within about 11 s: within ORPHANS_GONE_WITHIN of the last cut no
+    backend of the web role is left without its client, and every authentication succeeds. Before
+    (the role's settings reset): 6 backends of the first cut still there, and refusals during the
+    cuts."""
     server, env, query = deployed_in_netns
     assert _value(env["AUTHSVC_STORE"], "SHOW tcp_keepalives_idle") == "5"
     gunicorn, port, log = serve(env, env["AUTHSVC_STORE"], tmp_path, workers=ORPHAN_WORKERS)

@@ -2,13 +2,11 @@
 history.
 
 What it proves, from outside: each admin write — the change, its audit record and, for a POST with
-an
-``Idempotency-Key``, the kept answer to replay — is one transaction (docs/admin-api.md, "Retries and
-Idempotency-Key"; docs/admin.md, "The audit trail"). Nothing here looks inside the service: real
+an ``Idempotency-Key``, the kept answer to replay — is one transaction (docs/admin-api.md, "Retries
+and Idempotency-Key"; docs/admin.md, "The audit trail"). Nothing here looks inside the service: real
 gunicorn (4 sync workers) serves the admin API on loopback, the real ``authsvc`` command runs beside
-it,
-on a real store (a SQLite file, or a PostgreSQL cluster of the test's own), and the history is read
-back from the store at the end.
+it, on a real store (a SQLite file, or a PostgreSQL cluster of the test's own), and the history is
+read back from the store at the end.
 
 The load (LOAD_SECONDS): API writers, each with its own API token, revoke, mint, batch-write and
 PUT players (with and without ``If-Match``); pairs of signups PUT the same new user id at the same
@@ -16,32 +14,23 @@ moment; command writers run ``authsvc player revoke``, ``player rename`` and ``t
 POST carries an ``Idempotency-Key``; a request that fails (no answer, a 5xx, 429, 409
 idempotency-key-running) is sent again, the same request with the same key, within a bounded budget
 (OP_ATTEMPTS tries, OP_BUDGET seconds). Meanwhile: kill -9 of a random worker every 0.2-0.5 s; kill
--9 of
-the gunicorn master three times (a new one is started on the same port at once, with --reuse-port:
-the
-orphaned workers finish what they hold); on PostgreSQL, kill -9 of the postmaster twice (on a
-cluster of
-the test's own, restarted after a second; its database commits synchronously, see
-postgres_database).
-A master that stops by itself is started again, as systemd would (a worker that boots while
-PostgreSQL
-is down stops gunicorn: "App failed to load"); the summary counts it.
+-9 of the gunicorn master three times (a new one is started on the same port at once, with
+--reuse-port: the orphaned workers finish what they hold); on PostgreSQL, kill -9 of the postmaster
+twice (on a cluster of the test's own, restarted after a second; its database commits synchronously,
+see postgres_database). A master that stops by itself is started again, as systemd would (a worker
+that boots while PostgreSQL is down stops gunicorn: "App failed to load"); the summary counts it.
 
 After the load, the late retries: a key still unanswered (409 "running": its request died with a
 worker) is sent again once the service's documented abandonment time has passed (60 s after its
-first
-request; that wait, most of a run on today's code, happens only when such a key exists), and a
-sample
-of acknowledged keys (those retried during the load first) is sent again: each must be answered as a
-replay of its first answer.
+first request; that wait, most of a run on today's code, happens only when such a key exists), and a
+sample of acknowledged keys (those retried during the load first) is sent again: each must be
+answered as a replay of its first answer.
 
 How a record is tied to the write that made it, exactly (no guessing from counts): every API attempt
 sends its own ``X-Request-Id``, ``<write>.<attempt>``; each audit record keeps it beside the
-server's
-own request id, as ``client_request_id``. The ``Idempotency-Key`` is the write's id itself, under
-the
-writer's own API token. Each command run has ``SUDO_USER=<write>``, so its record's actor is
-``cli:<write>``. Every name written (PUT, batch item, rename) is one never used before, so an
+server's own request id, as ``client_request_id``. The ``Idempotency-Key`` is the write's id itself,
+under the writer's own API token. Each command run has ``SUDO_USER=<write>``, so its record's actor
+is ``cli:<write>``. Every name written (PUT, batch item, rename) is one never used before, so an
 acknowledged write must have changed the store at one of its attempts: it has exactly one record.
 (A PUT carries no key: when another write to the same player lands between two of its attempts, the
 retry rightly writes again; that case is told apart by the records in between.)
@@ -289,8 +278,7 @@ def children(pid: int) -> list[int]:
 
 class AdminService:
     """The admin API under gunicorn on one port; a master killed is replaced at once (--reuse-port:
-    the
-    orphaned workers of the old one still hold their socket while they finish)."""
+    the orphaned workers of the old one still hold their socket while they finish)."""
 
     def __init__(self, env: dict, port: int, log_dir: Path):
         self.env, self.port, self.log_dir = env, port, log_dir
@@ -529,8 +517,7 @@ def cli_writer(load: Load, name: str, seed: int) -> None:
 
 def late_retries(load: Load, rng: random.Random) -> dict:
     """Keys left unanswered are sent again once the service gives them up; then a sample of
-    acknowledged
-    keys is sent again late, each of which must be a replay of its first answer."""
+    acknowledged keys is sent again late, each of which must be a replay of its first answer."""
     figures = collections.Counter()
     stuck = [op for op in load.ops if op.kind in KEYED and op.status is None]
     if stuck:
@@ -812,10 +799,9 @@ def check_running(ops_: list[Op], unanswered: list[str]) -> str:
 
 def postgres_database(own_pg) -> str:
     """A database on the test's own cluster. Its commits are synchronous (the throwaway cluster runs
-    with
-    synchronous_commit=off, under which a killed postmaster may lose a commit it acknowledged: that
-    is
-    the cluster's setting, not the service's fault); a database setting overrides the server's."""
+    with synchronous_commit=off, under which a killed postmaster may lose a commit it acknowledged:
+    that is the cluster's setting, not the service's fault); a database setting overrides the
+    server's."""
     store_sql(own_pg.url, "CREATE DATABASE authsvc")
     store_sql(own_pg.url, "ALTER DATABASE authsvc SET synchronous_commit = on")
     return own_pg.url.rpartition("/")[0] + "/authsvc"

@@ -1,8 +1,7 @@
 """The dependencies whose internals authsvc leans on are bounded above.
 
 gunicorn's worker methods handle_request and handle_error (authsvc/serving/workers.py) and psycopg's
-libpq layer
-(authsvc/store/postgres/reader.py) can change in a release. Each has an upper bound in
+libpq layer (authsvc/store/postgres/reader.py) can change in a release. Each has an upper bound in
 pyproject.toml: the newest release the suite has passed with; raising it is a change that
 runs the suite. The versions installed here must be within the bounds, or this run tested
 something a user cannot get. prometheus_client is used through its API only: no bound.

@@ -330,10 +330,8 @@ def _upstream_headers(rendered: Path) -> list[str]:
 
 def test_forwarded_headers_only_for_the_app_record(tmp_path):
     """X-Forwarded-For, X-Forwarded-Proto and X-Request-Id feed gunicorn's access line and the auth
-    line
-    (access_record = "app", the default); rendered with the shipped authsvc.toml ("edge": nginx's
-    line is
-    the record) none is sent, each a header less for gunicorn to parse."""
+    line (access_record = "app", the default); rendered with the shipped authsvc.toml ("edge":
+    nginx's line is the record) none is sent, each a header less for gunicorn to parse."""
     forwarded = ["X-Forwarded-For", "X-Forwarded-Proto", "X-Request-Id"]
     render_tree(str(REPO / "deploy"), str(tmp_path / "default"), dict(HOSTS))
     assert _upstream_headers(tmp_path / "default") == [
@@ -425,8 +423,8 @@ def _max_conns(rendered: Path) -> dict[str, list[str]]:
 
 def test_upstream_max_conns_is_per_worker_and_never_limits_monitoring(rendered, tmp_path):
     """A login storm is shed past REQUESTS_PER_WORKER x the workers per app host
-    (docs/operations.md,
-    "Login storms"); probes and scrapes go through their own upstream, never limited."""
+    (docs/operations.md, "Login storms"); probes and scrapes go through their own upstream, never
+    limited."""
     from authsvc.deployment import REQUESTS_PER_WORKER
 
     cpus = os.cpu_count() or 1

@@ -71,12 +71,9 @@ def test_the_service_unit_names_the_admin_command_where_install_puts_it():
 
 def test_the_ports_and_files_a_new_user_is_told_of_are_the_scripts_own():
     """README's example of another port for scripts/serve (and its admin API on the next one)
-    collides with
-    nothing scripts/serve or scripts/demo use; docs/admin-api.md's clients and its schemathesis line
-    default to
-    scripts/serve's admin API, what a README reader runs first; docs/integrating.md says where
-    scripts/demo
-    keeps the game's api key."""
+    collides with nothing scripts/serve or scripts/demo use; docs/admin-api.md's clients and its
+    schemathesis line default to scripts/serve's admin API, what a README reader runs first;
+    docs/integrating.md says where scripts/demo keeps the game's api key."""
     from examples.demo import PORTS
 
     serve = (REPO / "scripts/serve").read_text()

@@ -98,9 +98,8 @@ def _game_json_writers(path: pathlib.Path, root: pathlib.Path = REPO) -> list[st
 
 def test_the_game_doors_bodies_come_from_its_one_table():
     """The game door's error bodies are written in authsvc/web/answers.py only: its app's boundary,
-    an
-    authentication's refusals and the workers' answers to what gunicorn refuses all take them from
-    there."""
+    an authentication's refusals and the workers' answers to what gunicorn refuses all take them
+    from there."""
     writers = [
         where
         for path in sorted(PACKAGE.rglob("*.py"))

@@ -52,8 +52,7 @@ def imports_of(
     name: str, path: pathlib.Path, modules: dict[str, pathlib.Path], on_import: bool = False
 ) -> set[str]:
     """The authsvc modules ``name`` imports: ``from a.b import c`` is a.b.c if that is a module,
-    else a.b.
-    ``on_import``: only those its import runs, not those inside its functions."""
+    else a.b. ``on_import``: only those its import runs, not those inside its functions."""
     tree = ast.parse(path.read_text(), str(path))
     skipped = _type_checking_only(tree, functions=on_import)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]

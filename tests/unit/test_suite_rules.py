@@ -142,8 +142,7 @@ def test_the_skip_rule_sees_every_form(tmp_path):
 
 def test_every_test_module_is_in_a_tier_folder():
     """The tier is the folder a module sits in (tests/tiers.py): one in tests/ itself, or in a
-    folder that is no
-    tier's, would be in none, and --quick and the serial phase would miss it."""
+    folder that is no tier's, would be in none, and --quick and the serial phase would miss it."""
     from tests.tiers import ORDER
 
     assert (

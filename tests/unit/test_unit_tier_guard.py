@@ -1,6 +1,5 @@
 """The unit tier's guard (tests/unit/conftest.py): a socket or a process in a unit test is an error,
-and the
-test that tried fails even when what it ran swallowed the error."""
+and the test that tried fails even when what it ran swallowed the error."""
 
 from __future__ import annotations
 

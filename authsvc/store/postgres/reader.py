@@ -139,10 +139,9 @@ _TRANSIENT_REFUSALS = (
 
 def _unreachable(error: psycopg.Error) -> bool:
     """Whether a failed connection is an outage (nothing answered, or the server is starting,
-    stopping
-    or full) rather than the settings' fault (the server refused the role, password or database).
-    libpq gives no SQLSTATE for a refused connection, only the server's message: a server that sends
-    its messages in another language than English is read as refusing for good (fatal, as
+    stopping or full) rather than the settings' fault (the server refused the role, password or
+    database). libpq gives no SQLSTATE for a refused connection, only the server's message: a server
+    that sends its messages in another language than English is read as refusing for good (fatal, as
     before)."""
     text = str(error)
     return "FATAL:" not in text or any(refusal in text for refusal in _TRANSIENT_REFUSALS)
@@ -192,8 +191,7 @@ class PostgresReader(ThreadConnections, Reader):
     # -- connections --------------------------------------------------------------
     def _connect(self) -> psycopg.Connection:
         """A new connection. libpq's connect timeout applies to each address of the host name (and
-        each
-        host of a list) in turn: N addresses that do not answer wait N x the timeout
+        each host of a list) in turn: N addresses that do not answer wait N x the timeout
         (docs/stores.md)."""
         return psycopg.connect(self._conninfo, autocommit=True)
 
@@ -215,12 +213,11 @@ class PostgresReader(ThreadConnections, Reader):
 
     def _backend(self, conn: psycopg.Connection) -> tuple[bool, bool]:
         """Whether a pooler stands in between, and whether the server is a hot standby (in
-        recovery).
-        Whether a connection pooler (pgbouncer) stands between us and the server: the backend that
-        answers a query is not the one whose key the startup returned. Through a pooler in
-        transaction
-        mode each transaction may run on another server connection, where a named statement prepared
-        on this one does not exist (or another client's does): the query is then sent unnamed."""
+        recovery). Whether a connection pooler (pgbouncer) stands between us and the server: the
+        backend that answers a query is not the one whose key the startup returned. Through a pooler
+        in transaction mode each transaction may run on another server connection, where a named
+        statement prepared on this one does not exist (or another client's does): the query is then
+        sent unnamed."""
         pgconn = conn.pgconn
         pgconn.send_query(b"SELECT pg_backend_pid(), pg_is_in_recovery()")
         result = self._reply(pgconn)
@@ -230,12 +227,10 @@ class PostgresReader(ThreadConnections, Reader):
 
     def _reply(self, pgconn):
         """The result of the query just sent (libpq's non-blocking send), waiting for the socket at
-        most
-        AUTHSVC_PG_REPLY_TIMEOUT in all: a network that went silent under an open connection (a
-        blackhole
-        behind pgbouncer, heavy loss) acknowledges nothing the kernel could time out, and the
-        server's
-        statement timeout never starts on a query that did not arrive. ReplyTimeout otherwise."""
+        most AUTHSVC_PG_REPLY_TIMEOUT in all: a network that went silent under an open connection (a
+        blackhole behind pgbouncer, heavy loss) acknowledges nothing the kernel could time out, and
+        the server's statement timeout never starts on a query that did not arrive. ReplyTimeout
+        otherwise."""
         deadline = time.monotonic() + self._reply_timeout
         socket = pgconn.socket
         while pgconn.flush():  # 1 while some of the query is still to be sent
@@ -312,16 +307,13 @@ class PostgresReader(ThreadConnections, Reader):
 
     def fresh_credentials(self, key_digest: str, user_id: int) -> Credentials | None:
         """``credentials`` again: on a primary every read is of the latest commit already; on a hot
-        standby
-        it is what the standby has replayed by now, the latest within reach (the web process holds
-        no
-        connection to the primary; docs/stores.md, "Bounded staleness")."""
+        standby it is what the standby has replayed by now, the latest within reach (the web process
+        holds no connection to the primary; docs/stores.md, "Bounded staleness")."""
         return self.credentials(key_digest, user_id)
 
     def _log_failure(self, error: psycopg.Error) -> None:
         """One line per FAILURE_WARNING_INTERVAL per process (docs/logs.md, "Floods"): an outage
-        fails
-        every request, each of which is in the access log anyway."""
+        fails every request, each of which is in the access log anyway."""
         held = self._failures.allow()
         if held is not None:
             since = f" ({held} more since the last such line)" if held else ""
@@ -342,9 +334,8 @@ class PostgresReader(ThreadConnections, Reader):
         """The credentials query through libpq itself, one round trip with text values: on a direct
         connection the statement prepared once, then Bind/Execute/Sync; behind a pooler an unnamed
         statement, Parse/Bind/Describe/Execute/Sync in one go (docs/stores.md, "pgbouncer").
-        psycopg's
-        cursor machinery around the same round trip cost more than the round trip's own CPU
-        (BENCHMARKS.md). Errors are raised as psycopg's."""
+        psycopg's cursor machinery around the same round trip cost more than the round trip's own
+        CPU (BENCHMARKS.md). Errors are raised as psycopg's."""
         pgconn = conn.pgconn
         local = self._local
         params = [b"%d" % user_id, key_digest.encode("ascii")]
@@ -472,8 +463,7 @@ class PostgresReader(ThreadConnections, Reader):
 
     def _value(self, conn: psycopg.Connection, sql: bytes) -> bytes | None:
         """The first value of a one-row query, as text, its reply awaited at most
-        AUTHSVC_PG_REPLY_TIMEOUT:
-        the start-up check also runs behind /readyz, on the web path."""
+        AUTHSVC_PG_REPLY_TIMEOUT: the start-up check also runs behind /readyz, on the web path."""
         conn.pgconn.send_query(sql)
         result = self._reply(conn.pgconn)
         _raise_unless(result, ExecStatus.TUPLES_OK)
@@ -481,8 +471,8 @@ class PostgresReader(ThreadConnections, Reader):
 
     def _queries_fail(self, conn: psycopg.Connection) -> str | None:
         """Why this release's read queries fail on a newer schema, or None: each one run once, its
-        reply
-        awaited at most AUTHSVC_PG_REPLY_TIMEOUT. The server going away is raised, not returned."""
+        reply awaited at most AUTHSVC_PG_REPLY_TIMEOUT. The server going away is raised, not
+        returned."""
         pgconn = conn.pgconn
         try:
             for sql, params in (

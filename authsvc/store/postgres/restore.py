@@ -1,6 +1,5 @@
 """PostgreSQL backup and restore (docs/operations.md, section 8): ``pg_dump`` and ``pg_restore`` run
-for the
-owner role, then the restored copy is changed as store/restore.py says.
+for the owner role, then the restored copy is changed as store/restore.py says.
 
 The dump: custom format, no owner (the restoring role owns what it creates), without the webhooks'
 rows and their deliveries (no webhook secret is in a backup, as in a SQLite one). The restore: one
@@ -133,8 +132,7 @@ def _check_alone(conn: psycopg.Connection) -> None:
 
 def _live_facts(conn: psycopg.Connection, into: restore_ledger.Ledger) -> str:
     """The restore generation and deleted players the live database knows; the statements that drop
-    the
-    owner's objects (the first half of the restore's transaction)."""
+    the owner's objects (the first half of the restore's transaction)."""
     if _one(conn, "SELECT to_regclass('restore_generation') IS NOT NULL"):
         into.generation = max(
             into.generation,
@@ -168,8 +166,7 @@ def restore(
     dump: str, url: str, ledger_path: str | None, audit: Audit, settings=None
 ) -> tuple[Restored, bool]:
     """Replace the database's content by ``dump``'s and change it (store/restore.py); (what changed,
-    True: the
-    live database was read). Run as the owner role."""
+    True: the live database was read). Run as the owner role."""
     try:
         with open(dump, "rb") as f:
             if f.read(5) != b"PGDMP":

@@ -220,10 +220,9 @@ class PostgresStore(PostgresReader, Store):
     @contextlib.contextmanager
     def write(self, audit: Audit | None = None) -> Iterator[Tx]:
         """One transaction (the writer lock is its first statement: store/writes.py), psycopg's
-        errors
-        mapped as ``_admin`` maps them. Inside an open write on this thread: that one. After the
-        COMMIT,
-        the chain's new head is logged if the write appended records (store/audit.py, log_head)."""
+        errors mapped as ``_admin`` maps them. Inside an open write on this thread: that one. After
+        the COMMIT, the chain's new head is logged if the write appended records (store/audit.py,
+        log_head)."""
         open_tx = getattr(self._local, "tx", None)
         if open_tx is not None:
             yield open_tx.joined(audit)
@@ -249,11 +248,9 @@ class PostgresStore(PostgresReader, Store):
     # -- admin ----------------------------------------------------------------------
     def migrate(self) -> tuple[int, int]:
         """Migrate as the owner (the advisory lock, the tables, the grants). A store already at this
-        release's
-        version is left as it is for any other role: `authsvc init` on an up-to-date store needs no
-        right to
-        migrate (scripts/install runs it on every upgrade, as the owner only where owner.toml
-        exists)."""
+        release's version is left as it is for any other role: `authsvc init` on an up-to-date store
+        needs no right to migrate (scripts/install runs it on every upgrade, as the owner only where
+        owner.toml exists)."""
         with self._admin(transaction=False) as conn:
             if self._version(conn) == len(MIGRATIONS) and not _value(conn.execute(OWNS_SCHEMA_SQL)):
                 return len(MIGRATIONS), len(MIGRATIONS)
@@ -349,8 +346,7 @@ class PostgresStore(PostgresReader, Store):
 
     def heartbeat_connections(self) -> None:
         """Before the first heartbeat: a dead network noticed within seconds (the kernel's default
-        is
-        minutes of retransmissions, all that time without a heartbeat), and a name in
+        is minutes of retransmissions, all that time without a heartbeat), and a name in
         pg_stat_activity."""
         params = {
             name: str(value) for name, value in pg_conninfo.conninfo_to_dict(self._conninfo).items()

@@ -11,9 +11,8 @@ from authsvc.store import base
 
 def store_error(error: sqlite3.Error, path: str, waited: float | None = None) -> StoreUnavailable:
     """sqlite3's error as the store's own (store/base.py, "Errors"), in one line. A busy store: how
-    long
-    the write waited (``waited``, else ADMIN_LOCK_WAIT), never a guess at who held the lock (SQLite
-    does not tell)."""
+    long the write waited (``waited``, else ADMIN_LOCK_WAIT), never a guess at who held the lock
+    (SQLite does not tell)."""
     code = getattr(error, "sqlite_errorcode", 0) & 0xFF  # the primary result code
     if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
         return StoreLocked(

@@ -370,11 +370,9 @@ class SQLiteReader(ThreadConnections, Reader):
         key there now?
 
         A new transaction, one lookup by primary key; found (a key added since), the snapshot is
-        renewed.
-        Not found, the keys stay as they were (as old as ``taken_at``, within the bound) and the
-        next unknown
-        key costs no lookup until the next commit. So unknown keys cost at most one lookup per
-        commit.
+        renewed. Not found, the keys stay as they were (as old as ``taken_at``, within the bound)
+        and the next unknown key costs no lookup until the next commit. So unknown keys cost at most
+        one lookup per commit.
         """
         conn = snapshot.conn
         conn.execute("COMMIT")

@@ -1,10 +1,7 @@
 """Restoring a SQLite backup over the store's file (docs/operations.md, section 8; store/restore.py
-says what
-the restored copy gets). Nothing is stopped here: the live file is locked exclusively for the whole
-restore,
-which SQLite grants only while no other process (a web worker, the admin API, the deliverer, a
-command)
-has the file open, so a restore never runs beside a writer or a reader."""
+says what the restored copy gets). Nothing is stopped here: the live file is locked exclusively for
+the whole restore, which SQLite grants only while no other process (a web worker, the admin API, the
+deliverer, a command) has the file open, so a restore never runs beside a writer or a reader."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ _HEADER = b"SQLite format 3\x00"
 
 def _hold(path: str) -> sqlite3.Connection | None:
     """The live store locked against every other process, or None if there is no readable store
-    there.
-    StoreLocked if another process has it open."""
+    there. StoreLocked if another process has it open."""
     if not os.path.exists(path):
         return None
     conn = sqlite3.connect(path, isolation_level=None, timeout=0)
@@ -65,8 +61,8 @@ def _live_facts(conn: sqlite3.Connection, into: restore_ledger.Ledger) -> None:
 
 def restore(backup: str, store_path: str, ledger_path: str, audit: Audit) -> tuple[Restored, bool]:
     """Replace the store at ``store_path`` by a changed copy of ``backup``; (what changed, whether
-    the live store
-    was read). The copy is made, checked and changed beside the store, then renamed over it."""
+    the live store was read). The copy is made, checked and changed beside the store, then renamed
+    over it."""
     try:
         with open(backup, "rb") as f:
             if f.read(16) != _HEADER:

@@ -196,14 +196,10 @@ class SQLiteStore(SQLiteReader, Store):
 
     def _erase_wal(self) -> None:
         """After a write that deleted a player or removed a webhook: checkpoint and empty the -wal
-        file, whose
-        older frames still hold the pages as they were before (the names, the webhook's secret). The
-        main
-        file then has the pages as they are now, the deleted content zeroed (secure_delete). A
-        checkpoint
-        cannot pass a reader still in a snapshot of those frames: wait up to ERASE_WAIT for the web
-        workers
-        to let theirs go (docs/stores.md)."""
+        file, whose older frames still hold the pages as they were before (the names, the webhook's
+        secret). The main file then has the pages as they are now, the deleted content zeroed
+        (secure_delete). A checkpoint cannot pass a reader still in a snapshot of those frames: wait
+        up to ERASE_WAIT for the web workers to let theirs go (docs/stores.md)."""
         conn = self._conn()
         deadline = time.monotonic() + ERASE_WAIT
         try:
@@ -311,8 +307,7 @@ class SQLiteStore(SQLiteReader, Store):
     def write(self, audit: Audit | None = None) -> Iterator[Tx]:
         """BEGIN IMMEDIATE (the writer lock: store/writes.py) ... COMMIT, ROLLBACK on any exception;
         sqlite3's errors become the store's. Inside an open write on this thread: that one. After
-        the
-        COMMIT, the chain's new head is logged if the write appended records (store/audit.py,
+        the COMMIT, the chain's new head is logged if the write appended records (store/audit.py,
         log_head)."""
         open_tx = getattr(self._local, "tx", None)
         if open_tx is not None:
@@ -340,8 +335,7 @@ class SQLiteStore(SQLiteReader, Store):
     @contextlib.contextmanager
     def bookkeeping(self, write: bool) -> Iterator[tuple[sqlite3.Connection, SQLiteDialect]]:
         """BEGIN IMMEDIATE ... COMMIT (``write``), else an autocommit read; no writer lock beyond
-        SQLite's
-        own for the moment of the transaction, which waits for an admin write at most
+        SQLite's own for the moment of the transaction, which waits for an admin write at most
         BOOKKEEPING_WAIT."""
         conn = self._conn()
         try:

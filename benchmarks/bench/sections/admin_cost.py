@@ -1,20 +1,14 @@
 """Section admin-cost: what one API token's costliest bodies cost another token's calls
-(docs/admin-api.md,
-"Rate limit").
+(docs/admin-api.md, "Rate limit").
 
 The admin service as docs/admin-api.md runs it (the shipped gunicorn.conf.py and admin.toml: 2
-gthread
-workers of 4 threads, the shipped rate limit) on a new SQLite store, on loopback TCP. Another token
-sends
-``GET /v1/players/7`` every 30 ms, each on a new connection; rounds alternate between that token
-alone and
-that token while 4 threads of one players:write token send the costliest dry-run batch the reader
-lets
-through (harness/hostile_bodies.py: 4 MiB, ~50 ms of a worker's CPU), each as soon as the last is
-answered
-or its Retry-After has passed. Alternating short rounds puts the machine's own noise into both
-columns
-alike; the figure is the ratio of the two p99s (the target: at most 2).
+gthread workers of 4 threads, the shipped rate limit) on a new SQLite store, on loopback TCP.
+Another token sends ``GET /v1/players/7`` every 30 ms, each on a new connection; rounds alternate
+between that token alone and that token while 4 threads of one players:write token send the
+costliest dry-run batch the reader lets through (harness/hostile_bodies.py: 4 MiB, ~50 ms of a
+worker's CPU), each as soon as the last is answered or its Retry-After has passed. Alternating short
+rounds puts the machine's own noise into both columns alike; the figure is the ratio of the two p99s
+(the target: at most 2).
 """
 
 from __future__ import annotations

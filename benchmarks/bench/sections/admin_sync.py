@@ -6,8 +6,7 @@ service (``authsvc.api.wsgi:application``, 2 sync workers, loopback TCP, the def
 rate limit) and ``--sync-clients`` clients posting ``POST /v1/players/batch`` of 1,000
 players each, until the N players are in; then again into a new store with an
 ``Idempotency-Key`` on each call (the first answer kept, as a careful web tier sends it). The bodies
-are
-encoded before the clock starts (the web tier's own cost is not ours); every answer is
+are encoded before the clock starts (the web tier's own cost is not ours); every answer is
 checked (200, 1,000 created) and the store's count afterwards. A 429 is waited out as
 its Retry-After says and counted.
 """
@@ -113,8 +112,7 @@ def sync(
     port: int, token: str, payloads: list[bytes], clients: int, keyed: bool
 ) -> tuple[float, int]:
     """Post every payload from ``clients`` threads (``keyed``: each with its Idempotency-Key);
-    (seconds, 429s).
-    Stops the run on a wrong answer."""
+    (seconds, 429s). Stops the run on a wrong answer."""
     todo = iter(range(len(payloads)))
     lock = threading.Lock()
     limited = [0]

@@ -65,11 +65,9 @@ COMPONENTS = ("app", "postgres", "pgbouncer", "nginx")
 
 def tree_cpu_seconds(pid: int | None) -> float | None:
     """CPU time of a process and all its descendants, living or exited (and reaped), from /proc:
-    each living
-    thread's time on a CPU in ns (schedstat; /proc/PID/stat counts in 10 ms ticks, too coarse for a
-    process
-    that spends 50 µs per request in a short run), plus the reaped children's user + system
-    ticks."""
+    each living thread's time on a CPU in ns (schedstat; /proc/PID/stat counts in 10 ms ticks, too
+    coarse for a process that spends 50 µs per request in a short run), plus the reaped children's
+    user + system ticks."""
     if pid is None:
         return None
     try:
@@ -139,8 +137,7 @@ def web_connections(cluster: ThrowawayPostgres, role: str) -> Callable[[], str]:
 
 def provision(world: World, primary: ThrowawayPostgres) -> int:
     """The world's players in database ``authsvc`` of the primary (authsvc export/init/import), the
-    web roles;
-    the players table's size in bytes, with its index."""
+    web roles; the players table's size in bytes, with its index."""
     import psycopg
 
     with psycopg.connect(primary.url, autocommit=True) as conn:
@@ -187,8 +184,7 @@ def steady_cost(
     primary: ThrowawayPostgres, heartbeat: Heartbeat, seconds: float = 5
 ) -> tuple[float, float]:
     """Percent of a core the primary (the heartbeat's commits, WAL sent to the standby) and the
-    heartbeat
-    writer spend with no authentications at all: what a standby costs per second, not per
+    heartbeat writer spend with no authentications at all: what a standby costs per second, not per
     authentication."""
     pid = heartbeat.process.pid if heartbeat.process else None
     before = tree_cpu_seconds(primary.postmaster_pid()), tree_cpu_seconds(pid)
@@ -204,9 +200,8 @@ def staleness_check_cost(
     standby: ThrowawayStandby, world: World, calls: int, rounds: int = 5
 ) -> tuple[float, float]:
     """The standby's CPU per credentials query with the freshness column (the heartbeat's age) and
-    without it
-    (medians of alternating rounds of ``calls`` prepared queries on one connection, as the web
-    process sends them)."""
+    without it (medians of alternating rounds of ``calls`` prepared queries on one connection, as
+    the web process sends them)."""
     import psycopg
 
     from authsvc.store.postgres.reader import CREDENTIALS_SQL_PQ, STANDBY_SQL_PQ
@@ -236,8 +231,7 @@ def staleness_check_cost(
 @dataclasses.dataclass
 class Fronted:
     """The shipped nginx site in front of the shipped gunicorn.conf.py and authsvc.toml
-    (access_record = "edge")
-    on a unix socket."""
+    (access_record = "edge") on a unix socket."""
 
     root: Path
     https_port: int

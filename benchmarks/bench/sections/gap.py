@@ -60,14 +60,12 @@ RENDER_APP = {"ACCESS_RECORD": "app"}
 @dataclasses.dataclass(frozen=True)
 class Config:
     """One row: ``conf`` "shipped" is deploy/gunicorn.conf.py (plus ``extra`` lines), "plain"
-    gunicorn's
-    flags PLAIN_FLAGS and nothing else; ``nginx`` False: the client talks to gunicorn over TCP;
-    ``bind`` "unix" or "tcp" (behind nginx); ``snippet``: (old, new) replacements in the rendered
-    proxy snippet; ``engine`` "sqlite" or "postgresql" (the store of --pg); ``client_headers``
-    False: the
-    client sends no header but Host (and http.client's Accept-Encoding: identity); ``render``:
-    placeholder
-    values of the nginx site (the shipped authsvc.toml's access_record unless told)."""
+    gunicorn's flags PLAIN_FLAGS and nothing else; ``nginx`` False: the client talks to gunicorn
+    over TCP; ``bind`` "unix" or "tcp" (behind nginx); ``snippet``: (old, new) replacements in the
+    rendered proxy snippet; ``engine`` "sqlite" or "postgresql" (the store of --pg);
+    ``client_headers`` False: the client sends no header but Host (and http.client's
+    Accept-Encoding: identity); ``render``: placeholder values of the nginx site (the shipped
+    authsvc.toml's access_record unless told)."""
 
     label: str
     conf: str = "shipped"
@@ -143,8 +141,7 @@ def post_request(worker, req, environ, resp):
 
 def selected(configs: list[Config], wanted: str) -> list[Config]:
     """The rows ``--gap-rows`` names: comma-separated row numbers (from 1, in CONFIGS' order) or
-    texts found
-    in labels (none: every row)."""
+    texts found in labels (none: every row)."""
     texts = [t.strip() for t in wanted.split(",") if t.strip()]
     if not texts:
         return configs
@@ -157,8 +154,7 @@ def selected(configs: list[Config], wanted: str) -> list[Config]:
 
 def drive(port: int, paths: list[str], count: int, host: str | None, client_headers: bool) -> None:
     """``count`` requests, one at a time, on one keep-alive connection (to nginx) or one each (to
-    gunicorn),
-    with a game server's few headers (``client_headers``) or none."""
+    gunicorn), with a game server's few headers (``client_headers``) or none."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     headers = {**(CLIENT_HEADERS if client_headers else {}), **({"Host": host} if host else {})}
     try:
@@ -174,8 +170,7 @@ def drive(port: int, paths: list[str], count: int, host: str | None, client_head
 
 def edit_snippet(site_root: Path, replacements: tuple) -> None:
     """Replace text in the rendered proxy snippet; a text that is not there stops the run (a row
-    that no
-    longer changes anything)."""
+    that no longer changes anything)."""
     snippet = site_root / "deploy" / "nginx" / "snippets" / "authsvc-proxy.conf"
     text = snippet.read_text()
     for old, new in replacements:
@@ -298,10 +293,8 @@ def instructions(
 
 def against(args: argparse.Namespace, checkout: Path, numbers: list[int]) -> dict[str, float]:
     """The rows ``numbers`` (this checkout's) measured by another checkout's own gap section, with
-    its own store,
-    deploy/ files and code, run by this virtualenv's Python: {label: instructions per request}. Rows
-    are
-    matched by label; one the other checkout lacks is absent."""
+    its own store, deploy/ files and code, run by this virtualenv's Python: {label: instructions per
+    request}. Rows are matched by label; one the other checkout lacks is absent."""
     command = [
         str(VENV_BIN / "python"),
         "-m",

@@ -1,6 +1,5 @@
 """Section nginx: the shipped nginx site in front of the shipped gunicorn.conf.py and authsvc.toml
-(access_record =
-"edge": nginx's line the one record), sync against gthread."""
+(access_record = "edge": nginx's line the one record), sync against gthread."""
 
 from __future__ import annotations
 
@@ -47,14 +46,11 @@ def nginx_in_front(
     edit: Callable[[Path], None] | None = None,
 ) -> Iterator[tuple[int, int, subprocess.Popen]]:
     """The shipped nginx site rendered as scripts/install renders it, its rate, per-address and
-    per-app-host
-    limits out of the way (a throughput measurement); ``overrides`` replace placeholder values (the
-    storm
-    section's UPSTREAM_MAX_CONNS); ``edit`` is called with ``root`` once the files are rendered (the
-    storm
-    section's reference site, the gap section's variants of the proxy snippet); ``worker_processes``
-    for
-    nginx.conf (the storm section pins nginx to some CPUs: nginx's "auto" counts them all)."""
+    per-app-host limits out of the way (a throughput measurement); ``overrides`` replace placeholder
+    values (the storm section's UPSTREAM_MAX_CONNS); ``edit`` is called with ``root`` once the files
+    are rendered (the storm section's reference site, the gap section's variants of the proxy
+    snippet); ``worker_processes`` for nginx.conf (the storm section pins nginx to some CPUs:
+    nginx's "auto" counts them all)."""
     import trustme
 
     nginx = find_nginx()

@@ -29,8 +29,7 @@ from harness.processes import free_port
 @contextlib.contextmanager
 def temporary_database(url: str, what: str = "a PostgreSQL row") -> Iterator[str]:
     """A new, empty database on the server of ``url`` (--pg); its URL, dropped after (its sessions
-    ended).
-    ``what`` names the rows that need it when there is no server to reach."""
+    ended). ``what`` names the rows that need it when there is no server to reach."""
     import psycopg
 
     try:

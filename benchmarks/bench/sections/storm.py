@@ -163,8 +163,7 @@ def cpu_list(cpus: frozenset[int]) -> str:
 
 def pinning(mode: str) -> Pinning | None:
     """The split of this process's CPUs (os.sched_getaffinity): the first half for the client, the
-    rest for
-    the server; None when off or when there is only one."""
+    rest for the server; None when off or when there is only one."""
     cpus = sorted(os.sched_getaffinity(0))
     if mode == "off":
         return None
@@ -261,10 +260,8 @@ def cpu_seconds(
     server_cpus: frozenset[int] | None = None,
 ) -> dict[str, float]:
     """CPU time so far of gunicorn's workers, nginx's workers and the children this process reaped
-    (wrk); and
-    the time the server's CPUs (all of them unpinned) were busy with anything (/proc/stat: other
-    tenants,
-    the kernel's softirq work, the server itself)."""
+    (wrk); and the time the server's CPUs (all of them unpinned) were busy with anything
+    (/proc/stat: other tenants, the kernel's softirq work, the server itself)."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {
         "workers": workers_cpu_seconds(gunicorn_proc) or 0.0,
@@ -276,8 +273,7 @@ def cpu_seconds(
 
 def cpus_busy_seconds(cpus: frozenset[int] | None) -> dict[str, float]:
     """Seconds these CPUs (None: all) were not idle, and of it in softirq (loopback's network work),
-    from
-    /proc/stat."""
+    from /proc/stat."""
     busy = softirq = 0
     for line in Path("/proc/stat").read_text().splitlines():
         name, *fields = line.split()
@@ -364,10 +360,8 @@ def probe(server: Server, paths: list[str], stop: threading.Event, out: list) ->
 
 def read_access_log(path: Path, start: int) -> tuple[dict[str, list[float]], int, int]:
     """Request times (ms) by status from byte ``start`` of nginx's access log (of nginx's own 503s,
-    the one
-    in 100 logged); the 503s no app host saw, each logged line standing for the N of its
-    "sampled=1/N";
-    and the 503s of an app host (each logged)."""
+    the one in 100 logged); the 503s no app host saw, each logged line standing for the N of its
+    "sampled=1/N"; and the 503s of an app host (each logged)."""
     times: dict[str, list[float]] = {}
     shed = by_app = 0
     with path.open("rb") as f:
@@ -832,14 +826,11 @@ SHED_CONN_ZONE = "limit_conn_zone $authsvc_client zone=authsvc_conn:10m;\n"
 
 def shed_by_limit_conn(root: Path) -> None:
     """Candidate, not shipped: shed before the proxy module. One limit_conn count for the whole site
-    (a zone keyed
-    by a constant), limit UPSTREAM_MAX_CONNS x app hosts (here 1 x 1, held), limit_conn_status 503
-    on the API
-    location, and nginx's own 503 given Retry-After (@authsvc_503; the app's 503s are never
-    intercepted). A
-    location's limit_conn replaces the server's, so the per-address one is repeated there (and its
-    status
-    becomes 503 too: limit_conn_status is one per location)."""
+    (a zone keyed by a constant), limit UPSTREAM_MAX_CONNS x app hosts (here 1 x 1, held),
+    limit_conn_status 503 on the API location, and nginx's own 503 given Retry-After (@authsvc_503;
+    the app's 503s are never intercepted). A location's limit_conn replaces the server's, so the
+    per-address one is repeated there (and its status becomes 503 too: limit_conn_status is one per
+    location)."""
     snippets = root / "deploy" / "nginx" / "snippets"
     _sub(
         root / "deploy" / "nginx" / "sites" / "authsvc.conf",
@@ -896,10 +887,8 @@ def shed_unlogged(root: Path) -> None:
 
 def fewer_proxy_headers(root: Path) -> None:
     """The shipped path without the proxy_set_header lines that evaluate a variable (Content-Type,
-    Host,
-    X-Request-Start; rendered for access_record = "edge", nginx sends no X-Forwarded-* or
-    X-Request-Id): what
-    building them costs on a shed answer. Not servable."""
+    Host, X-Request-Start; rendered for access_record = "edge", nginx sends no X-Forwarded-* or
+    X-Request-Id): what building them costs on a shed answer. Not servable."""
     proxy = root / "deploy" / "nginx" / "snippets" / "authsvc-proxy.conf"
     text = proxy.read_text()
     lines = [
@@ -916,8 +905,7 @@ def fewer_proxy_headers(root: Path) -> None:
 
 def answer_without_proxy(root: Path) -> None:
     """A floor, not a candidate: the API location answers the JSON 503 itself (return, in the
-    rewrite phase:
-    before limit_req and the proxy module), every one logged."""
+    rewrite phase: before limit_req and the proxy module), every one logged."""
     snippets = root / "deploy" / "nginx" / "snippets"
     _sub(
         snippets / "authsvc-proxy.conf",
@@ -957,8 +945,7 @@ SHED_CANDIDATES = [
 
 def shed_cost(world: World, args: argparse.Namespace, pin: Pinning | None) -> list[ShedCost]:
     """nginx's CPU per shed 503: both sites up at once in front of an app host that never answers,
-    wrk
-    (closed loop, keep-alive, the storm script checking every answer) on each in turn,
+    wrk (closed loop, keep-alive, the storm script checking every answer) on each in turn,
     ``args.rounds`` rounds."""
     storm_script = world.root / "storm.lua"
     variants = SHED_VARIANTS + (SHED_CANDIDATES if args.storm_shed_variants == "all" else [])
