@@ -407,7 +407,7 @@ def make_app(
     ``tolerate_outage``: a store that is merely unreachable (StoreUnreachable at the check, or
     StoreUnavailable reading the secrets' fingerprints just after it) is logged and the app built
     anyway, without the known-secret check, answering 503 until the store is back (a gunicorn
-    worker: docs/stores.md, "Outages")."""
+    worker: docs/stores.md, "Outages"); without it, either is raised as StoreUnreachable."""
     if store is None:
         store = open_reader(
             settings.store, settings
@@ -417,7 +417,9 @@ def make_app(
             known = store.token_secrets()  # its own connection: the outage may begin in between
         except (StoreUnreachable, StoreUnavailable) as e:
             if not tolerate_outage:
-                raise
+                # An outage either way: the master exits 75 for it and systemd tries again
+                # (authsvc/web/wsgi.py).
+                raise StoreUnreachable(str(e)) from None
             log.warning("%s; starting anyway, answering 503 until it answers", e)
         else:
             # A secret file the store was never used with would refuse every token: refused at
