@@ -404,23 +404,27 @@ def make_app(
     settings: Settings, store: Reader | None = None, *, tolerate_outage: bool = False
 ) -> App:
     """Build the app; the store is checked now, so a bad store fails start-up, not a request.
-    ``tolerate_outage``: a store that is merely unreachable (StoreUnreachable) is logged and the app
-    built anyway, answering 503 until the store is back (a gunicorn worker: docs/stores.md,
-    "Outages")."""
+    ``tolerate_outage``: a store that is merely unreachable (StoreUnreachable at the check, or
+    StoreUnavailable reading the secrets' fingerprints just after it) is logged and the app built
+    anyway, without the known-secret check, answering 503 until the store is back (a gunicorn
+    worker: docs/stores.md, "Outages"); without it, either is raised as StoreUnreachable."""
     if store is None:
         store = open_reader(
             settings.store, settings
         )  # read-only, and no method that writes (store/base.py)
         try:
             store.check()
-        except StoreUnreachable as e:
+            known = store.token_secrets()  # its own connection: the outage may begin in between
+        except (StoreUnreachable, StoreUnavailable) as e:
             if not tolerate_outage:
-                raise
+                # An outage either way: the master exits 75 for it and systemd tries again
+                # (authsvc/web/wsgi.py).
+                raise StoreUnreachable(str(e)) from None
             log.warning("%s; starting anyway, answering 503 until it answers", e)
         else:
             # A secret file the store was never used with would refuse every token: refused at
             # start-up.
-            check_known(settings.token_secrets, store.token_secrets(), settings.token_secret_file)
+            check_known(settings.token_secrets, known, settings.token_secret_file)
         if isinstance(store, SQLiteReader) and (warning := store.journal_mode_warning()):
             log.warning("%s", warning)
         store.close()  # each worker opens its own connection after fork
