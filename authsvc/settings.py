@@ -597,9 +597,8 @@ def load_token_secrets(path: str, *, systemd_credential: bool = False) -> TokenS
             raw = f.read()
     except OSError as e:
         raise ConfigError(
-            f"cannot read token secret file {path}: {e.strerror} "
-            "(restore it from its backup copy: a new secret would refuse every token issued; "
-            "or set AUTHSVC_TOKEN_SECRET_FILE)"
+            f"cannot read token secret file {path}: {e.strerror} (restore it from its backup copy: "
+            "a new secret would refuse every token issued; or set AUTHSVC_TOKEN_SECRET_FILE)"
         ) from None
     if mode & (stat.S_IROTH | stat.S_IWOTH):
         raise ConfigError(

@@ -44,8 +44,8 @@ def check_known(token_secrets: tuple[bytes, ...], known: Mapping[str, int], path
     if known and not any(fingerprint(secret) in known for secret in token_secrets):
         raise ConfigError(
             f"token secret file {path} holds none of the secrets this store was used with: every "
-            "token "
-            f"would be refused; restore {path} from its backup copy (docs/operations.md section 21)"
+            f"token would be refused; restore {path} from its backup copy "
+            "(docs/operations.md section 21)"
         )
 
 

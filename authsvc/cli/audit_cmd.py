@@ -50,8 +50,7 @@ def parse_time(text: str, now_ms: int) -> int:
     except ValueError:
         raise Invalid(
             "a time must be a date or date and time (2026-11-01, 2026-11-01T12:00:00Z) or a span "
-            "ago "
-            f"(30d, 12h, 90m), got {text!r}"
+            f"ago (30d, 12h, 90m), got {text!r}"
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.UTC)
@@ -138,9 +137,8 @@ def read_heads(path: str) -> dict[int, set[str]]:
                 if head is None or int(head[1]) > MAX_ID:
                     raise Invalid(
                         f"{path} line {number}: not a head line as authsvc writes it "
-                        f"('{HEAD_LOG.name}: head id=N "
-                        "hash=H', N from 1 to 2^63-1, H 64 lower-case hex digits): "
-                        f"{shown(line.strip()[:200])!r}"
+                        f"('{HEAD_LOG.name}: head id=N hash=H', N from 1 to 2^63-1, H 64 "
+                        f"lower-case hex digits): {shown(line.strip()[:200])!r}"
                     )
                 heads.setdefault(int(head[1]), set()).add(head[2])
     except OSError as e:
@@ -319,13 +317,12 @@ def _not_anchored(record_id: int, logged: set[str]) -> str:
     if len(logged) > 1:
         return (
             f"the log anchors {len(logged)} different records {record_id}: the chain was cut and "
-            "written "
-            f"again from there (a restored backup?), or the file holds the logs of two stores"
+            "written again from there (a restored backup?), or the file holds the logs of two "
+            "stores"
         )
     return (
         f"record {record_id} is not the record the log anchored (another hash): it was rewritten, "
-        "or the "
-        f"chain was cut and written again from there"
+        "or the chain was cut and written again from there"
     )
 
 
@@ -541,8 +538,8 @@ def add_parsers(top, common, parser_class) -> None:
         "--anchor",
         metavar="FILE",
         help="a log of the chain's heads (journalctl -u authsvc-admin -o cat; journalctl -t "
-        "authsvc -o cat): "
-        "the chain must hold each head logged since its start, so nothing was cut from its end",
+        "authsvc -o cat): the chain must hold each head logged since its start, so nothing was cut "
+        "from its end",
     )
     text = (
         "delete the records older than TIME (default: AUTHSVC_AUDIT_RETENTION_DAYS); the chain "

@@ -74,12 +74,10 @@ def cmd_restore(args, settings):
     }
     text = (
         f"restored {args.file} to {redact_url(settings.store)} in {seconds:.1f} s: restore "
-        "generation "
-        f"{done.generation}; every token minted before now is void ({done.players} players: each "
-        "needs a new "
-        f"one, re-sync them from the platform); {done.erased} players deleted after the backup "
-        "deleted again; "
-        f"{done.webhooks} webhooks removed (subscribe again)"
+        f"generation {done.generation}; every token minted before now is void ({done.players} "
+        f"players: each needs a new one, re-sync them from the platform); {done.erased} players "
+        f"deleted after the backup deleted again; {done.webhooks} webhooks removed (subscribe "
+        "again)"
         + (
             ""
             if live

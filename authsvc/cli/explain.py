@@ -209,8 +209,8 @@ def _which_token(secrets, retired, games: dict[int, Game], game: Game, player, t
         if _matches(retired, game.id, user_id, candidate, token) is not None:
             return (
                 "a token made with a token secret no longer in the secret file (epoch "
-                f"{candidate}); "
-                "the platform must give the player a token made with the current secret"
+                f"{candidate}); the platform must give the player a token made with the current "
+                "secret"
             )
     tried = "retired secrets given" if retired else "no retired secret file given"
     return (

@@ -97,9 +97,8 @@ def run(write: Callable[[], None], interval: float) -> None:
             if text != reason:  # once per reason, not five lines a second
                 reason = text
                 _say(
-                    f"cannot write: {text}; trying again every {interval:g} s "
-                    "(hot standbys answer 503 once their heartbeat is older than "
-                    "AUTHSVC_MAX_STALENESS)"
+                    f"cannot write: {text}; trying again every {interval:g} s (hot standbys answer "
+                    "503 once their heartbeat is older than AUTHSVC_MAX_STALENESS)"
                 )
         due += interval
         now = time.monotonic()

@@ -24,8 +24,7 @@ def cmd_rotate(args, settings):
         older = token_secret.rotate_token_secret(store, command_context(), path)
     text = (
         f"token secret file {path}: a new secret, minted with from now on by every process within "
-        "a second; "
-        f"the {older} older one(s) still accepted.\n"
+        f"a second; the {older} older one(s) still accepted.\n"
         "Tokens minted before keep working until you retire the older secrets: run 'authsvc secret "
         "retire' once the platform has minted a new token for every player still playing (it mints "
         "one at each player's next page load: wait out your longest session, a day is typical). "

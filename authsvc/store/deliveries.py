@@ -206,8 +206,8 @@ def event_data(conn: Any, d: Dialect, delivery_id: int) -> str | None:
     row = conn.execute(
         d.sql(
             "SELECT e.data FROM deliveries AS d JOIN events AS e ON e.id = d.event_id JOIN "
-            "webhooks AS w "
-            "ON w.id = d.webhook_id WHERE d.id = ? AND d.state = 'pending' AND w.deleted_at IS NULL"
+            "webhooks AS w ON w.id = d.webhook_id WHERE d.id = ? AND d.state = 'pending' AND "
+            "w.deleted_at IS NULL"
         ),
         (delivery_id,),
     ).fetchone()

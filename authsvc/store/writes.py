@@ -528,8 +528,8 @@ class Tx(abc.ABC):
             # A later expiry: the earlier of the two columns (the reader's rule) is after ``ms``.
             self._sql(
                 "UPDATE api_keys SET expires_at = ?, expires_at_ms = ? WHERE game_id = ? AND "
-                "(expires_at IS NULL "
-                "OR (expires_at * 1000 > ? AND (expires_at_ms IS NULL OR expires_at_ms > ?)))",
+                "(expires_at IS NULL OR (expires_at * 1000 > ? AND (expires_at_ms IS NULL OR "
+                "expires_at_ms > ?)))",
                 (seconds, ms, game_id, ms, ms),
             )
         self._insert_key(key_digest, game_id, now)

@@ -675,9 +675,8 @@ def test_access_logs_name_the_route_never_a_decoded_path(stack):
 NGINX_LINE = re.compile(
     r"^(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d) (?P<rid>[0-9a-f]{32}) "
     r'(?P<address>\S+) "(?P<host>[^"]+)" "(?P<request>[^"]+)" (?P<status>\d{3}) \d+ \d+ [\d.]+ '
-    r'upstream=(?P<upstream>.+?) addr="[^"]*" '
-    r"result=(?P<result>\d{3}|-) reason=(?P<reason>[a-z_]+|-) game=(?P<game>\d+|none|-) "
-    r"user=(?P<user>\d+|-) "
+    r'upstream=(?P<upstream>.+?) addr="[^"]*" result=(?P<result>\d{3}|-) '
+    r"reason=(?P<reason>[a-z_]+|-) game=(?P<game>\d+|none|-) user=(?P<user>\d+|-) "
     r'"(?P<agent>[^"]*)"(?P<sampled> sampled=1/100)?$'
 )
 # A user id with spaces, quotes, a newline and forged fields: malformed, never echoed.

@@ -327,12 +327,11 @@ def attack_page(action: str, fields: dict[str, str], how: str, plant_cookie: str
             f'<script>{script} document.getElementById("f").submit();</script>'
         )
     return (
-        f"<!doctype html><script>{script} fetch({json.dumps(action)}, "
-        f"{{method: 'POST', mode: 'no-cors', "
-        "credentials: 'include', headers: {'Content-Type': 'application/x-www-form-urlencoded'}, "
-        f"body: {json.dumps(urllib.parse.urlencode(fields))}}}).finally(() => {{ document.title = "
-        f"'sent'; }});"
-        "</script>"
+        f"<!doctype html><script>{script} fetch({json.dumps(action)}, {{method: 'POST', mode: "
+        "'no-cors', credentials: 'include', headers: {'Content-Type': "
+        "'application/x-www-form-urlencoded'}, body: "
+        f"{json.dumps(urllib.parse.urlencode(fields))}}}).finally(() => {{ document.title = "
+        "'sent'; });</script>"
     )
 
 

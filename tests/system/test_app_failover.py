@@ -287,12 +287,10 @@ def test_killing_an_app_host_fails_no_authentication(stack, tmp_path):
     print(
         f"\nfailover: {result['requests']} authentications in {DURATION} s (GET and POST), "
         f"{result['bad']} bad answers, socket errors {errors}, p99 {result['p99_us'] / 1000:.1f} "
-        "ms; "
-        f"{served_by_dead_before} served by {dead_addr} before its SIGKILL, {len(retried)} retried "
-        "on the "
-        f"other host, the last line naming the dead host read {last_touch_s * 1000:.0f} ms after "
-        "the kill; answers per second from the kill's (nginx log) [killed host, other]: "
-        f"{dict(sorted(per_second.items()))}"
+        f"ms; {served_by_dead_before} served by {dead_addr} before its SIGKILL, {len(retried)} "
+        "retried on the other host, the last line naming the dead host read "
+        f"{last_touch_s * 1000:.0f} ms after the kill; answers per second from the kill's (nginx "
+        f"log) [killed host, other]: {dict(sorted(per_second.items()))}"
     )
 
     # Zero failed authentications: every answer the JSON success, no socket error.

@@ -359,8 +359,8 @@ def test_a_link_check_does_not_hold_up_another_players_play(unlimited_loop):
     quiet_ms, beside_ms, guessing_ms = (statistics.median(t) for t in (quiet, beside, guessing))
     print(
         f"another player's median play: {quiet_ms:.1f} ms quiet, {beside_ms:.1f} ms beside hashes "
-        "outside the "
-        f"game, {guessing_ms:.1f} ms during {len(guesses)} link checks (a hash: {hash_ms:.0f} ms)"
+        f"outside the game, {guessing_ms:.1f} ms during {len(guesses)} link checks (a hash: "
+        f"{hash_ms:.0f} ms)"
     )
     assert len(guesses) >= 6
     assert guessing_ms <= beside_ms + max(15.0, hash_ms / 2), (beside_ms, guessing_ms, hash_ms)

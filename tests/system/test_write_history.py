@@ -664,16 +664,13 @@ def check_second_effects(
     if twice or extra or differ or unlike:
         return (
             f"(b) Idempotency-Keys with a second effect: {len(twice)} of {len(keyed)} "
-            f"({count(op.kind for op in twice)}); "
-            f"{len(late)} of them from a late retry; epoch increments {increments} (player.revoke "
-            "records "
-            f"{len(revokes)}; players whose epoch is not their count of revoke records: {unlike}) "
-            "for "
+            f"({count(op.kind for op in twice)}); {len(late)} of them from a late retry; epoch "
+            f"increments {increments} (player.revoke records {len(revokes)}; players whose epoch "
+            f"is not their count of revoke records: {unlike}) for "
             f"{took_effect_api + took_effect_cli} revoke writes that took effect "
             f"({took_effect_api} API keys, {took_effect_cli} commands): {extra} extra; late "
-            "replays not answered "
-            f"as a replay of the first answer: {len(differ)} of {len(replayed)} "
-            f"({count(op.kind for op in differ)})"
+            f"replays not answered as a replay of the first answer: {len(differ)} of "
+            f"{len(replayed)} ({count(op.kind for op in differ)})"
         )
     return ""
 
@@ -701,11 +698,9 @@ def check_mint_epochs(ops_: list[Op], cli: list[CliRun], found: dict, records: l
     if behind or mismatched:
         return (
             f"(c) mints of a revoked epoch: {behind} of {total} token.mint records carry an epoch "
-            "a revoke earlier "
-            f"in the chain had already ended, {answered_dead} of them answered to a client as a "
-            "token; "
-            f"API mint answers whose epoch is in none of their records: {mismatched} of "
-            f"{len(mints)}"
+            f"a revoke earlier in the chain had already ended, {answered_dead} of them answered to "
+            "a client as a token; API mint answers whose epoch is in none of their records: "
+            f"{mismatched} of {len(mints)}"
         )
     return ""
 

@@ -457,8 +457,7 @@ class PostgresReader(ThreadConnections, Reader):
                 f"{where} is a hot standby and AUTHSVC_MAX_STALENESS is "
                 f"{self._max_lag_ms / 1000:g} s: it can show its freshness only to within the "
                 "heartbeat's 0.2 s plus the replication delay, so it would answer 503; set it to "
-                f"at least {STANDBY_MIN_STALENESS:g} s "
-                '(docs/stores.md, "Hot standby")'
+                f'at least {STANDBY_MIN_STALENESS:g} s (docs/stores.md, "Hot standby")'
             )
 
     def _value(self, conn: psycopg.Connection, sql: bytes) -> bytes | None:

@@ -111,8 +111,8 @@ def _check_alone(conn: psycopg.Connection) -> None:
     fresh."""
     others = conn.execute(
         "SELECT coalesce(usename, '?'), count(*) FROM pg_stat_activity WHERE datname = "
-        "current_database() "
-        "AND pid <> pg_backend_pid() AND backend_type = 'client backend' GROUP BY 1 ORDER BY 1"
+        "current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend' GROUP "
+        "BY 1 ORDER BY 1"
     ).fetchall()
     if others:
         who = ", ".join(f"{n} of {role}" for role, n in others)
@@ -153,8 +153,8 @@ def _live_facts(conn: psycopg.Connection, into: restore_ledger.Ledger) -> str:
         row[0]
         for row in conn.execute(
             "SELECT p.oid::regprocedure::text FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = "
-            "p.pronamespace "
-            "WHERE n.nspname = current_schema() AND pg_get_userbyid(p.proowner) = current_user"
+            "p.pronamespace WHERE n.nspname = current_schema() AND pg_get_userbyid(p.proowner) = "
+            "current_user"
         )
     ]
     drops = [f"DROP TABLE IF EXISTS {', '.join(tables)} CASCADE;"] if tables else []

@@ -271,8 +271,8 @@ class PostgresStore(PostgresReader, Store):
                 except psycopg.errors.LockNotAvailable:
                     raise StoreLocked(
                         f"migration {version}: another session (a pg_dump, a long read) held a "
-                        "table it changes "
-                        f"for {MIGRATION_LOCK_WAIT}; nothing was changed, run 'authsvc init' again"
+                        f"table it changes for {MIGRATION_LOCK_WAIT}; nothing was changed, run "
+                        "'authsvc init' again"
                     ) from None
                 except psycopg.DatabaseError as e:
                     raise ConfigError(

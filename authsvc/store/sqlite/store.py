@@ -265,9 +265,8 @@ class SQLiteStore(SQLiteReader, Store):
             return None
         return (
             f"the disk of sqlite store {self.path} has {free >> 10} KiB free, under "
-            f"{MIN_FREE_BYTES >> 20} MiB: "
-            "admin writes fail with 'the disk is full'; free space there "
-            "(docs/operations.md, section 7)"
+            f"{MIN_FREE_BYTES >> 20} MiB: admin writes fail with 'the disk is full'; free space "
+            "there (docs/operations.md, section 7)"
         )
 
     def backup(self, target: str) -> None:

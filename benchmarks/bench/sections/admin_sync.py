@@ -189,11 +189,10 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     print(f"\n## 11. Admin API: batch sync of {args.sync_players:,} players\n")
     print(
         f"POST /v1/players/batch, {BATCH:,} players a call, into an empty store; the admin service "
-        "under "
-        f"gunicorn (2 sync workers, loopback TCP, the default rate limit), {args.sync_clients} "
-        "client threads (a connection each; bodies encoded beforehand); each engine once without "
-        "and once with an "
-        f"Idempotency-Key a call (its answer kept); {os.cpu_count()} CPUs shared by everything.\n"
+        "under gunicorn (2 sync workers, loopback TCP, the default rate limit), "
+        f"{args.sync_clients} client threads (a connection each; bodies encoded beforehand); each "
+        "engine once without and once with an Idempotency-Key a call (its answer kept); "
+        f"{os.cpu_count()} CPUs shared by everything.\n"
     )
     print("| engine | players | calls | seconds | players/s | 429s | target (s) |")
     print("|---|---|---|---|---|---|---|")

@@ -76,9 +76,9 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     app.store.close()
     reference = figures[cases[0][0]].best
     print(
-        "\n7. Request bodies of at most 16 KiB: in-process cost per call (the WSGI callable "
-        "called directly, "
-        f"a POST with a fresh input each call); 3 alternating rounds of 5 runs of {calls} calls\n"
+        "\n7. Request bodies of at most 16 KiB: in-process cost per call (the WSGI callable called "
+        "directly, a POST with a fresh input each call); 3 alternating rounds of 5 runs of "
+        f"{calls} calls\n"
     )
     print("| body | bytes | answer | µs per call, best | median | best vs plain form |")
     print("|---|---|---|---|---|---|")

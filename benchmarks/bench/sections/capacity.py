@@ -431,15 +431,12 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     print_tables(configs, args, workers)
     print(
         f"\nThe staleness check alone, on the standby: its CPU per credentials query {checked:.1f} "
-        "µs with the "
-        f"check, {plain:.1f} µs without ({checked - plain:+.1f} µs; {calls:,} prepared queries on "
-        "one connection "
-        f"in each of 5 alternating rounds, medians)."
+        f"µs with the check, {plain:.1f} µs without ({checked - plain:+.1f} µs; {calls:,} prepared "
+        "queries on one connection in each of 5 alternating rounds, medians)."
     )
     print(
         f"With no authentications, for the standby: the primary spends {primary_pct:.2f} % of a "
-        "core (the "
-        f"heartbeat's commits, WAL sent), the heartbeat writer {writer_pct:.2f} % (5 s)."
+        f"core (the heartbeat's commits, WAL sent), the heartbeat writer {writer_pct:.2f} % (5 s)."
     )
     print(
         f"The PostgreSQL players table of {world.players:,} players, with its index: "
@@ -458,8 +455,7 @@ def cell(us: float | None) -> str:
 def print_tables(configs: list[Config], args: argparse.Namespace, workers: int) -> None:
     print(
         "\n9. Capacity per core: CPU time per authentication of each process that serves it, from "
-        "/proc "
-        f"({workers} sync workers per gunicorn, wrk -t{args.threads} -c{args.connections} "
+        f"/proc ({workers} sync workers per gunicorn, wrk -t{args.threads} -c{args.connections} "
         f"-d{args.capacity_seconds}s, {args.rounds} alternating rounds; medians of the rounds)\n"
     )
     head = [

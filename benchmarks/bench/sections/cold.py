@@ -36,10 +36,8 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
 
     print(
         "\n6. In-process cost per call: hot (called in a loop), and with 8 MB or 64 MB of memory "
-        "touched before "
-        "each call (as gunicorn's own work between two requests empties the caches); "
-        f"{args.cold_calls} calls, "
-        "best of 3 runs\n"
+        "touched before each call (as gunicorn's own work between two requests empties the "
+        f"caches); {args.cold_calls} calls, best of 3 runs\n"
     )
     print("| app | hot µs | 8 MB touched µs | 64 MB touched µs |")
     print("|---|---|---|---|")

@@ -41,10 +41,9 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         rows = measure(servers, world, script, args)
     bare, _, authsvc, flask = rows  # the plain app is compared in-process below
     print_table(
-        f"1. Through gunicorn ({args.workers} sync workers, --preload, loopback TCP), "
-        f"wrk -t{args.threads} -c{args.connections} -d{args.duration}s, {args.rounds} alternating "
-        "rounds, "
-        f"{world.players:,} players",
+        f"1. Through gunicorn ({args.workers} sync workers, --preload, loopback TCP), wrk "
+        f"-t{args.threads} -c{args.connections} -d{args.duration}s, {args.rounds} alternating "
+        f"rounds, {world.players:,} players",
         rows,
         bare,
         {"flask": flask},

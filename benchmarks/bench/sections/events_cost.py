@@ -182,8 +182,8 @@ def _auth_runs(world: World, args: argparse.Namespace, logs: Path, script: Path)
                     r.stop_deliverer()
                     print(
                         f"  round {n + 1}: {runs['deliver'][-1].rps:,.0f} req/s beside the "
-                        "deliverer "
-                        f"({runs['rates'][-1]:,.0f} deliveries/s, {runs['left'][-1]:,} left)",
+                        f"deliverer ({runs['rates'][-1]:,.0f} deliveries/s, {runs['left'][-1]:,} "
+                        "left)",
                         file=sys.stderr,
                     )
             check_answers(server, world, sample=20)
@@ -214,26 +214,22 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     auth = _auth_runs(world, args, logs, script)
     print(
         f"\n## 15. Events on: the admin sync and the game-facing path (load average {load_before} "
-        "before, "
-        f"{_load()} after)\n"
+        f"before, {_load()} after)\n"
     )
     session_nice = group_nice(DELIVER_UNIT)
     print(
         f"{args.rounds} rounds, the order alternating; medians. Sync: {args.events_cost_players:,} "
-        "players, "
-        f"POST /v1/players/batch (1,000 a call, {args.sync_clients} clients, admin service: 2 sync "
-        "workers) into an empty store, with no webhook, then with one subscribed to every player "
-        "event (an event per player either way; the deliveries are the deliverer's: its fan-out "
-        "timed after the sync, in process). "
-        f"Authentication: wrk -t{args.threads} -c{args.connections} -d{args.duration}s "
-        f"on the game-facing service ({args.workers} sync workers, {world.players:,} players, "
-        "SQLite) alone, then "
-        f"while `authsvc deliver` ({' '.join(_nice()) or 'nice 0'}"
+        f"players, POST /v1/players/batch (1,000 a call, {args.sync_clients} clients, admin "
+        "service: 2 sync workers) into an empty store, with no webhook, then with one subscribed "
+        "to every player event (an event per player either way; the deliveries are the "
+        "deliverer's: its fan-out timed after the sync, in process). Authentication: wrk "
+        f"-t{args.threads} -c{args.connections} -d{args.duration}s on the game-facing service "
+        f"({args.workers} sync workers, {world.players:,} players, SQLite) alone, then while "
+        f"`authsvc deliver` ({' '.join(_nice()) or 'nice 0'}"
         f"{'' if session_nice is None else f', its session at nice {session_nice} for CPUWeight='}"
         f", as its unit) drains a backlog of {args.events_cost_backlog:,} events from the same "
-        "store to a "
-        "receiver process on loopback (a game's server runs elsewhere: its session at nice "
-        f"{RECEIVER_NICE}, given what the machine's own work leaves).\n"
+        "store to a receiver process on loopback (a game's server runs elsewhere: its session at "
+        f"nice {RECEIVER_NICE}, given what the machine's own work leaves).\n"
     )
     print(
         "| measure | events off | events on | on / off | rounds (on / off) |\n|---|---|---|---|---|"
@@ -263,8 +259,7 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     p99_beside = statistics.median(r.p99_ms for r in beside)
     print(
         f"| authentication p99 ms | {p99_alone:.2f} | {p99_beside:.2f} | "
-        f"{p99_beside / p99_alone:.2f} "
-        "| |"
+        f"{p99_beside / p99_alone:.2f} | |"
     )
     print(
         f"| deliveries/s during the runs; backlog left at the end | | "

@@ -181,9 +181,8 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     rows, https_rows = list(rows.values()), list(https_rows.values())
     print_table(
         "2. Through the shipped nginx site (unix socket, upstream keep-alive), gunicorn.conf.py "
-        "and authsvc.toml "
-        f"(access_record = edge: nginx's line the one record), "
-        f"legacy plain-HTTP host, wrk -t{args.threads} -c{args.connections} -d{args.duration}s",
+        "and authsvc.toml (access_record = edge: nginx's line the one record), legacy plain-HTTP "
+        f"host, wrk -t{args.threads} -c{args.connections} -d{args.duration}s",
         rows,
         rows[0],
     )

@@ -88,9 +88,8 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
             inclusive[frame] = inclusive.get(frame, 0) + int(count)
     print(
         f"\n5. Profile: py-spy, one of {args.workers} sync workers under wrk -c{args.connections}, "
-        f"{total} samples "
-        "(time in the worker, on or off the CPU, idle waits excluded); share of samples that "
-        "include each function\n"
+        f"{total} samples (time in the worker, on or off the CPU, idle waits excluded); share of "
+        "samples that include each function\n"
     )
     print("| function (file) | share |")
     print("|---|---|")

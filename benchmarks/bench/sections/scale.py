@@ -51,9 +51,8 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     small, big_ = figures["small"], figures["big"]
     print(
         f"\n4. Scale: in-process cost per authentication, SQLite, {SCALE_SAMPLE:,} random players "
-        "cycled "
-        f"(the {args.scale_players:,}-player store: {size_mb:,.0f} MB, built in {build_s:.0f} s); "
-        "3 alternating rounds of 5 runs\n"
+        f"cycled (the {args.scale_players:,}-player store: {size_mb:,.0f} MB, built in "
+        f"{build_s:.0f} s); 3 alternating rounds of 5 runs\n"
     )
     print("| players | µs per call, best | median | best vs 100k | median vs 100k |")
     print("|---|---|---|---|---|")

@@ -152,8 +152,7 @@ class Pinning:
     def describe(self) -> str:
         return (
             f"wrk, the probe and the bench on CPU {cpu_list(self.client)}; nginx and gunicorn on "
-            "CPU "
-            f"{cpu_list(self.server)} (as taskset -c)"
+            f"CPU {cpu_list(self.server)} (as taskset -c)"
         )
 
 
@@ -170,8 +169,7 @@ def pinning(mode: str) -> Pinning | None:
     if len(cpus) < 2:
         print(
             f"bench: storm: only CPU {cpus[0]} is available to this process: NOT pinned, wrk "
-            "shares the "
-            f"server's core (served / capacity then measures the two together)",
+            "shares the server's core (served / capacity then measures the two together)",
             file=sys.stderr,
         )
         return None
@@ -656,8 +654,7 @@ def print_storm(args: argparse.Namespace, storms: list[Storm], pin: Pinning | No
     if pin:
         print(
             f"Pinned: {pin.describe()}; {server_workers(pin)} gunicorn worker(s) and nginx worker "
-            "process(es), "
-            f"one per server CPU.\n"
+            "process(es), one per server CPU.\n"
         )
     else:
         print(
@@ -667,15 +664,13 @@ def print_storm(args: argparse.Namespace, storms: list[Storm], pin: Pinning | No
         )
     print(
         "Capacity: the most req/s of closed-loop wrk (-c "
-        f"{', '.join(map(str, CAPACITY_CONNECTIONS))}, "
-        f"{args.storm_capacity_seconds} s each, stopping at the first p99 over {P99_TARGET_MS:.0f} "
-        "ms) with a p99 "
-        f"under {P99_TARGET_MS:.0f} ms, measured before the storm and again after it (the same "
-        "connections); "
-        f"the row's capacity is their mean. Storm: {args.storm_connections} paced clients offering "
-        f"{args.storm_factor.replace(',', ', ')} x the capacity for {args.storm_seconds} s, client "
-        f"timeout {CLIENT_TIMEOUT_S} s; then {NORMAL_SHARE:g} x capacity in {RECOVERY_SLICE_S} s "
-        f"runs until one has a p99 under {P99_TARGET_MS:.0f} ms.\n"
+        f"{', '.join(map(str, CAPACITY_CONNECTIONS))}, {args.storm_capacity_seconds} s each, "
+        f"stopping at the first p99 over {P99_TARGET_MS:.0f} ms) with a p99 under "
+        f"{P99_TARGET_MS:.0f} ms, measured before the storm and again after it (the same "
+        f"connections); the row's capacity is their mean. Storm: {args.storm_connections} paced "
+        f"clients offering {args.storm_factor.replace(',', ', ')} x the capacity for "
+        f"{args.storm_seconds} s, client timeout {CLIENT_TIMEOUT_S} s; then {NORMAL_SHARE:g} x "
+        f"capacity in {RECOVERY_SLICE_S} s runs until one has a p99 under {P99_TARGET_MS:.0f} ms.\n"
     )
     head = [
         "nginx → gunicorn",
@@ -724,8 +719,8 @@ def print_storm(args: argparse.Namespace, storms: list[Storm], pin: Pinning | No
         print("| " + " | ".join(cells) + " |")
     print(
         "\n   The clients' view (wrk over all answers; a probe opening a new connection every 50 "
-        "ms), and the CPU "
-        "each part used (cores, of the machine's 2) at capacity (the after run) and in the storm\n"
+        "ms), and the CPU each part used (cores, of the machine's 2) at capacity (the after run) "
+        "and in the storm\n"
     )
     head = [
         "nginx → gunicorn",
@@ -1044,10 +1039,10 @@ def print_shed_cost(args: argparse.Namespace, costs: list[ShedCost]) -> None:
     )
     print(
         "\n   nginx's CPU per shed answer: the shipped site against the same site logging every "
-        f"shed 503{others}, "
-        "all in front of an app host that never answers (UPSTREAM_MAX_CONNS=1, held), wrk -t1 "
-        f"-c{SHED_CLIENTS} keep-alive, {shed_clients(args)}, for {args.storm_shed_seconds} s on "
-        f"each in turn, {args.rounds} rounds; nginx's CPU from /proc (utime + stime)\n"
+        f"shed 503{others}, all in front of an app host that never answers (UPSTREAM_MAX_CONNS=1, "
+        f"held), wrk -t1 -c{SHED_CLIENTS} keep-alive, {shed_clients(args)}, for "
+        f"{args.storm_shed_seconds} s on each in turn, {args.rounds} rounds; nginx's CPU from "
+        "/proc (utime + stime)\n"
     )
     head = [
         "nginx site",
