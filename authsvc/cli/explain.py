@@ -138,9 +138,8 @@ def explain(
         if owner is None:
             return Verdict(auth.UNKNOWN_KEY, "no game has this api key (error 403)", None, user_id)
         game, key = owner
-        reason = auth.Authenticator(store, secrets, lambda: now)(
-            params
-        ).reason  # the service's own verdict
+        # The service's own verdict: (error, body, reason, game, user).
+        _, _, reason, _, _ = auth.Authenticator(store, secrets, lambda: now)(params)
         if reason == auth.EXPIRED_KEY and key.expires_at is not None:
             newest = max(game.keys, key=lambda k: k.created_at)
             return Verdict(

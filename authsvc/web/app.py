@@ -280,17 +280,19 @@ class App:
             self.waited_too_long(environ, start)
             raise WaitedTooLong()
         try:
-            result = self.authenticator(request_params(environ, self.settings.max_body_bytes))
+            error, body, reason, game_id, user_id = self.authenticator(
+                request_params(environ, self.settings.max_body_bytes)
+            )
         except StoreUnavailable:
             self.observe(environ, start, STORE_UNAVAILABLE, None, None)
             raise
         except Error:  # a body that cannot be read, too large, or too many parameters
             self.observe(environ, start, MALFORMED, None, None)
             raise
-        self.observe(environ, start, result.reason, result.game_id, result.user_id)
-        if result.error is None:
-            return 200, result.body
-        return result.error.status, REFUSALS[result.error]
+        self.observe(environ, start, reason, game_id, user_id)
+        if error is None:
+            return 200, body
+        return error.status, REFUSALS[error]
 
     def waited_too_long(self, environ: dict, start: float) -> None:
         """Count and log an authentication shed for its time in the queue (authsvc/web/queueing.py):

@@ -23,7 +23,6 @@ import functools
 import itertools
 import time
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
 
 from authsvc.errors import Error, InvalidCredentials, MissingCredentials
 from authsvc.store.base import Credentials, Reader
@@ -60,24 +59,18 @@ REASONS = (
 )
 
 
-class Result(NamedTuple):
-    """Either a player (error is None) and the success's JSON body, or the refusal of docs/api.md
-    (MissingCredentials, InvalidCredentials), returned rather than raised: the game door's table
-    (authsvc/web/answers.py) gives its body.
-
-    ``reason`` says why, for logs and metrics only; ``game_id`` is the game of the api key
-    (None when no game has it) and ``user_id`` the parsed user id (None unless canonical).
-    """
-
-    error: type[Error] | None
-    body: bytes  # the success's; a refusal's is the table's
-    reason: str = SUCCESS
-    game_id: int | None = None
-    user_id: int | None = None
+# What an authentication returns: (error, body, reason, game_id, user_id). Either a player (error
+# None) and the success's JSON body, or the refusal of docs/api.md (MissingCredentials,
+# InvalidCredentials), returned rather than raised: the game door's table (authsvc/web/answers.py)
+# gives its body. ``reason`` says why, for logs and metrics only; ``game_id`` is the game of the api
+# key (None when no game has it) and ``user_id`` the parsed user id (None unless canonical). A plain
+# tuple, unpacked at once by the app: a NamedTuple's constructor is a Python call, about 3,000
+# instructions of each authentication (docs/design.md, "Performance").
+Result = tuple[type[Error] | None, bytes, str, int | None, int | None]
 
 
-MISSING = Result(MissingCredentials, b"", MISSING_PARAMETERS)
-MALFORMED_RESULT = Result(InvalidCredentials, b"", MALFORMED)
+MISSING: Result = (MissingCredentials, b"", MISSING_PARAMETERS, None, None)
+MALFORMED_RESULT: Result = (InvalidCredentials, b"", MALFORMED, None, None)
 # api keys whose digests an Authenticator keeps: a few per game, and each game's servers send one
 KEY_DIGESTS = 64
 NOTHING_FOUND = Credentials(
@@ -161,7 +154,7 @@ class Authenticator:
             # whether the player exists (``username is not None`` again only on success, for mypy).
             reason = self.player_reasons[username is None, not player_enabled, not token_ok]
             if reason is SUCCESS and username is not None:
-                return Result(None, success_bytes(user_id, username), SUCCESS, game_id, user_id)
+                return None, success_bytes(user_id, username), SUCCESS, game_id, user_id
         # Refused. Was the token minted after a change the store's answer predates (a snapshot up to
         # AUTHSVC_MAX_STALENESS old)? The epoch the next change gives: a revoke's e + 1, a signup's
         # the missing player's placeholder epoch (0, or on a SQLite snapshot a deleted id's epoch +
@@ -170,7 +163,7 @@ class Authenticator:
         ahead = epoch + (username is not None)
         if self.tokens.matches(game_id, user_id, ahead, token) and game_id:
             return self.look_again(api_key, user_id, ahead)
-        return Result(InvalidCredentials, b"", reason, game_id or None, user_id)
+        return InvalidCredentials, b"", reason, game_id or None, user_id
 
     def look_again(self, api_key: str, user_id: int, epoch: int) -> Result:
         """The answer from the latest commit (``fresh_credentials``) for a token of ``epoch``:
@@ -191,5 +184,5 @@ class Authenticator:
         else:
             reason = self.player_reasons[username is None, not player_enabled, now_epoch != epoch]
             if reason is SUCCESS and username is not None:
-                return Result(None, success_bytes(user_id, username), SUCCESS, game_id, user_id)
-        return Result(InvalidCredentials, b"", reason, game_id or None, user_id)
+                return None, success_bytes(user_id, username), SUCCESS, game_id, user_id
+        return InvalidCredentials, b"", reason, game_id or None, user_id

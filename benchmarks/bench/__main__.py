@@ -140,6 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         "them) or texts found in their labels (default: every row)",
     )
     parser.add_argument(
+        "--gap-rounds",
+        type=int,
+        default=1,
+        help="gap section: measure the rows this many times (with --gap-against, this checkout and "
+        "the other in turn) and report each row's median (default 1)",
+    )
+    parser.add_argument(
         "--gap-against",
         default="",
         metavar="CHECKOUT",

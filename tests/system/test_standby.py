@@ -136,7 +136,7 @@ def test_a_token_minted_after_a_signup_is_accepted_once_the_standby_has_replayed
             "api_key": KEY,
         }
         try:
-            return authenticate(params).reason
+            return authenticate(params)[2]  # (error, body, reason, game, user)
         except StoreUnavailable:
             return "store_unavailable"
 

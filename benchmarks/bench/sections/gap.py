@@ -27,6 +27,7 @@ import http.client
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -332,6 +333,15 @@ def other_checkout(args: argparse.Namespace) -> Path | None:
     return checkout
 
 
+def runs(counts: list[float] | None) -> str:
+    """A row's counts for the table: the median, then every round's in brackets when there are
+    several."""
+    if not counts:
+        return "-"
+    median = f"{statistics.median(counts):,.0f}"
+    return median if len(counts) == 1 else f"{median} ({' / '.join(f'{c:,.0f}' for c in counts)})"
+
+
 def checkout_name(checkout: Path) -> str:
     """The other checkout's commit, short, for the table's header."""
     done = subprocess.run(
@@ -347,18 +357,28 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     root = world.root / "gap"
     root.mkdir(exist_ok=True)
     configs = selected(CONFIGS, args.gap_rows)
-    rows: dict[str, float] = {}
+    # Each row's counts, one per round; with --gap-against the other checkout's too, its round right
+    # after ours, so both see the same hour of the machine. Medians are what the tables show.
+    ours: dict[str, list[float]] = {c.label: [] for c in configs}
+    theirs: dict[str, list[float]] = {c.label: [] for c in configs}
     with contextlib.ExitStack() as stack:
         stores = {"sqlite": world.env["AUTHSVC_STORE"]}
         if any(c.engine == "postgresql" for c in configs):
             stores["postgresql"] = stack.enter_context(postgres_copy(world, args.pg))
-        for config in configs:
-            rows[config.label] = instructions(world, args, root, config, stores[config.engine])
-            print(
-                f"  gap: {config.label:<60} {rows[config.label]:12,.0f} instructions/request",
-                file=sys.stderr,
-                flush=True,
-            )
+        for _ in range(max(1, args.gap_rounds)):
+            for config in configs:
+                count = instructions(world, args, root, config, stores[config.engine])
+                ours[config.label].append(count)
+                print(
+                    f"  gap: {config.label:<60} {count:12,.0f} instructions/request",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if checkout is not None:
+                other = against(args, checkout, [CONFIGS.index(c) + 1 for c in configs])
+                for label, count in other.items():
+                    theirs.setdefault(label, []).append(count)
+    rows = {label: statistics.median(counts) for label, counts in ours.items()}
     print(
         f"\n2b. The shipped topology's gap: instructions per request of one worker under callgrind "
         f"({args.gap_requests} sequential requests after {args.gap_warm}; user space only; "
@@ -378,18 +398,17 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         vs_plain, vs_shipped = (f"{count / ref:.3f}" if ref else "-" for ref in (plain, shipped))
         print(f"| {config.label} | {count:,.0f} | {vs_plain} | {vs_shipped} |")
     if checkout is not None:
-        other = against(args, checkout, [CONFIGS.index(c) + 1 for c in configs])
         name = checkout_name(checkout)
-        print(f"\nThe same rows in {name} ({checkout}), same run:\n")
+        n = len(ours[configs[0].label])
+        how = f"the median of {n} rounds each, taken in turn, same run" if n > 1 else "same run"
+        print(f"\nThe same rows in {name} ({checkout}), {how}:\n")
         print(f"| configuration | {name} | this checkout | this / {name} |")
         print("|---|---|---|---|")
         for config in configs:
-            theirs = other.get(config.label)
-            ratio = f"{rows[config.label] / theirs:.3f}" if theirs else "-"
-            print(
-                f"| {config.label} | {f'{theirs:,.0f}' if theirs else '-'} | "
-                f"{rows[config.label]:,.0f} | {ratio} |"
-            )
+            counts = theirs.get(config.label)
+            median = statistics.median(counts) if counts else None
+            ratio = f"{rows[config.label] / median:.3f}" if median else "-"
+            print(f"| {config.label} | {runs(counts)} | {runs(ours[config.label])} | {ratio} |")
     print()
     for engine, suffix in (("SQLite", ""), ("PostgreSQL", PG)):
         if PLAIN + suffix in rows and SHIPPED + suffix in rows:
