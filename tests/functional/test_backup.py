@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from authsvc.settings import Settings, load_token_secrets
+from authsvc.store.readers import open_reader
 from authsvc.web.app import make_app
 
 
@@ -130,6 +131,26 @@ def test_rollback_journal_store_warns_at_start_up(tmp_path, env, caplog):
     assert len(warnings) == 1, caplog.text
     message = warnings[0].getMessage()
     assert str(store) in message and "not WAL" in message and "authsvc init" in message
+
+
+def test_the_journal_mode_advice_never_stops_a_start_when_the_store_is_locked(tmp_path, env):
+    """The advice is read after the start-up check, on the same connection: a write lock taken in
+    between (an admin write to a rollback-journal store) makes it unreadable for a moment. No
+    advice then, rather than a database error out of make_app that fails the worker's boot."""
+    store = tmp_path / "state/authsvc.db"
+    _authsvc(env, "init")
+    conn = sqlite3.connect(store, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = DELETE")
+    reader = open_reader(env["AUTHSVC_STORE"], _settings(env))
+    try:
+        conn.execute("BEGIN EXCLUSIVE")
+        conn.execute("DELETE FROM players")  # nothing there: the lock is what counts
+        assert reader.journal_mode_warning() is None
+        conn.execute("ROLLBACK")
+        assert "is in delete journal mode, not WAL" in (reader.journal_mode_warning() or "")
+    finally:
+        reader.close()
+        conn.close()
 
 
 def test_wal_store_starts_without_a_warning(env, caplog):

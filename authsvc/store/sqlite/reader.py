@@ -528,8 +528,13 @@ class SQLiteReader(ThreadConnections, Reader):
 
     def journal_mode_warning(self) -> str | None:
         """Why a restored copy is slow, for the start-up log: readers wait for admin writes
-        (docs/operations.md s. 8)."""
-        mode = self._conn().execute("PRAGMA journal_mode").fetchone()[0]
+        (docs/operations.md s. 8). None also when the file cannot be read this moment (an admin
+        write's lock taken after the start-up check): advice, never a reason not to start."""
+        try:
+            mode = self._conn().execute("PRAGMA journal_mode").fetchone()[0]
+        except (sqlite3.Error, OSError):
+            self._drop()  # as after a failed read: the next one opens the file again
+            return None
         return (
             None
             if mode == "wal"
