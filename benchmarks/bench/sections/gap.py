@@ -359,13 +359,14 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
     configs = selected(CONFIGS, args.gap_rows)
     # Each row's counts, one per round; with --gap-against the other checkout's too, its round right
     # after ours, so both see the same hour of the machine. Medians are what the tables show.
+    rounds = max(1, args.gap_rounds)
     ours: dict[str, list[float]] = {c.label: [] for c in configs}
-    theirs: dict[str, list[float]] = {c.label: [] for c in configs}
+    theirs: dict[str, list[float]] = {}
     with contextlib.ExitStack() as stack:
         stores = {"sqlite": world.env["AUTHSVC_STORE"]}
         if any(c.engine == "postgresql" for c in configs):
             stores["postgresql"] = stack.enter_context(postgres_copy(world, args.pg))
-        for _ in range(max(1, args.gap_rounds)):
+        for _ in range(rounds):
             for config in configs:
                 count = instructions(world, args, root, config, stores[config.engine])
                 ours[config.label].append(count)
@@ -399,8 +400,11 @@ def run(world: World, args: argparse.Namespace, logs: Path, script: Path) -> Non
         print(f"| {config.label} | {count:,.0f} | {vs_plain} | {vs_shipped} |")
     if checkout is not None:
         name = checkout_name(checkout)
-        n = len(ours[configs[0].label])
-        how = f"the median of {n} rounds each, taken in turn, same run" if n > 1 else "same run"
+        how = (
+            f"the median of {rounds} rounds each, taken in turn, same run"
+            if rounds > 1
+            else "same run"
+        )
         print(f"\nThe same rows in {name} ({checkout}), {how}:\n")
         print(f"| configuration | {name} | this checkout | this / {name} |")
         print("|---|---|---|---|")
